@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make demo` and `make test` (README quickstart).
+# Both create .venv at the repository root when it is missing and install the project.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch and torchvision pinned to the builds this project is tested with.
+TORCH := torch==2.14.1 torchvision==0.29.1
+
+.PHONY: demo test lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py --out outputs/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check explain tests scripts
+	$(BIN)/ruff format --check explain tests scripts
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check explain tests scripts
+
+format: $(STAMP)
+	$(BIN)/ruff format explain tests scripts
+	$(BIN)/ruff check --fix explain tests scripts
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench.py --out docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) outputs

@@ -1,0 +1,196 @@
+"""The public verbs: `Explainer.explain` (relevance maps) and `Explainer.trace` (raw tensors)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures import Adapter, Prepared, adapter_for
+from explain.errors import OptionError, TargetError
+from explain.explanation import Explanation, Trace
+from explain.recorder import Recorder
+from explain.rules import Method, RuleContext, Sink, get_method
+from explain.targets import Score, Target, check_score, resolve_targets, select_scores
+
+__all__ = ["Explainer", "explain"]
+
+
+class Explainer:
+    """Explains the predictions of one model. Constructing it does not touch the model.
+
+    Args:
+        model: a supported transformer (see `explain.architectures.supported_families()`),
+            used as it is: no copy, no wrapper. Every call leaves it exactly as it was.
+        tokenizer: for text models, the tokenizer whose tokens `Explanation.tokens` names.
+    """
+
+    def __init__(self, model: nn.Module, *, tokenizer: Any = None) -> None:
+        self.model = model
+        self.adapter: Adapter = adapter_for(model)
+        self.tokenizer = tokenizer
+
+    def explain(
+        self,
+        inputs: Any,
+        target: Target = None,
+        method: str = "generic",
+        score: Score = "logit",
+        start_layer: int | None = None,
+        **options: Any,
+    ) -> Explanation:
+        """Relevance of every input element for the target class of each sample.
+
+        Args:
+            inputs: images (B, C, H, W), or a tokenizer's output for text models.
+            target: None (predicted class), an int, B ints, a (B, K) tensor of K classes
+                per input (the relevance gets a K axis), or a callable on the output.
+            method: a name from `explain.METHODS`.
+            score: "logit" (as in the papers), "probability" or "log_probability".
+            start_layer: first block to aggregate over (methods that aggregate); negative
+                values count from the end. None uses the method's default.
+            **options: method options, e.g. rollout's `head_fusion`, `discard_ratio`.
+
+        Returns:
+            An `Explanation`; its tensors are detached and on the model's device.
+        """
+        spec = get_method(method)
+        check_score(score)
+        prepared = self.adapter.prepare(inputs)
+        context = self._context(spec, prepared, start_layer)
+        sink = spec.sink(context, options)  # bad options fail before any model work
+        if spec.needs_gradients:
+            logits, classes, token_relevance = self._explain_with_gradients(
+                spec, context, options, sink, prepared, target, score
+            )
+        else:
+            logits, classes, token_relevance = self._explain_forward_only(sink, prepared, target)
+        layout = prepared.layout
+        relevance = self.adapter.to_input_space(token_relevance, layout).detach()
+        return Explanation(
+            relevance=relevance,
+            logits=logits.detach(),
+            target=classes,
+            method=spec.name,
+            score=score,
+            input_size=layout.input_size,
+            relevances={layout.modality: relevance},
+        )
+
+    def _context(self, spec: Method, prepared: Prepared, start_layer: int | None) -> RuleContext:
+        num_layers = self.adapter.num_layers
+        modality = prepared.layout.modality
+        if spec.default_start_layer is None:
+            if start_layer is not None:
+                raise OptionError(
+                    f"method {spec.name!r} reads a fixed block; it takes no start_layer"
+                )
+            start = num_layers - 1
+        elif start_layer is None:
+            start = spec.default_start_layer(num_layers, modality)
+        else:
+            if isinstance(start_layer, bool) or not isinstance(start_layer, int):
+                raise OptionError(f"start_layer must be an int, got {start_layer!r}")
+            if not -num_layers <= start_layer < num_layers:
+                raise OptionError(
+                    f"start_layer {start_layer} is out of range for a model with {num_layers} "
+                    f"blocks (use 0..{num_layers - 1}, or negative values from the end)"
+                )
+            start = start_layer % num_layers
+        readout = self.adapter.readout(prepared)
+        return RuleContext(readout, prepared.layout, num_layers, start)
+
+    def _explain_forward_only(
+        self, sink: Sink, prepared: Prepared, target: Target
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Class-agnostic methods: one forward under no_grad, no backward at all."""
+        with Recorder(
+            self.adapter,
+            on_attention=lambda layer, attention: sink.add(layer, attention, None),
+            differentiable=False,
+        ):
+            logits = self.adapter.forward(prepared)
+        classes, _ = resolve_targets(logits, target)  # validated, though the map ignores it
+        token_relevance = sink.result()
+        if classes is None:
+            classes = _no_class(logits)
+        elif classes.dim() == 2:
+            token_relevance = token_relevance[:, None].expand(-1, classes.shape[1], -1)
+        return logits, classes, token_relevance
+
+    def _explain_with_gradients(
+        self,
+        spec: Method,
+        context: RuleContext,
+        options: dict[str, Any],
+        sink: Sink,
+        prepared: Prepared,
+        target: Target,
+        score: Score,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """One forward, then one backward per target column, folding blocks as they arrive."""
+        with Recorder(self.adapter, track=sink.layers) as recorder:
+            logits = self.adapter.forward(prepared)
+            classes, custom_scores = resolve_targets(logits, target)
+            if classes is None:
+                recorder.backward(custom_scores.sum(), sink.add)
+                return logits, _no_class(logits), sink.result()
+            scores = select_scores(logits, classes, score)
+            if scores.dim() == 1:
+                recorder.backward(scores.sum(), sink.add)
+                return logits, classes, sink.result()
+            columns = []
+            for k in range(scores.shape[1]):
+                column_sink = sink if k == 0 else spec.sink(context, options)
+                last = k == scores.shape[1] - 1
+                recorder.backward(scores[:, k].sum(), column_sink.add, retain_graph=not last)
+                columns.append(column_sink.result())
+            return logits, classes, torch.stack(columns, dim=1)
+
+    def trace(self, inputs: Any, target: Target = None, score: Score = "probability") -> Trace:
+        """Every block's attention and hidden states with their gradients for one score.
+
+        The gradients are those of `sum_b score_b`, where score_b is the chosen score
+        (default: the probability) of sample b's target class; samples do not interact,
+        so each sample's slice is the gradient of its own score. See docs/gradients.md.
+        """
+        check_score(score)
+        prepared = self.adapter.prepare(inputs)
+        num_layers = self.adapter.num_layers
+        attentions: dict[int, Tensor] = {}
+        with Recorder(self.adapter, track=range(num_layers), hidden_states=True) as recorder:
+            logits = self.adapter.forward(prepared)
+            classes, custom_scores = resolve_targets(logits, target)
+            if classes is not None and classes.dim() == 2:
+                raise TargetError("trace() explains one class per input; pass a (B,) target")
+            scores = custom_scores if classes is None else select_scores(logits, classes, score)
+            recorder.backward(
+                scores.sum(),
+                lambda layer, attention, grad: attentions.__setitem__(layer, attention),
+                keep_gradients=True,
+            )
+            hidden = recorder.hidden_states
+            return Trace(
+                attentions=tuple(attentions[i].detach() for i in range(num_layers)),
+                attention_grads=tuple(recorder.attention_grads[i] for i in range(num_layers)),
+                hidden_states=tuple(h.detach() for h in hidden),
+                hidden_state_grads=tuple(
+                    recorder.hidden_state_grads.get(i, torch.zeros_like(h))
+                    for i, h in enumerate(hidden)
+                ),
+                logits=logits.detach(),
+                target=_no_class(logits) if classes is None else classes,
+                score=score if classes is not None else "custom",
+            )
+
+
+def _no_class(logits: Tensor) -> Tensor:
+    """Target placeholder (-1) when a callable chose the scores directly."""
+    return torch.full((logits.shape[0],), -1, dtype=torch.long, device=logits.device)
+
+
+def explain(model: nn.Module, inputs: Any, **kwargs: Any) -> Explanation:
+    """One-shot form of `Explainer(model).explain(inputs, **kwargs)`."""
+    tokenizer = kwargs.pop("tokenizer", None)
+    return Explainer(model, tokenizer=tokenizer).explain(inputs, **kwargs)

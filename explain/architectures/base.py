@@ -1,0 +1,142 @@
+"""What an architecture adapter tells the recorder and the rules about one model family.
+
+An adapter never registers a hook and never computes relevance. It answers questions:
+where are the attention blocks, which flags choose their attention path, how is the model
+called, which token is read out, and how token relevance maps back onto the input.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "Adapter",
+    "AttentionSite",
+    "FlagSetting",
+    "Prepared",
+    "TokenLayout",
+]
+
+Modality = Literal["image", "text"]
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """Where one block's post-softmax attention probabilities can be seen in the forward.
+
+    The recorder puts a forward hook on `module`; `probabilities(output)` picks the
+    (B, H, N, N) tensor that the block multiplies with its values out of the module's output.
+    """
+
+    layer: int
+    module: nn.Module
+    probabilities: Callable[[Any], Tensor]
+
+
+@dataclass(frozen=True)
+class FlagSetting:
+    """An attribute the recorder sets for the duration of a call and then restores."""
+
+    owner: object
+    name: str
+    value: object
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """How the model's token sequence relates to the input.
+
+    `token_mask` (B, N) marks the real tokens (False at padding); it is None when every
+    token is real, as in images.
+    """
+
+    modality: Modality
+    num_tokens: int
+    num_prefix_tokens: int = 0
+    grid: tuple[int, int] | None = None
+    input_size: tuple[int, int] | None = None
+    token_mask: Tensor | None = None
+
+    def key_mask(self, batch: int, device: torch.device) -> Tensor:
+        """(B, N) bool: the tokens a relevance map is over (patches, or real text tokens)."""
+        if self.token_mask is not None:
+            return self.token_mask.to(device=device, dtype=torch.bool)
+        mask = torch.zeros(batch, self.num_tokens, dtype=torch.bool, device=device)
+        mask[:, self.num_prefix_tokens :] = True
+        return mask
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Validated inputs on the model's device and in its dtype, with their token layout."""
+
+    batch_size: int
+    layout: TokenLayout
+    arguments: dict[str, Tensor]
+
+
+class Adapter(ABC):
+    """One model family. Subclasses are registered with `register_adapter`."""
+
+    family: ClassVar[str]
+    """Human-readable name of the family, used in error messages and `explain models`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    @classmethod
+    @abstractmethod
+    def matches(cls, model: nn.Module) -> bool:
+        """Whether `model` belongs to this family (without importing optional packages)."""
+
+    @property
+    @abstractmethod
+    def blocks(self) -> Sequence[nn.Module]:
+        """The attention blocks in forward order; block 0's input is hidden state 0."""
+
+    @abstractmethod
+    def attention_sites(self) -> Sequence[AttentionSite]:
+        """One site per block, in forward order."""
+
+    @abstractmethod
+    def path_flags(self) -> Sequence[FlagSetting]:
+        """Flags that select the explicit attention path (and disable checkpointing)."""
+
+    @abstractmethod
+    def prepare(self, inputs: object) -> Prepared:
+        """Validate `inputs` and move them to the model; raise InputError when unusable."""
+
+    @abstractmethod
+    def forward(self, prepared: Prepared) -> Tensor:
+        """Call the model and return its output scores, shape (B, C)."""
+
+    @abstractmethod
+    def readout(self, prepared: Prepared) -> Tensor:
+        """The readout row r, shape (B, N): the weight of each token in the model's head."""
+
+    @abstractmethod
+    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
+        """Map (..., N) token relevance onto the input: a patch grid, or tokens with pads 0."""
+
+    @staticmethod
+    def block_output(output: Any) -> Tensor:
+        """The hidden state a block returns (blocks that return tuples put it first)."""
+        return output[0] if isinstance(output, tuple) else output
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def parameter(self) -> Tensor:
+        """Any parameter of the model: it tells the device and floating dtype to use."""
+        try:
+            return next(self.model.parameters())
+        except StopIteration:  # a parameter-free model cannot be a transformer
+            raise TypeError("the model has no parameters") from None

@@ -1,0 +1,171 @@
+"""timm's VisionTransformer family: ViT, DeiT, DeiT III, register and GAP variants, distilled DeiT.
+
+The attention probabilities are the output of `block.attn.attn_drop` on timm's explicit
+attention path (`fused_attn = False`): the very tensor that multiplies the values, so a
+tensor hook on it receives dy/dA. The token grid and the prefix count come from the model
+and the input, never from constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures import register_adapter
+from explain.architectures.base import (
+    Adapter,
+    AttentionSite,
+    FlagSetting,
+    Prepared,
+    TokenLayout,
+)
+from explain.errors import InputError, UnsupportedModelError
+
+__all__ = ["TimmVisionTransformer", "validate_image_batch"]
+
+_POOLS = ("token", "avg")
+
+
+def _is_timm_class(model: nn.Module, name: str) -> bool:
+    return any(
+        cls.__name__ == name and cls.__module__.startswith("timm.") for cls in type(model).__mro__
+    )
+
+
+def validate_image_batch(images: object, channels: int) -> Tensor:
+    """Check that `images` is a finite, non-empty (B, C, H, W) tensor."""
+    if not isinstance(images, Tensor):
+        raise InputError(
+            f"image models take a (B, {channels}, H, W) tensor, got {type(images).__name__}; "
+            "load and normalise images first (e.g. with the model's timm transform)"
+        )
+    if images.dim() == 3:
+        raise InputError(
+            f"expected a batch (B, {channels}, H, W), got one image of shape "
+            f"{tuple(images.shape)}; add a batch axis with images.unsqueeze(0)"
+        )
+    if images.dim() != 4 or images.shape[1] != channels:
+        raise InputError(
+            f"expected images of shape (B, {channels}, H, W), got {tuple(images.shape)}"
+        )
+    if images.shape[0] == 0:
+        raise InputError("the batch is empty: pass at least one image")
+    if not images.is_floating_point():
+        raise InputError(f"images must be floating point, got {images.dtype}")
+    if not torch.isfinite(images).all():
+        raise InputError("the images contain NaN or infinite values")
+    return images
+
+
+@register_adapter
+class TimmVisionTransformer(Adapter):
+    family = (
+        "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens, "
+        "global-average pooling) and VisionTransformerDistilled"
+    )
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        pool = getattr(model, "global_pool", None)
+        if getattr(model, "attn_pool", None) is not None or pool not in _POOLS:
+            raise UnsupportedModelError(
+                f"timm VisionTransformer with global_pool={pool!r} is not supported: the "
+                f"readout must be the class token or the patch mean ({', '.join(_POOLS)})"
+            )
+        for index, block in enumerate(model.blocks):
+            attn = getattr(block, "attn", None)
+            if attn is None or not isinstance(getattr(attn, "attn_drop", None), nn.Module):
+                raise UnsupportedModelError(
+                    f"block {index} ({type(block).__name__}) has no timm Attention with an "
+                    "attn_drop module; supported blocks: timm Block, ResPostBlock and "
+                    "LayerScale blocks with timm.layers.Attention"
+                )
+        self._distilled = _is_timm_class(model, "VisionTransformerDistilled")
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return _is_timm_class(model, "VisionTransformer")
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return list(self.model.blocks)
+
+    def attention_sites(self) -> Sequence[AttentionSite]:
+        return [
+            AttentionSite(layer=index, module=block.attn.attn_drop, probabilities=_identity)
+            for index, block in enumerate(self.model.blocks)
+        ]
+
+    def path_flags(self) -> Sequence[FlagSetting]:
+        flags = [FlagSetting(block.attn, "fused_attn", False) for block in self.model.blocks]
+        if hasattr(self.model, "grad_checkpointing"):
+            # Checkpointing would rerun every block in the backward and fire the hooks twice.
+            flags.append(FlagSetting(self.model, "grad_checkpointing", False))
+        return flags
+
+    def prepare(self, inputs: object) -> Prepared:
+        patch_embed = self.model.patch_embed
+        images = validate_image_batch(inputs, patch_embed.proj.in_channels)
+        height, width = images.shape[-2:]
+        grid = self._grid(height, width)
+        prefix = self.model.num_prefix_tokens
+        parameter = self.parameter
+        images = images.to(device=parameter.device, dtype=parameter.dtype)
+        if images.is_inference():  # made under inference_mode: autograd cannot save it
+            images = images.clone()
+        layout = TokenLayout(
+            modality="image",
+            num_tokens=prefix + grid[0] * grid[1],
+            num_prefix_tokens=prefix,
+            grid=grid,
+            input_size=(height, width),
+        )
+        return Prepared(batch_size=images.shape[0], layout=layout, arguments={"x": images})
+
+    def _grid(self, height: int, width: int) -> tuple[int, int]:
+        patch_embed = self.model.patch_embed
+        patch = tuple(patch_embed.patch_size)
+        expected = tuple(patch_embed.img_size) if patch_embed.img_size is not None else None
+        dynamic = getattr(self.model, "dynamic_img_size", False)
+        if expected is not None and not dynamic and (height, width) != expected:
+            raise InputError(
+                f"this model takes {expected[0]}x{expected[1]} images, got {height}x{width}; "
+                f"resize the input, or build the model with dynamic_img_size=True"
+            )
+        if not patch_embed.dynamic_img_pad and (height % patch[0] or width % patch[1]):
+            raise InputError(
+                f"image size {height}x{width} is not a multiple of the patch size "
+                f"{patch[0]}x{patch[1]}"
+            )
+        return tuple(patch_embed.dynamic_feat_size((height, width)))
+
+    def forward(self, prepared: Prepared) -> Tensor:
+        return self.model(prepared.arguments["x"])
+
+    def readout(self, prepared: Prepared) -> Tensor:
+        layout = prepared.layout
+        parameter = self.parameter
+        row = torch.zeros(
+            prepared.batch_size, layout.num_tokens, device=parameter.device, dtype=parameter.dtype
+        )
+        if self._distilled:  # the eval-mode head averages the class and distillation heads
+            row[:, :2] = 0.5
+        elif self.model.global_pool == "token":
+            row[:, 0] = 1.0
+        else:
+            first = (
+                0 if getattr(self.model, "pool_include_prefix", False) else layout.num_prefix_tokens
+            )
+            row[:, first:] = 1.0 / (layout.num_tokens - first)
+        return row
+
+    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
+        assert layout.grid is not None
+        patches = token_relevance[..., layout.num_prefix_tokens :]
+        return patches.reshape(*patches.shape[:-1], *layout.grid)
+
+
+def _identity(output: Tensor) -> Tensor:
+    return output

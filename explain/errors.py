@@ -1,0 +1,42 @@
+"""The one exception family of `explain`: every error says what went wrong and what to do."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ExplainError",
+    "InputError",
+    "OptionError",
+    "TargetError",
+    "UnknownMethodError",
+    "UnsupportedModelError",
+]
+
+
+class ExplainError(Exception):
+    """Base class of every error `explain` raises on purpose."""
+
+
+class UnsupportedModelError(ExplainError, TypeError):
+    """The model is not of a family `explain` knows how to instrument."""
+
+
+class InputError(ExplainError, ValueError):
+    """The inputs cannot be explained as given (shape, size, values, emptiness)."""
+
+
+class TargetError(ExplainError, ValueError):
+    """The requested target class or score is invalid for this model output."""
+
+
+class UnknownMethodError(ExplainError, KeyError):
+    """The method name is not registered.
+
+    Subclasses KeyError for dictionary-like lookups, but prints its message plainly.
+    """
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class OptionError(ExplainError, ValueError):
+    """A method option (start_layer, head_fusion, ...) has an invalid value."""

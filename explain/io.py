@@ -1,0 +1,78 @@
+"""Reading images from files and writing output files atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from explain.errors import InputError
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "atomic_write", "load_images"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
+    """Write `path` through a temporary file in the same folder, renamed on success.
+
+    Readers see the old file or the complete new one, never a half-written one; on an
+    exception the temporary file is removed and `path` is untouched.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(
+        dir=target.parent, prefix=f".{target.name}.", suffix=".partial"
+    )
+    try:
+        with os.fdopen(descriptor, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def load_images(
+    paths: Sequence[str | os.PathLike[str]],
+    size: tuple[int, int],
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> tuple[Tensor, Tensor]:
+    """Load image files as a normalised batch.
+
+    Each image is converted to RGB, resized (bicubic) to `size` = (H, W), scaled to
+    [0, 1] and normalised with `mean` and `std`.
+
+    Returns:
+        (normalised (B, 3, H, W), unnormalised (B, 3, H, W) in [0, 1] for display).
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    pixels = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                rgb = image.convert("RGB").resize((size[1], size[0]), Image.BICUBIC)
+        except FileNotFoundError:
+            raise InputError(f"image file not found: {path}") from None
+        except (UnidentifiedImageError, OSError) as error:
+            raise InputError(f"cannot read {path} as an image: {error}") from None
+        pixels.append(torch.from_numpy(np.asarray(rgb, dtype=np.float32) / 255.0).permute(2, 0, 1))
+    if not pixels:
+        raise InputError("no images given")
+    raw = torch.stack(pixels)
+    normalised = (raw - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    return normalised, raw

@@ -1,0 +1,259 @@
+"""The recorder: the only code in `explain` that touches a model.
+
+For the duration of one call it puts every module in eval mode, turns off parameter
+gradients, switches attention to the explicit path (the adapter names the flags), keeps
+each block's attention probabilities from the forward pass and receives their gradients in
+the backward pass through tensor hooks on the same tensors (Chefer et al.'s
+`save_attn_gradients`), and optionally does the same for hidden states. On exit, whether
+the call succeeded or not, every hook is removed and every flag, mode and
+`requires_grad` is put back. The global RNG state is forked so that nothing the model
+does inside the call can change the random numbers training will draw next.
+
+Memory: an attention map kept for its gradient is released as soon as its gradient has
+been delivered, so the backward pass never holds more than autograd itself does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Collection
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from explain.architectures.base import Adapter
+from explain.errors import ExplainError
+
+__all__ = ["AttentionCallback", "GradientCallback", "Recorder"]
+
+AttentionCallback = Callable[[int, Tensor], None]
+"""Receives (layer, attention) in the forward pass."""
+
+GradientCallback = Callable[[int, Tensor, Tensor], None]
+"""Receives (layer, attention, d score / d attention) in the backward pass."""
+
+
+class Recorder(contextlib.AbstractContextManager["Recorder"]):
+    """Instrument `adapter.model` for one explanation call.
+
+    Args:
+        adapter: the model's architecture adapter.
+        on_attention: called with every block's attention in the forward pass.
+        track: layers whose attention is kept for a gradient (their grad is requested).
+        hidden_states: also keep hidden states (block 0 input, every block output) and
+            their gradients.
+        differentiable: build an autograd graph (needed for any gradient); when False the
+            forward runs under `torch.no_grad()`.
+    """
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        *,
+        on_attention: AttentionCallback | None = None,
+        track: Collection[int] = (),
+        hidden_states: bool = False,
+        differentiable: bool = True,
+    ) -> None:
+        self.adapter = adapter
+        self.model: nn.Module = adapter.model
+        self._on_attention = on_attention
+        self._track = frozenset(track)
+        self._keep_hidden = hidden_states
+        self.differentiable = differentiable or hidden_states or bool(self._track)
+        self.attentions: dict[int, Tensor] = {}
+        self.hidden_states: list[Tensor] = []
+        self.attention_grads: dict[int, Tensor] = {}
+        self.hidden_state_grads: dict[int, Tensor] = {}
+        self._on_gradient: GradientCallback | None = None
+        self._retain_graph = False
+        self._handles: list[RemovableHandle] = []
+        self._restore: list[Callable[[], None]] = []
+        self._stack = contextlib.ExitStack()
+        self._active = False
+
+    # -- context ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        if torch.is_inference_mode_enabled():
+            raise ExplainError(
+                "explanations need autograd, which torch.inference_mode() disables; call "
+                "explain outside inference_mode (torch.no_grad() is fine)"
+            )
+        if self._active:
+            raise ExplainError("a Recorder cannot be entered twice")
+        self._active = True
+        try:
+            self._fork_rng()
+            self._stack.enter_context(
+                torch.enable_grad() if self.differentiable else torch.no_grad()
+            )
+            self._freeze_model()
+            self._install_hooks()
+        except BaseException:
+            self._undo()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._undo()
+
+    def _undo(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        while self._restore:
+            self._restore.pop()()
+        self.attentions.clear()
+        self._stack.close()
+        self._active = False
+
+    def _fork_rng(self) -> None:
+        devices = sorted(
+            {p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"}
+        )
+        self._stack.enter_context(torch.random.fork_rng(devices=devices))
+
+    def _freeze_model(self) -> None:
+        # Modes are saved and set per module: model.train(mode) would overwrite submodules
+        # that the user had deliberately put in another mode.
+        modes = [(module, module.training) for module in self.model.modules()]
+        self._restore.append(lambda: [setattr(m, "training", mode) for m, mode in modes])
+        for module, _ in modes:
+            module.training = False
+
+        flags = [(p, p.requires_grad) for p in self.model.parameters()]
+        self._restore.append(lambda: [p.requires_grad_(flag) for p, flag in flags])
+        for parameter, _ in flags:
+            parameter.requires_grad_(False)
+
+        for setting in self.adapter.path_flags():
+            old = getattr(setting.owner, setting.name)
+            self._restore.append(lambda s=setting, v=old: setattr(s.owner, s.name, v))
+            setattr(setting.owner, setting.name, setting.value)
+
+    def _install_hooks(self) -> None:
+        for site in self.adapter.attention_sites():
+            self._handles.append(
+                site.module.register_forward_hook(
+                    lambda module, args, output, s=site: self._see_attention(
+                        s.layer, s.probabilities(output)
+                    )
+                )
+            )
+        if self.differentiable:
+            first = self.adapter.blocks[0]
+            self._handles.append(
+                first.register_forward_pre_hook(self._enter_first_block, with_kwargs=True)
+            )
+        if self._keep_hidden:
+            for index, block in enumerate(self.adapter.blocks):
+                self._handles.append(
+                    block.register_forward_hook(
+                        lambda module, args, output, i=index + 1: self._see_hidden(
+                            i, self.adapter.block_output(output)
+                        )
+                    )
+                )
+
+    # -- forward hooks ----------------------------------------------------------------------
+
+    def _enter_first_block(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Make block 0's input a leaf that requires grad: with frozen parameters this is
+        what gives the attention maps a graph, and it stops the backward at the blocks."""
+        if args:
+            hidden = args[0].detach().requires_grad_(True)
+            args = (hidden, *args[1:])
+        else:
+            key = next(k for k, v in kwargs.items() if isinstance(v, Tensor))
+            hidden = kwargs[key].detach().requires_grad_(True)
+            kwargs = {**kwargs, key: hidden}
+        self.hidden_states.clear()
+        if self._keep_hidden:
+            self._see_hidden(0, hidden)
+        return args, kwargs
+
+    def _see_attention(self, layer: int, attention: Tensor) -> None:
+        if self._on_attention is not None:
+            self._on_attention(layer, attention)
+        if layer in self._track and attention.requires_grad:
+            self.attentions[layer] = attention
+            self._handles.append(
+                attention.register_hook(lambda grad, i=layer: self._deliver(i, grad))
+            )
+
+    def _see_hidden(self, index: int, hidden: Tensor) -> None:
+        if index != len(self.hidden_states):
+            raise ExplainError(f"hidden state {index} arrived out of order")
+        self.hidden_states.append(hidden)
+        if hidden.requires_grad:
+            self._handles.append(
+                hidden.register_hook(lambda grad, i=index: self._see_hidden_grad(i, grad))
+            )
+
+    def _see_hidden_grad(self, index: int, grad: Tensor) -> None:
+        self.hidden_state_grads[index] = grad
+
+    def _deliver(self, layer: int, grad: Tensor) -> None:
+        if self._on_gradient is not None:
+            self._on_gradient(layer, self.attentions[layer], grad)
+        if not self._retain_graph:
+            del self.attentions[layer]  # released as soon as its gradient has been used
+
+    # -- backward ---------------------------------------------------------------------------
+
+    def backward(
+        self,
+        score: Tensor,
+        on_gradient: GradientCallback | None = None,
+        *,
+        retain_graph: bool = False,
+        keep_gradients: bool = False,
+    ) -> None:
+        """Differentiate the scalar `score` with respect to the tracked tensors only.
+
+        No parameter gradient is computed: the backward asks autograd for the gradient of
+        the earliest tracked tensor, which runs exactly the part of the graph between it
+        and the score, and tensor hooks hand every tracked attention gradient to
+        `on_gradient` as it arrives, last block first. `retain_graph` keeps the graph and
+        the attention maps for another backward (several targets over one forward);
+        `keep_gradients` stores every gradient in `attention_grads` and
+        `hidden_state_grads` (for `trace`) instead of letting each go once it is used.
+        """
+        if not self._active:
+            raise ExplainError("Recorder.backward must be called inside the recorder context")
+        earliest = self._earliest_tracked()
+        if earliest is None:
+            raise ExplainError("nothing with a gradient was recorded in the forward pass")
+        delivered: set[int] = set()
+
+        def deliver(layer: int, attention: Tensor, grad: Tensor) -> None:
+            delivered.add(layer)
+            if keep_gradients:
+                self.attention_grads[layer] = grad
+            if on_gradient is not None:
+                on_gradient(layer, attention, grad)
+
+        self._on_gradient = deliver
+        self._retain_graph = retain_graph
+        self.attention_grads.clear()
+        self.hidden_state_grads.clear()
+        try:
+            torch.autograd.grad(score, inputs=[earliest], retain_graph=retain_graph)
+        finally:
+            self._on_gradient = None
+        if delivered != self._track:
+            raise ExplainError(
+                f"no gradient reached the attention of layers {sorted(self._track - delivered)}"
+            )
+
+    def _earliest_tracked(self) -> Tensor | None:
+        if self._keep_hidden and self.hidden_states:
+            return self.hidden_states[0]
+        if self.attentions:
+            return self.attentions[min(self.attentions)]
+        return None

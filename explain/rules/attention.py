@@ -1,0 +1,78 @@
+"""Gradient-free, class-agnostic methods: raw attention and attention rollout."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from explain.errors import OptionError
+from explain.rules.fold import LastBlock, ReadoutFold, vecmat
+from explain.rules.registry import RuleContext, first_block, register_method
+
+__all__ = ["discard_lowest", "fuse_heads", "raw_attention", "rollout", "rollout_step"]
+
+HeadFusion = Literal["mean", "max", "min"]
+
+
+def fuse_heads(attention: Tensor, head_fusion: HeadFusion = "mean") -> Tensor:
+    """(B, H, N, N) -> (B, N, N) by the mean, max or min over heads."""
+    if head_fusion == "mean":
+        return attention.mean(dim=1)
+    if head_fusion == "max":
+        return attention.amax(dim=1)
+    if head_fusion == "min":
+        return attention.amin(dim=1)
+    raise OptionError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
+
+
+def discard_lowest(matrix: Tensor, ratio: float, protected: Tensor) -> Tensor:
+    """Zero the `int(N * ratio)` lowest entries of every row of (B, N, N) `matrix`.
+
+    `protected` (B, N) marks the readout tokens, whose own (diagonal) entries are never
+    dropped, as the rollout reference keeps the class token's attention to itself.
+    """
+    count = int(matrix.shape[-1] * ratio)
+    if count == 0:
+        return matrix
+    diagonal = torch.diag_embed(protected.to(torch.bool))
+    ranked = matrix.masked_fill(diagonal, float("inf"))
+    lowest = ranked.topk(count, dim=-1, largest=False).indices
+    return matrix.scatter(-1, lowest, 0.0)
+
+
+def rollout_step(vector: Tensor, matrix: Tensor) -> Tensor:
+    """v @ (M + I) / rowsum(M + I), without building I: (v / s) @ M + v / s."""
+    scaled = vector / (matrix.sum(dim=-1) + 1.0)
+    return vecmat(scaled, matrix) + scaled
+
+
+@register_method("raw_attention", needs_gradients=False, class_specific=False)
+def raw_attention(context: RuleContext) -> LastBlock:
+    """The readout row of the last block's head-averaged attention."""
+    readout = context.readout
+    return LastBlock(
+        context.num_layers,
+        lambda attention, gradient: vecmat(readout.to(attention.dtype), attention.mean(dim=1)),
+    )
+
+
+@register_method(
+    "rollout", needs_gradients=False, class_specific=False, default_start_layer=first_block
+)
+def rollout(
+    context: RuleContext, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
+) -> ReadoutFold:
+    """Attention rollout (Abnar & Zuidema 2020): product of row-normalised (A + I)."""
+    fuse_heads(context.readout.new_zeros(1, 1, 1, 1), head_fusion)  # validate early
+    if not 0.0 <= discard_ratio < 1.0:
+        raise OptionError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
+    protected = context.readout > 0
+
+    def block_matrix(attention: Tensor, gradient: Tensor | None) -> Tensor:
+        fused = fuse_heads(attention, head_fusion)
+        return discard_lowest(fused, discard_ratio, protected) if discard_ratio else fused
+
+    layers = range(context.start_layer, context.num_layers)
+    return ReadoutFold(context.readout, layers, block_matrix, rollout_step)

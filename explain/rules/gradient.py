@@ -1,0 +1,49 @@
+"""Gradient-weighted, class-specific methods: the generic rule (ICCV 2021) and attention
+GradCAM (the baseline of both papers)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from explain.rules.fold import LastBlock, ReadoutFold, vecmat
+from explain.rules.registry import RuleContext, first_block, register_method
+
+__all__ = ["attention_gradcam", "generic", "generic_step", "gradient_weighted"]
+
+
+def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
+    """Abar = mean_h (G * A)+ : clamp per head before the head mean (rules 5 and 6)."""
+    assert gradient is not None
+    return (gradient * attention).clamp(min=0).mean(dim=1)
+
+
+def generic_step(vector: Tensor, matrix: Tensor) -> Tensor:
+    """v @ (I + Abar) = v + v @ Abar: the readout row of R <- R + Abar @ R."""
+    return vector + vecmat(vector, matrix)
+
+
+@register_method(
+    "generic", needs_gradients=True, class_specific=True, default_start_layer=first_block
+)
+def generic(context: RuleContext) -> ReadoutFold:
+    """Chefer, Gur & Wolf ICCV 2021: R = prod (I + mean_h (G * A)+) over the blocks."""
+    layers = range(context.start_layer, context.num_layers)
+    return ReadoutFold(context.readout, layers, gradient_weighted, generic_step)
+
+
+@register_method("attention_gradcam", needs_gradients=True, class_specific=True)
+def attention_gradcam(context: RuleContext) -> LastBlock:
+    """GradCAM on the last block's attention: head weights = mean readout-row gradient."""
+    readout = context.readout
+    keys = context.layout.key_mask(readout.shape[0], readout.device)
+
+    def compute(attention: Tensor, gradient: Tensor | None) -> Tensor:
+        assert gradient is not None
+        row = readout.to(attention.dtype)
+        attention_row = (row[:, None, :, None] * attention).sum(dim=2)  # (B, H, N)
+        gradient_row = (row[:, None, :, None] * gradient).sum(dim=2)
+        kept = keys[:, None, :].to(attention.dtype)
+        weights = (gradient_row * kept).sum(dim=-1, keepdim=True) / kept.sum(dim=-1, keepdim=True)
+        return (weights * attention_row).mean(dim=1).clamp(min=0)
+
+    return LastBlock(context.num_layers, compute)

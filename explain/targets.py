@@ -1,0 +1,103 @@
+"""Target and score selection: from the model output to the scalars that are differentiated.
+
+`target` chooses the class per sample; `score` chooses what of that class is
+differentiated. Samples never mix: the backward pass runs over the sum of the per-sample
+scores, and nothing in an eval-mode transformer couples samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal, Union
+
+import torch
+from torch import Tensor
+
+from explain.errors import TargetError
+
+__all__ = ["SCORES", "Score", "Target", "resolve_targets", "select_scores"]
+
+Score = Literal["logit", "probability", "log_probability"]
+SCORES: tuple[str, ...] = ("logit", "probability", "log_probability")
+
+Target = Union[None, int, Sequence[int], Tensor, Callable[[Tensor], Tensor]]
+"""None (the predicted class), an int, B ints, a (B,) or (B, K) tensor, or a callable.
+
+A callable maps the model output (B, C) to either class indices (an integer tensor of
+shape (B,) or (B, K)) or directly to the (B,) scores to explain (a floating tensor, e.g. a
+similarity); in the latter case `score` does not apply.
+"""
+
+
+def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tensor | None]:
+    """Return (classes, custom_scores): classes (B,) or (B, K) long, or scores from a callable.
+
+    Exactly one of the two is not None.
+    """
+    batch, num_classes = output.shape[0], output.shape[-1]
+    if callable(target) and not isinstance(target, Tensor):
+        chosen = target(output)
+        if not isinstance(chosen, Tensor):
+            raise TargetError(
+                f"a target callable must return a tensor, got {type(chosen).__name__}"
+            )
+        if chosen.is_floating_point():
+            if chosen.shape != (batch,):
+                raise TargetError(
+                    f"a target callable that returns scores must return shape ({batch},), "
+                    f"got {tuple(chosen.shape)}"
+                )
+            return None, chosen
+        target = chosen
+    if target is None:
+        return output.detach().argmax(dim=-1), None
+    if isinstance(target, bool):
+        raise TargetError("target must be a class index, not a bool")
+    if isinstance(target, int):
+        classes = torch.full((batch,), target, dtype=torch.long, device=output.device)
+    else:
+        try:
+            classes = torch.as_tensor(target, device=output.device)
+        except (TypeError, ValueError) as error:
+            raise TargetError(f"cannot read target {target!r} as class indices: {error}") from None
+        if classes.is_floating_point() or classes.dtype == torch.bool:
+            raise TargetError(f"target class indices must be integers, got {classes.dtype}")
+        classes = classes.long()
+        if classes.dim() == 0:
+            classes = classes.expand(batch)
+        if classes.dim() not in (1, 2) or classes.shape[0] != batch:
+            raise TargetError(
+                f"target must have shape ({batch},) or ({batch}, K) for a batch of {batch}, "
+                f"got {tuple(classes.shape)}"
+            )
+        if classes.dim() == 2 and classes.shape[1] == 0:
+            raise TargetError("a (B, K) target needs at least one class per input (K >= 1)")
+    out_of_range = (classes < 0) | (classes >= num_classes)
+    if out_of_range.any():
+        bad = classes[out_of_range][0].item()
+        raise TargetError(
+            f"target class {bad} is out of range: the model has {num_classes} classes "
+            f"(0..{num_classes - 1})"
+        )
+    return classes, None
+
+
+def select_scores(output: Tensor, classes: Tensor, score: Score) -> Tensor:
+    """The differentiated quantity per sample and class: shape of `classes`."""
+    if score == "logit":
+        values = output
+    elif score == "probability":
+        values = output.softmax(dim=-1)
+    elif score == "log_probability":
+        values = output.log_softmax(dim=-1)
+    else:
+        raise TargetError(f"score must be one of {', '.join(SCORES)}; got {score!r}")
+    index = classes if classes.dim() == 2 else classes[:, None]
+    picked = values.gather(-1, index)
+    return picked if classes.dim() == 2 else picked[:, 0]
+
+
+def check_score(score: str) -> None:
+    """Raise TargetError before any work if `score` is unknown."""
+    if score not in SCORES:
+        raise TargetError(f"score must be one of {', '.join(SCORES)}; got {score!r}")

@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny timm ViT configurations covering the family's forms."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from explain.testing import tiny_vit
+
+# name -> (constructor kwargs, input (H, W))
+VIT_CONFIGS = {
+    "vit": (dict(depth=3, num_heads=2), (32, 32)),
+    "deep-3heads": (dict(depth=5, num_heads=3, embed_dim=48), (32, 32)),
+    "one-block": (dict(depth=1, num_heads=4), (32, 32)),
+    "patch4-img24": (dict(img_size=24, patch_size=4), (24, 24)),
+    "registers": (dict(reg_tokens=3), (32, 32)),
+    "gap-no-cls": (dict(class_token=False, global_pool="avg", fc_norm=False), (32, 32)),
+    "gap-registers": (dict(class_token=False, reg_tokens=2, global_pool="avg"), (32, 32)),
+    "distilled": (dict(distilled=True), (32, 32)),
+    "deit3-layerscale": (dict(init_values=0.5, no_embed_class=True), (32, 32)),
+    "dynamic-size": (dict(dynamic_img_size=True), (48, 24)),
+}
+
+
+@pytest.fixture(params=sorted(VIT_CONFIGS))
+def vit_case(request):
+    """(model, images) for one configuration, batch of 3, float32."""
+    kwargs, (height, width) = VIT_CONFIGS[request.param]
+    model = tiny_vit(**kwargs)
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randn(3, 3, height, width, generator=generator)
+    return model, images
+
+
+@pytest.fixture
+def vit():
+    return tiny_vit(depth=3, num_heads=2)
+
+
+@pytest.fixture
+def images():
+    return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))

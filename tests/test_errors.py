@@ -1,0 +1,112 @@
+"""Bad input gets a clear error that says what to do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from explain import (
+    Explainer,
+    ExplainError,
+    InputError,
+    OptionError,
+    TargetError,
+    UnknownMethodError,
+    UnsupportedModelError,
+    explain,
+)
+from explain.testing import tiny_vit
+
+
+def test_unsupported_model_names_the_families():
+    with pytest.raises(UnsupportedModelError, match="Supported families: timm VisionTransformer"):
+        Explainer(nn.Sequential(nn.Linear(3, 3)))
+    with pytest.raises(UnsupportedModelError, match=r"torch\.nn\.Module"):
+        Explainer("vit_base_patch16_224")
+
+
+def test_unsupported_pooling():
+    with pytest.raises(UnsupportedModelError, match="global_pool='max'"):
+        Explainer(tiny_vit(class_token=False, global_pool="max"))
+
+
+def test_wrong_image_size_says_the_expected_size(vit):
+    with pytest.raises(InputError, match="takes 32x32 images, got 48x48"):
+        Explainer(vit).explain(torch.randn(1, 3, 48, 48))
+
+
+def test_dynamic_size_must_be_a_patch_multiple():
+    model = tiny_vit(dynamic_img_size=True)
+    with pytest.raises(InputError, match="not a multiple of the patch size 8x8"):
+        Explainer(model).explain(torch.randn(1, 3, 30, 32))
+
+
+@pytest.mark.parametrize(
+    ("images", "message"),
+    [
+        (torch.randn(3, 32, 32), "add a batch axis"),
+        (torch.randn(1, 1, 32, 32), r"shape \(B, 3, H, W\)"),
+        (torch.randn(0, 3, 32, 32), "empty"),
+        (torch.full((1, 3, 32, 32), float("nan")), "NaN"),
+        (torch.full((1, 3, 32, 32), float("inf")), "infinite"),
+        (torch.zeros(1, 3, 32, 32, dtype=torch.long), "floating point"),
+        ([[1.0]], "tensor"),
+    ],
+)
+def test_bad_images(vit, images, message):
+    with pytest.raises(InputError, match=message):
+        Explainer(vit).explain(images)
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        (5, "out of range: the model has 5 classes"),
+        (-1, "out of range"),
+        ([1, 2, 3], r"shape \(2,\)"),
+        (torch.tensor([0.5, 1.0]), "integers"),
+        (True, "bool"),
+        (torch.zeros(2, 0, dtype=torch.long), "at least one class"),
+        (lambda out: out, r"must return shape \(2,\)"),
+    ],
+)
+def test_bad_targets(vit, images, target, message):
+    with pytest.raises(TargetError, match=message):
+        Explainer(vit).explain(images, target=target)
+
+
+def test_unknown_method_lists_known(vit, images):
+    with pytest.raises(UnknownMethodError, match="known methods: attention_gradcam, generic"):
+        Explainer(vit).explain(images, method="gradcam++")
+
+
+def test_unknown_score(vit, images):
+    with pytest.raises(TargetError, match="logit, probability, log_probability"):
+        Explainer(vit).explain(images, score="softmax")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(method="generic", start_layer=3), OptionError, "out of range for a model with 3"),
+        (dict(method="generic", start_layer=1.5), OptionError, "must be an int"),
+        (dict(method="raw_attention", start_layer=0), OptionError, "takes no start_layer"),
+        (dict(method="rollout", head_fusion="median"), OptionError, "head_fusion"),
+        (dict(method="rollout", discard_ratio=1.0), OptionError, "discard_ratio"),
+        (dict(method="generic", alpha=2), TypeError, "unexpected keyword"),
+    ],
+)
+def test_bad_options(vit, images, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        Explainer(vit).explain(images, **kwargs)
+
+
+def test_all_errors_share_one_family():
+    for error in (InputError, TargetError, OptionError, UnknownMethodError, UnsupportedModelError):
+        assert issubclass(error, ExplainError)
+
+
+def test_one_shot_function(vit, images):
+    result = explain(vit, images, method="rollout")
+    assert result.method == "rollout" and result.relevance.shape == (2, 4, 4)

@@ -1,0 +1,26 @@
+"""`import explain` stays light: no matplotlib, no transformers, no timm."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_import_is_light():
+    code = (
+        "import sys, explain; "
+        "heavy = [m for m in ('matplotlib', 'transformers', 'timm') if m in sys.modules]; "
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_explaining_a_timm_model_does_not_import_transformers_or_matplotlib():
+    code = (
+        "import sys, torch; from explain import Explainer; from explain.testing import tiny_vit; "
+        "Explainer(tiny_vit()).explain(torch.randn(1, 3, 32, 32)); "
+        "print(','.join(m for m in ('matplotlib', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
