@@ -1,0 +1,5 @@
+import sys
+
+from explain.cli import main
+
+sys.exit(main())
