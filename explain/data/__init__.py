@@ -1,0 +1,9 @@
+"""Datasets with known ground truth, shipped or generated offline.
+
+- `shapes`: synthetic scenes of shapes with pixel masks (image classification).
+- `digits`: scikit-learn's handwritten digits, upsampled (image classification).
+- `sentiment`: template sentences with known sentiment words (text classification).
+
+Each has disjoint training and held-out splits; the zoo's models train on the former and
+their cards quote accuracy on the latter.
+"""
