@@ -1,0 +1,214 @@
+"""Relevance of two token sets (ICCV 2021): encoder-decoder and co-attention rules.
+
+Two token sets q (queries: a decoder, or a second stream) and i (an encoder, or the first
+stream) carry four relevance matrices per sample: R_qq, R_qi, R_iq, R_ii, starting at
+R_qq = I, R_ii = I, R_qi = R_iq = 0. Every attention block updates them with its
+gradient-weighted matrix Abar = mean_h (G * A)+ (the `generic` block matrix):
+
+- self-attention of set s (other set o): R_ss += Abar @ R_ss and R_so += Abar @ R_so,
+  both with the matrices before the update;
+- cross-attention with queries from s and keys from o:
+  R_so += norm(R_ss)^T @ Abar @ norm(R_oo) and R_oo += Abar @ R_os, all from the matrices
+  before the block, where norm(R) = I + (R - I) / rowsum(R - I), rows of R - I that sum
+  to zero staying zero. The normalisation lives only inside this update.
+
+An encoder-decoder is the one-directional case (R_iq stays 0, so encoder self-attention
+reduces to R_ii += Abar @ R_ii and cross-attention only adds to R_qi); a two-stream model
+with co-attention in both directions (LXMERT-style) uses the same two functions, so a new
+architecture is an adapter, never a new rule.
+
+Unlike the one-stack rules these cannot be folded as a readout row: the cross update needs
+the full normalised matrices. `TwoSetFold` therefore keeps every block's (B, N, N) matrix
+as its gradient arrives (last block first) and replays the blocks in forward order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from explain.rules.fold import compute_dtype
+from explain.rules.gradient import gradient_weighted
+
+__all__ = [
+    "BlockRole",
+    "TwoSetFold",
+    "TwoSetRelevance",
+    "co_attention_update",
+    "cross_attention_update",
+    "normalize_residual",
+    "self_attention_update",
+]
+
+TokenSet = Literal["q", "i"]
+
+
+def normalize_residual(relevance: Tensor) -> Tensor:
+    """norm(R) = I + (R - I) / rowsum(R - I) for (B, N, N) R; zero rows of R - I stay 0.
+
+    The residual's identity is kept apart so that the accumulated attention part of each
+    row sums to one, which keeps the cross-attention update on the scale of its Abar.
+    """
+    identity = torch.eye(relevance.shape[-1], dtype=relevance.dtype, device=relevance.device)
+    attention_part = relevance - identity
+    sums = attention_part.sum(dim=-1, keepdim=True)
+    zero = sums == 0
+    scaled = attention_part / torch.where(zero, torch.ones_like(sums), sums)
+    return identity + torch.where(zero, torch.zeros_like(scaled), scaled)
+
+
+@dataclass(frozen=True)
+class TwoSetRelevance:
+    """The four relevance matrices of two token sets, each (B, rows, columns)."""
+
+    qq: Tensor
+    qi: Tensor
+    iq: Tensor
+    ii: Tensor
+
+    @classmethod
+    def initial(
+        cls, batch: int, num_q: int, num_i: int, *, dtype: torch.dtype, device: torch.device
+    ) -> TwoSetRelevance:
+        """R_qq = I, R_ii = I, R_qi = R_iq = 0."""
+
+        def eye(n: int) -> Tensor:
+            return torch.eye(n, dtype=dtype, device=device).expand(batch, n, n).clone()
+
+        return cls(
+            qq=eye(num_q),
+            qi=torch.zeros(batch, num_q, num_i, dtype=dtype, device=device),
+            iq=torch.zeros(batch, num_i, num_q, dtype=dtype, device=device),
+            ii=eye(num_i),
+        )
+
+    def get(self, rows: TokenSet, columns: TokenSet) -> Tensor:
+        return getattr(self, rows + columns)
+
+
+def _other(token_set: TokenSet) -> TokenSet:
+    return "i" if token_set == "q" else "q"
+
+
+def self_attention_update(
+    state: TwoSetRelevance, token_set: TokenSet, matrix: Tensor
+) -> TwoSetRelevance:
+    """Self-attention of `token_set` s with Abar `matrix` (B, N_s, N_s):
+    R_ss += Abar @ R_ss and R_so += Abar @ R_so (same Abar, matrices before the update)."""
+    s, o = token_set, _other(token_set)
+    return replace(
+        state,
+        **{
+            s + s: state.get(s, s) + matrix @ state.get(s, s),
+            s + o: state.get(s, o) + matrix @ state.get(s, o),
+        },
+    )
+
+
+def _cross_additions(
+    state: TwoSetRelevance, query_set: TokenSet, matrix: Tensor
+) -> dict[str, Tensor]:
+    s, o = query_set, _other(query_set)
+    added_so = normalize_residual(state.get(s, s)).transpose(-1, -2) @ matrix
+    return {
+        s + o: added_so @ normalize_residual(state.get(o, o)),
+        s + s: matrix @ state.get(o, s),
+    }
+
+
+def cross_attention_update(
+    state: TwoSetRelevance, query_set: TokenSet, matrix: Tensor
+) -> TwoSetRelevance:
+    """Cross-attention with queries from `query_set` s and keys from the other set o,
+    Abar `matrix` (B, N_s, N_o): R_so += norm(R_ss)^T @ Abar @ norm(R_oo) and
+    R_ss += Abar @ R_os, all from the matrices before this block."""
+    additions = _cross_additions(state, query_set, matrix)
+    return replace(state, **{key: state.get(*key) + value for key, value in additions.items()})
+
+
+def co_attention_update(
+    state: TwoSetRelevance, matrix_qi: Tensor, matrix_iq: Tensor
+) -> TwoSetRelevance:
+    """Cross-attention in both directions in one layer (two-stream models): both
+    directions' updates are computed from the matrices before the layer and then added."""
+    additions = _cross_additions(state, "q", matrix_qi)
+    additions.update(_cross_additions(state, "i", matrix_iq))  # the four keys are disjoint
+    return replace(state, **{key: state.get(*key) + value for key, value in additions.items()})
+
+
+@dataclass(frozen=True)
+class BlockRole:
+    """What one recorded attention site is in a two-set model.
+
+    `token_set` is the set its queries come from; `kind` is "self", "cross" (keys from
+    the other set) or "co": one direction of a bi-directional co-attention layer, listed
+    as two adjacent roles (queries from q, then from i) that are applied together. Roles
+    are listed in forward order: the rules replay them that way.
+    """
+
+    layer: int
+    token_set: TokenSet
+    kind: Literal["self", "cross", "co"]
+
+
+class TwoSetFold:
+    """Receives blocks like a Sink and applies the two-set rules over `roles` (forward
+    order); `result()` is the four relevance matrices rather than one readout row.
+
+    Blocks may arrive in any order (the backward pass delivers the last block first); each
+    is reduced to Abar = mean_h (G * A)+ on arrival and the raw maps are released. The
+    rules run in forward order in `matrices()` once every block has arrived.
+    """
+
+    def __init__(
+        self,
+        roles: Sequence[BlockRole],
+        num_q: int,
+        num_i: int,
+    ) -> None:
+        self._roles = list(roles)
+        self._shape = (num_q, num_i)
+        self._matrices: dict[int, Tensor] = {}
+        layers = [role.layer for role in self._roles]
+        if not layers or layers != list(range(layers[0], layers[0] + len(layers))):
+            raise ValueError("block roles must be consecutive layers, once each, in forward order")
+        co = [role for role in self._roles if role.kind == "co"]
+        pairs = zip(co[::2], co[1::2], strict=False)
+        if len(co) % 2 or any(
+            (a.token_set, b.token_set, b.layer - a.layer) != ("q", "i", 1) for a, b in pairs
+        ):
+            raise ValueError("co-attention roles come in adjacent pairs: queries from q, then i")
+        self.layers = range(layers[0], layers[-1] + 1)
+        self._wanted = set(layers)
+
+    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
+        if layer not in self._wanted:
+            return
+        dtype = compute_dtype(attention)
+        gradient = gradient.to(dtype) if gradient is not None else None
+        self._matrices[layer] = gradient_weighted(attention.to(dtype), gradient)
+
+    def result(self) -> TwoSetRelevance:
+        """R_qq, R_qi, R_iq, R_ii after every block."""
+        missing = self._wanted - set(self._matrices)
+        if missing:
+            raise RuntimeError(f"blocks {sorted(missing)} never arrived; cannot apply the rules")
+        first = next(iter(self._matrices.values()))
+        state = TwoSetRelevance.initial(
+            first.shape[0], *self._shape, dtype=first.dtype, device=first.device
+        )
+        roles = iter(self._roles)
+        for role in roles:
+            matrix = self._matrices[role.layer]
+            if role.kind == "self":
+                state = self_attention_update(state, role.token_set, matrix)
+            elif role.kind == "cross":
+                state = cross_attention_update(state, role.token_set, matrix)
+            else:
+                partner = next(roles)
+                state = co_attention_update(state, matrix, self._matrices[partner.layer])
+        return state
