@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ExplainError",
     "InputError",
+    "ModelLoadError",
     "OptionError",
     "TargetError",
     "UnknownMethodError",
@@ -18,6 +19,10 @@ class ExplainError(Exception):
 
 class UnsupportedModelError(ExplainError, TypeError):
     """The model is not of a family `explain` knows how to instrument."""
+
+
+class ModelLoadError(ExplainError, OSError):
+    """A model cannot be loaded: unknown name, missing or corrupted file, no local weights."""
 
 
 class InputError(ExplainError, ValueError):
