@@ -1,5 +1,26 @@
-"""Pictures: heatmap overlays and grids (matplotlib, imported only when drawing)."""
+"""Pictures: heatmap overlays, method x class grids and highlighted text.
 
-from explain.viz.image import overlay, save_image
+matplotlib is imported only when something is drawn.
+"""
 
-__all__ = ["overlay", "save_image"]
+from explain.viz.image import (
+    DEFAULT_DPI,
+    explanation_grid,
+    grid_figure,
+    heatmap_figure,
+    overlay,
+    save_figure,
+    save_image,
+)
+from explain.viz.text_figure import text_figure
+
+__all__ = [
+    "DEFAULT_DPI",
+    "explanation_grid",
+    "grid_figure",
+    "heatmap_figure",
+    "overlay",
+    "save_figure",
+    "save_image",
+    "text_figure",
+]
