@@ -16,7 +16,7 @@ been delivered, so the backward pass never holds more than autograd itself does.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import torch
@@ -135,25 +135,36 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             setattr(setting.owner, setting.name, setting.value)
 
     def _install_hooks(self) -> None:
-        for site in self.adapter.attention_sites():
+        # A module may serve several blocks (ALBERT runs one shared layer L times): it gets
+        # one hook, which hands its k-th call in a forward pass to the k-th block it serves.
+        for module, sites in _occurrences(self.adapter.attention_sites(), lambda s: s.module):
+            turn = _Rotation(sites)
             self._handles.append(
-                site.module.register_forward_hook(
-                    lambda module, args, output, s=site: self._see_attention(
-                        s.layer, s.probabilities(output)
+                module.register_forward_hook(
+                    lambda module, args, output, t=turn: self._see_attention(
+                        (site := t.next()).layer, site.probabilities(output)
                     )
                 )
             )
+        blocks = _occurrences(range(self.adapter.num_layers), lambda i: self.adapter.blocks[i])
         if self.differentiable:
-            first = self.adapter.blocks[0]
+            first, indices = blocks[0]
+            turn = _Rotation(indices)
             self._handles.append(
-                first.register_forward_pre_hook(self._enter_first_block, with_kwargs=True)
+                first.register_forward_pre_hook(
+                    lambda module, args, kwargs, t=turn: (
+                        self._enter_first_block(module, args, kwargs) if t.next() == 0 else None
+                    ),
+                    with_kwargs=True,
+                )
             )
         if self._keep_hidden:
-            for index, block in enumerate(self.adapter.blocks):
+            for block, indices in blocks:
+                turn = _Rotation(indices)
                 self._handles.append(
                     block.register_forward_hook(
-                        lambda module, args, output, i=index + 1: self._see_hidden(
-                            i, self.adapter.block_output(output)
+                        lambda module, args, output, t=turn: self._see_hidden(
+                            t.next() + 1, self.adapter.block_output(output)
                         )
                     )
                 )
@@ -257,3 +268,25 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         if self.attentions:
             return self.attentions[min(self.attentions)]
         return None
+
+
+class _Rotation:
+    """The items a shared module serves, handed out in call order, round after round."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self._items = items
+        self._calls = 0
+
+    def next(self) -> Any:
+        item = self._items[self._calls % len(self._items)]
+        self._calls += 1
+        return item
+
+
+def _occurrences(items: Iterable[Any], module_of: Callable[[Any], nn.Module]) -> list[Any]:
+    """[(module, [its items in order])] in order of each module's first appearance."""
+    grouped: dict[int, tuple[nn.Module, list[Any]]] = {}
+    for item in items:
+        module = module_of(item)
+        grouped.setdefault(id(module), (module, []))[1].append(item)
+    return list(grouped.values())

@@ -1,0 +1,285 @@
+"""What every Hugging Face transformers adapter shares: finding blocks and attention,
+forcing the eager attention path, and validating tokenized text.
+
+Blocks and attention modules are found the way transformers itself finds them for
+`output_hidden_states` / `output_attentions`: each model class names them in
+`_can_record_outputs` (the block class whose output is a hidden state, and the attention
+class whose output tuple carries the post-softmax probabilities at an index). We hook the
+same modules ourselves instead of passing `output_attentions=True`, because transformers
+installs its capturing hooks once and leaves them on the model for good.
+
+Attention path: transformers 5 dispatches attention on `config._attn_implementation`
+at call time, and only the eager function returns the probabilities. The recorder sets
+the internal attribute on every config object the model holds (sub-configs included) to
+"eager" and restores each afterwards; the public setter would recurse into sub-configs
+and lose their individual settings on the way back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures.base import Adapter, AttentionSite, FlagSetting, TokenLayout
+from explain.errors import ExplainError, InputError, UnsupportedModelError
+
+__all__ = [
+    "HuggingFaceAdapter",
+    "attention_spec",
+    "config_objects",
+    "eager_attention_flags",
+    "is_transformers_class",
+    "last_real_token",
+    "positions_from_mask",
+    "prepare_text",
+    "text_layout",
+]
+
+
+def is_transformers_class(model: nn.Module, package: str, names: Sequence[str]) -> bool:
+    """Whether `model` is (a subclass of) one of the `names` classes of
+    `transformers.models.<package>`, without importing transformers."""
+    prefix = f"transformers.models.{package}."
+    return any(
+        cls.__name__ in names and cls.__module__.startswith(prefix) for cls in type(model).__mro__
+    )
+
+
+def config_objects(model: nn.Module) -> list[Any]:
+    """Every distinct config object the model and its submodules hold, sub-configs included."""
+    found: dict[int, Any] = {}
+    pending = [getattr(module, "config", None) for module in model.modules()]
+    while pending:
+        config = pending.pop()
+        if config is None or id(config) in found or not hasattr(config, "sub_configs"):
+            continue
+        found[id(config)] = config
+        pending.extend(getattr(config, key, None) for key in config.sub_configs)
+    return list(found.values())
+
+
+def eager_attention_flags(model: nn.Module) -> list[FlagSetting]:
+    """Flags that put every attention module of `model` on the eager path (which returns
+    the probabilities) and turn gradient checkpointing off (which would rerun the blocks in
+    the backward pass and fire the hooks twice)."""
+    flags = []
+    for config in config_objects(model):
+        name = (
+            "_attn_implementation_internal"
+            if hasattr(config, "_attn_implementation_internal")
+            else "_attn_implementation"
+        )
+        flags.append(FlagSetting(config, name, "eager"))
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is True:
+            flags.append(FlagSetting(module, "gradient_checkpointing", False))
+    return flags
+
+
+def attention_spec(model: nn.Module) -> tuple[type, type, int, str | None]:
+    """(block class, attention class, index of the probabilities in the attention module's
+    output tuple, required name of the attention module or None) from the model's
+    `_can_record_outputs`."""
+    record = getattr(type(model), "_can_record_outputs", None) or {}
+    block, attention = record.get("hidden_states"), record.get("attentions")
+    if not isinstance(block, type) or attention is None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} does not name its blocks and attention modules "
+            "(_can_record_outputs); it is not a supported transformers model"
+        )
+    if isinstance(attention, type):
+        return block, attention, 1, None
+    layer_name = attention.layer_name.strip(".") if attention.layer_name else None
+    return block, attention.target_class, attention.index, layer_name
+
+
+def _probabilities_at(index: int) -> Callable[[Any], Tensor]:
+    def probabilities(output: Any) -> Tensor:
+        weights = output[index] if isinstance(output, tuple) else None
+        if weights is None:
+            raise ExplainError(
+                "the attention module returned no attention probabilities: the eager path "
+                "did not run (is the model's attention implementation overridden in code?)"
+            )
+        return weights
+
+    return probabilities
+
+
+class HuggingFaceAdapter(Adapter):
+    """Base of the transformers families: blocks, attention sites and the eager path.
+
+    Subclasses say which model classes they take (`package`, `classes`) and how inputs are
+    prepared and read out. The blocks are the model's `_can_record_outputs` block modules
+    in forward order; a family whose blocks are called in another order, or more than once
+    (ALBERT's shared layers), overrides `blocks`.
+    """
+
+    package: ClassVar[str]
+    """The `transformers.models.<package>` module of the family."""
+    classes: ClassVar[tuple[str, ...]]
+    """The model classes of that module the adapter takes."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        block, attention, index, name = attention_spec(model)
+        self._block_class = block
+        self._attention_class = attention
+        self._probabilities = _probabilities_at(index)
+        self._attention_name = name
+        self._blocks = self.find_blocks()
+        if not self._blocks:
+            raise UnsupportedModelError(f"{type(model).__name__} has no attention blocks")
+        self._attention_modules = [self._attention_in(i, b) for i, b in enumerate(self._blocks)]
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return is_transformers_class(model, cls.package, cls.classes)
+
+    def find_blocks(self) -> list[nn.Module]:
+        """The blocks in the order they run: modules of the block class, in module order."""
+        return [m for m in self.model.modules() if isinstance(m, self._block_class)]
+
+    def _attention_in(self, layer: int, block: nn.Module) -> nn.Module:
+        for name, module in block.named_modules():
+            if isinstance(module, self._attention_class) and (
+                self._attention_name is None or name.split(".")[-1] == self._attention_name
+            ):
+                return module
+        raise UnsupportedModelError(
+            f"block {layer} ({type(block).__name__}) has no {self._attention_class.__name__}"
+        )
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self._blocks
+
+    def attention_sites(self) -> Sequence[AttentionSite]:
+        return [
+            AttentionSite(layer=layer, module=module, probabilities=self._probabilities)
+            for layer, module in enumerate(self._attention_modules)
+        ]
+
+    def path_flags(self) -> Sequence[FlagSetting]:
+        return eager_attention_flags(self.model)
+
+
+# -- text --------------------------------------------------------------------------------
+
+
+def _as_integer_tensor(name: str, value: object) -> Tensor:
+    if isinstance(value, Tensor):
+        tensor = value
+    else:
+        try:
+            tensor = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise InputError(
+                f"{name} must be a (B, T) tensor of integers; texts of different lengths must "
+                "be padded: tokenizer(texts, padding=True, return_tensors='pt')"
+            ) from None
+    if tensor.is_floating_point() or tensor.is_complex():
+        raise InputError(f"{name} must hold integers, got {tensor.dtype}")
+    if tensor.dim() == 1:
+        raise InputError(
+            f"{name} must be a batch (B, T), got one sequence of shape {tuple(tensor.shape)}; "
+            "add a batch axis with .unsqueeze(0), or tokenize a list of texts"
+        )
+    if tensor.dim() != 2:
+        raise InputError(f"{name} must have shape (B, T), got {tuple(tensor.shape)}")
+    return tensor
+
+
+def prepare_text(
+    inputs: object,
+    *,
+    max_tokens: int,
+    vocab_size: int,
+    device: torch.device,
+    token_types: bool,
+) -> dict[str, Tensor]:
+    """Validate tokenized text and move it to `device`.
+
+    `inputs` is a mapping (a tokenizer's BatchEncoding) with `input_ids` (B, T) and
+    optionally `attention_mask` (B, T, ones at real tokens, default all ones) and
+    `token_type_ids` (passed on only when the model takes them, `token_types`). Returns
+    those tensors as the model's keyword arguments (attention_mask always present, long).
+    """
+    if isinstance(inputs, str) or (
+        isinstance(inputs, Sequence) and inputs and isinstance(inputs[0], str)
+    ):
+        raise InputError(
+            "got raw text: tokenize it first, tokenizer(texts, padding=True, "
+            "return_tensors='pt'), or give the Explainer the tokenizer: "
+            "Explainer(model, tokenizer=tokenizer)"
+        )
+    if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
+        raise InputError(
+            "text models take a mapping with input_ids and attention_mask (a tokenizer's "
+            f"output: tokenizer(texts, padding=True, return_tensors='pt')), got "
+            f"{type(inputs).__name__}"
+        )
+    ids = _as_integer_tensor("input_ids", inputs["input_ids"])
+    batch, length = ids.shape
+    if batch == 0:
+        raise InputError("the batch is empty: pass at least one text")
+    if length == 0:
+        raise InputError("the text is empty: there is no token to explain")
+    mask = inputs.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else _as_integer_tensor("attention_mask", mask)
+    if mask.shape != ids.shape:
+        raise InputError(
+            f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(ids.shape)}"
+        )
+    if not ((mask == 0) | (mask == 1)).all():
+        raise InputError("attention_mask must hold 0 (padding) and 1 (real token) only")
+    empty = (mask.sum(dim=1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise InputError(f"text {empty[0]} of the batch is empty (no real token in its mask)")
+    if length > max_tokens:
+        longest = int(mask.sum(dim=1).max())
+        raise InputError(
+            f"the text is too long: {longest} tokens (padded to {length}), but this model "
+            f"takes at most {max_tokens}; shorten it or tokenize with truncation=True, "
+            f"max_length={max_tokens}"
+        )
+    real = mask.bool()
+    if ((ids < 0) | (ids >= vocab_size))[real].any():
+        bad = int(ids[real & ((ids < 0) | (ids >= vocab_size))][0])
+        raise InputError(
+            f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1}); "
+            "was the text tokenized with this model's tokenizer?"
+        )
+    arguments = {"input_ids": ids.long().to(device), "attention_mask": mask.long().to(device)}
+    types = inputs.get("token_type_ids")
+    if types is not None:
+        types = _as_integer_tensor("token_type_ids", types)
+        if types.shape != ids.shape:
+            raise InputError(
+                f"token_type_ids has shape {tuple(types.shape)} but input_ids {tuple(ids.shape)}"
+            )
+        if token_types:
+            arguments["token_type_ids"] = types.long().to(device)
+        elif types.any():
+            raise InputError("this model takes no token_type_ids (segments); drop them")
+    return arguments
+
+
+def text_layout(mask: Tensor) -> TokenLayout:
+    """The TokenLayout of a text batch: every position a token, pads marked False."""
+    return TokenLayout(modality="text", num_tokens=mask.shape[1], token_mask=mask.bool())
+
+
+def positions_from_mask(mask: Tensor) -> Tensor:
+    """Position ids that count real tokens only, so that a left-padded text gets the same
+    positions as alone (what generation does); pads get position 0 or their neighbour's."""
+    return (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def last_real_token(mask: Tensor) -> Tensor:
+    """(B,) index of each row's last real token, for left and right padding alike."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), positions, -1).amax(dim=1)
