@@ -105,9 +105,9 @@ def test_grid_figure_places_each_map_at_its_row_and_column(picture):
     image, _ = picture
     maps = [[torch.full((32, 48), (i * 3 + j) / 6) for j in range(3)] for i in range(2)]
     figure = grid_figure(image, maps, rows=["m0", "m1"], columns=["a", "b", "c"], alpha=0.4)
-    # 1 input row + 2 method rows of 3 panels, plus the colour bar.
-    assert len(figure.axes) == 3 * 3 + 1
-    panels = figure.axes[3:9]
+    # the input, 2 method rows of 3 panels, and the colour bar
+    assert len(figure.axes) == 1 + 2 * 3 + 1
+    panels = figure.axes[1:7]
     for i in range(2):
         for j in range(3):
             shown = panels[i * 3 + j].get_images()[0].get_array()
@@ -132,7 +132,8 @@ def test_explanation_grid_is_methods_by_classes_of_one_sample():
     display = torch.rand(3, 32, 32)
     names = ["zero", "one", "two", "three", "four"]
     figure = explanation_grid(display, explanations, sample=1, class_names=names, colorbar=False)
-    panels = figure.axes[2:]
+    panels = figure.axes[1:]
+    assert len(panels) == 2 * 2
     assert [axis.get_title() for axis in panels[:2]] == ["zero (0)", "four (4)"]
     assert [panels[0].get_ylabel(), panels[2].get_ylabel()] == ["generic", "rollout"]
     for row, method in enumerate(("generic", "rollout")):

@@ -117,17 +117,66 @@ def save_image(array: np.ndarray | Tensor, path: str | os.PathLike[str]) -> None
         Image.fromarray(pixels).save(handle, format="PNG")
 
 
-def _add_colorbar(figure: Figure, axes, cmap: str) -> None:
+# Figure layout, in inches. Panels are placed by hand rather than by a layout engine: the
+# sizes are then known exactly, and row labels and the colour bar never crowd each other.
+_LABEL_INCHES = 0.35  # left of the panels: row labels
+_TITLE_INCHES = 0.3  # above each row of panels: titles
+_GAP_INCHES = 0.08  # between panels
+_BAR_INCHES = 1.0  # right of the panels: the colour bar, its ticks and its label
+
+
+def _panel_figure(
+    shape: Sequence[int], aspect: float, *, colorbar: bool, labels: bool
+) -> tuple[Figure, list[list], object]:
+    """A figure with `shape[i]` panels in row i, each `aspect` (height / width) high.
+
+    Returns the figure, its panels row by row, and the colour bar's axis (or None), which
+    spans every row after the first when there is more than one, else the only row.
+    """
+    from matplotlib.figure import Figure
+
+    panel_w = _PANEL_INCHES
+    panel_h = _PANEL_INCHES * min(max(aspect, 0.25), 4.0)
+    left = _LABEL_INCHES if labels else _GAP_INCHES
+    columns = max(shape)
+    panels_w = columns * panel_w + (columns - 1) * _GAP_INCHES
+    width = left + panels_w + (_BAR_INCHES if colorbar else _GAP_INCHES)
+    height = len(shape) * (panel_h + _TITLE_INCHES) + _GAP_INCHES
+    figure = Figure(figsize=(width, height))
+
+    def box(x: float, y: float, w: float, h: float) -> tuple[float, float, float, float]:
+        return (x / width, y / height, w / width, h / height)
+
+    rows = []
+    for i, count in enumerate(shape):
+        bottom = height - (i + 1) * (panel_h + _TITLE_INCHES)
+        rows.append(
+            [
+                figure.add_axes(box(left + j * (panel_w + _GAP_INCHES), bottom, panel_w, panel_h))
+                for j in range(count)
+            ]
+        )
+    bar = None
+    if colorbar:
+        first = 1 if len(shape) > 1 else 0
+        top = height - first * (panel_h + _TITLE_INCHES) - _TITLE_INCHES
+        bottom = height - len(shape) * (panel_h + _TITLE_INCHES)
+        bar = figure.add_axes(box(left + panels_w + 0.15, bottom, 0.15, top - bottom))
+    return figure, rows, bar
+
+
+def _draw_colorbar(figure: Figure, axis, cmap: str) -> None:
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     mappable = ScalarMappable(norm=Normalize(0.0, 1.0), cmap=_colormap(cmap))
-    bar = figure.colorbar(mappable, ax=axes, shrink=0.8, fraction=0.05)
-    bar.set_label("relevance (min-max normalised)")
+    bar = figure.colorbar(mappable, cax=axis)
+    bar.set_label("relevance", fontsize=8)
+    bar.ax.tick_params(labelsize=7)
 
 
-def _draw_panel(axis, image: np.ndarray, heat: np.ndarray, cmap: str, alpha: float) -> None:
-    axis.imshow(overlay(image, heat, cmap=cmap, alpha=alpha))
+def _draw_panel(axis, image: np.ndarray, heat: np.ndarray | None, cmap: str, alpha: float) -> None:
+    axis.imshow(image if heat is None else overlay(image, heat, cmap=cmap, alpha=alpha))
     axis.set_xticks([])
     axis.set_yticks([])
 
@@ -145,17 +194,15 @@ def heatmap_figure(
 
     The heatmap is expected in [0, 1], as `Explanation.heatmap()` returns it.
     """
-    from matplotlib.figure import Figure
-
     rgb = _to_hwc(image)
-    width = _PANEL_INCHES * (1.3 if colorbar else 1.0)
-    figure = Figure(figsize=(width, _PANEL_INCHES + 0.3), layout="constrained")
-    axis = figure.add_subplot()
-    _draw_panel(axis, rgb, _to_map(heatmap), cmap, alpha)
+    figure, rows, bar = _panel_figure(
+        [1], rgb.shape[0] / rgb.shape[1], colorbar=colorbar, labels=False
+    )
+    _draw_panel(rows[0][0], rgb, _to_map(heatmap), cmap, alpha)
     if title:
-        axis.set_title(title, fontsize=9)
-    if colorbar:
-        _add_colorbar(figure, axis, cmap)
+        rows[0][0].set_title(title, fontsize=9)
+    if bar is not None:
+        _draw_colorbar(figure, bar, cmap)
     return figure
 
 
@@ -176,8 +223,6 @@ def grid_figure(
     With `show_image` the plain image comes first, on a row of its own, so the eye can
     compare every map with what it covers.
     """
-    from matplotlib.figure import Figure
-
     rgb = _to_hwc(image)
     if len(rows) == 0 or len(columns) == 0:
         raise InputError("a grid needs at least one row and one column")
@@ -185,30 +230,24 @@ def grid_figure(
         raise InputError(
             f"heatmaps must be {len(rows)} rows x {len(columns)} columns to match the labels"
         )
-    extra = 1 if show_image else 0
-    figure = Figure(
-        figsize=(
-            _PANEL_INCHES * len(columns) + (0.8 if colorbar else 0.0) + 0.4,
-            _PANEL_INCHES * (len(rows) + extra) + 0.3,
-        ),
-        layout="constrained",
+    shape = ([1] if show_image else []) + [len(columns)] * len(rows)
+    figure, panels, bar = _panel_figure(
+        shape, rgb.shape[0] / rgb.shape[1], colorbar=colorbar, labels=True
     )
-    axes = figure.subplots(len(rows) + extra, len(columns), squeeze=False)
     if show_image:
-        axes[0][0].imshow(rgb)
-        axes[0][0].set_title("input", fontsize=9)
-        for axis in axes[0]:
-            axis.axis("off")
+        _draw_panel(panels[0][0], rgb, None, cmap, alpha)
+        panels[0][0].set_title("input", fontsize=9)
+        panels = panels[1:]
     for i, label in enumerate(rows):
         for j, column in enumerate(columns):
-            axis = axes[i + extra][j]
+            axis = panels[i][j]
             _draw_panel(axis, rgb, _to_map(heatmaps[i][j]), cmap, alpha)
             if i == 0:
                 axis.set_title(column, fontsize=9)
             if j == 0:
                 axis.set_ylabel(label, fontsize=9)
-    if colorbar:
-        _add_colorbar(figure, axes[:, -1].tolist(), cmap)
+    if bar is not None:
+        _draw_colorbar(figure, bar, cmap)
     return figure
 
 
