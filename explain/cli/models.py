@@ -1,4 +1,4 @@
-"""`explain models`: the supported model families and the registered methods."""
+"""`explain models`: the zoo, the supported model families and the registered methods."""
 
 from __future__ import annotations
 
@@ -10,11 +10,18 @@ __all__ = ["register"]
 def run(args: argparse.Namespace) -> int:
     from explain.architectures import supported_families
     from explain.rules import METHODS
+    from explain.zoo import WEIGHTS, ZOO, zoo_root
 
+    print("Zoo models (--model zoo:NAME; cards in models/NAME/card.md):")
+    root = zoo_root()
+    for name, entry in ZOO.items():
+        missing = not (root / name / WEIGHTS).is_file()
+        note = f"  [not trained here yet: python {entry.script}]" if missing else ""
+        print(f"  zoo:{name:20s} {entry.summary}{note}")
     print("Supported model families:")
     for family in supported_families():
         print(f"  {family}")
-    print("Methods:")
+    print("Methods (--method):")
     for name in sorted(METHODS):
         print(f"  {name:24s} {METHODS[name].summary}")
     return 0
@@ -22,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "models", help="list supported model families and methods", description=__doc__
+        "models",
+        help="list the zoo, the supported model families and the methods",
+        description=__doc__,
     )
     parser.set_defaults(run=run)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DPI",
+    "check_style",
     "explanation_grid",
     "grid_figure",
     "heatmap_figure",
@@ -67,7 +68,12 @@ def _to_map(heatmap: Tensor | np.ndarray) -> np.ndarray:
     return heat
 
 
-def _check_alpha(alpha: float) -> None:
+def check_style(cmap: str, alpha: float) -> None:
+    """Raise ExplainError for an unknown colormap or an opacity outside [0, 1].
+
+    Lets callers that draw many pictures (the CLI) fail before any work.
+    """
+    _colormap(cmap)
     if not 0.0 <= alpha <= 1.0:
         raise ExplainError(f"alpha is the heatmap's opacity and must be in [0, 1], got {alpha}")
 
@@ -95,7 +101,7 @@ def overlay(
     `image` is (3, H, W), (H, W, 3) or grey (H, W); `alpha` is the heatmap's opacity
     (0 shows only the image, 1 only the heatmap). Returns an (H, W, 3) float array in [0, 1].
     """
-    _check_alpha(alpha)
+    check_style(cmap, alpha)
     rgb = _to_hwc(image)
     heat = _to_map(heatmap)
     if heat.shape != rgb.shape[:2]:

@@ -1,0 +1,270 @@
+"""The `explain` command line: arguments, outputs, errors, exit codes and atomic writes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import save_file
+
+from explain import Explainer
+from explain.cli import build_parser, main
+from explain.cli.image import parse_targets
+from explain.errors import TargetError
+from explain.io import load_images
+from explain.testing import tiny_vit
+from explain.viz import overlay
+
+CLASSES = ["circle", "square", "tabby, tabby cat"]
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+TIMM_ARGS = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A model folder laid out like the zoo's: config.json and model.safetensors."""
+    folder = tmp_path_factory.mktemp("model")
+    model = tiny_vit(**TIMM_ARGS)
+    config = {
+        "family": "timm_vit",
+        "timm": TIMM_ARGS,
+        "modality": "image",
+        "classes": CLASSES,
+        "preprocessing": {"image_size": [32, 32], "mean": list(MEAN), "std": list(STD)},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()}, folder / "model.safetensors"
+    )
+    return folder
+
+
+def _write_images(folder, count, seed=0):
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for index in range(count):
+        path = folder / f"image{index}.png"
+        Image.fromarray(rng.integers(0, 256, (36 + 4 * index, 40, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def _run(capsys, *argv):
+    status = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_help_documents_every_option():
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in commands.choices.items():
+        text = command.format_help()
+        for action in command._actions:
+            assert action.help, f"`explain {name}` option {action.dest} has no help"
+            for option in action.option_strings:
+                assert option in text
+
+
+def test_models_lists_the_zoo_families_and_methods(capsys):
+    from explain.rules import METHODS
+    from explain.zoo import ZOO
+
+    status, out, _ = _run(capsys, "models")
+    assert status == 0
+    for name, entry in ZOO.items():
+        assert f"zoo:{name}" in out and entry.summary in out
+    assert "timm VisionTransformer" in out
+    for method in METHODS:
+        assert method in out
+
+
+def test_image_writes_one_overlay_per_image_method_and_class(capsys, tmp_path, model_folder):
+    paths = _write_images(tmp_path / "in", 3)
+    out = tmp_path / "out"
+    status, stdout, _ = _run(
+        capsys, "image", tmp_path / "in", "--model", model_folder, "--method", "generic,rollout",
+        "--target", "square,TABBY CAT", "--batch-size", "2", "--out", out, "--alpha", "0.4",
+    )  # fmt: skip
+    assert status == 0
+    labels = ["1-square", "2-tabby"]
+    expected = {
+        f"image{i}_{m}_{label}.png"
+        for i in range(3)
+        for m in ("generic", "rollout")
+        for label in labels
+    }
+    assert {p.name for p in out.iterdir()} == expected
+    assert sorted(stdout.split()) == sorted(str(out / name) for name in expected)
+
+    # Each file is its own image's map (batches do not mix), drawn at the file's resolution.
+    model = tiny_vit(**TIMM_ARGS)
+    images, _ = load_images(paths, size=(32, 32), mean=MEAN, std=STD)
+    result = Explainer(model).explain(images, target=torch.tensor([[1, 2]] * 3))
+    for i, path in enumerate(paths):
+        display = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32) / 255.0
+        height, width = display.shape[:2]
+        for k, label in enumerate(labels):
+            single = Explainer(model).explain(images[i : i + 1], target=[1, 2][k])
+            heat = single.heatmap(size=(height, width))[0]
+            with Image.open(out / f"image{i}_generic_{label}.png") as saved:
+                assert saved.size == (width, height)
+                pixels = np.asarray(saved, dtype=np.float32) / 255.0
+            assert np.abs(pixels - overlay(display, heat, alpha=0.4)).max() < 2 / 255
+    assert result.relevance.shape == (3, 2, 4, 4)
+
+
+def test_image_top_targets_follow_each_images_prediction(capsys, tmp_path, model_folder):
+    paths = _write_images(tmp_path / "in", 2, seed=5)
+    out = tmp_path / "out"
+    status, _, _ = _run(
+        capsys, "image", *paths, "--model", model_folder, "--target", "top,top3", "--out", out,
+        "--grid",
+    )  # fmt: skip
+    assert status == 0
+    images, _ = load_images(paths, size=(32, 32), mean=MEAN, std=STD)
+    order = tiny_vit(**TIMM_ARGS)(images).argsort(dim=-1, descending=True)
+    names = {p.name for p in out.iterdir()}
+    for i in range(2):
+        for rank in (0, 2):
+            index = order[i, rank].item()
+            label = ["circle", "square", "tabby"][index]
+            assert f"image{i}_generic_{index}-{label}.png" in names
+        assert f"image{i}_grid.png" in names
+        with Image.open(out / f"image{i}_grid.png") as grid:
+            assert grid.format == "PNG" and grid.size[0] > 300
+
+
+def test_same_file_names_in_two_folders_do_not_overwrite_each_other(capsys, tmp_path, model_folder):
+    _write_images(tmp_path / "a", 1)
+    _write_images(tmp_path / "b", 1, seed=1)
+    out = tmp_path / "out"
+    status, _, _ = _run(
+        capsys, "image", tmp_path / "a", tmp_path / "b", "--model", model_folder, "--target", "0",
+        "--out", out,
+    )  # fmt: skip
+    assert status == 0
+    assert {p.name for p in out.iterdir()} == {
+        "image0_generic_0-circle.png",
+        "image0-2_generic_0-circle.png",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("top", [("top", 1)]),
+        ("top2,Top3", [("top", 2), ("top", 3)]),
+        ("2,circle", [("class", 2), ("class", 0)]),
+        ("tabby cat", [("class", 2)]),
+        ("Tabby", [("class", 2)]),
+        ("circle,0,top,top1", [("class", 0), ("top", 1)]),  # each column once
+    ],
+)
+def test_parse_targets(text, expected):
+    assert parse_targets(text, CLASSES, 3) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "classes", "message"),
+    [
+        ("3", CLASSES, r"out of range: the model has 3 classes \(0\.\.2\)"),
+        ("-1", CLASSES, "out of range"),
+        ("top4", CLASSES, r"top1\.\.top3"),
+        ("squar", CLASSES, "did you mean square"),
+        ("hexagon", CLASSES, "the classes are circle, square"),
+        ("circle,", CLASSES, "empty entry"),
+        ("cat", None, "no class names; give a class index"),
+        ("cat", ["cat", "cat"], "names several classes"),
+    ],
+)
+def test_parse_targets_errors(text, classes, message):
+    with pytest.raises(TargetError, match=message):
+        parse_targets(text, classes, 3)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["{missing}"], "no such file or folder"),
+        (["{empty}"], "holds no images"),
+        (["{images}", "--method", "gradcam"], "unknown method 'gradcam'; known methods:"),
+        (["{images}", "--model", "zoo:nope"], "unknown zoo model 'nope'"),
+        (["{images}", "--model", "{nowhere}"], "is not a zoo model"),
+        (["{images}", "--target", "hexagon"], "not a class of this model"),
+        (["{images}", "--cmap", "nocolours"], "unknown colormap"),
+    ],
+)
+def test_errors_are_one_line_with_exit_status_2(capsys, tmp_path, model_folder, arguments, message):
+    images = _write_images(tmp_path / "in", 1)[0]
+    (tmp_path / "empty").mkdir()
+    places = {
+        "missing": tmp_path / "missing.png",
+        "empty": tmp_path / "empty",
+        "images": images,
+        "nowhere": "no_such_model_name",
+    }
+    argv = ["image", *[a.format(**places) for a in arguments], "--out", tmp_path / "out"]
+    if "--model" not in arguments:
+        argv += ["--model", model_folder]
+    status, stdout, stderr = _run(capsys, *argv)
+    assert status == 2
+    assert stderr.startswith("explain: error: ")
+    assert stderr.strip().count("\n") == 0  # one line: every check runs before the work
+    assert re.search(message, stderr)
+    assert stdout == ""
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [["--batch-size", "0"], ["--alpha", "1.5"], ["--score", "energy"], []],
+)
+def test_bad_arguments_exit_with_usage(tmp_path, model_folder, arguments):
+    argv = ["image", str(tmp_path), *arguments]
+    if arguments:
+        argv += ["--model", str(model_folder)]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+
+
+def test_a_failing_batch_leaves_earlier_files_whole_and_no_partial_file(
+    capsys, tmp_path, model_folder
+):
+    folder = tmp_path / "in"
+    _write_images(folder, 2)
+    (folder / "image2.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    out = tmp_path / "out"
+    status, _, stderr = _run(
+        capsys, "image", folder, "--model", model_folder, "--batch-size", "2", "--out", out
+    )
+    assert status == 2
+    assert "cannot read" in stderr and "image2.png" in stderr
+    assert stderr.strip().splitlines()[-1].startswith("explain: error: ")
+    names = sorted(p.name for p in out.iterdir())  # no .partial file among them
+    assert len(names) == 2
+    assert names[0].startswith("image0_generic_") and names[1].startswith("image1_generic_")
+    for name in names:
+        with Image.open(out / name) as saved:
+            saved.load()  # a complete PNG
+
+
+def test_a_failure_while_writing_leaves_no_file(monkeypatch, tmp_path, model_folder):
+    _write_images(tmp_path / "in", 1)
+    out = tmp_path / "out"
+
+    def broken_save(self, handle, *args, **kwargs):
+        handle.write(b"\x89PNG half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Image.Image, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        main(["image", str(tmp_path / "in"), "--model", str(model_folder), "--out", str(out)])
+    assert list(out.iterdir()) == []
