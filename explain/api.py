@@ -49,12 +49,18 @@ class Explainer:
             method: a name from `explain.METHODS`.
             score: "logit" (as in the papers), "probability" or "log_probability".
             start_layer: first block to aggregate over (methods that aggregate); negative
-                values count from the end. None uses the method's default.
-            **options: method options, e.g. rollout's `head_fusion`, `discard_ratio`.
+                values count from the end. None uses the method's default. Dual encoders
+                (CLIP) also take one per tower, {"image": s, "text": s}.
+            **options: method options, e.g. rollout's `head_fusion`, `discard_ratio`;
+                encoder-decoders take `position` (see docs/multimodal.md).
 
         Returns:
             An `Explanation`; its tensors are detached and on the model's device.
         """
+        if self.adapter.token_sets is not None:  # relevance per token set (CLIP, seq2seq)
+            from explain.token_sets import explain_token_sets
+
+            return explain_token_sets(self, inputs, target, method, score, start_layer, options)
         spec = get_method(method)
         check_score(score)
         prepared = self.adapter.prepare(inputs)
@@ -80,24 +86,7 @@ class Explainer:
 
     def _context(self, spec: Method, prepared: Prepared, start_layer: int | None) -> RuleContext:
         num_layers = self.adapter.num_layers
-        modality = prepared.layout.modality
-        if spec.default_start_layer is None:
-            if start_layer is not None:
-                raise OptionError(
-                    f"method {spec.name!r} reads a fixed block; it takes no start_layer"
-                )
-            start = num_layers - 1
-        elif start_layer is None:
-            start = spec.default_start_layer(num_layers, modality)
-        else:
-            if isinstance(start_layer, bool) or not isinstance(start_layer, int):
-                raise OptionError(f"start_layer must be an int, got {start_layer!r}")
-            if not -num_layers <= start_layer < num_layers:
-                raise OptionError(
-                    f"start_layer {start_layer} is out of range for a model with {num_layers} "
-                    f"blocks (use 0..{num_layers - 1}, or negative values from the end)"
-                )
-            start = start_layer % num_layers
+        start = resolve_start_layer(spec, start_layer, num_layers, prepared.layout.modality)
         readout = self.adapter.readout(prepared)
         return RuleContext(readout, prepared.layout, num_layers, start)
 
@@ -183,6 +172,27 @@ class Explainer:
                 target=_no_class(logits) if classes is None else classes,
                 score=score if classes is not None else "custom",
             )
+
+
+def resolve_start_layer(
+    spec: Method, start_layer: int | None, num_layers: int, modality: str
+) -> int:
+    """The first block `spec` aggregates over in a stack of `num_layers` blocks: the given
+    `start_layer` (negative counts from the end), checked, or the method's default."""
+    if spec.default_start_layer is None:
+        if start_layer is not None:
+            raise OptionError(f"method {spec.name!r} reads a fixed block; it takes no start_layer")
+        return num_layers - 1
+    if start_layer is None:
+        return spec.default_start_layer(num_layers, modality)
+    if isinstance(start_layer, bool) or not isinstance(start_layer, int):
+        raise OptionError(f"start_layer must be an int, got {start_layer!r}")
+    if not -num_layers <= start_layer < num_layers:
+        raise OptionError(
+            f"start_layer {start_layer} is out of range for a model with {num_layers} "
+            f"blocks (use 0..{num_layers - 1}, or negative values from the end)"
+        )
+    return start_layer % num_layers
 
 
 def _no_class(logits: Tensor) -> Tensor:

@@ -158,6 +158,13 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                     with_kwargs=True,
                 )
             )
+            # Further stacks (a dual encoder's second tower, a decoder) start from leaves too.
+            for entry in self.adapter.entry_blocks[1:]:
+                self._handles.append(
+                    entry.register_forward_pre_hook(
+                        lambda module, args, kwargs: _as_leaf(args, kwargs)[:2], with_kwargs=True
+                    )
+                )
         if self._keep_hidden:
             for block, indices in blocks:
                 turn = _Rotation(indices)
@@ -176,13 +183,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Make block 0's input a leaf that requires grad: with frozen parameters this is
         what gives the attention maps a graph, and it stops the backward at the blocks."""
-        if args:
-            hidden = args[0].detach().requires_grad_(True)
-            args = (hidden, *args[1:])
-        else:
-            key = next(k for k, v in kwargs.items() if isinstance(v, Tensor))
-            hidden = kwargs[key].detach().requires_grad_(True)
-            kwargs = {**kwargs, key: hidden}
+        args, kwargs, hidden = _as_leaf(args, kwargs)
         self.hidden_states.clear()
         if self._keep_hidden:
             self._see_hidden(0, hidden)
@@ -238,7 +239,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         if not self._active:
             raise ExplainError("Recorder.backward must be called inside the recorder context")
         earliest = self._earliest_tracked()
-        if earliest is None:
+        if not earliest:
             raise ExplainError("nothing with a gradient was recorded in the forward pass")
         delivered: set[int] = set()
 
@@ -254,7 +255,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self.attention_grads.clear()
         self.hidden_state_grads.clear()
         try:
-            torch.autograd.grad(score, inputs=[earliest], retain_graph=retain_graph)
+            torch.autograd.grad(score, inputs=earliest, retain_graph=retain_graph)
         finally:
             self._on_gradient = None
         if delivered != self._track:
@@ -262,12 +263,30 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 f"no gradient reached the attention of layers {sorted(self._track - delivered)}"
             )
 
-    def _earliest_tracked(self) -> Tensor | None:
-        if self._keep_hidden and self.hidden_states:
-            return self.hidden_states[0]
-        if self.attentions:
-            return self.attentions[min(self.attentions)]
-        return None
+    def _earliest_tracked(self) -> list[Tensor]:
+        """What the backward differentiates: the earliest tracked tensor of every stack
+        (block 0's input when hidden states are kept), so exactly the graph between them
+        and the score runs; empty when nothing was tracked."""
+        if self._keep_hidden and self.hidden_states and len(self.adapter.entry_blocks) == 1:
+            return [self.hidden_states[0]]
+        stacks = {site.layer: site.stack for site in self.adapter.attention_sites()}
+        earliest: dict[str, Tensor] = {}
+        for layer in sorted(self.attentions):
+            earliest.setdefault(stacks.get(layer, "main"), self.attentions[layer])
+        return list(earliest.values())
+
+
+def _as_leaf(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], Tensor]:
+    """A block's call with its hidden-state input (the first tensor argument) replaced by
+    a detached leaf that requires grad; also returns that leaf."""
+    if args:
+        hidden = args[0].detach().requires_grad_(True)
+        return (hidden, *args[1:]), kwargs, hidden
+    key = next(k for k, v in kwargs.items() if isinstance(v, Tensor))
+    hidden = kwargs[key].detach().requires_grad_(True)
+    return args, {**kwargs, key: hidden}, hidden
 
 
 class _Rotation:

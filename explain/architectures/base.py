@@ -32,11 +32,18 @@ class AttentionSite:
 
     The recorder puts a forward hook on `module`; `probabilities(output)` picks the
     (B, H, N, N) tensor that the block multiplies with its values out of the module's output.
+
+    Models with two token sets (dual encoders, encoder-decoders) have several stacks of
+    blocks: `layer` is then unique over the whole model, `stack` names the block's stack
+    (e.g. "image", "text", "source", "target") and `kind` is "self", or "cross" for
+    attention whose keys come from another stack (queries (B, H, N_q, N_k)).
     """
 
     layer: int
     module: nn.Module
     probabilities: Callable[[Any], Tensor]
+    stack: str = "main"
+    kind: Literal["self", "cross"] = "self"
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,10 @@ class Adapter(ABC):
     family: ClassVar[str]
     """Human-readable name of the family, used in error messages and `explain models`."""
 
+    token_sets: ClassVar[Literal["dual_encoder", "encoder_decoder"] | None] = None
+    """None for one token sequence; models with two token sets are explained per set by
+    explain.token_sets (relevances {"image", "text"} or {"source", "target"})."""
+
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
@@ -123,6 +134,12 @@ class Adapter(ABC):
     @abstractmethod
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         """Map (..., N) token relevance onto the input: a patch grid, or tokens with pads 0."""
+
+    @property
+    def entry_blocks(self) -> Sequence[nn.Module]:
+        """The first block of every stack: the recorder makes each one's input a leaf that
+        requires grad, which gives that stack's attention maps a graph."""
+        return [self.blocks[0]]
 
     @staticmethod
     def block_output(output: Any) -> Tensor:

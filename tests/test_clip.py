@@ -1,0 +1,215 @@
+"""CLIP image and text relevance against an independent reference (METHODS.md, "Two
+token sets"), in padded batches; zero-shot prompts; promises and errors.
+
+The reference runs one (image, text) pair at a time with the text unpadded, takes the
+attention maps from Hugging Face's own `output_attentions` path on an eager copy of the
+model, differentiates the pair's similarity logit and multiplies full matrices.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from reference_coattention import generic_readout, gradient_weighted
+
+from explain import Explainer, InputError, OptionError, TargetError
+from explain.testing import ModelState
+
+EOS, BOS = 49, 48
+IMAGE_LAYERS, TEXT_LAYERS, GRID = 3, 2, 4
+
+
+def tiny_clip(seed: int = 0, **text_overrides):
+    from transformers import CLIPConfig, CLIPModel
+
+    text = dict(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=TEXT_LAYERS,
+        num_attention_heads=2,
+        max_position_embeddings=16,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        pad_token_id=0,
+        **text_overrides,
+    )
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=IMAGE_LAYERS,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
+        # Random CLIP weights give near-uniform attention; spread the embeddings so that the
+        # maps differ from token to token and the comparisons below can fail.
+        for embedding in (
+            model.vision_model.embeddings.position_embedding,
+            model.text_model.embeddings.token_embedding,
+            model.text_model.embeddings.position_embedding,
+        ):
+            torch.nn.init.normal_(embedding.weight, std=1.0)
+    return model.eval()
+
+
+def _texts(lengths: list[int], seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded texts: BOS, random words, EOS, then pads (id 0, mask 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths) + 2
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        words = torch.randint(1, 40, (length,), generator=generator)
+        ids[row, : length + 2] = torch.cat([torch.tensor([BOS]), words, torch.tensor([EOS])])
+        mask[row, : length + 2] = 1
+    return ids, mask
+
+
+def _inputs(num_images: int, lengths: list[int]) -> dict[str, torch.Tensor]:
+    ids, mask = _texts(lengths)
+    pixels = torch.randn(num_images, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    return {"pixel_values": pixels, "input_ids": ids, "attention_mask": mask}
+
+
+def reference_pair(model, pixels, ids, image_start: int, text_start: int):
+    """(image grid relevance, text relevance over the unpadded text, similarity logit)."""
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    output = eager(
+        pixel_values=pixels[None], input_ids=ids[None], output_attentions=True, return_dict=True
+    )
+    image_maps = list(output.vision_model_output.attentions)
+    text_maps = list(output.text_model_output.attentions)
+    logit = output.logits_per_image[0, 0]
+    grads = torch.autograd.grad(logit, image_maps + text_maps)
+    matrices = [
+        gradient_weighted(a[0].detach(), g[0])
+        for a, g in zip(image_maps + text_maps, grads, strict=True)
+    ]
+    image = generic_readout(matrices[image_start:IMAGE_LAYERS], row=0)[1:].reshape(GRID, GRID)
+    eos = int((ids == EOS).nonzero()[0])
+    text = generic_readout(matrices[IMAGE_LAYERS + text_start :], row=eos)
+    return image, text, logit.detach()
+
+
+@pytest.fixture(scope="module")
+def clip():
+    return tiny_clip()
+
+
+@pytest.mark.parametrize(
+    "start_layer,image_start,text_start",
+    [(None, IMAGE_LAYERS - 1, TEXT_LAYERS - 1), (0, 0, 0), ({"image": 1, "text": 0}, 1, 0)],
+)
+def test_paired_batch_matches_reference(clip, start_layer, image_start, text_start):
+    inputs = _inputs(3, [3, 1, 5])
+    result = Explainer(clip).explain(inputs, start_layer=start_layer)
+    assert result.relevances["image"].shape == (3, GRID, GRID)
+    assert result.relevances["text"].shape == inputs["input_ids"].shape
+    assert torch.equal(result.relevance, result.relevances["image"])
+    assert torch.equal(result.target, torch.arange(3))
+    assert result.logits.shape == (3, 3)
+    for i in range(3):
+        length = int(inputs["attention_mask"][i].sum())
+        image, text, logit = reference_pair(
+            clip,
+            inputs["pixel_values"][i],
+            inputs["input_ids"][i, :length],
+            image_start,
+            text_start,
+        )
+        assert torch.allclose(result.logits[i, i], logit, atol=1e-5)
+        assert torch.allclose(result.relevances["image"][i], image, atol=1e-5)
+        assert torch.allclose(result.relevances["text"][i, :length], text, atol=1e-5)
+        assert torch.all(result.relevances["text"][i, length:] == 0)  # pads exactly 0
+
+
+def test_zero_shot_explains_the_winning_prompt_and_each_prompt(clip):
+    inputs = _inputs(2, [2, 4, 1])
+    explainer = Explainer(clip)
+    best = explainer.explain(inputs)  # 2 images, 3 prompts: each image's best prompt
+    assert best.logits.shape == (2, 3)
+    assert torch.equal(best.target, best.logits.argmax(dim=-1))
+    each = explainer.explain(inputs, target=torch.arange(3).expand(2, 3))
+    assert each.relevances["image"].shape == (2, 3, GRID, GRID)
+    assert each.relevances["text"].shape == (2, 3, inputs["input_ids"].shape[1])
+    for i in range(2):
+        for k in range(3):
+            length = int(inputs["attention_mask"][k].sum())
+            image, text, _ = reference_pair(
+                clip,
+                inputs["pixel_values"][i],
+                inputs["input_ids"][k, :length],
+                IMAGE_LAYERS - 1,
+                TEXT_LAYERS - 1,
+            )
+            assert torch.allclose(each.relevances["image"][i, k], image, atol=1e-5)
+            assert torch.allclose(each.relevances["text"][i, k, :length], text, atol=1e-5)
+        winner = int(best.target[i])
+        assert torch.allclose(best.relevances["image"][i], each.relevances["image"][i, winner])
+
+
+def test_two_images_against_one_text_do_not_mix(clip):
+    inputs = _inputs(2, [3])
+    together = Explainer(clip).explain(inputs, target=0)
+    for i in range(2):
+        alone = Explainer(clip).explain(
+            {**inputs, "pixel_values": inputs["pixel_values"][i : i + 1]}
+        )
+        assert torch.allclose(
+            together.relevances["text"][i], alone.relevances["text"][0], atol=1e-6
+        )
+        assert torch.allclose(
+            together.relevances["image"][i], alone.relevances["image"][0], atol=1e-6
+        )
+
+
+def test_forward_only_methods_run_per_tower(clip):
+    inputs = _inputs(2, [2, 3])
+    result = Explainer(clip).explain(inputs, method="raw_attention")
+    assert result.relevances["text"].shape == inputs["input_ids"].shape
+    assert torch.all(result.relevances["text"][0, 4:] == 0)
+
+
+def test_no_side_effects_and_attention_implementations_restored():
+    model = tiny_clip()
+    model.config.text_config._attn_implementation = "sdpa"
+    model.config.vision_config._attn_implementation_internal = "eager"
+    model.train()
+    model.text_model.eval()  # a deliberately mixed state must survive
+    model.visual_projection.weight.requires_grad_(False)
+    inputs = _inputs(2, [2, 3])
+    model(**inputs).logits_per_image.sum().backward()  # stale grads must survive
+    before = ModelState.capture(model)
+    Explainer(model).explain(inputs, start_layer=0)
+    Explainer(model).explain(inputs, method="rollout")
+    with pytest.raises(TargetError):
+        Explainer(model).explain(inputs, target=7)
+    assert before.differences(ModelState.capture(model)) == []
+    assert model.config.text_config._attn_implementation == "sdpa"
+    assert model.config.vision_config._attn_implementation == "eager"
+
+
+def test_errors_are_clear(clip):
+    inputs = _inputs(2, [2, 3])
+    explainer = Explainer(clip)
+    with pytest.raises(InputError, match="pixel_values"):
+        explainer.explain({"input_ids": inputs["input_ids"]})
+    with pytest.raises(InputError, match="32x32"):
+        explainer.explain({**inputs, "pixel_values": torch.randn(2, 3, 40, 40)})
+    empty = inputs["attention_mask"].clone()
+    empty[1] = 0
+    with pytest.raises(InputError, match="empty"):
+        explainer.explain({**inputs, "attention_mask": empty})
+    with pytest.raises(TargetError, match="logit"):
+        explainer.explain(inputs, score="probability")
+    with pytest.raises(OptionError, match="towers"):
+        explainer.explain(inputs, start_layer={"audio": 0})
+    with pytest.raises(OptionError, match="out of range"):
+        explainer.explain(inputs, start_layer={"text": 5})
