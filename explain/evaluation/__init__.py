@@ -1,0 +1,44 @@
+"""Judging explanations by numbers, with the protocols of Chefer et al. (METHODS.md).
+
+- `PerturbationTest`: accuracy as the most (positive) or least (negative) relevant pixels
+  are removed; AUC over the removed fraction.
+- `SegmentationTest`: the thresholded map as a foreground mask: pixel accuracy, mIoU, mAP.
+- `RationaleTest`: the top-k words as a rationale: token precision, recall, F1.
+- `run_evaluation`: any of them over a dataset, chunked, resumable and shardable over
+  torchrun's processes, writing JSON, a markdown table and a PNG.
+- `explain.evaluation.datasets`: the zoo's held-out sets and loaders for the real data.
+"""
+
+from explain.evaluation.perturbation import FRACTIONS, PerturbationTest, perturbation_auc
+from explain.evaluation.protocol import EvaluationProtocol, ImageProtocol
+from explain.evaluation.rationale import TOP_K, RationaleTest, rationale_scores, word_scores
+from explain.evaluation.runner import run_evaluation
+from explain.evaluation.segmentation import (
+    SegmentationTest,
+    average_precision,
+    segmentation_counts,
+    segmentation_summary,
+)
+
+PROTOCOLS: dict[str, type[EvaluationProtocol]] = {
+    protocol.name: protocol for protocol in (PerturbationTest, SegmentationTest, RationaleTest)
+}
+"""Every protocol by its command-line name."""
+
+__all__ = [
+    "FRACTIONS",
+    "PROTOCOLS",
+    "TOP_K",
+    "EvaluationProtocol",
+    "ImageProtocol",
+    "PerturbationTest",
+    "RationaleTest",
+    "SegmentationTest",
+    "average_precision",
+    "perturbation_auc",
+    "rationale_scores",
+    "run_evaluation",
+    "segmentation_counts",
+    "segmentation_summary",
+    "word_scores",
+]

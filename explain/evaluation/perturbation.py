@@ -1,0 +1,190 @@
+"""The perturbation test (Chefer, Gur & Wolf, CVPR 2021).
+
+For each fraction p in 0.1 .. 0.9, the floor(p * H * W) pixels with the highest relevance
+(positive test) or the lowest (negative test) are set to 0 in all channels of the [0, 1]
+image, BEFORE the model's normalisation, and top-1 accuracy against the ground-truth
+label is measured. The AUC is the trapezoid area of accuracy over x = 0, 0.1, ..., 0.9
+(the unperturbed accuracy at x = 0), times 100, so at most 90. Positive: lower is better
+(removing what the map calls relevant should hurt); negative: higher is better. Both are
+run for maps of the predicted class and of the ground-truth class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from explain.errors import OptionError
+from explain.evaluation.datasets.base import ImageExample
+from explain.evaluation.protocol import ImageProtocol, Records
+from explain.recorder import Recorder
+
+__all__ = [
+    "CURVES",
+    "FRACTIONS",
+    "PerturbationTest",
+    "curve_hits",
+    "perturbation_auc",
+    "perturbed_copies",
+    "removal_order",
+    "removed_count",
+]
+
+FRACTIONS: tuple[float, ...] = tuple(k / 10 for k in range(1, 10))
+"""The removed fractions of the protocol; the AUC adds x = 0 (the unperturbed accuracy)."""
+
+CURVES: tuple[str, ...] = (
+    "positive_predicted",
+    "negative_predicted",
+    "positive_target",
+    "negative_target",
+)
+"""(which pixels go first)_(whose class the map explains)."""
+
+
+def removed_count(fraction: float, pixels: int) -> int:
+    """floor(fraction * pixels), immune to binary float error (0.3 * 50 is 15, not 14)."""
+    return math.floor(round(fraction * pixels, 6))
+
+
+def removal_order(heatmaps: Tensor, positive: bool) -> Tensor:
+    """(B, H, W) maps -> (B, H * W) pixel indices in the order they are removed.
+
+    Most relevant first for the positive test, least relevant first for the negative one.
+    The sort is stable, so ties go in raster order and every run removes the same pixels.
+    """
+    return torch.sort(heatmaps.flatten(1), dim=1, descending=positive, stable=True).indices
+
+
+def perturbed_copies(pixels: Tensor, order: Tensor, fractions: Sequence[float]) -> Tensor:
+    """Copies of (B, C, H, W) `pixels` with the first floor(p * H * W) pixels of `order`
+    zeroed in every channel, one copy per fraction p: shape (F, B, C, H, W)."""
+    batch, _, height, width = pixels.shape
+    count = height * width
+    positions = torch.arange(count, device=order.device).expand(batch, -1)
+    rank = torch.empty_like(order).scatter_(1, order, positions)  # removal rank of each pixel
+    cuts = torch.tensor([removed_count(p, count) for p in fractions], device=order.device)
+    keep = rank[None] >= cuts[:, None, None]  # (F, B, H * W)
+    keep = keep.view(len(fractions), batch, 1, height, width).to(pixels.device, pixels.dtype)
+    return pixels[None] * keep
+
+
+def perturbation_auc(accuracies: Sequence[float], fractions: Sequence[float] = FRACTIONS) -> float:
+    """100 x the trapezoid area under `accuracies` over x = (0, *fractions).
+
+    `accuracies` has one more entry than `fractions`: the unperturbed accuracy first.
+    """
+    xs = (0.0, *fractions)
+    if len(accuracies) != len(xs):
+        raise ValueError(f"expected {len(xs)} accuracies (x = 0 first), got {len(accuracies)}")
+    area = sum(
+        (xs[i + 1] - xs[i]) * (accuracies[i] + accuracies[i + 1]) / 2 for i in range(len(xs) - 1)
+    )
+    return 100.0 * area
+
+
+class PerturbationTest(ImageProtocol):
+    """The perturbation test of one image model.
+
+    Args:
+        model, mean, std: see `ImageProtocol`.
+        forward_batch: most perturbed images per forward pass; None puts all fractions of
+            a chunk (9 x the chunk's images) in one pass, per curve.
+    """
+
+    name = "perturbation"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        mean: Sequence[float],
+        std: Sequence[float],
+        forward_batch: int | None = None,
+    ) -> None:
+        super().__init__(model, mean, std)
+        if forward_batch is not None and forward_batch < 1:
+            raise OptionError(f"forward_batch must be a positive number, got {forward_batch}")
+        self.forward_batch = forward_batch
+
+    columns: ClassVar[Mapping[str, str]] = {
+        "accuracy": "accuracy",
+        "positive_auc_predicted": "positive AUC, predicted ↓",
+        "negative_auc_predicted": "negative AUC, predicted ↑",
+        "positive_auc_target": "positive AUC, target ↓",
+        "negative_auc_target": "negative AUC, target ↑",
+    }
+
+    def classify(self, pixels: Tensor) -> Tensor:
+        """Predicted classes of (M, 3, H, W) [0, 1] pixels, `forward_batch` at a time."""
+        adapter = self.explainer.adapter
+        pieces = pixels.split(self.forward_batch or len(pixels))
+        # The recorder (forward only) gives the eval mode, path flags and clean-up that
+        # every other call on the model gets.
+        with Recorder(adapter, differentiable=False):
+            classes = [
+                adapter.forward(adapter.prepare(self.normalize(piece))).argmax(dim=-1)
+                for piece in pieces
+            ]
+        return torch.cat(classes).cpu()
+
+    def evaluate(self, method: str, examples: Sequence[ImageExample]) -> Records:
+        pixels, labels = self.stack(examples)
+        inputs = self.normalize(pixels)
+        explained = {
+            "predicted": self.explainer.explain(inputs, target=None, method=method),
+            "target": self.explainer.explain(
+                inputs, target=labels.to(inputs.device), method=method
+            ),
+        }
+        predicted = explained["predicted"].logits.argmax(dim=-1).cpu()
+        records: Records = {
+            "label": labels.tolist(),
+            "predicted": predicted.tolist(),
+            "correct": (predicted == labels).int().tolist(),
+        }
+        for whose, explanation in explained.items():
+            heatmaps = explanation.heatmap(tuple(pixels.shape[-2:])).cpu()
+            for sign in ("positive", "negative"):
+                hits = curve_hits(self.classify, pixels, labels, heatmaps, sign == "positive")
+                records[f"{sign}_{whose}"] = hits.int().tolist()
+        return records
+
+    def summarize(self, records: Records) -> dict[str, Any]:
+        accuracy = _mean(records["correct"])
+        summary: dict[str, Any] = {"accuracy": accuracy}
+        curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
+        for curve in CURVES:
+            per_fraction = [
+                _mean([row[i] for row in records[curve]]) for i in range(len(FRACTIONS))
+            ]
+            curves[curve] = [accuracy, *per_fraction]
+            sign, whose = curve.split("_")
+            summary[f"{sign}_auc_{whose}"] = perturbation_auc(curves[curve])
+        summary["curves"] = curves
+        return summary
+
+
+def curve_hits(
+    classify: Callable[[Tensor], Tensor],
+    pixels: Tensor,
+    labels: Tensor,
+    heatmaps: Tensor,
+    positive: bool,
+    fractions: Sequence[float] = FRACTIONS,
+) -> Tensor:
+    """(B, F) bool: whether each image is still classified correctly at each fraction.
+
+    All fractions of the chunk go to `classify` together, so it can batch them.
+    """
+    order = removal_order(heatmaps, positive)
+    copies = perturbed_copies(pixels, order, fractions)
+    classes = classify(copies.flatten(0, 1)).view(len(fractions), len(pixels))
+    return (classes == labels[None]).T
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")

@@ -1,0 +1,90 @@
+"""The shape every evaluation protocol has, so one runner can chunk, resume and shard them all.
+
+A protocol turns a chunk of examples into per-example records (JSON-able columns, one
+entry per example) and turns the records of the whole dataset, in dataset order, into
+the summary numbers. Keeping per-example records rather than running sums makes a merged
+run exactly equal to a single run however the chunks were spread over processes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from explain.evaluation.datasets.base import ImageExample
+
+__all__ = ["EvaluationProtocol", "ImageProtocol", "Records", "concatenate_records"]
+
+Records = dict[str, list[Any]]
+"""Column name -> one JSON-able value per example."""
+
+
+def concatenate_records(parts: Sequence[Records]) -> Records:
+    """Join the records of consecutive chunks into the records of all their examples."""
+    if not parts:
+        return {}
+    return {key: [value for part in parts for value in part[key]] for key in parts[0]}
+
+
+class EvaluationProtocol(ABC):
+    """One test (perturbation, segmentation, rationale) bound to one model."""
+
+    name: ClassVar[str]
+    """The protocol's name in results files and on the command line."""
+
+    @abstractmethod
+    def evaluate(self, method: str, examples: Sequence[Any]) -> Records:
+        """Per-example records of `method` on a chunk of examples."""
+
+    @abstractmethod
+    def summarize(self, records: Records) -> dict[str, Any]:
+        """The protocol's numbers for one method from the records of all examples."""
+
+    columns: ClassVar[Mapping[str, str]]
+    """Summary keys shown in the markdown table, with their column headers."""
+
+    def settings(self) -> dict[str, Any]:
+        """Everything besides the model and data that changes the records (for resuming)."""
+        return {}
+
+
+class ImageProtocol(EvaluationProtocol):
+    """Shared by the image tests: the model, its input normalisation and batching.
+
+    Args:
+        model: a supported image model; it is left exactly as it was found.
+        mean, std: the model's per-channel input normalisation, applied after any
+            perturbation of the [0, 1] pixels.
+    """
+
+    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
+        from explain.api import Explainer
+
+        self.explainer = Explainer(model)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+
+    @property
+    def device(self) -> torch.device:
+        return self.explainer.adapter.parameter.device
+
+    def normalize(self, pixels: Tensor) -> Tensor:
+        """(B, 3, H, W) pixels in [0, 1] -> model input, on the model's device."""
+        pixels = pixels.to(self.device)
+        mean = torch.tensor(self.mean, device=pixels.device, dtype=pixels.dtype)
+        std = torch.tensor(self.std, device=pixels.device, dtype=pixels.dtype)
+        return (pixels - mean[:, None, None]) / std[:, None, None]
+
+    @staticmethod
+    def stack(examples: Sequence[ImageExample]) -> tuple[Tensor, Tensor]:
+        """(B, 3, H, W) pixels and (B,) labels of a chunk."""
+        pixels = torch.stack([example.image.float() for example in examples])
+        labels = torch.tensor([example.label for example in examples], dtype=torch.long)
+        return pixels, labels
+
+    def settings(self) -> dict[str, Any]:
+        return {"mean": list(self.mean), "std": list(self.std)}

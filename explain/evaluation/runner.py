@@ -1,0 +1,186 @@
+"""Running a protocol over a dataset: chunked, resumable, sharded over torchrun's ranks.
+
+The dataset is cut into chunks of `batch_size` examples (chunk i holds examples
+i * batch_size ...). Every finished (method, chunk) is stored as its own small JSON file in
+a work folder next to the output (`results.json.parts/`), so an interrupted run resumes
+where it stopped and never recomputes a finished chunk. Under torchrun, chunk i belongs to
+rank i mod world size; the ranks' records are gathered on rank 0, which writes the results
+JSON (atomically) with a markdown table and a PNG of the curves next to it. Chunks are the
+same whatever the number of processes, so a sharded run gives exactly the numbers of a
+single-process run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from explain.errors import ExplainError, InputError, OptionError
+from explain.evaluation.distributed import Group, process_group
+from explain.evaluation.protocol import EvaluationProtocol, Records, concatenate_records
+from explain.evaluation.report import markdown_table, plot_results
+from explain.io import atomic_write
+from explain.rules import get_method
+
+__all__ = ["run_evaluation", "work_folder"]
+
+
+def work_folder(output: str | Path) -> Path:
+    """Where the finished chunks of the run that writes `output` are kept."""
+    output = Path(output)
+    return output.with_name(output.name + ".parts")
+
+
+def run_evaluation(
+    protocol: EvaluationProtocol,
+    dataset: Sequence[Any],
+    methods: Sequence[str],
+    output: str | Path,
+    *,
+    model_name: str,
+    batch_size: int = 16,
+    limit: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate every method in `methods` on the first `limit` examples of `dataset`.
+
+    Writes `output` (JSON), `output` with suffix .md (a table) and .png (the curves), and
+    returns the results dict: `{"protocol", "model", "dataset", "n", "results": {METHOD:
+    summary}, "skipped": {METHOD: reason}}`. A method that fails on this model (e.g. one
+    the model family does not support) is skipped with its reason instead of stopping
+    the run. Joins torchrun's process group when launched by torchrun.
+    """
+    for method in methods:
+        get_method(method)  # unknown names fail before any work
+    if batch_size < 1:
+        raise OptionError(f"batch_size must be a positive number, got {batch_size}")
+    if limit is not None and limit < 1:
+        raise OptionError(f"limit must be a positive number, got {limit}")
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    if count == 0:
+        raise InputError("the dataset is empty: nothing to evaluate")
+    name = getattr(dataset, "name", type(dataset).__name__)
+    output = Path(output)
+    work = work_folder(output)
+    _check_fingerprint(
+        work,
+        {
+            "protocol": protocol.name,
+            "model": model_name,
+            "dataset": name,
+            "batch_size": batch_size,
+            "settings": protocol.settings(),
+        },
+    )
+    chunks = [(start, min(start + batch_size, count)) for start in range(0, count, batch_size)]
+    with process_group() as group:
+        done, failed = _run_chunks(protocol, dataset, methods, chunks, work, group, progress)
+        gathered = group.gather((done, failed))
+        results = None
+        if group.is_main:
+            assert gathered is not None
+            results = _merge(protocol, methods, chunks, gathered)
+            results = {
+                "protocol": protocol.name,
+                "model": model_name,
+                "dataset": name,
+                "n": count,
+                **results,
+            }
+            _write(results, output, protocol)
+        return group.broadcast(results)
+
+
+def _check_fingerprint(work: Path, fingerprint: dict[str, Any]) -> None:
+    """Refuse to resume from chunks that were computed with other settings."""
+    path = work / "run.json"
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if stored != fingerprint:
+            raise ExplainError(
+                f"{work} holds chunks of a different run ({stored}); delete that folder or "
+                "choose another output file"
+            )
+        return
+    with atomic_write(path, "w") as handle:
+        json.dump(fingerprint, handle, indent=1)
+
+
+def _run_chunks(
+    protocol: EvaluationProtocol,
+    dataset: Sequence[Any],
+    methods: Sequence[str],
+    chunks: list[tuple[int, int]],
+    work: Path,
+    group: Group,
+    progress: bool,
+) -> tuple[dict[tuple[str, int], Records], dict[str, str]]:
+    """This rank's chunks: loaded when already finished, else computed and stored."""
+    mine = [index for index in range(len(chunks)) if group.owns(index)]
+    done: dict[tuple[str, int], Records] = {}
+    failed: dict[str, str] = {}
+    bar = tqdm(
+        total=len(mine) * len(methods),
+        desc=f"{protocol.name} (rank {group.rank})" if group.world_size > 1 else protocol.name,
+        unit="chunk",
+        disable=not progress or not group.is_main,
+    )
+    with bar:
+        for index in mine:
+            start, stop = chunks[index]
+            examples = None
+            for method in methods:
+                path = work / method / f"{start:08d}-{stop:08d}.json"
+                if path.exists():
+                    done[method, index] = json.loads(path.read_text())
+                elif method not in failed:
+                    if examples is None:
+                        examples = [dataset[i] for i in range(start, stop)]
+                    try:
+                        records = protocol.evaluate(method, examples)
+                    except (ExplainError, NotImplementedError, TypeError, ValueError) as error:
+                        failed[method] = f"{type(error).__name__}: {error}"
+                        print(f"explain: {method} skipped: {failed[method]}", file=sys.stderr)
+                    else:
+                        with atomic_write(path, "w") as handle:
+                            json.dump(records, handle)
+                        done[method, index] = records
+                bar.update(1)
+    return done, failed
+
+
+def _merge(
+    protocol: EvaluationProtocol,
+    methods: Sequence[str],
+    chunks: list[tuple[int, int]],
+    gathered: list[tuple[dict[tuple[str, int], Records], dict[str, str]]],
+) -> dict[str, Any]:
+    done: dict[tuple[str, int], Records] = {}
+    skipped: dict[str, str] = {}
+    for rank_done, rank_failed in gathered:
+        done.update(rank_done)
+        for method, reason in rank_failed.items():
+            skipped.setdefault(method, reason)
+    results = {}
+    for method in methods:
+        if method in skipped:
+            continue
+        parts = [done[method, index] for index in range(len(chunks))]
+        results[method] = protocol.summarize(concatenate_records(parts))
+    return {"results": results, "skipped": {m: skipped[m] for m in methods if m in skipped}}
+
+
+def _write(results: dict[str, Any], output: Path, protocol: EvaluationProtocol) -> None:
+    with atomic_write(output, "w") as handle:
+        json.dump(results, handle, indent=1)
+    title = f"# {results['protocol']}: {results['model']} on {results['dataset']}\n\n"
+    table = markdown_table(results, protocol.columns)
+    with atomic_write(output.with_suffix(".md"), "w") as handle:
+        handle.write(title + f"n = {results['n']}\n\n" + table)
+    if results["results"]:
+        plot_results(results, output.with_suffix(".png"))

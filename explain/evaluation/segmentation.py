@@ -1,0 +1,171 @@
+"""The segmentation test (Chefer, Gur & Wolf, CVPR 2021, on ImageNet-segmentation).
+
+Each map of the predicted class is upsampled bilinearly to the image size, min-max
+normalised, and thresholded at its own mean: foreground where it is above the mean.
+Pixel accuracy and the IoU of background and foreground are accumulated over the whole
+dataset (sum of correct / sum of labelled; sum of intersections / sum of unions), and
+mIoU is the mean of the two IoUs. mAP is the average precision per image, averaged over
+images; as in the reference, a map's AP pools two score channels, the map for the
+foreground and 1 - map for the background, against the one-hot mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from explain.errors import InputError
+from explain.evaluation.datasets.base import ImageExample
+from explain.evaluation.protocol import ImageProtocol, Records
+
+__all__ = [
+    "SegmentationCounts",
+    "SegmentationTest",
+    "average_precision",
+    "segmentation_counts",
+    "segmentation_summary",
+]
+
+
+@dataclass(frozen=True)
+class SegmentationCounts:
+    """One image's contribution to the dataset-wide sums, and its average precision.
+
+    `intersection` and `union` are (background, foreground) pixel counts.
+    """
+
+    correct: int
+    labelled: int
+    intersection: tuple[int, int]
+    union: tuple[int, int]
+    average_precision: float
+
+
+def average_precision(scores: Tensor, labels: Tensor) -> float:
+    """Average precision of `scores` ranking the True entries of `labels` first.
+
+    The step-wise sum over distinct thresholds, sum_n (R_n - R_{n-1}) P_n, the definition
+    scikit-learn's `average_precision_score` uses. 0.0 when there is no positive.
+    """
+    scores = scores.flatten().double()
+    labels = labels.flatten().bool()
+    positives = int(labels.sum())
+    if positives == 0:
+        return 0.0
+    order = torch.sort(scores, descending=True, stable=True).indices
+    ranked_scores, ranked_labels = scores[order], labels[order].double()
+    true_positives = ranked_labels.cumsum(0)
+    # Only the last position of each run of equal scores is a threshold.
+    last = torch.ones_like(ranked_scores, dtype=torch.bool)
+    last[:-1] = ranked_scores[1:] != ranked_scores[:-1]
+    hits = true_positives[last]
+    precision = hits / (torch.nonzero(last).flatten() + 1).double()
+    recall = hits / positives
+    steps = torch.diff(recall, prepend=recall.new_zeros(1))
+    return float((steps * precision).sum())
+
+
+def segmentation_counts(heatmap: Tensor, mask: Tensor) -> SegmentationCounts:
+    """Score one (H, W) min-max normalised map against its (H, W) mask.
+
+    Foreground is predicted where the map exceeds its own mean. Mask pixels < 0 are
+    unlabelled and count nowhere.
+    """
+    if heatmap.shape != mask.shape:
+        raise InputError(
+            f"map {tuple(heatmap.shape)} and mask {tuple(mask.shape)} differ in size; "
+            "upsample the map to the image size first"
+        )
+    labelled = mask >= 0
+    truth = mask > 0
+    predicted = heatmap > heatmap.mean()
+    correct = int(((predicted == truth) & labelled).sum())
+    intersection, union = [], []
+    for predicted_class, true_class in ((~predicted, ~truth), (predicted, truth)):
+        intersection.append(int((predicted_class & true_class & labelled).sum()))
+        union.append(int(((predicted_class | true_class) & labelled).sum()))
+    kept = heatmap[labelled]
+    scores = torch.cat([1.0 - kept, kept])
+    one_hot = torch.cat([~truth[labelled], truth[labelled]])
+    return SegmentationCounts(
+        correct=correct,
+        labelled=int(labelled.sum()),
+        intersection=(intersection[0], intersection[1]),
+        union=(union[0], union[1]),
+        average_precision=average_precision(scores, one_hot),
+    )
+
+
+def segmentation_summary(counts: Sequence[SegmentationCounts]) -> dict[str, float]:
+    """Pixel accuracy, per-class IoU, mIoU and mAP, all fractions in [0, 1]."""
+    correct = sum(c.correct for c in counts)
+    labelled = sum(c.labelled for c in counts)
+    ious = []
+    for k in (0, 1):
+        union = sum(c.union[k] for c in counts)
+        ious.append(sum(c.intersection[k] for c in counts) / union if union else 0.0)
+    return {
+        "pixel_accuracy": correct / labelled if labelled else 0.0,
+        "miou": (ious[0] + ious[1]) / 2,
+        "iou_background": ious[0],
+        "iou_foreground": ious[1],
+        "map": sum(c.average_precision for c in counts) / len(counts) if counts else 0.0,
+    }
+
+
+class SegmentationTest(ImageProtocol):
+    """The segmentation test of one image model on examples with masks.
+
+    The map explains the predicted class, as in the reference evaluation.
+    """
+
+    name = "segmentation"
+
+    columns: ClassVar[Mapping[str, str]] = {
+        "pixel_accuracy": "pixel accuracy ↑",
+        "miou": "mIoU ↑",
+        "map": "mAP ↑",
+    }
+
+    def evaluate(self, method: str, examples: Sequence[ImageExample]) -> Records:
+        if any(example.mask is None for example in examples):
+            raise InputError(
+                "the segmentation test needs examples with masks; this dataset has none"
+            )
+        pixels, labels = self.stack(examples)
+        explanation = self.explainer.explain(self.normalize(pixels), target=None, method=method)
+        heatmaps = explanation.heatmap(tuple(pixels.shape[-2:])).cpu()
+        counts = [
+            segmentation_counts(heatmap, example.mask.cpu().long())
+            for heatmap, example in zip(heatmaps, examples, strict=True)
+        ]
+        predicted = explanation.logits.argmax(dim=-1).cpu()
+        return {
+            "label": labels.tolist(),
+            "predicted": predicted.tolist(),
+            "correct": [c.correct for c in counts],
+            "labelled": [c.labelled for c in counts],
+            "intersection": [list(c.intersection) for c in counts],
+            "union": [list(c.union) for c in counts],
+            "average_precision": [c.average_precision for c in counts],
+        }
+
+    def summarize(self, records: Records) -> dict[str, Any]:
+        counts = [
+            SegmentationCounts(c, n, tuple(i), tuple(u), ap)
+            for c, n, i, u, ap in zip(
+                records["correct"],
+                records["labelled"],
+                records["intersection"],
+                records["union"],
+                records["average_precision"],
+                strict=True,
+            )
+        ]
+        labels, predicted = records["label"], records["predicted"]
+        accuracy = sum(int(p == t) for p, t in zip(predicted, labels, strict=True)) / len(labels)
+        return {**segmentation_summary(counts), "accuracy": accuracy}
