@@ -142,6 +142,22 @@ def test_explanation_grid_is_methods_by_classes_of_one_sample():
             assert np.allclose(panels[row * 2 + column].get_images()[0].get_array(), expected)
 
 
+def test_explanation_grid_transposed_puts_classes_in_rows_at_the_pictures_size():
+    model = tiny_vit(num_classes=5)
+    images = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    explainer = Explainer(model)
+    targets = torch.tensor([[2, 4]])
+    explanations = {m: explainer.explain(images, target=targets, method=m) for m in ("generic",)}
+    display = torch.rand(3, 48, 40)  # drawn bigger than the model's input
+    figure = explanation_grid(display, explanations, transpose=True, colorbar=False)
+    panels = figure.axes[1:]
+    assert [axis.get_ylabel() for axis in panels] == ["class 2", "class 4"]
+    assert panels[0].get_title() == "generic"
+    for row in range(2):
+        expected = overlay(display, explanations["generic"].heatmap(size=(48, 40))[0, row])
+        assert np.allclose(panels[row].get_images()[0].get_array(), expected)
+
+
 def test_explanation_grid_refuses_to_compare_different_classes():
     model = tiny_vit(num_classes=5)
     images = torch.randn(1, 3, 32, 32)

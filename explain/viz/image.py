@@ -263,6 +263,7 @@ def explanation_grid(
     *,
     sample: int = 0,
     class_names: Sequence[str] | None = None,
+    transpose: bool = False,
     cmap: str = "jet",
     alpha: float = 0.5,
     colorbar: bool = True,
@@ -271,13 +272,16 @@ def explanation_grid(
     -> Explanation of the same images and targets), one column per explained class.
 
     With a (B, K) target each Explanation holds K classes per image and the grid has K
-    columns, titled with the class names when `class_names` is given.
+    columns, titled with the class names when `class_names` is given. `transpose` puts the
+    classes in rows and the methods in columns (wide rather than tall, for many methods).
+    The maps are upsampled straight to the size of `image`.
     """
     if not explanations:
         raise InputError("explanation_grid needs at least one explanation")
+    size = _to_hwc(image).shape[:2]
     first = next(iter(explanations.values()))
     targets = first.target[sample].reshape(-1).tolist()
-    columns = [_class_label(int(t), class_names) for t in targets]
+    classes = [_class_label(int(t), class_names) for t in targets]
     heatmaps = []
     for name, explanation in explanations.items():
         if explanation.target[sample].reshape(-1).tolist() != targets:
@@ -286,16 +290,14 @@ def explanation_grid(
                 f"{explanation.target[sample].reshape(-1).tolist()}, the first one {targets}: "
                 "a grid compares methods on the same classes"
             )
-        maps = explanation.heatmap()[sample]
+        maps = explanation.heatmap(size=size)[sample]
         heatmaps.append(list(maps) if maps.dim() == 3 else [maps])
+    methods = list(explanations)
+    if transpose:
+        heatmaps = [list(column) for column in zip(*heatmaps, strict=True)]
+        methods, classes = classes, methods
     return grid_figure(
-        image,
-        heatmaps,
-        rows=list(explanations),
-        columns=columns,
-        cmap=cmap,
-        alpha=alpha,
-        colorbar=colorbar,
+        image, heatmaps, rows=methods, columns=classes, cmap=cmap, alpha=alpha, colorbar=colorbar
     )
 
 
