@@ -28,13 +28,14 @@ from explain.architectures.base import Prepared, TokenLayout
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
     is_transformers_class,
+    mask_padding,
     positions_from_mask,
     prepare_text,
     text_layout,
 )
 from explain.errors import InputError
 
-__all__ = ["HuggingFaceTextEncoder", "mask_padding"]
+__all__ = ["HuggingFaceTextEncoder"]
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,6 @@ def _family_of(model: nn.Module) -> str | None:
         if is_transformers_class(model, package, names):
             return package
     return None
-
-
-def mask_padding(token_relevance: Tensor, mask: Tensor) -> Tensor:
-    """(B, ..., T) relevance with every padding position set to exactly 0."""
-    shape = (mask.shape[0],) + (1,) * (token_relevance.dim() - 2) + (mask.shape[1],)
-    return token_relevance * mask.reshape(shape).to(token_relevance.dtype)
 
 
 @register_adapter

@@ -33,6 +33,7 @@ __all__ = [
     "eager_attention_flags",
     "is_transformers_class",
     "last_real_token",
+    "mask_padding",
     "positions_from_mask",
     "prepare_text",
     "text_layout",
@@ -283,3 +284,9 @@ def last_real_token(mask: Tensor) -> Tensor:
     """(B,) index of each row's last real token, for left and right padding alike."""
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     return torch.where(mask.bool(), positions, -1).amax(dim=1)
+
+
+def mask_padding(token_relevance: Tensor, mask: Tensor) -> Tensor:
+    """(B, ..., T) relevance with every padding position set to exactly 0."""
+    shape = (mask.shape[0],) + (1,) * (token_relevance.dim() - 2) + (mask.shape[1],)
+    return token_relevance * mask.reshape(shape).to(token_relevance.dtype)
