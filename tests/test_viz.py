@@ -15,6 +15,7 @@ from explain import Explainer
 from explain.errors import ExplainError, InputError
 from explain.testing import tiny_vit
 from explain.viz import (
+    batch_figure,
     explanation_grid,
     grid_figure,
     heatmap_figure,
@@ -156,6 +157,26 @@ def test_explanation_grid_transposed_puts_classes_in_rows_at_the_pictures_size()
     for row in range(2):
         expected = overlay(display, explanations["generic"].heatmap(size=(48, 40))[0, row])
         assert np.allclose(panels[row].get_images()[0].get_array(), expected)
+
+
+def test_batch_figure_shows_each_image_with_its_own_map():
+    model = tiny_vit(num_classes=5)
+    images = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    explainer = Explainer(model)
+    explanations = {m: explainer.explain(images, method=m) for m in ("generic", "rollout")}
+    pictures = torch.rand(3, 3, 32, 32)
+    names = ["zero", "one", "two", "three", "four"]
+    figure = batch_figure(pictures, explanations, class_names=names)
+    assert len(figure.axes) == 3 * 3 + 1
+    predicted = explanations["generic"].target.tolist()
+    assert [axis.get_title() for axis in figure.axes[:3]] == [
+        f"{names[c]} ({c})" for c in predicted
+    ]
+    for row, method in enumerate(("generic", "rollout"), start=1):
+        assert figure.axes[row * 3].get_ylabel() == method
+        for b in range(3):
+            expected = overlay(pictures[b], explanations[method].heatmap()[b])
+            assert np.allclose(figure.axes[row * 3 + b].get_images()[0].get_array(), expected)
 
 
 def test_explanation_grid_refuses_to_compare_different_classes():

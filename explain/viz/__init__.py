@@ -5,6 +5,7 @@ matplotlib is imported only when something is drawn.
 
 from explain.viz.image import (
     DEFAULT_DPI,
+    batch_figure,
     check_style,
     explanation_grid,
     grid_figure,
@@ -17,6 +18,7 @@ from explain.viz.text_figure import text_figure
 
 __all__ = [
     "DEFAULT_DPI",
+    "batch_figure",
     "check_style",
     "explanation_grid",
     "grid_figure",

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from explain.errors import ExplainError, InputError
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DPI",
+    "batch_figure",
     "check_style",
     "explanation_grid",
     "grid_figure",
@@ -299,6 +301,55 @@ def explanation_grid(
     return grid_figure(
         image, heatmaps, rows=methods, columns=classes, cmap=cmap, alpha=alpha, colorbar=colorbar
     )
+
+
+def batch_figure(
+    pictures: Tensor | np.ndarray | Sequence[Tensor | np.ndarray],
+    explanations: Mapping[str, Explanation],
+    *,
+    class_names: Sequence[str] | None = None,
+    cmap: str = "jet",
+    alpha: float = 0.5,
+    colorbar: bool = True,
+) -> Figure:
+    """Several images at once: the pictures in the first row, titled with the class each
+    is explained for, then one row of overlays per method (`explanations`: method name ->
+    Explanation of these images, one class per image).
+
+    `pictures[b]` is image b in [0, 1] as it should be shown; the maps are upsampled to it.
+    """
+    if not explanations:
+        raise InputError("batch_figure needs at least one explanation")
+    shown = [_to_hwc(picture) for picture in pictures]
+    first = next(iter(explanations.values()))
+    if first.target.dim() != 1 or len(shown) != first.target.shape[0]:
+        raise InputError(
+            f"batch_figure shows one class per image: got {len(shown)} pictures and targets "
+            f"of shape {tuple(first.target.shape)}"
+        )
+    figure, panels, bar = _panel_figure(
+        [len(shown)] * (1 + len(explanations)),
+        shown[0].shape[0] / shown[0].shape[1],
+        colorbar=colorbar,
+        labels=True,
+    )
+    for b, picture in enumerate(shown):
+        _draw_panel(panels[0][b], picture, None, cmap, alpha)
+        panels[0][b].set_title(_class_label(int(first.target[b]), class_names), fontsize=9)
+    panels[0][0].set_ylabel("input", fontsize=9)
+    for row, (name, explanation) in enumerate(explanations.items(), start=1):
+        if not torch.equal(explanation.target, first.target):
+            raise InputError(f"explanation {name!r} explains other classes than the first one")
+        by_size: dict[tuple[int, int], Tensor] = {}  # one upsampling per picture size
+        for b, picture in enumerate(shown):
+            size = picture.shape[:2]
+            if size not in by_size:
+                by_size[size] = explanation.heatmap(size=size)
+            _draw_panel(panels[row][b], picture, _to_map(by_size[size][b]), cmap, alpha)
+        panels[row][0].set_ylabel(name, fontsize=9)
+    if bar is not None:
+        _draw_colorbar(figure, bar, cmap)
+    return figure
 
 
 def _class_label(index: int, class_names: Sequence[str] | None) -> str:
