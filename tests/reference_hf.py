@@ -191,7 +191,7 @@ def reference(
         out = model(**inputs, output_attentions=True, output_hidden_states=True)
     finally:
         handle.remove()
-    hidden = [*out.hidden_states[:-1], raw_last[0]]
+    hidden = [*out.hidden_states[:-1], raw_last[-1]]  # ALBERT: the shared block ran L times
     for tensor in (*out.attentions, *hidden):
         tensor.retain_grad()
     if kind == "mean":
