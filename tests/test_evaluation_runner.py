@@ -1,0 +1,207 @@
+"""The evaluation runner: results files, resuming after an interruption, skipping methods
+that fail, and a 2-process torchrun run that equals the 1-process run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from evaluation_fixtures import MEAN, STD, SquaresDataset, train_squares_model
+from evaluation_worker import evaluate_squares
+
+from explain.errors import ExplainError, UnknownMethodError
+from explain.evaluation import PerturbationTest, run_evaluation
+from explain.evaluation.runner import work_folder
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def model():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield train_squares_model(steps=30)
+    torch.set_num_threads(threads)
+
+
+class CountingTest(PerturbationTest):
+    """Counts the chunks it computes; fails on `failing` methods like an unsupported model."""
+
+    def __init__(self, *args, failing=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = []
+        self.failing = failing
+
+    def evaluate(self, method, examples):
+        if method in self.failing:
+            raise NotImplementedError(f"{method} does not support this model")
+        self.calls.append((method, len(examples)))
+        return super().evaluate(method, examples)
+
+
+class InterruptedDataset(SquaresDataset):
+    """Raises KeyboardInterrupt when example `at` is first read, as a user's Ctrl-C would."""
+
+    def __init__(self, *args, at, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.at = at
+
+    def __getitem__(self, index):
+        if index == self.at:
+            self.at = None
+            raise KeyboardInterrupt
+        return super().__getitem__(index)
+
+
+def test_results_json_table_and_plot(model, tmp_path):
+    output = tmp_path / "out" / "results.json"
+    results = run_evaluation(
+        PerturbationTest(model, MEAN, STD),
+        SquaresDataset(9),
+        ["generic", "random"],
+        output,
+        model_name="squares-vit",
+        batch_size=4,
+        limit=5,
+        progress=False,
+    )
+    assert json.loads(output.read_text()) == results
+    assert {k: results[k] for k in ("protocol", "model", "dataset", "n")} == {
+        "protocol": "perturbation",
+        "model": "squares-vit",
+        "dataset": "squares",
+        "n": 5,
+    }
+    assert list(results["results"]) == ["generic", "random"]
+    for summary in results["results"].values():
+        for key in ("positive_auc_predicted", "negative_auc_predicted"):
+            assert 0.0 <= summary[key] <= 90.0
+        for key in ("positive_auc_target", "negative_auc_target"):
+            assert 0.0 <= summary[key] <= 90.0
+        assert len(summary["curves"]["positive_target"]) == 10
+    table = output.with_suffix(".md").read_text()
+    assert "| `generic` |" in table and "negative AUC, predicted" in table
+    assert output.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks = sorted(p.name for p in (work_folder(output) / "generic").iterdir())
+    assert chunks == ["00000000-00000004.json", "00000004-00000005.json"]
+
+
+def test_resume_after_an_interruption_gives_the_same_json(model, tmp_path):
+    methods = ["generic", "rollout"]
+    uninterrupted = tmp_path / "whole.json"
+    run_evaluation(
+        PerturbationTest(model, MEAN, STD),
+        SquaresDataset(7),
+        methods,
+        uninterrupted,
+        model_name="tiny",
+        batch_size=2,
+        progress=False,
+    )
+    output = tmp_path / "resumed.json"
+    first = CountingTest(model, MEAN, STD)
+    with pytest.raises(KeyboardInterrupt):
+        run_evaluation(
+            first,
+            InterruptedDataset(7, at=4),
+            methods,
+            output,
+            model_name="tiny",
+            batch_size=2,
+            progress=False,
+        )
+    assert not output.exists()  # nothing half-written
+    assert first.calls == [("generic", 2), ("rollout", 2), ("generic", 2), ("rollout", 2)]
+    second = CountingTest(model, MEAN, STD)
+    run_evaluation(
+        second,
+        SquaresDataset(7),
+        methods,
+        output,
+        model_name="tiny",
+        batch_size=2,
+        progress=False,
+    )
+    assert second.calls == [("generic", 2), ("rollout", 2), ("generic", 1), ("rollout", 1)]
+    assert output.read_text() == uninterrupted.read_text()
+
+
+def test_a_method_that_fails_is_skipped_with_its_reason(model, tmp_path):
+    protocol = CountingTest(model, MEAN, STD, failing=("rollout",))
+    results = run_evaluation(
+        protocol,
+        SquaresDataset(4),
+        ["rollout", "generic"],
+        tmp_path / "r.json",
+        model_name="tiny",
+        batch_size=2,
+        progress=False,
+    )
+    assert list(results["results"]) == ["generic"]
+    assert results["skipped"] == {
+        "rollout": "NotImplementedError: rollout does not support this model"
+    }
+    assert "`rollout` skipped" in (tmp_path / "r.md").read_text()
+
+
+def test_unknown_methods_and_changed_settings_are_refused(model, tmp_path):
+    protocol = PerturbationTest(model, MEAN, STD)
+    with pytest.raises(UnknownMethodError, match="unknown method 'nope'"):
+        run_evaluation(protocol, SquaresDataset(2), ["nope"], tmp_path / "r.json", model_name="m")
+    run_evaluation(
+        protocol,
+        SquaresDataset(2),
+        ["random"],
+        tmp_path / "r.json",
+        model_name="m",
+        batch_size=2,
+        progress=False,
+    )
+    with pytest.raises(ExplainError, match="different run"):
+        run_evaluation(
+            protocol,
+            SquaresDataset(2),
+            ["random"],
+            tmp_path / "r.json",
+            model_name="m",
+            batch_size=1,
+            progress=False,
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_torchrun_processes_equal_one_process(model, tmp_path):
+    evaluate_squares(model, tmp_path / "single")
+    weights = tmp_path / "weights.pt"
+    torch.save(model.state_dict(), weights)
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+    ]
+    worker = [str(TESTS / "evaluation_worker.py"), str(weights), str(tmp_path / "sharded")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([*launch, *worker], check=True, env=env, cwd=TESTS.parent, timeout=600)
+    for protocol in ("perturbation", "segmentation"):
+        single = json.loads((tmp_path / "single" / f"{protocol}.json").read_text())
+        sharded = tmp_path / "sharded" / f"{protocol}.json"
+        assert json.loads(sharded.read_text()) == single
+        # rank 0 computed chunks 0 and 2, rank 1 chunks 1 and 3; all four are stored
+        assert len(list((work_folder(sharded) / "generic").iterdir())) == 4
