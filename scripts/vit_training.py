@@ -1,0 +1,110 @@
+"""The training loop the zoo's image models share (imported by scripts/train_*_vit.py).
+
+AdamW with a linear warm-up and a cosine decay, seeded, one tqdm bar over all steps, a
+validation measurement after each epoch on images from the training split's reserve (never
+the held-out split, which only scripts/zoo_accuracy.py reads).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Optimisation settings; the model cards quote them."""
+
+    epochs: int
+    batch_size: int = 128
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.05
+    warmup_fraction: float = 0.05
+    label_smoothing: float = 0.0
+
+
+def accuracy(logits: Tensor, labels: Tensor, multi_label: bool) -> float:
+    """Single-label: argmax equals the label. Multi-label: every sigmoid decision is right."""
+    if multi_label:
+        return ((logits > 0) == (labels > 0.5)).all(dim=1).float().mean().item()
+    return (logits.argmax(dim=1) == labels).float().mean().item()
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images: Tensor, batch_size: int = 512) -> Tensor:
+    model.eval()
+    return torch.cat([model(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
+
+
+def train(
+    model: nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    validation: tuple[Tensor, Tensor],
+    recipe: Recipe,
+    *,
+    multi_label: bool,
+    augment: Callable[[Tensor, torch.Generator], Tensor],
+    seed: int,
+) -> list[dict[str, float]]:
+    """Train `model` in place; returns one {epoch, loss, validation_accuracy} per epoch."""
+    generator = torch.Generator().manual_seed(seed)
+    decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim <= 1 or "pos_embed" in n]
+    optimiser = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": recipe.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=recipe.learning_rate,
+    )
+    steps_per_epoch = math.ceil(len(images) / recipe.batch_size)
+    total = recipe.epochs * steps_per_epoch
+    warmup = max(1, int(recipe.warmup_fraction * total))
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimiser, schedule)
+    if multi_label:
+        criterion: nn.Module = nn.BCEWithLogitsLoss()
+    else:
+        criterion = nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
+    history = []
+    with tqdm(total=total, desc="training", unit="step") as bar:
+        for epoch in range(recipe.epochs):
+            model.train()
+            order = torch.randperm(len(images), generator=generator)
+            running = 0.0
+            for step in range(steps_per_epoch):
+                batch = order[step * recipe.batch_size : (step + 1) * recipe.batch_size]
+                inputs = augment(images[batch], generator)
+                loss = criterion(model(inputs), labels[batch])
+                optimiser.zero_grad(set_to_none=True)
+                loss.backward()
+                optimiser.step()
+                scheduler.step()
+                running += loss.item()
+                bar.update(1)
+                bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.4f}")
+            score = accuracy(predict(model, validation[0]), validation[1], multi_label)
+            history.append(
+                {
+                    "epoch": epoch + 1,
+                    "loss": running / steps_per_epoch,
+                    "validation_accuracy": score,
+                }
+            )
+            bar.write(
+                f"epoch {epoch + 1}: loss {running / steps_per_epoch:.4f}, "
+                f"validation accuracy {score:.4f}"
+            )
+    model.eval()
+    return history

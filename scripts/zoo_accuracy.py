@@ -1,0 +1,78 @@
+"""Re-measure the held-out accuracy of every zoo model, and optionally write it into the cards.
+
+    .venv/bin/python scripts/zoo_accuracy.py                 # print a table
+    .venv/bin/python scripts/zoo_accuracy.py --update-cards  # and rewrite the cards' section
+
+Each card's accuracy section sits between the markers below and is only ever written by
+this script, so the number a card quotes is the number this script measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+
+import torch
+
+from explain.io import atomic_write
+from explain.zoo import CARD, ZOO, heldout_accuracy, zoo_root
+
+BEGIN = "<!-- heldout-accuracy: written by scripts/zoo_accuracy.py -->"
+END = "<!-- /heldout-accuracy -->"
+HEADLINE = {
+    "shapes-vit": "every kind's present/absent decision right (the exact set of kinds)",
+    "digits-vit": "top-1",
+    "minilm-sentiment": "top-1",
+}
+
+
+def section(name: str, accuracy, seconds: float) -> str:
+    lines = [
+        BEGIN,
+        f"Held-out accuracy: **{100 * accuracy.accuracy:.2f}%** ({HEADLINE[name]}; "
+        f"{accuracy.count} held-out examples; measured by `scripts/zoo_accuracy.py` in "
+        f"{seconds:.0f} s).",
+    ]
+    if accuracy.details:
+        lines.append("")
+        lines.extend(f"- {key}: {100 * value:.2f}%" for key, value in accuracy.details.items())
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("names", nargs="*", default=sorted(ZOO), help="zoo models (default: all)")
+    parser.add_argument(
+        "--count", type=int, default=None, help="held-out examples (default: card's)"
+    )
+    parser.add_argument("--update-cards", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    print("| model | held-out accuracy | examples |")
+    print("|---|---|---|")
+    for name in args.names:
+        started = time.time()
+        accuracy = heldout_accuracy(name, args.count)
+        seconds = time.time() - started
+        print(f"| {name} | {100 * accuracy.accuracy:.2f}% | {accuracy.count} |", flush=True)
+        for key, value in accuracy.details.items():
+            print(f"|   {key} | {100 * value:.2f}% | |")
+        if args.update_cards:
+            card = zoo_root() / name / CARD
+            text = card.read_text()
+            found = re.search(re.escape(BEGIN) + ".*?" + re.escape(END), text, re.DOTALL)
+            if found is None:
+                raise SystemExit(f"{card} has no accuracy section ({BEGIN} ... {END})")
+            with atomic_write(card, "w") as handle:
+                handle.write(text[: found.start()] + section(name, accuracy, seconds))
+                handle.write(text[found.end() :])
+
+
+if __name__ == "__main__":
+    main()
