@@ -1,0 +1,75 @@
+"""`explain evaluate`: score methods with the perturbation, segmentation or rationale test.
+
+    explain evaluate perturbation --model zoo:shapes-vit --methods generic,rollout,random \
+        --limit 500 --batch-size 16 --output results/shapes-perturbation.json
+
+Without --data a zoo model is scored on its own held-out set. The run shows a progress
+bar, can be interrupted and rerun to resume (finished chunks are kept in OUTPUT.parts/),
+and writes OUTPUT (JSON, atomically) with OUTPUT.md (a table) and OUTPUT.png (the curves)
+next to it. Under `torchrun --nproc-per-node N explain evaluate ...` the data is sharded
+over the N processes and rank 0 writes the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["register"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from explain.evaluation.evaluate import evaluate_model
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    results = evaluate_model(
+        args.protocol,
+        args.model,
+        args.output,
+        methods=methods,
+        data=args.data,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        forward_batch=args.forward_batch,
+        split=args.split,
+        device=args.device,
+        progress=not args.quiet,
+    )
+    if results is not None and not args.quiet:
+        from explain.evaluation import PROTOCOLS
+        from explain.evaluation.report import markdown_table
+
+        print(markdown_table(results, PROTOCOLS[args.protocol].columns), end="")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "evaluate",
+        help="score methods with the perturbation, segmentation or rationale test",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("protocol", choices=["perturbation", "segmentation", "rationale"])
+    parser.add_argument("--model", required=True, help="zoo:NAME, a timm model name or a path")
+    parser.add_argument(
+        "--methods", help="comma-separated method names (default: every registered method)"
+    )
+    parser.add_argument(
+        "--data",
+        help="an ImageNet validation folder (perturbation), gtsegs_ijcv.mat (segmentation) "
+        "or an ERASER movies folder (rationale); default: a zoo model's held-out set",
+    )
+    parser.add_argument("--split", default="test", help="ERASER split (default: test)")
+    parser.add_argument("--limit", type=int, help="evaluate only the first N examples")
+    parser.add_argument(
+        "--batch-size", type=int, default=16, help="examples per chunk (default: 16)"
+    )
+    parser.add_argument(
+        "--forward-batch",
+        type=int,
+        help="most perturbed images per forward pass (default: a whole chunk's)",
+    )
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: the GPU if any)")
+    parser.add_argument("--output", required=True, help="the results JSON file")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
+    parser.set_defaults(run=run)
