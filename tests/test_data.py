@@ -84,3 +84,92 @@ def test_shapes_dataset_items_are_normalised_scenes():
         dataset.scene(3)
     with pytest.raises(ValueError, match="outside split"):
         shapes.ShapesDataset("heldout", len(shapes.SPLITS["heldout"]) + 1)
+
+
+def test_digits_split_is_fixed_disjoint_and_covers_every_digit():
+    from sklearn.datasets import load_digits
+
+    from explain.data import digits
+
+    train, heldout = digits.split_indices("train"), digits.split_indices("heldout")
+    assert len(heldout) == 400 and len(train) == 1397
+    assert set(train).isdisjoint(heldout) and set(train) | set(heldout) == set(range(1797))
+    assert np.array_equal(heldout, digits.split_indices("heldout"))
+    targets = load_digits().target
+    assert set(targets[train]) == set(targets[heldout]) == set(range(10))
+    with pytest.raises(ValueError, match="unknown split"):
+        digits.split_indices("test")
+
+
+def test_digits_images_are_the_upsampled_scikit_learn_digits():
+    from sklearn.datasets import load_digits
+
+    from explain.data import digits
+
+    images, labels = digits.load("heldout")
+    assert images.shape == (400, 3, 32, 32) and labels.shape == (400,)
+    assert images.min() >= 0 and images.max() <= 1
+    data = load_digits()
+    index = digits.split_indices("heldout")[7]
+    assert labels[7] == data.target[index]
+    # Plain-loop bilinear upsampling (half-pixel centres, edges clamped) of the raw digit.
+    source = data.images[index] / 16.0
+    expected = np.zeros((32, 32))
+    for y in range(32):
+        for x in range(32):
+            sy, sx = max((y + 0.5) / 4 - 0.5, 0), max((x + 0.5) / 4 - 0.5, 0)
+            y0, x0 = min(int(sy), 7), min(int(sx), 7)
+            y1, x1 = min(y0 + 1, 7), min(x0 + 1, 7)
+            wy, wx = sy - y0, sx - x0
+            top = source[y0, x0] * (1 - wx) + source[y0, x1] * wx
+            bottom = source[y1, x0] * (1 - wx) + source[y1, x1] * wx
+            expected[y, x] = top * (1 - wy) + bottom * wy
+    for channel in range(3):
+        np.testing.assert_allclose(images[7, channel].numpy(), expected, atol=1e-6)
+
+
+def test_sentiment_sentences_are_deterministic_and_split_disjoint():
+    from explain.data import sentiment
+
+    first = sentiment.sentences("train", 50)
+    assert first == sentiment.sentences("train", 50)
+    heldout = sentiment.sentences("heldout", 50)
+    assert {s.seed for s in first}.isdisjoint(s.seed for s in heldout)
+    assert set(sentiment.SPLITS["train"]).isdisjoint(sentiment.SPLITS["heldout"])
+    with pytest.raises(ValueError, match="outside split"):
+        sentiment.sentences("heldout", 2, start=len(sentiment.SPLITS["heldout"]) - 1)
+
+
+def test_sentiment_labels_follow_from_the_rationale_words():
+    from explain.data import sentiment
+
+    examples = sentiment.sentences("heldout", 300)
+    assert {s.label for s in examples} == {0, 1}
+    assert any("not" in s.words for s in examples)
+    for example in examples:
+        positive = [w for w in example.words if w in sentiment.POSITIVE]
+        negative = [w for w in example.words if w in sentiment.NEGATIVE]
+        assert bool(positive) != bool(negative), "one polarity of sentiment words per sentence"
+        negated = "not" in example.words
+        assert example.label == int(bool(positive) != negated)
+        decisive = [w for w, r in zip(example.words, example.rationale, strict=True) if r]
+        assert sorted(decisive) == sorted(positive + negative + ["not"] * negated)
+        assert example.text == " ".join(example.words)
+
+
+def test_sentiment_token_rationales_mark_the_subword_tokens_of_rationale_words():
+    from transformers import AutoTokenizer
+
+    from explain.data import sentiment
+    from explain.zoo import minilm_folder
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_folder())
+    batch = sentiment.sentences("heldout", 6)
+    encoding, labels, rationale = sentiment.encode(batch, tokenizer)
+    assert rationale.shape == encoding["input_ids"].shape
+    assert labels.tolist() == [s.label for s in batch]
+    for row, example in enumerate(batch):
+        marked = tokenizer.convert_ids_to_tokens(encoding["input_ids"][row][rationale[row]])
+        words = [w for w, r in zip(example.words, example.rationale, strict=True) if r]
+        assert tokenizer.convert_tokens_to_string(marked).split() == words
+        assert not rationale[row][encoding["attention_mask"][row] == 0].any()
