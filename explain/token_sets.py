@@ -12,23 +12,38 @@ per explained column, but the result has one relevance per token set:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
 from torch import Tensor
 
-from explain.errors import OptionError, TargetError
+from explain.errors import InputError, OptionError, TargetError
 from explain.explanation import Explanation
 from explain.recorder import Recorder
 from explain.rules import RuleContext, Sink, get_method
-from explain.targets import Score, Target, resolve_targets
+from explain.rules.coattention import BlockRole, TwoSetFold
+from explain.targets import Score, Target, check_score, resolve_targets, select_scores
 
 if TYPE_CHECKING:
     from explain.api import Explainer
     from explain.architectures.hf_clip import HFClip
+    from explain.architectures.hf_seq2seq import HFEncoderDecoder
 
-__all__ = ["explain_dual_encoder", "explain_token_sets"]
+__all__ = [
+    "Position",
+    "explain_dual_encoder",
+    "explain_encoder_decoder",
+    "explain_token_sets",
+    "generate_target",
+]
+
+Position = Union[None, int, Sequence[int], Tensor, Literal["all"]]
+"""Which decoder position an encoder-decoder explanation reads out (it explains the token
+predicted there, the next one): None = each sample's last real position, an int or B
+ints, or "all": every token of the decoder sequence after the start token, column j
+explaining token j + 1 from position j (by default as the target: the sequence's own
+tokens, which for a generated sequence are the tokens the model chose)."""
 
 
 def explain_token_sets(
@@ -44,6 +59,10 @@ def explain_token_sets(
     adapter = explainer.adapter
     if adapter.token_sets == "dual_encoder":
         return explain_dual_encoder(
+            adapter, inputs, target, method, score, start_layer, options, explainer.tokenizer
+        )
+    if adapter.token_sets == "encoder_decoder":
+        return explain_encoder_decoder(
             adapter, inputs, target, method, score, start_layer, options, explainer.tokenizer
         )
     raise OptionError(f"{adapter.family}: unknown token sets {adapter.token_sets!r}")
@@ -181,3 +200,156 @@ def explain_dual_encoder(
         relevances=relevances,
         tokens=tokens,
     )
+
+
+def _decoder_positions(position: Position, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, P) explained positions and (B, P) validity from each sample's decoder length."""
+    batch = lengths.shape[0]
+    if isinstance(position, str):
+        if position != "all":
+            raise OptionError(f"position must be an int, B ints, None or 'all'; got {position!r}")
+        width = int(lengths.max()) - 1
+        if width < 1:
+            raise InputError("position='all' needs decoder sequences of at least two tokens")
+        columns = torch.arange(width, device=lengths.device).expand(batch, width)
+        valid = columns < (lengths - 1)[:, None]
+        return torch.minimum(columns, (lengths - 1)[:, None]), valid
+    if position is None:
+        positions = lengths - 1
+    else:
+        if isinstance(position, bool):
+            raise OptionError("position must be an int, B ints, None or 'all', not a bool")
+        try:
+            positions = torch.as_tensor(position, device=lengths.device).long().expand(batch)
+        except (TypeError, ValueError, RuntimeError):
+            raise OptionError(
+                f"position must be an int, B = {batch} ints, None or 'all'; got {position!r}"
+            ) from None
+        positions = torch.where(positions < 0, positions + lengths, positions)
+        if bool(((positions < 0) | (positions >= lengths)).any()):
+            raise OptionError(
+                f"position {position!r} is outside a decoder sequence (real lengths "
+                f"{lengths.tolist()}); negative positions count from each sequence's end"
+            )
+    return positions[:, None], torch.ones(batch, 1, dtype=torch.bool, device=lengths.device)
+
+
+def explain_encoder_decoder(
+    adapter: HFEncoderDecoder,
+    inputs: Any,
+    target: Target,
+    method: str,
+    score: Score,
+    start_layer: int | Mapping[str, int] | None,
+    options: dict[str, Any],
+    tokenizer: Any = None,
+) -> Explanation:
+    """Source and target relevance of the token predicted at a decoder position.
+
+    One forward; one backward per explained position (the forward is reused), each folded
+    with the encoder-decoder rules (explain.rules.coattention) over every block, and read
+    out at the position: relevances["source"] = R_qi[p] over the encoder tokens (or the
+    image patch grid), relevances["target"] = R_qq[p] over the decoder tokens. Options:
+    `position` (see `Position`). The target is a token id: None = the predicted token
+    (for position="all": the sequence's own next tokens), an int, B ints, a (B, P)
+    tensor with position="all", or a callable on the (B, vocabulary) logits.
+    """
+    options = dict(options)
+    position = options.pop("position", None)
+    if options:
+        raise OptionError(
+            f"encoder-decoders take only the option 'position'; got {sorted(options)}"
+        )
+    if method != "generic":
+        raise OptionError(
+            "encoder-decoders are explained with the generic rule in its two-token-set form "
+            f"(method='generic', ICCV 2021); got method={method!r}"
+        )
+    if start_layer is not None:
+        raise OptionError("encoder-decoder relevance aggregates over every block: no start_layer")
+    check_score(score)
+    prepared = adapter.prepare(inputs)
+    decoder_ids = prepared.arguments["decoder_input_ids"]
+    lengths = prepared.arguments["decoder_attention_mask"].sum(dim=1)
+    positions, valid = _decoder_positions(position, lengths)
+    if position == "all" and target is None:
+        target = decoder_ids.gather(1, positions + 1).masked_fill(~valid, 0)
+    roles = [
+        BlockRole(site.layer, "i" if site.stack == "source" else "q", site.kind)
+        for site in adapter.attention_sites()
+    ]
+    source_layout, target_layout = (adapter.layout(prepared, s) for s in adapter.stacks)
+    rows = torch.arange(prepared.batch_size, device=positions.device)
+    sources, targets, classes_per_column, logits_per_column = [], [], [], []
+    with Recorder(adapter, track=range(len(roles))) as recorder:
+        logits = adapter.forward(prepared)
+        for column in range(positions.shape[1]):
+            at = positions[:, column]
+            column_logits = logits[rows, at]
+            chosen = target
+            if isinstance(target, Tensor) and target.dim() == 2 and position == "all":
+                chosen = target[:, column]
+            classes, custom = resolve_targets(column_logits, chosen)
+            if classes is not None and classes.dim() == 2:
+                raise TargetError("one target token per explained position; got a (B, K) target")
+            scores = custom if classes is None else select_scores(column_logits, classes, score)
+            fold = TwoSetFold(roles, target_layout.num_tokens, source_layout.num_tokens)
+            last = column == positions.shape[1] - 1
+            recorder.backward(scores.sum(), fold.add, retain_graph=not last)
+            state = fold.result()
+            sources.append(state.qi[rows, at])
+            targets.append(state.qq[rows, at])
+            classes_per_column.append(
+                torch.full_like(at, -1) if classes is None else classes.to(at.device)
+            )
+            logits_per_column.append(column_logits.detach())
+    keep = valid.to(sources[0].dtype)[..., None]
+    source = adapter.to_input_space(torch.stack(sources, dim=1) * keep, source_layout)
+    target_relevance = adapter.to_input_space(torch.stack(targets, dim=1) * keep, target_layout)
+    classes = torch.stack(classes_per_column, dim=1).masked_fill(~valid, -1)
+    explained_logits = torch.stack(logits_per_column, dim=1)
+    if position != "all":  # one position: no position axis
+        source, target_relevance = source[:, 0], target_relevance[:, 0]
+        classes, explained_logits = classes[:, 0], explained_logits[:, 0]
+    tokens = None
+    if tokenizer is not None and "input_ids" in prepared.arguments:
+        tokens = [
+            tokenizer.convert_ids_to_tokens(r.tolist()) for r in prepared.arguments["input_ids"]
+        ]
+    relevances = {"source": source.detach(), "target": target_relevance.detach()}
+    return Explanation(
+        relevance=relevances["source"],
+        logits=explained_logits,
+        target=classes,
+        method="generic",
+        score=score,
+        input_size=source_layout.input_size,
+        relevances=relevances,
+        tokens=tokens,
+    )
+
+
+def generate_target(explainer: Explainer, inputs: Any, max_new_tokens: int = 20) -> dict[str, Any]:
+    """`inputs` with the decoder sequence the model generates for them (greedy): adds
+    decoder_input_ids and decoder_attention_mask (real up to the first end token).
+
+    Generation runs inside a recorder that computes nothing: the model is in eval mode,
+    the RNG is forked and everything is restored afterwards, as for an explanation.
+    """
+    adapter = explainer.adapter
+    if adapter.token_sets != "encoder_decoder":
+        raise OptionError(f"{adapter.family}: generate_target is for encoder-decoder models")
+    source = {k: v for k, v in dict(inputs).items() if not k.startswith("decoder_")}
+    model = adapter.model
+    with Recorder(adapter, differentiable=False):
+        sequences = model.generate(**source, max_new_tokens=max_new_tokens, do_sample=False)
+    eos = model.generation_config.eos_token_id
+    eos_ids = torch.as_tensor([] if eos is None else eos, device=sequences.device).flatten()
+    is_end = torch.isin(sequences, eos_ids)
+    is_end[:, 0] = False  # the start token may share the end token's id (Marian, GPT-2)
+    after_end = (is_end.long().cumsum(dim=1) - is_end.long()) > 0
+    return {
+        **inputs,
+        "decoder_input_ids": sequences,
+        "decoder_attention_mask": (~after_end).long(),
+    }

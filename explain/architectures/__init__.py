@@ -52,4 +52,4 @@ def adapter_for(model: nn.Module) -> Adapter:
 
 
 # Importing the family modules registers them.
-from explain.architectures import hf_bert, hf_clip, hf_gpt2, hf_vit, timm_vit  # noqa: E402,F401
+from explain.architectures import hf_bert, hf_clip, hf_gpt2, hf_seq2seq, hf_vit, timm_vit  # noqa: E402,F401

@@ -1,0 +1,259 @@
+"""Hugging Face encoder-decoders: BART, Marian, T5 and VisionEncoderDecoderModel.
+
+Two stacks: "source" (the encoder, over text tokens or image patches) and "target" (the
+decoder). Every encoder block has one self-attention site; every decoder block has a
+self-attention site and then a cross-attention site (queries from the decoder, keys from
+the encoder), numbered over the whole model in forward order: encoder blocks first. The
+explanation applies the two-set rules of explain.rules.coattention to them.
+
+Blocks and attention modules are found as transformers finds them for
+`output_attentions` / `output_cross_attentions`: each stack's class names its block class
+and its attention recorders (class, output index, module name) in `_can_record_outputs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures import register_adapter
+from explain.architectures.base import Adapter, AttentionSite, FlagSetting, Prepared, TokenLayout
+from explain.architectures.hf_common import (
+    eager_attention_flags,
+    is_transformers_class,
+    prepare_text,
+    text_layout,
+)
+from explain.architectures.timm_vit import validate_image_batch
+from explain.errors import InputError, UnsupportedModelError
+
+__all__ = ["HFEncoderDecoder"]
+
+# transformers package -> the classes with a language-modelling head over the decoder.
+_CLASSES = {
+    "bart": ("BartForConditionalGeneration",),
+    "marian": ("MarianMTModel",),
+    "t5": ("T5ForConditionalGeneration",),
+    "vision_encoder_decoder": ("VisionEncoderDecoderModel",),
+}
+
+
+def _recorded(stack: nn.Module, key: str) -> tuple[type, int, str | None] | None:
+    """(attention class, index of the probabilities in its output, module name or None)
+    that the stack's class records under `key`, or None when it records nothing there."""
+    record = (getattr(type(stack), "_can_record_outputs", None) or {}).get(key)
+    if record is None:
+        return None
+    if isinstance(record, type):
+        return record, 1, None
+    name = record.layer_name.strip(".") if record.layer_name else None
+    return record.target_class, record.index, name
+
+
+def _blocks_of(stack: nn.Module) -> list[nn.Module]:
+    record = (getattr(type(stack), "_can_record_outputs", None) or {}).get("hidden_states")
+    block = record if isinstance(record, type) else getattr(record, "target_class", None)
+    if block is None:
+        raise UnsupportedModelError(
+            f"{type(stack).__name__} does not name its blocks (_can_record_outputs)"
+        )
+    return [module for module in stack.modules() if isinstance(module, block)]
+
+
+def _attention_in(block: nn.Module, spec: tuple[type, int, str | None]) -> nn.Module | None:
+    cls, _, name = spec
+    for path, module in block.named_modules():
+        if isinstance(module, cls) and (name is None or path.split(".")[-1] == name):
+            return module
+    return None
+
+
+def _picker(index: int):
+    def probabilities(output: Any) -> Tensor:
+        return output[index]
+
+    return probabilities
+
+
+@register_adapter
+class HFEncoderDecoder(Adapter):
+    family = (
+        "Hugging Face encoder-decoders: BART, Marian, T5 (text to text) and "
+        "VisionEncoderDecoderModel with a ViT encoder (image to text); source and target "
+        "relevance"
+    )
+    token_sets = "encoder_decoder"
+    stacks = ("source", "target")
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        encoder, decoder = model.get_encoder(), model.get_decoder()
+        self._image_source = is_transformers_class(
+            model, "vision_encoder_decoder", _CLASSES["vision_encoder_decoder"]
+        )
+        self._encoder_blocks = _blocks_of(encoder)
+        self._decoder_blocks = _blocks_of(decoder)
+        self._sites: list[AttentionSite] = []
+        encoder_self = _recorded(encoder, "attentions")
+        decoder_self = _recorded(decoder, "attentions")
+        decoder_cross = _recorded(decoder, "cross_attentions")
+        if None in (encoder_self, decoder_self, decoder_cross):
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: its encoder or decoder does not name its "
+                "self- and cross-attention modules (_can_record_outputs)"
+            )
+        plan = [("source", "self", block, encoder_self) for block in self._encoder_blocks]
+        for block in self._decoder_blocks:
+            plan += [("target", "self", block, decoder_self)]
+            plan += [("target", "cross", block, decoder_cross)]
+        for stack, kind, block, spec in plan:
+            module = _attention_in(block, spec)
+            if module is None:
+                raise UnsupportedModelError(
+                    f"a {stack} block ({type(block).__name__}) has no {kind}-attention "
+                    f"{spec[0].__name__}; is the decoder built with cross-attention?"
+                )
+            self._sites.append(
+                AttentionSite(len(self._sites), module, _picker(spec[1]), stack=stack, kind=kind)
+            )
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return any(
+            is_transformers_class(model, package, names) for package, names in _CLASSES.items()
+        )
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self._encoder_blocks + self._decoder_blocks
+
+    @property
+    def entry_blocks(self) -> Sequence[nn.Module]:
+        return [self._encoder_blocks[0], self._decoder_blocks[0]]
+
+    def attention_sites(self) -> Sequence[AttentionSite]:
+        return list(self._sites)
+
+    def path_flags(self) -> Sequence[FlagSetting]:
+        return eager_attention_flags(self.model)
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def prepare(self, inputs: object) -> Prepared:
+        if not isinstance(inputs, Mapping):
+            raise InputError(
+                "encoder-decoders take a mapping with the source (input_ids and "
+                "attention_mask, or pixel_values) and decoder_input_ids (optionally "
+                f"decoder_attention_mask), got {type(inputs).__name__}"
+            )
+        if "decoder_input_ids" not in inputs:
+            raise InputError(
+                "give the decoder's tokens as decoder_input_ids (the target text after the "
+                "decoder start token), or generate them: explain.token_sets.generate_target"
+            )
+        parameter = self.parameter
+        device = parameter.device
+        decoder_config = self.model.get_decoder().config
+        decoder = prepare_text(
+            {
+                "input_ids": inputs["decoder_input_ids"],
+                "attention_mask": inputs.get("decoder_attention_mask"),
+            },
+            max_tokens=_max_tokens(decoder_config),
+            vocab_size=decoder_config.vocab_size,
+            device=device,
+            token_types=False,
+        )
+        mask = decoder["attention_mask"]
+        if bool((mask[:, 1:] > mask[:, :-1]).any()):
+            raise InputError("decoder_attention_mask must be right-padded (ones, then zeros)")
+        arguments = {
+            "decoder_input_ids": decoder["input_ids"],
+            "decoder_attention_mask": mask,
+        }
+        if self._image_source:
+            layout, arguments["pixel_values"] = self._prepare_image(inputs, parameter)
+            batch = arguments["pixel_values"].shape[0]
+        else:
+            config = self.model.get_encoder().config
+            source = prepare_text(
+                inputs,
+                max_tokens=_max_tokens(config),
+                vocab_size=config.vocab_size,
+                device=device,
+                token_types=False,
+            )
+            arguments.update(source)
+            layout = text_layout(source["attention_mask"])
+            batch = source["input_ids"].shape[0]
+        if mask.shape[0] != batch:
+            raise InputError(
+                f"{batch} sources but {mask.shape[0]} decoder sequences; give one each"
+            )
+        return Prepared(batch_size=batch, layout=layout, arguments=arguments)
+
+    def _prepare_image(self, inputs: Mapping, parameter: Tensor) -> tuple[TokenLayout, Tensor]:
+        config = self.model.get_encoder().config
+        if "pixel_values" not in inputs:
+            raise InputError("a VisionEncoderDecoderModel takes pixel_values (B, 3, H, W)")
+        images = validate_image_batch(inputs["pixel_values"], config.num_channels)
+        side = config.image_size
+        if tuple(images.shape[-2:]) != (side, side):
+            raise InputError(
+                f"this model takes {side}x{side} images, got "
+                f"{images.shape[-2]}x{images.shape[-1]}; resize them (its image processor does)"
+            )
+        grid = side // config.patch_size
+        embeddings = self.model.get_encoder().embeddings
+        prefix = 1 + int(getattr(embeddings, "distillation_token", None) is not None)
+        if images.is_inference():
+            images = images.clone()
+        layout = TokenLayout(
+            modality="image",
+            num_tokens=prefix + grid * grid,
+            num_prefix_tokens=prefix,
+            grid=(grid, grid),
+            input_size=(side, side),
+        )
+        return layout, images.to(device=parameter.device, dtype=parameter.dtype)
+
+    def layout(self, prepared: Prepared, stack: str) -> TokenLayout:
+        """The token layout of the source (encoder) or the target (decoder) tokens."""
+        if stack == "source":
+            return prepared.layout
+        return text_layout(prepared.arguments["decoder_attention_mask"])
+
+    # -- model ----------------------------------------------------------------------------
+
+    def forward(self, prepared: Prepared) -> Tensor:
+        """Next-token logits at every decoder position, (B, T_target, vocabulary)."""
+        return self.model(**prepared.arguments, use_cache=False).logits
+
+    def readout(self, prepared: Prepared) -> Tensor:
+        """One-hot at each sample's last real decoder position (the default explained one)."""
+        mask = prepared.arguments["decoder_attention_mask"]
+        row = torch.zeros(mask.shape, dtype=self.parameter.dtype, device=mask.device)
+        row[torch.arange(mask.shape[0]), mask.sum(dim=1) - 1] = 1.0
+        return row
+
+    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
+        if layout.modality == "image":
+            assert layout.grid is not None
+            patches = token_relevance[..., layout.num_prefix_tokens :]
+            return patches.reshape(*patches.shape[:-1], *layout.grid)
+        assert layout.token_mask is not None
+        mask = layout.token_mask
+        shape = (mask.shape[0],) + (1,) * (token_relevance.dim() - 2) + (mask.shape[1],)
+        return token_relevance * mask.reshape(shape).to(token_relevance.dtype)
+
+
+def _max_tokens(config: Any) -> int:
+    """The longest sequence a stack takes (T5's relative positions have no limit)."""
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return 1 << 30
