@@ -43,7 +43,8 @@ class Explainer:
         """Relevance of every input element for the target class of each sample.
 
         Args:
-            inputs: images (B, C, H, W), or a tokenizer's output for text models.
+            inputs: images (B, C, H, W), or a tokenizer's output for text models; with
+                a tokenizer, also a text or a list of texts (see explain.text.encode).
             target: None (predicted class), an int, B ints, a (B, K) tensor of K classes
                 per input (the relevance gets a K axis), or a callable on the output.
             method: a name from `explain.METHODS`.
@@ -63,7 +64,7 @@ class Explainer:
             return explain_token_sets(self, inputs, target, method, score, start_layer, options)
         spec = get_method(method)
         check_score(score)
-        prepared = self.adapter.prepare(inputs)
+        prepared = self.adapter.prepare(self._encoded(inputs))
         context = self._context(spec, prepared, start_layer)
         sink = spec.sink(context, options)  # bad options fail before any model work
         if spec.needs_gradients:
@@ -82,7 +83,25 @@ class Explainer:
             score=score,
             input_size=layout.input_size,
             relevances={layout.modality: relevance},
+            tokens=self._token_strings(prepared),
         )
+
+    def _encoded(self, inputs: Any) -> Any:
+        """Raw texts tokenized with the Explainer's tokenizer; anything else as given."""
+        from explain import text
+
+        if self.tokenizer is not None and text.is_raw_text(inputs):
+            return text.encode(self.tokenizer, inputs)
+        return inputs
+
+    def _token_strings(self, prepared: Prepared) -> list[list[str]] | None:
+        """Explanation.tokens: the token at every text position, when there is a tokenizer."""
+        ids = prepared.arguments.get("input_ids")
+        if self.tokenizer is None or ids is None or prepared.layout.modality != "text":
+            return None
+        from explain.text import token_strings
+
+        return token_strings(self.tokenizer, ids)
 
     def _context(self, spec: Method, prepared: Prepared, start_layer: int | None) -> RuleContext:
         num_layers = self.adapter.num_layers
@@ -145,7 +164,7 @@ class Explainer:
         so each sample's slice is the gradient of its own score. See docs/gradients.md.
         """
         check_score(score)
-        prepared = self.adapter.prepare(inputs)
+        prepared = self.adapter.prepare(self._encoded(inputs))
         num_layers = self.adapter.num_layers
         attentions: dict[int, Tensor] = {}
         with Recorder(self.adapter, track=range(num_layers), hidden_states=True) as recorder:

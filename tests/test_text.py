@@ -1,0 +1,140 @@
+"""Text in words: tokens on the explanation, word aggregation, raw-text input, similarity
+explanations on the real pretrained all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import pytest
+import reference_hf as ref
+import torch
+
+from explain import Explainer, InputError, UnsupportedModelError
+from explain import text as text_module
+from explain.testing import ModelState
+from explain.text import Word, similarity, word_relevance, words
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from transformers import AutoModel, AutoTokenizer
+
+    path = ref.minilm_path()
+    return AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+
+def test_wordpiece_words_sum_and_max():
+    tokens = ["[CLS]", "un", "##believ", "##able", "news", "[SEP]", "[PAD]"]
+    relevance = torch.tensor([5.0, 1.0, 2.0, 0.5, 3.0, 7.0, 0.0])
+    special = {"[CLS]", "[SEP]", "[PAD]"}
+    assert word_relevance(tokens, relevance, special) == [
+        Word("unbelievable", 3.5, (1, 2, 3)),
+        Word("news", 3.0, (4,)),
+    ]
+    assert [w.relevance for w in word_relevance(tokens, relevance, special, "max")] == [2.0, 3.0]
+
+
+def test_byte_level_and_sentencepiece_words():
+    special = {"<s>", "</s>", "<pad>"}
+    bpe = ["<s>", "Hello", "Ġwor", "ld", "Ġ!", "</s>"]
+    found = word_relevance(bpe, [9, 1, 2, 3, 4, 9], special)
+    assert [(w.text, w.relevance, w.positions) for w in found] == [
+        ("Hello", 1.0, (1,)),
+        ("world", 5.0, (2, 3)),
+        ("!", 4.0, (4,)),
+    ]
+    piece = ["<pad>", "▁sun", "ny", "▁day", "</s>"]
+    found = word_relevance(piece, [0, 1, 1, 2, 0], special, "max")
+    assert [(w.text, w.relevance) for w in found] == [("sunny", 1.0), ("day", 2.0)]
+
+
+def test_word_relevance_checks_lengths():
+    with pytest.raises(InputError, match="3 tokens but 2"):
+        word_relevance(["a", "b", "c"], [1.0, 2.0], set())
+
+
+def test_tokens_raw_text_and_words(minilm):
+    model, tokenizer = minilm
+    explainer = Explainer(model, tokenizer=tokenizer)
+    texts = ["Tokenization is unbelievable.", "Short one"]
+    result = explainer.explain(texts, target=0)
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    assert result.tokens == [tokenizer.convert_ids_to_tokens(row) for row in encoded["input_ids"]]
+    assert result.relevance.shape == encoded["input_ids"].shape
+    same = explainer.explain(encoded, target=0)
+    torch.testing.assert_close(same.relevance, result.relevance)
+    first = words(result, tokenizer)[0]
+    assert [w.text for w in first] == ["tokenization", "is", "unbelievable", "."]
+    relevance = result.relevance[0]
+    for word in first:
+        assert word.relevance == pytest.approx(relevance[list(word.positions)].sum().item())
+
+
+@pytest.mark.parametrize("bad", ["", "   ", ["fine", ""]])
+def test_empty_text_is_refused(minilm, bad):
+    model, tokenizer = minilm
+    with pytest.raises(InputError, match="empty"):
+        Explainer(model, tokenizer=tokenizer).explain(bad)
+
+
+def test_over_long_text_is_refused_with_advice(minilm):
+    model, tokenizer = minilm
+    before = ModelState.capture(model)
+    with pytest.raises(InputError, match=r"too long: 602 tokens.*at most 512.*truncation=True"):
+        Explainer(model, tokenizer=tokenizer).explain(" ".join(["word"] * 600))
+    assert before.differences(ModelState.capture(model)) == []
+
+
+def test_raw_text_without_tokenizer_is_refused(minilm):
+    model, _ = minilm
+    with pytest.raises(InputError, match="tokenizer"):
+        Explainer(model).explain("some text")
+
+
+CONTENT = {"man", "guitar", "stage"}
+STOP = {"a", "is", "on", "the"}
+
+
+def test_similarity_of_paraphrases_ranks_shared_content_words_first(minilm):
+    model, tokenizer = minilm
+    explainer = Explainer(model, tokenizer=tokenizer)
+    before = ModelState.capture(model)
+    result = similarity(
+        explainer,
+        ["A man is playing a guitar on the stage.", "The cat sleeps on the warm windowsill."],
+        ["On stage, a man plays the guitar.", "A kitten is napping by the sunny window."],
+    )
+    assert before.differences(ModelState.capture(model)) == []
+    assert result.similarity[0] > 0.9 > result.similarity[1]
+    special = set(tokenizer.all_special_tokens)
+    for tokens, relevance in (
+        (result.tokens_a[0], result.relevance_a[0]),
+        (result.tokens_b[0], result.relevance_b[0]),
+    ):
+        scores = {w.text: w.relevance for w in word_relevance(tokens, relevance, special)}
+        assert min(scores[w] for w in CONTENT) > max(scores[w] for w in STOP if w in scores)
+
+
+def test_similarity_holds_the_other_side_constant(minilm):
+    """Side a's relevance is that of cos(e_a, e_b) with e_b fixed: the same as explaining a
+    target that uses a precomputed, constant e_b."""
+    model, tokenizer = minilm
+    explainer = Explainer(model, tokenizer=tokenizer)
+    a, b = "A man is playing a guitar.", "Someone plays music."
+    result = similarity(explainer, a, b)
+    fixed = explainer.explain([b], method="raw_attention").logits[0]
+    alone = explainer.explain(
+        [a], target=lambda e: torch.nn.functional.cosine_similarity(e, fixed[None], dim=-1)
+    )
+    length = alone.relevance.shape[1]
+    torch.testing.assert_close(result.relevance_a[0, :length], alone.relevance[0])
+    assert (result.relevance_a[0, length:] == 0).all()
+
+
+def test_similarity_needs_an_encoder():
+    model = ref.tiny_text_model("bert-classifier")
+    with pytest.raises(UnsupportedModelError, match="sentence encoder"):
+        similarity(Explainer(model, tokenizer=object()), "a", "b")
+
+
+def test_encode_refuses_non_strings():
+    with pytest.raises(InputError, match="not a string"):
+        text_module.encode(None, ["fine", 3])
