@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from explain.architectures import Adapter, Prepared, adapter_for
 from explain.errors import OptionError, TargetError
 from explain.explanation import Explanation, Trace
+from explain.lrp import explain_with_lrp
 from explain.recorder import Recorder
 from explain.rules import Method, RuleContext, Sink, get_method
 from explain.targets import Score, Target, check_score, resolve_targets, select_scores
@@ -67,14 +68,21 @@ class Explainer:
         prepared = self.adapter.prepare(self._encoded(inputs))
         context = self._context(spec, prepared, start_layer)
         sink = spec.sink(context, options)  # bad options fail before any model work
-        if spec.needs_gradients:
+        if spec.lrp_rules is not None:  # relevance propagation (explain.lrp)
+            logits, classes, token_relevance = explain_with_lrp(
+                self.adapter, spec, context, options, sink, prepared, target, score
+            )
+        elif spec.needs_gradients:
             logits, classes, token_relevance = self._explain_with_gradients(
                 spec, context, options, sink, prepared, target, score
             )
         else:
             logits, classes, token_relevance = self._explain_forward_only(sink, prepared, target)
         layout = prepared.layout
-        relevance = self.adapter.to_input_space(token_relevance, layout).detach()
+        if getattr(sink, "input_space", False):  # full LRP on images: pixels already
+            relevance = token_relevance.detach()
+        else:
+            relevance = self.adapter.to_input_space(token_relevance, layout).detach()
         return Explanation(
             relevance=relevance,
             logits=logits.detach(),

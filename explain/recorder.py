@@ -16,7 +16,7 @@ been delivered, so the backward pass never holds more than autograd itself does.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -26,13 +26,21 @@ from torch.utils.hooks import RemovableHandle
 from explain.architectures.base import Adapter
 from explain.errors import ExplainError
 
-__all__ = ["AttentionCallback", "GradientCallback", "Recorder"]
+__all__ = [
+    "AttentionCallback",
+    "GradientCallback",
+    "ModuleHook",
+    "Recorder",
+]
 
 AttentionCallback = Callable[[int, Tensor], None]
 """Receives (layer, attention) in the forward pass."""
 
 GradientCallback = Callable[[int, Tensor, Tensor], None]
 """Receives (layer, attention, d score / d attention) in the backward pass."""
+
+ModuleHook = Callable[[nn.Module, tuple[Any, ...], Any], None]
+"""A forward hook (module, args, output) -> None that only reads what it is given."""
 
 
 class Recorder(contextlib.AbstractContextManager["Recorder"]):
@@ -46,6 +54,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             their gradients.
         differentiable: build an autograd graph (needed for any gradient); when False the
             forward runs under `torch.no_grad()`.
+        module_hooks: extra (module, forward hook) pairs, registered and removed with the
+            recorder's own hooks: how a rule that needs more than attention (the LRP
+            engine's activations) sees the forward pass without touching the model itself.
     """
 
     def __init__(
@@ -56,8 +67,10 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         track: Collection[int] = (),
         hidden_states: bool = False,
         differentiable: bool = True,
+        module_hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
     ) -> None:
         self.adapter = adapter
+        self._module_hooks = tuple(module_hooks)
         self.model: nn.Module = adapter.model
         self._on_attention = on_attention
         self._track = frozenset(track)
@@ -135,6 +148,8 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             setattr(setting.owner, setting.name, setting.value)
 
     def _install_hooks(self) -> None:
+        for module, hook in self._module_hooks:
+            self._handles.append(module.register_forward_hook(hook))
         # A module may serve several blocks (ALBERT runs one shared layer L times): it gets
         # one hook, which hands its k-th call in a forward pass to the k-th block it serves.
         for module, sites in _occurrences(self.adapter.attention_sites(), lambda s: s.module):

@@ -71,6 +71,9 @@ class Method:
     default_start_layer: Callable[[int, str], int] | None
     """(num_layers, modality) -> the start layer used when the caller gives none; None for
     methods that read a fixed block and take no start_layer."""
+    lrp_rules: str | None = None
+    """LRP methods: the explain.lrp rule set whose relevance pass feeds the sink (each
+    block's attention relevance in place of its attention); None for all other methods."""
 
     def sink(self, context: RuleContext, options: dict[str, Any]) -> Sink:
         try:
@@ -90,11 +93,12 @@ def register_method(
     needs_gradients: bool,
     class_specific: bool,
     default_start_layer: Callable[[int, str], int] | None = None,
+    lrp_rules: str | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator: register `builder(context, **options) -> Sink` under `name`.
 
     Methods that aggregate over blocks pass `default_start_layer`; the others reject a
-    `start_layer` argument.
+    `start_layer` argument. LRP methods name their rule set in `lrp_rules`.
 
     The builder's docstring's first line becomes the method's summary.
     """
@@ -108,6 +112,7 @@ def register_method(
             class_specific=class_specific,
             summary=summary,
             default_start_layer=default_start_layer,
+            lrp_rules=lrp_rules,
         )
         return builder
 

@@ -1,0 +1,317 @@
+"""Relevance propagation through timm's VisionTransformer, on the stock modules.
+
+`TimmVitTape` names the forward activations the rules need (each nn.Linear's input, the
+attention products' operands q, k, A, v, the residual operands, the readout tokens and,
+for full LRP, the image and the patch embedding), which the recorder captures with forward
+hooks. `propagate` then walks them from the classifier down, block by block, in the order
+of timm's `Block.forward` and `Attention.forward` (explicit path), applying the rule bound
+to each module type. The walk mirrors timm's code; it never re-runs or copies it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures.timm_vit import TimmVisionTransformer
+from explain.errors import UnsupportedModelError
+from explain.lrp import rules as rule
+from explain.lrp.rules import RuleSet
+from explain.recorder import ModuleHook
+from explain.rules.fold import compute_dtype
+
+__all__ = ["TimmVitTape"]
+
+# The forward methods the walk mirrors, as (module, qualified name).
+_BLOCK = ("timm.models.vision_transformer", "Block.forward")
+_ATTENTION = ("timm.layers.attention", "Attention.forward")
+_MLP = ("timm.layers.mlp", "Mlp.forward")
+_PATCH_EMBED = ("timm.layers.patch_embed", "PatchEmbed.forward")
+
+_BLOCK_PASS = ("norm1", "ls1", "drop_path1", "norm2", "ls2", "drop_path2")
+_ATTENTION_PASS = ("q_norm", "k_norm", "attn_drop", "norm", "proj_drop")
+_MLP_PASS = ("act", "drop1", "norm", "drop2")
+
+
+def _forward_is(module: nn.Module, expected: tuple[str, str]) -> bool:
+    forward = type(module).forward
+    return (forward.__module__, forward.__qualname__) == expected
+
+
+def _require_forward(module: nn.Module, expected: tuple[str, str], where: str) -> None:
+    if not _forward_is(module, expected):
+        cls = type(module)
+        raise UnsupportedModelError(
+            f"no LRP rule for {cls.__module__}.{cls.__qualname__} at {where}: the relevance "
+            f"rules follow {expected[0]}.{expected[1].split('.')[0]}"
+        )
+
+
+def _require_pass(module: nn.Module, where: str) -> None:
+    if not rule.passes_through(module):
+        cls = type(module)
+        raise UnsupportedModelError(
+            f"no LRP rule for {cls.__module__}.{cls.__qualname__} at {where}: relevance passes "
+            "only through Identity, LayerNorm, GELU, dropout and LayerScale modules"
+        )
+
+
+def _require_linear(module: nn.Module, where: str, *, may_pass: bool = False) -> None:
+    """nn.Linear (alpha-beta); `may_pass` also accepts a pass-through head (Identity)."""
+    if type(module) is not nn.Linear and not (may_pass and rule.passes_through(module)):
+        cls = type(module)
+        raise UnsupportedModelError(
+            f"no LRP rule for {cls.__module__}.{cls.__qualname__} at {where}: the alpha-beta "
+            "rule covers torch.nn.Linear"
+        )
+
+
+def _keep(store: dict[str, Tensor], key: str, output: bool = True) -> ModuleHook:
+    """A forward hook that keeps the module's output (or first input) under `key`."""
+
+    def hook(module: nn.Module, args: tuple[Any, ...], result: Any) -> None:
+        store[key] = (result if output else args[0]).detach()
+
+    return hook
+
+
+class TimmVitTape:
+    """The activations of one forward pass of a timm ViT, and the LRP walk over them.
+
+    Args:
+        adapter: the model's adapter (class token, register tokens, global average
+            pooling and distilled DeiT are covered).
+        to_input: also capture what full LRP needs to reach the pixels.
+    Raises:
+        UnsupportedModelError naming the first module that no rule covers.
+    """
+
+    def __init__(self, adapter: TimmVisionTransformer, *, to_input: bool) -> None:
+        model = adapter.model
+        self.model = model
+        self._distilled = hasattr(model, "head_dist")  # timm VisionTransformerDistilled
+        self._check(model, to_input)
+        self.blocks: list[dict[str, Tensor]] = [{} for _ in model.blocks]
+        self.head: dict[str, Tensor] = {}
+        self.embedding: dict[str, Tensor] = {}
+        self.hooks: list[tuple[nn.Module, ModuleHook]] = []
+        for store, block in zip(self.blocks, model.blocks, strict=True):
+            attn, mlp = block.attn, block.mlp
+            self.hooks += [
+                (block.norm1, _keep(store, "x", output=False)),
+                (attn.qkv, _keep(store, "h", output=False)),
+                (attn.qkv, _keep(store, "qkv")),
+                (attn.q_norm, _keep(store, "q")),
+                (attn.k_norm, _keep(store, "k")),
+                (attn.attn_drop, _keep(store, "attention")),
+                (attn.proj, _keep(store, "o", output=False)),
+                (block.drop_path1, _keep(store, "b1")),
+                (block.norm2, _keep(store, "x_mid", output=False)),
+                (mlp.fc1, _keep(store, "fc1", output=False)),
+                (mlp.fc2, _keep(store, "fc2", output=False)),
+                (block.drop_path2, _keep(store, "b2")),
+            ]
+        self.hooks += [
+            (model.norm, _keep(self.head, "tokens")),
+            (model.head, _keep(self.head, "head_in", output=False)),
+            (model.head, _keep(self.head, "head_out")),
+        ]
+        if self._distilled:
+            self.hooks += [
+                (model.head_dist, _keep(self.head, "dist_in", output=False)),
+                (model.head_dist, _keep(self.head, "dist_out")),
+            ]
+        if to_input:
+            self.hooks += [
+                (model.patch_embed, _keep(self.embedding, "input", output=False)),
+                (model.patch_embed.proj, _keep(self.embedding, "image", output=False)),
+                (model.patch_embed, _keep(self.embedding, "patches")),
+                (model.pos_drop, _keep(self.embedding, "embedded")),
+            ]
+
+    def _check(self, model: nn.Module, to_input: bool) -> None:
+        for index, block in enumerate(model.blocks):
+            where = f"blocks.{index}"
+            _require_forward(block, _BLOCK, where)
+            _require_forward(block.attn, _ATTENTION, f"{where}.attn")
+            if getattr(block.attn, "gate", None) is not None:
+                raise UnsupportedModelError(
+                    f"no LRP rule for the gated attention at {where}.attn (a product with a "
+                    "sigmoid gate); the rules cover ungated timm Attention"
+                )
+            _require_forward(block.mlp, _MLP, f"{where}.mlp")
+            for name in _BLOCK_PASS:
+                _require_pass(getattr(block, name), f"{where}.{name}")
+            for name in _ATTENTION_PASS:
+                _require_pass(getattr(block.attn, name), f"{where}.attn.{name}")
+            for name in _MLP_PASS:
+                _require_pass(getattr(block.mlp, name), f"{where}.mlp.{name}")
+            for owner, name in (("attn", "qkv"), ("attn", "proj"), ("mlp", "fc1"), ("mlp", "fc2")):
+                _require_linear(getattr(getattr(block, owner), name), f"{where}.{owner}.{name}")
+        for name in ("norm", "fc_norm", "head_drop"):
+            _require_pass(getattr(model, name), name)
+        for name in ("head", "head_dist") if self._distilled else ("head",):
+            _require_linear(getattr(model, name), name, may_pass=True)
+        if to_input:
+            embed = model.patch_embed
+            _require_forward(embed, _PATCH_EMBED, "patch_embed")
+            if type(embed.proj) is not nn.Conv2d:
+                cls = type(embed.proj)
+                raise UnsupportedModelError(
+                    f"no LRP rule for {cls.__module__}.{cls.__qualname__} at patch_embed.proj: "
+                    "the z^B rule covers torch.nn.Conv2d"
+                )
+            for name in ("pos_drop", "patch_drop", "norm_pre"):
+                _require_pass(getattr(model, name), name)
+            _require_pass(embed.norm, "patch_embed.norm")
+
+    # -- the walk ----------------------------------------------------------------------------
+
+    def propagate(
+        self,
+        classes: Tensor,
+        rules: RuleSet,
+        on_attention: Callable[[int, Tensor], None],
+        *,
+        stop_layer: int = 0,
+        to_input: bool = False,
+    ) -> Tensor:
+        """Relevance from 1.0 at each sample's class logit down to block `stop_layer`.
+
+        `on_attention(layer, relevance)` receives each block's attention relevance RA_l
+        (B, H, N, N), last block first. Returns the relevance of block `stop_layer`'s input
+        tokens (B, N, D); with `to_input` the walk continues to the pixels and returns
+        their relevance summed over channels, (B, H, W).
+        """
+        with torch.no_grad():
+            tokens = self.head["tokens"]
+            dtype = compute_dtype(tokens)
+            logits = self.head["head_out"]
+            relevance = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
+            relevance.scatter_(1, classes[:, None].to(logits.device), 1.0)
+            relevance = self._readout(relevance, rules, dtype)
+            for layer in range(len(self.blocks) - 1, stop_layer - 1, -1):
+                relevance = self._block(layer, relevance, rules, on_attention, dtype)
+            return self._to_pixels(relevance, dtype) if to_input else relevance
+
+    def _linear(
+        self, module: nn.Module, x: Tensor, relevance: Tensor, rules: RuleSet, dtype: torch.dtype
+    ) -> Tensor:
+        if isinstance(module, nn.Linear):
+            return rules.linear(x.to(dtype), module.weight.detach().to(dtype), relevance)
+        return relevance  # a pass-through head (checked in _check)
+
+    def _readout(self, relevance: Tensor, rules: RuleSet, dtype: torch.dtype) -> Tensor:
+        """Classifier, pooling and final norms: logit relevance -> (B, N, D) tokens."""
+        model, head = self.model, self.head
+        tokens = head["tokens"].to(dtype)
+        if self._distilled:
+            # eval-mode head: (head(x[:, 0]) + head_dist(x[:, 1])) / 2; the halving is a
+            # constant and passes, the add of the two heads' logits is LRP-0.
+            from_head, from_dist = rule.residual_plain(
+                head["head_out"].to(dtype), head["dist_out"].to(dtype), relevance
+            )
+            class_token = self._linear(model.head, head["head_in"], from_head, rules, dtype)
+            dist_token = self._linear(model.head_dist, head["dist_in"], from_dist, rules, dtype)
+            # The tokens are read twice (x[:, 0], x[:, 1]): a branch point.
+            return rule.branch(
+                tokens,
+                [
+                    rule.select_tokens(tokens, _index(0, tokens), class_token[:, None]),
+                    rule.select_tokens(tokens, _index(1, tokens), dist_token[:, None]),
+                ],
+            )
+        pooled = self._linear(model.head, head["head_in"], relevance, rules, dtype)
+        if model.global_pool == "token":
+            return rule.select_tokens(tokens, _index(0, tokens), pooled[:, None])
+        first = 0 if model.pool_include_prefix else model.num_prefix_tokens
+        return rule.mean_tokens(tokens, first, pooled)
+
+    def _block(
+        self,
+        layer: int,
+        relevance: Tensor,
+        rules: RuleSet,
+        on_attention: Callable[[int, Tensor], None],
+        dtype: torch.dtype,
+    ) -> Tensor:
+        """Relevance of block `layer`'s output -> of its input, in timm's Block order:
+        x_mid = x + attn branch; out = x_mid + mlp branch."""
+        block = self.model.blocks[layer]
+        store = {key: value.to(dtype) for key, value in self.blocks[layer].items()}
+
+        # out = x_mid + drop_path2(ls2(mlp(norm2(x_mid))))
+        from_mid, from_mlp = rules.residual(store["x_mid"], store["b2"], relevance)
+        hidden = self._linear(block.mlp.fc2, store["fc2"], from_mlp, rules, dtype)
+        into_mlp = self._linear(block.mlp.fc1, store["fc1"], hidden, rules, dtype)
+        relevance = rule.branch(store["x_mid"], [from_mid, into_mlp])
+
+        # x_mid = x + drop_path1(ls1(attn(norm1(x))))
+        from_x, from_attn = rules.residual(store["x"], store["b1"], relevance)
+        into_attn = self._attention(layer, block.attn, store, from_attn, rules, on_attention, dtype)
+        return rule.branch(store["x"], [from_x, into_attn])
+
+    def _attention(
+        self,
+        layer: int,
+        attn: nn.Module,
+        store: dict[str, Tensor],
+        relevance: Tensor,
+        rules: RuleSet,
+        on_attention: Callable[[int, Tensor], None],
+        dtype: torch.dtype,
+    ) -> Tensor:
+        """timm Attention: proj, A @ v, softmax(q k^T * scale), qkv; returns the relevance
+        of the attention's input."""
+        batch, tokens, _ = store["o"].shape
+        heads, head_dim = attn.num_heads, attn.head_dim
+        relevance = self._linear(attn.proj, store["o"], relevance, rules, dtype)
+        relevance = relevance.reshape(batch, tokens, heads, head_dim).transpose(1, 2)
+        values = store["qkv"].reshape(batch, tokens, 3, heads, head_dim)[:, :, 2].transpose(1, 2)
+
+        # A @ v, then Q K^T (the scale is a constant and passes): LRP-0, each operand halved.
+        of_attention, of_values = rule.matmul(store["attention"], values, relevance)
+        of_attention, of_values = of_attention / 2, of_values / 2
+        on_attention(layer, of_attention)
+        of_query, of_keys_t = rule.matmul(store["q"], store["k"].transpose(-2, -1), of_attention)
+        of_query, of_keys = of_query / 2, of_keys_t.transpose(-2, -1) / 2
+
+        # (3, B, H, N, d) -> (B, N, 3 * H * d): the inverse of timm's reshape and permute.
+        of_qkv = torch.stack([of_query, of_keys, of_values]).permute(1, 3, 0, 2, 4)
+        of_qkv = of_qkv.reshape(batch, tokens, 3 * heads * head_dim)
+        return self._linear(attn.qkv, store["h"], of_qkv, rules, dtype)
+
+    def _to_pixels(self, relevance: Tensor, dtype: torch.dtype) -> Tensor:
+        """Block 0's input -> pixels: prefix tokens dropped, the position-embedding add
+        (LRP-0), the patch-embedding convolution (z^B), summed over channels."""
+        model, store = self.model, self.embedding
+        prefix = model.num_prefix_tokens
+        image = store["image"].to(dtype)
+        batch = image.shape[0]
+        patches = store["patches"].to(dtype).reshape(batch, -1, relevance.shape[-1])
+        relevance = relevance[:, prefix:]
+        if model.pos_embed is not None:
+            # x = cat(prefix, patches) + pos, or cat(prefix, patches + pos) (no_embed_class):
+            # either way the patch tokens' sum is patches + their position embedding.
+            embedded = store["embedded"].to(dtype)[:, prefix:]
+            relevance = patches * rule.sdiv(relevance, embedded)
+        channels = model.patch_embed.proj.out_channels
+        relevance = relevance.transpose(1, 2).reshape(batch, channels, *self._grid(image))
+        pixels = rule.conv_input_zb(image, model.patch_embed.proj, relevance).sum(dim=1)
+        height, width = store["input"].shape[-2:]  # crop dynamic padding, if any
+        return pixels[:, :height, :width]
+
+    def _grid(self, image: Tensor) -> tuple[int, int]:
+        proj = self.model.patch_embed.proj
+        size = []
+        for axis, extent in enumerate(image.shape[-2:]):
+            span = proj.dilation[axis] * (proj.kernel_size[axis] - 1) + 1
+            size.append((extent + 2 * proj.padding[axis] - span) // proj.stride[axis] + 1)
+        return size[0], size[1]
+
+
+def _index(token: int, tokens: Tensor) -> Tensor:
+    return torch.tensor([token], dtype=torch.long, device=tokens.device)

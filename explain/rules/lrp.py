@@ -1,0 +1,77 @@
+"""The LRP-based methods of Chefer, Gur & Wolf (CVPR 2021): transformer attribution and the
+paper's two LRP baselines. Their relevance pass lives in explain.lrp; the sinks here only
+aggregate what it delivers: each block's attention relevance RA_l (in place of A_l) with
+its gradient G_l, or the relevance of the input itself."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from explain.rules.attention import rollout_step
+from explain.rules.fold import LastBlock, ReadoutFold, compute_dtype, vecmat
+from explain.rules.gradient import generic_step, gradient_weighted
+from explain.rules.registry import RuleContext, register_method
+
+__all__ = ["InputRelevance", "lrp", "partial_lrp", "transformer_attribution"]
+
+
+def attribution_start(num_layers: int, modality: str) -> int:
+    """All blocks for images; the last block only for text (the reference's ERASER setting)."""
+    return num_layers - 1 if modality == "text" else 0
+
+
+@register_method(
+    "transformer_attribution",
+    needs_gradients=True,
+    class_specific=True,
+    default_start_layer=attribution_start,
+    lrp_rules="transformer_attribution",
+)
+def transformer_attribution(context: RuleContext) -> ReadoutFold:
+    """Chefer, Gur & Wolf CVPR 2021: prod (I + mean_h (G * R_A)+), R_A the LRP relevance of A."""
+    layers = range(context.start_layer, context.num_layers)
+    # The text reference row-normalises (Abar + I), exactly the rollout step; ViT does not.
+    step = rollout_step if context.layout.modality == "text" else generic_step
+    return ReadoutFold(context.readout, layers, gradient_weighted, step)
+
+
+@register_method("partial_lrp", needs_gradients=False, class_specific=True, lrp_rules="original")
+def partial_lrp(context: RuleContext) -> LastBlock:
+    """Partial LRP: the readout row of the last block's mean_h (R_A)+ (original LRP rules)."""
+    readout = context.readout
+
+    def compute(relevance: Tensor, gradient: Tensor | None) -> Tensor:
+        return vecmat(readout.to(relevance.dtype), relevance.clamp(min=0).mean(dim=1))
+
+    return LastBlock(context.num_layers, compute)
+
+
+class InputRelevance:
+    """Sink of full LRP: no block records, only the relevance of the input.
+
+    Images arrive as pixels (B, H, W) and are already in input space; text arrives per
+    token (B, N) and is mapped like every token relevance.
+    """
+
+    layers = range(0)
+
+    def __init__(self, context: RuleContext) -> None:
+        self.input_space = context.layout.modality == "image"
+        self._relevance: Tensor | None = None
+
+    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
+        """Full LRP uses no block records."""
+
+    def add_input(self, relevance: Tensor) -> None:
+        self._relevance = relevance.to(compute_dtype(relevance))
+
+    def result(self) -> Tensor:
+        if self._relevance is None:
+            raise RuntimeError("the input relevance never arrived")
+        return self._relevance
+
+
+@register_method("lrp", needs_gradients=False, class_specific=True, lrp_rules="original")
+def lrp(context: RuleContext) -> InputRelevance:
+    """Full LRP (original rules) down to the input: pixels (B, H, W) for images."""
+    return InputRelevance(context)
