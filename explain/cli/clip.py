@@ -1,0 +1,133 @@
+"""`explain clip`: why a CLIP model matches images with texts.
+
+Every image is explained against every `--text` (zero-shot prompts): one figure per image
+with, per text, the image's heatmap and the text's highlighted tokens, titled with the
+text's zero-shot probability. Figures are written atomically, one PNG per image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from explain.cli.image import _opacity
+from explain.errors import InputError
+
+__all__ = ["CLIP_MEAN", "CLIP_STD", "register"]
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+"""OpenAI CLIP's pixel normalisation, used when the model folder has no preprocessor file."""
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from explain.api import Explainer
+    from explain.cli.image import collect_images
+    from explain.io import load_images
+    from explain.loading import load_model
+    from explain.viz import check_style, save_figure
+    from explain.viz.multimodal import clip_figure
+
+    check_style(args.cmap, args.alpha)
+    if not args.text:
+        raise InputError("give at least one --text to compare the images with")
+    paths = collect_images(args.inputs)
+    loaded = load_model(args.model)
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    if explainer.adapter.token_sets != "dual_encoder" or loaded.tokenizer is None:
+        raise InputError(f"{args.model} is not a CLIP model with a tokenizer; `explain models`")
+    vision = loaded.model.config.vision_config
+    size = (vision.image_size, vision.image_size)
+    texts = loaded.tokenizer(list(args.text), padding=True, return_tensors="pt")
+    special = set(loaded.tokenizer.all_special_ids)
+    shown = [
+        [
+            i
+            for i, (t, m) in enumerate(zip(ids.tolist(), mask.tolist(), strict=True))
+            if m and t not in special
+        ]
+        for ids, mask in zip(texts["input_ids"], texts["attention_mask"], strict=True)
+    ]
+    words = [
+        loaded.tokenizer.convert_ids_to_tokens(texts["input_ids"][k, kept].tolist())
+        for k, kept in enumerate(shown)
+    ]
+    start = {"image": args.image_start_layer, "text": args.text_start_layer}
+    start = {tower: layer for tower, layer in start.items() if layer is not None}
+    every_text = torch.arange(len(args.text))
+    for path in tqdm(paths, unit="image", desc="explaining", file=sys.stderr):
+        pixels, raw = load_images(
+            [path], size, mean=loaded.mean or CLIP_MEAN, std=loaded.std or CLIP_STD
+        )
+        result = explainer.explain(
+            {**texts, "pixel_values": pixels},
+            target=every_text[None],
+            method=args.method,
+            start_layer=start or None,
+        )
+        probabilities = result.logits.softmax(dim=-1)[0]
+        heatmaps = result.heatmap()[0]
+        scores = [result.relevances["text"][0, k, kept] for k, kept in enumerate(shown)]
+        labels = [
+            f"{text}  p={float(p):.2f}" for text, p in zip(args.text, probabilities, strict=True)
+        ]
+        figure = clip_figure(
+            raw[0], heatmaps, words, scores, labels=labels, cmap=args.cmap, alpha=args.alpha
+        )
+        out = args.out / f"{Path(path).stem}_clip.png"
+        save_figure(figure, out)
+        best = int(probabilities.argmax())
+        print(f"{path}: {args.text[best]!r} (p={float(probabilities[best]):.2f}) -> {out}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "clip",
+        help="image and text relevance of a CLIP model for images against prompts",
+        description=__doc__,
+        epilog='Example: explain clip photo.jpg --text "a dog" --text "a cat" --model clip-folder',
+    )
+    parser.add_argument("inputs", nargs="+", metavar="IMAGE|DIR", help="image files or folders")
+    parser.add_argument(
+        "--text", action="append", required=True, metavar="TEXT", help="a prompt (repeatable)"
+    )
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="a Hugging Face CLIP folder (model, tokenizer and preprocessor_config.json)",
+    )
+    parser.add_argument(
+        "--method",
+        default="generic",
+        help="method used in each tower (`explain models`); default: %(default)s",
+    )
+    parser.add_argument(
+        "--image-start-layer",
+        type=int,
+        metavar="L",
+        help="first vision block (negative: from the end); default: the last block",
+    )
+    parser.add_argument(
+        "--text-start-layer",
+        type=int,
+        metavar="L",
+        help="first text block (negative: from the end); default: the last block",
+    )
+    parser.add_argument("--cmap", default="jet", help="heatmap colormap; default: %(default)s")
+    parser.add_argument(
+        "--alpha", type=_opacity, default=0.5, help="heatmap opacity; default: %(default)s"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("explanations"),
+        metavar="DIR",
+        help="output folder; default: %(default)s",
+    )
+    parser.set_defaults(run=run)

@@ -1,0 +1,103 @@
+"""`explain seq2seq`: which source tokens each token of a translation or summary came from.
+
+The decoder's text is given with `--target` or generated greedily. Every token of it is
+explained from one forward pass (the encoder-decoder rules of ICCV 2021), and two figures
+are written atomically: the (generated token) x (source token) relevance matrix and the
+source text highlighted once per generated token.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from explain.cli.image import _positive_int
+from explain.errors import InputError
+
+__all__ = ["register"]
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from explain.api import Explainer
+    from explain.loading import load_model
+    from explain.token_sets import generate_target
+    from explain.viz import save_figure
+    from explain.viz.multimodal import relevance_matrix_figure, source_text_figure
+
+    if not args.source.strip():
+        raise InputError("the source text is empty")
+    loaded = load_model(args.model)
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    tokenizer = loaded.tokenizer
+    if explainer.adapter.token_sets != "encoder_decoder" or tokenizer is None:
+        raise InputError(
+            f"{args.model} is not a text encoder-decoder with a tokenizer (BART, Marian, T5)"
+        )
+    source = dict(tokenizer([args.source], return_tensors="pt"))
+    source.pop("token_type_ids", None)
+    if args.target is None:
+        inputs = generate_target(explainer, source, max_new_tokens=args.max_new_tokens)
+    else:
+        target_ids = tokenizer(text_target=[args.target], return_tensors="pt")["input_ids"]
+        start = loaded.model.config.decoder_start_token_id
+        decoder = torch.cat([torch.tensor([[start]]), target_ids], dim=1)
+        inputs = {**source, "decoder_input_ids": decoder}
+    mask = inputs.get("decoder_attention_mask")
+    length = inputs["decoder_input_ids"].shape[1] if mask is None else int(mask[0].sum())
+    if length < 2:
+        raise InputError("the decoder text is empty: there is no token to explain")
+    result = explainer.explain(inputs, position="all")
+    decoder_ids = inputs["decoder_input_ids"][0, 1:length].tolist()
+    explained = tokenizer.convert_ids_to_tokens(decoder_ids)
+    source_tokens = tokenizer.convert_ids_to_tokens(source["input_ids"][0].tolist())
+    matrix = result.relevances["source"][0, : length - 1]
+    print("target:", tokenizer.decode(decoder_ids, skip_special_tokens=True))
+    for token, row in zip(explained, matrix, strict=True):
+        top = row.topk(min(3, row.numel())).indices.tolist()
+        print(f"  {token!r:>16} <- " + ", ".join(repr(source_tokens[i]) for i in top))
+    outputs = {
+        args.out / "seq2seq_matrix.png": relevance_matrix_figure(matrix, source_tokens, explained),
+        args.out / "seq2seq_source.png": source_text_figure(matrix, source_tokens, explained),
+    }
+    for path, figure in outputs.items():
+        save_figure(figure, path)
+        print(path)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "seq2seq",
+        help="source relevance of every token a seq2seq model writes",
+        description=__doc__,
+        epilog='Example: explain seq2seq "the cat sat on the mat" --model marian-en-de',
+    )
+    parser.add_argument("source", metavar="TEXT", help="the source text")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="a Hugging Face seq2seq folder (BART, Marian, T5: model and tokenizer)",
+    )
+    parser.add_argument(
+        "--target",
+        metavar="TEXT",
+        help="the decoder text to explain; default: the model's greedy generation",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=_positive_int,
+        default=20,
+        metavar="N",
+        help="length limit of the generation; default: %(default)s",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("explanations"),
+        metavar="DIR",
+        help="output folder; default: %(default)s",
+    )
+    parser.set_defaults(run=run)
