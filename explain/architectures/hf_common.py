@@ -171,7 +171,8 @@ class HuggingFaceAdapter(Adapter):
 # -- text --------------------------------------------------------------------------------
 
 
-def _as_integer_tensor(name: str, value: object) -> Tensor:
+def _as_integer_tensor(name: str, value: object, *, flags: bool = False) -> Tensor:
+    """`value` as a (B, T) integer tensor; `flags` also accepts 0/1 floats and booleans."""
     if isinstance(value, Tensor):
         tensor = value
     else:
@@ -182,6 +183,10 @@ def _as_integer_tensor(name: str, value: object) -> Tensor:
                 f"{name} must be a (B, T) tensor of integers; texts of different lengths must "
                 "be padded: tokenizer(texts, padding=True, return_tensors='pt')"
             ) from None
+    if flags and (tensor.is_floating_point() or tensor.dtype == torch.bool):
+        if not ((tensor == 0) | (tensor == 1)).all():
+            raise InputError(f"{name} must hold 0 (padding) and 1 (real token) only")
+        tensor = tensor.long()
     if tensor.is_floating_point() or tensor.is_complex():
         raise InputError(f"{name} must hold integers, got {tensor.dtype}")
     if tensor.dim() == 1:
@@ -230,7 +235,11 @@ def prepare_text(
     if length == 0:
         raise InputError("the text is empty: there is no token to explain")
     mask = inputs.get("attention_mask")
-    mask = torch.ones_like(ids) if mask is None else _as_integer_tensor("attention_mask", mask)
+    mask = (
+        torch.ones_like(ids)
+        if mask is None
+        else _as_integer_tensor("attention_mask", mask, flags=True)
+    )
     if mask.shape != ids.shape:
         raise InputError(
             f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(ids.shape)}"
