@@ -55,7 +55,7 @@ class EraserMovies:
                 raise InputError(
                     f"{annotations}:{number}: not an ERASER annotation: {error}"
                 ) from None
-        self.name = f"eraser:{self.root.name}/{split}"
+        self.name = f"eraser:{self.root.resolve()}:{split}"
 
     def _example(self, annotation: dict, label_of: dict[str, int]) -> TextExample:
         evidences = [span for group in annotation["evidences"] for span in group]

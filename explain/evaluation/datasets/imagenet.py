@@ -61,7 +61,7 @@ class ImageNetFolder:
             if path.suffix.lower() in IMAGE_SUFFIXES
         ]
         self.size = size
-        self.name = f"imagenet-folder:{self.root.name}"
+        self.name = f"imagenet-folder:{self.root.resolve()}"
 
     def __len__(self) -> int:
         return len(self.samples)

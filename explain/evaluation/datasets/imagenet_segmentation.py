@@ -48,7 +48,7 @@ class ImageNetSegmentation:
                 f"and /value/gt): {error}"
             ) from None
         self.size = size
-        self.name = f"imagenet-segmentation:{self.path.name}"
+        self.name = f"imagenet-segmentation:{self.path.resolve()}"
         self._handle: Any = None  # opened on first use, so a dataset can cross processes
 
     def __len__(self) -> int:

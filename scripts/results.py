@@ -1,0 +1,146 @@
+"""Generate docs/results.md: every registered method on the zoo models, with the papers'
+protocols (perturbation and segmentation on shapes-vit and digits-vit, token F1 on
+minilm-sentiment).
+
+    OMP_NUM_THREADS=1 python scripts/results.py --images 400 --sentences 300
+
+Each table is one `explain evaluate` run (resumable: rerunning reuses finished chunks in
+outputs/results/*.json.parts/). The document says which command made it and compares the
+method ranking with the CVPR 2021 paper's ImageNet figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from explain.evaluation import PROTOCOLS
+from explain.evaluation.evaluate import evaluate_model
+from explain.evaluation.report import markdown_table
+from explain.io import atomic_write
+
+RUNS = (
+    ("shapes-vit", "perturbation"),
+    ("shapes-vit", "segmentation"),
+    ("digits-vit", "perturbation"),
+    ("digits-vit", "segmentation"),
+    ("minilm-sentiment", "rationale"),
+)
+
+# CVPR 2021, ImageNet validation, ViT-B/16: negative-perturbation AUC, predicted class.
+PAPER_NEGATIVE = {"transformer_attribution": 54.16, "rollout": 53.1, "attention_gradcam": 41.52}
+PAPER_POSITIVE_TA = 17.03
+
+DATA_NOTES = {
+    "shapes-vit": (
+        "held-out scenes (seeds never used in training) that hold exactly one object, so that "
+        "top-1 accuracy against one label and one foreground mask are defined as on ImageNet; "
+        "the model is multi-label, its top-1 class is its highest logit"
+    ),
+    "digits-vit": (
+        "the 400 held-out scikit-learn digits; they have no masks, so the segmentation masks "
+        "are DERIVED from the strokes (upsampled ink >= 0.5): a digit classifier may rightly "
+        "look at where ink is missing, so read that table as a sanity check, not a target"
+    ),
+    "minilm-sentiment": (
+        "held-out sentences whose rationale is known by construction (the sentiment words and "
+        "a negation); token F1 of the top-k words, explained for the predicted class"
+    ),
+}
+
+
+def ranking(results: dict[str, Any], key: str, methods: tuple[str, ...], best_high: bool) -> list:
+    present = [m for m in methods if m in results["results"]]
+    return sorted(present, key=lambda m: results["results"][m][key], reverse=best_high)
+
+
+def comparison(perturbation: dict[str, Any], segmentation: dict[str, Any]) -> str:
+    """Sentences with our numbers next to the paper's, and the random baseline's margin."""
+    results = perturbation["results"]
+    lines = []
+    ours = ranking(perturbation, "negative_auc_predicted", tuple(PAPER_NEGATIVE), True)
+    paper = sorted(PAPER_NEGATIVE, key=PAPER_NEGATIVE.get, reverse=True)
+    if ours:
+        cells = ", ".join(f"`{m}` {results[m]['negative_auc_predicted']:.2f}" for m in ours)
+        same = "the same order as" if ours == paper[: len(ours)] else "a different order from"
+        lines.append(
+            f"- Negative perturbation AUC, predicted class (higher is better): {cells}: "
+            f"{same} the paper's ImageNet ViT-B/16 figures "
+            + ", ".join(f"`{m}` {PAPER_NEGATIVE[m]}" for m in paper)
+            + "."
+        )
+    if "transformer_attribution" in results:
+        lines.append(
+            "- Positive perturbation AUC of `transformer_attribution` (lower is better): "
+            f"{results['transformer_attribution']['positive_auc_predicted']:.2f} here, "
+            f"{PAPER_POSITIVE_TA} in the paper."
+        )
+    if "generic" in results and "random" in results:
+        g, r = results["generic"], results["random"]
+        seg = segmentation["results"]
+        lines.append(
+            f"- `generic` against `random`: positive AUC {g['positive_auc_predicted']:.2f} vs "
+            f"{r['positive_auc_predicted']:.2f} (lower is better), negative AUC "
+            f"{g['negative_auc_predicted']:.2f} vs {r['negative_auc_predicted']:.2f} (higher "
+            f"is better), mIoU {seg['generic']['miou']:.3f} vs {seg['random']['miou']:.3f}."
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=400, help="images per image run")
+    parser.add_argument("--sentences", type=int, default=300, help="sentences per text run")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--out", type=Path, default=Path("outputs/results"))
+    parser.add_argument("--doc", type=Path, default=Path("docs/results.md"))
+    args = parser.parse_args(argv)
+    command = "OMP_NUM_THREADS=1 python scripts/results.py " + shlex.join(
+        sys.argv[1:] if argv is None else argv
+    )
+    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    for model, protocol in RUNS:
+        limit = args.sentences if protocol == "rationale" else args.images
+        runs[model, protocol] = evaluate_model(
+            protocol,
+            f"zoo:{model}",
+            args.out / f"{model}-{protocol}.json",
+            limit=limit,
+            batch_size=args.batch_size,
+        )
+    sections = [
+        "# Results: every method on the zoo models\n",
+        "Generated by `scripts/results.py` with\n",
+        f"```\n{command.strip()}\n```\n",
+        "Each table is one `explain evaluate` run (e.g. `explain evaluate perturbation "
+        f"--model zoo:shapes-vit --limit {args.images} --batch-size {args.batch_size} "
+        "--output results.json`); the JSON files, tables and curve plots are in "
+        f"`{args.out}/`. Protocols as in METHODS.md: perturbation AUC (x 100, at most 90) "
+        "of top-1 accuracy as the most (positive, lower is better) or least (negative, "
+        "higher is better) relevant pixels are zeroed; segmentation pixel accuracy, mIoU "
+        "and mAP of the map thresholded at its mean; token F1 of the top-k words.\n",
+    ]
+    for model in dict.fromkeys(model for model, _ in RUNS):
+        sections.append(f"## `zoo:{model}`\n\nData: {DATA_NOTES[model]}.\n")
+        for (run_model, protocol), results in runs.items():
+            if run_model == model:
+                sections.append(
+                    f"### {protocol} (n = {results['n']})\n\n"
+                    + markdown_table(results, PROTOCOLS[protocol].columns)
+                )
+    sections.append("## Against the papers\n")
+    sections.append(
+        comparison(runs["shapes-vit", "perturbation"], runs["shapes-vit", "segmentation"]) + "\n"
+    )
+    sections.append((Path(__file__).parent / "results_discussion.md").read_text())
+    with atomic_write(args.doc, "w") as handle:
+        handle.write("\n".join(sections))
+    print(f"wrote {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
