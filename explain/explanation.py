@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +67,26 @@ class Explanation:
         if tuple(grid.shape[-2:]) != tuple(size):
             grid = F.interpolate(grid, size=size, mode="bilinear", align_corners=False)
         return normalize_per_sample(grid.reshape(*lead, *size), sample_dims=2)
+
+    def to_html(self, skip: Collection[str] = ()) -> str:
+        """A text explanation as an HTML page: every text's tokens highlighted on a
+        diverging scale, each token escaped. `skip`: tokens not shown (e.g. the
+        tokenizer's `all_special_tokens`). See explain.viz.text."""
+        if self.tokens is None or self.relevance.dim() != 2:
+            raise ExplainError(
+                "to_html() is for text explanations with one map per text: create the "
+                "Explainer with a tokenizer, and pick one target per text"
+            )
+        from explain.viz.text import document_html, to_html
+
+        return document_html(
+            [
+                to_html(tokens, scores, skip=skip, title=f"text {index}: target {int(target)}")
+                for index, (tokens, scores, target) in enumerate(
+                    zip(self.tokens, self.relevance.cpu(), self.target.cpu(), strict=True)
+                )
+            ]
+        )
 
 
 @dataclass(frozen=True)
