@@ -224,6 +224,15 @@ def test_errors_are_one_line_with_exit_status_2(capsys, tmp_path, model_folder, 
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_a_text_model_is_sent_to_explain_text(capsys, tmp_path):
+    image = _write_images(tmp_path / "in", 1)[0]
+    status, _, stderr = _run(capsys, "image", image, "--model", "zoo:minilm-sentiment")
+    assert status == 2
+    assert (
+        stderr.strip() == "explain: error: zoo:minilm-sentiment is a text model; use `explain text`"
+    )
+
+
 @pytest.mark.parametrize(
     "arguments",
     [["--batch-size", "0"], ["--alpha", "1.5"], ["--score", "energy"], []],
