@@ -122,6 +122,11 @@ def explain_dual_encoder(
     from explain.api import resolve_start_layer
 
     spec = get_method(method)
+    if spec.lrp_rules is not None:
+        raise OptionError(
+            f"method {method!r} needs an LRP pass through the model, which CLIP's towers do "
+            "not have; use generic, attention_gradcam, rollout, raw_attention or random"
+        )
     if score != "logit":
         raise TargetError(
             f"a dual encoder explains the similarity logit (score='logit'); got {score!r}"

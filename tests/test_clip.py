@@ -77,10 +77,9 @@ def _inputs(num_images: int, lengths: list[int]) -> dict[str, torch.Tensor]:
     return {"pixel_values": pixels, "input_ids": ids, "attention_mask": mask}
 
 
-def reference_pair(model, pixels, ids, image_start: int, text_start: int):
-    """(image grid relevance, text relevance over the unpadded text, similarity logit)."""
-    eager = copy.deepcopy(model)
-    eager.set_attn_implementation("eager")
+def reference_pair(eager, pixels, ids, image_start: int, text_start: int):
+    """(image grid relevance, text relevance over the unpadded text, similarity logit),
+    from a copy of the model on the eager attention path."""
     output = eager(
         pixel_values=pixels[None], input_ids=ids[None], output_attentions=True, return_dict=True
     )
@@ -103,11 +102,18 @@ def clip():
     return tiny_clip()
 
 
+@pytest.fixture(scope="module")
+def eager(clip):
+    copied = copy.deepcopy(clip)
+    copied.set_attn_implementation("eager")
+    return copied
+
+
 @pytest.mark.parametrize(
     "start_layer,image_start,text_start",
     [(None, IMAGE_LAYERS - 1, TEXT_LAYERS - 1), (0, 0, 0), ({"image": 1, "text": 0}, 1, 0)],
 )
-def test_paired_batch_matches_reference(clip, start_layer, image_start, text_start):
+def test_paired_batch_matches_reference(clip, eager, start_layer, image_start, text_start):
     inputs = _inputs(3, [3, 1, 5])
     result = Explainer(clip).explain(inputs, start_layer=start_layer)
     assert result.relevances["image"].shape == (3, GRID, GRID)
@@ -118,7 +124,7 @@ def test_paired_batch_matches_reference(clip, start_layer, image_start, text_sta
     for i in range(3):
         length = int(inputs["attention_mask"][i].sum())
         image, text, logit = reference_pair(
-            clip,
+            eager,
             inputs["pixel_values"][i],
             inputs["input_ids"][i, :length],
             image_start,
@@ -130,7 +136,7 @@ def test_paired_batch_matches_reference(clip, start_layer, image_start, text_sta
         assert torch.all(result.relevances["text"][i, length:] == 0)  # pads exactly 0
 
 
-def test_zero_shot_explains_the_winning_prompt_and_each_prompt(clip):
+def test_zero_shot_explains_the_winning_prompt_and_each_prompt(clip, eager):
     inputs = _inputs(2, [2, 4, 1])
     explainer = Explainer(clip)
     best = explainer.explain(inputs)  # 2 images, 3 prompts: each image's best prompt
@@ -143,7 +149,7 @@ def test_zero_shot_explains_the_winning_prompt_and_each_prompt(clip):
         for k in range(3):
             length = int(inputs["attention_mask"][k].sum())
             image, text, _ = reference_pair(
-                clip,
+                eager,
                 inputs["pixel_values"][i],
                 inputs["input_ids"][k, :length],
                 IMAGE_LAYERS - 1,
@@ -209,6 +215,8 @@ def test_errors_are_clear(clip):
         explainer.explain({**inputs, "attention_mask": empty})
     with pytest.raises(TargetError, match="logit"):
         explainer.explain(inputs, score="probability")
+    with pytest.raises(OptionError, match="LRP"):
+        explainer.explain(inputs, method="transformer_attribution")
     with pytest.raises(OptionError, match="towers"):
         explainer.explain(inputs, start_layer={"audio": 0})
     with pytest.raises(OptionError, match="out of range"):

@@ -184,13 +184,19 @@ def _sample(inputs: dict[str, torch.Tensor], b: int) -> dict[str, torch.Tensor]:
     return one
 
 
-def reference(model, sample: dict[str, torch.Tensor], position: int, token: int | None):
-    """(R_qi[p] over the encoder tokens, R_qq[p] over the decoder tokens, explained token)."""
+def eager_copy(model):
+    """A copy of `model` on the eager attention path, for `output_attentions`."""
     eager = copy.deepcopy(model)
     eager.set_attn_implementation("eager")
     for module in eager.modules():  # HF ViT's layers keep a config of their own
         if hasattr(getattr(module, "config", None), "_attn_implementation_internal"):
             module.config._attn_implementation_internal = "eager"
+    return eager
+
+
+def reference(eager, sample: dict[str, torch.Tensor], position: int, token: int | None):
+    """(R_qi[p] over the encoder tokens, R_qq[p] over the decoder tokens, explained token)
+    from an `eager_copy` of the model."""
     # The encoder is called on its own: VisionEncoderDecoderModel does not hand
     # output_attentions to its encoder; the decoder then reads these very encoder outputs.
     source = {k: v for k, v in sample.items() if not k.startswith("decoder_")}
@@ -218,7 +224,7 @@ def reference(model, sample: dict[str, torch.Tensor], position: int, token: int 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def case(request):
     model = MODELS[request.param]()
-    return request.param, model, _inputs(request.param, model)
+    return request.param, model, _inputs(request.param, model), eager_copy(model)
 
 
 def _source_tokens(name: str, relevance: torch.Tensor) -> torch.Tensor:
@@ -227,7 +233,7 @@ def _source_tokens(name: str, relevance: torch.Tensor) -> torch.Tensor:
 
 
 def test_last_position_matches_reference(case):
-    name, model, inputs = case
+    name, model, inputs, eager = case
     result = Explainer(model).explain(inputs)
     decoder_lengths = inputs["decoder_attention_mask"].sum(dim=1)
     assert result.relevances["target"].shape == inputs["decoder_input_ids"].shape
@@ -239,7 +245,7 @@ def test_last_position_matches_reference(case):
     assert torch.equal(result.relevance, result.relevances["source"])
     for b in range(3):
         position = int(decoder_lengths[b]) - 1
-        source, target, token = reference(model, _sample(inputs, b), position, None)
+        source, target, token = reference(eager, _sample(inputs, b), position, None)
         assert int(result.target[b]) == token
         if name == "vision-encoder-decoder":
             source = source[1:]  # the CLS token is not an image patch
@@ -252,7 +258,7 @@ def test_last_position_matches_reference(case):
 
 
 def test_every_token_of_the_sequence_in_one_call(case):
-    name, model, inputs = case
+    name, model, inputs, eager = case
     result = Explainer(model).explain(inputs, position="all")
     decoder_ids = inputs["decoder_input_ids"]
     lengths = inputs["decoder_attention_mask"].sum(dim=1)
@@ -267,7 +273,7 @@ def test_every_token_of_the_sequence_in_one_call(case):
                 continue
             token = int(decoder_ids[b, j + 1])  # the sequence's own next token
             assert int(result.target[b, j]) == token
-            source, target, _ = reference(model, _sample(inputs, b), j, token)
+            source, target, _ = reference(eager, _sample(inputs, b), j, token)
             if name == "vision-encoder-decoder":
                 source = source[1:]
             ours = _source_tokens(name, result.relevances["source"][b, j])
@@ -281,8 +287,9 @@ def test_chosen_position_and_target():
     model = tiny_bart()
     inputs = _inputs("bart", model)
     result = Explainer(model).explain(inputs, position=1, target=7)
+    eager = eager_copy(model)
     for b in range(3):
-        source, target, _ = reference(model, _sample(inputs, b), 1, 7)
+        source, target, _ = reference(eager, _sample(inputs, b), 1, 7)
         assert torch.allclose(result.relevances["source"][b, : source.shape[0]], source, atol=1e-5)
         assert torch.allclose(result.relevances["target"][b, :2], target[:2], atol=1e-5)
     assert torch.equal(result.target, torch.full((3,), 7))
