@@ -3,6 +3,7 @@ that fail, and a 2-process torchrun run that equals the 1-process run."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
@@ -171,6 +172,19 @@ def test_unknown_methods_and_changed_settings_are_refused(model, tmp_path):
             tmp_path / "r.json",
             model_name="m",
             batch_size=1,
+            progress=False,
+        )
+    retrained = copy.deepcopy(model)  # same name, other weights: its chunks are not reused
+    with torch.no_grad():
+        retrained.head.bias.add_(1.0)
+    with pytest.raises(ExplainError, match="different run"):
+        run_evaluation(
+            PerturbationTest(retrained, MEAN, STD),
+            SquaresDataset(2),
+            ["random"],
+            tmp_path / "r.json",
+            model_name="m",
+            batch_size=2,
             progress=False,
         )
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from explain.api import Explainer
 from explain.evaluation.datasets.base import ImageExample
 
 __all__ = ["EvaluationProtocol", "ImageProtocol", "Records", "concatenate_records"]
@@ -35,6 +36,9 @@ class EvaluationProtocol(ABC):
 
     name: ClassVar[str]
     """The protocol's name in results files and on the command line."""
+
+    explainer: Explainer
+    """Explains the model under test (and holds it: `explainer.model`)."""
 
     @abstractmethod
     def evaluate(self, method: str, examples: Sequence[Any]) -> Records:
@@ -62,8 +66,6 @@ class ImageProtocol(EvaluationProtocol):
     """
 
     def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
-        from explain.api import Explainer
-
         self.explainer = Explainer(model)
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)

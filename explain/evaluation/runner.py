@@ -12,12 +12,15 @@ single-process run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+from torch import nn
 from tqdm import tqdm
 
 from explain.errors import ExplainError, InputError, OptionError
@@ -27,7 +30,18 @@ from explain.evaluation.report import markdown_table, plot_results
 from explain.io import atomic_write
 from explain.rules import get_method
 
-__all__ = ["run_evaluation", "work_folder"]
+__all__ = ["run_evaluation", "weights_digest", "work_folder"]
+
+
+def weights_digest(model: nn.Module) -> str:
+    """SHA-256 of a model's state (names and bytes): chunks computed with other weights
+    under the same model name are never reused."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        data = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(data.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def work_folder(output: str | Path) -> Path:
@@ -72,6 +86,7 @@ def run_evaluation(
         {
             "protocol": protocol.name,
             "model": model_name,
+            "weights": weights_digest(protocol.explainer.model),
             "dataset": name,
             "batch_size": batch_size,
             "settings": protocol.settings(),
