@@ -142,7 +142,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--method", default="generic", help="a method name (explain models)")
     parser.add_argument("--target", default=None, help="class index or name (default: predicted)")
     parser.add_argument(
-        "--score", default="logit", choices=("logit", "probability", "log_probability")
+        "--score",
+        default="logit",
+        choices=("logit", "probability", "log_probability"),
+        help="what is differentiated for the explained class (default: logit)",
     )
     parser.add_argument("--start-layer", type=int, default=None, help="first block aggregated")
     parser.add_argument("--pair", default=None, metavar="TEXT", help="for sentence encoders")
