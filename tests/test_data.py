@@ -152,6 +152,7 @@ def test_sentiment_labels_follow_from_the_rationale_words():
         assert bool(positive) != bool(negative), "one polarity of sentiment words per sentence"
         negated = "not" in example.words
         assert example.label == int(bool(positive) != negated)
+        assert not negated or len(positive) == 1, "only a single praise word is negated"
         decisive = [w for w, r in zip(example.words, example.rationale, strict=True) if r]
         assert sorted(decisive) == sorted(positive + negative + ["not"] * negated)
         assert example.text == " ".join(example.words)

@@ -1,8 +1,8 @@
 """Review-like sentences whose sentiment-bearing words are known: a text task with rationales.
 
 Each sentence puts one or two sentiment words (from POSITIVE or NEGATIVE) into a neutral
-template ("honestly , the soundtrack was {} ."); about a fifth are negated ("was not {}"),
-which flips the label. The rationale of a sentence is the set of words that decide its
+template ("honestly , the soundtrack was {} ."); about one in eight is a negated praise
+("was not {good}"), which is negative. The rationale of a sentence is the set of words that decide its
 label: the sentiment words and, when present, the negation. Everything else is neutral by
 construction, so an explanation can be scored against the rationale (token F1).
 
@@ -90,7 +90,9 @@ def make_sentence(seed: int) -> Sentence:
     pool = POSITIVE if polarity == 1 else NEGATIVE
     count = 1 if rng.random() < 0.7 else 2
     adjectives = [str(word) for word in rng.choice(pool, size=count, replace=False)]
-    negated = rng.random() < 0.2
+    # Only praise is negated, and only a single word: "not good" is negative, while "not
+    # bad" or "not good and great" say little for sure.
+    negated = bool(rng.random() < 0.35) and polarity == 1 and count == 1
 
     words: list[str] = []
     rationale: list[bool] = []
