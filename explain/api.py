@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from explain.architectures import Adapter, Prepared, adapter_for
 from explain.errors import OptionError, TargetError
 from explain.explanation import Explanation, Trace
+from explain.fused import ATTENTION_PATHS, AttentionPath, use_fused_path
 from explain.lrp import explain_with_lrp
 from explain.recorder import Recorder
 from explain.rules import Method, RuleContext, Sink, get_method
@@ -25,12 +26,23 @@ class Explainer:
         model: a supported transformer (see `explain.architectures.supported_families()`),
             used as it is: no copy, no wrapper. Every call leaves it exactly as it was.
         tokenizer: for text models, the tokenizer whose tokens `Explanation.tokens` names.
+        attention_path: "auto" (default) keeps the fused attention kernel where that is
+            faster and recomputes each block's attention from q, k, v (explain.fused);
+            "explicit" or "fused" force one path. Both give the same numbers.
     """
 
-    def __init__(self, model: nn.Module, *, tokenizer: Any = None) -> None:
+    def __init__(
+        self, model: nn.Module, *, tokenizer: Any = None, attention_path: AttentionPath = "auto"
+    ) -> None:
+        if attention_path not in ATTENTION_PATHS:
+            raise OptionError(
+                f"attention_path must be one of {', '.join(ATTENTION_PATHS)}; "
+                f"got {attention_path!r}"
+            )
         self.model = model
         self.adapter: Adapter = adapter_for(model)
         self.tokenizer = tokenizer
+        self.attention_path: AttentionPath = attention_path
 
     def explain(
         self,
@@ -68,16 +80,24 @@ class Explainer:
         prepared = self.adapter.prepare(self._encoded(inputs))
         context = self._context(spec, prepared, start_layer)
         sink = spec.sink(context, options)  # bad options fail before any model work
+        fused = use_fused_path(
+            self.adapter,
+            prepared.layout,
+            needs_gradients=spec.needs_gradients,
+            requested=self.attention_path,
+        )
         if spec.lrp_rules is not None:  # relevance propagation (explain.lrp)
             logits, classes, token_relevance = explain_with_lrp(
                 self.adapter, spec, context, options, sink, prepared, target, score
             )
         elif spec.needs_gradients:
             logits, classes, token_relevance = self._explain_with_gradients(
-                spec, context, options, sink, prepared, target, score
+                spec, context, options, sink, prepared, target, score, fused
             )
         else:
-            logits, classes, token_relevance = self._explain_forward_only(sink, prepared, target)
+            logits, classes, token_relevance = self._explain_forward_only(
+                sink, prepared, target, fused
+            )
         layout = prepared.layout
         if getattr(sink, "input_space", False):  # full LRP on images: pixels already
             relevance = token_relevance.detach()
@@ -118,13 +138,14 @@ class Explainer:
         return RuleContext(readout, prepared.layout, num_layers, start)
 
     def _explain_forward_only(
-        self, sink: Sink, prepared: Prepared, target: Target
+        self, sink: Sink, prepared: Prepared, target: Target, fused: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Class-agnostic methods: one forward under no_grad, no backward at all."""
         with Recorder(
             self.adapter,
             on_attention=lambda layer, attention: sink.add(layer, attention, None),
             differentiable=False,
+            fused=fused,
         ):
             logits = self.adapter.forward(prepared)
         classes, _ = resolve_targets(logits, target)  # validated, though the map ignores it
@@ -144,9 +165,11 @@ class Explainer:
         prepared: Prepared,
         target: Target,
         score: Score,
+        fused: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """One forward, then one backward per target column, folding blocks as they arrive."""
-        with Recorder(self.adapter, track=sink.layers) as recorder:
+        """One forward, then one backward (vectorised over K target columns), folding
+        blocks as their gradients arrive."""
+        with Recorder(self.adapter, track=sink.layers, fused=fused) as recorder:
             logits = self.adapter.forward(prepared)
             classes, custom_scores = resolve_targets(logits, target)
             if classes is None:
@@ -156,13 +179,11 @@ class Explainer:
             if scores.dim() == 1:
                 recorder.backward(scores.sum(), sink.add)
                 return logits, classes, sink.result()
-            columns = []
-            for k in range(scores.shape[1]):
-                column_sink = sink if k == 0 else spec.sink(context, options)
-                last = k == scores.shape[1] - 1
-                recorder.backward(scores[:, k].sum(), column_sink.add, retain_graph=not last)
-                columns.append(column_sink.result())
-            return logits, classes, torch.stack(columns, dim=1)
+            sinks = [sink] + [spec.sink(context, options) for _ in range(scores.shape[1] - 1)]
+            recorder.backward_batched(
+                scores, lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad)
+            )
+            return logits, classes, torch.stack([s.result() for s in sinks], dim=1)
 
     def trace(self, inputs: Any, target: Target = None, score: Score = "probability") -> Trace:
         """Every block's attention and hidden states with their gradients for one score.

@@ -23,10 +23,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from explain.architectures.base import Adapter
+from explain.architectures.base import Adapter, FusedPath
 from explain.errors import ExplainError
+from explain.fused import FusedBlock
 
 __all__ = [
+    "BATCHED_GRADIENT_BYTES",
     "AttentionCallback",
     "GradientCallback",
     "ModuleHook",
@@ -42,6 +44,14 @@ GradientCallback = Callable[[int, Tensor, Tensor], None]
 ModuleHook = Callable[[nn.Module, tuple[Any, ...], Any], None]
 """A forward hook (module, args, output) -> None that only reads what it is given."""
 
+TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
+"""Receives (score column k, layer, attention, d score_k / d attention)."""
+
+BATCHED_GRADIENT_BYTES = 1 << 30
+"""Memory bound of one batched backward over several targets: every tracked tensor's
+gradient is held for all targets of a chunk at once, so targets are taken in chunks whose
+gradients fit in this many bytes (at least one target per chunk)."""
+
 
 class Recorder(contextlib.AbstractContextManager["Recorder"]):
     """Instrument `adapter.model` for one explanation call.
@@ -54,6 +64,10 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             their gradients.
         differentiable: build an autograd graph (needed for any gradient); when False the
             forward runs under `torch.no_grad()`.
+        fused: keep the fused attention kernel (the adapter's `fused_path()`) and recompute
+            each block's attention and its gradient from q, k, v and the gradient of the
+            attention output just in time (explain.fused), instead of switching to the
+            explicit path.
         module_hooks: extra (module, forward hook) pairs, registered and removed with the
             recorder's own hooks: how a rule that needs more than attention (the LRP
             engine's activations) sees the forward pass without touching the model itself.
@@ -67,10 +81,16 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         track: Collection[int] = (),
         hidden_states: bool = False,
         differentiable: bool = True,
+        fused: bool = False,
         module_hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
     ) -> None:
         self.adapter = adapter
         self._module_hooks = tuple(module_hooks)
+        self._fused: FusedPath | None = adapter.fused_path() if fused else None
+        if fused and self._fused is None:
+            raise ExplainError(f"{adapter.family}: this adapter has no fused attention path")
+        self._fused_blocks: dict[int, FusedBlock] = {}
+        self._fused_outputs: dict[int, Tensor] = {}  # fused path: the tracked tensors
         self.model: nn.Module = adapter.model
         self._on_attention = on_attention
         self._track = frozenset(track)
@@ -120,6 +140,8 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         while self._restore:
             self._restore.pop()()
         self.attentions.clear()
+        self._fused_blocks.clear()
+        self._fused_outputs.clear()
         self._stack.close()
         self._active = False
 
@@ -142,17 +164,21 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         for parameter, _ in flags:
             parameter.requires_grad_(False)
 
-        for setting in self.adapter.path_flags():
+        path_flags = self._fused.flags if self._fused else self.adapter.path_flags()
+        for setting in path_flags:
             old = getattr(setting.owner, setting.name)
             self._restore.append(lambda s=setting, v=old: setattr(s.owner, s.name, v))
             setattr(setting.owner, setting.name, setting.value)
 
     def _install_hooks(self) -> None:
         for module, hook in self._module_hooks:
-            self._handles.append(module.register_forward_hook(hook))
+            self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
         # A module may serve several blocks (ALBERT runs one shared layer L times): it gets
         # one hook, which hands its k-th call in a forward pass to the k-th block it serves.
-        for module, sites in _occurrences(self.adapter.attention_sites(), lambda s: s.module):
+        if self._fused is not None:
+            self._install_fused_hooks(self._fused)
+        explicit_sites = () if self._fused else self.adapter.attention_sites()
+        for module, sites in _occurrences(explicit_sites, lambda s: s.module):
             turn = _Rotation(sites)
             self._handles.append(
                 module.register_forward_hook(
@@ -191,6 +217,26 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                     )
                 )
 
+    def _install_fused_hooks(self, path: FusedPath) -> None:
+        if len({id(site.output) for site in path.sites}) != len(path.sites):
+            raise ExplainError("the fused path does not support layers shared between blocks")
+        for site in path.sites:
+            block = self._fused_blocks[site.layer] = FusedBlock(site)
+            self._handles += [
+                site.query.register_forward_hook(
+                    lambda m, args, out, b=block: setattr(b, "query", out)
+                ),
+                site.key.register_forward_hook(
+                    lambda m, args, out, b=block: setattr(b, "key", out)
+                ),
+                site.value.register_forward_hook(
+                    lambda m, args, out, b=block: setattr(b, "value", b.site.values(out))
+                ),
+                site.output.register_forward_pre_hook(
+                    lambda m, args, layer=site.layer: self._see_fused_output(layer, args[0])
+                ),
+            ]
+
     # -- forward hooks ----------------------------------------------------------------------
 
     def _enter_first_block(
@@ -213,6 +259,17 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 attention.register_hook(lambda grad, i=layer: self._deliver(i, grad))
             )
 
+    def _see_fused_output(self, layer: int, output: Tensor) -> None:
+        """Fused path: the block's attention output, whose gradient dO gives dA = dO v^T."""
+        block = self._fused_blocks[layer]
+        if self._on_attention is not None:
+            self._on_attention(layer, block.probabilities())
+        if layer in self._track and output.requires_grad:
+            self._fused_outputs[layer] = output
+            self._handles.append(output.register_hook(lambda grad, i=layer: self._deliver(i, grad)))
+        else:  # nothing will ask for this block again: let q, k, v go with the graph
+            block.query = block.key = block.value = None
+
     def _see_hidden(self, index: int, hidden: Tensor) -> None:
         if index != len(self.hidden_states):
             raise ExplainError(f"hidden state {index} arrived out of order")
@@ -227,9 +284,30 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
 
     def _deliver(self, layer: int, grad: Tensor) -> None:
         if self._on_gradient is not None:
-            self._on_gradient(layer, self.attentions[layer], grad)
+            self._on_gradient(layer, self._attention(layer), self._attention_grad(layer, grad))
         if not self._retain_graph:
-            del self.attentions[layer]  # released as soon as its gradient has been used
+            self._release(layer)  # released as soon as its gradient has been used
+
+    def _attention(self, layer: int) -> Tensor:
+        """A of a tracked layer: kept on the explicit path, recomputed on the fused path."""
+        if self._fused is None:
+            return self.attentions[layer]
+        return self._fused_blocks[layer].probabilities()
+
+    def _attention_grad(self, layer: int, grad: Tensor) -> Tensor:
+        """dA from the gradient of the layer's tracked tensor: A itself on the explicit
+        path, the attention output on the fused path (dA = dO v^T)."""
+        if self._fused is None:
+            return grad
+        return self._fused_blocks[layer].probabilities_grad(grad)
+
+    def _release(self, layer: int) -> None:
+        if self._fused is None:
+            del self.attentions[layer]
+        else:
+            del self._fused_outputs[layer]
+            block = self._fused_blocks[layer]
+            block.query = block.key = block.value = None
 
     # -- backward ---------------------------------------------------------------------------
 
@@ -278,16 +356,75 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 f"no gradient reached the attention of layers {sorted(self._track - delivered)}"
             )
 
+    def backward_batched(
+        self,
+        scores: Tensor,
+        on_gradient: TargetGradientCallback,
+        *,
+        max_bytes: int | None = None,
+    ) -> None:
+        """Differentiate every column k of the (B, K) `scores`, summed over the batch.
+
+        One forward serves all K targets: autograd runs one vectorised backward
+        (`is_grads_batched`) per chunk of targets, sized so that the chunk's gradients of
+        the tracked tensors fit in `max_bytes` (default `BATCHED_GRADIENT_BYTES`).
+        `on_gradient(k, layer, attention, grad)` is called for every target and tracked
+        layer, last block first, as in `backward`.
+        """
+        if not self._active:
+            raise ExplainError("Recorder.backward_batched must be called inside the context")
+        if scores.dim() != 2:
+            raise ExplainError(f"expected (B, K) scores, got shape {tuple(scores.shape)}")
+        tracked = self._fused_outputs if self._fused else self.attentions
+        missing = self._track - set(tracked)
+        if missing:
+            raise ExplainError(f"no gradient can reach the attention of layers {sorted(missing)}")
+        layers = sorted(self._track)
+        tensors = [tracked[layer] for layer in layers]
+        per_target = sum(t.numel() * t.element_size() for t in tensors)
+        num_targets = scores.shape[1]
+        budget = BATCHED_GRADIENT_BYTES if max_bytes is None else max_bytes
+        chunk = max(1, min(num_targets, budget // max(per_target, 1)))
+        # The tensor hooks still fire, inside autograd's vmap: they must neither call back
+        # nor release anything there; the callbacks run below on the unbatched results.
+        self._on_gradient = None
+        self._retain_graph = True
+        try:
+            for first in range(0, num_targets, chunk):
+                columns = range(first, min(num_targets, first + chunk))
+                grad_outputs = scores.new_zeros(len(columns), *scores.shape)
+                for row, column in enumerate(columns):
+                    grad_outputs[row, :, column] = 1.0
+                grads = list(
+                    torch.autograd.grad(
+                        scores,
+                        inputs=tensors,
+                        grad_outputs=grad_outputs,
+                        retain_graph=columns.stop < num_targets,
+                        is_grads_batched=True,
+                    )
+                )
+                for position in reversed(range(len(layers))):
+                    layer, grad = layers[position], grads[position]
+                    grads[position] = None  # type: ignore[call-overload]  # free as we go
+                    attention = self._attention(layer)
+                    for row, column in enumerate(columns):
+                        attention_grad = self._attention_grad(layer, grad[row])
+                        on_gradient(column, layer, attention, attention_grad)
+        finally:
+            self._retain_graph = False
+
     def _earliest_tracked(self) -> list[Tensor]:
         """What the backward differentiates: the earliest tracked tensor of every stack
         (block 0's input when hidden states are kept), so exactly the graph between them
         and the score runs; empty when nothing was tracked."""
         if self._keep_hidden and self.hidden_states and len(self.adapter.entry_blocks) == 1:
             return [self.hidden_states[0]]
+        tracked = self._fused_outputs if self._fused else self.attentions
         stacks = {site.layer: site.stack for site in self.adapter.attention_sites()}
         earliest: dict[str, Tensor] = {}
-        for layer in sorted(self.attentions):
-            earliest.setdefault(stacks.get(layer, "main"), self.attentions[layer])
+        for layer in sorted(tracked):
+            earliest.setdefault(stacks.get(layer, "main"), tracked[layer])
         return list(earliest.values())
 
 

@@ -19,6 +19,8 @@ __all__ = [
     "Adapter",
     "AttentionSite",
     "FlagSetting",
+    "FusedAttentionSite",
+    "FusedPath",
     "Prepared",
     "TokenLayout",
 ]
@@ -53,6 +55,38 @@ class FlagSetting:
     owner: object
     name: str
     value: object
+
+
+@dataclass(frozen=True)
+class FusedAttentionSite:
+    """Where one block's q, k, v and attention output can be seen on the fused path.
+
+    With a fused scaled-dot-product kernel the attention probabilities never exist as a
+    tensor. They are recomputed from q and k, `A = softmax(q k^T * scale)`, and their
+    gradient from v and the gradient of the attention output, `dA = dO v^T`. The recorder
+    puts forward hooks on `query` and `key` (their outputs are q and k, (B, H, N, d),
+    before the scale) and on `value` (`values(output)` picks v, (B, H, N, d), out of its
+    output), and a forward pre-hook on `output`, whose first input is the attention output
+    that `heads(x)` turns back into (B, H, N, d).
+    """
+
+    layer: int
+    query: nn.Module
+    key: nn.Module
+    value: nn.Module
+    values: Callable[[Tensor], Tensor]
+    output: nn.Module
+    heads: Callable[[Tensor], Tensor]
+    scale: float
+
+
+@dataclass(frozen=True)
+class FusedPath:
+    """An adapter's fused-attention capability: its sites and the flags that keep the
+    fused kernel on (and checkpointing off) for the duration of a call."""
+
+    sites: Sequence[FusedAttentionSite]
+    flags: Sequence[FlagSetting]
 
 
 @dataclass(frozen=True)
@@ -134,6 +168,11 @@ class Adapter(ABC):
     @abstractmethod
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         """Map (..., N) token relevance onto the input: a patch grid, or tokens with pads 0."""
+
+    def fused_path(self) -> FusedPath | None:
+        """The fused-attention capability (see `FusedAttentionSite`), or None when the
+        family only supports the explicit path. Optional: the default is None."""
+        return None
 
     @property
     def entry_blocks(self) -> Sequence[nn.Module]:

@@ -9,6 +9,7 @@ and the input, never from constants.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +19,8 @@ from explain.architectures.base import (
     Adapter,
     AttentionSite,
     FlagSetting,
+    FusedAttentionSite,
+    FusedPath,
     Prepared,
     TokenLayout,
 )
@@ -105,6 +108,28 @@ class TimmVisionTransformer(Adapter):
             flags.append(FlagSetting(self.model, "grad_checkpointing", False))
         return flags
 
+    def fused_path(self) -> FusedPath:
+        # timm's Attention: q, k = q_norm(q), k_norm(k); v is the third slice of qkv's
+        # output; the kernel's output (B, H, N, d) -> (B, N, H * d) enters attn.norm.
+        # The Explainer calls the model without an attention mask, so none is needed here.
+        sites = [
+            FusedAttentionSite(
+                layer=index,
+                query=block.attn.q_norm,
+                key=block.attn.k_norm,
+                value=block.attn.qkv,
+                values=partial(_timm_values, block.attn.num_heads, block.attn.head_dim),
+                output=block.attn.norm,
+                heads=partial(_timm_heads, block.attn.num_heads, block.attn.head_dim),
+                scale=float(block.attn.scale),
+            )
+            for index, block in enumerate(self.model.blocks)
+        ]
+        flags = [FlagSetting(block.attn, "fused_attn", True) for block in self.model.blocks]
+        if hasattr(self.model, "grad_checkpointing"):
+            flags.append(FlagSetting(self.model, "grad_checkpointing", False))
+        return FusedPath(sites=sites, flags=flags)
+
     def prepare(self, inputs: object) -> Prepared:
         patch_embed = self.model.patch_embed
         images = validate_image_batch(inputs, patch_embed.proj.in_channels)
@@ -169,3 +194,15 @@ class TimmVisionTransformer(Adapter):
 
 def _identity(output: Tensor) -> Tensor:
     return output
+
+
+def _timm_values(num_heads: int, head_dim: int, qkv: Tensor) -> Tensor:
+    """v (B, H, N, d) from the output (B, N, 3 * H * d) of timm's qkv projection."""
+    batch, tokens, _ = qkv.shape
+    return qkv.reshape(batch, tokens, 3, num_heads, head_dim)[:, :, 2].transpose(1, 2)
+
+
+def _timm_heads(num_heads: int, head_dim: int, output: Tensor) -> Tensor:
+    """(B, N, H * d) attention output -> (B, H, N, d), undoing timm's transpose + reshape."""
+    batch, tokens, _ = output.shape
+    return output.reshape(batch, tokens, num_heads, head_dim).transpose(1, 2)

@@ -1,0 +1,115 @@
+"""Attention probabilities and their gradient, recomputed for models on the fused path.
+
+A fused scaled-dot-product kernel never materialises the attention probabilities, which
+makes the forward and backward cheaper in time and memory at long sequences. The rules
+need `A` and `dA = d score / d A` of one block at a time, so they are recomputed just in
+time, when the block's gradient arrives in the backward pass, from tensors the kernel
+keeps for its own backward anyway:
+
+    A  = softmax(q k^T * scale)          (B, H, N, N)
+    dA = dO v^T                          dO = d score / d (A v), the kernel's output
+
+This is what the explicit path computes too, so both paths give the same numbers to
+float32 precision. Whether the fused path pays is decided by `use_fused_path`, from the
+measurements in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from explain.architectures.base import Adapter, FusedAttentionSite, TokenLayout
+from explain.errors import OptionError
+
+__all__ = [
+    "ATTENTION_PATHS",
+    "CPU_FUSED_MIN_TOKENS",
+    "AttentionPath",
+    "FusedBlock",
+    "attention_gradient",
+    "attention_probabilities",
+    "use_fused_path",
+]
+
+AttentionPath = Literal["auto", "explicit", "fused"]
+ATTENTION_PATHS: tuple[str, ...] = ("auto", "explicit", "fused")
+
+CPU_FUSED_MIN_TOKENS = 384
+"""On CPU the fused path is chosen from this many tokens on. Below it the explicit path is
+faster, because recomputing A and dA repeats work that the explicit backward does once
+(ViT-B/16 at 197 tokens); above it the explicit path's N x N tensors per block and head
+dominate (see docs/benchmarks.md)."""
+
+
+def attention_probabilities(query: Tensor, key: Tensor, scale: float) -> Tensor:
+    """softmax(q k^T * scale) over the keys, computed as timm's explicit path does."""
+    return ((query * scale) @ key.transpose(-2, -1)).softmax(dim=-1)
+
+
+def attention_gradient(output_grad: Tensor, value: Tensor) -> Tensor:
+    """d score / d A = dO v^T, because the attention output is A v."""
+    return output_grad @ value.transpose(-2, -1)
+
+
+@dataclass
+class FusedBlock:
+    """One block's tensors from the forward pass, kept until its gradient has arrived.
+
+    q, k and v are the very tensors the fused kernel saved for its backward, so keeping
+    references costs no memory beyond what autograd holds already.
+    """
+
+    site: FusedAttentionSite
+    query: Tensor | None = None
+    key: Tensor | None = None
+    value: Tensor | None = None
+
+    def probabilities(self) -> Tensor:
+        """The block's (B, H, N, N) attention probabilities, outside autograd."""
+        if self.query is None or self.key is None:
+            raise RuntimeError(f"block {self.site.layer}: q or k was not seen in the forward")
+        with torch.no_grad():
+            return attention_probabilities(self.query, self.key, self.site.scale)
+
+    def probabilities_grad(self, output_grad: Tensor) -> Tensor:
+        """dA (B, H, N, N) from the gradient of the attention output as it enters the
+        block's output module, (B, N, H * d)."""
+        if self.value is None:
+            raise RuntimeError(f"block {self.site.layer}: v was not seen in the forward")
+        with torch.no_grad():
+            return attention_gradient(self.site.heads(output_grad), self.value)
+
+
+def use_fused_path(
+    adapter: Adapter, layout: TokenLayout, *, needs_gradients: bool, requested: AttentionPath
+) -> bool:
+    """Whether a call runs on the fused path.
+
+    "explicit" and "fused" are obeyed ("fused" needs an adapter that supports it).
+    "auto" takes the fused path only where it pays: for gradient methods (a forward-only
+    method computes every A anyway, and the explicit forward does it once), on an
+    adapter that supports it, on CUDA (where the fused kernels are much faster and the
+    explicit path's N x N tensors cost the most memory) or on CPU from
+    `CPU_FUSED_MIN_TOKENS` tokens on.
+    """
+    if requested not in ATTENTION_PATHS:
+        raise OptionError(
+            f"attention_path must be one of {', '.join(ATTENTION_PATHS)}; got {requested!r}"
+        )
+    supported = adapter.fused_path() is not None
+    if requested == "fused":
+        if not supported:
+            raise OptionError(
+                f"attention_path='fused' is not available for {type(adapter.model).__name__}"
+                " (its adapter has no fused path); use 'auto' or 'explicit'"
+            )
+        return True
+    if requested == "explicit" or not supported or not needs_gradients:
+        return False
+    if adapter.parameter.device.type == "cuda":
+        return True
+    return layout.num_tokens >= CPU_FUSED_MIN_TOKENS

@@ -1,0 +1,190 @@
+"""The fast paths give the numbers of the straightforward computation (issue 6).
+
+- Folding the readout row block by block in the backward pass equals the readout row of
+  the full N x N matrix product over all blocks.
+- The fused path (fused attention kernel, A and dA recomputed from q, k, v and dO) equals
+  the explicit path.
+- Several targets in one vectorised backward equal separate calls, chunked or not.
+
+Timings are never asserted here; they are in scripts/bench.py and docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import explain.recorder
+from explain import Explainer
+from explain.architectures import adapter_for
+from explain.errors import OptionError
+from explain.fused import CPU_FUSED_MIN_TOKENS, use_fused_path
+from explain.testing import ModelState, tiny_vit
+
+PATHS = ("explicit", "fused")
+METHODS_WITH_BLOCKS = ("generic", "rollout", "attention_gradcam", "raw_attention")
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal to float32 precision, relative to the size of the map."""
+    scale = expected.abs().max().clamp(min=1e-30)
+    torch.testing.assert_close(actual / scale, expected / scale, rtol=0, atol=1e-5)
+
+
+def _full_matrix_relevance(
+    attentions: list[torch.Tensor],
+    grads: list[torch.Tensor] | None,
+    row: torch.Tensor,
+    start: int,
+) -> torch.Tensor:
+    """One sample, float64, full N x N products in forward block order, as the papers'
+    code does: generic R <- R + Abar R with Abar = mean_h (G A)+; rollout (no grads)
+    R <- Ahat R with Ahat = (Abar + I) / rowsum. Returns r @ R."""
+    n = row.shape[0]
+    identity = torch.eye(n, dtype=torch.float64)
+    relevance = identity.clone()
+    for layer in range(start, len(attentions)):
+        a = attentions[layer].double()
+        if grads is None:
+            step = a.mean(0) + identity
+            step = step / step.sum(dim=-1, keepdim=True)
+            relevance = step @ relevance
+        else:
+            abar = (grads[layer].double() * a).clamp(min=0).mean(0)
+            relevance = relevance + abar @ relevance
+    return row.double() @ relevance
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+@pytest.mark.parametrize("start", [0, 1, 2])
+def test_folding_equals_full_matrix_product(vit, images, path, method, start):
+    explainer = Explainer(vit, attention_path=path)
+    result = explainer.explain(images, method=method, start_layer=start)
+    # The trace records every block's full A and dA (explicit path, same logit score).
+    trace = explainer.trace(images, target=result.target, score="logit")
+    adapter = adapter_for(vit)
+    prepared = adapter.prepare(images)
+    readout = adapter.readout(prepared)
+    for b in range(images.shape[0]):
+        attentions = [a[b] for a in trace.attentions]
+        grads = [g[b] for g in trace.attention_grads] if method == "generic" else None
+        tokens = _full_matrix_relevance(attentions, grads, readout[b], start)
+        expected = adapter.to_input_space(tokens, prepared.layout)
+        _close(result.relevance[b].double(), expected)
+
+
+@pytest.mark.parametrize("method", METHODS_WITH_BLOCKS)
+def test_fused_path_equals_explicit_path(vit_case, method):
+    model, images = vit_case
+    explicit = Explainer(model, attention_path="explicit").explain(images, method=method)
+    fused = Explainer(model, attention_path="fused").explain(images, method=method)
+    torch.testing.assert_close(fused.logits, explicit.logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(fused.target, explicit.target)
+    _close(fused.relevance, explicit.relevance)
+
+
+@pytest.mark.parametrize("method", ["generic", "attention_gradcam"])
+def test_fused_path_equals_explicit_path_in_float64(images, method):
+    model = tiny_vit(depth=3, num_heads=2).double()
+    images = images.double()
+    explicit = Explainer(model, attention_path="explicit").explain(images, method=method)
+    fused = Explainer(model, attention_path="fused").explain(images, method=method)
+    torch.testing.assert_close(fused.relevance, explicit.relevance, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("method", ["generic", "attention_gradcam"])
+@pytest.mark.parametrize("score", ["logit", "probability"])
+def test_batched_targets_equal_separate_calls(vit, images, path, method, score):
+    explainer = Explainer(vit, attention_path=path)
+    classes = torch.tensor([[0, 3, 1], [4, 4, 2]])
+    together = explainer.explain(images, target=classes, method=method, score=score)
+    assert together.relevance.shape == (2, 3, 4, 4)
+    assert torch.equal(together.target, classes)
+    for k in range(classes.shape[1]):
+        alone = explainer.explain(images, target=classes[:, k], method=method, score=score)
+        _close(together.relevance[:, k], alone.relevance)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("budget, backward_calls", [(1 << 30, 1), (1, 4)])
+def test_targets_share_one_backward_within_the_memory_budget(
+    vit, images, monkeypatch, path, budget, backward_calls
+):
+    """One vectorised backward for all targets; with a tiny budget, one per target."""
+    explainer = Explainer(vit, attention_path=path)
+    classes = torch.tensor([[0, 1, 2, 3], [4, 3, 2, 1]])
+    expected = explainer.explain(images, target=classes).relevance
+    calls = []
+    grad = torch.autograd.grad
+
+    def counting_grad(*args, **kwargs):
+        calls.append(kwargs.get("is_grads_batched", False))
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(explain.recorder, "BATCHED_GRADIENT_BYTES", budget)
+    monkeypatch.setattr(torch.autograd, "grad", counting_grad)
+    relevance = explainer.explain(images, target=classes).relevance
+    assert calls == [True] * backward_calls
+    _close(relevance, expected)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_fused_path_leaves_no_trace_on_the_model(path, method):
+    model = tiny_vit(drop_rate=0.1, attn_drop_rate=0.1)
+    model.train()
+    model.blocks[0].attn.fused_attn = False  # a user's mixed setting must come back
+    model.blocks[2].attn.fused_attn = True
+    images = torch.randn(2, 3, 32, 32)
+    before = ModelState.capture(model)
+    Explainer(model, attention_path=path).explain(images, method=method, target=[[0, 1]] * 2)
+    assert before.differences(ModelState.capture(model)) == []
+
+
+def test_fused_path_failure_restores_everything(images):
+    model = tiny_vit()
+    before = ModelState.capture(model)
+
+    def explode(module, args):
+        raise RuntimeError("forced failure inside the fused hooks' block")
+
+    handle = model.blocks[1].attn.norm.register_forward_pre_hook(explode)
+    with pytest.raises(RuntimeError, match="forced failure"):
+        Explainer(model, attention_path="fused").explain(images)
+    handle.remove()
+    assert before.differences(ModelState.capture(model)) == []
+
+
+def test_auto_chooses_the_path_from_sequence_length_and_method():
+    short = adapter_for(tiny_vit())  # 17 tokens
+    patches = (math.isqrt(CPU_FUSED_MIN_TOKENS) + 1) * 8  # square grid side, patch 8
+    long_model = tiny_vit(img_size=patches, dynamic_img_size=True)
+    long = adapter_for(long_model)
+    short_layout = short.prepare(torch.zeros(1, 3, 32, 32)).layout
+    long_layout = long.prepare(torch.zeros(1, 3, patches, patches)).layout
+    assert short_layout.num_tokens < CPU_FUSED_MIN_TOKENS <= long_layout.num_tokens
+
+    def choose(adapter, layout, gradients=True, requested="auto"):
+        return use_fused_path(adapter, layout, needs_gradients=gradients, requested=requested)
+
+    assert not choose(short, short_layout)
+    assert choose(long, long_layout)
+    assert not choose(long, long_layout, gradients=False)  # forward-only: explicit is cheaper
+    assert choose(short, short_layout, requested="fused")
+    assert not choose(long, long_layout, requested="explicit")
+
+
+def test_attention_path_errors():
+    model = tiny_vit()
+    with pytest.raises(OptionError, match="attention_path must be one of"):
+        Explainer(model, attention_path="flash")
+    adapter = adapter_for(model)
+    layout = adapter.prepare(torch.zeros(1, 3, 32, 32)).layout
+    adapter.fused_path = lambda: None  # an adapter without the capability
+    with pytest.raises(OptionError, match="has no fused path"):
+        use_fused_path(adapter, layout, needs_gradients=True, requested="fused")
+    assert not use_fused_path(adapter, layout, needs_gradients=True, requested="auto")
