@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # torch and torchvision pinned to the builds this project is tested with.
 TORCH := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test lint format bench zoo clean
+.PHONY: demo test lint format bench zoo results clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,10 @@ zoo: $(STAMP)
 	$(BIN)/python scripts/train_digits_vit.py
 	$(BIN)/python scripts/train_minilm_sentiment.py
 	$(BIN)/python scripts/zoo_accuracy.py --update-cards
+
+# Score every method on the zoo (resumable: finished chunks stay in outputs/results/).
+results: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python scripts/results.py
 
 clean:
 	rm -rf $(VENV) outputs
