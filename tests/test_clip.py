@@ -183,6 +183,10 @@ def test_forward_only_methods_run_per_tower(clip):
     assert torch.all(result.relevances["text"][0, 4:] == 0)
 
 
+def _explode(module, args, output):
+    raise RuntimeError("forced failure mid-forward")
+
+
 def test_no_side_effects_and_attention_implementations_restored():
     model = tiny_clip()
     model.config.text_config._attn_implementation = "sdpa"
@@ -197,6 +201,11 @@ def test_no_side_effects_and_attention_implementations_restored():
     Explainer(model).explain(inputs, method="rollout")
     with pytest.raises(TargetError):
         Explainer(model).explain(inputs, target=7)
+    # A failure inside the second tower's forward leaves nothing behind either.
+    handle = model.text_model.encoder.layers[-1].mlp.register_forward_hook(_explode)
+    with pytest.raises(RuntimeError, match="forced failure"):
+        Explainer(model).explain(inputs)
+    handle.remove()
     assert before.differences(ModelState.capture(model)) == []
     assert model.config.text_config._attn_implementation == "sdpa"
     assert model.config.vision_config._attn_implementation == "eager"

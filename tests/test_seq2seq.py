@@ -314,6 +314,10 @@ def test_generated_sequence_is_explained_token_by_token():
     assert torch.equal(result.logits.argmax(dim=-1)[real], ids[:, 1:][real])
 
 
+def _explode(module, args, output):
+    raise RuntimeError("forced failure mid-forward")
+
+
 def test_no_side_effects_and_attention_implementations_restored():
     model = tiny_vision_to_text()
     model.config.encoder._attn_implementation_internal = "sdpa"
@@ -329,6 +333,11 @@ def test_no_side_effects_and_attention_implementations_restored():
     explainer.explain(inputs, position="all")
     with pytest.raises(TargetError):
         explainer.explain(inputs, target=VOCAB + 3)
+    # A failure inside the decoder's forward leaves nothing behind either.
+    handle = model.decoder.transformer.h[-1].mlp.register_forward_hook(_explode)
+    with pytest.raises(RuntimeError, match="forced failure"):
+        explainer.explain(inputs)
+    handle.remove()
     assert before.differences(ModelState.capture(model)) == []
     assert model.config.encoder._attn_implementation == "sdpa"
     assert model.config.decoder._attn_implementation == "eager"
