@@ -41,8 +41,8 @@ AttentionCallback = Callable[[int, Tensor], None]
 GradientCallback = Callable[[int, Tensor, Tensor], None]
 """Receives (layer, attention, d score / d attention) in the backward pass."""
 
-ModuleHook = Callable[[nn.Module, tuple[Any, ...], Any], None]
-"""A forward hook (module, args, output) -> None that only reads what it is given."""
+ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
+"""A forward hook (module, args, kwargs, output) -> None that only reads what it is given."""
 
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""

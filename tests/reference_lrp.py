@@ -228,3 +228,82 @@ def transformer_attribution(
 
 def partial_lrp(relevances: list[Tensor], row: Tensor) -> Tensor:
     return row @ relevances[-1].clamp(min=0).mean(0)
+
+
+# -- Hugging Face BertForSequenceClassification ----------------------------------------------
+
+
+def _heads(t: Tensor, heads: int) -> Tensor:
+    """(1, N, H * d) -> (1, H, N, d) by explicit slicing."""
+    d = t.shape[-1] // heads
+    return torch.stack([t[0, :, h * d : (h + 1) * d] for h in range(heads)])[None]
+
+
+def _merge(t: Tensor) -> Tensor:
+    """(1, H, N, d) -> (1, N, H * d)."""
+    return torch.cat([t[0, h] for h in range(t.shape[1])], dim=-1)[None]
+
+
+def bert_forward(model: nn.Module, input_ids: Tensor) -> dict:
+    """Logits and activations of a BERT classifier for ONE unpadded text (1, N)."""
+    bert = model.bert
+    x = bert.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
+    record: dict = {"layers": []}
+    for layer in bert.encoder.layer:
+        sa, so = layer.attention.self, layer.attention.output
+        heads = sa.num_attention_heads
+        q, k, v = (_heads(p(x), heads) for p in (sa.query, sa.key, sa.value))
+        scores = (q @ k.transpose(-2, -1)) * sa.scaling
+        a = scores.softmax(dim=-1)
+        ctx = _merge(a @ v)
+        a1 = so.dense(ctx)
+        ao = so.LayerNorm(a1 + x)
+        inter = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(ao))
+        a2 = layer.output.dense(inter)
+        rec = dict(x=x, q=q, k=k, v=v, scores=scores, a=a, ctx=ctx, a1=a1, ao=ao)
+        record["layers"].append({**rec, "inter": inter, "a2": a2})
+        x = layer.output.LayerNorm(a2 + ao)
+    record["tokens"] = x
+    record["first"] = x[:, 0]
+    record["pooled"] = bert.pooler.activation(bert.pooler.dense(record["first"]))
+    record["logits"] = model.classifier(record["pooled"])
+    return record
+
+
+def bert_relevance_pass(
+    model: nn.Module, record: dict, target: int, *, chefer: bool
+) -> tuple[list[Tensor], Tensor]:
+    """Per-layer attention relevance RA_l (H, N, N) and the token relevance of full LRP."""
+    relevance = torch.zeros_like(record["logits"])
+    relevance[0, target] = 1.0
+    relevance = linear(record["pooled"], model.classifier.weight, relevance, chefer)
+    relevance = linear(record["first"], model.bert.pooler.dense.weight, relevance, chefer)
+    relevance = lrp0(
+        lambda t: t.index_select(1, torch.tensor([0])), [record["tokens"]], relevance[:, None]
+    )[0]
+    layers = model.bert.encoder.layer
+    attention_relevance = [None] * len(layers)
+    for index in reversed(range(len(layers))):
+        rec, layer = record["layers"][index], layers[index]
+        sa = layer.attention.self
+        r_a2, r_ao = residual(rec["a2"], rec["ao"], relevance, chefer)
+        r = linear(rec["inter"], layer.output.dense.weight, r_a2, chefer)
+        r = linear(rec["ao"], layer.intermediate.dense.weight, r, chefer)
+        relevance = branch(rec["ao"], [r, r_ao])
+        r_a1, r_x = residual(rec["a1"], rec["x"], relevance, chefer)
+        r = linear(rec["ctx"], layer.attention.output.dense.weight, r_a1, chefer)
+        r_a, r_v = lrp0(lambda p, q: p @ q, [rec["a"], rec["v"]], _heads(r, sa.num_attention_heads))
+        r_a, r_v = r_a / 2, r_v / 2
+        attention_relevance[index] = r_a[0]
+        # the attention mask add (scores + mask; all zeros for one unpadded text)
+        r_scores, _ = residual(rec["scores"], torch.zeros_like(rec["scores"]), r_a, chefer)
+        r_q, r_k = lrp0(lambda p, q: p @ q.transpose(-2, -1), [rec["q"], rec["k"]], r_scores)
+        r_q, r_k = r_q / 2, r_k / 2
+        x = rec["x"]
+        parts = [
+            linear(x, sa.query.weight, _merge(r_q), chefer),
+            linear(x, sa.key.weight, _merge(r_k), chefer),
+            linear(x, sa.value.weight, _merge(r_v), chefer),
+        ]
+        relevance = branch(x, [branch(x, parts), r_x])
+    return attention_relevance, relevance[0].sum(dim=-1)

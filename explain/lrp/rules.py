@@ -27,6 +27,7 @@ __all__ = [
     "ORIGINAL",
     "RULE_SETS",
     "RuleSet",
+    "attention",
     "branch",
     "conv_input_zb",
     "linear_separate",
@@ -41,6 +42,9 @@ __all__ = [
 ]
 
 EPSILON = 1e-9
+
+LinearRule = Callable[[Tensor, Tensor, Tensor], Tensor]
+ResidualRule = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 def sdiv(numerator: Tensor, denominator: Tensor) -> Tensor:
@@ -87,6 +91,35 @@ def matmul(left: Tensor, right: Tensor, relevance: Tensor) -> tuple[Tensor, Tens
     """LRP-0 of the batched product `Z = left @ right`: each operand times its VJP of S."""
     s = sdiv(relevance, left @ right)
     return left * (s @ right.transpose(-2, -1)), right * (left.transpose(-2, -1) @ s)
+
+
+def attention(
+    query: Tensor,
+    key: Tensor,
+    probabilities: Tensor,
+    values: Tensor,
+    relevance: Tensor,
+    residual: ResidualRule,
+    *,
+    scores: Tensor | None = None,
+    mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Relevance through `softmax(q k^T * scale [+ mask]) @ v`, heads as (B, H, N, d).
+
+    `relevance` is that of the product's output (B, H, N, d). LRP-0 on `A @ v` and on
+    `q k^T` (the scale is a constant and passes), each operand's relevance halved; softmax
+    and dropout pass. Where the model adds an attention mask to the `scores`, that add gets
+    the rule set's residual rule, as in the BERT reference. Returns (R_A, R_q, R_k, R_v),
+    R_A the attention probabilities' relevance after halving.
+    """
+    of_attention, of_values = matmul(probabilities, values, relevance)
+    of_attention, of_values = of_attention / 2, of_values / 2
+    of_scores = of_attention
+    if scores is not None:
+        operand = torch.zeros_like(scores) if mask is None else mask.expand_as(scores)
+        of_scores, _ = residual(scores, operand, of_attention)
+    of_query, of_keys_t = matmul(query, key.transpose(-2, -1), of_scores)
+    return of_attention, of_query / 2, of_keys_t.transpose(-2, -1) / 2, of_values
 
 
 def residual_plain(a: Tensor, b: Tensor, relevance: Tensor) -> tuple[Tensor, Tensor]:
@@ -160,10 +193,6 @@ def conv_input_zb(x: Tensor, conv: nn.Conv2d, relevance: Tensor) -> Tensor:
     return x * transpose(weight) - low * transpose(positive_w) - high * transpose(negative_w)
 
 
-LinearRule = Callable[[Tensor, Tensor, Tensor], Tensor]
-ResidualRule = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-
-
 @dataclass(frozen=True)
 class RuleSet:
     """The rules that differ between the LRP variants; everything else is shared."""
@@ -181,7 +210,10 @@ RULE_SETS = {rules.name: rules for rules in (CHEFER, ORIGINAL)}
 # dropout in eval mode, and LayerScale, a per-channel constant factor like LayerNorm's
 # affine weight (LRP-0 of a product with a constant returns the relevance itself).
 _PASS_THROUGH = (nn.Identity, nn.LayerNorm, nn.GELU, nn.Dropout)
-_PASS_THROUGH_TIMM = ("LayerScale", "DropPath", "PatchDropout", "GELU", "GELUTanh", "LayerNorm")
+_PASS_THROUGH_BY_PACKAGE = {
+    "timm.": ("LayerScale", "DropPath", "PatchDropout", "GELU", "GELUTanh", "LayerNorm"),
+    "transformers.": ("GELUActivation", "NewGELUActivation", "GELUTanh", "FastGELUActivation"),
+}
 
 
 def passes_through(module: nn.Module) -> bool:
@@ -189,4 +221,7 @@ def passes_through(module: nn.Module) -> bool:
     if isinstance(module, _PASS_THROUGH):
         return True
     cls = type(module)
-    return cls.__module__.startswith("timm.") and cls.__name__ in _PASS_THROUGH_TIMM
+    return any(
+        cls.__module__.startswith(package) and cls.__name__ in names
+        for package, names in _PASS_THROUGH_BY_PACKAGE.items()
+    )

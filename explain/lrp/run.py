@@ -53,9 +53,16 @@ def tape_for(adapter: Adapter, *, to_input: bool) -> Tape:
         from explain.lrp.timm_vit import TimmVitTape
 
         return TimmVitTape(adapter, to_input=to_input)
+    from explain.architectures.hf_bert import HuggingFaceTextEncoder
+
+    if isinstance(adapter, HuggingFaceTextEncoder):
+        from explain.lrp.hf_bert import BertTape
+
+        return BertTape(adapter, to_input=to_input)
     raise UnsupportedModelError(
         f"the LRP methods have no relevance rules for {adapter.family}; they cover timm "
-        "VisionTransformer models (use 'generic' for this model)"
+        "VisionTransformer models and Hugging Face BertForSequenceClassification (use "
+        "'generic' for this model)"
     )
 
 

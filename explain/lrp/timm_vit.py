@@ -11,7 +11,6 @@ to each module type. The walk mirrors timm's code; it never re-runs or copies it
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +19,13 @@ from explain.architectures.timm_vit import TimmVisionTransformer
 from explain.errors import UnsupportedModelError
 from explain.lrp import rules as rule
 from explain.lrp.rules import RuleSet
+from explain.lrp.structure import (
+    keep,
+    require_forward,
+    require_linear,
+    require_pass,
+    type_name,
+)
 from explain.recorder import ModuleHook
 from explain.rules.fold import compute_dtype
 
@@ -34,48 +40,6 @@ _PATCH_EMBED = ("timm.layers.patch_embed", "PatchEmbed.forward")
 _BLOCK_PASS = ("norm1", "ls1", "drop_path1", "norm2", "ls2", "drop_path2")
 _ATTENTION_PASS = ("q_norm", "k_norm", "attn_drop", "norm", "proj_drop")
 _MLP_PASS = ("act", "drop1", "norm", "drop2")
-
-
-def _forward_is(module: nn.Module, expected: tuple[str, str]) -> bool:
-    forward = type(module).forward
-    return (forward.__module__, forward.__qualname__) == expected
-
-
-def _require_forward(module: nn.Module, expected: tuple[str, str], where: str) -> None:
-    if not _forward_is(module, expected):
-        cls = type(module)
-        raise UnsupportedModelError(
-            f"no LRP rule for {cls.__module__}.{cls.__qualname__} at {where}: the relevance "
-            f"rules follow {expected[0]}.{expected[1].split('.')[0]}"
-        )
-
-
-def _require_pass(module: nn.Module, where: str) -> None:
-    if not rule.passes_through(module):
-        cls = type(module)
-        raise UnsupportedModelError(
-            f"no LRP rule for {cls.__module__}.{cls.__qualname__} at {where}: relevance passes "
-            "only through Identity, LayerNorm, GELU, dropout and LayerScale modules"
-        )
-
-
-def _require_linear(module: nn.Module, where: str, *, may_pass: bool = False) -> None:
-    """nn.Linear (alpha-beta); `may_pass` also accepts a pass-through head (Identity)."""
-    if type(module) is not nn.Linear and not (may_pass and rule.passes_through(module)):
-        cls = type(module)
-        raise UnsupportedModelError(
-            f"no LRP rule for {cls.__module__}.{cls.__qualname__} at {where}: the alpha-beta "
-            "rule covers torch.nn.Linear"
-        )
-
-
-def _keep(store: dict[str, Tensor], key: str, output: bool = True) -> ModuleHook:
-    """A forward hook that keeps the module's output (or first input) under `key`."""
-
-    def hook(module: nn.Module, args: tuple[Any, ...], result: Any) -> None:
-        store[key] = (result if output else args[0]).detach()
-
-    return hook
 
 
 class TimmVitTape:
@@ -101,72 +65,71 @@ class TimmVitTape:
         for store, block in zip(self.blocks, model.blocks, strict=True):
             attn, mlp = block.attn, block.mlp
             self.hooks += [
-                (block.norm1, _keep(store, "x", output=False)),
-                (attn.qkv, _keep(store, "h", output=False)),
-                (attn.qkv, _keep(store, "qkv")),
-                (attn.q_norm, _keep(store, "q")),
-                (attn.k_norm, _keep(store, "k")),
-                (attn.attn_drop, _keep(store, "attention")),
-                (attn.proj, _keep(store, "o", output=False)),
-                (block.drop_path1, _keep(store, "b1")),
-                (block.norm2, _keep(store, "x_mid", output=False)),
-                (mlp.fc1, _keep(store, "fc1", output=False)),
-                (mlp.fc2, _keep(store, "fc2", output=False)),
-                (block.drop_path2, _keep(store, "b2")),
+                (block.norm1, keep(store, "x", "input")),
+                (attn.qkv, keep(store, "h", "input")),
+                (attn.qkv, keep(store, "qkv")),
+                (attn.q_norm, keep(store, "q")),
+                (attn.k_norm, keep(store, "k")),
+                (attn.attn_drop, keep(store, "attention")),
+                (attn.proj, keep(store, "o", "input")),
+                (block.drop_path1, keep(store, "b1")),
+                (block.norm2, keep(store, "x_mid", "input")),
+                (mlp.fc1, keep(store, "fc1", "input")),
+                (mlp.fc2, keep(store, "fc2", "input")),
+                (block.drop_path2, keep(store, "b2")),
             ]
         self.hooks += [
-            (model.norm, _keep(self.head, "tokens")),
-            (model.head, _keep(self.head, "head_in", output=False)),
-            (model.head, _keep(self.head, "head_out")),
+            (model.norm, keep(self.head, "tokens")),
+            (model.head, keep(self.head, "head_in", "input")),
+            (model.head, keep(self.head, "head_out")),
         ]
         if self._distilled:
             self.hooks += [
-                (model.head_dist, _keep(self.head, "dist_in", output=False)),
-                (model.head_dist, _keep(self.head, "dist_out")),
+                (model.head_dist, keep(self.head, "dist_in", "input")),
+                (model.head_dist, keep(self.head, "dist_out")),
             ]
         if to_input:
             self.hooks += [
-                (model.patch_embed, _keep(self.embedding, "input", output=False)),
-                (model.patch_embed.proj, _keep(self.embedding, "image", output=False)),
-                (model.patch_embed, _keep(self.embedding, "patches")),
-                (model.pos_drop, _keep(self.embedding, "embedded")),
+                (model.patch_embed, keep(self.embedding, "input", "input")),
+                (model.patch_embed.proj, keep(self.embedding, "image", "input")),
+                (model.patch_embed, keep(self.embedding, "patches")),
+                (model.pos_drop, keep(self.embedding, "embedded")),
             ]
 
     def _check(self, model: nn.Module, to_input: bool) -> None:
         for index, block in enumerate(model.blocks):
             where = f"blocks.{index}"
-            _require_forward(block, _BLOCK, where)
-            _require_forward(block.attn, _ATTENTION, f"{where}.attn")
+            require_forward(block, _BLOCK, where)
+            require_forward(block.attn, _ATTENTION, f"{where}.attn")
             if getattr(block.attn, "gate", None) is not None:
                 raise UnsupportedModelError(
                     f"no LRP rule for the gated attention at {where}.attn (a product with a "
                     "sigmoid gate); the rules cover ungated timm Attention"
                 )
-            _require_forward(block.mlp, _MLP, f"{where}.mlp")
+            require_forward(block.mlp, _MLP, f"{where}.mlp")
             for name in _BLOCK_PASS:
-                _require_pass(getattr(block, name), f"{where}.{name}")
+                require_pass(getattr(block, name), f"{where}.{name}")
             for name in _ATTENTION_PASS:
-                _require_pass(getattr(block.attn, name), f"{where}.attn.{name}")
+                require_pass(getattr(block.attn, name), f"{where}.attn.{name}")
             for name in _MLP_PASS:
-                _require_pass(getattr(block.mlp, name), f"{where}.mlp.{name}")
+                require_pass(getattr(block.mlp, name), f"{where}.mlp.{name}")
             for owner, name in (("attn", "qkv"), ("attn", "proj"), ("mlp", "fc1"), ("mlp", "fc2")):
-                _require_linear(getattr(getattr(block, owner), name), f"{where}.{owner}.{name}")
+                require_linear(getattr(getattr(block, owner), name), f"{where}.{owner}.{name}")
         for name in ("norm", "fc_norm", "head_drop"):
-            _require_pass(getattr(model, name), name)
+            require_pass(getattr(model, name), name)
         for name in ("head", "head_dist") if self._distilled else ("head",):
-            _require_linear(getattr(model, name), name, may_pass=True)
+            require_linear(getattr(model, name), name, may_pass=True)
         if to_input:
             embed = model.patch_embed
-            _require_forward(embed, _PATCH_EMBED, "patch_embed")
+            require_forward(embed, _PATCH_EMBED, "patch_embed")
             if type(embed.proj) is not nn.Conv2d:
-                cls = type(embed.proj)
                 raise UnsupportedModelError(
-                    f"no LRP rule for {cls.__module__}.{cls.__qualname__} at patch_embed.proj: "
-                    "the z^B rule covers torch.nn.Conv2d"
+                    f"no LRP rule for {type_name(embed.proj)} at patch_embed.proj: the z^B "
+                    "rule covers torch.nn.Conv2d"
                 )
             for name in ("pos_drop", "patch_drop", "norm_pre"):
-                _require_pass(getattr(model, name), name)
-            _require_pass(embed.norm, "patch_embed.norm")
+                require_pass(getattr(model, name), name)
+            require_pass(embed.norm, "patch_embed.norm")
 
     # -- the walk ----------------------------------------------------------------------------
 
@@ -272,12 +235,10 @@ class TimmVitTape:
         relevance = relevance.reshape(batch, tokens, heads, head_dim).transpose(1, 2)
         values = store["qkv"].reshape(batch, tokens, 3, heads, head_dim)[:, :, 2].transpose(1, 2)
 
-        # A @ v, then Q K^T (the scale is a constant and passes): LRP-0, each operand halved.
-        of_attention, of_values = rule.matmul(store["attention"], values, relevance)
-        of_attention, of_values = of_attention / 2, of_values / 2
+        of_attention, of_query, of_keys, of_values = rule.attention(
+            store["q"], store["k"], store["attention"], values, relevance, rules.residual
+        )
         on_attention(layer, of_attention)
-        of_query, of_keys_t = rule.matmul(store["q"], store["k"].transpose(-2, -1), of_attention)
-        of_query, of_keys = of_query / 2, of_keys_t.transpose(-2, -1) / 2
 
         # (3, B, H, N, d) -> (B, N, 3 * H * d): the inverse of timm's reshape and permute.
         of_qkv = torch.stack([of_query, of_keys, of_values]).permute(1, 3, 0, 2, 4)
