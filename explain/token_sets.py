@@ -116,8 +116,8 @@ def explain_dual_encoder(
     relevances get a K axis) or a callable on the (images, texts) similarity logits
     choose others. Every explained (image, text) pair is run as its own sample, so two
     images explained against the same text never share a gradient. Each tower's start
-    layer defaults to its last block, as in the reference notebook: with every block,
-    ViT-B/16 maps over-expand to the whole image.
+    layer defaults to its last block, as in the reference notebook, whose authors found
+    that with every block the ViT-B/16 maps over-expand.
     """
     from explain.api import resolve_start_layer
 
@@ -277,8 +277,20 @@ def explain_encoder_decoder(
     decoder_ids = prepared.arguments["decoder_input_ids"]
     lengths = prepared.arguments["decoder_attention_mask"].sum(dim=1)
     positions, valid = _decoder_positions(position, lengths)
-    if position == "all" and target is None:
-        target = decoder_ids.gather(1, positions + 1).masked_fill(~valid, 0)
+    every = isinstance(position, str)  # "all" (anything else was refused above)
+    if every and target is None:
+        target = decoder_ids.gather(1, positions + 1)
+    elif every and not callable(target):
+        target = torch.as_tensor(target, device=decoder_ids.device)
+        if target.dim() == 0:
+            target = target.expand_as(positions)
+        if target.shape != positions.shape:
+            raise TargetError(
+                f"with position='all' give one target token per sample and position, shape "
+                f"{tuple(positions.shape)}; got {tuple(target.shape)}"
+            )
+    if every and isinstance(target, Tensor):  # past a sequence's end nothing is explained
+        target = target.masked_fill(~valid, 0)
     roles = [
         BlockRole(site.layer, "i" if site.stack == "source" else "q", site.kind)
         for site in adapter.attention_sites()
@@ -291,9 +303,7 @@ def explain_encoder_decoder(
         for column in range(positions.shape[1]):
             at = positions[:, column]
             column_logits = logits[rows, at]
-            chosen = target
-            if isinstance(target, Tensor) and target.dim() == 2 and position == "all":
-                chosen = target[:, column]
+            chosen = target[:, column] if every and isinstance(target, Tensor) else target
             classes, custom = resolve_targets(column_logits, chosen)
             if classes is not None and classes.dim() == 2:
                 raise TargetError("one target token per explained position; got a (B, K) target")
@@ -313,7 +323,7 @@ def explain_encoder_decoder(
     target_relevance = adapter.to_input_space(torch.stack(targets, dim=1) * keep, target_layout)
     classes = torch.stack(classes_per_column, dim=1).masked_fill(~valid, -1)
     explained_logits = torch.stack(logits_per_column, dim=1)
-    if position != "all":  # one position: no position axis
+    if not every:  # one position: no position axis
         source, target_relevance = source[:, 0], target_relevance[:, 0]
         classes, explained_logits = classes[:, 0], explained_logits[:, 0]
     tokens = None

@@ -293,6 +293,19 @@ def test_chosen_position_and_target():
         assert torch.allclose(result.relevances["source"][b, : source.shape[0]], source, atol=1e-5)
         assert torch.allclose(result.relevances["target"][b, :2], target[:2], atol=1e-5)
     assert torch.equal(result.target, torch.full((3,), 7))
+    same = Explainer(model).explain(inputs, position=torch.tensor([1, 1, -2]), target=[7, 7, 7])
+    # Sample 2 has 3 decoder tokens: position -2 is position 1, as for the others.
+    assert torch.allclose(same.relevances["source"], result.relevances["source"])
+    # position="all" with the sequences' own tokens given explicitly (pads marked -100).
+    own = inputs["decoder_input_ids"][:, 1:].masked_fill(
+        inputs["decoder_attention_mask"][:, 1:] == 0, -100
+    )
+    every = Explainer(model).explain(inputs, position="all")
+    given = Explainer(model).explain(inputs, position="all", target=own.tolist())
+    assert torch.equal(every.target, given.target)
+    assert torch.allclose(every.relevances["source"], given.relevances["source"])
+    with pytest.raises(TargetError, match="per sample and position"):
+        Explainer(model).explain(inputs, position="all", target=[1, 2, 3])
 
 
 def test_generated_sequence_is_explained_token_by_token():
