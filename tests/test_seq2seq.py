@@ -429,3 +429,24 @@ def test_relevance_matrix_figure_checks_its_shape():
     assert len(figure.axes) == 2  # the matrix and its colour bar
     with pytest.raises(InputError, match=r"\(2, 3\)"):
         relevance_matrix_figure(torch.rand(3, 2), ["a", "b", "c"], ["x", "y"])
+
+
+def test_vision_encoder_without_a_class_token_is_refused():
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        SwinConfig,
+        SwinModel,
+        VisionEncoderDecoderModel,
+    )
+
+    from explain import UnsupportedModelError
+
+    encoder = SwinModel(
+        SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1], num_heads=[2])
+    )
+    decoder = GPT2LMHeadModel(
+        GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, add_cross_attention=True)
+    )
+    with pytest.raises(UnsupportedModelError, match="ViT or DeiT encoder"):
+        Explainer(VisionEncoderDecoderModel(encoder=encoder, decoder=decoder))

@@ -94,6 +94,15 @@ class HFEncoderDecoder(Adapter):
         self._image_source = is_transformers_class(
             model, "vision_encoder_decoder", _CLASSES["vision_encoder_decoder"]
         )
+        if self._image_source and not (
+            is_transformers_class(encoder, "vit", ("ViTModel",))
+            or is_transformers_class(encoder, "deit", ("DeiTModel",))
+        ):
+            raise UnsupportedModelError(
+                f"VisionEncoderDecoderModel with a {type(encoder).__name__} encoder is not "
+                "supported: the image relevance needs a ViT or DeiT encoder (class token and "
+                "a patch grid)"
+            )
         self._encoder_blocks = _blocks_of(encoder)
         self._decoder_blocks = _blocks_of(decoder)
         self._sites: list[AttentionSite] = []
