@@ -54,16 +54,25 @@ def reference_hits(model, example, method, target, positive):
 @pytest.mark.parametrize("method", ["generic", "attention_gradcam"])
 def test_perturbation_records_match_a_plain_loop_reference(model, squares, method):
     protocol = PerturbationTest(model, MEAN, STD, forward_batch=5)
-    for example in [squares[0], squares[1]]:
-        records = protocol.evaluate(method, [example])
+    # The third label is wrong, so its target map differs from its predicted-class map; it
+    # is the class of a black image, which heavily perturbed images drift to, so that its
+    # target curves hold hits that depend on the map.
+    with torch.no_grad():
+        black = model(normalise(torch.zeros(1, 3, 32, 32))).argmax().item()
+    other = next(example for example in squares if example.label != black)
+    wrong = ImageExample(image=other.image, label=black)
+    examples = [squares[0], squares[1], wrong]
+    records = protocol.evaluate(method, examples)
+    for row, example in enumerate(examples):
         for curve in ("positive_predicted", "negative_predicted"):
             expected = reference_hits(model, example, method, None, curve.startswith("positive"))
-            assert records[curve] == [expected]
+            assert records[curve][row] == expected
         for curve in ("positive_target", "negative_target"):
             expected = reference_hits(
                 model, example, method, example.label, curve.startswith("positive")
             )
-            assert records[curve] == [expected]
+            assert records[curve][row] == expected
+    assert any(records["positive_target"][2]) or any(records["negative_target"][2])
 
 
 def test_perturbation_summary_and_the_shape_of_its_records(model, squares):
@@ -141,3 +150,33 @@ def test_the_protocols_leave_the_model_as_they_found_it(model, squares):
         assert before.differences(ModelState.capture(model)) == []
     finally:
         model.eval()
+
+
+class KeyPixelTest(PerturbationTest):
+    """Classifies as 1 while pixel (13, 21) is intact, else 0: its curves reveal exactly
+    which map ordered the removal."""
+
+    def classify(self, pixels):
+        return (pixels[:, :, 13, 21].abs().sum(dim=1) > 0).long()
+
+
+def test_each_curve_removes_pixels_in_the_order_of_its_own_map(model, squares):
+    examples = [ImageExample(image=e.image, label=1) for e in squares][:8]
+    records = KeyPixelTest(model, MEAN, STD).evaluate("generic", examples)
+    pixels = torch.stack([e.image for e in examples])
+    explainer = Explainer(model)
+    differing = 0
+    for whose, target in (("predicted", None), ("target", 1)):
+        heatmaps = explainer.explain(normalise(pixels), target=target).heatmap()
+        for positive in (True, False):
+            for row, heatmap in enumerate(heatmaps):
+                values = heatmap.flatten().tolist()
+                sign = -1.0 if positive else 1.0
+                ranked = sorted(range(len(values)), key=lambda i: (sign * values[i], i))
+                rank = ranked.index(13 * 32 + 21)  # the key pixel survives while rank >= cut
+                expected = [int(rank >= int(round(p * 32 * 32, 6))) for p in FRACTIONS]
+                curve = f"{'positive' if positive else 'negative'}_{whose}"
+                assert records[curve][row] == expected
+    for row in range(8):
+        differing += records["positive_predicted"][row] != records["positive_target"][row]
+    assert differing > 0  # some maps of the predicted class and of class 1 order differently

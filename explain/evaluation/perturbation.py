@@ -94,6 +94,9 @@ class PerturbationTest(ImageProtocol):
         model, mean, std: see `ImageProtocol`.
         forward_batch: most perturbed images per forward pass; None puts all fractions of
             a chunk (9 x the chunk's images) in one pass, per curve.
+
+    Records per image: the unperturbed prediction and, per curve (CURVES), whether the
+    image is still classified correctly at each fraction.
     """
 
     name = "perturbation"
@@ -146,11 +149,22 @@ class PerturbationTest(ImageProtocol):
             "predicted": predicted.tolist(),
             "correct": (predicted == labels).int().tolist(),
         }
-        for whose, explanation in explained.items():
-            heatmaps = explanation.heatmap(tuple(pixels.shape[-2:])).cpu()
-            for sign in ("positive", "negative"):
-                hits = curve_hits(self.classify, pixels, labels, heatmaps, sign == "positive")
-                records[f"{sign}_{whose}"] = hits.int().tolist()
+        size = tuple(pixels.shape[-2:])
+        maps = {whose: explanation.heatmap(size).cpu() for whose, explanation in explained.items()}
+        # Where the target's map equals the predicted class's (a class-agnostic method, or a
+        # correct prediction) the perturbed images are the same: classify them only once.
+        differs = (maps["target"] != maps["predicted"]).flatten(1).any(dim=1)
+        for sign in ("positive", "negative"):
+            positive = sign == "positive"
+            hits = curve_hits(self.classify, pixels, labels, maps["predicted"], positive)
+            target_hits = hits.clone()
+            if differs.any():
+                own = maps["target"][differs]
+                target_hits[differs] = curve_hits(
+                    self.classify, pixels[differs], labels[differs], own, positive
+                )
+            records[f"{sign}_predicted"] = hits.int().tolist()
+            records[f"{sign}_target"] = target_hits.int().tolist()
         return records
 
     def summarize(self, records: Records) -> dict[str, Any]:
