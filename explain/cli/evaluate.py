@@ -13,6 +13,7 @@ over the N processes and rank 0 writes the results.
 from __future__ import annotations
 
 import argparse
+import os
 
 __all__ = ["register"]
 
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not args.quiet,
     )
-    if results is not None and not args.quiet:
+    if not args.quiet and os.environ.get("RANK", "0") == "0":  # one table under torchrun
         from explain.evaluation import PROTOCOLS
         from explain.evaluation.report import markdown_table
 
