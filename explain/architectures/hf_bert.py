@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -70,8 +69,6 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
         "Hugging Face BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and ELECTRA "
         "(ForSequenceClassification: CLS readout; bare Model: mean-pooled sentence encoder)"
     )
-    package: ClassVar[str] = ""
-    classes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module) -> None:
         self._package = _family_of(model) or "bert"

@@ -18,7 +18,7 @@ and lose their individual settings on the way back.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -113,16 +113,11 @@ def _probabilities_at(index: int) -> Callable[[Any], Tensor]:
 class HuggingFaceAdapter(Adapter):
     """Base of the transformers families: blocks, attention sites and the eager path.
 
-    Subclasses say which model classes they take (`package`, `classes`) and how inputs are
-    prepared and read out. The blocks are the model's `_can_record_outputs` block modules
+    Subclasses say which models they take (`matches`) and how inputs are prepared and read
+    out. The blocks are the model's `_can_record_outputs` block modules
     in forward order; a family whose blocks are called in another order, or more than once
     (ALBERT's shared layers), overrides `blocks`.
     """
-
-    package: ClassVar[str]
-    """The `transformers.models.<package>` module of the family."""
-    classes: ClassVar[tuple[str, ...]]
-    """The model classes of that module the adapter takes."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -135,10 +130,6 @@ class HuggingFaceAdapter(Adapter):
         if not self._blocks:
             raise UnsupportedModelError(f"{type(model).__name__} has no attention blocks")
         self._attention_modules = [self._attention_in(i, b) for i, b in enumerate(self._blocks)]
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return is_transformers_class(model, cls.package, cls.classes)
 
     def find_blocks(self) -> list[nn.Module]:
         """The blocks in the order they run: modules of the block class, in module order."""
