@@ -132,3 +132,17 @@ def test_albert_reuses_one_layer_for_every_block():
     adapter = Explainer(model).adapter
     assert adapter.num_layers == model.config.num_hidden_layers == 3
     assert len({id(block) for block in adapter.blocks}) == 1
+
+
+def test_any_attention_implementation_is_switched_and_restored():
+    """A model loaded for flash attention (a kernel this CPU test never runs) is explained on
+    the eager path all the same, and keeps its setting."""
+    model = ref.tiny_text_model("distilbert-classifier")
+    batch = ref.padded_batch(TEXTS)
+    expected = Explainer(model).explain(batch, target=TARGETS).relevance
+    model.config._attn_implementation_internal = "flash_attention_2"
+    before = ModelState.capture(model)
+    result = Explainer(model).explain(batch, target=TARGETS)
+    assert before.differences(ModelState.capture(model)) == []
+    assert model.config._attn_implementation == "flash_attention_2"
+    torch.testing.assert_close(result.relevance, expected)
