@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from explain.cli.image import _opacity
+from explain.cli.image import _display_image, _opacity
 from explain.errors import InputError
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "register"]
@@ -60,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
     start = {tower: layer for tower, layer in start.items() if layer is not None}
     every_text = torch.arange(len(args.text))
     for path in tqdm(paths, unit="image", desc="explaining", file=sys.stderr):
-        pixels, raw = load_images(
+        pixels, _ = load_images(
             [path], size, mean=loaded.mean or CLIP_MEAN, std=loaded.std or CLIP_STD
         )
+        display = _display_image(path)  # the maps are drawn over the file at its resolution
         result = explainer.explain(
             {**texts, "pixel_values": pixels},
             target=every_text[None],
@@ -70,13 +71,13 @@ def run(args: argparse.Namespace) -> int:
             start_layer=start or None,
         )
         probabilities = result.logits.softmax(dim=-1)[0]
-        heatmaps = result.heatmap()[0]
+        heatmaps = result.heatmap(size=display.shape[:2])[0]
         scores = [result.relevances["text"][0, k, kept] for k, kept in enumerate(shown)]
         labels = [
             f"{text}  p={float(p):.2f}" for text, p in zip(args.text, probabilities, strict=True)
         ]
         figure = clip_figure(
-            raw[0], heatmaps, words, scores, labels=labels, cmap=args.cmap, alpha=args.alpha
+            display, heatmaps, words, scores, labels=labels, cmap=args.cmap, alpha=args.alpha
         )
         out = args.out / f"{Path(path).stem}_clip.png"
         save_figure(figure, out)
