@@ -114,9 +114,9 @@ class HuggingFaceAdapter(Adapter):
     """Base of the transformers families: blocks, attention sites and the eager path.
 
     Subclasses say which models they take (`matches`) and how inputs are prepared and read
-    out. The blocks are the model's `_can_record_outputs` block modules
-    in forward order; a family whose blocks are called in another order, or more than once
-    (ALBERT's shared layers), overrides `blocks`.
+    out. The blocks are the model's `_can_record_outputs` block modules in forward order; a
+    family whose blocks run in another order, or more than once (ALBERT's shared layer),
+    overrides `find_blocks`.
     """
 
     def __init__(self, model: nn.Module) -> None:
