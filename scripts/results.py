@@ -164,9 +164,12 @@ def main(argv: list[str] | None = None) -> int:
                     + markdown_table(results, PROTOCOLS[protocol].columns)
                 )
     sections.append("## Against the papers\n")
-    sections.append(
-        comparison(runs["shapes-vit", "perturbation"], runs["shapes-vit", "segmentation"]) + "\n"
-    )
+    for model in ("shapes-vit", "digits-vit"):
+        sections.append(
+            f"On `zoo:{model}`:\n\n"
+            + comparison(runs[model, "perturbation"], runs[model, "segmentation"])
+            + "\n"
+        )
     sections.append(DISCUSSION)
     with atomic_write(args.doc, "w") as handle:
         handle.write("\n".join(sections))

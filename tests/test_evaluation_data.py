@@ -234,6 +234,7 @@ def test_evaluate_command_on_an_imagenet_folder_and_a_gtsegs_file(tiny_model_fol
     assert status == 0
     summary = json.loads(output.read_text())["results"]["random"]
     assert 0.0 <= summary["miou"] <= 1.0 and 0.0 <= summary["map"] <= 1.0
+    assert summary["accuracy"] is None  # the file holds masks, not labels
 
 
 def test_evaluate_command_errors_are_one_line(tiny_model_folder, tmp_path, capsys):
