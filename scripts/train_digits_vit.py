@@ -25,17 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 MONITOR = 150
 
 
-def shift(images: Tensor, generator: torch.Generator, reach: int = 2) -> Tensor:
+def shift(batch: tuple[Tensor, ...], generator: torch.Generator, reach: int = 2):
     """Each image moved by a random whole-pixel offset in [-reach, reach], zero-filled."""
+    images = batch[0]
     padded = F.pad(images, (reach, reach, reach, reach), value=float(images.min()))
     offsets = torch.randint(0, 2 * reach + 1, (len(images), 2), generator=generator).tolist()
     size = images.shape[-1]
-    return torch.stack(
-        [
-            image[:, y : y + size, x : x + size]
-            for image, (y, x) in zip(padded, offsets, strict=True)
-        ]
-    )
+    moved = [
+        image[:, y : y + size, x : x + size] for image, (y, x) in zip(padded, offsets, strict=True)
+    ]
+    return (torch.stack(moved), *batch[1:])
 
 
 def main() -> None:
@@ -43,7 +42,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=ROOT / "models" / "digits-vit")
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--embed-dim", type=int, default=64)
@@ -85,8 +84,7 @@ def main() -> None:
     )
     history = train(
         model,
-        images[MONITOR:],
-        labels[MONITOR:],
+        (images[MONITOR:], labels[MONITOR:]),
         (images[:MONITOR], labels[:MONITOR]),
         recipe,
         multi_label=False,

@@ -1,10 +1,16 @@
 """Train the zoo's `shapes-vit`: a small ViT naming the kinds of shape in synthetic scenes.
 
 Multi-label: one logit per kind (sigmoid, binary cross-entropy), so a scene with a star
-and a ring has two high logits and each can be explained on its own. Trains on scenes
-0..N-1 of the "train" split, monitors scenes N..N+V-1 of the same split, and never sees
-the "heldout" split. Scenes are flipped and rotated by multiples of 90 degrees during
-training (kinds and masks do not change under these).
+and a ring has two high logits and each can be explained on its own. The head reads the
+mean of the patch tokens; during training the same head is also applied to every patch
+token and trained on which kinds cover that patch (from the scenes' masks). This dense
+supervision is what lets a ViT learn the task in minutes on a CPU: trained on the scene
+labels alone, it had not left the label prior after 12,000 scenes. It also means the
+model's evidence for a kind sits on that kind's pixels by design, which the card states.
+
+Trains on scenes 0..N-1 of the "train" split, monitors scenes N..N+V-1 of the same split,
+and never sees the "heldout" split. Scenes are flipped and rotated by multiples of 90
+degrees during training (kinds and masks do not change under these).
 
     .venv/bin/python scripts/train_shapes_vit.py            # writes models/shapes-vit/
 """
@@ -17,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 from tqdm import tqdm
 from vit_training import Recipe, train
 
@@ -28,7 +35,7 @@ from explain.zoo import build_model, save_zoo_model
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def config(size: int, embed_dim: int, depth: int, heads: int, patch: int, mlp_ratio: float):
+def config(size: int, embed_dim: int, depth: int, heads: int, patch: int, mlp_ratio: float) -> dict:
     return {
         "family": "timm_vit",
         "modality": "image",
@@ -42,41 +49,82 @@ def config(size: int, embed_dim: int, depth: int, heads: int, patch: int, mlp_ra
             "num_heads": heads,
             "mlp_ratio": mlp_ratio,
             "num_classes": len(shapes.KINDS),
+            # The head reads the mean of the patch tokens (no class token), so that the same
+            # head can also be trained on each patch token (scene_and_patch_loss).
+            "class_token": False,
+            "global_pool": "avg",
         },
         "preprocessing": {"image_size": [size, size], "mean": shapes.MEAN, "std": shapes.STD},
     }
 
 
-def render(split: str, start: int, count: int, size: int, workers: int) -> tuple[Tensor, Tensor]:
-    """(N, 3, H, W) normalised float32 images and (N, kinds) labels, rendered in parallel.
+class PatchLabelledScenes(shapes.ShapesDataset):
+    """Scenes with, besides the image labels, the kinds present in each patch.
 
-    Rendered scenes are kept under outputs/cache/ (git-ignored): reruns skip rendering.
+    A kind is present in a patch when its objects cover at least a quarter of it.
     """
-    cache = ROOT / "outputs" / "cache" / f"shapes-{split}-{start}-{count}-{size}.pt"
+
+    def __init__(self, split: str, length: int, *, start: int, size: int, patch: int):
+        super().__init__(split, length, start=start, size=size)
+        self.patch = patch
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor, Tensor]:
+        scene = self.scene(index)
+        masks = np.stack([scene.class_mask(kind) for kind in range(len(shapes.KINDS))])
+        cover = F.avg_pool2d(torch.from_numpy(masks).float()[None], self.patch)[0]
+        return (
+            shapes.normalise(scene.image),
+            torch.from_numpy(scene.labels),
+            (cover >= 0.25).float(),
+        )
+
+
+def render(split: str, start: int, count: int, size: int, patch: int, workers: int):
+    """Normalised images (N, 3, H, W), labels (N, kinds) and patch labels (N, kinds, gh, gw).
+
+    Rendered in parallel, and kept under outputs/cache/ (git-ignored): reruns skip rendering.
+    """
+    cache = ROOT / "outputs" / "cache" / f"shapes-{split}-{start}-{count}-{size}-{patch}.pt"
     if cache.is_file():
         return torch.load(cache)
-    dataset = shapes.ShapesDataset(split, count, start=start, size=size)
+    dataset = PatchLabelledScenes(split, count, start=start, size=size, patch=patch)
     loader = torch.utils.data.DataLoader(dataset, batch_size=256, num_workers=workers)
-    images, labels = [], []
-    for batch_images, batch_labels in tqdm(loader, desc=f"rendering {split} scenes", unit="batch"):
-        images.append(batch_images)
-        labels.append(batch_labels)
-    rendered = torch.cat(images), torch.cat(labels)
+    parts = list(tqdm(loader, desc=f"rendering {split} scenes", unit="batch"))
+    rendered = tuple(torch.cat(tensors) for tensors in zip(*parts, strict=True))
     with atomic_write(cache) as handle:
         torch.save(rendered, handle)
     return rendered
 
 
-def dihedral(images: Tensor, generator: torch.Generator) -> Tensor:
-    """One of the 8 flips/rotations per image: shapes keep their kind under each."""
+def dihedral(batch: tuple[Tensor, ...], generator: torch.Generator) -> tuple[Tensor, ...]:
+    """One of the 8 flips/rotations per scene, applied alike to its image and patch labels:
+    shapes keep their kind under each."""
+    images, labels, patches = batch
     turns = torch.randint(0, 4, (len(images),), generator=generator)
     flips = torch.randint(0, 2, (len(images),), generator=generator).bool()
-    images = torch.where(flips[:, None, None, None], images.flip(-1), images)
-    out = torch.empty_like(images)
-    for k in range(4):
-        chosen = turns == k
-        out[chosen] = torch.rot90(images[chosen], k, dims=(-2, -1))
-    return out
+
+    def apply(grids: Tensor) -> Tensor:
+        grids = torch.where(flips[:, None, None, None], grids.flip(-1), grids)
+        out = torch.empty_like(grids)
+        for k in range(4):
+            chosen = turns == k
+            out[chosen] = torch.rot90(grids[chosen], k, dims=(-2, -1))
+        return out
+
+    return apply(images), labels, apply(patches)
+
+
+def scene_and_patch_loss(model: nn.Module, batch: tuple[Tensor, ...]) -> Tensor:
+    """Binary cross-entropy of the image logits, plus that of the same head applied to
+    every patch token against the patch labels (dense supervision: training in minutes)."""
+    images, labels, patches = batch
+    tokens = model.forward_features(images)  # (B, N, D); no prefix tokens with "avg"
+    scene_logits = model.forward_head(tokens)
+    patch_logits = model.head(model.fc_norm(tokens))  # (B, gh * gw, kinds)
+    patch_logits = patch_logits.transpose(1, 2).reshape(patches.shape)
+    return F.binary_cross_entropy_with_logits(
+        scene_logits, labels
+    ) + F.binary_cross_entropy_with_logits(patch_logits, patches)
 
 
 def main() -> None:
@@ -101,8 +149,10 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     started = time.time()
-    images, labels = render("train", 0, args.train_scenes, 64, args.render_workers)
-    validation = render("train", args.train_scenes, args.validation_scenes, 64, args.render_workers)
+    data = render("train", 0, args.train_scenes, 64, 8, args.render_workers)
+    validation = render(
+        "train", args.train_scenes, args.validation_scenes, 64, 8, args.render_workers
+    )
     settings = config(64, args.embed_dim, args.depth, args.heads, 8, args.mlp_ratio)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
@@ -110,12 +160,12 @@ def main() -> None:
     recipe = Recipe(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr)
     history = train(
         model,
-        images,
-        labels,
-        validation,
+        data,
+        validation[:2],
         recipe,
         multi_label=True,
         augment=dihedral,
+        loss=scene_and_patch_loss,
         seed=args.seed,
     )
     settings["training"] = {

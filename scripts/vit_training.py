@@ -41,18 +41,27 @@ def predict(model: nn.Module, images: Tensor, batch_size: int = 512) -> Tensor:
     return torch.cat([model(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
 
 
+Batch = tuple[Tensor, ...]
+"""Images first, labels second, then any per-example extras (e.g. per-patch labels)."""
+
+
 def train(
     model: nn.Module,
-    images: Tensor,
-    labels: Tensor,
+    data: Batch,
     validation: tuple[Tensor, Tensor],
     recipe: Recipe,
     *,
     multi_label: bool,
-    augment: Callable[[Tensor, torch.Generator], Tensor],
+    augment: Callable[[Batch, torch.Generator], Batch],
     seed: int,
+    loss: Callable[[nn.Module, Batch], Tensor] | None = None,
 ) -> list[dict[str, float]]:
-    """Train `model` in place; returns one {epoch, loss, validation_accuracy} per epoch."""
+    """Train `model` in place; returns one {epoch, loss, validation_accuracy} per epoch.
+
+    `augment` transforms a batch (all its tensors consistently); `loss` computes the
+    training loss of a batch (default: cross-entropy, or binary cross-entropy when
+    `multi_label`, of the model's logits against the labels).
+    """
     generator = torch.Generator().manual_seed(seed)
     decay = [p for n, p in model.named_parameters() if p.ndim > 1 and "pos_embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if p.ndim <= 1 or "pos_embed" in n]
@@ -63,7 +72,7 @@ def train(
         ],
         lr=recipe.learning_rate,
     )
-    steps_per_epoch = math.ceil(len(images) / recipe.batch_size)
+    steps_per_epoch = math.ceil(len(data[0]) / recipe.batch_size)
     total = recipe.epochs * steps_per_epoch
     warmup = max(1, int(recipe.warmup_fraction * total))
 
@@ -77,23 +86,27 @@ def train(
         criterion: nn.Module = nn.BCEWithLogitsLoss()
     else:
         criterion = nn.CrossEntropyLoss(label_smoothing=recipe.label_smoothing)
+    if loss is None:
+
+        def loss(model: nn.Module, batch: Batch) -> Tensor:
+            return criterion(model(batch[0]), batch[1])
+
     history = []
     with tqdm(total=total, desc="training", unit="step") as bar:
         for epoch in range(recipe.epochs):
             model.train()
-            order = torch.randperm(len(images), generator=generator)
+            order = torch.randperm(len(data[0]), generator=generator)
             running = 0.0
             for step in range(steps_per_epoch):
-                batch = order[step * recipe.batch_size : (step + 1) * recipe.batch_size]
-                inputs = augment(images[batch], generator)
-                loss = criterion(model(inputs), labels[batch])
+                chosen = order[step * recipe.batch_size : (step + 1) * recipe.batch_size]
+                value = loss(model, augment(tuple(t[chosen] for t in data), generator))
                 optimiser.zero_grad(set_to_none=True)
-                loss.backward()
+                value.backward()
                 optimiser.step()
                 scheduler.step()
-                running += loss.item()
+                running += value.item()
                 bar.update(1)
-                bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.4f}")
+                bar.set_postfix(epoch=epoch + 1, loss=f"{value.item():.4f}")
             score = accuracy(predict(model, validation[0]), validation[1], multi_label)
             history.append(
                 {
