@@ -20,7 +20,7 @@ def evaluate_squares(model: torch.nn.Module, folder: Path) -> None:
         run_evaluation(
             protocol(model, MEAN, STD),
             SquaresDataset(7),
-            ["generic", "rollout"],
+            ["generic", "rollout", "random"],
             folder / f"{protocol.name}.json",
             model_name="tiny",
             batch_size=2,

@@ -188,3 +188,10 @@ def test_rationale_scores_of_a_hand_computed_case():
 def test_rationale_needs_rationale_words():
     with pytest.raises(InputError, match="without rationale"):
         rationale_scores(torch.rand(3, dtype=torch.float64), [False, False, False])
+
+
+def test_seeded_methods_get_the_chunk_seed_and_the_others_nothing():
+    from explain.evaluation.protocol import method_options
+
+    assert method_options("random", 32) == {"seed": 32}
+    assert method_options("generic", 32) == {}

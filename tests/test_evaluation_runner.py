@@ -39,11 +39,11 @@ class CountingTest(PerturbationTest):
         self.calls = []
         self.failing = failing
 
-    def evaluate(self, method, examples):
+    def evaluate(self, method, examples, *, seed=0):
         if method in self.failing:
             raise NotImplementedError(f"{method} does not support this model")
         self.calls.append((method, len(examples)))
-        return super().evaluate(method, examples)
+        return super().evaluate(method, examples, seed=seed)
 
 
 class InterruptedDataset(SquaresDataset):

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from explain.errors import OptionError
 from explain.evaluation.datasets.base import ImageExample
-from explain.evaluation.protocol import ImageProtocol, Records
+from explain.evaluation.protocol import ImageProtocol, Records, method_options
 from explain.recorder import Recorder
 
 __all__ = [
@@ -134,13 +134,14 @@ class PerturbationTest(ImageProtocol):
             ]
         return torch.cat(classes).cpu()
 
-    def evaluate(self, method: str, examples: Sequence[ImageExample]) -> Records:
+    def evaluate(self, method: str, examples: Sequence[ImageExample], *, seed: int = 0) -> Records:
         pixels, labels = self.stack(examples)
         inputs = self.normalize(pixels)
+        options = method_options(method, seed)
         explained = {
-            "predicted": self.explainer.explain(inputs, target=None, method=method),
+            "predicted": self.explainer.explain(inputs, target=None, method=method, **options),
             "target": self.explainer.explain(
-                inputs, target=labels.to(inputs.device), method=method
+                inputs, target=labels.to(inputs.device), method=method, **options
             ),
         }
         predicted = explained["predicted"].logits.argmax(dim=-1).cpu()

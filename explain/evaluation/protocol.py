@@ -8,6 +8,7 @@ run exactly equal to a single run however the chunks were spread over processes.
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -18,7 +19,13 @@ from torch import Tensor, nn
 from explain.api import Explainer
 from explain.evaluation.datasets.base import ImageExample
 
-__all__ = ["EvaluationProtocol", "ImageProtocol", "Records", "concatenate_records"]
+__all__ = [
+    "EvaluationProtocol",
+    "ImageProtocol",
+    "Records",
+    "concatenate_records",
+    "method_options",
+]
 
 Records = dict[str, list[Any]]
 """Column name -> one JSON-able value per example."""
@@ -31,6 +38,15 @@ def concatenate_records(parts: Sequence[Records]) -> Records:
     return {key: [value for part in parts for value in part[key]] for key in parts[0]}
 
 
+def method_options(method: str, seed: int) -> dict[str, Any]:
+    """Options for `Explainer.explain`: `seed` for the methods that take one (`random`),
+    none for the others."""
+    from explain.rules import get_method
+
+    parameters = inspect.signature(get_method(method).build).parameters
+    return {"seed": seed} if "seed" in parameters else {}
+
+
 class EvaluationProtocol(ABC):
     """One test (perturbation, segmentation, rationale) bound to one model."""
 
@@ -41,8 +57,13 @@ class EvaluationProtocol(ABC):
     """Explains the model under test (and holds it: `explainer.model`)."""
 
     @abstractmethod
-    def evaluate(self, method: str, examples: Sequence[Any]) -> Records:
-        """Per-example records of `method` on a chunk of examples."""
+    def evaluate(self, method: str, examples: Sequence[Any], *, seed: int = 0) -> Records:
+        """Per-example records of `method` on a chunk of examples.
+
+        `seed` seeds methods that draw random numbers (see `method_options`); the runner
+        passes the chunk's first index, so every chunk gets its own noise, the same
+        however the chunks are spread over processes.
+        """
 
     @abstractmethod
     def summarize(self, records: Records) -> dict[str, Any]:

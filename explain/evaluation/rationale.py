@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from explain.errors import InputError, OptionError
 from explain.evaluation.datasets.base import TextExample
-from explain.evaluation.protocol import EvaluationProtocol, Records
+from explain.evaluation.protocol import EvaluationProtocol, Records, method_options
 
 __all__ = ["TOP_K", "RationaleTest", "rationale_scores", "word_scores"]
 
@@ -102,7 +102,7 @@ class RationaleTest(EvaluationProtocol):
     def settings(self) -> dict[str, Any]:
         return {"max_length": self.max_length, "target": self.target}
 
-    def evaluate(self, method: str, examples: Sequence[TextExample]) -> Records:
+    def evaluate(self, method: str, examples: Sequence[TextExample], *, seed: int = 0) -> Records:
         encoding = self.tokenizer(
             [list(example.words) for example in examples],
             is_split_into_words=True,
@@ -116,7 +116,9 @@ class RationaleTest(EvaluationProtocol):
         # Single-text inputs: the token types are all 0, the models' default.
         inputs = {key: encoding[key].to(device) for key in ("input_ids", "attention_mask")}
         target = None if self.target == "predicted" else labels.to(device)
-        explanation = self.explainer.explain(inputs, target=target, method=method)
+        explanation = self.explainer.explain(
+            inputs, target=target, method=method, **method_options(method, seed)
+        )
         relevance = explanation.relevance.detach().cpu()
         predicted = explanation.logits.argmax(dim=-1).cpu()
         records: Records = {

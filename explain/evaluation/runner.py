@@ -157,7 +157,7 @@ def _run_chunks(
                     if examples is None:
                         examples = [dataset[i] for i in range(start, stop)]
                     try:
-                        records = protocol.evaluate(method, examples)
+                        records = protocol.evaluate(method, examples, seed=start)
                     except (ExplainError, NotImplementedError, TypeError, ValueError) as error:
                         failed[method] = f"{type(error).__name__}: {error}"
                         print(f"explain: {method} skipped: {failed[method]}", file=sys.stderr)

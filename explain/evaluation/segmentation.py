@@ -20,7 +20,7 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.evaluation.datasets.base import ImageExample
-from explain.evaluation.protocol import ImageProtocol, Records
+from explain.evaluation.protocol import ImageProtocol, Records, method_options
 
 __all__ = [
     "SegmentationCounts",
@@ -131,13 +131,15 @@ class SegmentationTest(ImageProtocol):
         "map": "mAP ↑",
     }
 
-    def evaluate(self, method: str, examples: Sequence[ImageExample]) -> Records:
+    def evaluate(self, method: str, examples: Sequence[ImageExample], *, seed: int = 0) -> Records:
         if any(example.mask is None for example in examples):
             raise InputError(
                 "the segmentation test needs examples with masks; this dataset has none"
             )
         pixels, labels = self.stack(examples)
-        explanation = self.explainer.explain(self.normalize(pixels), target=None, method=method)
+        explanation = self.explainer.explain(
+            self.normalize(pixels), target=None, method=method, **method_options(method, seed)
+        )
         heatmaps = explanation.heatmap(tuple(pixels.shape[-2:])).cpu()
         counts = [
             segmentation_counts(heatmap, example.mask.cpu().long())
