@@ -17,7 +17,7 @@ measurements in docs/benchmarks.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -45,9 +45,17 @@ faster, because recomputing A and dA repeats work that the explicit backward doe
 dominate (see docs/benchmarks.md)."""
 
 
-def attention_probabilities(query: Tensor, key: Tensor, scale: float) -> Tensor:
-    """softmax(q k^T * scale) over the keys, computed as timm's explicit path does."""
-    return ((query * scale) @ key.transpose(-2, -1)).softmax(dim=-1)
+def attention_probabilities(
+    query: Tensor, key: Tensor, scale: float, mask: Tensor | None = None
+) -> Tensor:
+    """softmax(q k^T * scale + mask) over the keys, as the explicit paths compute it. A bool
+    mask is True where a query may attend; a float mask is added to the scores."""
+    scores = (query * scale) @ key.transpose(-2, -1)
+    if mask is not None:
+        scores = (
+            scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        )
+    return scores.softmax(dim=-1)
 
 
 def attention_gradient(output_grad: Tensor, value: Tensor) -> Tensor:
@@ -67,13 +75,31 @@ class FusedBlock:
     query: Tensor | None = None
     key: Tensor | None = None
     value: Tensor | None = None
+    mask: Tensor | None = None
+
+    def see_query(self, output: Tensor) -> None:
+        self.query = self.site.queries(output) if self.site.queries else output
+
+    def see_key(self, output: Tensor) -> None:
+        self.key = self.site.keys(output) if self.site.keys else output
+
+    def see_value(self, output: Tensor) -> None:
+        self.value = self.site.values(output)
+
+    def see_mask(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        assert self.site.masks is not None
+        self.mask = self.site.masks(args, kwargs)
+
+    def release(self) -> None:
+        """Drop the references once nothing will ask for this block again."""
+        self.query = self.key = self.value = self.mask = None
 
     def probabilities(self) -> Tensor:
         """The block's (B, H, N, N) attention probabilities, outside autograd."""
         if self.query is None or self.key is None:
             raise RuntimeError(f"block {self.site.layer}: q or k was not seen in the forward")
         with torch.no_grad():
-            return attention_probabilities(self.query, self.key, self.site.scale)
+            return attention_probabilities(self.query, self.key, self.site.scale, self.mask)
 
     def probabilities_grad(self, output_grad: Tensor) -> Tensor:
         """dA (B, H, N, N) from the gradient of the attention output as it enters the

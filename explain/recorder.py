@@ -223,19 +223,20 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         for site in path.sites:
             block = self._fused_blocks[site.layer] = FusedBlock(site)
             self._handles += [
-                site.query.register_forward_hook(
-                    lambda m, args, out, b=block: setattr(b, "query", out)
-                ),
-                site.key.register_forward_hook(
-                    lambda m, args, out, b=block: setattr(b, "key", out)
-                ),
-                site.value.register_forward_hook(
-                    lambda m, args, out, b=block: setattr(b, "value", b.site.values(out))
-                ),
+                site.query.register_forward_hook(lambda m, a, out, b=block: b.see_query(out)),
+                site.key.register_forward_hook(lambda m, a, out, b=block: b.see_key(out)),
+                site.value.register_forward_hook(lambda m, a, out, b=block: b.see_value(out)),
                 site.output.register_forward_pre_hook(
                     lambda m, args, layer=site.layer: self._see_fused_output(layer, args[0])
                 ),
             ]
+            if site.mask_module is not None:
+                self._handles.append(
+                    site.mask_module.register_forward_pre_hook(
+                        lambda m, args, kwargs, b=block: b.see_mask(args, kwargs),
+                        with_kwargs=True,
+                    )
+                )
 
     # -- forward hooks ----------------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             self._fused_outputs[layer] = output
             self._handles.append(output.register_hook(lambda grad, i=layer: self._deliver(i, grad)))
         else:  # nothing will ask for this block again: let q, k, v go with the graph
-            block.query = block.key = block.value = None
+            block.release()
 
     def _see_hidden(self, index: int, hidden: Tensor) -> None:
         if index != len(self.hidden_states):
@@ -306,8 +307,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             del self.attentions[layer]
         else:
             del self._fused_outputs[layer]
-            block = self._fused_blocks[layer]
-            block.query = block.key = block.value = None
+            self._fused_blocks[layer].release()
 
     # -- backward ---------------------------------------------------------------------------
 

@@ -188,3 +188,42 @@ def test_attention_path_errors():
     with pytest.raises(OptionError, match="has no fused path"):
         use_fused_path(adapter, layout, needs_gradients=True, requested="fused")
     assert not use_fused_path(adapter, layout, needs_gradients=True, requested="auto")
+
+
+def _tiny_text_models():
+    from transformers import BertConfig, BertForSequenceClassification, RobertaConfig, RobertaModel
+
+    sizes = dict(hidden_size=32, intermediate_size=37, vocab_size=100)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return {
+            "bert-classifier": BertForSequenceClassification(
+                BertConfig(num_hidden_layers=3, num_attention_heads=2, num_labels=3, **sizes)
+            ),
+            "roberta-mean-pooled": RobertaModel(
+                RobertaConfig(num_hidden_layers=2, num_attention_heads=4, **sizes)
+            ),
+        }
+
+
+@pytest.mark.parametrize("name", ["bert-classifier", "roberta-mean-pooled"])
+def test_fused_path_equals_explicit_path_on_padded_text(name):
+    """sdpa with the padding mask, recomputed with the same mask, equals the eager path."""
+    model = _tiny_text_models()[name]
+    ids = torch.randint(5, 100, (3, 7), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    mask[2, 6:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    before = ModelState.capture(model)
+    for method in ("generic", "rollout", "attention_gradcam"):
+        explicit = Explainer(model, attention_path="explicit").explain(inputs, method=method)
+        fused = Explainer(model, attention_path="fused").explain(inputs, method=method)
+        _close(fused.relevance, explicit.relevance)
+        assert (fused.relevance[mask == 0] == 0).all()
+    targets = torch.tensor([[0, 1], [2, 0], [1, 1]])
+    together = Explainer(model, attention_path="fused").explain(inputs, target=targets)
+    for k in range(2):
+        alone = Explainer(model, attention_path="explicit").explain(inputs, target=targets[:, k])
+        _close(together.relevance[:, k], alone.relevance)
+    assert before.differences(ModelState.capture(model)) == []

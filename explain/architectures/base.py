@@ -67,7 +67,10 @@ class FusedAttentionSite:
     puts forward hooks on `query` and `key` (their outputs are q and k, (B, H, N, d),
     before the scale) and on `value` (`values(output)` picks v, (B, H, N, d), out of its
     output), and a forward pre-hook on `output`, whose first input is the attention output
-    that `heads(x)` turns back into (B, H, N, d).
+    that `heads(x)` turns back into (B, H, N, d). Where the query and key modules output
+    (B, N, H * d), `queries` and `keys` split the heads. Where the kernel takes an attention
+    mask, a forward pre-hook on `mask_module` reads it with `masks(args, kwargs)`: a bool
+    mask (True = attend) or an additive float mask that broadcasts to (B, H, N, N), or None.
     """
 
     layer: int
@@ -78,6 +81,10 @@ class FusedAttentionSite:
     output: nn.Module
     heads: Callable[[Tensor], Tensor]
     scale: float
+    queries: Callable[[Tensor], Tensor] | None = None
+    keys: Callable[[Tensor], Tensor] | None = None
+    mask_module: nn.Module | None = None
+    masks: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | None] | None = None
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,23 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from explain.architectures import register_adapter
-from explain.architectures.base import Prepared, TokenLayout
+from explain.architectures.base import (
+    FlagSetting,
+    FusedAttentionSite,
+    FusedPath,
+    Prepared,
+    TokenLayout,
+)
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
+    eager_attention_flags,
     is_transformers_class,
     mask_padding,
     positions_from_mask,
@@ -141,3 +150,50 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         assert layout.token_mask is not None
         return mask_padding(token_relevance, layout.token_mask)
+
+    def fused_path(self) -> FusedPath | None:
+        """BERT-style self-attention on the sdpa kernel (explain.fused): q, k, v are the
+        outputs of the query, key and value projections, the kernel's output enters
+        attention.output.dense, and the self-attention module receives the mask. DistilBERT
+        and ALBERT are built differently and keep the explicit path."""
+        if self._package not in _FUSED_PACKAGES:
+            return None
+        sites = []
+        for layer, block in enumerate(self.blocks):
+            attention = block.attention.self
+            heads = partial(_split_heads, attention.attention_head_size)
+            sites.append(
+                FusedAttentionSite(
+                    layer=layer,
+                    query=attention.query,
+                    key=attention.key,
+                    value=attention.value,
+                    values=heads,
+                    output=block.attention.output.dense,
+                    heads=heads,
+                    scale=float(attention.scaling),
+                    queries=heads,
+                    keys=heads,
+                    mask_module=attention,
+                    masks=_attention_mask,
+                )
+            )
+        flags = [
+            FlagSetting(flag.owner, flag.name, "sdpa") if flag.value == "eager" else flag
+            for flag in eager_attention_flags(self.model)
+        ]
+        return FusedPath(sites=sites, flags=flags)
+
+
+_FUSED_PACKAGES = ("bert", "roberta", "xlm_roberta", "electra")
+
+
+def _split_heads(head_size: int, projected: Tensor) -> Tensor:
+    """(B, N, H * d) -> (B, H, N, d), as the self-attention module splits its projections."""
+    batch, tokens, _ = projected.shape
+    return projected.view(batch, tokens, -1, head_size).transpose(1, 2)
+
+
+def _attention_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The mask the self-attention module hands to its kernel (None: every token attends)."""
+    return kwargs["attention_mask"] if "attention_mask" in kwargs else (args[1:2] or (None,))[0]
