@@ -320,7 +320,32 @@ def table(case: Case, samples: dict[str, list[float]], peaks: dict[str, float]) 
         f"generic: {speedup:.2f}x faster than the reference loop on the same {case.batch} inputs.",
         "",
     ]
-    return lines
+    for label, value, limit, at_most in targets(case, medians, peaks, speedup):
+        verdict = "met" if (value <= limit if at_most else value >= limit) else "MISSED"
+        bound = "at most" if at_most else "at least"
+        lines.append(f"- target {label} {bound} {limit}: {value:.2f}, {verdict}")
+    return [*lines, ""]
+
+
+def targets(
+    case: Case, medians: dict[str, float], peaks: dict[str, float], speedup: float
+) -> list[tuple[str, float, float, bool]]:
+    """(label, value, limit, at_most) for the issue's targets that apply to `case`."""
+    floor_time = medians[FLOOR]
+    found = []
+    if case.name == "vit":
+        found += [
+            ("generic time / floor", medians["generic"] / floor_time, 1.2, True),
+            ("speed-up over the reference loop", speedup, 1.4, False),
+        ]
+        if peaks.get(FLOOR):
+            found.append(("generic memory / floor", peaks["generic"] / peaks[FLOOR], 1.3, True))
+    if case.name == "bert512":
+        found += [
+            ("generic time / floor", medians["generic"] / floor_time, 1.3, True),
+            ("rollout time / floor", medians["rollout"] / floor_time, 1.3, True),
+        ]
+    return found
 
 
 def main() -> None:
