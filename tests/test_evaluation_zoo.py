@@ -1,0 +1,46 @@
+"""On the zoo's shapes-vit, `generic` beats `random` clearly on both perturbation AUCs and
+on mIoU (a small held-out sample; docs/results.md has the full numbers)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from explain.evaluation import PerturbationTest, SegmentationTest
+from explain.evaluation.datasets.zoo import heldout_dataset
+from explain.zoo import WEIGHTS, zoo_root
+
+pytestmark = pytest.mark.skipif(
+    not (zoo_root() / "shapes-vit" / WEIGHTS).is_file(),
+    reason="shapes-vit is not trained in this checkout (python scripts/train_shapes_vit.py)",
+)
+
+
+@pytest.fixture(scope="module")
+def shapes():
+    from explain.loading import load_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    loaded = load_model("zoo:shapes-vit")
+    dataset = heldout_dataset("zoo:shapes-vit", loaded.image_size)
+    yield loaded, [dataset[i] for i in range(32)]
+    torch.set_num_threads(threads)
+
+
+def test_generic_beats_random_on_shapes_vit(shapes):
+    loaded, examples = shapes
+    perturbation = PerturbationTest(loaded.model, loaded.mean, loaded.std)
+    segmentation = SegmentationTest(loaded.model, loaded.mean, loaded.std)
+    scores = {
+        method: {
+            **perturbation.summarize(perturbation.evaluate(method, examples)),
+            **segmentation.summarize(segmentation.evaluate(method, examples)),
+        }
+        for method in ("generic", "random")
+    }
+    generic, random = scores["generic"], scores["random"]
+    assert generic["accuracy"] > 0.8  # the model knows the held-out scenes
+    assert generic["positive_auc_predicted"] < random["positive_auc_predicted"] - 10
+    assert generic["negative_auc_predicted"] > random["negative_auc_predicted"] + 10
+    assert generic["miou"] > random["miou"] + 0.1
