@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from explain.api import Explainer
 from explain.evaluation.datasets.base import ImageExample
+from explain.rules import get_method
 
 __all__ = [
     "EvaluationProtocol",
@@ -41,8 +42,6 @@ def concatenate_records(parts: Sequence[Records]) -> Records:
 def method_options(method: str, seed: int) -> dict[str, Any]:
     """Options for `Explainer.explain`: `seed` for the methods that take one (`random`),
     none for the others."""
-    from explain.rules import get_method
-
     parameters = inspect.signature(get_method(method).build).parameters
     return {"seed": seed} if "seed" in parameters else {}
 
