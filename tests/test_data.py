@@ -54,12 +54,17 @@ def test_shapes_labels_and_masks_agree(seed):
             assert np.array_equal(class_mask, scene.class_mask(shapes.KINDS[kind]))
         else:
             assert not class_mask.any()
-    # A mask covers one flat-coloured object: its pixels share a colour up to pixel noise
-    # and anti-aliased edges.
+    # A mask covers one flat-coloured object: away from its anti-aliased edge (the mask
+    # eroded by one pixel) its pixels share a colour up to the pixel noise (sigma 0.03).
     for mask in scene.masks:
-        pixels = scene.image[mask]
+        inner = mask.copy()
+        inner[1:] &= mask[:-1]
+        inner[:-1] &= mask[1:]
+        inner[:, 1:] &= mask[:, :-1]
+        inner[:, :-1] &= mask[:, 1:]
+        pixels = scene.image[inner]
         near = np.abs(pixels - np.median(pixels, axis=0)).max(axis=1) < 0.12
-        assert near.mean() > 0.85
+        assert near.mean() > 0.97
 
 
 def test_shapes_every_kind_and_count_occurs():
