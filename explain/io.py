@@ -21,6 +21,13 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+def _umask() -> int:
+    """The process's file-creation mask (reading it means setting it; set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
     """Write `path` through a temporary file in the same folder, renamed on success.
@@ -34,6 +41,9 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
         dir=target.parent, prefix=f".{target.name}.", suffix=".partial"
     )
     try:
+        # mkstemp makes the file private (0600); give it the mode open() would have given
+        # it, so outputs are as readable as any other file the user writes.
+        os.fchmod(descriptor, 0o666 & ~_umask())
         with os.fdopen(descriptor, mode) as handle:
             yield handle
             handle.flush()

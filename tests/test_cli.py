@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 
 import numpy as np
@@ -120,6 +121,10 @@ def test_image_writes_one_overlay_per_image_method_and_class(capsys, tmp_path, m
                 pixels = np.asarray(saved, dtype=np.float32) / 255.0
             assert np.abs(pixels - overlay(display, heat, alpha=0.4)).max() < 2 / 255
     assert result.relevance.shape == (3, 2, 4, 4)
+    # Written through a private temporary file, yet as readable as any file the user writes.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert all((p.stat().st_mode & 0o777) == (0o666 & ~mask) for p in out.iterdir())
 
 
 def test_image_top_targets_follow_each_images_prediction(capsys, tmp_path, model_folder):
