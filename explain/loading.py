@@ -211,11 +211,12 @@ def _load_timm_name(name: str, weights: str | os.PathLike[str] | None, pretraine
 def _load_timm(model_name: str, *, name: str, pretrained: bool = True, **options: Any):
     """timm.create_model with pretrained weights from a local source, as a LoadedModel."""
     import timm
+    from safetensors import SafetensorError
     from timm.data import resolve_data_config
 
     try:
         model = timm.create_model(model_name, pretrained=pretrained, **options)
-    except (OSError, RuntimeError, ValueError, KeyError) as error:
+    except (OSError, RuntimeError, ValueError, KeyError, SafetensorError) as error:
         raise ModelLoadError(f"cannot load timm model {name}: {error}") from None
     model.eval()
     data = resolve_data_config({}, model=model)
