@@ -2,9 +2,10 @@
 
 Each sentence puts one or two sentiment words (from POSITIVE or NEGATIVE) into a neutral
 template ("honestly , the soundtrack was {} ."); about one in eight is a negated praise
-("was not {good}"), which is negative. The rationale of a sentence is the set of words that decide its
-label: the sentiment words and, when present, the negation. Everything else is neutral by
-construction, so an explanation can be scored against the rationale (token F1).
+("was not {good}"), which is negative. The rationale of a sentence is the set of words
+that decide its label: the sentiment words and, when present, the negation. Everything
+else is neutral by construction, so an explanation can be scored against the rationale
+(token F1).
 
 Like the shapes scenes, an example is a pure function of its seed, and the seeds of the
 "train" and "heldout" splits never overlap. Words are separated by single spaces,
