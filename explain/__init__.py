@@ -14,6 +14,7 @@ from explain.architectures import supported_families
 from explain.errors import (
     ExplainError,
     InputError,
+    ModelLoadError,
     OptionError,
     TargetError,
     UnknownMethodError,
@@ -28,6 +29,7 @@ __all__ = [
     "Explainer",
     "Explanation",
     "InputError",
+    "ModelLoadError",
     "OptionError",
     "TargetError",
     "Trace",
