@@ -114,6 +114,13 @@ def comparison(perturbation: dict[str, Any], segmentation: dict[str, Any]) -> st
             f"{results['transformer_attribution']['positive_auc_predicted']:.2f} here, "
             f"{PAPER_POSITIVE_TA} in the paper."
         )
+    accuracy = next(iter(results.values()))["accuracy"]
+    if accuracy < 0.9:
+        lines.append(
+            f"- The model itself is weak on this set (top-1 accuracy {accuracy:.3f} on the "
+            "clean images), which pulls every curve and AUC toward the chance level: read the "
+            "ranking and the margins over `random`, not the levels."
+        )
     best = {
         "positive AUC": min(results, key=lambda m: results[m]["positive_auc_predicted"]),
         "negative AUC": max(results, key=lambda m: results[m]["negative_auc_predicted"]),
