@@ -384,7 +384,8 @@ def main() -> None:
         threshold=CPU_FUSED_MIN_TOKENS,
     )
     if args.out:
-        atomic_write(args.out, report.encode())
+        with atomic_write(args.out, "w") as handle:
+            handle.write(report)
     print(f"benchmark took {elapsed / 60:.1f} min")
 
 
