@@ -8,6 +8,7 @@ WORLD_SIZE; chunk i belongs to rank i mod N. Records travel to rank 0 with
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 from collections.abc import Iterator
@@ -64,8 +65,8 @@ class Group:
 
 @contextlib.contextmanager
 def process_group() -> Iterator[Group]:
-    """The group of this run: joins torchrun's process group when launched by torchrun
-    (and leaves it afterwards if it joined); a single process otherwise."""
+    """The group of this run: torchrun's process group when launched by torchrun (joined
+    on first use, left when the process exits); a single process otherwise."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         yield Group()
@@ -74,16 +75,13 @@ def process_group() -> Iterator[Group]:
 
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    group = Group(rank=rank, world_size=world_size, local_rank=local_rank)
-    joined = not dist.is_initialized()
-    if joined:
+    if not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank)
             dist.init_process_group("nccl")
         else:
             dist.init_process_group("gloo")
-    try:
-        yield group
-    finally:
-        if joined:
-            dist.destroy_process_group()
+        # Joined once per process and left at exit: destroying and re-creating the group
+        # between two runs can hand a rank the stale address of the old group's peer.
+        atexit.register(dist.destroy_process_group)
+    yield Group(rank=rank, world_size=world_size, local_rank=local_rank)
