@@ -16,6 +16,7 @@ degrees during training (kinds and masks do not change under these).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import time
 from pathlib import Path
 
@@ -81,8 +82,12 @@ def render(split: str, start: int, count: int, size: int, patch: int, workers: i
     """Normalised images (N, 3, H, W), labels (N, kinds) and patch labels (N, kinds, gh, gw).
 
     Rendered in parallel, and kept under outputs/cache/ (git-ignored): reruns skip rendering.
+    The cache name carries a digest of the generator's source, so a changed generator
+    never trains on stale scenes.
     """
-    cache = ROOT / "outputs" / "cache" / f"shapes-{split}-{start}-{count}-{size}-{patch}.pt"
+    generator = hashlib.sha256(Path(shapes.__file__).read_bytes()).hexdigest()[:12]
+    name = f"shapes-{generator}-{split}-{start}-{count}-{size}-{patch}.pt"
+    cache = ROOT / "outputs" / "cache" / name
     if cache.is_file():
         return torch.load(cache)
     dataset = PatchLabelledScenes(split, count, start=start, size=size, patch=patch)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import colorsys
+
 import numpy as np
 import pytest
 import torch
@@ -65,6 +67,21 @@ def test_shapes_labels_and_masks_agree(seed):
         pixels = scene.image[inner]
         near = np.abs(pixels - np.median(pixels, axis=0)).max(axis=1) < 0.12
         assert near.mean() > 0.97
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_shapes_objects_are_bright_in_their_kinds_hue_on_a_dark_background(seed):
+    scene = shapes.render_scene(seed)
+    background = ~scene.masks.any(axis=0)
+    # The background is at most 0.45 per channel; clutter (up to 0.8) and pixel noise
+    # brighten a few of its pixels.
+    assert np.median(scene.image[background].max(axis=1)) < 0.5
+    for kind, mask in zip(scene.kinds, scene.masks, strict=True):
+        colour = np.median(scene.image[mask], axis=0)
+        hue, saturation, value = colorsys.rgb_to_hsv(*colour)
+        distance = abs(hue - shapes.KIND_HUES[kind])
+        assert min(distance, 1 - distance) < 1 / 24, "within 15 degrees of the kind's hue"
+        assert saturation > 0.55 and value > 0.75
 
 
 def test_shapes_every_kind_and_count_occurs():
