@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--mlp-ratio", type=float, default=2.0)
     # Dense per-patch supervision from the masks; 0 (the zoo's model) trains on scene labels
-    # only. Within this machine's budget it did not help: see the card.
+    # only, which the kinds' signature hues make enough (see the card).
     parser.add_argument("--patch-weight", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
     # One thread: on a busy 2-core machine two threads ran six times slower than one.

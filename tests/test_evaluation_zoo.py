@@ -41,8 +41,9 @@ def test_generic_beats_random_on_shapes_vit(shapes):
     }
     generic, random = scores["generic"], scores["random"]
     assert generic["accuracy"] > 0.4  # far above the chance level of 1/6
-    # Measured on these 32 scenes: positive 13.1 vs 23.6, negative 38.6 vs 18.3, mIoU 0.62
-    # vs 0.27; the margins below leave room for a retrained model.
-    assert generic["positive_auc_predicted"] < random["positive_auc_predicted"] - 5
-    assert generic["negative_auc_predicted"] > random["negative_auc_predicted"] + 10
-    assert generic["miou"] > random["miou"] + 0.15
+    # Measured on these 32 scenes: positive 23.8 vs 78.4, negative 90.0 (the maximum: the
+    # model keeps every prediction while the least relevant 90% of pixels go) vs 83.0,
+    # mIoU 0.73 vs 0.28; the margins below leave room for a retrained model.
+    assert generic["positive_auc_predicted"] < random["positive_auc_predicted"] - 30
+    assert generic["negative_auc_predicted"] > random["negative_auc_predicted"] + 4
+    assert generic["miou"] > random["miou"] + 0.3

@@ -63,14 +63,6 @@ def test_zoo_model_reproduces_its_card_accuracy(name):
     assert measured.accuracy >= card_accuracy(name) - MARGIN[name]
 
 
-BELOW_BAR = pytest.mark.xfail(
-    strict=True,
-    reason="the shipped shapes-vit is far below issue 4's 95% bar (see its card); retrain "
-    "longer and remove this marker once the test passes",
-)
-
-
-@BELOW_BAR
 def test_shapes_vit_meets_the_accuracy_bar():
     assert card_accuracy("shapes-vit") >= 0.95
 
@@ -84,7 +76,6 @@ def test_shapes_vit_is_explainable():
     assert result.relevance.shape == (2, 8, 8)
 
 
-@BELOW_BAR
 def test_shapes_vit_class_maps_point_at_their_own_objects():
     """On held-out scenes with several objects, the generic map for each present kind puts
     more relevance on that kind's object than on any other object."""
