@@ -12,9 +12,18 @@ __all__ = ["attention_gradcam", "generic", "generic_step", "gradient_weighted"]
 
 
 def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
-    """Abar = mean_h (G * A)+ : clamp per head before the head mean (rules 5 and 6)."""
+    """Abar = mean_h (G * A)+ : clamp per head before the head mean (rules 5 and 6).
+
+    Summed one head at a time: the call then holds one (B, N, N) temporary instead of two
+    (B, H, N, N) ones, which are the largest allocations of the explicit path's backward
+    (they set its peak memory).
+    """
     assert gradient is not None
-    return (gradient * attention).clamp(min=0).mean(dim=1)
+    heads = attention.shape[1]
+    total = (gradient[:, 0] * attention[:, 0]).clamp_(min=0)
+    for head in range(1, heads):
+        total += (gradient[:, head] * attention[:, head]).clamp_(min=0)
+    return total.div_(heads)
 
 
 def generic_step(vector: Tensor, matrix: Tensor) -> Tensor:
