@@ -27,7 +27,7 @@ from explain.targets import Score, Target, check_score, resolve_targets, select_
 
 if TYPE_CHECKING:
     from explain.api import Explainer
-    from explain.architectures.hf_clip import HFClip
+    from explain.architectures.dual_encoder import DualEncoder
     from explain.architectures.hf_seq2seq import HFEncoderDecoder
 
 __all__ = [
@@ -99,7 +99,7 @@ def _per_tower(start_layer: int | Mapping[str, int] | None, stacks: tuple[str, .
 
 
 def explain_dual_encoder(
-    adapter: HFClip,
+    adapter: DualEncoder,
     inputs: Any,
     target: Target,
     method: str,
@@ -131,7 +131,7 @@ def explain_dual_encoder(
         raise TargetError(
             f"a dual encoder explains the similarity logit (score='logit'); got {score!r}"
         )
-    prepared = adapter.prepare(inputs)
+    prepared = adapter.prepare(adapter.encode(inputs, tokenizer))
     num_images, num_texts = prepared.batch_size, adapter.num_texts(prepared)
     starts = _per_tower(start_layer, adapter.stacks)
     layers = {stack: adapter.stack_layers(stack) for stack in adapter.stacks}
@@ -192,9 +192,7 @@ def explain_dual_encoder(
         )
     tokens = None
     if tokenizer is not None and classes.dim() == 1:  # the tokens of each image's text
-        tokens = [
-            tokenizer.convert_ids_to_tokens(row.tolist()) for row in pairs.arguments["input_ids"]
-        ]
+        tokens = adapter.token_strings(pairs.arguments[adapter.text_arguments[0]], tokenizer)
     return Explanation(
         relevance=relevances["image"],
         logits=logits.detach(),
