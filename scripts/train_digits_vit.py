@@ -9,17 +9,16 @@ during training.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from vit_training import Recipe, train
+from vit_training import Recipe, arguments, save, train
 
 from explain.data import digits
-from explain.zoo import build_model, save_zoo_model
+from explain.zoo import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MONITOR = 150
@@ -38,19 +37,7 @@ def shift(batch: tuple[Tensor, ...], generator: torch.Generator, reach: int = 2)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=ROOT / "models" / "digits-vit")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument("--embed-dim", type=int, default=64)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
-    # One thread: on a busy 2-core machine two threads ran six times slower than one.
-    parser.add_argument("--threads", type=int, default=1)
+    parser = arguments(__doc__, ROOT / "models" / "digits-vit", epochs=30, lr=2e-3)
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -91,17 +78,14 @@ def main() -> None:
         augment=shift,
         seed=args.seed,
     )
-    settings["training"] = {
+    training = {
         "script": "scripts/train_digits_vit.py",
         "seed": args.seed,
         "train_images": f"train split minus its first {MONITOR} images (used for monitoring)",
         "recipe": vars(recipe),
         "augmentation": "random shift by up to 2 pixels",
-        "final_validation_accuracy": history[-1]["validation_accuracy"],
-        "minutes": round((time.time() - started) / 60, 1),
     }
-    path = save_zoo_model(args.out, model, settings)
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    save(args.out, model, settings, training, history, started)
 
 
 if __name__ == "__main__":

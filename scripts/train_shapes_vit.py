@@ -15,7 +15,6 @@ degrees during training (kinds and masks do not change under these).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import time
 from pathlib import Path
@@ -25,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
-from vit_training import Recipe, train
+from vit_training import Recipe, arguments, save, train
 
 from explain.data import shapes
 from explain.io import atomic_write
-from explain.zoo import build_model, save_zoo_model
+from explain.zoo import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,25 +134,13 @@ def scene_and_patch_loss(patch_weight: float):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, default=ROOT / "models" / "shapes-vit")
+    parser = arguments(__doc__, ROOT / "models" / "shapes-vit", epochs=8, lr=1e-3)
     parser.add_argument("--train-scenes", type=int, default=6000)
     parser.add_argument("--validation-scenes", type=int, default=500)
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--embed-dim", type=int, default=64)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--mlp-ratio", type=float, default=2.0)
     # Dense per-patch supervision from the masks; 0 (the zoo's model) trains on scene labels
     # only, which the kinds' signature hues make enough (see the card).
     parser.add_argument("--patch-weight", type=float, default=0.0)
-    parser.add_argument("--seed", type=int, default=0)
-    # One thread: on a busy 2-core machine two threads ran six times slower than one.
-    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--render-workers", type=int, default=2)
     args = parser.parse_args()
 
@@ -178,7 +165,7 @@ def main() -> None:
         loss=scene_and_patch_loss(args.patch_weight),
         seed=args.seed,
     )
-    settings["training"] = {
+    training = {
         "script": "scripts/train_shapes_vit.py",
         "seed": args.seed,
         "train_scenes": f"train split, scenes 0..{args.train_scenes - 1}",
@@ -186,11 +173,8 @@ def main() -> None:
         "recipe": vars(recipe),
         "augmentation": "random flip and rotation by a multiple of 90 degrees",
         "patch_weight": args.patch_weight,
-        "final_validation_accuracy": history[-1]["validation_accuracy"],
-        "minutes": round((time.time() - started) / 60, 1),
     }
-    path = save_zoo_model(args.out, model, settings)
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    save(args.out, model, settings, training, history, started)
 
 
 if __name__ == "__main__":

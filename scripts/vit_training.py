@@ -1,19 +1,65 @@
-"""The training loop the zoo's image models share (imported by scripts/train_*_vit.py).
+"""What the zoo's image-model training scripts share (imported by scripts/train_*_vit.py).
 
-AdamW with a linear warm-up and a cosine decay, seeded, one tqdm bar over all steps, a
-validation measurement after each epoch on images from the training split's reserve (never
-the held-out split, which only scripts/zoo_accuracy.py reads).
+The command-line arguments every script takes (`arguments`), the training loop (AdamW
+with a linear warm-up and a cosine decay, seeded, one tqdm bar over all steps, a
+validation measurement after each epoch on images from the training split's reserve,
+never the held-out split, which only scripts/zoo_accuracy.py reads), and writing the
+trained model with its training record (`save`).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from tqdm import tqdm
+
+from explain.zoo import save_zoo_model
+
+
+def arguments(description: str, out: Path, *, epochs: int, lr: float) -> argparse.ArgumentParser:
+    """A parser with the options every training script takes (its own defaults for the
+    output folder, epochs and learning rate); scripts add their own options to it."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=out)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=lr)
+    parser.add_argument("--embed-dim", type=int, default=64)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    # One thread: on a busy 2-core machine two threads ran six times slower than one.
+    parser.add_argument("--threads", type=int, default=1)
+    return parser
+
+
+def save(
+    out: Path,
+    model: nn.Module,
+    settings: dict[str, Any],
+    training: dict[str, Any],
+    history: list[dict[str, float]],
+    started: float,
+) -> None:
+    """Write the trained model to `out` with `settings["training"]`: the script's record,
+    the last validation accuracy and the minutes since `started` (time.time())."""
+    settings["training"] = {
+        **training,
+        "final_validation_accuracy": history[-1]["validation_accuracy"],
+        "minutes": round((time.time() - started) / 60, 1),
+    }
+    path = save_zoo_model(out, model, settings)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
 
 
 @dataclass(frozen=True)
