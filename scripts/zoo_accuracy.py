@@ -24,6 +24,7 @@ HEADLINE = {
     "shapes-vit": "every kind's present/absent decision right (the exact set of kinds)",
     "digits-vit": "top-1",
     "minilm-sentiment": "top-1",
+    "shapes-clip": "zero-shot: the closest of the 41 set captions names exactly its kinds",
 }
 
 
