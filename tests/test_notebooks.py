@@ -13,7 +13,11 @@ CELL_TIMEOUT_S = 600
 
 def test_there_are_notebooks():
     names = {path.name for path in NOTEBOOKS}
-    assert {"vit_explainability.ipynb", "text_explainability.ipynb"} <= names
+    assert {
+        "vit_explainability.ipynb",
+        "text_explainability.ipynb",
+        "clip_explainability.ipynb",
+    } <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
