@@ -100,8 +100,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--model",
         required=True,
-        metavar="PATH",
-        help="a Hugging Face CLIP folder (model, tokenizer and preprocessor_config.json)",
+        metavar="MODEL",
+        help="a Hugging Face CLIP folder (model, tokenizer and preprocessor_config.json), "
+        "or zoo:shapes-clip",
     )
     parser.add_argument(
         "--method",
