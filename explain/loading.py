@@ -44,7 +44,8 @@ class LoadedModel:
     Attributes:
         name: the spec it was loaded from.
         model: the torch module, in eval mode.
-        modality: "image" or "text": what `Explainer.explain` takes as inputs.
+        modality: what `Explainer.explain` takes as inputs: "image", "text", or
+            "image_text" for dual encoders such as CLIP (images and texts together).
         classes: the name of each output, in logit order (None when unknown).
         image_size: (H, W) the model takes (image models).
         mean, std: per-channel normalisation of [0, 1] pixels (image models).
@@ -55,7 +56,7 @@ class LoadedModel:
 
     name: str
     model: nn.Module
-    modality: Literal["image", "text"]
+    modality: Literal["image", "text", "image_text"]
     classes: tuple[str, ...] | None = None
     image_size: tuple[int, int] | None = None
     mean: tuple[float, ...] | None = None
@@ -256,9 +257,11 @@ def _load_hugging_face(folder: Path) -> LoadedModel:
     except (OSError, ValueError, KeyError) as error:
         raise ModelLoadError(f"cannot load the Hugging Face model in {folder}: {error}") from None
     model.eval()
-    image_input = getattr(model, "main_input_name", "input_ids") == "pixel_values"
+    # A dual encoder (CLIP and its kin) takes images and texts: it needs both preprocessings.
+    dual = hasattr(model, "get_image_features") and hasattr(model, "get_text_features")
+    image_input = dual or getattr(model, "main_input_name", "input_ids") == "pixel_values"
     tokenizer = None
-    if not image_input:
+    if dual or not image_input:
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
         except (OSError, ValueError, KeyError) as error:
@@ -269,7 +272,7 @@ def _load_hugging_face(folder: Path) -> LoadedModel:
     classes = tuple(id2label[i] for i in sorted(id2label)) if id2label else None
     image_size = mean = std = None
     if image_input:
-        size = getattr(config, "image_size", None)
+        size = getattr(getattr(config, "vision_config", config), "image_size", None)
         image_size = (size, size) if isinstance(size, int) else None
         processor = folder / "preprocessor_config.json"
         if processor.is_file():
@@ -279,7 +282,7 @@ def _load_hugging_face(folder: Path) -> LoadedModel:
     return LoadedModel(
         name=str(folder),
         model=model,
-        modality="image" if image_input else "text",
+        modality="image_text" if dual else "image" if image_input else "text",
         classes=classes,
         image_size=image_size,
         mean=mean,

@@ -64,9 +64,9 @@ def config(
     }
     return {
         "family": "hf_clip",
-        # What Hugging Face's own loader reports for a CLIPModel (its main input is
-        # input_ids); `Explainer.explain` takes a mapping of pixel_values and texts.
-        "modality": "text",
+        # A dual encoder: `Explainer.explain` takes images and texts together (load_model
+        # reports the same for any Hugging Face CLIPModel folder).
+        "modality": "image_text",
         "classes": None,
         "clip": {"text_config": text, "vision_config": vision, "projection_dim": width},
         "tokenizer_files": ["tokenizer.json", "tokenizer_config.json"],

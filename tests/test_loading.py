@@ -184,3 +184,32 @@ def test_errors_are_clear(tmp_path, timm_export):
     weights.write_bytes(weights.read_bytes()[:1000])
     with pytest.raises(ExplainError, match="cannot load timm model"):
         load_model(folder)
+
+
+def test_hugging_face_clip_folder_is_an_image_text_model(tmp_path):
+    from explain.data.captions import build_tokenizer
+
+    config = transformers.CLIPConfig(
+        text_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "vocab_size": 32,
+            "max_position_embeddings": 16,
+        },
+        vision_config={
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 32,
+            "patch_size": 8,
+        },
+        projection_dim=16,
+    )
+    transformers.CLIPModel(config).eval().save_pretrained(tmp_path / "clip")
+    build_tokenizer(16).save_pretrained(tmp_path / "clip")
+    loaded = load_model(tmp_path / "clip")
+    assert loaded.modality == "image_text" and loaded.image_size == (32, 32)
+    assert loaded.tokenizer is not None and loaded.tokenizer("a circle")["input_ids"]

@@ -35,6 +35,7 @@ def test_loads_a_stock_clip_with_its_tokenizer(loaded):
 
     model, tokenizer = loaded.model, loaded.tokenizer
     assert type(model) is CLIPModel and not model.training
+    assert loaded.modality == "image_text"
     assert loaded.image_size == (64, 64) and loaded.mean == shapes.MEAN
     text = captions.caption((3, 0, 5), np.random.default_rng(0), "a photo of {}")
     ids = tokenizer(text)["input_ids"]
@@ -114,6 +115,23 @@ def test_command_line_explains_the_zoo_model(tmp_path, capsys):
     assert status == 0
     assert (tmp_path / "out" / "scene_clip.png").is_file()
     assert "scene.png" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["image", "text"])
+def test_image_and_text_commands_point_to_explain_clip(tmp_path, capsys, command):
+    from explain.cli import main
+
+    Image = pytest.importorskip("PIL.Image")
+    Image.new("RGB", (64, 64)).save(tmp_path / "scene.png")
+    if command == "image":
+        given = [str(tmp_path / "scene.png"), "--out", str(tmp_path / "o")]
+    else:
+        given = ["a circle"]
+    status = main([command, *given, "--model", "zoo:shapes-clip"])
+    assert status != 0
+    error = capsys.readouterr().err
+    assert "image" in error and "use `explain clip`" in error
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.fixture

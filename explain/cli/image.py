@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
     paths = collect_images(args.inputs)
     loaded = load_model(args.model, weights=args.weights, architecture=args.arch)
     if loaded.modality != "image":
-        raise InputError(f"{args.model} is a {loaded.modality} model; use `explain text`")
+        command = "explain clip" if loaded.modality == "image_text" else "explain text"
+        raise InputError(f"{args.model} is a {loaded.modality} model; use `{command}`")
     if loaded.image_size is None:
         raise InputError(f"{args.model} does not say which image size it takes")
     num_classes = len(loaded.classes) if loaded.classes else _num_outputs(loaded)

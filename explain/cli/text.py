@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz.text import document_html, to_html, to_terminal
 
     loaded = load_model(args.model)
+    if loaded.modality == "image_text":
+        raise InputError(f"{args.model} is an image-text model; use `explain clip`")
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer; see `explain image`")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
