@@ -119,6 +119,13 @@ class TokenLayout:
         mask[:, self.num_prefix_tokens :] = True
         return mask
 
+    def patch_grid(self, token_relevance: Tensor) -> Tensor:
+        """(..., N) relevance over an image's tokens -> (..., gh, gw) over its patch grid
+        (the prefix tokens, class and register tokens, dropped)."""
+        assert self.grid is not None, "patch_grid needs an image layout"
+        patches = token_relevance[..., self.num_prefix_tokens :]
+        return patches.reshape(*patches.shape[:-1], *self.grid)
+
 
 @dataclass(frozen=True)
 class Prepared:

@@ -135,8 +135,6 @@ class DualEncoder(Adapter):
 
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         if layout.modality == "image":
-            assert layout.grid is not None
-            patches = token_relevance[..., layout.num_prefix_tokens :]
-            return patches.reshape(*patches.shape[:-1], *layout.grid)
+            return layout.patch_grid(token_relevance)
         assert layout.token_mask is not None
         return token_relevance * layout.token_mask.to(token_relevance.dtype)

@@ -250,9 +250,7 @@ class HFEncoderDecoder(Adapter):
 
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         if layout.modality == "image":
-            assert layout.grid is not None
-            patches = token_relevance[..., layout.num_prefix_tokens :]
-            return patches.reshape(*patches.shape[:-1], *layout.grid)
+            return layout.patch_grid(token_relevance)
         assert layout.token_mask is not None
         mask = layout.token_mask
         shape = (mask.shape[0],) + (1,) * (token_relevance.dim() - 2) + (mask.shape[1],)

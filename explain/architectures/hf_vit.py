@@ -86,6 +86,4 @@ class HuggingFaceViT(HuggingFaceAdapter):
         return row
 
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
-        assert layout.grid is not None
-        patches = token_relevance[..., layout.num_prefix_tokens :]
-        return patches.reshape(*patches.shape[:-1], *layout.grid)
+        return layout.patch_grid(token_relevance)
