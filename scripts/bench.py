@@ -15,10 +15,10 @@ of them alike, and reports medians and ratios to the floor measured in the same 
   parameter gradient computed, `retain_graph=True`, every block's full attention map and
   gradient stored, and the full N x N matrices multiplied over all blocks.
 
-Peak memory is measured on every timed call and its median reported: freed heap pages
-are returned to the OS (malloc_trim), the kernel's peak-resident-set counter is reset
-(/proc/self/clear_refs), and the figure is VmHWM after the call minus VmRSS before it,
-i.e. the resident memory the call itself added at its peak (on CUDA:
+Peak memory is measured for every variant by one more call after the timed rounds: freed
+heap pages are returned to the OS (malloc_trim), the kernel's peak-resident-set counter
+is reset (/proc/self/clear_refs), and the figure is VmHWM after the call minus VmRSS
+before it, i.e. the resident memory the call itself added at its peak (on CUDA:
 torch.cuda.max_memory_allocated minus the memory allocated before the call).
 
 The reference loop and the top-5 row are timed on SCALED_INPUTS inputs and scaled to the
@@ -103,7 +103,7 @@ def build(case: Case, device: torch.device) -> tuple[torch.nn.Module, Any]:
     return model, inputs
 
 
-def single(inputs: Any, rows: slice) -> Any:
+def rows_of(inputs: Any, rows: slice) -> Any:
     """The inputs `rows` of the batch, as a batch."""
     if isinstance(inputs, torch.Tensor):
         return inputs[rows]
@@ -194,7 +194,7 @@ def reference_loop(model: torch.nn.Module, inputs: Any, batch: int) -> Callable[
             for setting in flags:
                 setattr(setting.owner, setting.name, setting.value)
             for index in range(batch):
-                explain_one(single(inputs, slice(index, index + 1)))
+                explain_one(rows_of(inputs, slice(index, index + 1)))
         finally:
             for setting, value in zip(flags, old, strict=True):
                 setattr(setting.owner, setting.name, value)
@@ -222,7 +222,7 @@ is that of the inputs timed."""
 def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Variant]:
     """Every timed variant of one case, the floor first."""
     few = min(SCALED_INPUTS, case.batch)
-    some = single(inputs, slice(0, few))
+    some = rows_of(inputs, slice(0, few))
     found = {
         FLOOR: Variant(floor(model, inputs), case.batch),
         "generic": Variant(method(model, inputs, "generic"), case.batch),
@@ -232,7 +232,7 @@ def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Varia
     adapter = adapter_for(model)
     if adapter.fused_path() is not None:
         # Only the path that "auto" does not take: the "generic" row already times the other.
-        layout = adapter.prepare(single(inputs, slice(0, 1))).layout
+        layout = adapter.prepare(rows_of(inputs, slice(0, 1))).layout
         auto = use_fused_path(adapter, layout, needs_gradients=True, requested="auto")
         other = "explicit" if auto else "fused"
         found[f"generic, {other} path"] = Variant(
@@ -248,29 +248,33 @@ def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Varia
 
 def run_case(
     case: Case, rounds: int, device: torch.device, memory: bool
-) -> tuple[dict[str, list[float]], dict[str, list[int]], dict[str, int]]:
-    """Per variant: seconds per call scaled to the batch, in `rounds` interleaved rounds,
-    the peak memory each timed call added (if `memory`), and the inputs it was timed on.
+) -> tuple[dict[str, list[float]], dict[str, int], dict[str, int]]:
+    """Per variant: seconds per call scaled to the batch, in `rounds` interleaved rounds;
+    the peak memory one more call added (if `memory`); and the inputs it was timed on.
 
     A warm-up round first fills caches, thread pools and allocators: every variant on one
-    input, then the floor on the whole batch (kernels are tuned per tensor shape).
+    input, then the floor on the whole batch (kernels are tuned per tensor shape). Memory
+    is measured after the timed rounds, because returning freed pages to the OS before a
+    call (which the measurement needs) would slow the call down.
     """
     model, inputs = build(case, device)
     calls = variants(case, model, inputs)
-    warm_up = variants(dataclasses.replace(case, batch=1), model, single(inputs, slice(0, 1)))
+    warm_up = variants(dataclasses.replace(case, batch=1), model, rows_of(inputs, slice(0, 1)))
     warm_up["floor, whole batch"] = calls[FLOOR]
     seconds: dict[str, list[float]] = {name: [] for name in calls}
-    peaks: dict[str, list[int]] = {name: [] for name in calls}
-    progress = tqdm(total=len(warm_up) + rounds * len(calls), desc=case.name, unit="call")
+    total = len(warm_up) + (rounds + memory) * len(calls)
+    progress = tqdm(total=total, desc=case.name, unit="call")
     for variant in warm_up.values():
         variant.run()
         progress.update()
     for _ in range(rounds):
         for name, variant in calls.items():
-            peak, elapsed = measure(variant.run, device, memory)
-            seconds[name].append(elapsed * case.batch / variant.inputs)
-            if peak is not None:
-                peaks[name].append(peak)
+            seconds[name].append(timed(variant.run, device) * case.batch / variant.inputs)
+            progress.update()
+    peaks = {}
+    if memory:
+        for name, variant in calls.items():
+            peaks[name] = peak_memory(variant.run, device)
             progress.update()
     progress.close()
     return seconds, peaks, {name: variant.inputs for name, variant in calls.items()}
@@ -291,30 +295,29 @@ def _release_free_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def measure(fn: Callable[[], None], device: torch.device, memory: bool) -> tuple[int | None, float]:
-    """(peak bytes the call added to what was in use before it, or None without `memory`;
-    its wall-clock seconds)."""
-    peak = None
-    if memory:
-        _release_free_memory()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-        else:
-            Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-            before = _status_kib("VmRSS") * 1024
+def timed(fn: Callable[[], None], device: torch.device) -> float:
+    """Wall-clock seconds of one call of `fn`."""
     start = time.perf_counter()
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    if memory:
-        if device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated() - before
-        else:
-            peak = _status_kib("VmHWM") * 1024 - before
-    return peak, elapsed
+    return time.perf_counter() - start
+
+
+def peak_memory(fn: Callable[[], None], device: torch.device) -> int:
+    """Peak bytes that one call of `fn` adds to what is in use before it."""
+    _release_free_memory()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+    before = _status_kib("VmRSS")
+    fn()
+    return (_status_kib("VmHWM") - before) * 1024
 
 
 def machine() -> str:
@@ -336,11 +339,10 @@ def machine() -> str:
 
 
 def table(
-    case: Case, seconds: dict[str, list[float]], peaks: dict[str, list[int]], timed: dict[str, int]
+    case: Case, seconds: dict[str, list[float]], peak: dict[str, int], inputs: dict[str, int]
 ) -> list[str]:
     """The case's Markdown table: medians, ratios to the floor, and the targets' verdicts."""
     medians = {name: statistics.median(values) for name, values in seconds.items()}
-    peak = {name: statistics.median(values) for name, values in peaks.items() if values}
     base, base_peak = medians[FLOOR], peak.get(FLOOR)
     lines = [
         f"### {case.title}, batch {case.batch} ({case.tokens} tokens per input)",
@@ -351,10 +353,10 @@ def table(
     for name, value in medians.items():
         mib = f"{peak[name] / 2**20:.0f}" if name in peak else "-"
         # A row timed on fewer inputs holds their memory, not the batch's: no ratio.
-        comparable = name in peak and base_peak and timed[name] == case.batch
+        comparable = name in peak and base_peak and inputs[name] == case.batch
         ratio = f"{peak[name] / base_peak:.2f}" if comparable else "-"
         lines.append(
-            f"| {name} | {timed[name]} | {value:.2f} | {value / base:.2f} | {mib} | {ratio} |"
+            f"| {name} | {inputs[name]} | {value:.2f} | {value / base:.2f} | {mib} | {ratio} |"
         )
     speedup = medians[REFERENCE] / medians["generic"]
     lines += [
@@ -412,8 +414,8 @@ def main() -> None:
         case = CASES[name]
         if args.batch:
             case = dataclasses.replace(case, batch=args.batch)
-        seconds, peaks, timed = run_case(case, args.rounds, device, memory=not args.no_memory)
-        section = table(case, seconds, peaks, timed)
+        seconds, peaks, inputs = run_case(case, args.rounds, device, memory=not args.no_memory)
+        section = table(case, seconds, peaks, inputs)
         sections += section
         print("\n".join(section), flush=True)
     elapsed = time.perf_counter() - started
@@ -461,11 +463,11 @@ What the rows measure:
 - **inputs timed**: the reference loop and the top-5 row are timed on {scaled} inputs and
   their seconds scaled to the batch (their cost is a sum over inputs); their peak memory
   is that of the inputs timed, so it gets no ratio.
-- **peak MiB**: the median over the timed calls of the resident memory a call added at its
+- **peak MiB**: the resident memory one more call after the timed rounds added at its
   peak (VmHWM after the call minus VmRSS before it; freed heap pages are returned with
   malloc_trim and the peak counter is reset through /proc/self/clear_refs just before the
-  call). It includes the reference loop's parameter gradients (the size of the model) and
-  torch's own allocator overhead.
+  call, which is why it is not measured on the timed calls). It includes the reference
+  loop's parameter gradients (the size of the model) and torch's own allocator overhead.
 
 {tables}
 GPU figures are pending: no GPU was available in the session that wrote this benchmark.
