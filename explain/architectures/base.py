@@ -23,9 +23,16 @@ __all__ = [
     "FusedPath",
     "Prepared",
     "TokenLayout",
+    "whole_output",
 ]
 
 Modality = Literal["image", "text"]
+
+
+def whole_output(output: Tensor) -> Tensor:
+    """`AttentionSite.probabilities` for a module whose whole output is the probabilities
+    (a dropout or identity module the probabilities pass on their way to the values)."""
+    return output
 
 
 @dataclass(frozen=True)

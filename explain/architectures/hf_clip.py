@@ -67,7 +67,7 @@ class HFClip(DualEncoder):
                 "return_tensors='pt')"
             )
         vision = self.model.config.vision_config
-        images = validate_image_batch(inputs["pixel_values"], vision.num_channels)
+        images = validate_image_batch(inputs["pixel_values"], vision.num_channels, self.parameter)
         size = (vision.image_size, vision.image_size)
         if tuple(images.shape[-2:]) != size:
             raise InputError(
@@ -86,9 +86,7 @@ class HFClip(DualEncoder):
         eos = self.readout_positions(arguments["input_ids"])
         if not bool(arguments["attention_mask"].gather(1, eos[:, None]).all()):
             raise InputError("every text needs its end-of-text token inside its attention mask")
-        if images.is_inference():
-            images = images.clone()
-        arguments["pixel_values"] = images.to(device=parameter.device, dtype=parameter.dtype)
+        arguments["pixel_values"] = images
         return Prepared(
             batch_size=images.shape[0], layout=self._image_layout(), arguments=arguments
         )

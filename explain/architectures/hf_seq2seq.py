@@ -208,7 +208,7 @@ class HFEncoderDecoder(Adapter):
         config = self.model.get_encoder().config
         if "pixel_values" not in inputs:
             raise InputError("a VisionEncoderDecoderModel takes pixel_values (B, 3, H, W)")
-        images = validate_image_batch(inputs["pixel_values"], config.num_channels)
+        images = validate_image_batch(inputs["pixel_values"], config.num_channels, parameter)
         side = config.image_size
         if tuple(images.shape[-2:]) != (side, side):
             raise InputError(
@@ -218,8 +218,6 @@ class HFEncoderDecoder(Adapter):
         grid = side // config.patch_size
         embeddings = self.model.get_encoder().embeddings
         prefix = 1 + int(getattr(embeddings, "distillation_token", None) is not None)
-        if images.is_inference():
-            images = images.clone()
         layout = TokenLayout(
             modality="image",
             num_tokens=prefix + grid * grid,
@@ -227,7 +225,7 @@ class HFEncoderDecoder(Adapter):
             grid=(grid, grid),
             input_size=(side, side),
         )
-        return layout, images.to(device=parameter.device, dtype=parameter.dtype)
+        return layout, images
 
     def layout(self, prepared: Prepared, stack: str) -> TokenLayout:
         """The token layout of the source (encoder) or the target (decoder) tokens."""

@@ -45,7 +45,7 @@ class HuggingFaceViT(HuggingFaceAdapter):
 
     def prepare(self, inputs: object) -> Prepared:
         config = self.model.config
-        images = validate_image_batch(inputs, config.num_channels)
+        images = validate_image_batch(inputs, config.num_channels, self.parameter)
         height, width = images.shape[-2:]
         size = config.image_size
         if (height, width) != (size, size):
@@ -53,10 +53,6 @@ class HuggingFaceViT(HuggingFaceAdapter):
                 f"this model takes {size}x{size} images, got {height}x{width}; resize the input"
             )
         grid = (size // config.patch_size, size // config.patch_size)
-        parameter = self.parameter
-        images = images.to(device=parameter.device, dtype=parameter.dtype)
-        if images.is_inference():  # made under inference_mode: autograd cannot save it
-            images = images.clone()
         layout = TokenLayout(
             modality="image",
             num_tokens=self._prefix + grid[0] * grid[1],

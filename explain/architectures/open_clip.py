@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from explain.architectures import register_adapter
-from explain.architectures.base import FlagSetting, Prepared, TokenLayout
+from explain.architectures.base import FlagSetting, Prepared, TokenLayout, whole_output
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import prepare_text
 from explain.architectures.timm_vit import validate_image_batch
@@ -149,7 +149,7 @@ class OpenClip(DualEncoder):
         return list(self.model.transformer.resblocks)
 
     def probabilities_site(self, block: nn.Module) -> tuple[nn.Module, Callable[[Any], Tensor]]:
-        return self._explicit[block].probabilities, _identity
+        return self._explicit[block].probabilities, whole_output
 
     def path_flags(self) -> Sequence[FlagSetting]:
         flags = [FlagSetting(block, "attn", self._explicit[block]) for block in self.blocks]
@@ -183,7 +183,7 @@ class OpenClip(DualEncoder):
                 "(T, context_length) token ids from open_clip.get_tokenizer(name)(texts)}"
             )
         visual = self.model.visual
-        images = validate_image_batch(inputs["image"], visual.conv1.in_channels)
+        images = validate_image_batch(inputs["image"], visual.conv1.in_channels, self.parameter)
         size = tuple(visual.image_size)
         if tuple(images.shape[-2:]) != size:
             raise InputError(
@@ -218,9 +218,6 @@ class OpenClip(DualEncoder):
             raise InputError(
                 f"every text needs its end-of-text token (id {self.model.text_eos_id})"
             )
-        if images.is_inference():  # made under inference_mode: autograd cannot save it
-            images = images.clone()
-        images = images.to(device=parameter.device, dtype=parameter.dtype)
         grid = tuple(visual.grid_size)
         layout = TokenLayout(
             modality="image",
@@ -299,7 +296,3 @@ def _self_attention(block: nn.Module, tower: str, index: int) -> nn.MultiheadAtt
             "separate q/k/v projections, bias_k/bias_v or add_zero_attn is not supported"
         )
     return attention
-
-
-def _identity(output: Tensor) -> Tensor:
-    return output

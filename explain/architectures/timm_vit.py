@@ -23,6 +23,7 @@ from explain.architectures.base import (
     FusedPath,
     Prepared,
     TokenLayout,
+    whole_output,
 )
 from explain.errors import InputError, UnsupportedModelError
 
@@ -37,8 +38,9 @@ def _is_timm_class(model: nn.Module, name: str) -> bool:
     )
 
 
-def validate_image_batch(images: object, channels: int) -> Tensor:
-    """Check that `images` is a finite, non-empty (B, C, H, W) tensor."""
+def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Tensor:
+    """Check that `images` is a finite, non-empty (B, C, H, W) tensor; return it on the
+    device and in the dtype of the model's `parameter`, usable by autograd."""
     if not isinstance(images, Tensor):
         raise InputError(
             f"image models take a (B, {channels}, H, W) tensor, got {type(images).__name__}; "
@@ -59,6 +61,9 @@ def validate_image_batch(images: object, channels: int) -> Tensor:
         raise InputError(f"images must be floating point, got {images.dtype}")
     if not torch.isfinite(images).all():
         raise InputError("the images contain NaN or infinite values")
+    images = images.to(device=parameter.device, dtype=parameter.dtype)
+    if images.is_inference():  # made under inference_mode: autograd cannot save it
+        images = images.clone()
     return images
 
 
@@ -97,7 +102,7 @@ class TimmVisionTransformer(Adapter):
 
     def attention_sites(self) -> Sequence[AttentionSite]:
         return [
-            AttentionSite(layer=index, module=block.attn.attn_drop, probabilities=_identity)
+            AttentionSite(layer=index, module=block.attn.attn_drop, probabilities=whole_output)
             for index, block in enumerate(self.model.blocks)
         ]
 
@@ -132,14 +137,10 @@ class TimmVisionTransformer(Adapter):
 
     def prepare(self, inputs: object) -> Prepared:
         patch_embed = self.model.patch_embed
-        images = validate_image_batch(inputs, patch_embed.proj.in_channels)
+        images = validate_image_batch(inputs, patch_embed.proj.in_channels, self.parameter)
         height, width = images.shape[-2:]
         grid = self._grid(height, width)
         prefix = self.model.num_prefix_tokens
-        parameter = self.parameter
-        images = images.to(device=parameter.device, dtype=parameter.dtype)
-        if images.is_inference():  # made under inference_mode: autograd cannot save it
-            images = images.clone()
         layout = TokenLayout(
             modality="image",
             num_tokens=prefix + grid[0] * grid[1],
@@ -188,10 +189,6 @@ class TimmVisionTransformer(Adapter):
 
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         return layout.patch_grid(token_relevance)
-
-
-def _identity(output: Tensor) -> Tensor:
-    return output
 
 
 def _timm_values(num_heads: int, head_dim: int, qkv: Tensor) -> Tensor:
