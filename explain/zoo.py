@@ -31,7 +31,7 @@ from torch import nn
 
 from explain.errors import ModelLoadError
 from explain.io import atomic_write
-from explain.loading import LoadedModel
+from explain.loaded_model import LoadedModel
 
 __all__ = [
     "ZOO",

@@ -18,22 +18,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures import register_adapter
-from explain.architectures.base import FlagSetting, Prepared, TokenLayout
+from explain.architectures.base import FlagSetting, Prepared, TokenLayout, validate_image_batch
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import (
     eager_attention_flags,
     is_transformers_class,
     prepare_text,
-    text_layout,
 )
-from explain.architectures.timm_vit import validate_image_batch
 from explain.errors import InputError
 
 __all__ = ["HFClip"]
 
 
-@register_adapter
 class HFClip(DualEncoder):
     family = "Hugging Face CLIPModel (image-text similarity; image and text relevance)"
     image_argument = "pixel_values"
@@ -94,16 +90,10 @@ class HFClip(DualEncoder):
     def _image_layout(self) -> TokenLayout:
         vision = self.model.config.vision_config
         side = vision.image_size // vision.patch_size
-        return TokenLayout(
-            modality="image",
-            num_tokens=1 + side * side,
-            num_prefix_tokens=1,
-            grid=(side, side),
-            input_size=(vision.image_size, vision.image_size),
-        )
+        return TokenLayout.image((side, side), (vision.image_size, vision.image_size))
 
     def text_layout(self, prepared: Prepared) -> TokenLayout:
-        return text_layout(prepared.arguments["attention_mask"])
+        return TokenLayout.text(prepared.arguments["attention_mask"])
 
     def readout_positions(self, input_ids: Tensor) -> Tensor:
         """Where CLIP pools each text, exactly as CLIPTextModel does."""

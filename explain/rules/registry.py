@@ -8,8 +8,9 @@ given; they never see the model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Protocol
 
 from torch import Tensor
@@ -18,8 +19,11 @@ from explain.architectures.base import TokenLayout
 from explain.errors import UnknownMethodError
 
 __all__ = [
+    "LRP_NEEDS",
     "METHODS",
+    "InputSink",
     "Method",
+    "Need",
     "RuleContext",
     "Sink",
     "first_block",
@@ -31,6 +35,22 @@ __all__ = [
 def first_block(num_layers: int, modality: str) -> int:
     """Default start layer of the aggregating methods: all blocks."""
     return 0
+
+
+class Need(Enum):
+    """What a method needs from the model beyond its output: the engine runs the passes
+    that provide it (explain.engine), and a model family that cannot provide it refuses
+    the method. A new family of methods with another need is one more member here and one
+    more pass in the engine."""
+
+    ATTENTION = "attention maps from the forward pass"
+    ATTENTION_GRADIENTS = "the gradient of the target score with respect to each attention map"
+    LRP_RELEVANCE = "each block's attention relevance from the family's LRP walk"
+    INPUT_RELEVANCE = "the LRP relevance of the input itself (the walk continued to the input)"
+
+
+LRP_NEEDS = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
+"""The needs that the family's LRP walk (`Adapter.lrp_walk`) provides."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,13 @@ class Sink(Protocol):
     def result(self) -> Tensor: ...
 
 
+class InputSink(Sink, Protocol):
+    """The sink of a method that needs `Need.INPUT_RELEVANCE`: it also receives the
+    relevance of the input itself."""
+
+    def add_input(self, relevance: Tensor) -> None: ...
+
+
 Builder = Callable[..., Sink]
 
 
@@ -65,7 +92,7 @@ class Method:
 
     name: str
     build: Builder
-    needs_gradients: bool
+    needs: frozenset[Need]
     class_specific: bool
     summary: str
     default_start_layer: Callable[[int, str], int] | None
@@ -74,6 +101,11 @@ class Method:
     lrp_rules: str | None = None
     """LRP methods: the explain.lrp rule set whose relevance pass feeds the sink (each
     block's attention relevance in place of its attention); None for all other methods."""
+
+    @property
+    def needs_gradients(self) -> bool:
+        """Whether the method differentiates the target score (one backward per target)."""
+        return Need.ATTENTION_GRADIENTS in self.needs
 
     def sink(self, context: RuleContext, options: dict[str, Any]) -> Sink:
         try:
@@ -90,25 +122,40 @@ METHODS: dict[str, Method] = {}
 def register_method(
     name: str,
     *,
-    needs_gradients: bool,
     class_specific: bool,
+    needs: Iterable[Need] | None = None,
+    needs_gradients: bool | None = None,
     default_start_layer: Callable[[int, str], int] | None = None,
     lrp_rules: str | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator: register `builder(context, **options) -> Sink` under `name`.
 
+    `needs` states what the method needs (`Need`). The older form, `needs_gradients`
+    (with `lrp_rules` for the LRP methods), still works: it means attention maps, their
+    gradients when True, and the LRP relevance when a rule set is named.
     Methods that aggregate over blocks pass `default_start_layer`; the others reject a
     `start_layer` argument. LRP methods name their rule set in `lrp_rules`.
 
     The builder's docstring's first line becomes the method's summary.
     """
+    if needs is None:
+        if needs_gradients is None:
+            raise TypeError(f"method {name!r}: state what it needs (needs=...)")
+        needs = {Need.ATTENTION}
+        needs |= {Need.ATTENTION_GRADIENTS} if needs_gradients else set()
+        needs |= {Need.LRP_RELEVANCE} if lrp_rules is not None else set()
+    elif needs_gradients is not None:
+        raise TypeError(f"method {name!r}: give needs or needs_gradients, not both")
+    stated = frozenset(needs)
+    if bool(stated & LRP_NEEDS) != (lrp_rules is not None):
+        raise TypeError(f"method {name!r}: LRP relevance needs a rule set (lrp_rules) and back")
 
     def decorate(builder: Builder) -> Builder:
         summary = (builder.__doc__ or name).strip().splitlines()[0]
         METHODS[name] = Method(
             name=name,
             build=builder,
-            needs_gradients=needs_gradients,
+            needs=stated,
             class_specific=class_specific,
             summary=summary,
             default_start_layer=default_start_layer,
