@@ -5,7 +5,13 @@
 (explain.engine.plans) say how each kind of model maps the request onto the loop.
 """
 
-from explain.engine.plans import Plan, Position, plan_for, resolve_start_layer
+from explain.engine.plans import (
+    Plan,
+    Position,
+    plan_for,
+    resolve_start_layer,
+    supported_methods,
+)
 from explain.engine.request import Request, StartLayer
 from explain.engine.run import explain, trace
 
@@ -17,5 +23,6 @@ __all__ = [
     "explain",
     "plan_for",
     "resolve_start_layer",
+    "supported_methods",
     "trace",
 ]

@@ -50,6 +50,7 @@ __all__ = [
     "SetSinks",
     "plan_for",
     "resolve_start_layer",
+    "supported_methods",
 ]
 
 Position = Union[None, int, Sequence[int], Tensor, Literal["all"]]
@@ -157,11 +158,10 @@ class Plan:
         self.spec = spec
         self.request = request
         self.tokenizer = tokenizer
-        if spec is not None and not self.supports(spec):
-            supported = [name for name, method in sorted(METHODS.items()) if self.supports(method)]
+        if spec is not None and not self.supports(adapter, spec):
             raise self.refusal(
                 f"method {spec.name!r} is not available for {adapter.family}: "
-                f"{self.why_not(spec)}; supported methods: {', '.join(supported)}"
+                f"{self.why_not(spec)}; supported methods: " + ", ".join(supported_methods(adapter))
             )
         check_score(request.score)
         self.prepared: Prepared
@@ -169,11 +169,13 @@ class Plan:
 
     # -- what the kind supports ---------------------------------------------------------
 
-    def supports(self, spec: Method) -> bool:
+    @classmethod
+    def supports(cls, adapter: Adapter, spec: Method) -> bool:
         """Whether the method can run on this adapter (LRP needs the family's walk)."""
-        return not (spec.needs & LRP_NEEDS) or self.adapter.lrp_walk is not None
+        return not (spec.needs & LRP_NEEDS) or adapter.lrp_walk is not None
 
-    def why_not(self, spec: Method) -> str:
+    @classmethod
+    def why_not(cls, spec: Method) -> str:
         return "the LRP methods need relevance rules for the family's modules, which it lacks"
 
     # -- inputs -------------------------------------------------------------------------
@@ -273,10 +275,12 @@ class DualEncoderPlan(Plan):
         self._logits: Tensor | None = None
         self._classes: Tensor | None = None
 
-    def supports(self, spec: Method) -> bool:
+    @classmethod
+    def supports(cls, adapter: Adapter, spec: Method) -> bool:
         return not spec.needs & LRP_NEEDS
 
-    def why_not(self, spec: Method) -> str:
+    @classmethod
+    def why_not(cls, spec: Method) -> str:
         return "the LRP methods need an LRP pass through the model, which its towers lack"
 
     def prepare(self, inputs: Any) -> None:
@@ -351,10 +355,12 @@ class EncoderDecoderPlan(Plan):
         self._every = isinstance(self.position, str)
         self._target: Target = request.target
 
-    def supports(self, spec: Method) -> bool:
+    @classmethod
+    def supports(cls, adapter: Adapter, spec: Method) -> bool:
         return spec.name == "generic"
 
-    def why_not(self, spec: Method) -> str:
+    @classmethod
+    def why_not(cls, spec: Method) -> str:
         return "encoder-decoders are explained with the generic rule in its two-token-set form"
 
     def prepare(self, inputs: Any) -> None:
@@ -467,6 +473,12 @@ PLANS: dict[TokenSets | None, type[Plan]] = {
     TokenSets.ENCODER_DECODER: EncoderDecoderPlan,
 }
 """The plan of each kind of model (`Adapter.token_sets`)."""
+
+
+def supported_methods(adapter: Adapter) -> list[str]:
+    """The names of the methods that `adapter`'s model can be explained with."""
+    plan = PLANS[adapter.token_sets]
+    return [name for name, spec in sorted(METHODS.items()) if plan.supports(adapter, spec)]
 
 
 def plan_for(adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any) -> Plan:

@@ -115,7 +115,7 @@ def _fused(adapter: Adapter, spec: Method, plan: Plan, request: Request) -> bool
         if request.attention_path == "fused":
             raise OptionError(
                 f"method {spec.name!r} propagates relevance through the explicit attention "
-                "path; use attention_path='auto' or 'explicit'"
+                "path, not the fused kernel; use attention_path='auto' or 'explicit'"
             )
         return False
     return use_fused_path(
