@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from explain.errors import InputError
-from explain.tokens import token_strings
+from explain.tokens import encode, is_raw_text, token_strings
 
 __all__ = [
     "Adapter",
@@ -307,9 +307,11 @@ class Adapter(ABC):
         return [TokenSet(layout.modality, range(self.num_layers), layout, self.readout(prepared))]
 
     def encode(self, inputs: object, tokenizer: Any) -> object:
-        """`inputs` with raw texts tokenized by `tokenizer` (given to the Explainer), where
-        the family supports that differently from explain.tokens.encode; the default takes
-        the inputs as given."""
+        """`inputs` with raw texts (a string or a list of strings) tokenized by the
+        Explainer's `tokenizer` into a padded batch (explain.tokens.encode); anything else
+        as given. A family whose raw inputs look different overrides it."""
+        if tokenizer is not None and is_raw_text(inputs):
+            return encode(tokenizer, inputs)
         return inputs
 
     def token_strings(self, prepared: Prepared, tokenizer: Any) -> list[list[str]] | None:

@@ -59,7 +59,6 @@ class HFEncoderDecoder(Adapter):
         "relevance"
     )
     token_sets = TokenSets.ENCODER_DECODER
-    stacks = ("source", "target")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -194,22 +193,16 @@ class HFEncoderDecoder(Adapter):
         prefix = num_prefix_tokens(self.model.get_encoder())
         return TokenLayout.image((grid, grid), (side, side), prefix), images
 
-    def layout(self, prepared: Prepared, stack: str) -> TokenLayout:
-        """The token layout of the source (encoder) or the target (decoder) tokens."""
-        if stack == "source":
-            return prepared.layout
-        return TokenLayout.text(prepared.arguments["decoder_attention_mask"])
-
     def sets(self, prepared: Prepared) -> list[TokenSet]:
-        """ "source" over the encoder's blocks, "target" over the decoder's; both are read
-        out where the explained position is, which the engine chooses per column."""
+        """ "source": the encoder's tokens (text or image patches) and sites; "target": the
+        decoder's tokens and sites. The two-set rules read both out at the explained
+        decoder position, which the engine chooses per column."""
         encoder = len(self._encoder_blocks)
         readout = self.readout(prepared)
+        target = TokenLayout.text(prepared.arguments["decoder_attention_mask"])
         return [
             TokenSet("source", range(encoder), prepared.layout, readout),
-            TokenSet(
-                "target", range(encoder, len(self._sites)), self.layout(prepared, "target"), readout
-            ),
+            TokenSet("target", range(encoder, len(self._sites)), target, readout),
         ]
 
     # -- model ----------------------------------------------------------------------------

@@ -38,7 +38,6 @@ from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, METHODS, Method, RuleContext, Sink
 from explain.rules.coattention import BlockRole, TwoSetFold
 from explain.targets import Target, check_score, resolve_targets, select_scores
-from explain.tokens import encode, is_raw_text
 
 __all__ = [
     "Columns",
@@ -181,10 +180,8 @@ class Plan:
     # -- inputs -------------------------------------------------------------------------
 
     def prepare(self, inputs: Any) -> None:
-        """Validate the inputs (raw texts tokenized with the tokenizer)."""
-        if self.tokenizer is not None and is_raw_text(inputs):
-            inputs = encode(self.tokenizer, inputs)
-        self._use(self.adapter.prepare(inputs))
+        """Validate the inputs (raw texts tokenized with the Explainer's tokenizer)."""
+        self._use(self.adapter.prepare(self.adapter.encode(inputs, self.tokenizer)))
 
     def _use(self, prepared: Prepared) -> None:
         self.prepared = prepared
@@ -283,9 +280,6 @@ class DualEncoderPlan(Plan):
     def why_not(cls, spec: Method) -> str:
         return "the LRP methods need an LRP pass through the model, which its towers lack"
 
-    def prepare(self, inputs: Any) -> None:
-        self._use(self.adapter.prepare(self.adapter.encode(inputs, self.tokenizer)))
-
     def choose_inputs(self) -> None:
         prepared, encoder = self.prepared, self.encoder
         num_images = prepared.batch_size
@@ -364,7 +358,7 @@ class EncoderDecoderPlan(Plan):
         return "encoder-decoders are explained with the generic rule in its two-token-set form"
 
     def prepare(self, inputs: Any) -> None:
-        self._use(self.adapter.prepare(inputs))
+        super().prepare(inputs)
         arguments = self.prepared.arguments
         decoder_ids = arguments["decoder_input_ids"]
         lengths = arguments["decoder_attention_mask"].sum(dim=1)
