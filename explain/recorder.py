@@ -9,6 +9,14 @@ the call succeeded or not, every hook is removed and every flag, mode and
 `requires_grad` is put back. The global RNG state is forked so that nothing the model
 does inside the call can change the random numbers training will draw next.
 
+Threads: calls on one model are serialised. A recorder holds its model's lock from entry
+to exit, so two threads explaining the same model (through one Explainer or several) take
+turns and each saves and restores the state the user left, never the other call's. The
+locks live in a weak table outside the model: no attribute is written onto the user's
+modules, and a model's lock goes when the model does. Entering a recorder for a model the
+same thread is already explaining (an `explain` inside a target callable) is refused:
+explanations cannot be nested.
+
 Memory: an attention map kept for its gradient is released as soon as its gradient has
 been delivered, so the backward pass never holds more than autograd itself does.
 """
@@ -16,6 +24,8 @@ been delivered, so the backward pass never holds more than autograd itself does.
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
@@ -51,6 +61,42 @@ BATCHED_GRADIENT_BYTES = 1 << 30
 """Memory bound of one batched backward over several targets: every tracked tensor's
 gradient is held for all targets of a chunk at once, so targets are taken in chunks whose
 gradients fit in this many bytes (at least one target per chunk)."""
+
+
+class _ModelLock:
+    """A lock that knows which thread holds it, so that re-entry by that thread is an
+    error (a nested explanation) instead of a deadlock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def acquire(self) -> None:
+        if self._owner == threading.get_ident():
+            raise ExplainError(
+                "explanations cannot be nested: this thread is already explaining this model "
+                "(was explain called inside a target callable?); compute what the target "
+                "needs before the call, or explain a separate copy of the model"
+            )
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+
+_MODEL_LOCKS: weakref.WeakKeyDictionary[nn.Module, _ModelLock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_of(model: nn.Module) -> _ModelLock:
+    """The lock that serialises every recorded call on `model` (made on first use)."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = _ModelLock()
+        return lock
 
 
 class Recorder(contextlib.AbstractContextManager["Recorder"]):
@@ -106,6 +152,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self._restore: list[Callable[[], None]] = []
         self._stack = contextlib.ExitStack()
         self._active = False
+        self._lock: _ModelLock | None = None
 
     # -- context ---------------------------------------------------------------------------
 
@@ -117,6 +164,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             )
         if self._active:
             raise ExplainError("a Recorder cannot be entered twice")
+        lock = _lock_of(self.model)
+        lock.acquire()  # other threads' calls on this model wait; this thread's nesting fails
+        self._lock = lock
         self._active = True
         try:
             self._fork_rng()
@@ -134,16 +184,21 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self._undo()
 
     def _undo(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        while self._restore:
-            self._restore.pop()()
-        self.attentions.clear()
-        self._fused_blocks.clear()
-        self._fused_outputs.clear()
-        self._stack.close()
-        self._active = False
+        try:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            while self._restore:
+                self._restore.pop()()
+            self.attentions.clear()
+            self._fused_blocks.clear()
+            self._fused_outputs.clear()
+            self._stack.close()
+        finally:
+            self._active = False
+            if self._lock is not None:  # last: the next call finds everything restored
+                self._lock.release()
+                self._lock = None
 
     def _fork_rng(self) -> None:
         devices = sorted(
