@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from explain.errors import ExplainError
+from explain.finite import check_finite
 
 __all__ = ["Explanation", "Trace", "normalize_per_sample"]
 
@@ -52,6 +53,18 @@ class Explanation:
     input_size: tuple[int, int] | None = None
     relevances: Mapping[str, Tensor] = field(default_factory=dict)
     tokens: list[list[str]] | None = None
+
+    def __post_init__(self) -> None:
+        # Refused here, where every runner's result passes, so that no NaN is ever drawn
+        # (min-max normalisation would hide it as zeros, a colour scale show it as red).
+        for relevance in (self.relevance, *self.relevances.values()):
+            check_finite(
+                relevance,
+                f"the {self.method} relevance",
+                "the method's arithmetic overflowed for these inputs; explain them with a "
+                "float32 (or float64) model, or with another method",
+                error=ExplainError,
+            )
 
     def heatmap(self, size: tuple[int, int] | int | None = None) -> Tensor:
         """Relevance upsampled bilinearly to `size` (default: the input size) and min-max

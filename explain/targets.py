@@ -14,11 +14,17 @@ import torch
 from torch import Tensor
 
 from explain.errors import TargetError
+from explain.finite import check_finite
 
 __all__ = ["SCORES", "Score", "Target", "resolve_targets", "select_scores"]
 
 Score = Literal["logit", "probability", "log_probability"]
 SCORES: tuple[str, ...] = ("logit", "probability", "log_probability")
+
+_NONFINITE_ADVICE = (
+    "there is nothing to explain: check that these inputs are normalised as the model "
+    "expects (too large values overflow the model's dtype) and that its weights are finite"
+)
 
 Target = Union[None, int, Sequence[int], Tensor, Callable[[Tensor], Tensor]]
 """None (the predicted class), an int, B ints, a (B,) or (B, K) tensor, or a callable.
@@ -35,6 +41,7 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
     Exactly one of the two is not None.
     """
     batch, num_classes = output.shape[0], output.shape[-1]
+    check_finite(output, "the model's output", _NONFINITE_ADVICE)
     if callable(target) and not isinstance(target, Tensor):
         chosen = target(output)
         if not isinstance(chosen, Tensor):
@@ -47,6 +54,7 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
                     f"a target callable that returns scores must return shape ({batch},), "
                     f"got {tuple(chosen.shape)}"
                 )
+            check_finite(chosen, "the score the target callable returned", _NONFINITE_ADVICE)
             return None, chosen
         target = chosen
     if target is None:
@@ -94,6 +102,7 @@ def select_scores(output: Tensor, classes: Tensor, score: Score) -> Tensor:
         raise TargetError(f"score must be one of {', '.join(SCORES)}; got {score!r}")
     index = classes if classes.dim() == 2 else classes[:, None]
     picked = values.gather(-1, index)
+    check_finite(picked, f"the {score} of the target class", _NONFINITE_ADVICE)
     return picked if classes.dim() == 2 else picked[:, 0]
 
 

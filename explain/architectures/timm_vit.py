@@ -26,6 +26,7 @@ from explain.architectures.base import (
     whole_output,
 )
 from explain.errors import InputError, UnsupportedModelError
+from explain.finite import check_finite
 
 __all__ = ["TimmVisionTransformer", "validate_image_batch"]
 
@@ -59,9 +60,13 @@ def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Te
         raise InputError("the batch is empty: pass at least one image")
     if not images.is_floating_point():
         raise InputError(f"images must be floating point, got {images.dtype}")
-    if not torch.isfinite(images).all():
-        raise InputError("the images contain NaN or infinite values")
     images = images.to(device=parameter.device, dtype=parameter.dtype)
+    # Checked after the cast: a value finite in float32 can overflow the model's float16.
+    check_finite(
+        images,
+        f"the pixel values (as the model's {parameter.dtype})",
+        "give normalised images, finite and within the range of the model's dtype",
+    )
     if images.is_inference():  # made under inference_mode: autograd cannot save it
         images = images.clone()
     return images
