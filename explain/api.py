@@ -14,7 +14,14 @@ from explain.fused import ATTENTION_PATHS, AttentionPath, use_fused_path
 from explain.lrp import explain_with_lrp
 from explain.recorder import Recorder
 from explain.rules import Method, RuleContext, Sink, get_method
-from explain.targets import Score, Target, check_score, resolve_targets, select_scores
+from explain.targets import (
+    Score,
+    Target,
+    check_score,
+    require_explicit_target,
+    resolve_targets,
+    select_scores,
+)
 
 __all__ = ["Explainer", "explain"]
 
@@ -78,6 +85,7 @@ class Explainer:
         spec = get_method(method)
         check_score(score)
         prepared = self.adapter.prepare(self._encoded(inputs))
+        require_explicit_target(target, self.adapter.feature_output, spec.class_specific)
         context = self._context(spec, prepared, start_layer)
         sink = spec.sink(context, options)  # bad options fail before any model work
         fused = use_fused_path(
@@ -194,6 +202,7 @@ class Explainer:
         """
         check_score(score)
         prepared = self.adapter.prepare(self._encoded(inputs))
+        require_explicit_target(target, self.adapter.feature_output)
         num_layers = self.adapter.num_layers
         attentions: dict[int, Tensor] = {}
         with Recorder(self.adapter, track=range(num_layers), hidden_states=True) as recorder:

@@ -16,7 +16,15 @@ from torch import Tensor
 from explain.errors import TargetError
 from explain.finite import check_finite
 
-__all__ = ["SCORES", "Score", "Target", "resolve_targets", "select_scores"]
+__all__ = [
+    "SCORES",
+    "Score",
+    "Target",
+    "check_score",
+    "require_explicit_target",
+    "resolve_targets",
+    "select_scores",
+]
 
 Score = Literal["logit", "probability", "log_probability"]
 SCORES: tuple[str, ...] = ("logit", "probability", "log_probability")
@@ -88,6 +96,17 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
             f"(0..{num_classes - 1})"
         )
     return classes, None
+
+
+def require_explicit_target(
+    target: Target, feature_output: str | None, class_specific: bool = True
+) -> None:
+    """Refuse the default target (None, "the predicted class") for a model whose output
+    holds features, not class scores (`Adapter.feature_output` says what it holds and what
+    to do instead): its largest feature is no prediction. An explicit target (a feature
+    index or a callable) is explained; class-agnostic methods ignore the target anyway."""
+    if target is None and feature_output is not None and class_specific:
+        raise TargetError(feature_output)
 
 
 def select_scores(output: Tensor, classes: Tensor, score: Score) -> Tensor:

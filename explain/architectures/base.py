@@ -196,6 +196,13 @@ class Adapter(ABC):
         return None
 
     @property
+    def feature_output(self) -> str | None:
+        """None when the output holds class scores. For a model without a classifier (its
+        output is features, e.g. a pooled embedding), a sentence saying so and what to
+        explain instead: class targets are then refused (explain.targets)."""
+        return None
+
+    @property
     def entry_blocks(self) -> Sequence[nn.Module]:
         """The first block of every stack: the recorder makes each one's input a leaf that
         requires grad, which gives that stack's attention maps a graph."""

@@ -163,17 +163,14 @@ class OpenClip(DualEncoder):
     def encode(self, inputs: object, tokenizer: Any) -> object:
         """Raw texts under "text" tokenized with open_clip's tokenizer (`get_tokenizer`),
         padded to the model's context length (open_clip truncates longer texts itself)."""
-        from explain.text import is_raw_text
+        from explain.text import checked_texts, is_raw_text
 
         if tokenizer is None or not isinstance(inputs, Mapping):
             return inputs
         texts = inputs.get("text")
         if not is_raw_text(texts):
             return inputs
-        batch = [texts] if isinstance(texts, str) else list(texts)
-        for index, text in enumerate(batch):
-            if not text.strip():
-                raise InputError(f"text {index} is empty: there is nothing to explain")
+        batch = checked_texts(texts)
         return {**inputs, "text": tokenizer(batch, context_length=self.model.context_length)}
 
     def prepare(self, inputs: object) -> Prepared:
