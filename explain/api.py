@@ -14,6 +14,7 @@ from explain.fused import ATTENTION_PATHS, AttentionPath, use_fused_path
 from explain.lrp import explain_with_lrp
 from explain.recorder import Recorder
 from explain.rules import Method, RuleContext, Sink, get_method
+from explain.rules.registry import integer_option
 from explain.targets import (
     Score,
     Target,
@@ -242,8 +243,7 @@ def resolve_start_layer(
         return num_layers - 1
     if start_layer is None:
         return spec.default_start_layer(num_layers, modality)
-    if isinstance(start_layer, bool) or not isinstance(start_layer, int):
-        raise OptionError(f"start_layer must be an int, got {start_layer!r}")
+    start_layer = integer_option("start_layer", start_layer)
     if not -num_layers <= start_layer < num_layers:
         raise OptionError(
             f"start_layer {start_layer} is out of range for a model with {num_layers} "

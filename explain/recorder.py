@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from explain.architectures.base import Adapter, FusedPath
-from explain.errors import ExplainError
+from explain.errors import ExplainError, TargetError
 from explain.fused import FusedBlock
 
 __all__ = [
@@ -56,6 +56,12 @@ ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
 
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
+
+_SCORE_WITHOUT_GRAPH = (
+    "the explained score does not depend on the model's attention: a target callable's "
+    "scores must be computed from the model output it receives (not detached, not from "
+    ".item() or a tensor made elsewhere)"
+)
 
 BATCHED_GRADIENT_BYTES = 1 << 30
 """Memory bound of one batched backward over several targets: every tracked tensor's
@@ -389,6 +395,8 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         earliest = self._earliest_tracked()
         if not earliest:
             raise ExplainError("nothing with a gradient was recorded in the forward pass")
+        if not score.requires_grad:
+            raise TargetError(_SCORE_WITHOUT_GRAPH)
         delivered: set[int] = set()
 
         def deliver(layer: int, attention: Tensor, grad: Tensor) -> None:
@@ -403,9 +411,13 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self.attention_grads.clear()
         self.hidden_state_grads.clear()
         try:
-            torch.autograd.grad(score, inputs=earliest, retain_graph=retain_graph)
+            grads = torch.autograd.grad(
+                score, inputs=earliest, retain_graph=retain_graph, allow_unused=True
+            )
         finally:
             self._on_gradient = None
+        if all(grad is None for grad in grads):
+            raise TargetError(_SCORE_WITHOUT_GRAPH)
         if delivered != self._track:
             raise ExplainError(
                 f"no gradient reached the attention of layers {sorted(self._track - delivered)}"

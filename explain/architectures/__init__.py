@@ -47,8 +47,23 @@ def adapter_for(model: nn.Module) -> Adapter:
             return cls(model)
     raise UnsupportedModelError(
         f"{type(model).__module__}.{type(model).__qualname__} is not a supported model. "
-        "Supported families: " + "; ".join(supported_families()) + "."
+        + _wrapper_hint(model)
+        + "Supported families: "
+        + "; ".join(supported_families())
+        + "."
     )
+
+
+def _wrapper_hint(model: nn.Module) -> str:
+    """What to pass instead when `model` wraps the model to explain (empty otherwise)."""
+    inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+    if isinstance(inner, nn.Module):
+        return "It is a torch.compile wrapper: explain the compiled model, `model._orig_mod`. "
+    inner = getattr(model, "module", None)  # DataParallel, DistributedDataParallel, ...
+    if isinstance(inner, nn.Module):
+        wrapped = type(inner).__name__
+        return f"It wraps a model: explain the wrapped {wrapped}, `model.module`. "
+    return ""
 
 
 # Importing the family modules registers them, timm first so that it leads the list.
