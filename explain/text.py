@@ -20,11 +20,12 @@ from torch import Tensor
 from explain.api import Explainer
 from explain.errors import InputError, OptionError, UnsupportedModelError
 from explain.explanation import Explanation
-from explain.tokens import encode, is_raw_text, token_strings
+from explain.tokens import checked_texts, encode, is_raw_text, token_strings
 
 __all__ = [
     "SimilarityExplanation",
     "Word",
+    "checked_texts",
     "encode",
     "is_raw_text",
     "similarity",

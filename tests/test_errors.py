@@ -94,7 +94,8 @@ def test_unknown_score(vit, images):
         (dict(method="raw_attention", start_layer=0), OptionError, "takes no start_layer"),
         (dict(method="rollout", head_fusion="median"), OptionError, "head_fusion"),
         (dict(method="rollout", discard_ratio=1.0), OptionError, "discard_ratio"),
-        (dict(method="generic", alpha=2), TypeError, "unexpected keyword"),
+        (dict(method="generic", alpha=2), OptionError, "'generic' has no option 'alpha'; it"),
+        (dict(method="rollout", foo=1), OptionError, r"head_fusion='mean', discard_ratio=0\.0"),
     ],
 )
 def test_bad_options(vit, images, kwargs, error, message):

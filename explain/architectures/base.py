@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from explain.errors import InputError
+from explain.finite import check_finite
 from explain.tokens import encode, is_raw_text, token_strings
 
 __all__ = [
@@ -323,6 +324,13 @@ class Adapter(ABC):
         return token_strings(tokenizer, ids)
 
     @property
+    def feature_output(self) -> str | None:
+        """None when the output holds class scores. For a model without a classifier (its
+        output is features, e.g. a pooled embedding), a sentence saying so and what to
+        explain instead: class targets are then refused (explain.targets)."""
+        return None
+
+    @property
     def entry_blocks(self) -> Sequence[nn.Module]:
         """The first block of every stack: the recorder makes each one's input a leaf that
         requires grad, which gives that stack's attention maps a graph."""
@@ -379,9 +387,13 @@ def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Te
         raise InputError("the batch is empty: pass at least one image")
     if not images.is_floating_point():
         raise InputError(f"images must be floating point, got {images.dtype}")
-    if not torch.isfinite(images).all():
-        raise InputError("the images contain NaN or infinite values")
     images = images.to(device=parameter.device, dtype=parameter.dtype)
+    # Checked after the cast: a value finite in float32 can overflow the model's float16.
+    check_finite(
+        images,
+        f"the pixel values (as the model's {parameter.dtype})",
+        "give normalised images, finite and within the range of the model's dtype",
+    )
     if images.is_inference():  # made under inference_mode: autograd cannot save it
         images = images.clone()
     return images

@@ -97,6 +97,18 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
     def matches(cls, model: nn.Module) -> bool:
         return _family_of(model) is not None
 
+    @property
+    def feature_output(self) -> str | None:
+        if not self.pooled_by_mean:
+            return None
+        return (
+            f"{type(self.model).__name__} is a sentence encoder: its output is the "
+            "mean-pooled embedding, so there is no predicted class; explain the similarity "
+            "of two texts with explain.text.similarity (CLI: --pair TEXT), or give the "
+            "target explicitly (a callable that returns one score per text, or a feature "
+            "index)"
+        )
+
     def find_blocks(self) -> list[nn.Module]:
         if self._package != "albert":
             return super().find_blocks()
@@ -118,6 +130,7 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
             vocab_size=self.model.config.vocab_size,
             device=parameter.device,
             token_types=self._token_types,
+            type_vocab_size=getattr(self.model.config, "type_vocab_size", 1),
         )
         mask = arguments["attention_mask"]
         if not self.pooled_by_mean and not mask[:, 0].all():

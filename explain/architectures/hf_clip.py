@@ -26,6 +26,7 @@ from explain.architectures.hf_common import (
     prepare_text,
 )
 from explain.errors import InputError
+from explain.text import encode, is_raw_text
 
 __all__ = ["HFClip"]
 
@@ -54,6 +55,23 @@ class HFClip(DualEncoder):
         return eager_attention_flags(self.model)
 
     # -- inputs ---------------------------------------------------------------------------
+
+    def encode(self, inputs: object, tokenizer: Any) -> object:
+        """Raw texts under "text" (or "input_ids") tokenized with the Explainer's tokenizer
+        (explain.text.encode); without one, an error that says how to give token ids."""
+        if not isinstance(inputs, Mapping):
+            return inputs
+        key = next((k for k in ("text", "input_ids") if is_raw_text(inputs.get(k))), None)
+        if key is None:
+            return inputs
+        if tokenizer is None:
+            raise InputError(
+                "got raw texts: give the Explainer the model's tokenizer, Explainer(model, "
+                "tokenizer=AutoTokenizer.from_pretrained(path)), or pass token ids: "
+                "CLIPProcessor(text=..., images=..., padding=True, return_tensors='pt')"
+            )
+        rest = {k: v for k, v in inputs.items() if k not in (key, "attention_mask")}
+        return {**rest, **encode(tokenizer, inputs[key])}
 
     def prepare(self, inputs: object) -> Prepared:
         if not isinstance(inputs, Mapping) or "pixel_values" not in inputs:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from explain.architectures.base import Adapter, AttentionSite, FlagSetting, TokenLayout
 from explain.errors import ExplainError, InputError, UnsupportedModelError
+from explain.text import is_raw_text
 
 __all__ = [
     "HuggingFaceAdapter",
@@ -239,22 +240,24 @@ def prepare_text(
     vocab_size: int,
     device: torch.device,
     token_types: bool,
+    type_vocab_size: int = 1,
 ) -> dict[str, Tensor]:
     """Validate tokenized text and move it to `device`.
 
     `inputs` is a mapping (a tokenizer's BatchEncoding) with `input_ids` (B, T) and
     optionally `attention_mask` (B, T, ones at real tokens, default all ones) and
-    `token_type_ids` (passed on only when the model takes them, `token_types`). Returns
+    `token_type_ids` (passed on only when the model takes them, `token_types`, and then
+    each below `type_vocab_size`, the size of the model's segment table). Returns
     those tensors as the model's keyword arguments (attention_mask always present, long).
     """
-    if isinstance(inputs, str) or (
-        isinstance(inputs, Sequence) and inputs and isinstance(inputs[0], str)
-    ):
+    if is_raw_text(inputs):
         raise InputError(
             "got raw text: tokenize it first, tokenizer(texts, padding=True, "
             "return_tensors='pt'), or give the Explainer the tokenizer: "
             "Explainer(model, tokenizer=tokenizer)"
         )
+    if isinstance(inputs, list | tuple) and not inputs:
+        raise InputError("the batch is empty: pass at least one text")
     if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
         raise InputError(
             "text models take a mapping with input_ids and attention_mask (a tokenizer's "
@@ -304,10 +307,19 @@ def prepare_text(
             raise InputError(
                 f"token_type_ids has shape {tuple(types.shape)} but input_ids {tuple(ids.shape)}"
             )
-        if token_types:
+        if not token_types:
+            if types.any():
+                raise InputError("this model takes no token_type_ids (segments); drop them")
+        else:
+            outside = (types < 0) | (types >= type_vocab_size)  # pads are looked up too
+            if outside.any():
+                bad = int(types[outside][0])
+                raise InputError(
+                    f"token type id {bad} is outside the model's segments "
+                    f"(0..{type_vocab_size - 1}); was the text tokenized with this model's "
+                    "tokenizer?"
+                )
             arguments["token_type_ids"] = types.long().to(device)
-        elif types.any():
-            raise InputError("this model takes no token_type_ids (segments); drop them")
     return arguments
 
 

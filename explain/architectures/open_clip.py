@@ -42,7 +42,7 @@ from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import prepare_text
 from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.fused import attention_probabilities
-from explain.tokens import is_raw_text
+from explain.tokens import checked_texts, is_raw_text
 
 __all__ = ["ExplicitSelfAttention", "OpenClip"]
 
@@ -172,10 +172,7 @@ class OpenClip(DualEncoder):
         texts = inputs.get("text")
         if not is_raw_text(texts):
             return inputs
-        batch = [texts] if isinstance(texts, str) else list(texts)
-        for index, text in enumerate(batch):
-            if not text.strip():
-                raise InputError(f"text {index} is empty: there is nothing to explain")
+        batch = checked_texts(texts)
         return {**inputs, "text": tokenizer(batch, context_length=self.model.context_length)}
 
     def prepare(self, inputs: object) -> Prepared:

@@ -73,6 +73,17 @@ class TimmVisionTransformer(Adapter):
     def blocks(self) -> Sequence[nn.Module]:
         return list(self.model.blocks)
 
+    @property
+    def feature_output(self) -> str | None:
+        if self.model.num_classes > 0:
+            return None
+        return (
+            "this timm model has no classifier (num_classes=0): its output is the pooled "
+            "features, so there is no predicted class; give the target explicitly (a "
+            "feature index, or a callable that returns one score per image, e.g. lambda "
+            "features: features @ direction), or load the model with its head"
+        )
+
     def attention_sites(self) -> Sequence[AttentionSite]:
         return [
             AttentionSite(layer=index, module=block.attn.attn_drop, probabilities=whole_output)

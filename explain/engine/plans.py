@@ -37,7 +37,14 @@ from explain.errors import (
 from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, METHODS, Method, RuleContext, Sink
 from explain.rules.coattention import BlockRole, TwoSetFold
-from explain.targets import Target, check_score, resolve_targets, select_scores
+from explain.rules.registry import integer_option
+from explain.targets import (
+    Target,
+    check_score,
+    require_explicit_target,
+    resolve_targets,
+    select_scores,
+)
 
 __all__ = [
     "Columns",
@@ -81,8 +88,7 @@ def resolve_start_layer(spec: Method, start_layer: Any, num_layers: int, modalit
         return num_layers - 1
     if start_layer is None:
         return spec.default_start_layer(num_layers, modality)
-    if isinstance(start_layer, bool) or not isinstance(start_layer, int):
-        raise OptionError(f"start_layer must be an int, got {start_layer!r}")
+    start_layer = integer_option("start_layer", start_layer)
     if not -num_layers <= start_layer < num_layers:
         raise OptionError(
             f"start_layer {start_layer} is out of range for a model with {num_layers} "
@@ -182,6 +188,8 @@ class Plan:
     def prepare(self, inputs: Any) -> None:
         """Validate the inputs (raw texts tokenized with the Explainer's tokenizer)."""
         self._use(self.adapter.prepare(self.adapter.encode(inputs, self.tokenizer)))
+        class_specific = self.spec is None or self.spec.class_specific
+        require_explicit_target(self.request.target, self.adapter.feature_output, class_specific)
 
     def _use(self, prepared: Prepared) -> None:
         self.prepared = prepared

@@ -8,6 +8,8 @@ given; they never see the model.
 
 from __future__ import annotations
 
+import inspect
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -16,7 +18,7 @@ from typing import Any, Protocol
 from torch import Tensor
 
 from explain.architectures.base import TokenLayout
-from explain.errors import UnknownMethodError
+from explain.errors import OptionError, UnknownMethodError
 
 __all__ = [
     "LRP_NEEDS",
@@ -28,8 +30,21 @@ __all__ = [
     "Sink",
     "first_block",
     "get_method",
+    "integer_option",
     "register_method",
 ]
+
+
+def integer_option(name: str, value: object) -> int:
+    """`value` as an int when it is integer-like (an int, a NumPy integer, a 0-d integer
+    tensor: anything with `__index__`), as targets are; OptionError for bools, floats and
+    anything else."""
+    if isinstance(value, bool):
+        raise OptionError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise OptionError(f"{name} must be an int, got {value!r}") from None
 
 
 def first_block(num_layers: int, modality: str) -> int:
@@ -107,13 +122,26 @@ class Method:
         """Whether the method differentiates the target score (one backward per target)."""
         return Need.ATTENTION_GRADIENTS in self.needs
 
+    def options(self) -> dict[str, Any]:
+        """The method's options (the builder's keyword parameters) with their defaults."""
+        parameters = list(inspect.signature(self.build).parameters.values())[1:]
+        return {
+            p.name: p.default
+            for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
+
     def sink(self, context: RuleContext, options: dict[str, Any]) -> Sink:
-        try:
-            return self.build(context, **options)
-        except TypeError as error:
-            if "unexpected keyword" in str(error):
-                raise TypeError(f"method {self.name!r}: {error}") from None
-            raise
+        """The method's sink for one call; unknown options are refused by name, with the
+        options the method does take."""
+        unknown = sorted(set(options) - set(self.options()))
+        if unknown:
+            known = ", ".join(f"{name}={default!r}" for name, default in self.options().items())
+            raise OptionError(
+                f"method {self.name!r} has no option {', '.join(map(repr, unknown))}; "
+                + (f"its options (with defaults): {known}" if known else "it takes no options")
+            )
+        return self.build(context, **options)
 
 
 METHODS: dict[str, Method] = {}
