@@ -2,7 +2,7 @@
 ELECTRA, as sequence classifiers (`...ForSequenceClassification`) and as bare encoders
 (`...Model`).
 
-Readouts (METHODS.md): a classifier's head reads the first token (CLS), so its readout
+Readouts (docs/methods.md): a classifier's head reads the first token (CLS), so its readout
 row is one-hot there, and such inputs must be right-padded. A bare encoder is explained
 as a mean-pooled sentence encoder (sentence-transformers style): its output is the mean
 of the last hidden states over the real tokens, and the readout row is that mean.
