@@ -7,6 +7,7 @@ to run it:
   a skipped Python block is still compiled, so its syntax cannot rot either.
 - `<!-- continues -->`: a Python block that builds on the one before it (same namespace);
   every other Python block runs in a fresh namespace, so each is self-contained.
+- a block in the language `text` (a file tree) is a listing, not run.
 - `<!-- needs: demo-scenes -->`: a shell block that reads `outputs/demo/scenes/`, which
   `make demo` writes; the test writes two held-out scenes there first.
 
@@ -68,8 +69,9 @@ def _check_marker(block: Block) -> None:
     known = block.marker == "" or block.marker == "continues"
     known |= block.marker.startswith("skip: ") or block.marker == "needs: demo-scenes"
     assert known, f"{block.name}: unknown marker <!-- {block.marker} -->"
-    assert block.lang in ("python", *SHELLS), (
-        f"{block.name}: a code block needs a language (python or bash), got {block.lang!r}"
+    assert block.lang in ("python", "text", *SHELLS), (
+        f"{block.name}: a code block needs a language (python, bash, or text for listings "
+        f"that are not run), got {block.lang!r}"
     )
 
 
@@ -120,6 +122,8 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch) -> None:
     ran = 0
     for block in found:
         _check_marker(block)
+        if block.lang == "text":  # a listing (a file tree), nothing to run
+            continue
         if block.marker.startswith("skip: "):
             if block.lang == "python":
                 compile(block.code, block.name, "exec")
@@ -133,7 +137,7 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch) -> None:
                 _write_demo_scenes(tmp_path / "outputs" / "demo" / "scenes")
             run_shell(block.code, tmp_path, block.name)
         ran += 1
-    skipped = [b for b in found if b.marker.startswith("skip: ")]
+    skipped = [b for b in found if b.marker.startswith("skip: ") or b.lang == "text"]
     assert ran + len(skipped) == len(found)
     if not found:
         pytest.skip(f"{page.name} has no code blocks")
