@@ -416,13 +416,14 @@ def _hugging_face_preprocessing(
         processor = transformers.AutoImageProcessor.from_pretrained(repo, **options)
     except (OSError, ValueError, KeyError):  # the repo or folder has no image processor
         processor = None
-    if processor is not None:
-        return ImagePreprocessing.from_processor(processor)
+    found = ImagePreprocessing.from_processor(processor) if processor is not None else None
     size = getattr(getattr(config, "vision_config", config), "image_size", None)
-    if not isinstance(size, int):
-        return None
+    if not isinstance(size, int) or (found is not None and found.size == (size, size)):
+        return found
+    # No processor, or one saved with another model's size (a default processor next to a
+    # small model): a plain resize to the size the model takes.
     return ImagePreprocessing(
         size=(size, size),
-        mean=_CLIP_MEAN if dual else IMAGENET_MEAN,
-        std=_CLIP_STD if dual else IMAGENET_STD,
+        mean=found.mean if found else _CLIP_MEAN if dual else IMAGENET_MEAN,
+        std=found.std if found else _CLIP_STD if dual else IMAGENET_STD,
     )

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from explain.errors import InputError, ModelLoadError
+from explain.explanation import normalize_per_sample
 
 __all__ = ["ImagePreprocessing", "read_image"]
 
@@ -149,7 +150,13 @@ class ImagePreprocessing:
         target = self.resize or self.size
         if self.fit == "exact":
             resized = target
-        else:
+        elif self.fit == "shorter" and target[0] == target[1]:
+            # torchvision's Resize(int) and the Hugging Face processors' shortest_edge: the
+            # shorter side exactly, the longer one truncated.
+            short, long = sorted((height, width))
+            other = int(target[0] * long / short)
+            resized = (target[0], other) if height <= width else (other, target[0])
+        else:  # timm's ResizeKeepRatio
             ratios = (height / target[0], width / target[1])
             ratio = min(ratios) if self.fit == "shorter" else max(ratios)
             resized = (max(1, round(height / ratio)), max(1, round(width / ratio)))
@@ -178,11 +185,18 @@ class ImagePreprocessing:
         mean = torch.tensor(self.mean)[:, None, None]
         return (pixels - mean) / torch.tensor(self.std)[:, None, None]
 
+    def heatmap(self, relevance: Tensor, original_size: tuple[int, int]) -> Tensor:
+        """`Explanation.heatmap` on the original photo: relevance over the model's input
+        (..., h, w) upsampled onto the photo's pixels with the crop and resize undone, then
+        min-max normalised per map to [0, 1]; pixels the model never saw are 0."""
+        return normalize_per_sample(self.to_original(relevance, original_size), sample_dims=2)
+
     def to_original(self, maps: Tensor, original_size: tuple[int, int]) -> Tensor:
         """Maps over the model's input (..., h, w), any resolution spanning the whole input,
         drawn on the photo's pixels (..., H0, W0): the crop and resize undone, bilinearly.
 
-        Photo pixels the model never saw (cropped away) get 0.
+        Photo pixels the model never saw (cropped away) get the map's minimum, so that a
+        min-max normalised map shows them at 0.
         """
         height, width = original_size
         resized, (top, left) = self.placement(original_size)
@@ -204,7 +218,8 @@ class ImagePreprocessing:
             padding_mode="border",
             align_corners=False,
         )
-        return (drawn[:, 0] * seen).reshape(*lead, height, width)
+        lowest = flat.amin(dim=(-2, -1), keepdim=True)
+        return torch.where(seen, drawn, lowest).reshape(*lead, height, width)
 
 
 def _get(values: Any, key: str) -> Any:

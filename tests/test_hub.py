@@ -9,6 +9,7 @@ them there, as on a user's second run.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -213,3 +214,49 @@ def test_device_and_dtype(hub):
 def test_unknown_names_list_every_spec_kind(hub):
     with pytest.raises(ModelLoadError, match=r"timm model name, hf-hub:org/name.*org/name"):
         load_model("no_such_model_anywhere")
+
+
+CHELSEA = Path(__file__).resolve().parents[1] / "examples" / "images" / "chelsea.jpg"
+
+
+@pytest.mark.parametrize("kind", ["timm", "timm_hub", "image"])
+def test_cli_image_with_every_image_spec_kind(kind, hub, tmp_path, capsys):
+    from PIL import Image
+
+    from explain.cli import main
+
+    out = tmp_path / "maps"
+    argv = ["image", str(CHELSEA), "--model", HUB_SPECS[kind], "--out", str(out)]
+    assert main([*argv, "--target", "tabby cat,top", "--device", "cpu", "--grid"]) == 0
+    written = sorted(p.name for p in out.iterdir())
+    assert written == sorted(
+        {"chelsea_grid.png", "chelsea_generic_281-tabby.png"}
+        | {n for n in written if n.startswith("chelsea_generic_")}
+    )
+    assert "chelsea_generic_281-tabby.png" in written and len(written) in (2, 3)
+    with Image.open(CHELSEA) as photo, Image.open(out / "chelsea_generic_281-tabby.png") as map_:
+        assert map_.size == photo.size  # drawn on the original photo, not the crop
+
+
+def test_cli_text_with_a_hub_classifier(hub, tmp_path, capsys):
+    from explain.cli import main
+
+    html = tmp_path / "text.html"
+    spec = HUB_SPECS["text"]
+    argv = ["text", "a warm and funny film", "--model", spec, "--html", str(html)]
+    assert main([*argv, "--target", "POSITIVE", "--offline", "--dtype", "float32"]) == 0
+    assert "POSITIVE (p = " in capsys.readouterr().out
+    assert "warm" in html.read_text()
+
+
+def test_cli_model_help_describes_specs_cache_and_offline(capsys):
+    from explain.cli import main
+
+    for command in ("image", "text", "clip", "seq2seq", "evaluate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        # argparse wraps lines, also after a hyphen ("hf-" / "hub:"): undo the wrapping.
+        text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")
+        for needed in ("hf-hub:org/name", "org/name[@revision]", "HF_HUB_CACHE", "--offline"):
+            assert needed in text, (command, needed)
+        assert "--device" in text and "--dtype" in text

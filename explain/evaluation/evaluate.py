@@ -61,6 +61,8 @@ def evaluate_model(
     forward_batch: int | None = None,
     split: str = "test",
     device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    offline: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate `methods` (default: every registered one) of `model` with `protocol`.
@@ -76,6 +78,7 @@ def evaluate_model(
         forward_batch: most perturbed images per forward pass (perturbation).
         split: the ERASER split (rationale with `data`).
         device: where the model runs; default the (rank's) GPU if there is one.
+        dtype, offline: as `load_model` takes them.
     """
     from explain.evaluation.datasets.zoo import heldout_dataset
     from explain.loading import load_model
@@ -83,13 +86,13 @@ def evaluate_model(
 
     if protocol not in _MODALITY:
         raise OptionError(f"unknown protocol {protocol!r}; choose one of {', '.join(_MODALITY)}")
-    loaded = load_model(model)
+    loaded = load_model(model, device=device or _default_device(), dtype=dtype, offline=offline)
     if loaded.modality != _MODALITY[protocol]:
         raise OptionError(
             f"the {protocol} test is for {_MODALITY[protocol]} models; {model} is a "
             f"{loaded.modality} model"
         )
-    module = loaded.model.to(device or _default_device())
+    module = loaded.model
     bound: EvaluationProtocol
     if protocol == "rationale":
         bound = RationaleTest(module, loaded.tokenizer)
