@@ -25,8 +25,10 @@ ImageNet descriptions, a Hugging Face config's `id2label`) and its own image pre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -313,14 +315,8 @@ def _load_timm(model_name: str, *, name: str, pretrained: bool = True, **options
     from safetensors import SafetensorError
     from timm.data import resolve_data_config
 
-    try:
+    with _failing_as(f"cannot load timm model {name}", RuntimeError, SafetensorError):
         model = timm.create_model(model_name, pretrained=pretrained, **options)
-    except (RuntimeError, ValueError, KeyError, SafetensorError) as error:
-        raise ModelLoadError(f"cannot load timm model {name}: {error}") from None
-    except OSError as error:
-        if _is_hub_error(error):
-            raise  # hub_errors says which (offline, no network, no such repo, gated)
-        raise ModelLoadError(f"cannot load timm model {name}: {error}") from None
     model.eval()
     _require_supported(model, name)
     return LoadedModel(
@@ -332,8 +328,17 @@ def _load_timm(model_name: str, *, name: str, pretrained: bool = True, **options
     )
 
 
-def _is_hub_error(error: BaseException) -> bool:
-    return type(error).__module__.startswith("huggingface_hub")
+@contextlib.contextmanager
+def _failing_as(message: str, *also: type[BaseException]) -> Iterator[None]:
+    """The libraries' loading errors as ModelLoadError(`message`: error), except the hub
+    client's, which `hub_errors` turns into errors that say which (offline, no network, no
+    such repo, gated)."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError, *also) as error:
+        if type(error).__module__.startswith("huggingface_hub"):
+            raise
+        raise ModelLoadError(f"{message}: {error}") from None
 
 
 def _timm_class_names(model: nn.Module) -> tuple[str, ...] | None:
@@ -362,35 +367,23 @@ def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
     local = isinstance(source, Path)
     repo, revision = (source, None) if local else split_revision(source)
     options: dict[str, Any] = {"revision": revision, "local_files_only": local}
-    try:
+    with _failing_as(f"cannot read the Hugging Face config of {name}"):
         config = transformers.AutoConfig.from_pretrained(repo, **options)
-    except (OSError, ValueError, KeyError) as error:
-        if _is_hub_error(error):
-            raise
-        raise ModelLoadError(f"cannot read the Hugging Face config of {name}: {error}") from None
     architectures = getattr(config, "architectures", None) or []
     cls = getattr(transformers, architectures[0], None) if architectures else None
     with torch.device("meta"):  # the family check costs no download and no memory
         skeleton = transformers.AutoModel.from_config(config) if cls is None else cls(config)
     _require_supported(skeleton, name)
-    try:
+    with _failing_as(f"cannot load the Hugging Face model {name}"):
         model = (cls or transformers.AutoModel).from_pretrained(repo, **options)
-    except (OSError, ValueError, KeyError) as error:
-        if _is_hub_error(error):
-            raise
-        raise ModelLoadError(f"cannot load the Hugging Face model {name}: {error}") from None
     model.eval()
     # A dual encoder (CLIP and its kin) takes images and texts: it needs both preprocessings.
     dual = hasattr(model, "get_image_features") and hasattr(model, "get_text_features")
     image_input = dual or getattr(model, "main_input_name", "input_ids") == "pixel_values"
     tokenizer = None
     if dual or not image_input:
-        try:
+        with _failing_as(f"{name} holds a text model but no tokenizer"):
             tokenizer = transformers.AutoTokenizer.from_pretrained(repo, **options)
-        except (OSError, ValueError, KeyError) as error:
-            if _is_hub_error(error):
-                raise
-            raise ModelLoadError(f"{name} holds a text model but no tokenizer: {error}") from None
     id2label = getattr(config, "id2label", None) or {}
     classes = tuple(id2label[i] for i in sorted(id2label)) if id2label else None
     return LoadedModel(

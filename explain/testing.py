@@ -219,6 +219,14 @@ HUB_SPECS = {
 _TINY_TIMM = dict(embed_dim=32, depth=2, num_heads=2)
 
 
+def _label_maps(labels) -> dict[str, dict]:
+    """A transformers config's class names, both ways."""
+    return {
+        "id2label": dict(enumerate(labels)),
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }
+
+
 def fill_hub_cache(cache: str | os.PathLike[str]) -> dict[str, nn.Module]:
     """Cache a tiny randomly initialised model under each of `HUB_SPECS`' real names, saved
     by the library's own writer with its config (timm's `save_for_hf`: `model_args`,
@@ -253,8 +261,7 @@ def fill_hub_cache(cache: str | os.PathLike[str]) -> dict[str, nn.Module]:
                 hidden_dim=64,
                 n_layers=2,
                 n_heads=2,
-                id2label=dict(enumerate(labels)),
-                label2id={label: i for i, label in enumerate(labels)},
+                **_label_maps(labels),
             )
         ).eval()
         folder = Path(scratch, "text")
@@ -271,8 +278,7 @@ def fill_hub_cache(cache: str | os.PathLike[str]) -> dict[str, nn.Module]:
                 num_hidden_layers=2,
                 num_attention_heads=2,
                 intermediate_size=64,
-                id2label=dict(enumerate(imagenet)),
-                label2id={label: i for i, label in enumerate(imagenet)},
+                **_label_maps(imagenet),
             )
         ).eval()
         folder = Path(scratch, "image")
