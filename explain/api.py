@@ -62,8 +62,9 @@ class Explainer:
             method: a name from `explain.METHODS`.
             score: "logit" (as in the papers), "probability" or "log_probability".
             start_layer: first block to aggregate over (methods that aggregate); negative
-                values count from the end. None uses the method's default. Dual encoders
-                (CLIP) also take one per tower, {"image": s, "text": s}.
+                values count from the end. None uses the method's default (a dual
+                encoder's towers: their last block). Also one per token set by name, e.g.
+                {"image": s, "text": s} for CLIP's towers.
             **options: method options, e.g. rollout's `head_fusion`, `discard_ratio`;
                 encoder-decoders take `position` (see docs/multimodal.md).
 

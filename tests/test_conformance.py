@@ -76,6 +76,11 @@ def _close(actual, expected):
     torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-12)
 
 
+def test_a_family_without_a_tiny_model_is_named():
+    with pytest.raises(KeyError, match=r"no_such_family.*TINY_MODELS"):
+        tiny_case("no_such_family")
+
+
 def test_every_registered_family_has_a_tiny_model_that_it_serves():
     for family, entry in FAMILIES.items():
         if _available(family):

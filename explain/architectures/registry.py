@@ -3,7 +3,15 @@
 Like timm's `_registry`, it imports no family: each entry names its adapter's module and
 class, and the module is imported only when a model is matched against it (or the
 family's name is asked for). The family modules import nothing from here, so the module
-graph has no loop, and a new family is one file plus one `register_family` line below.
+graph has no loop. A new family is:
+
+1. one file in explain/architectures/ defining an `Adapter` subclass (base.py: the
+   abstract members, plus any capability it declares: `fused_path()`, `lrp_walk`,
+   `token_sets`, `pooled_by_mean`);
+2. one `register_family(name, module, class)` line below;
+3. one entry `name: builder` in explain.testing.TINY_MODELS (a tiny model from a config
+   and two inputs), which tests/test_conformance.py runs every contract on.
+
 Adapters defined elsewhere (a user's own model) register at run time with the
 `register_adapter` class decorator and are matched first.
 """

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-import torch
 from torch import Tensor, nn
 
 from explain.architectures.base import (
@@ -23,6 +22,7 @@ from explain.architectures.base import (
     LrpWalk,
     Prepared,
     TokenLayout,
+    mean_rows,
     validate_image_batch,
     whole_output,
 )
@@ -150,20 +150,14 @@ class TimmVisionTransformer(Adapter):
 
     def readout(self, prepared: Prepared) -> Tensor:
         layout = prepared.layout
-        parameter = self.parameter
-        row = torch.zeros(
-            prepared.batch_size, layout.num_tokens, device=parameter.device, dtype=parameter.dtype
-        )
         if self.distilled:  # the eval-mode head averages the class and distillation heads
-            row[:, :2] = 0.5
+            tokens = range(2)
         elif self.model.global_pool == "token":
-            row[:, 0] = 1.0
-        else:
-            first = (
-                0 if getattr(self.model, "pool_include_prefix", False) else layout.num_prefix_tokens
-            )
-            row[:, first:] = 1.0 / (layout.num_tokens - first)
-        return row
+            tokens = range(1)
+        else:  # the mean of the patches (and of the prefix tokens, where timm includes them)
+            include = getattr(self.model, "pool_include_prefix", False)
+            tokens = range(0 if include else layout.num_prefix_tokens, layout.num_tokens)
+        return mean_rows(prepared.batch_size, layout.num_tokens, tokens, self.parameter)
 
 
 def _timm_values(num_heads: int, head_dim: int, qkv: Tensor) -> Tensor:

@@ -10,8 +10,9 @@ method needs (`Need`) chooses the pass through the model:
   columns in one vectorised backward, chunked to a memory budget
   (`Recorder.backward_batched`), each column into its own sink;
 - LRP relevance: one forward that records the family's walk (`Adapter.lrp_walk`), the
-  gradients as above when the method weights by them, then the walk once per column (the
-  walk propagates one class per sample).
+  gradients as above when the method weights by them (kept per column until that
+  column's walk has used them), then the walk once per column (a walk propagates one
+  class per sample).
 
 Several targets per input are therefore always score columns of one forward; a dual
 encoder turns each explained (image, text) pair into a sample instead (its plan), so it
