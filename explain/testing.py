@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ModelState", "hook_counts", "tiny_vit"]
+__all__ = ["ModelState", "hook_counts", "tiny_beit", "tiny_eva", "tiny_vit"]
 
 
 def tiny_vit(
@@ -161,3 +161,66 @@ class ModelState:
         ):
             found.append("CUDA RNG state changed")
         return found
+
+
+# -- vision backbone families (issue 14): one tiny builder per family, from configs --------
+
+
+def _spread_embeddings(model: nn.Module, names: tuple[str, ...]) -> nn.Module:
+    """Random weights give near-uniform attention; spread the token and position
+    embeddings (and the named weights) so that attention maps differ from token to token
+    and the tests can tell methods, and mistakes, apart."""
+    for name, parameter in model.named_parameters():
+        if name.endswith(names):
+            nn.init.normal_(parameter, std=0.5)
+    return model
+
+
+def tiny_eva(*, seed: int = 0, **kwargs: Any) -> nn.Module:
+    """A small random timm `Eva` with EVA-02's pieces (rotary embeddings, SwiGLU MLP,
+    sub-LN); kwargs override, e.g. DINOv3's `num_reg_tokens=4, use_abs_pos_emb=False,
+    rope_type="dinov3", init_values=1e-5`."""
+    from timm.models.eva import Eva
+
+    config: dict[str, Any] = dict(
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=3,
+        num_heads=2,
+        num_classes=5,
+        mlp_ratio=4 * 2 / 3,
+        swiglu_mlp=True,
+        scale_mlp=True,
+        use_rot_pos_emb=True,
+        ref_feat_shape=(4, 4),
+        head_init_scale=1.0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Eva(**{**config, **kwargs})
+        return _spread_embeddings(model, ("cls_token", "reg_token", "pos_embed", "qkv.weight"))
+
+
+def tiny_beit(*, seed: int = 0, **kwargs: Any) -> nn.Module:
+    """A small random timm `Beit` with a relative position bias in every block."""
+    from timm.models.beit import Beit
+
+    config: dict[str, Any] = dict(
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=3,
+        num_heads=2,
+        num_classes=5,
+        use_abs_pos_emb=False,
+        use_rel_pos_bias=True,
+        init_values=1.0,
+        head_init_scale=1.0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Beit(**{**config, **kwargs})
+        return _spread_embeddings(
+            model, ("cls_token", "pos_embed", "relative_position_bias_table", "qkv.weight")
+        )

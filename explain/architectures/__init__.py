@@ -53,6 +53,7 @@ def adapter_for(model: nn.Module) -> Adapter:
 
 # Importing the family modules registers them, timm first so that it leads the list.
 from explain.architectures import timm_vit  # noqa: E402,F401  isort: skip
+from explain.architectures import timm_beit, timm_eva  # noqa: E402,F401  isort: skip
 from explain.architectures import (  # noqa: E402,F401
     hf_bert,
     hf_clip,

@@ -27,12 +27,13 @@ from explain.architectures.base import (
 )
 from explain.errors import InputError, UnsupportedModelError
 
-__all__ = ["TimmVisionTransformer", "validate_image_batch"]
+__all__ = ["TimmPatchTransformer", "TimmVisionTransformer", "is_timm_class", "validate_image_batch"]
 
 _POOLS = ("token", "avg")
 
 
-def _is_timm_class(model: nn.Module, name: str) -> bool:
+def is_timm_class(model: nn.Module, name: str) -> bool:
+    """Whether `model` is (a subclass of) timm's class `name`, without importing timm."""
     return any(
         cls.__name__ == name and cls.__module__.startswith("timm.") for cls in type(model).__mro__
     )
@@ -67,19 +68,19 @@ def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Te
     return images
 
 
-@register_adapter
-class TimmVisionTransformer(Adapter):
-    family = (
-        "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens, "
-        "global-average pooling) and VisionTransformerDistilled"
-    )
+class TimmPatchTransformer(Adapter):
+    """What timm's plain patch-token transformers share (VisionTransformer, Eva, Beit):
+    blocks in `model.blocks` whose `attn.attn_drop` sees the probabilities on the explicit
+    path (`attn.fused_attn = False`), `num_prefix_tokens` class and register tokens before
+    the patches, and a class-token or patch-mean readout. Subclasses say which models
+    they take and whether they have a fused path."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         pool = getattr(model, "global_pool", None)
         if getattr(model, "attn_pool", None) is not None or pool not in _POOLS:
             raise UnsupportedModelError(
-                f"timm VisionTransformer with global_pool={pool!r} is not supported: the "
+                f"timm {type(model).__name__} with global_pool={pool!r} is not supported: the "
                 f"readout must be the class token or the patch mean ({', '.join(_POOLS)})"
             )
         for index, block in enumerate(model.blocks):
@@ -90,11 +91,7 @@ class TimmVisionTransformer(Adapter):
                     "attn_drop module; supported blocks: timm Block, ResPostBlock and "
                     "LayerScale blocks with timm.layers.Attention"
                 )
-        self._distilled = _is_timm_class(model, "VisionTransformerDistilled")
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return _is_timm_class(model, "VisionTransformer")
+        self._distilled = is_timm_class(model, "VisionTransformerDistilled")
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -112,28 +109,6 @@ class TimmVisionTransformer(Adapter):
             # Checkpointing would rerun every block in the backward and fire the hooks twice.
             flags.append(FlagSetting(self.model, "grad_checkpointing", False))
         return flags
-
-    def fused_path(self) -> FusedPath:
-        # timm's Attention: q, k = q_norm(q), k_norm(k); v is the third slice of qkv's
-        # output; the kernel's output (B, H, N, d) -> (B, N, H * d) enters attn.norm.
-        # The Explainer calls the model without an attention mask, so none is needed here.
-        sites = [
-            FusedAttentionSite(
-                layer=index,
-                query=block.attn.q_norm,
-                key=block.attn.k_norm,
-                value=block.attn.qkv,
-                values=partial(_timm_values, block.attn.num_heads, block.attn.head_dim),
-                output=block.attn.norm,
-                heads=partial(_timm_heads, block.attn.num_heads, block.attn.head_dim),
-                scale=float(block.attn.scale),
-            )
-            for index, block in enumerate(self.model.blocks)
-        ]
-        flags = [FlagSetting(block.attn, "fused_attn", True) for block in self.model.blocks]
-        if hasattr(self.model, "grad_checkpointing"):
-            flags.append(FlagSetting(self.model, "grad_checkpointing", False))
-        return FusedPath(sites=sites, flags=flags)
 
     def prepare(self, inputs: object) -> Prepared:
         patch_embed = self.model.patch_embed
@@ -189,6 +164,40 @@ class TimmVisionTransformer(Adapter):
 
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         return layout.patch_grid(token_relevance)
+
+
+@register_adapter
+class TimmVisionTransformer(TimmPatchTransformer):
+    family = (
+        "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens as in the "
+        "DINOv2 checkpoints, global-average pooling) and VisionTransformerDistilled"
+    )
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return is_timm_class(model, "VisionTransformer")
+
+    def fused_path(self) -> FusedPath:
+        # timm's Attention: q, k = q_norm(q), k_norm(k); v is the third slice of qkv's
+        # output; the kernel's output (B, H, N, d) -> (B, N, H * d) enters attn.norm.
+        # The Explainer calls the model without an attention mask, so none is needed here.
+        sites = [
+            FusedAttentionSite(
+                layer=index,
+                query=block.attn.q_norm,
+                key=block.attn.k_norm,
+                value=block.attn.qkv,
+                values=partial(_timm_values, block.attn.num_heads, block.attn.head_dim),
+                output=block.attn.norm,
+                heads=partial(_timm_heads, block.attn.num_heads, block.attn.head_dim),
+                scale=float(block.attn.scale),
+            )
+            for index, block in enumerate(self.model.blocks)
+        ]
+        flags = [FlagSetting(block.attn, "fused_attn", True) for block in self.model.blocks]
+        if hasattr(self.model, "grad_checkpointing"):
+            flags.append(FlagSetting(self.model, "grad_checkpointing", False))
+        return FusedPath(sites=sites, flags=flags)
 
 
 def _timm_values(num_heads: int, head_dim: int, qkv: Tensor) -> Tensor:
