@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ModelState", "hook_counts", "tiny_beit", "tiny_eva", "tiny_vit"]
+__all__ = ["ModelState", "hook_counts", "tiny_beit", "tiny_eva", "tiny_hf_vision", "tiny_vit"]
 
 
 def tiny_vit(
@@ -224,3 +224,76 @@ def tiny_beit(*, seed: int = 0, **kwargs: Any) -> nn.Module:
         return _spread_embeddings(
             model, ("cls_token", "pos_embed", "relative_position_bias_table", "qkv.weight")
         )
+
+
+def _hf_vision_config(**overrides: Any) -> dict[str, Any]:
+    return dict(
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=48,
+        image_size=32,
+        patch_size=8,
+        num_labels=5,
+        initializer_range=0.3,
+        attn_implementation="sdpa",
+        **overrides,
+    )
+
+
+_SIGLIP_TEXT = dict(
+    vocab_size=50,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=16,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def tiny_hf_vision(family: str, *, seed: int = 0, **overrides: Any) -> nn.Module:
+    """A small random Hugging Face image classifier of `family`: "dinov2",
+    "dinov2_with_registers" (2 registers), "beit" (relative position bias) or "siglip";
+    overrides go to the config (e.g. `use_mean_pooling=False` for BEiT)."""
+    import transformers as tf
+
+    builders = {
+        "dinov2": lambda: tf.Dinov2ForImageClassification(
+            tf.Dinov2Config(**_hf_vision_config(mlp_ratio=2, **overrides))
+        ),
+        "dinov2_with_registers": lambda: tf.Dinov2WithRegistersForImageClassification(
+            tf.Dinov2WithRegistersConfig(
+                **_hf_vision_config(mlp_ratio=2, num_register_tokens=2, **overrides)
+            )
+        ),
+        "beit": lambda: tf.BeitForImageClassification(
+            tf.BeitConfig(
+                **_hf_vision_config(
+                    use_relative_position_bias=True, layer_scale_init_value=1.0, **overrides
+                )
+            )
+        ),
+        "siglip": lambda: tf.SiglipForImageClassification(
+            tf.SiglipConfig(
+                vision_config=_hf_vision_config(**overrides),
+                text_config=_SIGLIP_TEXT,
+                num_labels=5,
+            )
+        ),
+    }
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = builders[family]()
+        return _spread_embeddings(
+            model,
+            (
+                "cls_token",
+                "register_tokens",
+                "position_embeddings",
+                "position_embedding.weight",
+                "relative_position_bias_table",
+            ),
+        ).eval()
