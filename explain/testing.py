@@ -14,7 +14,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ModelState", "hook_counts", "tiny_beit", "tiny_eva", "tiny_hf_vision", "tiny_vit"]
+__all__ = [
+    "ModelState",
+    "hook_counts",
+    "tiny_beit",
+    "tiny_eva",
+    "tiny_hf_vision",
+    "tiny_siglip",
+    "tiny_vit",
+]
 
 
 def tiny_vit(
@@ -227,7 +235,8 @@ def tiny_beit(*, seed: int = 0, **kwargs: Any) -> nn.Module:
 
 
 def _hf_vision_config(**overrides: Any) -> dict[str, Any]:
-    return dict(
+    """A tiny transformers vision config (32x32 images, 8x8 patches, 3 blocks)."""
+    config: dict[str, Any] = dict(
         hidden_size=32,
         num_hidden_layers=3,
         num_attention_heads=2,
@@ -237,8 +246,8 @@ def _hf_vision_config(**overrides: Any) -> dict[str, Any]:
         num_labels=5,
         initializer_range=0.3,
         attn_implementation="sdpa",
-        **overrides,
     )
+    return {**config, **overrides}
 
 
 _SIGLIP_TEXT = dict(
@@ -296,4 +305,20 @@ def tiny_hf_vision(family: str, *, seed: int = 0, **overrides: Any) -> nn.Module
                 "position_embedding.weight",
                 "relative_position_bias_table",
             ),
+        ).eval()
+
+
+def tiny_siglip(*, seed: int = 0) -> nn.Module:
+    """A small random Hugging Face `SiglipModel` (image-text similarity) with its vision
+    attention pooling head; texts are ids < 50 of at most 16 tokens."""
+    import transformers as tf
+
+    config = tf.SiglipConfig(
+        vision_config=_hf_vision_config(num_hidden_layers=2), text_config=_SIGLIP_TEXT
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tf.SiglipModel(config)
+        return _spread_embeddings(
+            model, ("position_embedding.weight", "token_embedding.weight", "probe")
         ).eval()

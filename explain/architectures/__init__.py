@@ -59,6 +59,7 @@ from explain.architectures import (  # noqa: E402,F401
     hf_clip,
     hf_gpt2,
     hf_seq2seq,
+    hf_siglip,
     hf_vision,
     hf_vit,
     open_clip,

@@ -1,0 +1,166 @@
+"""Hugging Face `SiglipModel`: a dual encoder, explained per tower like CLIP (the shared
+logic is in `dual_encoder`).
+
+Two stacks of self-attention blocks, "image" (the vision tower) and "text" (the text
+tower). The score is the similarity logit of an image with a text,
+`logits_per_image[i, j] = exp(t) cos(image_i, text_j) + b`.
+
+Readout rows. The text tower pools its last position (SigLIP is trained on texts padded
+to a fixed length, without an attention mask), so the text row is one-hot there. The
+vision tower has no class token: a multi-head attention pooling head reads the last
+hidden state with one learned probe query, so the image row is that head's attention
+from the probe to every patch token, averaged over its heads (a row that sums to 1, as
+the class-token row does). Computing it needs the last hidden state, so the row costs
+one extra forward of the vision tower without gradients, in eval mode, with the RNG
+state forked (see `attention_pool_readout`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures import register_adapter
+from explain.architectures.base import FlagSetting, Prepared, TokenLayout
+from explain.architectures.dual_encoder import DualEncoder
+from explain.architectures.hf_common import (
+    eager_attention_flags,
+    is_transformers_class,
+    prepare_text,
+    text_layout,
+)
+from explain.architectures.timm_vit import validate_image_batch
+from explain.errors import InputError, UnsupportedModelError
+
+__all__ = ["HFSiglip", "attention_pool_readout"]
+
+
+def attention_pool_readout(vision: nn.Module, pixel_values: Tensor) -> Tensor:
+    """(B, N) the SigLIP pooling head's attention from its probe to every token of the
+    last hidden state, averaged over the head's heads.
+
+    One forward of the vision tower `vision` (a SiglipVisionModel) without gradients. It
+    runs in eval mode, as the explanation's own forward does, and inside a forked RNG
+    state, so the model's modes and the random numbers it draws next are left as found.
+    """
+    head = vision.head
+    modes = [(module, module.training) for module in vision.modules()]
+    devices = [pixel_values.device] if pixel_values.device.type == "cuda" else []
+    try:
+        for module, _ in modes:
+            module.training = False
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            hidden = vision(pixel_values=pixel_values).last_hidden_state
+            probe = head.probe.expand(hidden.shape[0], -1, -1)
+            _, weights = head.attention(
+                probe, hidden, hidden, need_weights=True, average_attn_weights=True
+            )
+    finally:
+        for module, mode in modes:
+            module.training = mode
+    return weights[:, 0]
+
+
+@register_adapter
+class HFSiglip(DualEncoder):
+    family = (
+        "Hugging Face SiglipModel (image-text similarity; image relevance read out by the "
+        "attention pooling head, text at its last position)"
+    )
+    image_argument = "pixel_values"
+    text_arguments = ("input_ids", "attention_mask")
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        if not self.model.config.vision_config.vision_use_head:
+            raise UnsupportedModelError(
+                "this SiglipModel has no vision pooling head (vision_use_head=False), so it "
+                "has no image embedding to explain"
+            )
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return is_transformers_class(model, "siglip", ("SiglipModel",))
+
+    @property
+    def vision_blocks(self) -> Sequence[nn.Module]:
+        return list(self.model.vision_model.encoder.layers)
+
+    @property
+    def text_blocks(self) -> Sequence[nn.Module]:
+        return list(self.model.text_model.encoder.layers)
+
+    def probabilities_site(self, block: nn.Module) -> tuple[nn.Module, Callable[[Any], Tensor]]:
+        return block.self_attn, _second
+
+    def path_flags(self) -> Sequence[FlagSetting]:
+        return eager_attention_flags(self.model)
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def prepare(self, inputs: object) -> Prepared:
+        if not isinstance(inputs, Mapping) or "pixel_values" not in inputs:
+            raise InputError(
+                "SigLIP takes a mapping with pixel_values (B, 3, H, W) and input_ids, e.g. "
+                "SiglipProcessor(text=..., images=..., padding='max_length', "
+                "return_tensors='pt')"
+            )
+        vision = self.model.config.vision_config
+        images = validate_image_batch(inputs["pixel_values"], vision.num_channels, self.parameter)
+        if tuple(images.shape[-2:]) != (vision.image_size, vision.image_size):
+            raise InputError(
+                f"this SigLIP model takes {vision.image_size}x{vision.image_size} images, got "
+                f"{images.shape[-2]}x{images.shape[-1]}; resize them (SiglipProcessor does)"
+            )
+        text = self.model.config.text_config
+        parameter = self.parameter
+        arguments = prepare_text(
+            inputs,
+            max_tokens=text.max_position_embeddings,
+            vocab_size=text.vocab_size,
+            device=parameter.device,
+            token_types=False,
+        )
+        if not bool(arguments["attention_mask"][:, -1].all()):
+            raise InputError(
+                "SigLIP pools each text at its last position, which is padding in this "
+                "batch; pad to a fixed length without an attention mask, as SiglipProcessor "
+                "does (padding='max_length'), or pad on the left"
+            )
+        arguments["pixel_values"] = images
+        side = vision.image_size // vision.patch_size
+        layout = TokenLayout(
+            modality="image",
+            num_tokens=side * side,
+            grid=(side, side),
+            input_size=(vision.image_size, vision.image_size),
+        )
+        return Prepared(batch_size=images.shape[0], layout=layout, arguments=arguments)
+
+    def text_layout(self, prepared: Prepared) -> TokenLayout:
+        return text_layout(prepared.arguments["attention_mask"])
+
+    def readout_positions(self, input_ids: Tensor) -> Tensor:
+        """SigLIP pools the last position of every text."""
+        return torch.full(
+            input_ids.shape[:1], input_ids.shape[1] - 1, dtype=torch.long, device=input_ids.device
+        )
+
+    def stack_readout(self, prepared: Prepared, stack: str) -> Tensor:
+        if stack != "image":
+            return super().stack_readout(prepared, stack)
+        pixels = prepared.arguments[self.image_argument]
+        return attention_pool_readout(self.model.vision_model, pixels).to(self.parameter.dtype)
+
+    # -- model ----------------------------------------------------------------------------
+
+    def forward(self, prepared: Prepared) -> Tensor:
+        """Similarity logits `logits_per_image`, (images, texts)."""
+        return self.model(**prepared.arguments).logits_per_image
+
+
+def _second(output: tuple[Tensor, Tensor]) -> Tensor:
+    return output[1]
