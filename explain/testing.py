@@ -1,6 +1,9 @@
 """Helpers the test suite shares (and users can use to test their own setups).
 
 - `tiny_vit`: small timm Vision Transformers built from a config, no weights needed.
+- one tiny builder per vision backbone family (`tiny_eva`, `tiny_beit`, `tiny_hf_vision`,
+  `tiny_siglip`) and two hand-written transformers with their `TransformerSpec`
+  (`tiny_custom_vit`, `tiny_custom_text`), all random and built from configs.
 - `ModelState`: a snapshot of everything an explanation promises not to change, and a
   comparison that names what changed.
 """
@@ -14,10 +17,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from explain.architectures.custom import TransformerSpec
+
 __all__ = [
+    "HandWrittenTextEncoder",
+    "HandWrittenViT",
     "ModelState",
     "hook_counts",
     "tiny_beit",
+    "tiny_custom_text",
+    "tiny_custom_vit",
     "tiny_eva",
     "tiny_hf_vision",
     "tiny_siglip",
@@ -322,3 +331,150 @@ def tiny_siglip(*, seed: int = 0) -> nn.Module:
         return _spread_embeddings(
             model, ("position_embedding.weight", "token_embedding.weight", "probe")
         ).eval()
+
+
+# -- hand-written transformers for the custom-model spec (issue 14) ------------------------
+
+
+class _SelfAttention(nn.Module):
+    """Multi-head self-attention written out: softmax(q k^T / sqrt(d) + mask) v. The
+    probabilities pass through `self.probs` (an identity) on their way to the values,
+    which is where a TransformerSpec's `attention` points; `fused=True` computes the same
+    with F.scaled_dot_product_attention instead, which never shows them."""
+
+    def __init__(self, dim: int, heads: int, *, fused: bool = False, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.fused = heads, fused
+        self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
+        self.probs = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        batch, tokens, dim = x.shape
+
+        def split(t: Tensor) -> Tensor:
+            return t.reshape(batch, tokens, self.heads, dim // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        if self.fused:
+            mixed = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            scores = q @ k.transpose(-2, -1) / (dim // self.heads) ** 0.5
+            if bias is not None:
+                scores = scores + bias
+            mixed = self.probs(scores.softmax(dim=-1)) @ v
+        return self.out(mixed.transpose(1, 2).reshape(batch, tokens, dim))
+
+
+class HandWrittenViT(nn.Module):
+    """A small pre-norm ViT written from scratch: patches from a strided convolution, a
+    class token, learned positions, blocks `self.layers[i]` with attention
+    `.mixer.probs`, a linear head on the class token."""
+
+    def __init__(
+        self,
+        *,
+        image_size: int = 32,
+        patch: int = 8,
+        dim: int = 32,
+        depth: int = 3,
+        heads: int = 4,
+        classes: int = 5,
+        fused: bool = False,
+    ):
+        super().__init__()
+        self.patchify = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+        self.positions = nn.Parameter(torch.randn(1, 1 + (image_size // patch) ** 2, dim))
+        self.layers = nn.ModuleList(_ViTBlock(dim, heads, fused) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = self.patchify(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.positions
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+class _ViTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, fused: bool):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.mixer = _SelfAttention(dim, heads, fused=fused)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.mixer(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class HandWrittenTextEncoder(nn.Module):
+    """A small post-norm text encoder written from scratch: token and position embeddings,
+    blocks `self.encoder.blocks[i]` whose attention dropout `.attention.probs` sees the
+    probabilities, padding masked out of the keys, a classifier on the mean of the real
+    tokens. Called as `model(input_ids=..., attention_mask=...)`."""
+
+    def __init__(
+        self,
+        *,
+        vocab: int = 40,
+        max_tokens: int = 16,
+        dim: int = 32,
+        depth: int = 2,
+        heads: int = 2,
+        classes: int = 3,
+    ):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(max_tokens, dim)
+        self.encoder = nn.Module()
+        self.encoder.blocks = nn.Sequential(*(_TextBlock(dim, heads) for _ in range(depth)))
+        self.classifier = nn.Linear(dim, classes)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.tokens(input_ids) + self.positions(positions)
+        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
+        bias = bias.masked_fill(mask == 0, float("-inf"))[:, None, None, :]
+        for block in self.encoder.blocks:
+            x = block(x, bias)
+        weights = mask.to(x.dtype)[..., None]
+        return self.classifier((x * weights).sum(dim=1) / weights.sum(dim=1))
+
+
+class _TextBlock(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.attention = _SelfAttention(dim, heads, dropout=0.1)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.feed_forward = nn.Sequential(
+            nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim)
+        )
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        x = self.norm1(x + self.attention(x, bias))
+        return self.norm2(x + self.feed_forward(x))
+
+
+def tiny_custom_vit(*, seed: int = 0, fused: bool = False) -> tuple[nn.Module, TransformerSpec]:
+    """The hand-written ViT and its TransformerSpec (class-token readout, 8x8 patches)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = HandWrittenViT(fused=fused).eval()
+    spec = TransformerSpec(
+        blocks="layers.*", attention="mixer.probs", readout=0, patch_size=8, prefix_tokens=1
+    )
+    return model, spec
+
+
+def tiny_custom_text(*, seed: int = 0) -> tuple[nn.Module, TransformerSpec]:
+    """The hand-written text encoder and its TransformerSpec (mean over real tokens)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = HandWrittenTextEncoder().eval()
+        nn.init.normal_(model.positions.weight, std=1.0)
+    spec = TransformerSpec(blocks="encoder.blocks", attention="attention.probs", readout="mean")
+    return model, spec

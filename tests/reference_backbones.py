@@ -1,11 +1,11 @@
 """Independent references for the vision backbone families of issue 14.
 
 Nothing here uses `explain`'s recorder, adapters or rules. A deep copy of the model runs
-one image on its explicit attention path; the post-softmax probabilities are caught by
-plain forward hooks (timm: the output of `attn.attn_drop`) or returned by transformers'
-own `output_attentions=True`, keep their gradients with `retain_grad()`, and one backward
-of the target logit fills them. The methods then multiply full N x N matrices
-(reference_vit's functions).
+one input on its explicit attention path; the post-softmax probabilities are caught by
+plain forward hooks (timm: the output of `attn.attn_drop`; hand-written models: the module
+after their softmax) or returned by transformers' own `output_attentions=True`, keep
+their gradients with `retain_grad()`, and one backward of the target logit fills them.
+The methods then multiply full N x N matrices (reference_vit's functions).
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from torch import Tensor, nn
 import reference_vit as ref
 
 
-def timm_attentions_and_gradients(
-    model: nn.Module, image: Tensor, target: int | None = None
+def hooked_attentions_and_gradients(
+    model: nn.Module, modules, call, target: int | None = None
 ) -> tuple[list[Tensor], list[Tensor], Tensor]:
-    """(H, N, N) attention and gradient of every block of a timm patch transformer for one
-    image's target logit (None: the predicted class), and the logits."""
+    """(H, N, N) attention and gradient of every block for one input's target logit (None:
+    the predicted class), and the logits: `modules(model_copy)` lists the modules whose
+    outputs are the probabilities, `call(model_copy)` runs one input and returns (1, C)."""
     model = copy.deepcopy(model).eval()
     caught: list[Tensor] = []
 
@@ -30,13 +31,25 @@ def timm_attentions_and_gradients(
         output.retain_grad()
         caught.append(output)
 
-    for block in model.blocks:
-        block.attn.fused_attn = False
-        block.attn.attn_drop.register_forward_hook(keep)
-    logits = model(image[None])
+    for module in modules(model):
+        module.register_forward_hook(keep)
+    logits = call(model)
     cls = int(logits.argmax()) if target is None else target
     logits[0, cls].backward()
     return [a[0].detach() for a in caught], [a.grad[0].detach() for a in caught], logits.detach()
+
+
+def timm_attentions_and_gradients(
+    model: nn.Module, image: Tensor, target: int | None = None
+) -> tuple[list[Tensor], list[Tensor], Tensor]:
+    """The same for a timm patch transformer on its explicit path (`attn.attn_drop`)."""
+
+    def modules(copy_):
+        for block in copy_.blocks:
+            block.attn.fused_attn = False
+        return [block.attn.attn_drop for block in copy_.blocks]
+
+    return hooked_attentions_and_gradients(model, modules, lambda m: m(image[None]), target)
 
 
 def hf_attentions_and_gradients(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from explain.architectures.base import Adapter, AttentionSite, FlagSetting, Prepared, TokenLayout
+from explain.architectures.scope import unsupported_model_message
+from explain.architectures.wrappers import unwrap
 from explain.errors import UnsupportedModelError
 
 __all__ = [
@@ -42,13 +44,11 @@ def adapter_for(model: nn.Module) -> Adapter:
             f"expected a torch.nn.Module, got {type(model).__name__}; supported families: "
             + "; ".join(supported_families())
         )
+    model = unwrap(model)
     for cls in ADAPTERS:
         if cls.matches(model):
             return cls(model)
-    raise UnsupportedModelError(
-        f"{type(model).__module__}.{type(model).__qualname__} is not a supported model. "
-        "Supported families: " + "; ".join(supported_families()) + "."
-    )
+    raise UnsupportedModelError(unsupported_model_message(model, supported_families()))
 
 
 # Importing the family modules registers them, timm first so that it leads the list.
