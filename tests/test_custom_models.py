@@ -100,6 +100,8 @@ def test_trace_and_readout_options():
     explainer = Explainer(model, spec=last)
     row = explainer.adapter.readout(explainer.adapter.prepare(texts))
     assert row.argmax(dim=1).tolist() == [6, 3, 5]  # each text's last real token
+    nested = TransformerSpec(blocks="*.blocks.*", attention="attention.probs")
+    assert Explainer(model, spec=nested).adapter.blocks == list(model.encoder.blocks)
     first = TransformerSpec(blocks=list(model.encoder.blocks), attention="attention.probs")
     explanation = Explainer(model, spec=first).explain(texts, method="raw_attention")
     assert explanation.relevance.shape == (3, 7)
@@ -141,6 +143,8 @@ def test_spec_mistakes_get_errors_that_say_what_to_do():
     images = _images()
     with pytest.raises(ExplainError, match="children: patchify, layers, norm, head"):
         Explainer(model, spec=TransformerSpec(blocks="blocks.*", attention="mixer.probs"))
+    with pytest.raises(ExplainError, match="children: patchify, layers, norm, head"):
+        Explainer(model, spec=TransformerSpec(blocks="blocks", attention="mixer.probs"))
     with pytest.raises(ExplainError, match="not a module path of _ViTBlock"):
         Explainer(model, spec=TransformerSpec(blocks="layers.*", attention="attn.drop"))
     scores = TransformerSpec(blocks="layers", attention="mixer.query", patch_size=8)

@@ -2,9 +2,9 @@
 
 A model `explain` has no adapter for is explained once you name three things:
 
-- `blocks`: the attention blocks in forward order, as a dotted path with a `*` for "every
-  child, in order" ("encoder.layers.*"), the path of a container of blocks
-  ("encoder.layers"), or a list of the block modules;
+- `blocks`: the attention blocks in forward order, as a dotted path in which `*` stands
+  for any one name ("encoder.layers.*", "stages.*.blocks.*"; matches in module order),
+  the path of a container of blocks ("encoder.layers"), or a list of the block modules;
 - `attention`: the path, inside each block, of the module whose OUTPUT is the block's
   post-softmax attention probabilities, (B, H, N, N) with one map per head: the module
   the probabilities pass through on their way to the values. If the code multiplies the
@@ -62,9 +62,10 @@ class TransformerSpec:
     """How to explain a transformer of your own: `Explainer(model, spec=TransformerSpec(...))`.
 
     Args:
-        blocks: the attention blocks, in forward order: "encoder.layers.*" (every child of
-            `model.encoder.layers`), "encoder.layers" (the same, for a container), or a
-            sequence of modules.
+        blocks: the attention blocks, in forward order: a dotted pattern in which `*` is
+            any one name ("encoder.layers.*": every child of `model.encoder.layers`, in
+            module order), the path of a container ("encoder.layers": its children), or
+            a sequence of modules.
         attention: the dotted path, inside each block, of the module whose output is the
             block's post-softmax probabilities (B, H, N, N), e.g. "attn.attn_drop".
         readout: the token the head reads: an index (0: class token, -1: last token),
@@ -274,17 +275,23 @@ class CustomTransformer(Adapter):
 
 
 def _resolve_blocks(model: nn.Module, blocks: str | Sequence[nn.Module]) -> list[nn.Module]:
-    if isinstance(blocks, str):
-        path = blocks[:-2] if blocks.endswith(".*") else blocks
-        container = _submodule(model, path, "blocks")
-        found = list(container.children())
+    if isinstance(blocks, str) and "*" in blocks:
+        pattern = blocks.split(".")
+        found = [
+            module for name, module in model.named_modules() if _matches(name.split("."), pattern)
+        ]
+    elif isinstance(blocks, str):
+        found = list(_submodule(model, blocks, "blocks").children())
     else:
         found = list(blocks)
         owned = {id(module) for module in model.modules()}
         if not all(isinstance(b, nn.Module) and id(b) in owned for b in found):
             raise ExplainError("blocks must be modules of the model, in forward order")
     if not found:
-        raise ExplainError(f"blocks={blocks!r} names no block of the model")
+        children = ", ".join(name for name, _ in model.named_children()) or "none"
+        raise ExplainError(
+            f"blocks={blocks!r} names no block of the model (its children: {children})"
+        )
     for index, block in enumerate(found):
         if isinstance(block, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer):
             raise ExplainError(
@@ -293,6 +300,13 @@ def _resolve_blocks(model: nn.Module, blocks: str | Sequence[nn.Module]) -> list
                 f"probabilities; write the block yourself: {_FUSED_HELP}"
             )
     return found
+
+
+def _matches(name: list[str], pattern: list[str]) -> bool:
+    """Whether a dotted module name matches a pattern segment by segment ("*": any one)."""
+    if len(name) != len(pattern):
+        return False
+    return all(part in ("*", segment) for segment, part in zip(name, pattern, strict=True))
 
 
 def _attention_module(block: nn.Module, path: str, index: int) -> nn.Module:
