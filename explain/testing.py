@@ -336,17 +336,26 @@ def tiny_siglip(*, seed: int = 0) -> nn.Module:
 # -- hand-written transformers for the custom-model spec (issue 14) ------------------------
 
 
+class _AttentionTimesValues(nn.Module):
+    """A @ V as a module, whose first input is the probabilities."""
+
+    def forward(self, probabilities: Tensor, values: Tensor) -> Tensor:
+        return probabilities @ values
+
+
 class _SelfAttention(nn.Module):
     """Multi-head self-attention written out: softmax(q k^T / sqrt(d) + mask) v. The
-    probabilities pass through `self.probs` (an identity) on their way to the values,
-    which is where a TransformerSpec's `attention` points; `fused=True` computes the same
-    with F.scaled_dot_product_attention instead, which never shows them."""
+    probabilities pass through `self.probs` (an identity or dropout) and then enter
+    `self.mix` (A @ V), the two places a TransformerSpec's `attention` can point to;
+    `fused=True` computes the same with F.scaled_dot_product_attention instead, which
+    never shows them."""
 
     def __init__(self, dim: int, heads: int, *, fused: bool = False, dropout: float = 0.0):
         super().__init__()
         self.heads, self.fused = heads, fused
         self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
         self.probs = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.mix = _AttentionTimesValues()
         self.out = nn.Linear(dim, dim)
 
     def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -362,7 +371,7 @@ class _SelfAttention(nn.Module):
             scores = q @ k.transpose(-2, -1) / (dim // self.heads) ** 0.5
             if bias is not None:
                 scores = scores + bias
-            mixed = self.probs(scores.softmax(dim=-1)) @ v
+            mixed = self.mix(self.probs(scores.softmax(dim=-1)), v)
         return self.out(mixed.transpose(1, 2).reshape(batch, tokens, dim))
 
 

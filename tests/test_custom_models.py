@@ -90,6 +90,27 @@ def test_every_attention_method_batch_equals_single_and_no_side_effects(method):
             torch.testing.assert_close(batch.relevance[b], alone.relevance[0], **TOL)
 
 
+def test_probabilities_seen_as_the_input_of_a_module():
+    model, spec = tiny_custom_vit()
+    images = _images()
+    as_input = TransformerSpec(
+        blocks="layers.*",
+        attention="mixer.mix",
+        probabilities="input",
+        patch_size=8,
+        prefix_tokens=1,
+    )
+    for method in ("generic", "rollout"):
+        expected = Explainer(model, spec=spec).explain(images, method=method).relevance
+        actual = Explainer(model, spec=as_input).explain(images, method=method).relevance
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+    wrong = TransformerSpec(
+        blocks="layers", attention="mixer.out", probabilities="input", patch_size=8
+    )
+    with pytest.raises(ExplainError, match=r"the first input of attention='mixer.out'"):
+        Explainer(model, spec=wrong).explain(images)
+
+
 def test_trace_and_readout_options():
     model, spec = tiny_custom_text()
     texts = _texts()

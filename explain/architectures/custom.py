@@ -5,11 +5,12 @@ A model `explain` has no adapter for is explained once you name three things:
 - `blocks`: the attention blocks in forward order, as a dotted path in which `*` stands
   for any one name ("encoder.layers.*", "stages.*.blocks.*"; matches in module order),
   the path of a container of blocks ("encoder.layers"), or a list of the block modules;
-- `attention`: the path, inside each block, of the module whose OUTPUT is the block's
+- `attention`: the path, inside each block, of the module whose output is the block's
   post-softmax attention probabilities, (B, H, N, N) with one map per head: the module
-  the probabilities pass through on their way to the values. If the code multiplies the
-  softmax with the values directly, put an `nn.Identity()` (or the attention dropout,
-  as in Chefer et al.'s code) between the two and name it;
+  the probabilities pass through on their way to the values (the attention dropout, as
+  in Chefer et al.'s code). With `probabilities="input"`, the module whose first
+  positional input they are (a module that computes A @ V). If the code multiplies the
+  softmax with the values directly, put an `nn.Identity()` between the two and name it;
 - `readout`: which output token the model's head reads: a token index (0 for a class
   token, -1 for the last one), "mean" (the mean over the patch tokens of an image, or
   over the real tokens of a text) or "last" (each text's last real token).
@@ -73,6 +74,9 @@ class TransformerSpec:
             text's last real token).
         patch_size: images only: the patch size, an int or (height, width).
         prefix_tokens: images only: class and register tokens before the patch tokens.
+        probabilities: "output" (default) when the probabilities are the output of the
+            `attention` module, "input" when they are its first positional input (a
+            module that computes A @ V, like the einsum modules of Chefer et al.'s code).
     """
 
     blocks: str | Sequence[nn.Module]
@@ -80,6 +84,7 @@ class TransformerSpec:
     readout: Readout = 0
     patch_size: int | tuple[int, int] | None = None
     prefix_tokens: int = 0
+    probabilities: Literal["output", "input"] = "output"
 
     def adapter(self, model: nn.Module) -> CustomTransformer:
         """The adapter that instruments `model` as this spec says (checked now)."""
@@ -99,6 +104,10 @@ class CustomTransformer(Adapter):
         ):
             raise ExplainError(
                 f"readout must be a token index, 'mean' or 'last'; got {spec.readout!r}"
+            )
+        if spec.probabilities not in ("output", "input"):
+            raise ExplainError(
+                f"probabilities must be 'output' or 'input', got {spec.probabilities!r}"
             )
         if spec.prefix_tokens < 0:
             raise ExplainError(f"prefix_tokens must be >= 0, got {spec.prefix_tokens}")
@@ -121,25 +130,36 @@ class CustomTransformer(Adapter):
 
     def attention_sites(self) -> Sequence[AttentionSite]:
         return [
-            AttentionSite(layer=index, module=module, probabilities=partial(self._check, index))
+            AttentionSite(
+                layer=index,
+                module=module,
+                probabilities=partial(self._check, index),
+                seen_in=self.spec.probabilities,
+            )
             for index, module in enumerate(self._attention)
         ]
 
     def path_flags(self) -> Sequence[FlagSetting]:
         return []
 
-    def _check(self, layer: int, output: Any) -> Tensor:
-        """The probabilities of block `layer`, checked to be what the spec promised."""
+    def _check(self, layer: int, seen: Any) -> Tensor:
+        """The probabilities of block `layer` (from the module's output, or its positional
+        inputs), checked to be what the spec promised."""
         where = f"attention={self.spec.attention!r} of block {layer}"
+        if self.spec.probabilities == "input":
+            where = f"the first input of {where}"
+            output = seen[0] if seen else None
+        else:
+            output = seen
         if not isinstance(output, Tensor):
             raise ExplainError(
-                f"{where} returned {type(output).__name__}, not the (B, H, N, N) "
+                f"{where} is a {type(output).__name__}, not the (B, H, N, N) "
                 f"probabilities; {_FUSED_HELP}"
             )
         tokens = self._expected_tokens
         if output.dim() != 4 or output.shape[-1] != output.shape[-2]:
             raise ExplainError(
-                f"{where} returned shape {tuple(output.shape)}, not the (B, H, N, N) "
+                f"{where} has shape {tuple(output.shape)}, not the (B, H, N, N) "
                 f"probabilities of every head; {_FUSED_HELP}"
             )
         if tokens is not None and output.shape[-1] != tokens:
