@@ -41,18 +41,49 @@ CONFIGS = {
         dict(reg_tokens=4, no_embed_class=True, init_values=1.0, global_pool="token"),
         (32, 32),
     ),
+    "siglip-vit-map": (tiny_vit, dict(global_pool="map", class_token=False), (32, 32)),
+    "vit-map-registers": (tiny_vit, dict(global_pool="map", reg_tokens=2), (32, 32)),
+    "eva-map": (tiny_eva, dict(global_pool="map"), (32, 32)),
 }
 
 
 def _case(name):
     build, kwargs, (height, width) = CONFIGS[name]
     images = torch.randn(2, 3, height, width, generator=torch.Generator().manual_seed(4))
-    return build(**kwargs), images
+    model = build(**kwargs)
+    if (
+        getattr(model, "attn_pool", None) is not None
+    ):  # spread the pooling head's weights: far from uniform
+        generator = torch.Generator().manual_seed(6)
+        for parameter in (model.attn_pool.latent, model.attn_pool.kv.weight):
+            with torch.no_grad():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    return model, images
 
 
-def _row(model, num_tokens: int) -> torch.Tensor:
+def _probe_row(model, image, num_tokens: int) -> torch.Tensor:
+    """Attention pooling's readout row: the probe's softmax(q k^T / sqrt(d)) over the
+    tokens entering the pool (caught with a pre-hook), mean over heads, 0 elsewhere."""
+    pool, seen = model.attn_pool, []
+    handle = pool.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    with torch.no_grad():
+        model.eval()(image[None])
+    handle.remove()
+    x = seen[0][0]
+    heads, dim = pool.num_heads, pool.head_dim
+    q = pool.q(pool.latent[0, 0]).reshape(heads, dim)
+    k = pool.kv(x)[:, : heads * dim].reshape(-1, heads, dim).transpose(0, 1)
+    weights = torch.stack([(k[h] @ q[h] / dim**0.5).softmax(dim=0) for h in range(heads)])
+    row = torch.zeros(num_tokens)
+    row[num_tokens - x.shape[0] :] = weights.mean(dim=0)
+    return row
+
+
+def _row(model, num_tokens: int, image) -> torch.Tensor:
     """The readout row, written from the models' pooling code."""
     row = torch.zeros(num_tokens)
+    if getattr(model, "attn_pool", None) is not None:
+        return _probe_row(model, image, num_tokens)
     if model.global_pool == "token":
         row[0] = 1.0
     else:  # "avg": the mean over the patch tokens, prefix tokens excluded
@@ -70,13 +101,13 @@ def test_matches_independent_computation(name, method):
     for b in range(images.shape[0]):
         attentions, grads, logits = refb.timm_attentions_and_gradients(model, images[b])
         torch.testing.assert_close(result.logits[b], logits[0], **TOL)
-        row = _row(model, attentions[0].shape[-1])
+        row = _row(model, attentions[0].shape[-1], images[b])
         expected = refb.method(method, attentions, grads, row, start)
         prefix = model.num_prefix_tokens
         torch.testing.assert_close(result.relevance[b], expected[prefix:].reshape(grid), **TOL)
 
 
-@pytest.mark.parametrize("name", ["eva02", "beit", "dinov3-eva"])
+@pytest.mark.parametrize("name", ["eva02", "beit", "dinov3-eva", "siglip-vit-map"])
 def test_no_side_effects_and_batch_equals_single(name):
     model, images = _case(name)
     refb.check_no_side_effects_and_batches(model, images)
@@ -99,3 +130,9 @@ def test_fused_attention_is_switched_off_for_the_call_and_fused_path_refused():
 def test_nonlinear_pooling_is_refused(pool):
     with pytest.raises(UnsupportedModelError, match="global_pool"):
         Explainer(tiny_eva(global_pool=pool))
+
+
+def test_attention_pooling_has_no_lrp_rule():
+    model, images = _case("siglip-vit-map")
+    with pytest.raises(UnsupportedModelError, match="no LRP rule for attention pooling"):
+        Explainer(model).explain(images, method="transformer_attribution")

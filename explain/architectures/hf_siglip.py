@@ -11,8 +11,7 @@ vision tower has no class token: a multi-head attention pooling head reads the l
 hidden state with one learned probe query, so the image row is that head's attention
 from the probe to every patch token, averaged over its heads (a row that sums to 1, as
 the class-token row does). Computing it needs the last hidden state, so the row costs
-one extra forward of the vision tower without gradients, in eval mode, with the RNG
-state forked (see `attention_pool_readout`).
+one extra forward of the vision tower without gradients (see `attention_pool`).
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures import register_adapter
+from explain.architectures.attention_pool import gradient_free_eval
 from explain.architectures.base import FlagSetting, Prepared, TokenLayout
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import (
@@ -40,27 +40,15 @@ __all__ = ["HFSiglip", "attention_pool_readout"]
 
 def attention_pool_readout(vision: nn.Module, pixel_values: Tensor) -> Tensor:
     """(B, N) the SigLIP pooling head's attention from its probe to every token of the
-    last hidden state, averaged over the head's heads.
-
-    One forward of the vision tower `vision` (a SiglipVisionModel) without gradients. It
-    runs in eval mode, as the explanation's own forward does, and inside a forked RNG
-    state, so the model's modes and the random numbers it draws next are left as found.
-    """
+    last hidden state, averaged over the head's heads: one extra forward of the vision
+    tower `vision` (a SiglipVisionModel), see `gradient_free_eval`."""
     head = vision.head
-    modes = [(module, module.training) for module in vision.modules()]
-    devices = [pixel_values.device] if pixel_values.device.type == "cuda" else []
-    try:
-        for module, _ in modes:
-            module.training = False
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
-            hidden = vision(pixel_values=pixel_values).last_hidden_state
-            probe = head.probe.expand(hidden.shape[0], -1, -1)
-            _, weights = head.attention(
-                probe, hidden, hidden, need_weights=True, average_attn_weights=True
-            )
-    finally:
-        for module, mode in modes:
-            module.training = mode
+    with gradient_free_eval(vision, pixel_values.device):
+        hidden = vision(pixel_values=pixel_values).last_hidden_state
+        probe = head.probe.expand(hidden.shape[0], -1, -1)
+        _, weights = head.attention(
+            probe, hidden, hidden, need_weights=True, average_attn_weights=True
+        )
     return weights[:, 0]
 
 

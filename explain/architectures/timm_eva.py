@@ -23,7 +23,7 @@ __all__ = ["TimmEva"]
 class TimmEva(TimmPatchTransformer):
     family = (
         "timm Eva (EVA, EVA-02 with rotary embeddings and SwiGLU, DINOv3 with register "
-        "tokens; class-token or patch-mean readout)"
+        "tokens; class-token, patch-mean or attention-pooling readout)"
     )
 
     @classmethod

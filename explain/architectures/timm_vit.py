@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures import register_adapter
+from explain.architectures.attention_pool import check_timm_latent_pool, timm_latent_pool_row
 from explain.architectures.base import (
     Adapter,
     AttentionSite,
@@ -72,16 +73,21 @@ class TimmPatchTransformer(Adapter):
     """What timm's plain patch-token transformers share (VisionTransformer, Eva, Beit):
     blocks in `model.blocks` whose `attn.attn_drop` sees the probabilities on the explicit
     path (`attn.fused_attn = False`), `num_prefix_tokens` class and register tokens before
-    the patches, and a class-token or patch-mean readout. Subclasses say which models
-    they take and whether they have a fused path."""
+    the patches, and a class-token, patch-mean or attention-pooling (`global_pool="map"`,
+    see explain.architectures.attention_pool) readout. Subclasses say which models they
+    take and whether they have a fused path."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         pool = getattr(model, "global_pool", None)
-        if getattr(model, "attn_pool", None) is not None or pool not in _POOLS:
+        self._attention_pool = getattr(model, "attn_pool", None)
+        if self._attention_pool is not None:
+            check_timm_latent_pool(self._attention_pool)
+        elif pool not in _POOLS:
             raise UnsupportedModelError(
                 f"timm {type(model).__name__} with global_pool={pool!r} is not supported: the "
-                f"readout must be the class token or the patch mean ({', '.join(_POOLS)})"
+                f"readout must be the class token, the patch mean ({', '.join(_POOLS)}) or "
+                "attention pooling (map)"
             )
         for index, block in enumerate(model.blocks):
             attn = getattr(block, "attn", None)
@@ -151,6 +157,11 @@ class TimmPatchTransformer(Adapter):
         row = torch.zeros(
             prepared.batch_size, layout.num_tokens, device=parameter.device, dtype=parameter.dtype
         )
+        if self._attention_pool is not None:  # global_pool="map": the probes' attention
+            # Eva pools every token; VisionTransformer the patches unless told otherwise.
+            include_prefix = getattr(self.model, "pool_include_prefix", True)
+            images = prepared.arguments["x"]
+            return timm_latent_pool_row(self.model, images, include_prefix).to(parameter.dtype)
         if self._distilled:  # the eval-mode head averages the class and distillation heads
             row[:, :2] = 0.5
         elif self.model.global_pool == "token":
@@ -170,7 +181,8 @@ class TimmPatchTransformer(Adapter):
 class TimmVisionTransformer(TimmPatchTransformer):
     family = (
         "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens as in the "
-        "DINOv2 checkpoints, global-average pooling) and VisionTransformerDistilled"
+        "DINOv2 checkpoints, global-average pooling, attention pooling as in the SigLIP "
+        "checkpoints) and VisionTransformerDistilled"
     )
 
     @classmethod
