@@ -122,6 +122,20 @@ class TokenLayout:
     input_size: tuple[int, int] | None = None
     token_mask: Tensor | None = None
 
+    @classmethod
+    def image(
+        cls, grid: tuple[int, int], input_size: tuple[int, int], prefix: int = 0
+    ) -> TokenLayout:
+        """The layout of an image of `input_size` (H, W) cut into a `grid` (gh, gw) of patch
+        tokens after `prefix` class and register tokens."""
+        return cls(
+            modality="image",
+            num_tokens=prefix + grid[0] * grid[1],
+            num_prefix_tokens=prefix,
+            grid=grid,
+            input_size=input_size,
+        )
+
     def key_mask(self, batch: int, device: torch.device) -> Tensor:
         """(B, N) bool: the tokens a relevance map is over (patches, or real text tokens)."""
         if self.token_mask is not None:

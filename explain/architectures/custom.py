@@ -206,14 +206,7 @@ class CustomTransformer(Adapter):
                 f"image size {height}x{width} is not a multiple of the patch size {ph}x{pw}"
             )
         grid = (height // ph, width // pw)
-        prefix = self.spec.prefix_tokens
-        layout = TokenLayout(
-            modality="image",
-            num_tokens=prefix + grid[0] * grid[1],
-            num_prefix_tokens=prefix,
-            grid=grid,
-            input_size=(height, width),
-        )
+        layout = TokenLayout.image(grid, (height, width), self.spec.prefix_tokens)
         return Prepared(batch_size=images.shape[0], layout=layout, arguments={_POSITIONAL: images})
 
     def _prepare_text(self, inputs: Mapping[str, Any], *, positional: bool) -> Prepared:

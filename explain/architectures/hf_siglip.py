@@ -1,5 +1,5 @@
-"""Hugging Face `SiglipModel`: a dual encoder, explained per tower like CLIP (the shared
-logic is in `dual_encoder`).
+"""Hugging Face `SiglipModel`: a dual encoder, explained per tower like CLIP; its towers,
+blocks and attention are CLIPModel's (`hf_clip`), its inputs and readout rows its own.
 
 Two stacks of self-attention blocks, "image" (the vision tower) and "text" (the text
 tower). The score is the similarity logit of an image with a text,
@@ -16,22 +16,16 @@ one extra forward of the vision tower without gradients (see `attention_pool`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
 
 from explain.architectures import register_adapter
 from explain.architectures.attention_pool import gradient_free_eval
-from explain.architectures.base import FlagSetting, Prepared, TokenLayout
-from explain.architectures.dual_encoder import DualEncoder
-from explain.architectures.hf_common import (
-    eager_attention_flags,
-    is_transformers_class,
-    prepare_text,
-    text_layout,
-)
+from explain.architectures.base import Prepared, TokenLayout
+from explain.architectures.hf_clip import HFClip
+from explain.architectures.hf_common import is_transformers_class, prepare_text
 from explain.architectures.timm_vit import validate_image_batch
 from explain.errors import InputError, UnsupportedModelError
 
@@ -53,13 +47,14 @@ def attention_pool_readout(vision: nn.Module, pixel_values: Tensor) -> Tensor:
 
 
 @register_adapter
-class HFSiglip(DualEncoder):
+class HFSiglip(HFClip):
+    """SiglipModel: CLIPModel's towers, blocks and eager path, with SigLIP's inputs and
+    readout rows."""
+
     family = (
         "Hugging Face SiglipModel (image-text similarity; image relevance read out by the "
         "attention pooling head, text at its last position)"
     )
-    image_argument = "pixel_values"
-    text_arguments = ("input_ids", "attention_mask")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -72,20 +67,6 @@ class HFSiglip(DualEncoder):
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
         return is_transformers_class(model, "siglip", ("SiglipModel",))
-
-    @property
-    def vision_blocks(self) -> Sequence[nn.Module]:
-        return list(self.model.vision_model.encoder.layers)
-
-    @property
-    def text_blocks(self) -> Sequence[nn.Module]:
-        return list(self.model.text_model.encoder.layers)
-
-    def probabilities_site(self, block: nn.Module) -> tuple[nn.Module, Callable[[Any], Tensor]]:
-        return block.self_attn, _second
-
-    def path_flags(self) -> Sequence[FlagSetting]:
-        return eager_attention_flags(self.model)
 
     # -- inputs ---------------------------------------------------------------------------
 
@@ -120,16 +101,8 @@ class HFSiglip(DualEncoder):
             )
         arguments["pixel_values"] = images
         side = vision.image_size // vision.patch_size
-        layout = TokenLayout(
-            modality="image",
-            num_tokens=side * side,
-            grid=(side, side),
-            input_size=(vision.image_size, vision.image_size),
-        )
+        layout = TokenLayout.image((side, side), (vision.image_size, vision.image_size))
         return Prepared(batch_size=images.shape[0], layout=layout, arguments=arguments)
-
-    def text_layout(self, prepared: Prepared) -> TokenLayout:
-        return text_layout(prepared.arguments["attention_mask"])
 
     def readout_positions(self, input_ids: Tensor) -> Tensor:
         """SigLIP pools the last position of every text."""
@@ -142,13 +115,3 @@ class HFSiglip(DualEncoder):
             return super().stack_readout(prepared, stack)
         pixels = prepared.arguments[self.image_argument]
         return attention_pool_readout(self.model.vision_model, pixels).to(self.parameter.dtype)
-
-    # -- model ----------------------------------------------------------------------------
-
-    def forward(self, prepared: Prepared) -> Tensor:
-        """Similarity logits `logits_per_image`, (images, texts)."""
-        return self.model(**prepared.arguments).logits_per_image
-
-
-def _second(output: tuple[Tensor, Tensor]) -> Tensor:
-    return output[1]

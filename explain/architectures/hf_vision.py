@@ -71,14 +71,7 @@ class HuggingFaceImageClassifier(HuggingFaceAdapter):
                 "resize the input"
             )
         grid = (height // patch[0], width // patch[1])
-        prefix = self.prefix_tokens()
-        layout = TokenLayout(
-            modality="image",
-            num_tokens=prefix + grid[0] * grid[1],
-            num_prefix_tokens=prefix,
-            grid=grid,
-            input_size=(height, width),
-        )
+        layout = TokenLayout.image(grid, (height, width), self.prefix_tokens())
         return Prepared(
             batch_size=images.shape[0], layout=layout, arguments={"pixel_values": images}
         )

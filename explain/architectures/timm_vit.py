@@ -121,14 +121,7 @@ class TimmPatchTransformer(Adapter):
         images = validate_image_batch(inputs, patch_embed.proj.in_channels, self.parameter)
         height, width = images.shape[-2:]
         grid = self._grid(height, width)
-        prefix = self.model.num_prefix_tokens
-        layout = TokenLayout(
-            modality="image",
-            num_tokens=prefix + grid[0] * grid[1],
-            num_prefix_tokens=prefix,
-            grid=grid,
-            input_size=(height, width),
-        )
+        layout = TokenLayout.image(grid, (height, width), self.model.num_prefix_tokens)
         return Prepared(batch_size=images.shape[0], layout=layout, arguments={"x": images})
 
     def _grid(self, height: int, width: int) -> tuple[int, int]:
