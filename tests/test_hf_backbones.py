@@ -80,11 +80,19 @@ def test_no_side_effects_and_batch_equals_single(name):
     refb.check_no_side_effects_and_batches(model, images)
 
 
-def test_sdpa_restored_and_fused_path_refused():
-    _, model, images = _case("dinov2")
+@pytest.mark.parametrize("name", ["dinov2", "dinov2-registers", "siglip"])
+def test_fused_path_equals_explicit_path_and_sdpa_is_restored(name):
+    _, model, images = _case(name)
     assert model.config._attn_implementation == "sdpa"
-    Explainer(model).explain(images)
+    for method in ("generic", "attention_gradcam"):
+        explicit = Explainer(model, attention_path="explicit").explain(images, method=method)
+        fused = Explainer(model, attention_path="fused").explain(images, method=method)
+        torch.testing.assert_close(fused.relevance, explicit.relevance, **TOL)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_beit_refuses_the_fused_path():
+    _, model, images = _case("beit-mean")
     with pytest.raises(OptionError, match="attention_path='fused' is not available"):
         Explainer(model, attention_path="fused").explain(images)
 

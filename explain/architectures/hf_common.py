@@ -36,6 +36,8 @@ __all__ = [
     "mask_padding",
     "positions_from_mask",
     "prepare_text",
+    "sdpa_attention_flags",
+    "split_heads",
     "text_layout",
 ]
 
@@ -78,6 +80,22 @@ def eager_attention_flags(model: nn.Module) -> list[FlagSetting]:
         if getattr(module, "gradient_checkpointing", False) is True:
             flags.append(FlagSetting(module, "gradient_checkpointing", False))
     return flags
+
+
+def sdpa_attention_flags(model: nn.Module) -> list[FlagSetting]:
+    """Flags for the fused path (explain.fused): every config on "sdpa", the kernel whose
+    q, k, v and output the fused sites read, and gradient checkpointing off."""
+    return [
+        FlagSetting(flag.owner, flag.name, "sdpa") if flag.value == "eager" else flag
+        for flag in eager_attention_flags(model)
+    ]
+
+
+def split_heads(head_size: int, projected: Tensor) -> Tensor:
+    """(B, N, H * d) -> (B, H, N, d), as transformers' attention modules split their
+    projections (and merge the kernel's output back)."""
+    batch, tokens, _ = projected.shape
+    return projected.view(batch, tokens, -1, head_size).transpose(1, 2)
 
 
 def attention_spec(model: nn.Module) -> tuple[type, type, int, str | None]:

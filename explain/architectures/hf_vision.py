@@ -17,14 +17,20 @@ and how the classification head reads the last hidden state, which fixes the rea
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from explain.architectures import register_adapter
-from explain.architectures.base import Prepared, TokenLayout
-from explain.architectures.hf_common import HuggingFaceAdapter, is_transformers_class
+from explain.architectures.base import FusedAttentionSite, FusedPath, Prepared, TokenLayout
+from explain.architectures.hf_common import (
+    HuggingFaceAdapter,
+    is_transformers_class,
+    sdpa_attention_flags,
+    split_heads,
+)
 from explain.architectures.timm_vit import validate_image_batch
 from explain.errors import InputError
 
@@ -39,6 +45,10 @@ __all__ = [
 class HuggingFaceImageClassifier(HuggingFaceAdapter):
     """A transformers image classifier over `prefix_tokens` + patch tokens; subclasses say
     which models they take, how many prefix tokens there are and how the head reads them."""
+
+    fused: ClassVar[bool] = True
+    """Whether the attention modules have q, k, v and output projections around a kernel
+    that takes no bias (so the fused path can recompute the probabilities)."""
 
     any_size: ClassVar[bool] = False
     """Whether the model interpolates its position embeddings to any image size (a
@@ -93,6 +103,33 @@ class HuggingFaceImageClassifier(HuggingFaceAdapter):
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         return layout.patch_grid(token_relevance)
 
+    def fused_path(self) -> FusedPath | None:
+        """The sdpa kernel (explain.fused): q, k, v are the outputs of the q, k and v
+        projections, the kernel's output enters the output projection; images have no
+        attention mask."""
+        if not self.fused:
+            return None
+        sites = []
+        for layer, attention in enumerate(self._attention_modules):
+            heads = partial(split_heads, attention.head_dim)
+            output = attention.o_proj if hasattr(attention, "o_proj") else attention.out_proj
+            scale = attention.scaling if hasattr(attention, "scaling") else attention.scale
+            sites.append(
+                FusedAttentionSite(
+                    layer=layer,
+                    query=attention.q_proj,
+                    key=attention.k_proj,
+                    value=attention.v_proj,
+                    values=heads,
+                    output=output,
+                    heads=heads,
+                    scale=float(scale),
+                    queries=heads,
+                    keys=heads,
+                )
+            )
+        return FusedPath(sites=sites, flags=sdpa_attention_flags(self.model))
+
 
 @register_adapter
 class HuggingFaceDinov2(HuggingFaceImageClassifier):
@@ -122,6 +159,7 @@ class HuggingFaceDinov2(HuggingFaceImageClassifier):
 @register_adapter
 class HuggingFaceBeit(HuggingFaceImageClassifier):
     family = "Hugging Face BeitForImageClassification (patch mean or class token head)"
+    fused = False  # the relative position bias enters the kernel, and no module shows it
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
