@@ -136,3 +136,9 @@ def test_attention_pooling_has_no_lrp_rule():
     model, images = _case("siglip-vit-map")
     with pytest.raises(UnsupportedModelError, match="no LRP rule for attention pooling"):
         Explainer(model).explain(images, method="transformer_attribution")
+
+
+@pytest.mark.parametrize("build", [tiny_eva, tiny_beit])
+def test_lrp_methods_name_the_block_without_a_rule(build):
+    with pytest.raises(UnsupportedModelError, match=r"no LRP rule for timm\.models"):
+        Explainer(build()).explain(torch.randn(1, 3, 32, 32), method="transformer_attribution")

@@ -122,20 +122,6 @@ class TokenLayout:
     input_size: tuple[int, int] | None = None
     token_mask: Tensor | None = None
 
-    @classmethod
-    def image(
-        cls, grid: tuple[int, int], input_size: tuple[int, int], prefix: int = 0
-    ) -> TokenLayout:
-        """The layout of an image of `input_size` (H, W) cut into a `grid` (gh, gw) of patch
-        tokens after `prefix` class and register tokens."""
-        return cls(
-            modality="image",
-            num_tokens=prefix + grid[0] * grid[1],
-            num_prefix_tokens=prefix,
-            grid=grid,
-            input_size=input_size,
-        )
-
     def key_mask(self, batch: int, device: torch.device) -> Tensor:
         """(B, N) bool: the tokens a relevance map is over (patches, or real text tokens)."""
         if self.token_mask is not None:
@@ -143,6 +129,20 @@ class TokenLayout:
         mask = torch.zeros(batch, self.num_tokens, dtype=torch.bool, device=device)
         mask[:, self.num_prefix_tokens :] = True
         return mask
+
+    @classmethod
+    def image(
+        cls, grid: tuple[int, int], input_size: tuple[int, int], num_prefix_tokens: int = 1
+    ) -> TokenLayout:
+        """The layout of an image: `num_prefix_tokens` (class, distillation, register
+        tokens) followed by the patches of a `grid` in row-major order."""
+        return cls(
+            modality="image",
+            num_tokens=num_prefix_tokens + grid[0] * grid[1],
+            num_prefix_tokens=num_prefix_tokens,
+            grid=(int(grid[0]), int(grid[1])),
+            input_size=(int(input_size[0]), int(input_size[1])),
+        )
 
     def patch_grid(self, token_relevance: Tensor) -> Tensor:
         """(..., N) relevance over an image's tokens -> (..., gh, gw) over its patch grid

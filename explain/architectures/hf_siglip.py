@@ -101,7 +101,7 @@ class HFSiglip(HFClip):
             )
         arguments["pixel_values"] = images
         side = vision.image_size // vision.patch_size
-        layout = TokenLayout.image((side, side), (vision.image_size, vision.image_size))
+        layout = TokenLayout.image((side, side), (vision.image_size, vision.image_size), 0)
         return Prepared(batch_size=images.shape[0], layout=layout, arguments=arguments)
 
     def readout_positions(self, input_ids: Tensor) -> Tensor:

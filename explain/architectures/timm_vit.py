@@ -1,4 +1,5 @@
-"""timm's VisionTransformer family: ViT, DeiT, DeiT III, register and GAP variants, distilled DeiT.
+"""timm's VisionTransformer family: ViT, DeiT, DeiT III, register and GAP variants, distilled DeiT,
+attention pooling (`global_pool="map"`, see explain.architectures.attention_pool).
 
 The attention probabilities are the output of `block.attn.attn_drop` on timm's explicit
 attention path (`fused_attn = False`): the very tensor that multiplies the values, so a
@@ -28,7 +29,7 @@ from explain.architectures.base import (
 )
 from explain.errors import InputError, UnsupportedModelError
 
-__all__ = ["TimmPatchTransformer", "TimmVisionTransformer", "is_timm_class", "validate_image_batch"]
+__all__ = ["TimmVisionTransformer", "is_timm_class", "validate_image_batch"]
 
 _POOLS = ("token", "avg")
 
@@ -69,19 +70,19 @@ def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Te
     return images
 
 
-class TimmPatchTransformer(Adapter):
-    """What timm's plain patch-token transformers share (VisionTransformer, Eva, Beit):
-    blocks in `model.blocks` whose `attn.attn_drop` sees the probabilities on the explicit
-    path (`attn.fused_attn = False`), `num_prefix_tokens` class and register tokens before
-    the patches, and a class-token, patch-mean or attention-pooling (`global_pool="map"`,
-    see explain.architectures.attention_pool) readout. Subclasses say which models they
-    take and whether they have a fused path."""
+@register_adapter
+class TimmVisionTransformer(Adapter):
+    family = (
+        "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens as in the "
+        "DINOv2 checkpoints, global-average pooling, attention pooling as in the SigLIP "
+        "checkpoints) and VisionTransformerDistilled"
+    )
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         pool = getattr(model, "global_pool", None)
         self._attention_pool = getattr(model, "attn_pool", None)
-        if self._attention_pool is not None:
+        if self._attention_pool is not None:  # global_pool="map"
             check_timm_latent_pool(self._attention_pool)
         elif pool not in _POOLS:
             raise UnsupportedModelError(
@@ -98,6 +99,10 @@ class TimmPatchTransformer(Adapter):
                     "LayerScale blocks with timm.layers.Attention"
                 )
         self._distilled = is_timm_class(model, "VisionTransformerDistilled")
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return is_timm_class(model, "VisionTransformer")
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -116,12 +121,35 @@ class TimmPatchTransformer(Adapter):
             flags.append(FlagSetting(self.model, "grad_checkpointing", False))
         return flags
 
+    def fused_path(self) -> FusedPath:
+        # timm's Attention: q, k = q_norm(q), k_norm(k); v is the third slice of qkv's
+        # output; the kernel's output (B, H, N, d) -> (B, N, H * d) enters attn.norm.
+        # The Explainer calls the model without an attention mask, so none is needed here.
+        sites = [
+            FusedAttentionSite(
+                layer=index,
+                query=block.attn.q_norm,
+                key=block.attn.k_norm,
+                value=block.attn.qkv,
+                values=partial(_timm_values, block.attn.num_heads, block.attn.head_dim),
+                output=block.attn.norm,
+                heads=partial(_timm_heads, block.attn.num_heads, block.attn.head_dim),
+                scale=float(block.attn.scale),
+            )
+            for index, block in enumerate(self.model.blocks)
+        ]
+        flags = [FlagSetting(block.attn, "fused_attn", True) for block in self.model.blocks]
+        if hasattr(self.model, "grad_checkpointing"):
+            flags.append(FlagSetting(self.model, "grad_checkpointing", False))
+        return FusedPath(sites=sites, flags=flags)
+
     def prepare(self, inputs: object) -> Prepared:
         patch_embed = self.model.patch_embed
         images = validate_image_batch(inputs, patch_embed.proj.in_channels, self.parameter)
         height, width = images.shape[-2:]
         grid = self._grid(height, width)
-        layout = TokenLayout.image(grid, (height, width), self.model.num_prefix_tokens)
+        prefix = self.model.num_prefix_tokens
+        layout = TokenLayout.image(grid, (height, width), prefix)
         return Prepared(batch_size=images.shape[0], layout=layout, arguments={"x": images})
 
     def _grid(self, height: int, width: int) -> tuple[int, int]:
@@ -147,14 +175,14 @@ class TimmPatchTransformer(Adapter):
     def readout(self, prepared: Prepared) -> Tensor:
         layout = prepared.layout
         parameter = self.parameter
-        row = torch.zeros(
-            prepared.batch_size, layout.num_tokens, device=parameter.device, dtype=parameter.dtype
-        )
-        if self._attention_pool is not None:  # global_pool="map": the probes' attention
+        if self._attention_pool is not None:  # the pooling head's probe attention
             # Eva pools every token; VisionTransformer the patches unless told otherwise.
             include_prefix = getattr(self.model, "pool_include_prefix", True)
             images = prepared.arguments["x"]
             return timm_latent_pool_row(self.model, images, include_prefix).to(parameter.dtype)
+        row = torch.zeros(
+            prepared.batch_size, layout.num_tokens, device=parameter.device, dtype=parameter.dtype
+        )
         if self._distilled:  # the eval-mode head averages the class and distillation heads
             row[:, :2] = 0.5
         elif self.model.global_pool == "token":
@@ -168,41 +196,6 @@ class TimmPatchTransformer(Adapter):
 
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         return layout.patch_grid(token_relevance)
-
-
-@register_adapter
-class TimmVisionTransformer(TimmPatchTransformer):
-    family = (
-        "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens as in the "
-        "DINOv2 checkpoints, global-average pooling, attention pooling as in the SigLIP "
-        "checkpoints) and VisionTransformerDistilled"
-    )
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return is_timm_class(model, "VisionTransformer")
-
-    def fused_path(self) -> FusedPath:
-        # timm's Attention: q, k = q_norm(q), k_norm(k); v is the third slice of qkv's
-        # output; the kernel's output (B, H, N, d) -> (B, N, H * d) enters attn.norm.
-        # The Explainer calls the model without an attention mask, so none is needed here.
-        sites = [
-            FusedAttentionSite(
-                layer=index,
-                query=block.attn.q_norm,
-                key=block.attn.k_norm,
-                value=block.attn.qkv,
-                values=partial(_timm_values, block.attn.num_heads, block.attn.head_dim),
-                output=block.attn.norm,
-                heads=partial(_timm_heads, block.attn.num_heads, block.attn.head_dim),
-                scale=float(block.attn.scale),
-            )
-            for index, block in enumerate(self.model.blocks)
-        ]
-        flags = [FlagSetting(block.attn, "fused_attn", True) for block in self.model.blocks]
-        if hasattr(self.model, "grad_checkpointing"):
-            flags.append(FlagSetting(self.model, "grad_checkpointing", False))
-        return FusedPath(sites=sites, flags=flags)
 
 
 def _timm_values(num_heads: int, head_dim: int, qkv: Tensor) -> Tensor:
