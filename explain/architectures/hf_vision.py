@@ -38,7 +38,7 @@ __all__ = [
     "HuggingFaceBeit",
     "HuggingFaceDinov2",
     "HuggingFaceImageClassifier",
-    "HuggingFaceSiglip",
+    "HuggingFaceSiglipClassifier",
 ]
 
 
@@ -176,7 +176,7 @@ class HuggingFaceBeit(HuggingFaceImageClassifier):
 
 
 @register_adapter
-class HuggingFaceSiglip(HuggingFaceImageClassifier):
+class HuggingFaceSiglipClassifier(HuggingFaceImageClassifier):
     family = "Hugging Face SiglipForImageClassification (mean of all tokens)"
 
     @classmethod
