@@ -10,7 +10,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from explain import METHODS, Explainer, ExplainError, TransformerSpec, UnsupportedModelError
+from explain import (
+    METHODS,
+    Explainer,
+    ExplainError,
+    TransformerSpec,
+    UnsupportedModelError,
+    explain,
+)
 from explain.testing import (
     HandWrittenViT,
     ModelState,
@@ -109,6 +116,15 @@ def test_probabilities_seen_as_the_input_of_a_module():
     )
     with pytest.raises(ExplainError, match=r"the first input of attention='mixer.out'"):
         Explainer(model, spec=wrong).explain(images)
+
+
+def test_one_shot_explain_takes_the_spec():
+    model, spec = tiny_custom_vit()
+    images = _images()
+    once = explain(model, images, spec=spec, method="rollout")
+    torch.testing.assert_close(
+        once.relevance, Explainer(model, spec=spec).explain(images, method="rollout").relevance
+    )
 
 
 def test_trace_and_readout_options():
