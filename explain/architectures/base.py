@@ -65,6 +65,10 @@ class AttentionSite:
     probabilities: Callable[[Any], Tensor]
     stack: str = "main"
     kind: Literal["self", "cross"] = "self"
+    seen_in: Literal["output", "input"] = "output"
+    """Where the probabilities are: in the module's output (`probabilities` gets the
+    output), or among its positional inputs (`probabilities` gets the args tuple), for a
+    module the probabilities enter, such as a module that computes A @ V."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from explain.architectures.base import Adapter
+from explain.architectures.scope import unsupported_model_message
+from explain.architectures.wrappers import unwrap
 from explain.errors import UnsupportedModelError
 
 __all__ = [
@@ -93,13 +95,11 @@ def adapter_for(model: nn.Module) -> Adapter:
             f"expected a torch.nn.Module, got {type(model).__name__}; supported families: "
             + "; ".join(supported_families())
         )
+    model = unwrap(model)  # DataParallel, DistributedDataParallel, torch.compile
     for cls in adapter_classes():
         if cls.matches(model):
             return cls(model)
-    raise UnsupportedModelError(
-        f"{type(model).__module__}.{type(model).__qualname__} is not a supported model. "
-        "Supported families: " + "; ".join(supported_families()) + "."
-    )
+    raise UnsupportedModelError(unsupported_model_message(model, supported_families()))
 
 
 register_family("timm_vit", "explain.architectures.timm_vit", "TimmVisionTransformer")
@@ -109,3 +109,11 @@ register_family("hf_gpt2", "explain.architectures.hf_gpt2", "HuggingFaceCausalLM
 register_family("hf_encoder_decoder", "explain.architectures.hf_seq2seq", "HFEncoderDecoder")
 register_family("hf_vit", "explain.architectures.hf_vit", "HuggingFaceViT")
 register_family("open_clip", "explain.architectures.open_clip", "OpenClip")
+register_family("timm_eva", "explain.architectures.timm_eva", "TimmEva")
+register_family("timm_beit", "explain.architectures.timm_beit", "TimmBeit")
+register_family("hf_dinov2", "explain.architectures.hf_vision", "HuggingFaceDinov2")
+register_family("hf_beit", "explain.architectures.hf_vision", "HuggingFaceBeit")
+register_family(
+    "hf_siglip_classifier", "explain.architectures.hf_vision", "HuggingFaceSiglipClassifier"
+)
+register_family("hf_siglip", "explain.architectures.hf_siglip", "HFSiglip")
