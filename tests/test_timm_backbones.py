@@ -139,6 +139,6 @@ def test_attention_pooling_has_no_lrp_rule():
 
 
 @pytest.mark.parametrize("build", [tiny_eva, tiny_beit])
-def test_lrp_methods_name_the_block_without_a_rule(build):
-    with pytest.raises(UnsupportedModelError, match=r"no LRP rule for timm\.models"):
+def test_lrp_methods_are_refused_naming_the_supported_ones(build):
+    with pytest.raises(UnsupportedModelError, match=r"not available for timm .*supported methods"):
         Explainer(build()).explain(torch.randn(1, 3, 32, 32), method="transformer_attribution")
