@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -85,6 +86,11 @@ def load_model(
         ModelLoadError: unknown spec, missing or unreadable files, or pretrained weights
             that are not available locally.
     """
+    if not isinstance(spec, str | os.PathLike):
+        raise ModelLoadError(
+            "a model spec is a string or a path (zoo:NAME, a model folder, a weights file or "
+            f"a timm model name), got {type(spec).__name__}"
+        )
     text = os.fspath(spec)
     if text.startswith(ZOO_PREFIX):
         from explain.zoo import load_zoo_model
@@ -100,9 +106,20 @@ def load_model(
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        content = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelLoadError(f"cannot read {path}: {error}") from None
+    if not isinstance(content, dict):
+        raise ModelLoadError(
+            f"{path} holds {type(content).__name__} {json.dumps(content)[:40]}, not a JSON "
+            "object: is it a model's config file?"
+        )
+    return content
+
+
+def _one_line(error: BaseException) -> str:
+    """An exception's message on one line: the CLI prints every error as one."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def _load_folder(folder: Path) -> LoadedModel:
@@ -116,7 +133,14 @@ def _load_folder(folder: Path) -> LoadedModel:
     if "family" in config:
         from explain.zoo import load_zoo_folder
 
-        return load_zoo_folder(folder)
+        try:
+            return load_zoo_folder(folder)
+        except KeyError as error:
+            raise ModelLoadError(f"{config_path} has no {error.args[0]!r} entry") from None
+        except (TypeError, ValueError, RuntimeError) as error:  # values the builder refuses
+            raise ModelLoadError(
+                f"{config_path} describes no model that can be built ({_one_line(error)})"
+            ) from None
     if "architecture" in config:
         return _load_timm(f"local-dir:{folder}", name=str(folder))
     if "model_type" in config:
@@ -218,7 +242,7 @@ def _load_timm(model_name: str, *, name: str, pretrained: bool = True, **options
     try:
         model = timm.create_model(model_name, pretrained=pretrained, **options)
     except (OSError, RuntimeError, ValueError, KeyError, SafetensorError) as error:
-        raise ModelLoadError(f"cannot load timm model {name}: {error}") from None
+        raise ModelLoadError(f"cannot load timm model {name}: {_one_line(error)}") from None
     model.eval()
     data = resolve_data_config({}, model=model)
     return LoadedModel(
@@ -245,17 +269,33 @@ def _timm_class_names(model: nn.Module) -> tuple[str, ...] | None:
     return tuple(ImageNetInfo(subset).label_descriptions())
 
 
+def _weights_files(folder: Path) -> str:
+    """The weights files of a Hugging Face folder, for error messages."""
+    names = sorted(p.name for p in folder.iterdir() if p.suffix in _WEIGHT_SUFFIXES)
+    return ", ".join(names) if names else "no weights file"
+
+
 def _load_hugging_face(folder: Path) -> LoadedModel:
     """`from_pretrained(folder)` of the architecture the folder's config names."""
     import transformers
+    from safetensors import SafetensorError
 
     try:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
         architectures = getattr(config, "architectures", None) or []
         cls = getattr(transformers, architectures[0], None) if architectures else None
         model = (cls or transformers.AutoModel).from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError) as error:
-        raise ModelLoadError(f"cannot load the Hugging Face model in {folder}: {error}") from None
+    except pickle.UnpicklingError:
+        raise ModelLoadError(
+            f"cannot load the Hugging Face model in {folder}: {_weights_files(folder)} holds "
+            "more than plain tensors, which explain never unpickles (torch.load with "
+            "weights_only); save the weights with safetensors from a copy you trust"
+        ) from None
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as error:
+        raise ModelLoadError(
+            f"cannot load the Hugging Face model in {folder} ({_weights_files(folder)}): "
+            f"{_one_line(error)}"
+        ) from None
     model.eval()
     # A dual encoder (CLIP and its kin) takes images and texts: it needs both preprocessings.
     dual = hasattr(model, "get_image_features") and hasattr(model, "get_text_features")
