@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from explain.cli.methods import parse_methods, start_layer_for
 from explain.errors import InputError, TargetError
 from explain.explanation import Explanation
 
@@ -126,17 +127,6 @@ def _target_callable(columns: list[TargetColumn]) -> Callable[[Tensor], Tensor]:
     return choose
 
 
-def _methods(text: str) -> list[str]:
-    from explain.rules import METHODS, get_method
-
-    if text.strip() == "all":
-        return sorted(METHODS)
-    names = [part.strip() for part in text.split(",")]
-    for name in names:
-        get_method(name)  # unknown names fail before the model is loaded
-    return list(dict.fromkeys(names))
-
-
 def _file_label(index: int, class_names: Sequence[str] | None) -> str:
     """A class as it appears in file names: its first synonym, filesystem-safe."""
     if class_names and index < len(class_names):
@@ -172,11 +162,10 @@ def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.io import load_images
     from explain.loading import load_model
-    from explain.rules import METHODS
     from explain.viz import check_style, explanation_grid, overlay, save_figure, save_image
 
     check_style(args.cmap, args.alpha)
-    methods = _methods(args.method)
+    methods = parse_methods(args.method)
     paths = collect_images(args.inputs)
     loaded = load_model(args.model, weights=args.weights, architecture=args.arch)
     if loaded.modality != "image":
@@ -188,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     columns = parse_targets(args.target, loaded.classes, num_classes)
     target = _target_callable(columns)
     explainer = Explainer(loaded.model)
+    starts = {method: start_layer_for(method, args.start_layer) for method in methods}
     stems = _unique_stems(paths)
     norm = {"mean": loaded.mean, "std": loaded.std} if loaded.mean and loaded.std else {}
     written: list[Path] = []
@@ -195,14 +185,12 @@ def run(args: argparse.Namespace) -> int:
         for start in range(0, len(paths), args.batch_size):
             batch = paths[start : start + args.batch_size]
             images, _ = load_images(batch, size=loaded.image_size, **norm)
-            results = {}
-            for method in methods:
-                options = {}
-                if args.start_layer is not None and METHODS[method].default_start_layer:
-                    options["start_layer"] = args.start_layer
-                results[method] = explainer.explain(
-                    images, target=target, method=method, score=args.score, **options
+            results = {
+                method: explainer.explain(
+                    images, target=target, method=method, score=args.score, start_layer=start
                 )
+                for method, start in starts.items()
+            }
             for offset, path in enumerate(batch):
                 stem = stems[start + offset]
                 display = _display_image(path)
@@ -313,7 +301,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=int,
         metavar="L",
         help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it; default: each method's own",
+        "that read one fixed block ignore it, with a note; default: each method's own",
     )
     parser.add_argument(
         "--out",
