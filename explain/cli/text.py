@@ -12,11 +12,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from explain.cli.methods import parse_methods, start_layer_for
 from explain.errors import InputError, TargetError
+
+if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
+    from explain.api import Explainer
+    from explain.loading import LoadedModel
 
 __all__ = ["register"]
 
@@ -114,7 +119,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _explain(
-    explainer, loaded, args: argparse.Namespace, method: str, start_layer: int | None
+    explainer: Explainer,
+    loaded: LoadedModel,
+    args: argparse.Namespace,
+    method: str,
+    start_layer: int | None,
 ) -> tuple[list[str], list[list[str]], Tensor]:
     """(a title per shown text, its tokens, its relevance) for one method: each text's
     predicted class (or --target), or for a sentence encoder its similarity with --pair."""
