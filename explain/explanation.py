@@ -12,6 +12,7 @@ from torch import Tensor
 
 from explain.errors import ExplainError, OptionError
 from explain.finite import check_finite
+from explain.rules.registry import display_values, scale_note
 
 __all__ = ["Explanation", "Trace", "normalize_per_sample"]
 
@@ -100,7 +101,8 @@ class Explanation:
     def to_html(self, skip: Collection[str] = ()) -> str:
         """A text explanation as an HTML page: every text's tokens highlighted on a
         diverging scale, each token escaped. `skip`: tokens not shown (e.g. the
-        tokenizer's `all_special_tokens`). See explain.viz.text."""
+        tokenizer's `all_special_tokens`). See explain.viz.text. A method whose raw values
+        mislead (full `lrp`) shows them normalised per text, with a note saying why."""
         if self.tokens is None or self.relevance.dim() != 2:
             raise ExplainError(
                 "to_html() is for text explanations with one map per text: create the "
@@ -108,13 +110,15 @@ class Explanation:
             )
         from explain.viz.text import document_html, to_html
 
+        shown = display_values(self.method, self.relevance.cpu())
         return document_html(
             [
                 to_html(tokens, scores, skip=skip, title=f"text {index}: target {int(target)}")
                 for index, (tokens, scores, target) in enumerate(
-                    zip(self.tokens, self.relevance.cpu(), self.target.cpu(), strict=True)
+                    zip(self.tokens, shown, self.target.cpu(), strict=True)
                 )
-            ]
+            ],
+            note=scale_note(self.method),
         )
 
 

@@ -283,3 +283,43 @@ def test_a_failure_while_writing_leaves_no_file(monkeypatch, tmp_path, model_fol
     with pytest.raises(OSError, match="disk full"):
         main(["image", str(tmp_path / "in"), "--model", str(model_folder), "--out", str(out)])
     assert list(out.iterdir()) == []
+
+
+def test_image_notes_that_a_fixed_block_method_ignores_the_start_layer(
+    model_folder, tmp_path, capsys
+):
+    image = _write_images(tmp_path / "in", 1)[0]
+    out = tmp_path / "maps"
+    argv = ["image", image, "--model", model_folder, "--out", out]
+    status, _, err = _run(capsys, *argv, "--method", "raw_attention", "--start-layer", "1")
+    assert status == 0
+    assert err.splitlines()[0] == (
+        "explain: note: raw_attention reads one fixed block; --start-layer is ignored for it"
+    )
+    assert len(list(out.glob("image0_raw_attention_*.png"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "destination", "message"),
+    [
+        ("--out", lambda tmp: tmp / "file.txt" / "maps", "file.txt is a file, not a folder"),
+        ("--out", lambda tmp: tmp / "file.txt", "file.txt is a file, not a folder"),
+        ("--out", lambda tmp: "/proc/x", "/proc/x cannot be"),
+        ("--html", lambda tmp: tmp, "is a folder; give a file name"),
+        ("--html", lambda tmp: tmp / "file.txt" / "page.html", "file.txt is a file, not a"),
+        ("--output", lambda tmp: tmp / "file.txt" / "r.json", "file.txt is a file, not a"),
+    ],
+)
+def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, option, destination, message):
+    (tmp_path / "file.txt").write_text("a file")
+    command = {
+        "--out": ["image", tmp_path / "file.txt"],
+        "--html": ["text", "a text"],
+        "--output": ["evaluate", "perturbation"],
+    }[option]
+    # The model does not exist: the destination must be refused before it is looked for.
+    argv = [*command, "--model", "zoo:no-such-model", option, destination(tmp_path)]
+    status, out, err = _run(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"explain: error: {option} ")
+    assert message in err

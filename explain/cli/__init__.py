@@ -8,8 +8,21 @@ from collections.abc import Sequence
 
 from explain.cli import clip, evaluate, image, models, seq2seq, text
 from explain.errors import ExplainError
+from explain.io import check_writable
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "check_outputs", "main"]
+
+OUTPUTS = {"out": ("--out", True), "html": ("--html", False), "output": ("--output", False)}
+"""The output options of the subcommands: argument name -> (option, whether a folder)."""
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse output destinations that cannot be written, before any work (explain.io)."""
+    for name, (option, folder) in OUTPUTS.items():
+        path = getattr(args, name, None)
+        if path is not None:
+            check_writable(path, folder=folder, option=option)
+
 
 # Subcommand modules, in the order `explain --help` lists them.
 COMMANDS = [clip, evaluate, image, models, seq2seq, text]
@@ -33,6 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     try:
+        check_outputs(args)  # before any model is loaded or anything computed
         return args.run(args)
     except ExplainError as error:
         print(f"explain: error: {error}", file=sys.stderr)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from explain.cli.methods import parse_methods, start_layer_for
 from explain.cli.options import (
     add_model_arguments,
     add_out_argument,
@@ -135,17 +136,6 @@ def _target_callable(columns: list[TargetColumn]) -> Callable[[Tensor], Tensor]:
     return choose
 
 
-def _methods(text: str) -> list[str]:
-    from explain.rules import METHODS, get_method
-
-    if text.strip() == "all":
-        return sorted(METHODS)
-    names = [part.strip() for part in text.split(",")]
-    for name in names:
-        get_method(name)  # unknown names fail before the model is loaded
-    return list(dict.fromkeys(names))
-
-
 def _file_label(index: int, class_names: Sequence[str] | None) -> str:
     """A class as it appears in file names: its first synonym, filesystem-safe."""
     if class_names and index < len(class_names):
@@ -171,11 +161,10 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from explain.api import Explainer
-    from explain.rules import METHODS
     from explain.viz import check_style, grid_figure, overlay, save_figure, save_image
 
     check_style(args.cmap, args.alpha)
-    methods = _methods(args.method)
+    methods = parse_methods(args.method)
     paths = collect_images(args.inputs)
     loaded = load(args, weights=args.weights, architecture=args.arch)
     if loaded.modality != "image":
@@ -188,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     columns = parse_targets(args.target, loaded.classes, num_classes)
     target = _target_callable(columns)
     explainer = Explainer(loaded.model)
+    starts = {method: start_layer_for(method, args.start_layer) for method in methods}
     stems = _unique_stems(paths)
     written: list[Path] = []
     with tqdm(total=len(paths), unit="image", desc="explaining", file=sys.stderr) as bar:
@@ -195,14 +185,12 @@ def run(args: argparse.Namespace) -> int:
             batch = paths[start : start + args.batch_size]
             photos = [read_image(path) for path in batch]
             images = preprocessing(photos)
-            results = {}
-            for method in methods:
-                options = {}
-                if args.start_layer is not None and METHODS[method].default_start_layer:
-                    options["start_layer"] = args.start_layer
-                results[method] = explainer.explain(
-                    images, target=target, method=method, score=args.score, **options
+            results = {
+                method: explainer.explain(
+                    images, target=target, method=method, score=args.score, start_layer=start
                 )
+                for method, start in starts.items()
+            }
             for offset, photo in enumerate(photos):
                 stem = stems[start + offset]
                 display = np.asarray(photo)
@@ -304,7 +292,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=int,
         metavar="L",
         help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it; default: each method's own",
+        "that read one fixed block ignore it, with a note; default: each method's own",
     )
     add_out_argument(parser)
     parser.add_argument(

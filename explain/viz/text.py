@@ -18,7 +18,7 @@ from torch import Tensor
 
 from explain.errors import InputError
 
-__all__ = ["colour", "document_html", "to_html", "to_terminal"]
+__all__ = ["colour", "document_html", "note_html", "to_html", "to_terminal"]
 
 _RED = (178, 24, 43)
 _BLUE = (33, 102, 172)
@@ -67,9 +67,18 @@ def to_html(
     return f'{heading}<p style="line-height: 1.8; font-family: sans-serif">{" ".join(spans)}</p>'
 
 
-def document_html(fragments: Sequence[str], title: str = "explain: text relevance") -> str:
-    """A complete HTML page around fragments made by `to_html`."""
-    body = "\n".join(fragments)
+def note_html(note: str) -> str:
+    """A note (escaped) as an HTML fragment, e.g. that a method's values do not conserve
+    relevance and are shown normalised."""
+    return f'<p style="font-family: sans-serif"><b>Note:</b> {html.escape(note)}</p>'
+
+
+def document_html(
+    fragments: Sequence[str], title: str = "explain: text relevance", note: str | None = None
+) -> str:
+    """A complete HTML page around fragments made by `to_html`; `note` (escaped) heads the
+    page, e.g. that a method's values do not conserve relevance."""
+    body = "\n".join(fragments if note is None else [note_html(note), *fragments])
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title></head>\n<body>\n{body}\n"
