@@ -53,9 +53,14 @@ class Explanation:
     relevances: Mapping[str, Tensor] = field(default_factory=dict)
     tokens: list[list[str]] | None = None
 
-    def heatmap(self, size: tuple[int, int] | int | None = None) -> Tensor:
+    def heatmap(
+        self, size: tuple[int, int] | int | None = None, *, normalize: bool = True
+    ) -> Tensor:
         """Relevance upsampled bilinearly to `size` (default: the input size) and min-max
-        normalised per map to [0, 1]; shape (B, H, W), or (B, K, H, W)."""
+        normalised per map to [0, 1]; shape (B, H, W), or (B, K, H, W).
+
+        `normalize=False` keeps the relevance's own values (and sign): what a figure needs
+        to put several maps on one scale (explain.viz.scaling)."""
         if self.input_size is None:
             raise ExplainError("heatmap() is for image explanations; text relevance is per token")
         if isinstance(size, int):
@@ -66,7 +71,8 @@ class Explanation:
         grid = maps.reshape(-1, 1, *maps.shape[-2:])
         if tuple(grid.shape[-2:]) != tuple(size):
             grid = F.interpolate(grid, size=size, mode="bilinear", align_corners=False)
-        return normalize_per_sample(grid.reshape(*lead, *size), sample_dims=2)
+        grid = grid.reshape(*lead, *size)
+        return normalize_per_sample(grid, sample_dims=2) if normalize else grid
 
     def to_html(self, skip: Collection[str] = ()) -> str:
         """A text explanation as an HTML page: every text's tokens highlighted on a

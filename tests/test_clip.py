@@ -291,7 +291,9 @@ def test_clip_figure_checks_its_inputs():
 
     image = torch.rand(3, 32, 32)
     figure = clip_figure(image, torch.rand(2, 32, 32), [["a", "dog"], ["cat"]], [[1.0, 2.0], [0.5]])
-    assert len(figure.axes) == 2
+    assert len(figure.axes) == 2 + 1  # the two panels and the colour key
+    key = figure.axes[0]  # added first, at the right
+    assert [t.get_text() for t in key.get_yticklabels()] == ["map min", "map max"]
     with pytest.raises(InputError, match="2 texts but 1 heatmaps"):
         clip_figure(image, torch.rand(1, 32, 32), [["a"], ["b"]], [[1.0], [1.0]])
     with pytest.raises(InputError, match="tokens but 1 scores"):

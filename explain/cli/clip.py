@@ -121,9 +121,12 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="L",
         help="first text block (negative: from the end); default: the last block",
     )
-    parser.add_argument("--cmap", default="jet", help="heatmap colormap; default: %(default)s")
+    parser.add_argument("--cmap", default="inferno", help="heatmap colormap; default: %(default)s")
     parser.add_argument(
-        "--alpha", type=_opacity, default=0.5, help="heatmap opacity; default: %(default)s"
+        "--alpha",
+        type=_opacity,
+        default=0.8,
+        help="heatmap opacity where the relevance is highest; default: %(default)s",
     )
     parser.add_argument(
         "--out",

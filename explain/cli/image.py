@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.loading import load_model
     from explain.rules import METHODS
     from explain.viz import check_style, explanation_grid, overlay, save_figure, save_image
+    from explain.viz.scaling import scale_maps
 
     check_style(args.cmap, args.alpha)
     methods = _methods(args.method)
@@ -209,11 +210,24 @@ def run(args: argparse.Namespace) -> int:
                 size = tuple(display.shape[:2])
                 one = {m: _one_image(r, offset, size) for m, r in results.items()}
                 for method, result in one.items():
-                    maps = result.heatmap()[0]  # (K, H, W) at the file's own resolution
+                    # (K, H, W) raw relevance at the file's own resolution, each map scaled
+                    # on its own: signed maps (lrp) on the diverging scale.
+                    maps = result.heatmap(normalize=False)[0]
                     for column, heat in zip(result.target[0].tolist(), maps, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
-                        save_image(overlay(display, heat, cmap=args.cmap, alpha=args.alpha), out)
+                        scaled = scale_maps([heat.numpy()])
+                        signed = scaled.signed[0]  # then the diverging map, whatever --cmap
+                        picture = overlay(
+                            display,
+                            scaled.maps[0],
+                            cmap=None if signed else args.cmap,
+                            alpha=args.alpha,
+                            signed=signed,
+                        )
+                        save_image(picture, out)
+                        if scaled.notes[0]:
+                            print(f"explain: note: {out} is an {scaled.notes[0]}", file=sys.stderr)
                         written.append(out)
                 if args.grid:
                     figure = explanation_grid(
@@ -331,17 +345,23 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="images per batch; default: %(default)s",
     )
     parser.add_argument(
-        "--cmap", default="jet", help="matplotlib colormap of the heatmaps; default: %(default)s"
+        "--cmap",
+        default=None,
+        help="matplotlib colormap of the heatmaps; default: inferno, RdBu_r for signed "
+        "relevance (lrp)",
     )
     parser.add_argument(
         "--alpha",
         type=_opacity,
-        default=0.5,
-        help="opacity of the heatmap over the image, 0..1; default: %(default)s",
+        default=0.8,
+        help="opacity of the heatmap where the relevance is highest (it fades with the "
+        "relevance, so the image keeps its colours where there is none), 0..1; "
+        "default: %(default)s",
     )
     parser.add_argument(
         "--grid",
         action="store_true",
-        help="also write one methods x classes figure per image, with a colour bar",
+        help="also write one figure per image: the input, then methods x classes, each map "
+        "scaled on its own (stated on the figure)",
     )
     parser.set_defaults(run=run)
