@@ -283,6 +283,13 @@ def test_cli_writes_one_figure_per_image(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "red.png" in printed and "p=" in printed
     assert before.differences(ModelState.capture(model)) == []
+    saved = tmp_path / "saved"
+    assert main([*arguments, "--model", str(folder), "--out", str(saved), "--save", "npz"]) == 0
+    from explain import Explanation
+
+    raw = Explanation.load(saved / "red_clip.npz")
+    assert set(raw.relevances) == {"image", "text"} and raw.target.tolist() == [[0, 1]]
+    assert raw.settings["texts"] == ["a red square", "blue"]
     assert main(["clip", str(images), "--text", "x", "--model", str(tmp_path / "none")]) == 2
 
 

@@ -93,3 +93,42 @@ def test_empty_text_is_an_error(classifier_folder, tmp_path, capsys):
     args = ["text", "  ", "--model", str(classifier_folder), "--html", str(tmp_path / "e.html")]
     assert main(args) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def test_nothing_is_written_unasked(classifier_folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["text", "Fine.", "--model", str(classifier_folder), "--color", "never"]) == 0
+    assert list(tmp_path.iterdir()) == []  # no explain_text.html, no explanations/
+    captured = capsys.readouterr()
+    assert "fine(" in captured.out
+    assert "Loading weights" not in captured.err  # no progress bar on every load
+
+
+@pytest.mark.parametrize("fmt", ["json", "safetensors"])
+def test_save_writes_the_raw_relevance(classifier_folder, tmp_path, capsys, fmt):
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from explain import Explainer, Explanation
+
+    texts = ["A warm film.", "Not good at all."]
+    args = ["text", *texts, "--model", str(classifier_folder), "--target", "1"]
+    assert main([*args, "--save", fmt, "--out", str(tmp_path)]) == 0
+    saved = Explanation.load(tmp_path / f"text.{fmt}")
+    assert str(tmp_path / f"text.{fmt}") in capsys.readouterr().out.split()
+    model = BertForSequenceClassification.from_pretrained(classifier_folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(classifier_folder)
+    direct = Explainer(model, tokenizer=tokenizer).explain(texts, target=1)
+    torch.testing.assert_close(saved.relevance, direct.relevance)
+    assert saved.tokens == direct.tokens and saved.target.tolist() == [1, 1]
+    assert saved.settings == {"model": str(classifier_folder), "texts": texts}
+
+
+def test_encoder_save_keeps_both_sides(tmp_path, capsys):
+    from explain import Explanation
+
+    args = ["text", "A man plays guitar.", "--model", str(ref.minilm_path())]
+    assert main([*args, "--pair", "Music on stage.", "--save", "npz", "--out", str(tmp_path)]) == 0
+    saved = Explanation.load(tmp_path / "text.npz")
+    assert set(saved.relevances) == {"text", "pair"} and saved.score == "cosine_similarity"
+    assert saved.settings["pair"] == "Music on stage." and saved.logits.shape == (1, 1)
+    assert saved.settings["pair_tokens"][0][0] == "[CLS]"

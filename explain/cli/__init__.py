@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from explain import __version__
 from explain.cli import clip, evaluate, image, models, seq2seq, text
 from explain.errors import ExplainError
 
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="explain", description="Why a transformer made its prediction."
     )
+    parser.add_argument("--version", action="version", version=f"explain {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(commands)

@@ -8,10 +8,11 @@ text's zero-shot probability. Figures are written atomically, one PNG per image.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
-from explain.cli.image import _display_image, _opacity
+from explain.cli.image import _display_image, _opacity, add_save_option, load_quietly
 from explain.errors import InputError
 
 __all__ = ["CLIP_MEAN", "CLIP_STD", "register"]
@@ -28,7 +29,6 @@ def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.cli.image import collect_images
     from explain.io import load_images
-    from explain.loading import load_model
     from explain.viz import check_style, save_figure
     from explain.viz.multimodal import clip_figure
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.text:
         raise InputError("give at least one --text to compare the images with")
     paths = collect_images(args.inputs)
-    loaded = load_model(args.model)
+    loaded = load_quietly(args.model)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     if explainer.adapter.token_sets != "dual_encoder" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a CLIP model with a tokenizer; `explain models`")
@@ -81,6 +81,11 @@ def run(args: argparse.Namespace) -> int:
         )
         out = args.out / f"{Path(path).stem}_clip.png"
         save_figure(figure, out)
+        if args.save:
+            settings = {"model": args.model, "input": str(path), "texts": list(args.text)}
+            raw = args.out / f"{Path(path).stem}_clip.{args.save}"
+            dataclasses.replace(result, settings=settings).save(raw)
+            print(raw)
         best = int(probabilities.argmax())
         print(f"{path}: {args.text[best]!r} (p={float(probabilities[best]):.2f}) -> {out}")
     return 0
@@ -135,4 +140,5 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="output folder; default: %(default)s",
     )
+    add_save_option(parser, "OUT/STEM_clip.FORMAT per image")
     parser.set_defaults(run=run)

@@ -14,6 +14,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,8 +22,19 @@ from torch import Tensor
 
 from explain.errors import InputError, TargetError
 from explain.explanation import Explanation
+from explain.export import FORMATS
 
-__all__ = ["IMAGE_SUFFIXES", "collect_images", "parse_targets", "register"]
+if TYPE_CHECKING:
+    from explain.loading import LoadedModel
+
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "add_save_option",
+    "collect_images",
+    "load_quietly",
+    "parse_targets",
+    "register",
+]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 """Files a folder contributes; files named explicitly are read whatever their suffix."""
@@ -229,6 +241,12 @@ def run(args: argparse.Namespace) -> int:
                         if scaled.notes[0]:
                             print(f"explain: note: {out} is an {scaled.notes[0]}", file=sys.stderr)
                         written.append(out)
+                if args.save:
+                    for method, result in one.items():
+                        out = args.out / f"{stem}_{method}.{args.save}"
+                        settings = {"model": args.model, "input": str(path)}
+                        dataclasses.replace(result, settings=settings).save(out)
+                        written.append(out)
                 if args.grid:
                     figure = explanation_grid(
                         display, one, class_names=loaded.classes, cmap=args.cmap, alpha=args.alpha
@@ -259,6 +277,35 @@ def _num_outputs(loaded) -> int:
     if isinstance(head, int) and head > 0:
         return head
     raise InputError(f"cannot tell how many classes {loaded.name} has")
+
+
+def load_quietly(spec: str, **kwargs: Any) -> LoadedModel:
+    """`load_model(spec)` without transformers' "Loading weights" progress bar, which on a
+    command line is noise printed on every run (for the commands whose models are
+    transformers models: text, clip, seq2seq)."""
+    from transformers.utils import logging
+
+    from explain.loading import load_model
+
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        return load_model(spec, **kwargs)
+    finally:
+        if enabled:
+            logging.enable_progress_bar()
+
+
+def add_save_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--save FORMAT`, shared by the commands that explain: the raw explanation as a file."""
+    parser.add_argument(
+        "--save",
+        choices=FORMATS,
+        metavar="FORMAT",
+        help=f"also write {what} as a file of raw relevance, logits, targets, tokens and "
+        "settings: npz, safetensors or json (read it back with Explanation.load); "
+        "default: not written",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -364,4 +411,5 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="also write one figure per image: the input, then methods x classes, each map "
         "scaled on its own (stated on the figure)",
     )
+    add_save_option(parser, "OUT/STEM_METHOD.FORMAT per image and method")
     parser.set_defaults(run=run)

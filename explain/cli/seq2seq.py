@@ -9,9 +9,10 @@ source text highlighted once per generated token.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from explain.cli.image import _positive_int
+from explain.cli.image import _positive_int, add_save_option, load_quietly
 from explain.errors import InputError
 
 __all__ = ["register"]
@@ -21,14 +22,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from explain.api import Explainer
-    from explain.loading import load_model
     from explain.token_sets import generate_target
     from explain.viz import save_figure
     from explain.viz.multimodal import relevance_matrix_figure, source_text_figure
 
     if not args.source.strip():
         raise InputError("the source text is empty")
-    loaded = load_model(args.model)
+    loaded = load_quietly(args.model)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     tokenizer = loaded.tokenizer
     if explainer.adapter.token_sets != "encoder_decoder" or tokenizer is None:
@@ -64,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
     for path, figure in outputs.items():
         save_figure(figure, path)
         print(path)
+    if args.save:
+        settings = {"model": args.model, "source": args.source, "explained_tokens": explained}
+        raw = args.out / f"seq2seq.{args.save}"
+        dataclasses.replace(result, settings=settings).save(raw)
+        print(raw)
     return 0
 
 
@@ -100,4 +105,5 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="output folder; default: %(default)s",
     )
+    add_save_option(parser, "OUT/seq2seq.FORMAT")
     parser.set_defaults(run=run)

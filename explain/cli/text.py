@@ -1,7 +1,8 @@
 """`explain text`: which words of a text made a text model decide as it did.
 
-Prints each text with its tokens (or words) highlighted in the terminal and writes the
-same as an HTML page, atomically. Classifiers and causal language models explain their
+Prints each text with its tokens (or words) highlighted in the terminal; with --html it
+also writes the same as an HTML page, and with --save the raw relevance, both
+atomically and nothing unasked. Classifiers and causal language models explain their
 predicted class (or `--target`); a sentence encoder explains the similarity of the text
 with the `--pair` text, each side in turn.
 """
@@ -9,12 +10,14 @@ with the `--pair` text, each side in turn.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from torch import Tensor
 
+from explain.cli.image import add_save_option, load_quietly
 from explain.errors import InputError, TargetError
 
 __all__ = ["register"]
@@ -65,12 +68,12 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from explain.api import Explainer
+    from explain.explanation import Explanation
     from explain.io import atomic_write
-    from explain.loading import load_model
     from explain.text import similarity
     from explain.viz.text import document_html, to_html, to_terminal
 
-    loaded = load_model(args.model)
+    loaded = load_quietly(args.model)
     if loaded.modality == "image_text":
         raise InputError(f"{args.model} is an image-text model; use `explain clip`")
     if loaded.modality != "text" or loaded.tokenizer is None:
@@ -96,6 +99,16 @@ def run(args: argparse.Namespace) -> int:
         titles = [f"similarity with the pair: {s:.3f}" for s in found.similarity.tolist()]
         titles.append("the pair, for the first text")
         rows = _rows(tokens, relevance, loaded.tokenizer, args.words)
+        result = Explanation(
+            relevance=found.relevance_a,
+            logits=found.similarity[:, None],
+            target=torch.zeros(len(texts), dtype=torch.long),
+            method=found.method,
+            score="cosine_similarity",
+            relevances={"text": found.relevance_a, "pair": found.relevance_b},
+            tokens=found.tokens_a,
+            settings={"pair": args.pair, "pair_tokens": found.tokens_b},
+        )
     else:
         result = explainer.explain(
             texts,
@@ -118,9 +131,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             print("  " + " ".join(f"{s}({v:+.3g})" for s, v in zip(strings, scores, strict=True)))
         fragments.append(to_html(strings, scores, title=title))
-    with atomic_write(args.html, "w") as handle:
-        handle.write(document_html(fragments, title=f"explain text: {args.model}"))
-    print(args.html)
+    if args.html is not None:
+        with atomic_write(args.html, "w") as handle:
+            handle.write(document_html(fragments, title=f"explain text: {args.model}"))
+        print(args.html)
+    if args.save:
+        path = args.out / f"text.{args.save}"
+        settings = {"model": args.model, "texts": texts, **result.settings}
+        dataclasses.replace(result, settings=settings).save(path)
+        print(path)
     return 0
 
 
@@ -141,21 +160,52 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="SPEC",
         help="zoo:NAME or a Hugging Face model folder with its tokenizer",
     )
-    parser.add_argument("--method", default="generic", help="a method name (explain models)")
-    parser.add_argument("--target", default=None, help="class index or name (default: predicted)")
+    parser.add_argument(
+        "--method", default="generic", help="a method name (explain models); default: %(default)s"
+    )
+    parser.add_argument(
+        "--target", default=None, help="class index or name; default: the predicted class"
+    )
     parser.add_argument(
         "--score",
         default="logit",
         choices=("logit", "probability", "log_probability"),
-        help="what is differentiated for the explained class (default: logit)",
-    )
-    parser.add_argument("--start-layer", type=int, default=None, help="first block aggregated")
-    parser.add_argument("--pair", default=None, metavar="TEXT", help="for sentence encoders")
-    parser.add_argument("--words", action="store_true", help="sum sub-tokens into words")
-    parser.add_argument(
-        "--color", choices=("auto", "always", "never"), default="auto", help="terminal colours"
+        help="what is differentiated for the explained class; default: %(default)s",
     )
     parser.add_argument(
-        "--html", type=Path, default=Path("explain_text.html"), help="HTML page to write"
+        "--start-layer",
+        type=int,
+        default=None,
+        help="first block aggregated (negative: from the end); default: the method's own",
     )
+    parser.add_argument(
+        "--pair",
+        default=None,
+        metavar="TEXT",
+        help="for sentence encoders: explain each text's similarity with TEXT; default: none",
+    )
+    parser.add_argument(
+        "--words", action="store_true", help="sum sub-tokens into words; default: tokens"
+    )
+    parser.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="terminal colours (auto: when printing to a terminal); default: %(default)s",
+    )
+    parser.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the highlighted texts as an HTML page; default: not written",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("explanations"),
+        metavar="DIR",
+        help="folder of the --save file; default: %(default)s",
+    )
+    add_save_option(parser, "OUT/text.FORMAT")
     parser.set_defaults(run=run)
