@@ -320,3 +320,13 @@ def test_a_failure_while_writing_leaves_no_file(monkeypatch, tmp_path, model_fol
     with pytest.raises(OSError, match="disk full"):
         main(["image", str(tmp_path / "in"), "--model", str(model_folder), "--out", str(out)])
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(("rank", "printed"), [("0", True), ("3", False)])
+def test_under_torchrun_only_rank_zero_reports_an_error(capsys, monkeypatch, rank, printed):
+    """torchrun starts N copies that check the same arguments: one line, not N."""
+    monkeypatch.setenv("RANK", rank)
+    status, _, err = _run(capsys, "image", "missing.png", "--model", "zoo:shapes-vit")
+    assert status == 2
+    assert err.count("explain: error: no such file or folder: missing.png") == int(printed)
+    assert err.count("\n") == int(printed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -31,13 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `explain` console script; returns the exit status.
 
-    Errors that `explain` raises on purpose are printed as one line and exit with 2.
+    Errors that `explain` raises on purpose are printed as one line and exit with 2. Under
+    torchrun every process checks the same arguments, so only rank 0 prints the error:
+    one line, not one per process.
     """
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
     except ExplainError as error:
-        print(f"explain: error: {error}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"explain: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("explain: interrupted", file=sys.stderr)
