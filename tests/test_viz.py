@@ -302,3 +302,15 @@ def test_importing_viz_does_not_import_matplotlib():
     code = "import sys, explain.viz; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_grid_with_signed_and_unsigned_maps_has_both_keys(picture):
+    image, _ = picture
+    ramp = torch.linspace(0, 1, 48).expand(32, 48)
+    signed = ramp * 2 - 0.5  # -0.5 .. 1.5: evidence against on the left
+    figure = grid_figure(image, [[ramp, signed]], rows=["m"], columns=["a", "b"])
+    shown = figure.axes[2].get_images()[0].get_array()
+    assert np.allclose(shown, overlay(image, signed / 1.5, signed=True))
+    keys = figure.axes[3:]
+    assert [axis.get_ylabel() for axis in keys] == ["each map's own range", "signed maps"]
+    assert "for signed maps by the largest |relevance|" in _caption(figure)
