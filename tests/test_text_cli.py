@@ -184,3 +184,42 @@ def test_explanation_html_of_full_lrp_is_normalised_with_a_note(classifier_folde
     assert max(abs(v) for v in shown) == pytest.approx(1.0, abs=1e-3)
     assert largest != pytest.approx(1.0)
     assert "Note:" not in Explainer(model, tokenizer=tokenizer).explain("a film").to_html()
+
+
+def test_nothing_is_written_unasked(classifier_folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["text", "Fine.", "--model", str(classifier_folder), "--color", "never"]) == 0
+    assert list(tmp_path.iterdir()) == []  # no explain_text.html, no explanations/
+    captured = capsys.readouterr()
+    assert "fine(" in captured.out
+    assert "Loading weights" not in captured.err  # no progress bar on every load
+
+
+@pytest.mark.parametrize("fmt", ["json", "safetensors"])
+def test_save_writes_the_raw_relevance(classifier_folder, tmp_path, capsys, fmt):
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from explain import Explainer, Explanation
+
+    texts = ["A warm film.", "Not good at all."]
+    args = ["text", *texts, "--model", str(classifier_folder), "--target", "1"]
+    assert main([*args, "--save", fmt, "--out", str(tmp_path)]) == 0
+    saved = Explanation.load(tmp_path / f"text_generic.{fmt}")
+    assert str(tmp_path / f"text_generic.{fmt}") in capsys.readouterr().out.split()
+    model = BertForSequenceClassification.from_pretrained(classifier_folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(classifier_folder)
+    direct = Explainer(model, tokenizer=tokenizer).explain(texts, target=1)
+    torch.testing.assert_close(saved.relevance, direct.relevance)
+    assert saved.tokens == direct.tokens and saved.target.tolist() == [1, 1]
+    assert saved.settings == {"model": str(classifier_folder), "texts": texts}
+
+
+def test_encoder_save_keeps_both_sides(tmp_path, capsys):
+    from explain import Explanation
+
+    args = ["text", "A man plays guitar.", "--model", str(ref.minilm_path())]
+    assert main([*args, "--pair", "Music on stage.", "--save", "npz", "--out", str(tmp_path)]) == 0
+    saved = Explanation.load(tmp_path / "text_generic.npz")
+    assert set(saved.relevances) == {"text", "pair"} and saved.score == "cosine_similarity"
+    assert saved.settings["pair"] == "Music on stage." and saved.logits.shape == (1, 1)
+    assert saved.settings["pair_tokens"][0][0] == "[CLS]"

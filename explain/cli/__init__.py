@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
+from explain import __version__
 from explain.cli import clip, evaluate, image, models, seq2seq, text
 from explain.errors import ExplainError
 from explain.io import check_writable
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="explain", description="Why a transformer made its prediction."
     )
+    parser.add_argument("--version", action="version", version=f"explain {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(commands)
@@ -42,14 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `explain` console script; returns the exit status.
 
-    Errors that `explain` raises on purpose are printed as one line and exit with 2.
+    Errors that `explain` raises on purpose are printed as one line and exit with 2. Under
+    torchrun every process checks the same arguments, so only rank 0 prints the error:
+    one line, not one per process.
     """
     args = build_parser().parse_args(argv)
     try:
         check_outputs(args)  # before any model is loaded or anything computed
         return args.run(args)
     except ExplainError as error:
-        print(f"explain: error: {error}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"explain: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("explain: interrupted", file=sys.stderr)

@@ -1,7 +1,8 @@
 """`explain text`: which words of a text made a text model decide as it did.
 
-Prints each text with its tokens (or words) highlighted in the terminal and writes the
-same as an HTML page, atomically. Classifiers and causal language models explain their
+Prints each text with its tokens (or words) highlighted in the terminal; with --html it
+also writes the same as an HTML page, and with --save the raw relevance, both
+atomically and nothing unasked. Classifiers and causal language models explain their
 predicted class (or `--target`); a sentence encoder explains the similarity of the text
 with the `--pair` text, each side in turn.
 """
@@ -9,6 +10,7 @@ with the `--pair` text, each side in turn.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,11 +19,12 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from explain.cli.methods import parse_methods, start_layer_for
-from explain.cli.options import add_model_arguments, load
+from explain.cli.options import add_model_arguments, add_save_option, load
 from explain.errors import InputError, TargetError
 
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
     from explain.api import Explainer
+    from explain.explanation import Explanation
     from explain.loading import LoadedModel
 
 __all__ = ["register"]
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     fragments = []
     for method, start in starts.items():
-        titles, tokens, relevance = _explain(explainer, loaded, args, method, start)
+        titles, tokens, relevance, result = _explain(explainer, loaded, args, method, start)
         note = scale_note(method, raw=args.raw_values)
         shown = display_values(method, relevance, raw=args.raw_values)
         rows = _rows(tokens, shown, loaded.tokenizer, args.words)
@@ -112,9 +115,15 @@ def run(args: argparse.Namespace) -> int:
                 pairs = zip(strings, scores, strict=True)
                 print("  " + " ".join(f"{s}({v:+.3g})" for s, v in pairs))
             fragments.append(to_html(strings, scores, title=title))
-    with atomic_write(args.html, "w") as handle:
-        handle.write(document_html(fragments, title=f"explain text: {args.model}"))
-    print(args.html)
+        if args.save:
+            path = args.out / f"text_{method}.{args.save}"
+            settings = {"model": args.model, "texts": list(args.texts), **result.settings}
+            dataclasses.replace(result, settings=settings).save(path)
+            print(path)
+    if args.html is not None:
+        with atomic_write(args.html, "w") as handle:
+            handle.write(document_html(fragments, title=f"explain text: {args.model}"))
+        print(args.html)
     return 0
 
 
@@ -124,11 +133,13 @@ def _explain(
     args: argparse.Namespace,
     method: str,
     start_layer: int | None,
-) -> tuple[list[str], list[list[str]], Tensor]:
-    """(a title per shown text, its tokens, its relevance) for one method: each text's
-    predicted class (or --target), or for a sentence encoder its similarity with --pair."""
+) -> tuple[list[str], list[list[str]], Tensor, Explanation]:
+    """(a title per shown text, its tokens, its relevance, the Explanation for --save) for
+    one method: each text's predicted class (or --target), or for a sentence encoder its
+    similarity with --pair."""
     import torch
 
+    from explain.explanation import Explanation
     from explain.text import similarity
 
     texts = list(args.texts)
@@ -137,7 +148,17 @@ def _explain(
         titles = [f"similarity with the pair: {s:.3f}" for s in found.similarity.tolist()]
         titles.append("the pair, for the first text")
         tokens = [*found.tokens_a, found.tokens_b[0]]
-        return titles, tokens, torch.cat([found.relevance_a, found.relevance_b[:1]])
+        result = Explanation(
+            relevance=found.relevance_a,
+            logits=found.similarity[:, None],
+            target=torch.zeros(len(texts), dtype=torch.long),
+            method=found.method,
+            score="cosine_similarity",
+            relevances={"text": found.relevance_a, "pair": found.relevance_b},
+            tokens=found.tokens_a,
+            settings={"pair": args.pair, "pair_tokens": found.tokens_b},
+        )
+        return titles, tokens, torch.cat([found.relevance_a, found.relevance_b[:1]]), result
     result = explainer.explain(
         texts,
         target=_target(args.target, loaded.classes),
@@ -150,7 +171,7 @@ def _explain(
         f"{_label(cls, loaded.classes, loaded.tokenizer)} (p = {float(probabilities[b, cls]):.3f})"
         for b, cls in enumerate(result.target.tolist())
     ]
-    return titles, result.tokens, result.relevance
+    return titles, result.tokens, result.relevance, result
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -177,32 +198,56 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="comma-separated method names, or `all` (`explain models` lists them); "
         "default: %(default)s",
     )
-    parser.add_argument("--target", default=None, help="class index or name (default: predicted)")
+    parser.add_argument(
+        "--target", default=None, help="class index or name; default: the predicted class"
+    )
     parser.add_argument(
         "--score",
         default="logit",
         choices=("logit", "probability", "log_probability"),
-        help="what is differentiated for the explained class (default: logit)",
+        help="what is differentiated for the explained class; default: %(default)s",
     )
     parser.add_argument(
         "--start-layer",
         type=int,
         default=None,
         help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it, with a note",
+        "that read one fixed block ignore it, with a note; default: each method's own",
     )
-    parser.add_argument("--pair", default=None, metavar="TEXT", help="for sentence encoders")
-    parser.add_argument("--words", action="store_true", help="sum sub-tokens into words")
+    parser.add_argument(
+        "--pair",
+        default=None,
+        metavar="TEXT",
+        help="for sentence encoders: explain each text's similarity with TEXT; default: none",
+    )
+    parser.add_argument(
+        "--words", action="store_true", help="sum sub-tokens into words; default: tokens"
+    )
     parser.add_argument(
         "--raw-values",
         action="store_true",
-        help="show full lrp's values as computed; by default they are divided by each "
-        "text's largest magnitude, since its rules do not conserve relevance",
+        help="show full lrp's values as computed; default: divided by each text's largest "
+        "magnitude, since its rules do not conserve relevance",
     )
     parser.add_argument(
-        "--color", choices=("auto", "always", "never"), default="auto", help="terminal colours"
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="terminal colours (auto: when printing to a terminal); default: %(default)s",
     )
     parser.add_argument(
-        "--html", type=Path, default=Path("explain_text.html"), help="HTML page to write"
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the highlighted texts as an HTML page; default: not written",
     )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("explanations"),
+        metavar="DIR",
+        help="folder of the --save file; default: %(default)s",
+    )
+    add_save_option(parser, "OUT/text_METHOD.FORMAT")
     parser.set_defaults(run=run)
