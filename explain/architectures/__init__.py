@@ -55,8 +55,8 @@ def adapter_for(model: nn.Module) -> Adapter:
 from explain.architectures import timm_vit  # noqa: E402,F401  isort: skip
 from explain.architectures import (  # noqa: E402,F401
     hf_bert,
+    hf_causal_lm,
     hf_clip,
-    hf_gpt2,
     hf_seq2seq,
     hf_vit,
     open_clip,
