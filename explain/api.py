@@ -172,12 +172,13 @@ class Explainer:
         with Recorder(self.adapter, track=sink.layers, fused=fused) as recorder:
             logits = self.adapter.forward(prepared)
             classes, custom_scores = resolve_targets(logits, target)
+            rows = getattr(sink, "add_rows", None)  # sinks that take a block by rows stream
             if classes is None:
-                recorder.backward(custom_scores.sum(), sink.add)
+                recorder.backward(custom_scores.sum(), sink.add, on_rows=rows)
                 return logits, _no_class(logits), sink.result()
             scores = select_scores(logits, classes, score)
             if scores.dim() == 1:
-                recorder.backward(scores.sum(), sink.add)
+                recorder.backward(scores.sum(), sink.add, on_rows=rows)
                 return logits, classes, sink.result()
             sinks = [sink] + [spec.sink(context, options) for _ in range(scores.shape[1] - 1)]
             recorder.backward_batched(

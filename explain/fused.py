@@ -12,10 +12,17 @@ keeps for its own backward anyway:
 This is what the explicit path computes too, so both paths give the same numbers to
 float32 precision. Whether the fused path pays is decided by `use_fused_path`, from the
 measurements in docs/benchmarks.md.
+
+Streaming: a fold needs only the readout row v, and `v @ (I + Abar)` is a sum over the
+rows of Abar, so a sink that can take rows (`add_rows`) receives each block as chunks of
+query rows instead (`FusedBlock.rows`), A and dA recomputed chunk by chunk from q, k, v
+and dO as flash attention does: a block then never holds more than a chunk x N slice of
+its maps (`STREAM_BYTES`), and the fold's memory grows with N instead of N^2.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,10 +31,12 @@ from torch import Tensor
 
 from explain.architectures.base import Adapter, FusedAttentionSite, TokenLayout
 from explain.errors import OptionError
+from explain.rules.fold import AttentionRows
 
 __all__ = [
     "ATTENTION_PATHS",
     "CPU_FUSED_MIN_TOKENS",
+    "STREAM_BYTES",
     "AttentionPath",
     "FusedBlock",
     "attention_gradient",
@@ -43,6 +52,13 @@ CPU_FUSED_MIN_TOKENS = 384
 faster, because recomputing A and dA repeats work that the explicit backward does once
 (ViT-B/16 at 197 tokens); above it the explicit path's N x N tensors per block and head
 dominate (see docs/benchmarks.md)."""
+
+
+STREAM_BYTES = 4 << 20
+"""Size of one (B, H, rows, N) chunk of a block's maps when they are streamed: a chunk has
+as many query rows as fit (at least one). The fold holds a few tensors of this size at a
+time, which keeps it far below the forward + backward's own memory at long sequences,
+while chunks stay large enough that the per-chunk overhead does not show in the time."""
 
 
 def attention_probabilities(
@@ -108,6 +124,30 @@ class FusedBlock:
             raise RuntimeError(f"block {self.site.layer}: v was not seen in the forward")
         with torch.no_grad():
             return attention_gradient(self.site.heads(output_grad), self.value)
+
+    def rows(self, output_grad: Tensor, max_bytes: int | None = None) -> Iterator[AttentionRows]:
+        """The block's A and dA by chunks of query rows (each (B, H, rows, N), at most
+        `max_bytes`, default `STREAM_BYTES`), each computed only when it is asked for, from
+        q, k, v, the mask and dO (outside autograd)."""
+        if self.query is None or self.key is None or self.value is None:
+            raise RuntimeError(f"block {self.site.layer}: q, k or v was not seen in the forward")
+        query, key, value, mask = self.query, self.key, self.value, self.mask
+        gradient = self.site.heads(output_grad)
+        batch, heads, tokens, _ = query.shape
+        row_bytes = batch * heads * key.shape[-2] * max(query.element_size(), 4)
+        step = max(1, (STREAM_BYTES if max_bytes is None else max_bytes) // row_bytes)
+        for first in range(0, tokens, step):
+            rows = slice(first, min(tokens, first + step))
+            rows_mask = None
+            if mask is not None:
+                rows_mask = mask[..., rows, :] if mask.dim() >= 2 and mask.shape[-2] > 1 else mask
+            with torch.no_grad():
+                attention = attention_probabilities(
+                    query[:, :, rows], key, self.site.scale, rows_mask
+                )
+                attention_grad = attention_gradient(gradient[:, :, rows], value)
+            yield AttentionRows(rows=rows, attention=attention, gradient=attention_grad)
+            del attention, attention_grad  # the consumer's references are the last ones
 
 
 def use_fused_path(

@@ -246,7 +246,7 @@ def explain_generation(
     )
     if spec.needs_gradients:
         with Recorder(adapter, track=sinks[0].layers, fused=fused) as recorder:
-            logits = adapter.logits(prepared)[:, positions]
+            logits = adapter.logits_at(prepared, positions.expand(batch, -1))
             scores = select_scores(logits.flatten(0, 1), targets.flatten(), score)
             scores = scores.reshape(batch, count) * valid
             recorder.backward_batched(
@@ -259,7 +259,7 @@ def explain_generation(
             differentiable=False,
             fused=fused,
         ):
-            logits = adapter.logits(prepared)[:, positions]
+            logits = adapter.logits_at(prepared, positions.expand(batch, -1))
     relevance = torch.stack([sink.result() for sink in sinks], dim=1)
     relevance = adapter.to_input_space(relevance, prepared.layout) * valid[..., None]
     tokens = token_strings(explainer.tokenizer, ids) if explainer.tokenizer else None

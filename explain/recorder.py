@@ -16,7 +16,7 @@ been delivered, so the backward pass never holds more than autograd itself does.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from torch.utils.hooks import RemovableHandle
 from explain.architectures.base import Adapter, FusedPath
 from explain.errors import ExplainError
 from explain.fused import FusedBlock
+from explain.rules.fold import AttentionRows
 
 __all__ = [
     "BATCHED_GRADIENT_BYTES",
@@ -33,6 +34,7 @@ __all__ = [
     "GradientCallback",
     "ModuleHook",
     "Recorder",
+    "RowsCallback",
 ]
 
 AttentionCallback = Callable[[int, Tensor], None]
@@ -43,6 +45,10 @@ GradientCallback = Callable[[int, Tensor, Tensor], None]
 
 ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
 """A forward hook (module, args, kwargs, output) -> None that only reads what it is given."""
+
+RowsCallback = Callable[[int, Iterator[AttentionRows]], None]
+"""Fused path, streaming: receives (layer, the block's A and dA by chunks of query rows)
+in the backward pass instead of whole maps (explain.fused.FusedBlock.rows)."""
 
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
@@ -101,6 +107,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self.attention_grads: dict[int, Tensor] = {}
         self.hidden_state_grads: dict[int, Tensor] = {}
         self._on_gradient: GradientCallback | None = None
+        self._on_rows: RowsCallback | None = None
         self._retain_graph = False
         self._handles: list[RemovableHandle] = []
         self._restore: list[Callable[[], None]] = []
@@ -284,7 +291,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self.hidden_state_grads[index] = grad
 
     def _deliver(self, layer: int, grad: Tensor) -> None:
-        if self._on_gradient is not None:
+        if self._on_rows is not None and self._fused is not None:
+            self._on_rows(layer, self._fused_blocks[layer].rows(grad))
+        elif self._on_gradient is not None:
             self._on_gradient(layer, self._attention(layer), self._attention_grad(layer, grad))
         if not self._retain_graph:
             self._release(layer)  # released as soon as its gradient has been used
@@ -318,6 +327,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         *,
         retain_graph: bool = False,
         keep_gradients: bool = False,
+        on_rows: RowsCallback | None = None,
     ) -> None:
         """Differentiate the scalar `score` with respect to the tracked tensors only.
 
@@ -328,6 +338,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         the attention maps for another backward (several targets over one forward);
         `keep_gradients` stores every gradient in `attention_grads` and
         `hidden_state_grads` (for `trace`) instead of letting each go once it is used.
+        On the fused path, `on_rows` (when given, and not with `keep_gradients`) receives
+        every block by chunks of query rows instead of `on_gradient` whole maps, so that
+        no N x N map of a block is ever held whole (explain.fused, streaming).
         """
         if not self._active:
             raise ExplainError("Recorder.backward must be called inside the recorder context")
@@ -343,7 +356,13 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             if on_gradient is not None:
                 on_gradient(layer, attention, grad)
 
+        def deliver_rows(layer: int, chunks: Iterator[AttentionRows]) -> None:
+            delivered.add(layer)
+            assert on_rows is not None
+            on_rows(layer, chunks)
+
         self._on_gradient = deliver
+        self._on_rows = deliver_rows if on_rows is not None and not keep_gradients else None
         self._retain_graph = retain_graph
         self.attention_grads.clear()
         self.hidden_state_grads.clear()
@@ -351,6 +370,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             torch.autograd.grad(score, inputs=earliest, retain_graph=retain_graph)
         finally:
             self._on_gradient = None
+            self._on_rows = None
         if delivered != self._track:
             raise ExplainError(
                 f"no gradient reached the attention of layers {sorted(self._track - delivered)}"

@@ -82,6 +82,7 @@ class HuggingFaceCausalLM(HuggingFaceAdapter):
         super().__init__(model)
         self.max_tokens = _max_tokens(model.config)
         self.vocab_size = model.get_input_embeddings().num_embeddings
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -99,14 +100,24 @@ class HuggingFaceCausalLM(HuggingFaceAdapter):
         arguments["position_ids"] = positions_from_mask(mask)
         return Prepared(batch_size=mask.shape[0], layout=text_layout(mask), arguments=arguments)
 
-    def logits(self, prepared: Prepared) -> Tensor:
-        """The (B, T, vocab) logits at every position, without a cache."""
-        return self.model(**prepared.arguments, use_cache=False).logits
+    def logits_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
+        """(B, P) positions -> the (B, P, vocab) logits there, without a cache. The head
+        runs only at the positions asked for (`logits_to_keep`, where the model takes it):
+        at thousands of tokens and a large vocabulary, logits everywhere would cost more
+        memory than the whole explanation."""
+        keep = positions.unique()  # sorted
+        if self._keeps_logits:
+            logits = self.model(**prepared.arguments, use_cache=False, logits_to_keep=keep).logits
+            index = torch.searchsorted(keep, positions.contiguous())
+        else:
+            logits = self.model(**prepared.arguments, use_cache=False).logits
+            index = positions
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        return logits[rows, index]
 
     def forward(self, prepared: Prepared) -> Tensor:
         last = last_real_token(prepared.arguments["attention_mask"])
-        logits = self.logits(prepared)
-        return logits[torch.arange(len(last), device=last.device), last]
+        return self.logits_at(prepared, last[:, None])[:, 0]
 
     def readout(self, prepared: Prepared) -> Tensor:
         mask = prepared.arguments["attention_mask"]

@@ -26,9 +26,10 @@ def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
     return total.div_(heads)
 
 
-def generic_step(vector: Tensor, matrix: Tensor) -> Tensor:
-    """v @ (I + Abar) = v + v @ Abar: the readout row of R <- R + Abar @ R."""
-    return vector + vecmat(vector, matrix)
+def generic_step(vector: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
+    """v @ (I + Abar) = v @ Abar + v, the readout row of R <- R + Abar @ R, by rows
+    (explain.rules.fold.Step): the rows spread v @ Abar and keep v."""
+    return vecmat(vector, matrix), vector
 
 
 @register_method(

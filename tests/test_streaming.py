@@ -1,0 +1,98 @@
+"""The streaming fold: on the fused path a block arrives by chunks of query rows, A and dA
+recomputed chunk by chunk, and the fold equals the one over whole maps (float64, 1e-10).
+"""
+
+from __future__ import annotations
+
+import pytest
+import reference_hf as ref
+import torch
+
+import explain.fused
+from explain import Explainer
+from explain.rules.attention import rollout_step
+from explain.rules.fold import AttentionRows, ReadoutFold
+from explain.rules.gradient import generic_step, gradient_weighted
+from explain.testing import tiny_vit
+
+TEXTS = [[2, 14, 7, 33, 9, 21, 3, 8, 11, 19], [2, 41, 3], [2, 5, 17, 28, 3, 6]]
+
+
+def _fold(step, block_matrix=gradient_weighted):
+    readout = torch.zeros(2, 9, dtype=torch.float64)
+    readout[:, 0] = 1.0
+    return ReadoutFold(readout, range(3), block_matrix, step)
+
+
+def _chunks(attention, gradient, size):
+    tokens = attention.shape[-2]
+    return [
+        AttentionRows(
+            slice(i, i + size), attention[:, :, i : i + size], gradient[:, :, i : i + size]
+        )
+        for i in range(0, tokens, size)
+    ]
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 9])
+@pytest.mark.parametrize("step", [generic_step, rollout_step])
+def test_folding_rows_equals_folding_whole_blocks(step, size):
+    generator = torch.Generator().manual_seed(0)
+    blocks = [
+        (
+            torch.rand(2, 3, 9, 9, generator=generator, dtype=torch.float64).softmax(-1),
+            torch.randn(2, 3, 9, 9, generator=generator, dtype=torch.float64),
+        )
+        for _ in range(3)
+    ]
+    whole, streamed = _fold(step), _fold(step)
+    for layer in (2, 1, 0):  # the backward's order: every block folded on arrival
+        whole.add(layer, *blocks[layer])
+        streamed.add_rows(layer, iter(_chunks(*blocks[layer], size)))
+    torch.testing.assert_close(streamed.result(), whole.result(), rtol=1e-10, atol=1e-12)
+    # Out of order, a block's rows are joined and wait for the later blocks.
+    late = _fold(step)
+    late.add_rows(0, iter(_chunks(*blocks[0], size)))
+    late.add(2, *blocks[2])
+    late.add_rows(1, iter(_chunks(*blocks[1], size)))
+    torch.testing.assert_close(late.result(), whole.result(), rtol=1e-10, atol=1e-12)
+
+
+def _bert64():
+    return ref.tiny_text_model("bert-classifier").double()
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 3])
+def test_streamed_fused_path_equals_unchunked_in_float64(monkeypatch, chunk_rows):
+    """BERT on the fused path, padded batch: chunks of 1 and 3 query rows against the
+    explicit path's whole maps, and against one chunk per block."""
+    model = _bert64()
+    batch = ref.padded_batch(TEXTS, "right")
+    explicit = Explainer(model, attention_path="explicit").explain(batch, target=[0, 1, 2])
+    whole = Explainer(model, attention_path="fused").explain(batch, target=[0, 1, 2])
+    # Chunk budget: chunk_rows query rows of the batch (B, H, rows, N) in float64.
+    row_bytes = 3 * model.config.num_attention_heads * batch["input_ids"].shape[1] * 8
+    monkeypatch.setattr(explain.fused, "STREAM_BYTES", chunk_rows * row_bytes)
+    seen = []
+    original = explain.fused.FusedBlock.rows
+
+    def counting(self, output_grad, max_bytes=None):
+        for chunk in original(self, output_grad, max_bytes):
+            seen.append(chunk.attention.shape[-2])
+            yield chunk
+
+    monkeypatch.setattr(explain.fused.FusedBlock, "rows", counting)
+    streamed = Explainer(model, attention_path="fused").explain(batch, target=[0, 1, 2])
+    assert seen and max(seen) == chunk_rows  # it did stream, in chunks of that size
+    for other in (explicit, whole):
+        torch.testing.assert_close(streamed.relevance, other.relevance, rtol=1e-10, atol=1e-12)
+    assert (streamed.relevance[~batch["attention_mask"].bool()] == 0).all()
+
+
+def test_streamed_vit_equals_unchunked_in_float64(monkeypatch):
+    model = tiny_vit(depth=3, num_heads=2).double()
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1)).double()
+    whole = Explainer(model, attention_path="explicit").explain(images, method="generic")
+    monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)  # one query row per chunk
+    streamed = Explainer(model, attention_path="fused").explain(images, method="generic")
+    torch.testing.assert_close(streamed.relevance, whole.relevance, rtol=1e-10, atol=1e-12)
