@@ -132,7 +132,7 @@ def tiny_causal_lm(family: str, seed: int = 0, **overrides: Any) -> nn.Module:
     return model.eval()
 
 
-WORDS = [f"w{i}" for i in range(VOCAB - 3)]
+WORDS = [f"w{i}" for i in range(VOCAB)]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} {% endfor %}"
     "{% if add_generation_prompt %}<s> assistant {% endif %}"
@@ -140,21 +140,24 @@ CHAT_TEMPLATE = (
 
 
 def tiny_tokenizer() -> Any:
-    """A word-level tokenizer over "<pad> <s> </s> w0 ... w56" (ids 0..59, the tiny models'
-    vocabulary), with the role names as words and a chat template, built offline."""
+    """A word-level tokenizer over "<pad> <s> </s> user assistant system <script> a&b w8
+    ... w59" (ids 0..59, the tiny models' vocabulary), with a chat template, built
+    offline; unknown words become w8."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = ["<pad>", "<s>", "</s>", "user", "assistant", "system", *WORDS[3:]]
+    # Two words that HTML would take for markup: pages must show them escaped.
+    words = ["<pad>", "<s>", "</s>", "user", "assistant", "system", "<script>", "a&b"]
+    words += WORDS[len(words) :]
     vocabulary = {word: index for index, word in enumerate(words[:VOCAB])}
-    core = Tokenizer(models.WordLevel(vocabulary, unk_token="w3"))
+    core = Tokenizer(models.WordLevel(vocabulary, unk_token="w8"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token="<pad>",
         bos_token="<s>",
         eos_token="</s>",
-        unk_token="w3",
+        unk_token="w8",
         padding_side="left",
     )
     tokenizer.chat_template = CHAT_TEMPLATE

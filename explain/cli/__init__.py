@@ -6,13 +6,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from explain.cli import clip, evaluate, image, models, seq2seq, text
+from explain.cli import clip, evaluate, generate, image, models, seq2seq, text
 from explain.errors import ExplainError
 
 __all__ = ["build_parser", "main"]
 
 # Subcommand modules, in the order `explain --help` lists them.
-COMMANDS = [clip, evaluate, image, models, seq2seq, text]
+COMMANDS = [clip, evaluate, generate, image, models, seq2seq, text]
 
 
 def build_parser() -> argparse.ArgumentParser:
