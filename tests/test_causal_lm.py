@@ -134,3 +134,17 @@ def test_encoder_stacks_run_as_decoders_are_not_taken():
     )
     assert not is_decoder_only_lm(tf.RobertaForCausalLM(config))
     assert is_decoder_only_lm(_model("llama"))
+
+
+def test_the_tested_families_are_listed():
+    """`explain models` (the adapter's family line) and the README's "Supported models"
+    name every family these tests cover, by display name and by class."""
+    from pathlib import Path
+
+    readme = Path(__file__).parents[1].joinpath("README.md").read_text()
+    supported = readme.split("## Supported models", 1)[1].split("\n## ", 1)[0]
+    names = ["Llama", "Granite", "Mistral", "Mixtral", "Qwen2", "Qwen3", "Gemma 2", "Gemma 3"]
+    for name in [*names, "Phi-3", "OLMo 2", "GPT-NeoX", "GPT-2"]:
+        assert name in HuggingFaceCausalLM.family and name in supported
+    for class_name in tiny_lm.FAMILIES.values():
+        assert f"`{class_name}`" in supported

@@ -73,9 +73,9 @@ def _max_tokens(config: object) -> int | None:
 @register_adapter
 class HuggingFaceCausalLM(HuggingFaceAdapter):
     family = (
-        "Hugging Face decoder-only language models, ...ForCausalLM and GPT2LMHeadModel "
-        "(Llama, Mistral, Mixtral, Qwen2, Qwen3, Gemma 2/3, Phi-3, OLMo 2, GPT-NeoX, GPT-2; "
-        "next-token logits at the last real token, and generated continuations)"
+        "Hugging Face decoder-only language models, ...ForCausalLM and GPT2LMHeadModel; "
+        "tested: Llama, Granite, Mistral, Mixtral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, "
+        "OLMo 2, GPT-NeoX, GPT-2 (the next token at the last real token; generations)"
     )
 
     def __init__(self, model: nn.Module) -> None:
