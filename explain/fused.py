@@ -65,13 +65,16 @@ def attention_probabilities(
     query: Tensor, key: Tensor, scale: float, mask: Tensor | None = None
 ) -> Tensor:
     """softmax(q k^T * scale + mask) over the keys, as the explicit paths compute it. A bool
-    mask is True where a query may attend; a float mask is added to the scores."""
+    mask is True where a query may attend; a float mask is added to the scores. A query
+    that may attend nowhere (a left pad under a causal mask) gets a row of zeros, as the
+    sdpa kernel gives it, instead of the NaN of a softmax over nothing."""
     scores = (query * scale) @ key.transpose(-2, -1)
-    if mask is not None:
-        scores = (
-            scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        )
-    return scores.softmax(dim=-1)
+    if mask is None:
+        return scores.softmax(dim=-1)
+    if mask.dtype != torch.bool:
+        return (scores + mask).softmax(dim=-1)
+    probabilities = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return probabilities.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
 
 
 def attention_gradient(output_grad: Tensor, value: Tensor) -> Tensor:

@@ -16,7 +16,7 @@ import reference_hf as ref
 import tiny_lm
 import torch
 
-from explain import Explainer
+from explain import Explainer, OptionError
 from explain.architectures.hf_causal_lm import HuggingFaceCausalLM, is_decoder_only_lm
 from explain.testing import ModelState
 
@@ -59,6 +59,26 @@ def test_left_padded_batch_matches_each_text_alone(family, method):
     assert isinstance(explainer.adapter, HuggingFaceCausalLM)
     result = explainer.explain(batch, target=TARGETS, method=method)
     _check(result, batch, _references(family), method)
+
+
+FUSED = [family for family in FAMILIES if family != "gemma2"]  # sdpa cannot soft-cap
+
+
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+@pytest.mark.parametrize("family", FUSED)
+def test_fused_path_matches_each_text_alone(family, method):
+    """On sdpa, q, k and v seen through the attention interface (hf_attention_probe)."""
+    model = _model(family)
+    batch = ref.padded_batch(TEXTS, "left")
+    explainer = Explainer(model, attention_path="fused")
+    result = explainer.explain(batch, target=TARGETS, method=method)
+    _check(result, batch, _references(family), method)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_soft_capping_has_no_fused_path():
+    with pytest.raises(OptionError, match="no fused path"):
+        Explainer(_model("gemma2"), attention_path="fused").explain(ref.padded_batch(TEXTS, "left"))
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_neox"])
@@ -110,6 +130,8 @@ def test_nothing_changes_and_the_attention_path_is_restored(family):
     explainer.explain(batch, target=TARGETS)
     explainer.explain(batch, method="rollout")
     explainer.trace(batch)
+    if family == "llama":
+        Explainer(model, attention_path="fused").explain(batch, target=[[0, 1]] * 3)
     assert before.differences(ModelState.capture(model)) == []
     assert model.config._attn_implementation == implementation
 

@@ -71,6 +71,19 @@ def test_every_generated_token_equals_the_next_token_explanation(family, method)
     ).all()
 
 
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_generations_on_the_fused_path(method):
+    """sdpa (q, k, v seen through the attention interface): one batched backward over
+    every generated position, equal to the explicit path's."""
+    model = _model("qwen2")
+    generation = _generation(model, end=True)
+    fused = explain_generation(Explainer(model, attention_path="fused"), generation, method=method)
+    explicit = explain_generation(Explainer(model), generation, method=method)
+    torch.testing.assert_close(
+        fused.explanation.relevance, explicit.explanation.relevance, rtol=1e-4, atol=1e-6
+    )
+
+
 def test_generation_is_greedy_and_matches_the_model():
     model = _model("qwen3")
     generation = _generation(model)

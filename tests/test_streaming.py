@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import reference_hf as ref
+import tiny_lm
 import torch
 
 import explain.fused
@@ -96,3 +97,21 @@ def test_streamed_vit_equals_unchunked_in_float64(monkeypatch):
     monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)  # one query row per chunk
     streamed = Explainer(model, attention_path="fused").explain(images, method="generic")
     torch.testing.assert_close(streamed.relevance, whole.relevance, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_streamed_causal_lm_equals_unchunked_in_float64(monkeypatch, family):
+    """Decoder-only models on sdpa (q, k, v seen through the attention interface), one
+    query row per chunk. Right padding: under a causal mask a left pad attends nowhere,
+    and torch's float64 sdpa (the math kernel) makes that row NaN in the model itself
+    (float32 left padding on the fused path: test_causal_lm). Against the fused path's
+    whole maps: the eager path takes its softmax in float32 even for float64 models."""
+    model = tiny_lm.tiny_causal_lm(family).double()
+    batch = ref.padded_batch(TEXTS, "right")
+    with monkeypatch.context() as whole_maps:
+        whole_maps.delattr(ReadoutFold, "add_rows")  # the sink takes whole blocks only
+        whole = Explainer(model, attention_path="fused").explain(batch, target=[0, 1, 2])
+    monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)
+    streamed = Explainer(model, attention_path="fused").explain(batch, target=[0, 1, 2])
+    torch.testing.assert_close(streamed.relevance, whole.relevance, rtol=1e-10, atol=1e-12)
+    assert (streamed.relevance[~batch["attention_mask"].bool()] == 0).all()

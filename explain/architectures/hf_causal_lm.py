@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures import register_adapter
-from explain.architectures.base import Prepared, TokenLayout
+from explain.architectures.base import FusedPath, Prepared, TokenLayout
+from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
     last_real_token,
@@ -129,6 +130,13 @@ class HuggingFaceCausalLM(HuggingFaceAdapter):
         row = torch.zeros(mask.shape, dtype=self.parameter.dtype, device=mask.device)
         row[torch.arange(mask.shape[0], device=mask.device), positions.to(mask.device)] = 1.0
         return row
+
+    def fused_path(self) -> FusedPath | None:
+        """sdpa, with q, k, v seen through the attention interface (hf_attention_probe),
+        for families that dispatch through it and have no soft-capping (Gemma 2)."""
+        if not dispatches_attention(self.model, self._attention_modules):
+            return None
+        return probed_fused_path(self._attention_modules, self.path_flags())
 
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         assert layout.token_mask is not None
