@@ -141,13 +141,17 @@ class Explainer:
         self, sink: Sink, prepared: Prepared, target: Target, fused: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Class-agnostic methods: one forward under no_grad, no backward at all."""
+        rows = getattr(sink, "add_rows", None) if fused else None  # streamed after the forward
         with Recorder(
             self.adapter,
             on_attention=lambda layer, attention: sink.add(layer, attention, None),
             differentiable=False,
             fused=fused,
-        ):
+            stream_forward=rows is not None,
+        ) as recorder:
             logits = self.adapter.forward(prepared)
+            if rows is not None:
+                recorder.stream_attention(rows)
         classes, _ = resolve_targets(logits, target)  # validated, though the map ignores it
         token_relevance = sink.result()
         if classes is None:

@@ -68,13 +68,15 @@ def attention_probabilities(
     mask is True where a query may attend; a float mask is added to the scores. A query
     that may attend nowhere (a left pad under a causal mask) gets a row of zeros, as the
     sdpa kernel gives it, instead of the NaN of a softmax over nothing."""
+    # In place where the tensor is our own: streamed chunks then hold two of their size at
+    # most (the scores and the probabilities), not four.
     scores = (query * scale) @ key.transpose(-2, -1)
     if mask is None:
         return scores.softmax(dim=-1)
     if mask.dtype != torch.bool:
-        return (scores + mask).softmax(dim=-1)
-    probabilities = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-    return probabilities.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        return scores.add_(mask).softmax(dim=-1)
+    probabilities = scores.masked_fill_(~mask, float("-inf")).softmax(dim=-1)
+    return probabilities.masked_fill_(~mask.any(dim=-1, keepdim=True), 0.0)
 
 
 def attention_gradient(output_grad: Tensor, value: Tensor) -> Tensor:
@@ -128,14 +130,16 @@ class FusedBlock:
         with torch.no_grad():
             return attention_gradient(self.site.heads(output_grad), self.value)
 
-    def rows(self, output_grad: Tensor, max_bytes: int | None = None) -> Iterator[AttentionRows]:
+    def rows(
+        self, output_grad: Tensor | None, max_bytes: int | None = None
+    ) -> Iterator[AttentionRows]:
         """The block's A and dA by chunks of query rows (each (B, H, rows, N), at most
         `max_bytes`, default `STREAM_BYTES`), each computed only when it is asked for, from
-        q, k, v, the mask and dO (outside autograd)."""
+        q, k, v, the mask and dO (outside autograd); without `output_grad`, A alone."""
         if self.query is None or self.key is None or self.value is None:
             raise RuntimeError(f"block {self.site.layer}: q, k or v was not seen in the forward")
         query, key, value, mask = self.query, self.key, self.value, self.mask
-        gradient = self.site.heads(output_grad)
+        gradient = None if output_grad is None else self.site.heads(output_grad)
         batch, heads, tokens, _ = query.shape
         row_bytes = batch * heads * key.shape[-2] * max(query.element_size(), 4)
         step = max(1, (STREAM_BYTES if max_bytes is None else max_bytes) // row_bytes)
@@ -148,7 +152,9 @@ class FusedBlock:
                 attention = attention_probabilities(
                     query[:, :, rows], key, self.site.scale, rows_mask
                 )
-                attention_grad = attention_gradient(gradient[:, :, rows], value)
+                attention_grad = (
+                    None if gradient is None else attention_gradient(gradient[:, :, rows], value)
+                )
             yield AttentionRows(rows=rows, attention=attention, gradient=attention_grad)
             del attention, attention_grad  # the consumer's references are the last ones
 

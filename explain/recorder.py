@@ -48,7 +48,7 @@ ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
 
 RowsCallback = Callable[[int, Iterator[AttentionRows]], None]
 """Fused path, streaming: receives (layer, the block's A and dA by chunks of query rows)
-in the backward pass instead of whole maps (explain.fused.FusedBlock.rows)."""
+instead of whole maps (explain.fused.FusedBlock.rows); dA is None without a backward."""
 
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
@@ -77,6 +77,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         module_hooks: extra (module, forward hook) pairs, registered and removed with the
             recorder's own hooks: how a rule that needs more than attention (the LRP
             engine's activations) sees the forward pass without touching the model itself.
+        stream_forward: fused path, no gradient: keep every block's q, k (and mask), small,
+            instead of handing its whole map to `on_attention` in the forward, so that
+            `stream_attention` can fold the blocks last first by chunks of query rows.
     """
 
     def __init__(
@@ -89,8 +92,10 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         differentiable: bool = True,
         fused: bool = False,
         module_hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+        stream_forward: bool = False,
     ) -> None:
         self.adapter = adapter
+        self._stream_forward = stream_forward and fused
         self._module_hooks = tuple(module_hooks)
         self._fused: FusedPath | None = adapter.fused_path() if fused else None
         if fused and self._fused is None:
@@ -270,6 +275,8 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
     def _see_fused_output(self, layer: int, output: Tensor) -> None:
         """Fused path: the block's attention output, whose gradient dO gives dA = dO v^T."""
         block = self._fused_blocks[layer]
+        if self._stream_forward:  # kept for `stream_attention`, after the forward
+            return
         if self._on_attention is not None:
             self._on_attention(layer, block.probabilities())
         if layer in self._track and output.requires_grad:
@@ -317,6 +324,16 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         else:
             del self._fused_outputs[layer]
             self._fused_blocks[layer].release()
+
+    def stream_attention(self, on_rows: RowsCallback) -> None:
+        """After a `stream_forward` forward: every block's A by chunks of query rows (no
+        gradient), last block first, each block released once it has been handed over."""
+        if not self._stream_forward:
+            raise ExplainError("stream_attention needs a Recorder(fused=True, stream_forward=True)")
+        for layer in sorted(self._fused_blocks, reverse=True):
+            block = self._fused_blocks[layer]
+            on_rows(layer, block.rows(None))
+            block.release()
 
     # -- backward ---------------------------------------------------------------------------
 

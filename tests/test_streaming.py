@@ -115,3 +115,16 @@ def test_streamed_causal_lm_equals_unchunked_in_float64(monkeypatch, family):
     streamed = Explainer(model, attention_path="fused").explain(batch, target=[0, 1, 2])
     torch.testing.assert_close(streamed.relevance, whole.relevance, rtol=1e-10, atol=1e-12)
     assert (streamed.relevance[~batch["attention_mask"].bool()] == 0).all()
+
+
+@pytest.mark.parametrize("start_layer", [None, 1])
+def test_streamed_rollout_equals_unchunked_in_float64(monkeypatch, start_layer):
+    """Rollout on the fused path: the forward keeps only q, k (and the mask) of each block,
+    and the blocks are folded after it, last first, one query row at a time."""
+    model = _bert64()
+    batch = ref.padded_batch(TEXTS, "right")
+    options = dict(method="rollout", start_layer=start_layer)
+    whole = Explainer(model, attention_path="explicit").explain(batch, **options)
+    monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)
+    streamed = Explainer(model, attention_path="fused").explain(batch, **options)
+    torch.testing.assert_close(streamed.relevance, whole.relevance, rtol=1e-10, atol=1e-12)
