@@ -249,17 +249,29 @@ def explain_generation(
             logits = adapter.logits_at(prepared, positions.expand(batch, -1))
             scores = select_scores(logits.flatten(0, 1), targets.flatten(), score)
             scores = scores.reshape(batch, count) * valid
+            streams = all(hasattr(sink, "add_rows") for sink in sinks)
             recorder.backward_batched(
-                scores, lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad)
+                scores,
+                lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
+                on_rows=(lambda k, layer, rows: sinks[k].add_rows(layer, rows))
+                if streams
+                else None,
             )
     else:
+        # On the fused path every column folds the same blocks, streamed after the forward.
+        streams = fused and all(hasattr(sink, "add_rows") for sink in sinks)
         with Recorder(
             adapter,
             on_attention=lambda layer, attention: [s.add(layer, attention, None) for s in sinks],
             differentiable=False,
             fused=fused,
-        ):
+            stream_forward=streams,
+        ) as recorder:
             logits = adapter.logits_at(prepared, positions.expand(batch, -1))
+            if streams:
+                recorder.stream_attention(
+                    lambda layer, rows: [sink.add_rows(layer, rows) for sink in sinks]
+                )
     relevance = torch.stack([sink.result() for sink in sinks], dim=1)
     relevance = adapter.to_input_space(relevance, prepared.layout) * valid[..., None]
     tokens = token_strings(explainer.tokenizer, ids) if explainer.tokenizer else None

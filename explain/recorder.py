@@ -35,6 +35,7 @@ __all__ = [
     "ModuleHook",
     "Recorder",
     "RowsCallback",
+    "TargetRowsCallback",
 ]
 
 AttentionCallback = Callable[[int, Tensor], None]
@@ -46,12 +47,15 @@ GradientCallback = Callable[[int, Tensor, Tensor], None]
 ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
 """A forward hook (module, args, kwargs, output) -> None that only reads what it is given."""
 
-RowsCallback = Callable[[int, Iterator[AttentionRows]], None]
+RowsCallback = Callable[[int, Iterable[AttentionRows]], None]
 """Fused path, streaming: receives (layer, the block's A and dA by chunks of query rows)
 instead of whole maps (explain.fused.FusedBlock.rows); dA is None without a backward."""
 
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
+
+TargetRowsCallback = Callable[[int, int, Iterator[AttentionRows]], None]
+"""Fused path, streaming: receives (score column k, layer, A and dA_k by chunks of rows)."""
 
 BATCHED_GRADIENT_BYTES = 1 << 30
 """Memory bound of one batched backward over several targets: every tracked tensor's
@@ -327,12 +331,13 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
 
     def stream_attention(self, on_rows: RowsCallback) -> None:
         """After a `stream_forward` forward: every block's A by chunks of query rows (no
-        gradient), last block first, each block released once it has been handed over."""
+        gradient), last block first, each block released once it has been handed over.
+        The chunks can be iterated more than once (several sinks), recomputed each time."""
         if not self._stream_forward:
             raise ExplainError("stream_attention needs a Recorder(fused=True, stream_forward=True)")
         for layer in sorted(self._fused_blocks, reverse=True):
             block = self._fused_blocks[layer]
-            on_rows(layer, block.rows(None))
+            on_rows(layer, _Replay(lambda b=block: b.rows(None)))
             block.release()
 
     # -- backward ---------------------------------------------------------------------------
@@ -399,6 +404,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         on_gradient: TargetGradientCallback,
         *,
         max_bytes: int | None = None,
+        on_rows: TargetRowsCallback | None = None,
     ) -> None:
         """Differentiate every column k of the (B, K) `scores`, summed over the batch.
 
@@ -406,7 +412,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         (`is_grads_batched`) per chunk of targets, sized so that the chunk's gradients of
         the tracked tensors fit in `max_bytes` (default `BATCHED_GRADIENT_BYTES`).
         `on_gradient(k, layer, attention, grad)` is called for every target and tracked
-        layer, last block first, as in `backward`.
+        layer, last block first, as in `backward`; on the fused path `on_rows(k, layer,
+        chunks)`, when given, instead receives them by chunks of query rows (A recomputed
+        for every target, so that no N x N map is ever held whole).
         """
         if not self._active:
             raise ExplainError("Recorder.backward_batched must be called inside the context")
@@ -444,6 +452,10 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 for position in reversed(range(len(layers))):
                     layer, grad = layers[position], grads[position]
                     grads[position] = None  # type: ignore[call-overload]  # free as we go
+                    if on_rows is not None and self._fused is not None:
+                        for row, column in enumerate(columns):
+                            on_rows(column, layer, self._fused_blocks[layer].rows(grad[row]))
+                        continue
                     attention = self._attention(layer)
                     for row, column in enumerate(columns):
                         attention_grad = self._attention_grad(layer, grad[row])
@@ -476,6 +488,16 @@ def _as_leaf(
     key = next(k for k, v in kwargs.items() if isinstance(v, Tensor))
     hidden = kwargs[key].detach().requires_grad_(True)
     return args, {**kwargs, key: hidden}, hidden
+
+
+class _Replay(Iterable[AttentionRows]):
+    """Chunks that are computed anew by every iteration over them."""
+
+    def __init__(self, chunks: Callable[[], Iterator[AttentionRows]]) -> None:
+        self._chunks = chunks
+
+    def __iter__(self) -> Iterator[AttentionRows]:
+        return self._chunks()
 
 
 class _Rotation:

@@ -10,6 +10,7 @@ import reference_hf as ref
 import tiny_lm
 import torch
 
+import explain.fused
 from explain import Explainer, InputError, OptionError
 from explain.generation import Generation, explain_generation, generate, is_chat
 from explain.testing import ModelState
@@ -72,11 +73,13 @@ def test_every_generated_token_equals_the_next_token_explanation(family, method)
 
 
 @pytest.mark.parametrize("method", ["generic", "rollout"])
-def test_generations_on_the_fused_path(method):
-    """sdpa (q, k, v seen through the attention interface): one batched backward over
-    every generated position, equal to the explicit path's."""
+def test_generations_on_the_fused_path(monkeypatch, method):
+    """sdpa (q, k, v seen through the attention interface), every block streamed to every
+    generated position's fold one query row at a time (from one batched backward, or after
+    the forward): equal to the explicit path's whole maps."""
     model = _model("qwen2")
     generation = _generation(model, end=True)
+    monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)
     fused = explain_generation(Explainer(model, attention_path="fused"), generation, method=method)
     explicit = explain_generation(Explainer(model), generation, method=method)
     torch.testing.assert_close(
