@@ -22,7 +22,7 @@ TEXTS = [[2, 14, 7, 33, 9, 21, 3, 8, 11, 19], [2, 41, 3], [2, 5, 17, 28, 3, 6]]
 def _fold(step, block_matrix=gradient_weighted):
     readout = torch.zeros(2, 9, dtype=torch.float64)
     readout[:, 0] = 1.0
-    return ReadoutFold(readout, range(3), block_matrix, step)
+    return ReadoutFold(readout, range(3), block_matrix, step, streamable=True)
 
 
 def _chunks(attention, gradient, size):
@@ -128,3 +128,15 @@ def test_streamed_rollout_equals_unchunked_in_float64(monkeypatch, start_layer):
     monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)
     streamed = Explainer(model, attention_path="fused").explain(batch, **options)
     torch.testing.assert_close(streamed.relevance, whole.relevance, rtol=1e-10, atol=1e-12)
+
+
+def test_generic_and_rollout_fold_by_rows_and_discarding_joins_the_block():
+    from explain.architectures.base import TokenLayout
+    from explain.rules import RuleContext, get_method
+
+    readout = torch.zeros(1, 4)
+    layout = TokenLayout(modality="text", num_tokens=4)
+    context = RuleContext(readout, layout, num_layers=2, start_layer=0)
+    assert get_method("generic").sink(context, {}).streamable
+    assert get_method("rollout").sink(context, {}).streamable
+    assert not get_method("rollout").sink(context, {"discard_ratio": 0.5}).streamable

@@ -76,8 +76,9 @@ def rollout(
         return discard_lowest(fused, discard_ratio, protected) if discard_ratio else fused
 
     layers = range(context.start_layer, context.num_layers)
-    # Discarding ranks whole rows but protects the diagonal, which a chunk of rows does
-    # not know where to find: with discard_ratio the block is joined before it is folded.
+    # Fused heads are row-wise; discarding ranks whole rows but protects the diagonal,
+    # which a chunk of rows does not know where to find: with discard_ratio the block is
+    # joined before it is folded.
     return ReadoutFold(
         context.readout, layers, block_matrix, rollout_step, streamable=not discard_ratio
     )

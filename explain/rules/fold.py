@@ -62,11 +62,13 @@ class ReadoutFold:
         block_matrix: BlockMatrix,
         step: Step,
         *,
-        streamable: bool = True,
+        streamable: bool = False,
     ):
         self.layers = layers
         self.streamable = streamable
-        """Whether `block_matrix` works row by row (a chunk of rows -> those rows)."""
+        """Whether `block_matrix` works row by row (a chunk of rows -> those rows); off
+        unless the method says so, since a matrix normalised as a whole would silently
+        fold wrong by rows."""
         self._block_matrix = block_matrix
         self._step = step
         self._vector = readout.to(compute_dtype(readout))

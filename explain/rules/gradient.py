@@ -38,7 +38,7 @@ def generic_step(vector: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
 def generic(context: RuleContext) -> ReadoutFold:
     """Chefer, Gur & Wolf ICCV 2021: R = prod (I + mean_h (G * A)+) over the blocks."""
     layers = range(context.start_layer, context.num_layers)
-    return ReadoutFold(context.readout, layers, gradient_weighted, generic_step)
+    return ReadoutFold(context.readout, layers, gradient_weighted, generic_step, streamable=True)
 
 
 @register_method("attention_gradcam", needs_gradients=True, class_specific=True)
