@@ -119,8 +119,32 @@ class FusedBlock:
         """The block's (B, H, N, N) attention probabilities, outside autograd."""
         if self.query is None or self.key is None:
             raise RuntimeError(f"block {self.site.layer}: q or k was not seen in the forward")
+        tokens = self.query.shape[-2]
         with torch.no_grad():
-            return attention_probabilities(self.query, self.key, self.site.scale, self.mask)
+            mask = self._mask(slice(0, tokens), self.key.shape[-2])
+            return attention_probabilities(self.query, self.key, self.site.scale, mask)
+
+    def _mask(self, rows: slice, keys: int) -> Tensor | None:
+        """The mask of query `rows` over the first `keys` keys: the model's, sliced, and
+        the causal one where the site is causal."""
+        mask = self.mask
+        if mask is not None:
+            if mask.dim() >= 2 and mask.shape[-2] > 1:
+                mask = mask[..., rows, :]
+            if mask.shape[-1] > 1:
+                mask = mask[..., :keys]
+        if not self.site.causal:
+            return mask
+        assert self.query is not None
+        device = self.query.device
+        causal = torch.arange(keys, device=device) <= torch.arange(
+            rows.start, rows.stop, device=device
+        ).unsqueeze(-1)
+        if mask is None:
+            return causal
+        if mask.dtype == torch.bool:
+            return mask & causal
+        return mask.masked_fill(~causal, float("-inf"))
 
     def probabilities_grad(self, output_grad: Tensor) -> Tensor:
         """dA (B, H, N, N) from the gradient of the attention output as it enters the
@@ -138,22 +162,23 @@ class FusedBlock:
         q, k, v, the mask and dO (outside autograd); without `output_grad`, A alone."""
         if self.query is None or self.key is None or self.value is None:
             raise RuntimeError(f"block {self.site.layer}: q, k or v was not seen in the forward")
-        query, key, value, mask = self.query, self.key, self.value, self.mask
+        query, key, value = self.query, self.key, self.value
         gradient = None if output_grad is None else self.site.heads(output_grad)
         batch, heads, tokens, _ = query.shape
         row_bytes = batch * heads * key.shape[-2] * max(query.element_size(), 4)
         step = max(1, (STREAM_BYTES if max_bytes is None else max_bytes) // row_bytes)
         for first in range(0, tokens, step):
             rows = slice(first, min(tokens, first + step))
-            rows_mask = None
-            if mask is not None:
-                rows_mask = mask[..., rows, :] if mask.dim() >= 2 and mask.shape[-2] > 1 else mask
+            # Causal rows see no key after the chunk's last row: those columns are left out.
+            keys = rows.stop if self.site.causal else key.shape[-2]
             with torch.no_grad():
                 attention = attention_probabilities(
-                    query[:, :, rows], key, self.site.scale, rows_mask
+                    query[:, :, rows], key[:, :, :keys], self.site.scale, self._mask(rows, keys)
                 )
                 attention_grad = (
-                    None if gradient is None else attention_gradient(gradient[:, :, rows], value)
+                    None
+                    if gradient is None
+                    else attention_gradient(gradient[:, :, rows], value[:, :, :keys])
                 )
             yield AttentionRows(rows=rows, attention=attention, gradient=attention_grad)
             del attention, attention_grad  # the consumer's references are the last ones

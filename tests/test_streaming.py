@@ -112,9 +112,20 @@ def test_streamed_causal_lm_equals_unchunked_in_float64(monkeypatch, family):
         whole_maps.delattr(ReadoutFold, "add_rows")  # the sink takes whole blocks only
         whole = Explainer(model, attention_path="fused").explain(batch, target=[0, 1, 2])
     monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)
+    widths = []
+    original = explain.fused.FusedBlock.rows
+
+    def recording(self, output_grad, max_bytes=None):
+        for chunk in original(self, output_grad, max_bytes):
+            widths.append((chunk.rows.stop, chunk.attention.shape[-1]))
+            yield chunk
+
+    monkeypatch.setattr(explain.fused.FusedBlock, "rows", recording)
     streamed = Explainer(model, attention_path="fused").explain(batch, target=[0, 1, 2])
     torch.testing.assert_close(streamed.relevance, whole.relevance, rtol=1e-10, atol=1e-12)
     assert (streamed.relevance[~batch["attention_mask"].bool()] == 0).all()
+    # Causal rows are computed over the keys up to the chunk's last row only.
+    assert widths and all(stop == width for stop, width in widths)
 
 
 @pytest.mark.parametrize("start_layer", [None, 1])

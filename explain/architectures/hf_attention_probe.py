@@ -22,7 +22,6 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from explain.architectures.base import FlagSetting, FusedAttentionSite, FusedPath, whole_output
@@ -48,17 +47,14 @@ class Probes(nn.Module):
 
 
 class _MaskProbe(nn.Module):
-    def forward(self, mask: Tensor | None, tokens: int, device: torch.device) -> None:
+    def forward(self, mask: Tensor | None) -> None:
         return None
 
 
-def _masks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
-    """The bool mask the kernel applies (True = attend): sdpa's own, or the causal mask it
-    implies when it was given none (is_causal)."""
-    mask, tokens, device = args
-    if mask is None:
-        return torch.ones(tokens, tokens, dtype=torch.bool, device=device).tril()
-    return mask
+def _masks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The mask the kernel gets (bool, True = attend), or None where sdpa runs causal
+    without one: the sites are causal (`FusedAttentionSite.causal`) either way."""
+    return args[0]
 
 
 def _heads_last(output: Tensor) -> Tensor:
@@ -89,7 +85,7 @@ def _probed_sdpa(
     probes.query(query * scale)
     probes.key(key.repeat_interleave(groups, dim=1) if groups > 1 else key)
     probes.value(value.repeat_interleave(groups, dim=1) if groups > 1 else value)
-    probes.mask(attention_mask, query.shape[2], query.device)
+    probes.mask(attention_mask)
     return probes.output(output), None
 
 
@@ -137,6 +133,7 @@ def probed_fused_path(attention: Sequence[nn.Module], flags: Sequence[FlagSettin
                 scale=1.0,  # the query probe shows q * scaling
                 mask_module=probes.mask,
                 masks=_masks,
+                causal=bool(getattr(module, "is_causal", True)),
             )
         )
     fused_flags = [

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["AttentionRows", "LastBlock", "ReadoutFold", "Step", "compute_dtype", "vecmat"]
@@ -30,7 +31,8 @@ vector is the sum of every chunk's spread plus, at each chunk's rows, what it ke
 
 @dataclass(frozen=True)
 class AttentionRows:
-    """Query rows `rows` of one block's attention (B, H, c, N) and its gradient."""
+    """Query rows `rows` of one block's attention (B, H, c, K) and its gradient, over the
+    first K <= N keys (the later keys are masked for these rows: causal attention)."""
 
     rows: slice
     attention: Tensor
@@ -92,9 +94,12 @@ class ReadoutFold:
         not row-wise (`streamable` False), the chunks are joined and kept as by `add`."""
         if layer not in self.layers:
             return
+        tokens = self._vector.shape[-1]
         if layer != self._next or not self.streamable:
-            matrix = torch.cat([self._matrix(c.attention, c.gradient) for c in chunks], dim=1)
-            self._pending[layer] = matrix
+            matrices = [self._matrix(c.attention, c.gradient) for c in chunks]
+            widths = [tokens - m.shape[-1] for m in matrices]  # masked keys: zeros
+            padded = [F.pad(m, (0, w)) if w else m for m, w in zip(matrices, widths, strict=True)]
+            self._pending[layer] = torch.cat(padded, dim=1)
             self._fold_pending()
             return
         vector = self._vector
@@ -102,8 +107,10 @@ class ReadoutFold:
         for chunk in chunks:
             matrix = self._matrix(chunk.attention, chunk.gradient)
             vector = vector.to(matrix.dtype)
+            if folded is None:
+                folded = torch.zeros_like(vector)
             spread, kept = self._step(vector[:, chunk.rows], matrix)
-            folded = spread if folded is None else folded.add_(spread)
+            folded[:, : spread.shape[-1]] += spread
             folded[:, chunk.rows] += kept
         assert folded is not None, "a block arrived without rows"
         self._vector = folded
