@@ -22,6 +22,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -857,6 +858,17 @@ def tiny_custom_text(*, seed: int = 0) -> tuple[nn.Module, TransformerSpec]:
 # -- the tiny model of every family, for the conformance suite -------------------------------
 
 
+CONFORMANCE_LMS = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "gpt_neox", "olmo2")
+"""Decoder-only families (explain.tiny_lm) that the conformance suite runs besides GPT-2,
+the registry's own tiny model of the causal-LM adapter."""
+
+
+def _causal_lm(family: str) -> TinyCase:
+    from explain.tiny_lm import tiny_causal_lm
+
+    return _text_case(tiny_causal_lm(family), (6, 4), first=1, last=2)
+
+
 def _hf_siglip() -> TinyCase:
     # SigLIP's text tower reads the last position and takes no attention mask: texts of one
     # length, as its processor pads them (padding="max_length").
@@ -884,7 +896,7 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "timm_vit": _timm_vit,
     "hf_text_encoder": _hf_text_encoder,
     "hf_clip": _hf_clip,
-    "hf_gpt2": _hf_gpt2,
+    "hf_causal_lm": _hf_gpt2,
     "hf_encoder_decoder": _hf_encoder_decoder,
     "hf_vit": _hf_vit,
     "open_clip": _open_clip,
@@ -896,10 +908,11 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_siglip": _hf_siglip,
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
+    **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},
 }
 """The tiny model of every registered family, by the family's registry name, and of the
 two hand-written transformers explained through a `TransformerSpec` (custom_vit,
-custom_text)."""
+custom_text) and more decoder-only families of the causal-LM adapter (hf_causal_lm:NAME)."""
 
 
 def tiny_case(family: str) -> TinyCase:

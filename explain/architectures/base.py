@@ -108,6 +108,10 @@ class FusedAttentionSite:
     keys: Callable[[Tensor], Tensor] | None = None
     mask_module: nn.Module | None = None
     masks: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | None] | None = None
+    causal: bool = False
+    """Queries attend to keys at or before their own position only, on top of the mask:
+    the recomputation then builds the causal mask by chunks of rows (never N x N) and
+    skips the keys after a chunk's last row."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ blocks, and how the columns' results become one relevance per token set. The loo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, Union, cast
 
@@ -37,6 +37,7 @@ from explain.errors import (
 from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, METHODS, Method, RuleContext, Sink
 from explain.rules.coattention import BlockRole, TwoSetFold
+from explain.rules.fold import AttentionRows
 from explain.rules.registry import integer_option
 from explain.targets import (
     Target,
@@ -81,11 +82,16 @@ class Columns:
 
 
 class ColumnSink(Protocol):
-    """What receives one column's blocks: a `SetSinks`, or a two-set fold."""
+    """What receives one column's blocks: a `SetSinks`, or a two-set fold. Where
+    `takes_rows`, it also folds a block by chunks of query rows (`add_rows`: the fused
+    path's streaming, explain.fused)."""
 
     layers: Sequence[int]
+    takes_rows: bool
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
+
+    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None: ...
 
     def result(self) -> Any: ...
 
@@ -126,6 +132,16 @@ class SetSinks:
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
         sink, local = self._route[layer]
         sink.add(local, attention, gradient)
+
+    @property
+    def takes_rows(self) -> bool:
+        """Whether every set's sink can fold a block by chunks of query rows (the fused
+        path's streaming, explain.fused): sinks that can have `add_rows`."""
+        return all(hasattr(sink, "add_rows") for sink in self._sinks.values())
+
+    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
+        sink, local = self._route[layer]
+        sink.add_rows(local, chunks)  # type: ignore[attr-defined]  # see takes_rows
 
     def add_input(self, relevance: Tensor) -> None:
         """The input relevance of full LRP (one-stack models: one sink)."""
