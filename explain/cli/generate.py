@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from explain.cli.image import _positive_int
+from explain.cli.options import add_model_arguments, load, positive_int
 from explain.errors import InputError
 
 __all__ = ["register"]
@@ -23,14 +23,13 @@ def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.generation import explain_generation
     from explain.io import atomic_write
-    from explain.loading import load_model
     from explain.viz import save_figure
     from explain.viz.generation import generation_html
     from explain.viz.multimodal import relevance_matrix_figure
 
     if not args.prompt.strip():
         raise InputError("the prompt is empty: there is nothing to continue")
-    loaded = load_model(args.model)
+    loaded = load(args)
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
@@ -71,15 +70,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog='Example: explain generate "The capital of France is" --model PATH --html page.html',
     )
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
-    parser.add_argument(
-        "--model",
-        required=True,
-        metavar="PATH",
-        help="a Hugging Face causal language model folder with its tokenizer",
+    add_model_arguments(
+        parser,
+        takes="a Hugging Face decoder-only language model with its tokenizer "
+        "(a ...ForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2 ...)",
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=20,
         metavar="N",
         help="length limit of the generation; default: %(default)s",
@@ -87,9 +85,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--chat",
         action="store_true",
-        help="send the prompt as a user message through the tokenizer's chat template",
+        help="send the prompt as a user message through the tokenizer's chat template; "
+        "default: the plain prompt",
     )
-    parser.add_argument("--method", default="generic", help="a method name (explain models)")
+    parser.add_argument(
+        "--method",
+        default="generic",
+        help="a method name (explain models); default: %(default)s",
+    )
     parser.add_argument(
         "--html",
         type=Path,
