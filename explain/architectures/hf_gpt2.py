@@ -25,6 +25,7 @@ __all__ = ["HuggingFaceCausalLM"]
 
 class HuggingFaceCausalLM(HuggingFaceAdapter):
     family = "Hugging Face GPT2LMHeadModel (next-token logits at the last real token)"
+    reads_text = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
