@@ -22,7 +22,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from explain.cli.methods import SCORES_HELP, parse_methods, score_for, start_layer_for
+from explain.cli.methods import (
+    add_method_arguments,
+    parse_methods,
+    score_for,
+    start_layer_for,
+)
 from explain.cli.options import (
     add_model_arguments,
     add_out_argument,
@@ -311,31 +316,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--arch", metavar="NAME", help="timm architecture of a weights file without config.json"
     )
-    parser.add_argument(
-        "--method",
-        default="generic",
-        metavar="M[,M2]",
-        help="comma-separated method names, or `all` (`explain models` lists them); "
-        "default: %(default)s",
-    )
-    parser.add_argument(
-        "--target",
+    add_method_arguments(
+        parser,
         default="top",
         metavar="T[,T2]",
         help="classes to explain per image, comma-separated: `top` (the predicted class), "
         "`topK` (the K-th highest), a class index, or a class name; default: %(default)s",
-    )
-    parser.add_argument(
-        "--score",
-        choices=("logit", "probability", "log_probability"),
-        help=SCORES_HELP,
-    )
-    parser.add_argument(
-        "--start-layer",
-        type=int,
-        metavar="L",
-        help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it, with a note; default: each method's own",
     )
     add_out_argument(parser)
     parser.add_argument(

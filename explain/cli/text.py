@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from explain.cli.methods import SCORES_HELP, parse_methods, score_for, start_layer_for
+from explain.cli.methods import (
+    add_method_arguments,
+    parse_methods,
+    score_for,
+    start_layer_for,
+)
 from explain.cli.options import add_model_arguments, add_save_option, load
 from explain.errors import InputError, TargetError
 
@@ -200,27 +205,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(distilbert/distilbert-base-uncased-finetuned-sst-2-english, zoo:minilm-sentiment) "
         "or a sentence encoder",
     )
-    parser.add_argument(
-        "--method",
-        default="generic",
-        metavar="M[,M2]",
-        help="comma-separated method names, or `all` (`explain models` lists them); "
-        "default: %(default)s",
-    )
-    parser.add_argument(
-        "--target", default=None, help="class index or name; default: the predicted class"
-    )
-    parser.add_argument(
-        "--score",
-        choices=("logit", "probability", "log_probability"),
-        help=SCORES_HELP,
-    )
-    parser.add_argument(
-        "--start-layer",
-        type=int,
-        default=None,
-        help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it, with a note; default: each method's own",
+    add_method_arguments(
+        parser, default=None, help="class index or name; default: the predicted class"
     )
     parser.add_argument(
         "--pair",
