@@ -145,7 +145,7 @@ def check_tokenizer(adapter: Adapter, tokenizer: Any) -> None:
 
 
 def _custom_scores(score: Score | None) -> None:
-    """A target callable that returns the scores themselves chose what is explained: a
+    """A target callable that returns scores has chosen what is explained itself: a
     score given with it would be ignored, so it is refused."""
     if score is not None:
         raise OptionError(
