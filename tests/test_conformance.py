@@ -9,11 +9,12 @@ fails here.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 import pytest
 import torch
 
-from explain import METHODS, Explainer, ExplainError, TargetError
+from explain import METHODS, Explainer, ExplainError, OptionError, TargetError
 from explain.architectures import FAMILIES, TokenSets
 from explain.architectures.base import Adapter
 from explain.engine import supported_methods
@@ -203,3 +204,40 @@ def test_an_unsupported_method_is_refused_naming_what_is_supported(family):
             _explain(family, method=method)
         message = str(refused.value)
         assert all(name in message for name in supported), (method, message)
+
+
+@pytest.mark.parametrize(("family", "method"), _method_params())
+def test_a_score_goes_only_to_the_methods_that_differentiate_one(family, method):
+    # As a start layer goes only to the methods that aggregate over blocks: a
+    # class-agnostic map or an LRP walk from the logit would ignore the score.
+    if not METHODS[method].needs_gradients:
+        with pytest.raises(OptionError, match="takes no score"):
+            _explain(family, method=method, score="logit")
+        assert _explain(family, method=method).score == "logit"
+        return
+    given = _explain(family, method=method, score="logit")
+    default = _explain(family, method=method)
+    assert given.score == default.score == "logit"
+    for name, relevance in default.relevances.items():
+        _close(given.relevances[name], relevance)
+
+
+class _Names:
+    """A tokenizer, as far as `Explanation.tokens` uses one."""
+
+    def convert_ids_to_tokens(self, ids):
+        return [f"t{i}" for i in ids]
+
+
+@pytest.mark.parametrize("family", _family_params())
+def test_a_tokenizer_goes_only_to_the_families_that_read_text(family):
+    case = _case(family)
+    batch = case.batch
+    text = bool(case.lengths) or (isinstance(batch, Mapping) and "input_ids" in batch)
+    assert _adapter(case).reads_text == text
+    if not text:
+        with pytest.raises(OptionError, match="takes no tokenizer"):
+            Explainer(case.model, spec=case.spec, tokenizer=_Names())
+        return
+    result = Explainer(case.model, spec=case.spec, tokenizer=_Names()).explain(batch)
+    assert result.tokens is not None and len(result.tokens) == len(case.alone)

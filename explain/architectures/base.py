@@ -247,8 +247,8 @@ class Adapter(ABC):
     A family file subclasses `Adapter`, implements the abstract members below and names
     its class in explain.architectures.registry. Capabilities are declared, never probed:
     `token_sets` (two token sets), `lrp_walk` (the LRP methods), `pooled_by_mean` (a
-    sentence encoder), `fused_path()` (the fused attention kernel); the defaults describe
-    a single-stack model with none of them.
+    sentence encoder), `reads_text` (a tokenizer serves it), `fused_path()` (the fused
+    attention kernel); the defaults describe a single-stack image model with none of them.
     """
 
     family: ClassVar[str]
@@ -264,6 +264,11 @@ class Adapter(ABC):
     pooled_by_mean: bool = False
     """The output is a sentence embedding, the mean of the last hidden states over the
     real tokens (explain.text.similarity explains such encoders)."""
+
+    reads_text: bool = False
+    """Whether the model reads text, so that an Explainer's tokenizer serves it (raw
+    texts, `Explanation.tokens`); a tokenizer given for a model that reads none is
+    refused rather than kept unused (explain.engine.check_tokenizer)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

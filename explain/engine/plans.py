@@ -40,6 +40,7 @@ from explain.rules.coattention import BlockRole, TwoSetFold
 from explain.rules.fold import AttentionRows
 from explain.rules.registry import integer_option
 from explain.targets import (
+    Score,
     Target,
     check_score,
     require_explicit_target,
@@ -56,7 +57,9 @@ __all__ = [
     "Plan",
     "Position",
     "SetSinks",
+    "check_tokenizer",
     "plan_for",
+    "resolve_score",
     "resolve_start_layer",
     "supported_methods",
 ]
@@ -112,6 +115,49 @@ def resolve_start_layer(spec: Method, start_layer: Any, num_layers: int, modalit
             f"blocks (use 0..{num_layers - 1}, or negative values from the end)"
         )
     return start_layer % num_layers
+
+
+def resolve_score(spec: Method | None, score: Score | None, default: Score) -> Score:
+    """The score a call explains. Only the methods that differentiate a score (those that
+    need attention gradients) and `trace` take one; None there is `default`. The others
+    take none, as a method reading one fixed block takes no start_layer: a class-agnostic
+    map is the same for every score, and an LRP walk starts from the target's logit, so
+    a score given to them is refused, and they are recorded as explaining the logit."""
+    if spec is not None and not spec.needs_gradients:
+        if score is not None:
+            what = (
+                "propagates relevance from the target's logit"
+                if spec.class_specific
+                else "gives one map whatever the target"
+            )
+            takers = ", ".join(name for name, m in sorted(METHODS.items()) if m.needs_gradients)
+            raise OptionError(
+                f"method {spec.name!r} {what} and differentiates no score, so it takes no "
+                f"score; leave score unset (the methods that take one: {takers})"
+            )
+        return "logit"
+    score = default if score is None else score
+    check_score(score)
+    return score
+
+
+def check_tokenizer(adapter: Adapter, tokenizer: Any) -> None:
+    """Refuse a tokenizer for a model that reads no text: nothing would use it."""
+    if tokenizer is not None and not adapter.reads_text:
+        raise OptionError(
+            f"{type(adapter.model).__name__} reads no text, so it takes no tokenizer "
+            "(the tokenizer names and encodes texts); leave tokenizer unset"
+        )
+
+
+def _custom_scores(score: Score | None) -> None:
+    """A target callable that returns scores has chosen what is explained itself: a
+    score given with it would be ignored, so it is refused."""
+    if score is not None:
+        raise OptionError(
+            f"the target callable returned the scores to explain, so score={score!r} would "
+            "change nothing; leave score unset, or have the callable return class indices"
+        )
 
 
 class SetSinks:
@@ -183,6 +229,9 @@ class Plan:
     """The error that refuses a method the plan does not support: on one stack the family
     lacks a capability; the two-set kinds refuse by design (an option)."""
 
+    trace_score: ClassVar[Score] = "probability"
+    """The score `trace` differentiates when none is given."""
+
     def __init__(
         self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any
     ) -> None:
@@ -195,7 +244,8 @@ class Plan:
                 f"method {spec.name!r} is not available for {adapter.family}: "
                 f"{self.why_not(spec)}; supported methods: " + ", ".join(supported_methods(adapter))
             )
-        check_score(request.score)
+        default = "logit" if spec is not None else self.trace_score
+        self.score: Score = resolve_score(spec, request.score, default)
         self.prepared: Prepared
         self.sets: Sequence[TokenSet]
 
@@ -260,11 +310,12 @@ class Plan:
         classes, custom = resolve_targets(output, self.request.target)
         if classes is None:
             assert custom is not None
+            _custom_scores(self.request.score)
             return Columns(
                 custom[:, None], _no_class(output.shape[0], output.device), output, custom=True
             )
         index = classes if classes.dim() == 2 else classes[:, None]
-        return Columns(select_scores(output, index, self.request.score), classes, output)
+        return Columns(select_scores(output, index, self.score), classes, output)
 
     def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
         """The relevance per set from the columns' (each (B, ...) on the input): (B, ...),
@@ -295,14 +346,14 @@ class DualEncoderPlan(Plan):
     """
 
     refusal = OptionError
+    trace_score = "logit"
 
     def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
         super().__init__(adapter, spec, request, tokenizer)
         self.encoder = cast(DualEncoder, adapter)
-        if request.score != "logit":
+        if self.score != "logit":
             raise TargetError(
-                f"a dual encoder explains the similarity logit (score='logit'); "
-                f"got {request.score!r}"
+                f"a dual encoder explains the similarity logit (score='logit'); got {self.score!r}"
             )
         self._logits: Tensor | None = None
         self._classes: Tensor | None = None
@@ -441,10 +492,11 @@ class EncoderDecoderPlan(Plan):
                 raise TargetError("one target token per explained position; got a (B, K) target")
             if found is None:
                 assert custom is not None
+                _custom_scores(self.request.score)
                 scores.append(custom)
                 classes.append(torch.full_like(at, -1))
             else:
-                scores.append(select_scores(column_logits, found, self.request.score))
+                scores.append(select_scores(column_logits, found, self.score))
                 classes.append(found.to(at.device))
             logits.append(column_logits)
         explained = torch.stack(classes, dim=1).masked_fill(~self.valid, -1)

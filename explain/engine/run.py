@@ -67,7 +67,7 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         logits=columns.logits.detach(),
         target=columns.classes,
         method=spec.name,
-        score=request.score,
+        score="custom" if columns.custom else plan.score,
         input_size=first.layout.input_size,
         relevances=relevances,
         tokens=plan.tokens(),
@@ -105,7 +105,7 @@ def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None
             ),
             logits=columns.logits.detach(),
             target=columns.classes,
-            score="custom" if columns.custom else request.score,
+            score="custom" if columns.custom else plan.score,
         )
 
 
