@@ -7,8 +7,9 @@ RNG are restored afterwards, and no cache outlives the call. `explain_generation
 explains every generated token from ONE forward pass over prompt + continuation: column g
 of the (B, G, T) relevance reads out at position P + g - 1 (P: the padded prompt width)
 and explains the token generated at P + g over everything before it, exactly what a
-next-token explanation of the prefix would give (one batched backward serves all
-columns; forward-only methods fold every column from the same attention maps).
+next-token explanation of the prefix would give. The explanation runs on the engine
+(explain.engine, `Request.prompt_length` -> `GenerationPlan`): one batched backward
+serves all columns; forward-only methods fold every column from the same attention maps.
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from explain.api import Explainer, resolve_start_layer
-from explain.architectures.hf_causal_lm import HuggingFaceCausalLM
+from explain import engine
+from explain.api import Explainer
+from explain.engine import Request, require_causal_lm
 from explain.errors import InputError, OptionError
 from explain.explanation import Explanation
-from explain.fused import use_fused_path
 from explain.recorder import Recorder
-from explain.rules import RuleContext, get_method
-from explain.targets import Score, check_score, select_scores
-from explain.text import is_raw_text, token_strings
+from explain.targets import Score
+from explain.text import is_raw_text
 
 __all__ = [
     "Generation",
@@ -143,7 +143,7 @@ def generate(
 ) -> Generation:
     """Continue `prompt` with the model's own `generate` (greedy unless `options` say
     otherwise, e.g. do_sample=True), leaving the model and the global RNG as found."""
-    adapter = _causal_lm(explainer)
+    adapter = require_causal_lm(explainer.adapter)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise OptionError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if max_new_tokens < 1:
@@ -186,7 +186,7 @@ def explain_generation(
     prompt: Prompt | Generation,
     max_new_tokens: int = 20,
     method: str = "generic",
-    score: Score = "logit",
+    score: Score | None = None,
     start_layer: int | None = None,
     **options: Any,
 ) -> GenerationExplanation:
@@ -195,103 +195,24 @@ def explain_generation(
 
     Args:
         explainer: an Explainer of a decoder-only language model (with its tokenizer for
-            texts and chats).
+            texts and chats); its attention_path applies.
         prompt: see `Prompt`, or a `Generation` from `generate` to explain as it is.
         max_new_tokens: the most tokens to generate (ignored for a `Generation`).
-        method, score, start_layer, options: as for `Explainer.explain`.
+        method, score, start_layer, options: as for `Explainer.explain`, under the same
+            rules (only the methods that differentiate a score take one; the LRP methods
+            are refused for generations).
     """
-    adapter = _causal_lm(explainer)
-    spec = get_method(method)
-    check_score(score)
-    if spec.lrp_rules is not None:
-        raise OptionError(
-            f"method {method!r} is not available for generations; use generic, rollout, "
-            "attention_gradcam or raw_attention"
-        )
+    adapter = require_causal_lm(explainer.adapter)
     generation = (
         prompt if isinstance(prompt, Generation) else generate(explainer, prompt, max_new_tokens)
     )
-    prepared = adapter.prepare(generation.inputs())
-    ids = prepared.arguments["input_ids"]
-    valid = generation.generated.to(ids.device)
-    batch, count = valid.shape
-    if count == 0:
-        raise InputError("the generation has no generated token to explain")
-    positions = torch.arange(count, device=ids.device) + generation.prompt_length - 1
-    columns = torch.arange(ids.shape[1], device=ids.device)
-    num_layers = adapter.num_layers
-    start = resolve_start_layer(spec, start_layer, num_layers, "text")
-    # Column g sees the tokens up to its readout position only, as a next-token
-    # explanation of that prefix would (methods that average over the keys need it).
-    layout = prepared.layout
-    assert layout.token_mask is not None
-    sinks = [
-        spec.sink(
-            RuleContext(
-                adapter.readout_at(prepared, at.expand(batch)),
-                dataclasses.replace(layout, token_mask=layout.token_mask & (columns <= at)),
-                num_layers,
-                start,
-            ),
-            options,
-        )
-        for at in positions
-    ]
-    targets = ids[:, generation.prompt_length :]
-    fused = use_fused_path(
-        adapter,
-        prepared.layout,
-        needs_gradients=spec.needs_gradients,
-        requested=explainer.attention_path,
-    )
-    if spec.needs_gradients:
-        with Recorder(adapter, track=sinks[0].layers, fused=fused) as recorder:
-            logits = adapter.logits_at(prepared, positions.expand(batch, -1))
-            scores = select_scores(logits.flatten(0, 1), targets.flatten(), score)
-            scores = scores.reshape(batch, count) * valid
-            streams = all(hasattr(sink, "add_rows") for sink in sinks)
-            recorder.backward_batched(
-                scores,
-                lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
-                on_rows=(lambda k, layer, rows: sinks[k].add_rows(layer, rows))
-                if streams
-                else None,
-            )
-    else:
-        # On the fused path every column folds the same blocks, streamed after the forward.
-        streams = fused and all(hasattr(sink, "add_rows") for sink in sinks)
-        with Recorder(
-            adapter,
-            on_attention=lambda layer, attention: [s.add(layer, attention, None) for s in sinks],
-            differentiable=False,
-            fused=fused,
-            stream_forward=streams,
-        ) as recorder:
-            logits = adapter.logits_at(prepared, positions.expand(batch, -1))
-            if streams:
-                recorder.stream_attention(
-                    lambda layer, rows: [sink.add_rows(layer, rows) for sink in sinks]
-                )
-    relevance = torch.stack([sink.result() for sink in sinks], dim=1)
-    relevance = adapter.to_input_space(relevance, prepared.layout) * valid[..., None]
-    tokens = token_strings(explainer.tokenizer, ids) if explainer.tokenizer else None
-    explanation = Explanation(
-        relevance=relevance.detach(),
-        logits=logits.detach(),
-        target=targets.masked_fill(~valid, -1),
-        method=spec.name,
+    request = Request(
+        method=method,
         score=score,
-        relevances={"text": relevance.detach()},
-        tokens=tokens,
+        start_layer=start_layer,
+        options=options,
+        attention_path=explainer.attention_path,
+        prompt_length=generation.prompt_length,
     )
+    explanation = engine.explain(adapter, generation.inputs(), request, explainer.tokenizer)
     return GenerationExplanation(explanation=explanation, generation=generation)
-
-
-def _causal_lm(explainer: Explainer) -> HuggingFaceCausalLM:
-    adapter = explainer.adapter
-    if not isinstance(adapter, HuggingFaceCausalLM):
-        raise OptionError(
-            f"generations are explained for decoder-only language models; "
-            f"{type(explainer.model).__name__} is a {adapter.family} model"
-        )
-    return adapter

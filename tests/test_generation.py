@@ -11,7 +11,7 @@ import torch
 
 import explain.fused
 import explain.tiny_lm as tiny_lm
-from explain import Explainer, InputError, OptionError
+from explain import Explainer, InputError, OptionError, engine
 from explain.generation import Generation, explain_generation, generate, is_chat
 from explain.testing import ModelState
 
@@ -70,6 +70,62 @@ def test_every_generated_token_equals_the_next_token_explanation(family, method)
         result.relevance[~generation.attention_mask.bool()[:, None].expand_as(result.relevance)]
         == 0
     ).all()
+
+
+def test_a_generation_takes_a_score_as_explain_does():
+    """The engine's score rule: a method that differentiates a score explains the chosen
+    one at every generated position, as a next-token explanation of the prefix would."""
+    model = _model("llama")
+    explainer = Explainer(model)
+    generation = _generation(model, end=True)
+    result = explain_generation(explainer, generation, score="probability").explanation
+    assert result.score == "probability"
+    width, total = generation.prompt_length, generation.input_ids.shape[1]
+    for g in range(total - width):
+        at, real = width + g, generation.generated[:, g]
+        prefix = {
+            "input_ids": generation.input_ids[:, :at],
+            "attention_mask": generation.attention_mask[:, :at],
+        }
+        expected = explainer.explain(
+            prefix, target=generation.input_ids[:, at], score="probability"
+        ).relevance
+        torch.testing.assert_close(
+            result.relevance[real, g, :at], expected[real], rtol=1e-4, atol=1e-6
+        )
+    logit = explain_generation(explainer, generation).explanation
+    assert logit.score == "logit"
+    assert not torch.allclose(logit.relevance, result.relevance)
+
+
+def test_the_engines_option_rules_hold_for_generations():
+    """No option is accepted and ignored: the engine refuses, before any model work on
+    the generation, what it refuses for any other call."""
+    model = _model("llama")
+    explainer = Explainer(model)
+    generation = _generation(model)
+    before = ModelState.capture(model)
+    with pytest.raises(OptionError, match="takes no score"):
+        explain_generation(explainer, generation, method="rollout", score="logit")
+    with pytest.raises(OptionError, match=r"not available .* generation"):
+        explain_generation(explainer, generation, method="lrp")
+    with pytest.raises(OptionError, match=r"not available .* generation"):
+        explain_generation(explainer, generation, method="transformer_attribution")
+    with pytest.raises(OptionError, match="bogus"):
+        explain_generation(explainer, generation, method="rollout", bogus=1)
+    with pytest.raises(OptionError, match="start_layer 9 is out of range"):
+        explain_generation(explainer, generation, start_layer=9)
+    with pytest.raises(OptionError, match="takes no start_layer"):
+        explain_generation(explainer, generation, method="raw_attention", start_layer=0)
+    inputs, width = generation.inputs(), generation.prompt_length
+    with pytest.raises(OptionError, match="takes no target"):
+        engine.explain(explainer.adapter, inputs, engine.Request(target=3, prompt_length=width))
+    with pytest.raises(OptionError, match="one score per input"):
+        engine.trace(explainer.adapter, inputs, engine.Request(method=None, prompt_length=width))
+    with pytest.raises(InputError, match="no generated token"):
+        whole = engine.Request(prompt_length=inputs["input_ids"].shape[1])
+        engine.explain(explainer.adapter, inputs, whole)
+    assert before.differences(ModelState.capture(model)) == []
 
 
 @pytest.mark.parametrize("method", ["generic", "rollout"])

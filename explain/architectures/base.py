@@ -27,6 +27,7 @@ __all__ = [
     "FlagSetting",
     "FusedAttentionSite",
     "FusedPath",
+    "LanguageModel",
     "LrpWalk",
     "Prepared",
     "TokenLayout",
@@ -249,6 +250,7 @@ class Adapter(ABC):
     `token_sets` (two token sets), `lrp_walk` (the LRP methods), `pooled_by_mean` (a
     sentence encoder), `reads_text` (a tokenizer serves it), `fused_path()` (the fused
     attention kernel); the defaults describe a single-stack image model with none of them.
+    A decoder-only language model subclasses `LanguageModel`, whose generations it explains.
     """
 
     family: ClassVar[str]
@@ -366,6 +368,23 @@ class Adapter(ABC):
             return next(self.model.parameters())
         except StopIteration:  # a parameter-free model cannot be a transformer
             raise TypeError("the model has no parameters") from None
+
+
+class LanguageModel(Adapter):
+    """The contract of a decoder-only language model's adapter: `forward` gives the next
+    token's logits at each sample's last real token, and a generation (explain.engine's
+    `GenerationPlan`, explain.generation) reads them, and their readout rows, at any
+    positions of one forward. The wrapped model has Hugging Face's `generate`."""
+
+    reads_text = True
+
+    @abstractmethod
+    def logits_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
+        """(B, P) positions -> the (B, P, vocab) next-token logits there."""
+
+    @abstractmethod
+    def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
+        """(B, T) readout rows, one-hot at each sample's position (B,)."""
 
 
 def one_hot_rows(batch: int, num_tokens: int, positions: Tensor | int, parameter: Tensor) -> Tensor:

@@ -22,7 +22,13 @@ import inspect
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import FusedPath, Prepared, TokenLayout, one_hot_rows
+from explain.architectures.base import (
+    FusedPath,
+    LanguageModel,
+    Prepared,
+    TokenLayout,
+    one_hot_rows,
+)
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
@@ -68,13 +74,12 @@ def _max_tokens(config: object) -> int | None:
     return None
 
 
-class HuggingFaceCausalLM(HuggingFaceAdapter):
+class HuggingFaceCausalLM(HuggingFaceAdapter, LanguageModel):
     family = (
         "Hugging Face decoder-only language models, ...ForCausalLM and GPT2LMHeadModel; "
         "tested: Llama, Granite, Mistral, Mixtral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, "
         "OLMo 2, GPT-NeoX, GPT-2 (the next token at the last real token; generations)"
     )
-    reads_text = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

@@ -6,10 +6,12 @@
 """
 
 from explain.engine.plans import (
+    GenerationPlan,
     Plan,
     Position,
     check_tokenizer,
     plan_for,
+    require_causal_lm,
     resolve_score,
     resolve_start_layer,
     supported_methods,
@@ -18,6 +20,7 @@ from explain.engine.request import Request, StartLayer
 from explain.engine.run import explain, trace
 
 __all__ = [
+    "GenerationPlan",
     "Plan",
     "Position",
     "Request",
@@ -25,6 +28,7 @@ __all__ = [
     "check_tokenizer",
     "explain",
     "plan_for",
+    "require_causal_lm",
     "resolve_score",
     "resolve_start_layer",
     "supported_methods",

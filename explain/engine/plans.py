@@ -13,18 +13,21 @@ blocks, and how the columns' results become one relevance per token set. The loo
   column is each pair's similarity logit. Each tower gets the method on its own.
 - `EncoderDecoderPlan`: column p is the token predicted at decoder position p (option
   `position`); the sink is the two-set fold of explain.rules.coattention.
+- `GenerationPlan` (a decoder-only language model's generation, `Request.prompt_length`):
+  column g is the token generated at P + g, read out at P + g - 1 over the tokens up to
+  there; each column has its own sink, also for the forward-only methods.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal, Protocol, Union, cast
 
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, Prepared, TokenSet, TokenSets
+from explain.architectures.base import Adapter, LanguageModel, Prepared, TokenSet, TokenSets
 from explain.architectures.dual_encoder import DualEncoder
 from explain.engine.request import Request, StartLayer
 from explain.errors import (
@@ -53,12 +56,14 @@ __all__ = [
     "Columns",
     "DualEncoderPlan",
     "EncoderDecoderPlan",
+    "GenerationPlan",
     "OneStack",
     "Plan",
     "Position",
     "SetSinks",
     "check_tokenizer",
     "plan_for",
+    "require_causal_lm",
     "resolve_score",
     "resolve_start_layer",
     "supported_methods",
@@ -242,7 +247,7 @@ class Plan:
         if spec is not None and not self.supports(adapter, spec):
             raise self.refusal(
                 f"method {spec.name!r} is not available for {adapter.family}: "
-                f"{self.why_not(spec)}; supported methods: " + ", ".join(supported_methods(adapter))
+                f"{self.why_not(spec)}; supported methods: " + ", ".join(self.methods(adapter))
             )
         default = "logit" if spec is not None else self.trace_score
         self.score: Score = resolve_score(spec, request.score, default)
@@ -260,6 +265,11 @@ class Plan:
     def why_not(cls, spec: Method) -> str:
         return "the LRP methods need relevance rules for the family's modules, which it lacks"
 
+    @classmethod
+    def methods(cls, adapter: Adapter) -> list[str]:
+        """The names of the methods this plan can run on `adapter`."""
+        return [name for name, spec in sorted(METHODS.items()) if cls.supports(adapter, spec)]
+
     # -- inputs -------------------------------------------------------------------------
 
     def prepare(self, inputs: Any) -> None:
@@ -276,15 +286,28 @@ class Plan:
         """Settle what the recorded forward runs on, once options are checked (a dual
         encoder pairs images with texts here)."""
 
+    def forward(self) -> Tensor:
+        """The recorded forward: the model output whose `columns` are explained."""
+        return self.adapter.forward(self.prepared)
+
     # -- sinks --------------------------------------------------------------------------
 
-    def sink(self) -> ColumnSink:
-        """A fresh sink for one column: the method's sink for every token set, routed."""
+    def sink(self, column: int = 0) -> ColumnSink:
+        """A fresh sink for column `column`: the method's sink for every token set, routed
+        (every column reads out the same rows, so `column` changes nothing here)."""
+        return self._set_sinks(self.sets)
+
+    def forward_sinks(self) -> list[ColumnSink]:
+        """The sinks a forward-only method fills during the forward: one, whose
+        class-agnostic map serves every column (target)."""
+        return [self.sink()]
+
+    def _set_sinks(self, sets: Sequence[TokenSet]) -> SetSinks:
         assert self.spec is not None
         spec = self.spec
-        starts = _per_set(self.request.start_layer, [s.name for s in self.sets])
+        starts = _per_set(self.request.start_layer, [s.name for s in sets])
         sinks = {}
-        for token_set in self.sets:
+        for token_set in sets:
             count = len(token_set.layers)
             given = starts[token_set.name]
             if given is None and spec.default_start_layer is not None:
@@ -296,7 +319,7 @@ class Plan:
                 start_layer=resolve_start_layer(spec, given, count, token_set.layout.modality),
             )
             sinks[token_set.name] = spec.sink(context, dict(self.request.options))
-        return SetSinks(sinks, self.sets)
+        return SetSinks(sinks, sets)
 
     def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
         """Column `column`'s token relevance (B, N) per set, from its sink (the engine then
@@ -465,7 +488,8 @@ class EncoderDecoderPlan(Plan):
             target = target.masked_fill(~self.valid, 0)
         self._target = target
 
-    def sink(self) -> TwoSetFold:
+    def sink(self, column: int = 0) -> TwoSetFold:
+        """The two-set fold over every block; each column reads it at its own position."""
         roles = [
             BlockRole(site.layer, "i" if site.stack == "source" else "q", site.kind)
             for site in self.adapter.attention_sites()
@@ -516,6 +540,107 @@ class EncoderDecoderPlan(Plan):
         return result
 
 
+def require_causal_lm(adapter: Adapter) -> LanguageModel:
+    """`adapter` as a decoder-only language model's: only those generate text."""
+    if not isinstance(adapter, LanguageModel):
+        raise OptionError(
+            "generations are explained for decoder-only language models; "
+            f"{type(adapter.model).__name__} is a {adapter.family} model"
+        )
+    return adapter
+
+
+class GenerationPlan(Plan):
+    """Every generated token of a decoder-only language model, over the tokens before it.
+
+    The inputs are left-padded prompts of width P (`Request.prompt_length`) followed by
+    their continuations, the attention mask 0 past each continuation's end. One forward
+    over the whole sequences; column g explains the token generated at P + g, read out at
+    P + g - 1 with the tokens after that position hidden from its sink (`sink(g)`), which
+    is exactly a next-token explanation of the prefix before the token (methods that
+    average over the keys need the hiding). The gradient methods differentiate every
+    column in one batched backward; the forward-only methods fill one sink per column
+    from the same forward. The relevance is (B, G, T), 0 on the columns past a
+    continuation's end; the target, the generated tokens (-1 past the end), is implied.
+    """
+
+    refusal = OptionError
+
+    def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
+        self.lm = require_causal_lm(adapter)
+        if spec is None:
+            raise OptionError(
+                "trace() follows one score per input; a generation has one per generated "
+                "token: trace a prefix of it with its next token as the target"
+            )
+        super().__init__(adapter, spec, request, tokenizer)
+        if request.target is not None:
+            raise OptionError(
+                "a generation explains the tokens it generated, so it takes no target; "
+                "leave target unset (or explain a prefix with Explainer.explain)"
+            )
+
+    @classmethod
+    def supports(cls, adapter: Adapter, spec: Method) -> bool:
+        return not spec.needs & LRP_NEEDS
+
+    @classmethod
+    def why_not(cls, spec: Method) -> str:
+        return (
+            "a generation is explained at every generated position from one forward, and an "
+            "LRP walk propagates one position's logit per pass"
+        )
+
+    def prepare(self, inputs: Any) -> None:
+        super().prepare(inputs)
+        mask = self.prepared.arguments["attention_mask"]
+        width = integer_option("prompt_length", self.request.prompt_length)
+        if not 0 < width < mask.shape[1]:
+            raise InputError(
+                f"prompt_length {width} leaves no prompt or no generated token in sequences "
+                f"of {mask.shape[1]} tokens; it is the padded prompts' width"
+            )
+        self.width = width
+        self.valid = mask[:, width:].bool()  # (B, G): a real generated token
+        self.positions = torch.arange(self.valid.shape[1], device=mask.device) + width - 1
+
+    def forward(self) -> Tensor:
+        """(B, G, vocab): the logits each generated token was chosen from."""
+        return self.lm.logits_at(self.prepared, self.positions.expand(self.valid.shape[0], -1))
+
+    def sink(self, column: int = 0) -> ColumnSink:
+        """Column `column`'s sink: read out at its position, blind to the tokens after it."""
+        (text,) = self.sets
+        at = self.positions[column]
+        layout = text.layout
+        assert layout.token_mask is not None  # a text layout masks its pads
+        seen = torch.arange(layout.token_mask.shape[1], device=at.device) <= at
+        column_set = replace(
+            text,
+            readout=self.lm.readout_at(self.prepared, at.expand(self.prepared.batch_size)),
+            layout=replace(layout, token_mask=layout.token_mask & seen),
+        )
+        return self._set_sinks([column_set])
+
+    def forward_sinks(self) -> list[ColumnSink]:
+        """One sink per generated position: each reads out at its own row."""
+        return [self.sink(column) for column in range(len(self.positions))]
+
+    def columns(self, output: Tensor) -> Columns:
+        batch, count = self.valid.shape
+        generated = self.prepared.arguments["input_ids"][:, self.width :]
+        scores = select_scores(output.flatten(0, 1), generated.flatten(), self.score)
+        # Past a continuation's end there is nothing to explain: no gradient flows there.
+        scores = scores.reshape(batch, count) * self.valid
+        return Columns(scores, generated.masked_fill(~self.valid, -1), output)
+
+    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
+        keep = self.valid[..., None].to(per_column[0]["text"].dtype)
+        return {
+            name: torch.stack([c[name] for c in per_column], dim=1) * keep for name in per_column[0]
+        }
+
+
 def _decoder_positions(position: Position, lengths: Tensor) -> tuple[Tensor, Tensor]:
     """(B, P) explained positions and (B, P) validity from each sample's decoder length."""
     batch = lengths.shape[0]
@@ -558,11 +683,11 @@ PLANS: dict[TokenSets | None, type[Plan]] = {
 
 def supported_methods(adapter: Adapter) -> list[str]:
     """The names of the methods that `adapter`'s model can be explained with."""
-    plan = PLANS[adapter.token_sets]
-    return [name for name, spec in sorted(METHODS.items()) if plan.supports(adapter, spec)]
+    return PLANS[adapter.token_sets].methods(adapter)
 
 
 def plan_for(adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any) -> Plan:
-    """The plan for `adapter`'s kind of model, with the request's method and options
-    checked against it."""
-    return PLANS[adapter.token_sets](adapter, spec, request, tokenizer)
+    """The plan for `adapter`'s kind of model (for a generation, when the request has a
+    `prompt_length`), with the request's method and options checked against it."""
+    kind = PLANS[adapter.token_sets] if request.prompt_length is None else GenerationPlan
+    return kind(adapter, spec, request, tokenizer)

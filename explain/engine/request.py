@@ -29,3 +29,9 @@ class Request:
     start_layer: StartLayer = None
     options: Mapping[str, Any] = field(default_factory=dict)
     attention_path: AttentionPath = "auto"
+    prompt_length: int | None = None
+    """A generation (explain.generation): the inputs are prompts of this padded width
+    followed by decoder-only language-model continuations, and every continuation token
+    is explained, each read out at the position before it (explain.engine.plans
+    `GenerationPlan`); the targets are the generated tokens themselves. None: any other
+    call."""

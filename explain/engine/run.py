@@ -5,7 +5,8 @@ shares its plan, so it resolves inputs and targets exactly as `explain` does. Wh
 method needs (`Need`) chooses the pass through the model:
 
 - attention only (or nothing): one forward under no_grad, no backward; a class-agnostic
-  map serves every target of an input;
+  map serves every target of an input (a generation's columns read out at different
+  positions: each has its own sink, all filled from the same forward);
 - attention gradients: one forward, then the backward of every score column, all
   columns in one vectorised backward, chunked to a memory budget
   (`Recorder.backward_batched`), each column into its own sink;
@@ -16,11 +17,12 @@ method needs (`Need`) chooses the pass through the model:
 
 Several targets per input are therefore always score columns of one forward; a dual
 encoder turns each explained (image, text) pair into a sample instead (its plan), so it
-has one column.
+has one column; a generation's columns are its generated positions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -35,6 +37,7 @@ from explain.fused import use_fused_path
 from explain.lrp import RULE_SETS, tape_for
 from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, Method, Need, get_method
+from explain.rules.fold import AttentionRows
 
 __all__ = ["explain", "trace"]
 
@@ -86,7 +89,7 @@ def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None
     num_layers = adapter.num_layers
     attentions: dict[int, Tensor] = {}
     with Recorder(adapter, track=range(num_layers), hidden_states=True, fused=fused) as recorder:
-        columns = plan.columns(adapter.forward(plan.prepared))
+        columns = plan.columns(plan.forward())
         if columns.scores.shape[1] != 1 or columns.classes.dim() != 1:
             raise TargetError("trace() explains one class per input; pass a (B,) target")
         recorder.backward(
@@ -131,22 +134,28 @@ PerColumn = list[dict[str, Tensor]]
 
 
 def _forward_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, PerColumn]:
-    """Class-agnostic methods: one forward under no_grad, no backward at all; the one map
-    serves every target."""
-    sink = plan.sink()
-    stream = fused and sink.takes_rows  # the blocks folded by rows after the forward
+    """Class-agnostic methods: one forward under no_grad, no backward at all; one map
+    serves every target, unless the plan gives each column its own sink."""
+    sinks = plan.forward_sinks()
+    # On the fused path the blocks are folded by rows after the forward.
+    stream = fused and all(sink.takes_rows for sink in sinks)
+
+    def add(layer: int, attention: Tensor) -> None:
+        for sink in sinks:
+            sink.add(layer, attention, None)
+
+    def add_rows(layer: int, chunks: Iterable[AttentionRows]) -> None:
+        for sink in sinks:
+            sink.add_rows(layer, chunks)
+
     with Recorder(
-        adapter,
-        on_attention=lambda layer, attention: sink.add(layer, attention, None),
-        differentiable=False,
-        fused=fused,
-        stream_forward=stream,
+        adapter, on_attention=add, differentiable=False, fused=fused, stream_forward=stream
     ) as recorder:
-        columns = plan.columns(adapter.forward(plan.prepared))
+        columns = plan.columns(plan.forward())
         if stream:
-            recorder.stream_attention(sink.add_rows)
-    result = plan.read(0, sink)
-    return columns, [result] * columns.scores.shape[1]
+            recorder.stream_attention(add_rows)
+    results = [plan.read(k, sink) for k, sink in enumerate(sinks)]
+    return columns, results if len(sinks) > 1 else results * columns.scores.shape[1]
 
 
 def _gradient_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, PerColumn]:
@@ -154,9 +163,9 @@ def _gradient_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, 
     chunked to the recorder's memory budget), folding blocks as their gradients arrive."""
     first = plan.sink()
     with Recorder(adapter, track=first.layers, fused=fused) as recorder:
-        columns = plan.columns(adapter.forward(plan.prepared))
+        columns = plan.columns(plan.forward())
         count = columns.scores.shape[1]
-        sinks = [first] + [plan.sink() for _ in range(count - 1)]
+        sinks = [first] + [plan.sink(k) for k in range(1, count)]
         # On the fused path, sinks that fold by rows get each block by chunks of query rows.
         stream = first.takes_rows
         if count == 1:
@@ -187,7 +196,7 @@ def _lrp_pass(adapter: Adapter, spec: Method, plan: Plan) -> tuple[Columns, PerC
     with Recorder(
         adapter, track=track, differentiable=bool(track), module_hooks=walk.hooks
     ) as recorder:
-        columns = plan.columns(adapter.forward(plan.prepared))
+        columns = plan.columns(plan.forward())
         if columns.custom:
             raise TargetError(
                 f"method {spec.name!r} propagates relevance from a class logit; give the "
@@ -208,7 +217,7 @@ def _lrp_pass(adapter: Adapter, spec: Method, plan: Plan) -> tuple[Columns, PerC
         classes = columns.classes if columns.classes.dim() == 2 else columns.classes[:, None]
         per_column = []
         for k in range(count):
-            sink = first if k == 0 else plan.sink()
+            sink = first if k == 0 else plan.sink(k)
 
             def deliver(layer: int, relevance: Tensor, sink: Any = sink, k: int = k) -> None:
                 if layer in sink.layers:
