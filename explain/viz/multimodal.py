@@ -180,7 +180,7 @@ def relevance_matrix_figure(
     top = 0.35 + 0.075 * max(len(t) for t in source_tokens)
     left = 0.5 + 0.075 * max(len(t) for t in target_tokens)
     panel_w, panel_h = cell * len(source_tokens), cell * len(target_tokens)
-    width, height = left + panel_w + 0.9, top + panel_h + 0.2
+    width, height = left + panel_w + 1.1, top + panel_h + 0.2
     figure = Figure(figsize=(width, height))
     axis = figure.add_axes((left / width, 0.2 / height, panel_w / width, panel_h / height))
     image = axis.imshow(values, cmap=cmap, aspect="auto", vmin=0.0 if normalize_rows else None)
@@ -188,8 +188,12 @@ def relevance_matrix_figure(
     axis.set_yticks(range(len(target_tokens)), target_tokens, fontsize=8)
     axis.xaxis.tick_top()
     axis.set_ylabel("explained token", fontsize=8)
-    bar = figure.add_axes(((width - 0.75) / width, 0.2 / height, 0.12 / width, panel_h / height))
-    figure.colorbar(image, cax=bar).ax.tick_params(labelsize=7)
+    bar = figure.add_axes(((width - 0.95) / width, 0.2 / height, 0.12 / width, panel_h / height))
+    colour_bar = figure.colorbar(image, cax=bar)
+    colour_bar.ax.tick_params(labelsize=7)
+    # The figure's one scaling rule, stated on it.
+    rule = "each row scaled to its own max" if normalize_rows else "relevance (one scale)"
+    colour_bar.set_label(rule, fontsize=7)
     for text in axis.get_xticklabels() + axis.get_yticklabels():
         text.set_parse_math(False)
     return figure
