@@ -12,6 +12,7 @@ from explain.errors import OptionError, TargetError
 from explain.explanation import Explanation, Trace
 from explain.fused import ATTENTION_PATHS, AttentionPath, use_fused_path
 from explain.lrp import explain_with_lrp
+from explain.lrp.attnlrp_run import explain_with_gradient_rules
 from explain.recorder import Recorder
 from explain.rules import Method, RuleContext, Sink, get_method
 from explain.targets import Score, Target, check_score, resolve_targets, select_scores
@@ -88,6 +89,10 @@ class Explainer:
         )
         if spec.lrp_rules is not None:  # relevance propagation (explain.lrp)
             logits, classes, token_relevance = explain_with_lrp(
+                self.adapter, spec, context, options, sink, prepared, target, score
+            )
+        elif spec.gradient_rules is not None:  # AttnLRP, CP-LRP (explain.lrp.attnlrp)
+            logits, classes, token_relevance = explain_with_gradient_rules(
                 self.adapter, spec, context, options, sink, prepared, target, score
             )
         elif spec.needs_gradients:

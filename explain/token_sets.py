@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 import torch
 from torch import Tensor
 
-from explain.errors import InputError, OptionError, TargetError
+from explain.errors import InputError, OptionError, TargetError, UnsupportedModelError
 from explain.explanation import Explanation
 from explain.recorder import Recorder
 from explain.rules import RuleContext, Sink, get_method
@@ -57,6 +57,11 @@ def explain_token_sets(
 ) -> Explanation:
     """Dispatch on the adapter's kind of token sets."""
     adapter = explainer.adapter
+    if get_method(method).gradient_rules is not None:
+        raise UnsupportedModelError(
+            f"method {method!r} has no rules for {adapter.family} yet; use generic, "
+            "attention_gradcam, rollout, raw_attention or random"
+        )
     if adapter.token_sets == "dual_encoder":
         return explain_dual_encoder(
             adapter, inputs, target, method, score, start_layer, options, explainer.tokenizer

@@ -74,6 +74,10 @@ class Method:
     lrp_rules: str | None = None
     """LRP methods: the explain.lrp rule set whose relevance pass feeds the sink (each
     block's attention relevance in place of its attention); None for all other methods."""
+    gradient_rules: str | None = None
+    """Gradient x Input methods with modified gradients (explain.lrp.attnlrp: "attnlrp",
+    "cp_lrp"): the rule set the model runs under for the call; the sink receives the
+    relevance of the input tokens through `add_input`. None for all other methods."""
 
     def sink(self, context: RuleContext, options: dict[str, Any]) -> Sink:
         try:
@@ -94,11 +98,13 @@ def register_method(
     class_specific: bool,
     default_start_layer: Callable[[int, str], int] | None = None,
     lrp_rules: str | None = None,
+    gradient_rules: str | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator: register `builder(context, **options) -> Sink` under `name`.
 
     Methods that aggregate over blocks pass `default_start_layer`; the others reject a
-    `start_layer` argument. LRP methods name their rule set in `lrp_rules`.
+    `start_layer` argument. LRP methods name their rule set in `lrp_rules`, Gradient x
+    Input methods with modified gradients theirs in `gradient_rules`.
 
     The builder's docstring's first line becomes the method's summary.
     """
@@ -113,6 +119,7 @@ def register_method(
             summary=summary,
             default_start_layer=default_start_layer,
             lrp_rules=lrp_rules,
+            gradient_rules=gradient_rules,
         )
         return builder
 

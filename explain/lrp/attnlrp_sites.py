@@ -1,0 +1,134 @@
+"""Where AttnLRP and CP-LRP attach in each model family (explain.lrp.attnlrp's RuleSites).
+
+Normalisations and activation modules are found by type; what this file names is what
+types cannot tell: the module whose output is the explained input (word or patch
+embeddings), the projections that produce q, k and v, and the gated units.
+
+- timm ViT: one fused `qkv` projection per block, whose output channels are q, k, v in
+  that order; relevance at the patch-embedding output; Mlp (act), SwiGLU (act gates
+  fc1_x) and GluMlp (act of fc1's second half gates its first half).
+- Hugging Face (BERT family, GPT-2, decoder-only LMs): the attention module of every
+  block has its projections as children, found by name: query/key/value (BERT, RoBERTa,
+  ALBERT, ELECTRA), q_lin/k_lin/v_lin (DistilBERT), q_proj/k_proj/v_proj (Llama, Qwen,
+  Gemma, ...), or a fused c_attn (GPT-2); gated MLPs have gate_proj, up_proj, act_fn;
+  relevance at `get_input_embeddings()`'s output (scaled embeddings included, as in Gemma).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from explain.architectures.base import Adapter
+from explain.architectures.hf_common import HuggingFaceAdapter
+from explain.architectures.timm_vit import TimmVisionTransformer
+from explain.errors import UnsupportedModelError
+from explain.lrp.attnlrp import Gate, Projection, RuleSites
+
+__all__ = ["rule_sites"]
+
+_SEPARATE_PROJECTIONS = (
+    ("query", "key", "value"),
+    ("q_lin", "k_lin", "v_lin"),
+    ("q_proj", "k_proj", "v_proj"),
+)
+
+
+def rule_sites(adapter: Adapter) -> RuleSites:
+    """The RuleSites of `adapter`'s model, or UnsupportedModelError naming what is missing."""
+    if isinstance(adapter, TimmVisionTransformer):
+        return _timm_sites(adapter)
+    if isinstance(adapter, HuggingFaceAdapter) and adapter.token_sets is None:
+        return _hf_sites(adapter)
+    raise UnsupportedModelError(
+        f"attnlrp and cp_lrp have no rules for {adapter.family}; they cover timm "
+        "VisionTransformer models and Hugging Face text models with one token sequence "
+        "(use 'generic' for this model)"
+    )
+
+
+def _timm_sites(adapter: TimmVisionTransformer) -> RuleSites:
+    queries_keys, values, gates = [], [], []
+    for index, block in enumerate(adapter.blocks):
+        attn = block.attn
+        qkv = getattr(attn, "qkv", None)
+        if not isinstance(qkv, nn.Linear):
+            raise UnsupportedModelError(
+                f"block {index}: attnlrp/cp_lrp need timm's Attention with a fused qkv "
+                f"projection, found {type(attn).__name__}"
+            )
+        width = attn.num_heads * attn.head_dim
+        queries_keys.append(Projection(qkv, slice(0, 2 * width)))
+        values.append(Projection(qkv, slice(2 * width, 3 * width)))
+        gates += _timm_gates(index, block.mlp)
+    return RuleSites(
+        embedding=adapter.model.patch_embed, queries_keys=queries_keys, values=values, gates=gates
+    )
+
+
+def _timm_gates(index: int, mlp: nn.Module) -> list[Gate]:
+    kind = type(mlp).__name__
+    if kind == "Mlp":
+        return []  # act is an ordinary element-wise activation
+    if kind == "SwiGLU":
+        return [Gate(mlp.act, Projection(mlp.fc1_x))]
+    if kind == "GluMlp":
+        half = mlp.fc1.out_features // 2
+        return [Gate(mlp.act, Projection(mlp.fc1, slice(0, half)))]
+    raise UnsupportedModelError(
+        f"block {index}: attnlrp/cp_lrp know timm's Mlp, SwiGLU and GluMlp, not {kind}"
+    )
+
+
+def _hf_sites(adapter: HuggingFaceAdapter) -> RuleSites:
+    queries_keys, values = [], []
+    seen: set[int] = set()
+    for site in adapter.attention_sites():
+        attention = site.module
+        if id(attention) in seen:  # ALBERT: one shared layer serves every block
+            continue
+        seen.add(id(attention))
+        q, k, v = _projections(site.layer, attention)
+        queries_keys += [q, k]
+        values.append(v)
+    gates = [
+        Gate(module.act_fn, Projection(module.up_proj))
+        for module in adapter.model.modules()
+        if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "act_fn"))
+    ]
+    embedding = adapter.model.get_input_embeddings()
+    return RuleSites(
+        embedding=embedding,
+        queries_keys=queries_keys,
+        values=values,
+        gates=gates,
+        tanh_inputs=_functional_tanh_heads(adapter.model),
+    )
+
+
+def _projections(layer: int, attention: nn.Module) -> tuple[Projection, Projection, Projection]:
+    for names in _SEPARATE_PROJECTIONS:
+        modules = [getattr(attention, name, None) for name in names]
+        if all(isinstance(module, nn.Module) for module in modules):
+            return Projection(modules[0]), Projection(modules[1]), Projection(modules[2])
+    fused = getattr(attention, "c_attn", None)  # GPT-2: q, k, v side by side
+    if isinstance(fused, nn.Module) and hasattr(attention, "split_size"):
+        width = attention.split_size
+        return (
+            Projection(fused, slice(0, width)),
+            Projection(fused, slice(width, 2 * width)),
+            Projection(fused, slice(2 * width, 3 * width)),
+        )
+    raise UnsupportedModelError(
+        f"block {layer}: attnlrp/cp_lrp found no query, key and value projections in "
+        f"{type(attention).__name__}"
+    )
+
+
+def _functional_tanh_heads(model: nn.Module) -> list[nn.Module]:
+    """Classification heads that call torch.tanh on their dense layer's output (RoBERTa and
+    XLM-R's `...ClassificationHead`): that dense layer."""
+    return [
+        module.dense
+        for module in model.modules()
+        if type(module).__name__ in ("RobertaClassificationHead", "XLMRobertaClassificationHead")
+    ]
