@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # torch and torchvision pinned to the builds this project is tested with.
 TORCH := torch==2.14.1 torchvision==0.29.1
 
-.PHONY: demo test lint format bench zoo results clean
+.PHONY: demo test lab lint format bench zoo results clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: $(STAMP)
 	$(BIN)/ruff check explain tests scripts
 	$(BIN)/ruff format --check explain tests scripts
 	$(BIN)/python -m pytest -q
+
+# JupyterLab on the notebooks, from .venv (no activation needed); installs the extra once.
+lab: $(STAMP)
+	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/pip install --quiet -e '.[notebooks]'
+	$(BIN)/jupyter lab notebooks/
 
 lint: $(STAMP)
 	$(BIN)/ruff check explain tests scripts

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -9,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from explain.errors import ExplainError
+from explain.errors import ExplainError, OptionError
+from explain.finite import check_finite
 
 __all__ = ["Explanation", "Trace", "normalize_per_sample"]
 
@@ -24,6 +26,23 @@ def normalize_per_sample(maps: Tensor, sample_dims: int) -> Tensor:
     span = flat.amax(dim=-1, keepdim=True) - low
     scaled = torch.where(span > 0, (flat - low) / span.clamp(min=torch.finfo(flat.dtype).tiny), 0.0)
     return scaled.reshape(maps.shape)
+
+
+def _heatmap_size(size: object) -> tuple[int, int]:
+    """A heatmap size as (H, W) of positive ints: one int for a square, or a pair."""
+    pair = (size, size) if not isinstance(size, tuple | list) else tuple(size)
+    if len(pair) == 2 and not any(isinstance(v, bool) for v in pair):
+        try:
+            height, width = (operator.index(v) for v in pair)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+        else:
+            if height > 0 and width > 0:
+                return height, width
+    raise OptionError(
+        f"heatmap size must be a positive int or a (height, width) pair of positive ints, "
+        f"got {size!r}"
+    )
 
 
 @dataclass(frozen=True)
@@ -53,14 +72,24 @@ class Explanation:
     relevances: Mapping[str, Tensor] = field(default_factory=dict)
     tokens: list[list[str]] | None = None
 
+    def __post_init__(self) -> None:
+        # Refused here, where every runner's result passes, so that no NaN is ever drawn
+        # (min-max normalisation would hide it as zeros, a colour scale show it as red).
+        for relevance in (self.relevance, *self.relevances.values()):
+            check_finite(
+                relevance,
+                f"the {self.method} relevance",
+                "the method's arithmetic overflowed for these inputs; explain them with a "
+                "float32 (or float64) model, or with another method",
+                error=ExplainError,
+            )
+
     def heatmap(self, size: tuple[int, int] | int | None = None) -> Tensor:
         """Relevance upsampled bilinearly to `size` (default: the input size) and min-max
         normalised per map to [0, 1]; shape (B, H, W), or (B, K, H, W)."""
         if self.input_size is None:
             raise ExplainError("heatmap() is for image explanations; text relevance is per token")
-        if isinstance(size, int):
-            size = (size, size)
-        size = size or self.input_size
+        size = self.input_size if size is None else _heatmap_size(size)
         maps = self.relevance.float() if self.relevance.dtype != torch.float64 else self.relevance
         lead = maps.shape[:-2]
         grid = maps.reshape(-1, 1, *maps.shape[-2:])

@@ -23,47 +23,18 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from torch import nn
 
 from explain.errors import ModelLoadError
+from explain.loaded_model import LoadedModel
 
 __all__ = ["ZOO_PREFIX", "LoadedModel", "load_model"]
 
 ZOO_PREFIX = "zoo:"
 _WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
-
-
-@dataclass(frozen=True)
-class LoadedModel:
-    """A model in eval mode with what it takes to feed it and to name its outputs.
-
-    Attributes:
-        name: the spec it was loaded from.
-        model: the torch module, in eval mode.
-        modality: what `Explainer.explain` takes as inputs: "image", "text", or
-            "image_text" for dual encoders such as CLIP (images and texts together).
-        classes: the name of each output, in logit order (None when unknown).
-        image_size: (H, W) the model takes (image models).
-        mean, std: per-channel normalisation of [0, 1] pixels (image models).
-        tokenizer: a Hugging Face tokenizer (text models).
-        multi_label: True when each logit is an independent yes/no (sigmoid) decision.
-        card: the model card, when there is one.
-    """
-
-    name: str
-    model: nn.Module
-    modality: Literal["image", "text", "image_text"]
-    classes: tuple[str, ...] | None = None
-    image_size: tuple[int, int] | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
-    tokenizer: Any = None
-    multi_label: bool = False
-    card: Path | None = None
 
 
 def load_model(

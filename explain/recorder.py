@@ -9,6 +9,14 @@ the call succeeded or not, every hook is removed and every flag, mode and
 `requires_grad` is put back. The global RNG state is forked so that nothing the model
 does inside the call can change the random numbers training will draw next.
 
+Threads: calls on one model are serialised. A recorder holds its model's lock from entry
+to exit, so two threads explaining the same model (through one Explainer or several) take
+turns and each saves and restores the state the user left, never the other call's. The
+locks live in a weak table outside the model: no attribute is written onto the user's
+modules, and a model's lock goes when the model does. Entering a recorder for a model the
+same thread is already explaining (an `explain` inside a target callable) is refused:
+explanations cannot be nested.
+
 Memory: an attention map kept for its gradient is released as soon as its gradient has
 been delivered, so the backward pass never holds more than autograd itself does.
 """
@@ -16,6 +24,8 @@ been delivered, so the backward pass never holds more than autograd itself does.
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
@@ -24,7 +34,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from explain.architectures.base import Adapter, FusedPath
-from explain.errors import ExplainError
+from explain.errors import ExplainError, TargetError
 from explain.fused import FusedBlock
 
 __all__ = [
@@ -48,10 +58,52 @@ or -> a replacement output equal in value whose gradient follows a rule (explain
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
 
+_SCORE_WITHOUT_GRAPH = (
+    "the explained score does not depend on the model's attention: a target callable's "
+    "scores must be computed from the model output it receives (not detached, not from "
+    ".item() or a tensor made elsewhere)"
+)
+
 BATCHED_GRADIENT_BYTES = 1 << 30
 """Memory bound of one batched backward over several targets: every tracked tensor's
 gradient is held for all targets of a chunk at once, so targets are taken in chunks whose
 gradients fit in this many bytes (at least one target per chunk)."""
+
+
+class _ModelLock:
+    """A lock that knows which thread holds it, so that re-entry by that thread is an
+    error (a nested explanation) instead of a deadlock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    def acquire(self) -> None:
+        if self._owner == threading.get_ident():
+            raise ExplainError(
+                "explanations cannot be nested: this thread is already explaining this model "
+                "(was explain called inside a target callable?); compute what the target "
+                "needs before the call, or explain a separate copy of the model"
+            )
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+
+_MODEL_LOCKS: weakref.WeakKeyDictionary[nn.Module, _ModelLock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def _lock_of(model: nn.Module) -> _ModelLock:
+    """The lock that serialises every recorded call on `model` (made on first use)."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = _ModelLock()
+        return lock
 
 
 class Recorder(contextlib.AbstractContextManager["Recorder"]):
@@ -113,6 +165,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self._restore: list[Callable[[], None]] = []
         self._stack = contextlib.ExitStack()
         self._active = False
+        self._lock: _ModelLock | None = None
 
     # -- context ---------------------------------------------------------------------------
 
@@ -124,6 +177,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             )
         if self._active:
             raise ExplainError("a Recorder cannot be entered twice")
+        lock = _lock_of(self.model)
+        lock.acquire()  # other threads' calls on this model wait; this thread's nesting fails
+        self._lock = lock
         self._active = True
         try:
             self._fork_rng()
@@ -141,16 +197,21 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self._undo()
 
     def _undo(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        while self._restore:
-            self._restore.pop()()
-        self.attentions.clear()
-        self._fused_blocks.clear()
-        self._fused_outputs.clear()
-        self._stack.close()
-        self._active = False
+        try:
+            for handle in self._handles:
+                handle.remove()
+            self._handles.clear()
+            while self._restore:
+                self._restore.pop()()
+            self.attentions.clear()
+            self._fused_blocks.clear()
+            self._fused_outputs.clear()
+            self._stack.close()
+        finally:
+            self._active = False
+            if self._lock is not None:  # last: the next call finds everything restored
+                self._lock.release()
+                self._lock = None
 
     def _fork_rng(self) -> None:
         devices = sorted(
@@ -341,6 +402,8 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         earliest = self._earliest_tracked()
         if not earliest:
             raise ExplainError("nothing with a gradient was recorded in the forward pass")
+        if not score.requires_grad:
+            raise TargetError(_SCORE_WITHOUT_GRAPH)
         delivered: set[int] = set()
 
         def deliver(layer: int, attention: Tensor, grad: Tensor) -> None:
@@ -355,9 +418,13 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self.attention_grads.clear()
         self.hidden_state_grads.clear()
         try:
-            torch.autograd.grad(score, inputs=earliest, retain_graph=retain_graph)
+            grads = torch.autograd.grad(
+                score, inputs=earliest, retain_graph=retain_graph, allow_unused=True
+            )
         finally:
             self._on_gradient = None
+        if all(grad is None for grad in grads):
+            raise TargetError(_SCORE_WITHOUT_GRAPH)
         if delivered != self._track:
             raise ExplainError(
                 f"no gradient reached the attention of layers {sorted(self._track - delivered)}"

@@ -14,11 +14,25 @@ import torch
 from torch import Tensor
 
 from explain.errors import TargetError
+from explain.finite import check_finite
 
-__all__ = ["SCORES", "Score", "Target", "resolve_targets", "select_scores"]
+__all__ = [
+    "SCORES",
+    "Score",
+    "Target",
+    "check_score",
+    "require_explicit_target",
+    "resolve_targets",
+    "select_scores",
+]
 
 Score = Literal["logit", "probability", "log_probability"]
 SCORES: tuple[str, ...] = ("logit", "probability", "log_probability")
+
+_NONFINITE_ADVICE = (
+    "there is nothing to explain: check that these inputs are normalised as the model "
+    "expects (too large values overflow the model's dtype) and that its weights are finite"
+)
 
 Target = Union[None, int, Sequence[int], Tensor, Callable[[Tensor], Tensor]]
 """None (the predicted class), an int, B ints, a (B,) or (B, K) tensor, or a callable.
@@ -35,6 +49,7 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
     Exactly one of the two is not None.
     """
     batch, num_classes = output.shape[0], output.shape[-1]
+    check_finite(output, "the model's output", _NONFINITE_ADVICE)
     if callable(target) and not isinstance(target, Tensor):
         chosen = target(output)
         if not isinstance(chosen, Tensor):
@@ -47,6 +62,7 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
                     f"a target callable that returns scores must return shape ({batch},), "
                     f"got {tuple(chosen.shape)}"
                 )
+            check_finite(chosen, "the score the target callable returned", _NONFINITE_ADVICE)
             return None, chosen
         target = chosen
     if target is None:
@@ -82,6 +98,17 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
     return classes, None
 
 
+def require_explicit_target(
+    target: Target, feature_output: str | None, class_specific: bool = True
+) -> None:
+    """Refuse the default target (None, "the predicted class") for a model whose output
+    holds features, not class scores (`Adapter.feature_output` says what it holds and what
+    to do instead): its largest feature is no prediction. An explicit target (a feature
+    index or a callable) is explained; class-agnostic methods ignore the target anyway."""
+    if target is None and feature_output is not None and class_specific:
+        raise TargetError(feature_output)
+
+
 def select_scores(output: Tensor, classes: Tensor, score: Score) -> Tensor:
     """The differentiated quantity per sample and class: shape of `classes`."""
     if score == "logit":
@@ -94,6 +121,7 @@ def select_scores(output: Tensor, classes: Tensor, score: Score) -> Tensor:
         raise TargetError(f"score must be one of {', '.join(SCORES)}; got {score!r}")
     index = classes if classes.dim() == 2 else classes[:, None]
     picked = values.gather(-1, index)
+    check_finite(picked, f"the {score} of the target class", _NONFINITE_ADVICE)
     return picked if classes.dim() == 2 else picked[:, 0]
 
 

@@ -1,5 +1,6 @@
-"""Text explanations in words: tokenizing checked text, naming tokens, adding sub-tokens up
-to words, and explaining the similarity of two texts under a sentence encoder.
+"""Text explanations in words: adding sub-tokens up to words, and explaining the
+similarity of two texts under a sentence encoder (tokenizing lives in explain.tokens and
+is re-exported here).
 
 Word pieces are grouped into words by the tokenizers' own markers, so that no
 re-tokenization is needed: WordPiece marks a continuation with a leading "##", byte-level
@@ -11,23 +12,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from explain.api import Explainer
 from explain.errors import InputError, OptionError, UnsupportedModelError
+from explain.explanation import Explanation
 from explain.rules import get_method
-
-if TYPE_CHECKING:
-    from explain.api import Explainer
-    from explain.explanation import Explanation
+from explain.tokens import checked_texts, encode, is_raw_text, token_strings
 
 __all__ = [
     "SimilarityExplanation",
     "Word",
     "aligned_cosine",
+    "checked_texts",
     "encode",
+    "is_raw_text",
     "similarity",
     "token_strings",
     "word_relevance",
@@ -36,38 +38,6 @@ __all__ = [
 
 Reduce = Literal["sum", "max"]
 _WORD_START = ("Ġ", "▁")
-
-
-def is_raw_text(inputs: object) -> bool:
-    """A string, or a non-empty sequence of strings."""
-    return isinstance(inputs, str) or (
-        isinstance(inputs, Sequence)
-        and len(inputs) > 0
-        and all(isinstance(text, str) for text in inputs)
-    )
-
-
-def encode(tokenizer: Any, texts: str | Sequence[str]) -> Any:
-    """Tokenize `texts` into a padded batch for `Explainer.explain`.
-
-    Empty or blank texts are refused (there is nothing to explain), and nothing is
-    truncated silently: a text longer than the model takes is refused when explained.
-    """
-    batch = [texts] if isinstance(texts, str) else list(texts)
-    if not batch:
-        raise InputError("no texts given")
-    for index, text in enumerate(batch):
-        if not isinstance(text, str):
-            raise InputError(f"text {index} is a {type(text).__name__}, not a string")
-        if not text.strip():
-            raise InputError(f"text {index} is empty: there is nothing to explain")
-    return tokenizer(batch, padding=True, truncation=False, return_tensors="pt")
-
-
-def token_strings(tokenizer: Any, input_ids: Tensor) -> list[list[str]]:
-    """Per text, the token string at every position (padding included), aligned with the
-    relevance."""
-    return [tokenizer.convert_ids_to_tokens(row.tolist()) for row in input_ids.cpu()]
 
 
 @dataclass(frozen=True)
@@ -202,7 +172,7 @@ def similarity(
             maps (words shared in meaning stand out, function words stay near 0).
         start_layer: as in `Explainer.explain`.
     """
-    if not getattr(explainer.adapter, "pooled_by_mean", False):
+    if not explainer.adapter.pooled_by_mean:
         raise UnsupportedModelError(
             "similarity() explains a sentence encoder: pass a bare encoder (e.g. BertModel "
             f"or AutoModel), not {type(explainer.model).__name__}"

@@ -31,7 +31,7 @@ from torch import nn
 
 from explain.errors import ModelLoadError
 from explain.io import atomic_write
-from explain.loading import LoadedModel
+from explain.loaded_model import LoadedModel
 
 __all__ = [
     "ZOO",
@@ -91,9 +91,14 @@ ZOO: dict[str, ZooEntry] = {
 
 
 def zoo_root() -> Path:
-    """The folder holding the zoo: $EXPLAIN_ZOO if set, else the repository's `models/`."""
+    """The folder holding the zoo: $EXPLAIN_ZOO if set; else `explain/_zoo/`, where an
+    installed wheel carries it (setup.py packs the repository's `models/` there); else the
+    repository's `models/` (a checkout, or an editable install)."""
     override = os.environ.get("EXPLAIN_ZOO")
-    return Path(override) if override else Path(__file__).resolve().parents[1] / "models"
+    if override:
+        return Path(override)
+    packaged = Path(__file__).resolve().parent / "_zoo"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "models"
 
 
 def sha256(path: Path) -> str:

@@ -15,7 +15,8 @@ import torch
 from conftest import VIT_CONFIGS
 from reference_hf import IMAGE_SIZE, padded_batch, tiny_image_model, tiny_text_model
 
-from explain import METHODS, Explainer, UnsupportedModelError
+from explain import METHODS, Explainer, ExplainError
+from explain.rules import Need
 from explain.testing import ModelState, tiny_vit
 
 VARIANTS = ["attnlrp", "cp_lrp"]
@@ -168,10 +169,11 @@ def test_every_bert_family_batch_equals_single(name, variant):
     model = tiny_text_model(name)
     before = ModelState.capture(model)
     explainer = Explainer(model)
-    batch = explainer.explain(padded_batch(TEXTS), method=variant)
-    for b, text in enumerate(TEXTS):
+    targets = [2, 0, 1]  # classes, or features of a mean-pooled encoder's embedding
+    batch = explainer.explain(padded_batch(TEXTS), method=variant, target=targets)
+    for b, (text, target) in enumerate(zip(TEXTS, targets, strict=True)):
         alone = explainer.explain(
-            {"input_ids": torch.tensor([text])}, method=variant, target=int(batch.target[b])
+            {"input_ids": torch.tensor([text])}, method=variant, target=target
         )
         torch.testing.assert_close(
             batch.relevance[b, : len(text)], alone.relevance[0], rtol=1e-4, atol=1e-6
@@ -195,6 +197,7 @@ def test_registered_with_their_papers():
     for name in VARIANTS:
         spec = METHODS[name]
         assert spec.class_specific and spec.needs_gradients and spec.gradient_rules == name
+        assert spec.needs == {Need.EMBEDDING_GRADIENTS}
     assert "Achtibat" in METHODS["attnlrp"].summary and "Ali" in METHODS["cp_lrp"].summary
 
 
@@ -210,7 +213,7 @@ def test_two_token_set_models_are_refused_with_advice():
     )  # fmt: skip
     model = tf.CLIPModel(config).eval()
     inputs = {"pixel_values": torch.randn(1, 3, 8, 8), "input_ids": torch.tensor([[1, 2, 3]])}
-    with pytest.raises(UnsupportedModelError, match="use generic"):
+    with pytest.raises(ExplainError, match=r"not available for .*supported methods: .*generic"):
         Explainer(model).explain(inputs, method="attnlrp")
 
 

@@ -16,7 +16,7 @@ from explain import (
     UnsupportedModelError,
     explain,
 )
-from explain.testing import tiny_vit
+from explain.testing import tiny_case, tiny_vit
 
 
 def test_unsupported_model_names_the_families():
@@ -94,7 +94,8 @@ def test_unknown_score(vit, images):
         (dict(method="raw_attention", start_layer=0), OptionError, "takes no start_layer"),
         (dict(method="rollout", head_fusion="median"), OptionError, "head_fusion"),
         (dict(method="rollout", discard_ratio=1.0), OptionError, "discard_ratio"),
-        (dict(method="generic", alpha=2), TypeError, "unexpected keyword"),
+        (dict(method="generic", alpha=2), OptionError, "'generic' has no option 'alpha'; it"),
+        (dict(method="rollout", foo=1), OptionError, r"head_fusion='mean', discard_ratio=0\.0"),
     ],
 )
 def test_bad_options(vit, images, kwargs, error, message):
@@ -102,11 +103,72 @@ def test_bad_options(vit, images, kwargs, error, message):
         Explainer(vit).explain(images, **kwargs)
 
 
-def test_all_errors_share_one_family():
-    for error in (InputError, TargetError, OptionError, UnknownMethodError, UnsupportedModelError):
-        assert issubclass(error, ExplainError)
+BAD_CALLS = {
+    # what is wrong -> (the call, the error it must raise)
+    "a model of no supported family": (
+        lambda vit, images: Explainer(nn.Sequential(nn.Linear(3, 3))),
+        UnsupportedModelError,
+    ),
+    "a wrong image size": (
+        lambda vit, images: Explainer(vit).explain(torch.randn(1, 3, 48, 48)),
+        InputError,
+    ),
+    "NaN pixels": (
+        lambda vit, images: Explainer(vit).explain(torch.full((1, 3, 32, 32), float("nan"))),
+        InputError,
+    ),
+    "a target out of range": (lambda vit, images: Explainer(vit).explain(images, 99), TargetError),
+    "an unknown score": (
+        lambda vit, images: Explainer(vit).explain(images, score="odds"),
+        TargetError,
+    ),
+    "an unknown method": (
+        lambda vit, images: Explainer(vit).explain(images, method="gradcam++"),
+        UnknownMethodError,
+    ),
+    "a bad option value": (
+        lambda vit, images: Explainer(vit).explain(images, method="rollout", head_fusion="x"),
+        OptionError,
+    ),
+    "an unknown attention path": (
+        lambda vit, images: Explainer(vit, attention_path="fast"),  # type: ignore[arg-type]
+        OptionError,
+    ),
+    "LRP on the fused path": (
+        lambda vit, images: Explainer(vit, attention_path="fused").explain(images, method="lrp"),
+        OptionError,
+    ),
+    "several targets per input in trace": (
+        lambda vit, images: Explainer(vit).trace(images, target=torch.tensor([[0, 1], [1, 0]])),
+        TargetError,
+    ),
+}
 
 
-def test_one_shot_function(vit, images):
-    result = explain(vit, images, method="rollout")
-    assert result.method == "rollout" and result.relevance.shape == (2, 4, 4)
+@pytest.mark.parametrize("wrong", sorted(BAD_CALLS))
+def test_every_bad_call_raises_an_explain_error_that_says_what_is_wrong(vit, images, wrong):
+    call, expected = BAD_CALLS[wrong]
+    with pytest.raises(Exception) as raised:  # any class: checked below
+        call(vit, images)
+    assert isinstance(raised.value, ExplainError), f"{type(raised.value).__name__}: {wrong}"
+    assert isinstance(raised.value, expected)
+    assert len(str(raised.value).split()) >= 5, f"a terse message for {wrong}: {raised.value}"
+
+
+def test_one_shot_function_equals_the_explainer(vit, images):
+    options = dict(method="rollout", target=[1, 0], start_layer=1, head_fusion="max")
+    result = explain(vit, images, **options)
+    expected = Explainer(vit).explain(images, **options)
+    torch.testing.assert_close(result.relevance, expected.relevance, rtol=0, atol=0)
+    assert result.method == "rollout" and result.target.tolist() == [1, 0]
+
+
+def test_one_shot_function_passes_the_tokenizer_on():
+    case = tiny_case("hf_text_encoder")
+
+    class Names:
+        def convert_ids_to_tokens(self, ids):
+            return [f"t{i}" for i in ids]
+
+    result = explain(case.model, case.batch, tokenizer=Names())
+    assert result.tokens == [[f"t{i}" for i in row] for row in case.batch["input_ids"].tolist()]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -156,13 +158,24 @@ def test_no_grad_context_and_input_requiring_grad(vit, images):
     assert leaf.grad is None
 
 
-def test_bfloat16_model_runs():
+def test_bfloat16_model_matches_its_float32_twin():
+    """A bfloat16 model explains what the same weights in float32 explain, up to bfloat16
+    rounding (the rules themselves run in float32). Measured: at most 2.5e-2 of the map's
+    maximum (partial LRP), under 1e-2 for the others; full LRP's original rules amplify
+    the rounding to the whole map's scale (0.9), so it is held to its shape only."""
     model = tiny_vit().to(torch.bfloat16)
-    images = torch.randn(2, 3, 32, 32)
+    twin = copy.deepcopy(model).float()
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     for method in METHODS:
         result = Explainer(model).explain(images, method=method)
-        assert torch.isfinite(result.relevance.float()).all()
-        assert result.relevance.shape == (2, 4, 4)
+        expected = Explainer(twin).explain(images, method=method)
+        assert result.relevance.dtype == torch.float32
+        assert result.target.tolist() == expected.target.tolist()
+        if method == "lrp":
+            assert result.relevance.shape == expected.relevance.shape == (2, 32, 32)
+            continue
+        scale = expected.relevance.abs().max().item()
+        torch.testing.assert_close(result.relevance, expected.relevance, rtol=0, atol=0.05 * scale)
 
 
 def test_heatmap(vit, images):

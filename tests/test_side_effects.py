@@ -90,11 +90,14 @@ def test_inference_mode_is_refused_cleanly(vit, images):
     assert before.differences(ModelState.capture(vit)) == []
 
 
-def test_inference_tensors_are_accepted(vit):
+def test_inference_tensors_are_explained_like_ordinary_ones(vit, images):
     with torch.inference_mode():
-        images = torch.randn(1, 3, 32, 32)
-    result = Explainer(vit).explain(images)
-    assert torch.isfinite(result.relevance).all()
+        frozen = images.clone()
+    assert frozen.is_inference()
+    result = Explainer(vit).explain(frozen)
+    expected = Explainer(vit).explain(images)
+    torch.testing.assert_close(result.relevance, expected.relevance, rtol=0, atol=0)
+    assert result.target.tolist() == expected.target.tolist()
 
 
 def test_global_rng_untouched_by_random_method(vit, images):

@@ -3,6 +3,7 @@ clear errors for missing or corrupted files."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -59,14 +60,20 @@ def test_every_zoo_model_has_card_config_and_weights():
     assert total < 20e6, f"the zoo weighs {total / 1e6:.1f} MB"
 
 
+@functools.cache
+def measured_accuracy(name: str) -> float:
+    """The model's held-out accuracy on SUBSET[name] examples, measured once per run."""
+    return heldout_accuracy(name, SUBSET[name]).accuracy
+
+
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_zoo_model_reproduces_its_card_accuracy(name):
-    measured = heldout_accuracy(name, SUBSET[name])
-    assert measured.accuracy >= card_accuracy(name) - MARGIN[name]
+    assert measured_accuracy(name) >= card_accuracy(name) - MARGIN[name]
 
 
 def test_shapes_vit_meets_the_accuracy_bar():
-    assert card_accuracy("shapes-vit") >= 0.95
+    """The bar is on the model, not on its card: measured on held-out scenes."""
+    assert measured_accuracy("shapes-vit") >= 0.95
 
 
 def test_shapes_vit_is_explainable():

@@ -1,63 +1,40 @@
-"""Registry of architecture adapters: one small file per model family."""
+"""Architecture adapters: the contract (`base`), the import-free registry (`registry`) and
+one small file per model family, imported only when a model is matched against it."""
 
 from __future__ import annotations
 
-from torch import nn
-
-from explain.architectures.base import Adapter, AttentionSite, FlagSetting, Prepared, TokenLayout
-from explain.errors import UnsupportedModelError
+from explain.architectures.base import (
+    Adapter,
+    AttentionSite,
+    FlagSetting,
+    LrpWalk,
+    Prepared,
+    TokenLayout,
+    TokenSet,
+    TokenSets,
+)
+from explain.architectures.registry import (
+    ADAPTERS,
+    FAMILIES,
+    adapter_for,
+    register_adapter,
+    register_family,
+    supported_families,
+)
 
 __all__ = [
     "ADAPTERS",
+    "FAMILIES",
     "Adapter",
     "AttentionSite",
     "FlagSetting",
+    "LrpWalk",
     "Prepared",
     "TokenLayout",
+    "TokenSet",
+    "TokenSets",
     "adapter_for",
     "register_adapter",
+    "register_family",
     "supported_families",
 ]
-
-ADAPTERS: list[type[Adapter]] = []
-
-
-def register_adapter(cls: type[Adapter]) -> type[Adapter]:
-    """Class decorator: make `adapter_for` consider this family (most recent first)."""
-    if cls in ADAPTERS:
-        ADAPTERS.remove(cls)
-    ADAPTERS.insert(0, cls)
-    return cls
-
-
-def supported_families() -> list[str]:
-    """Names of the model families `explain` can instrument."""
-    return [cls.family for cls in reversed(ADAPTERS)]
-
-
-def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter for `model`, or UnsupportedModelError naming the supported families."""
-    if not isinstance(model, nn.Module):
-        raise UnsupportedModelError(
-            f"expected a torch.nn.Module, got {type(model).__name__}; supported families: "
-            + "; ".join(supported_families())
-        )
-    for cls in ADAPTERS:
-        if cls.matches(model):
-            return cls(model)
-    raise UnsupportedModelError(
-        f"{type(model).__module__}.{type(model).__qualname__} is not a supported model. "
-        "Supported families: " + "; ".join(supported_families()) + "."
-    )
-
-
-# Importing the family modules registers them, timm first so that it leads the list.
-from explain.architectures import timm_vit  # noqa: E402,F401  isort: skip
-from explain.architectures import (  # noqa: E402,F401
-    hf_bert,
-    hf_clip,
-    hf_gpt2,
-    hf_seq2seq,
-    hf_vit,
-    open_clip,
-)

@@ -7,13 +7,19 @@ called, which token is read out, and how token relevance maps back onto the inpu
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
+
+from explain.errors import InputError
+from explain.finite import check_finite
+from explain.tokens import encode, is_raw_text, token_strings
 
 __all__ = [
     "Adapter",
@@ -21,8 +27,13 @@ __all__ = [
     "FlagSetting",
     "FusedAttentionSite",
     "FusedPath",
+    "LrpWalk",
     "Prepared",
     "TokenLayout",
+    "TokenSet",
+    "TokenSets",
+    "one_hot_rows",
+    "validate_image_batch",
     "whole_output",
 ]
 
@@ -126,12 +137,90 @@ class TokenLayout:
         mask[:, self.num_prefix_tokens :] = True
         return mask
 
+    @classmethod
+    def image(
+        cls, grid: tuple[int, int], input_size: tuple[int, int], num_prefix_tokens: int = 1
+    ) -> TokenLayout:
+        """The layout of an image: `num_prefix_tokens` (class, distillation, register
+        tokens) followed by the patches of a `grid` in row-major order."""
+        return cls(
+            modality="image",
+            num_tokens=num_prefix_tokens + grid[0] * grid[1],
+            num_prefix_tokens=num_prefix_tokens,
+            grid=(int(grid[0]), int(grid[1])),
+            input_size=(int(input_size[0]), int(input_size[1])),
+        )
+
+    @classmethod
+    def text(cls, mask: Tensor) -> TokenLayout:
+        """The layout of a (B, T) text batch: every position a token, pads (mask 0) False."""
+        return cls(modality="text", num_tokens=mask.shape[1], token_mask=mask.bool())
+
     def patch_grid(self, token_relevance: Tensor) -> Tensor:
         """(..., N) relevance over an image's tokens -> (..., gh, gw) over its patch grid
         (the prefix tokens, class and register tokens, dropped)."""
         assert self.grid is not None, "patch_grid needs an image layout"
         patches = token_relevance[..., self.num_prefix_tokens :]
         return patches.reshape(*patches.shape[:-1], *self.grid)
+
+    def unpadded(self, token_relevance: Tensor) -> Tensor:
+        """(B, ..., N) relevance over text tokens with every padding position exactly 0."""
+        assert self.token_mask is not None, "unpadded needs a text layout"
+        mask = self.token_mask
+        shape = (mask.shape[0],) + (1,) * (token_relevance.dim() - 2) + (mask.shape[1],)
+        return token_relevance * mask.reshape(shape).to(token_relevance.dtype)
+
+    def to_input_space(self, token_relevance: Tensor) -> Tensor:
+        """Token relevance on the input: an image's patch grid, or text tokens with pads 0."""
+        if self.modality == "image":
+            return self.patch_grid(token_relevance)
+        return self.unpadded(token_relevance)
+
+
+@dataclass(frozen=True)
+class TokenSet:
+    """One set of tokens whose relevance an explanation returns (`Explanation.relevances`).
+
+    A single-stack model has one set, named after its modality; a dual encoder has
+    "image" and "text" (each tower explained on its own), an encoder-decoder "source" and
+    "target". `layers` are the model-wide numbers of the set's attention sites, `readout`
+    (B, N) its readout row, and `default_start_layer` the start layer used when the caller
+    gives none (None: the method's own default; -1: the set's last block).
+    """
+
+    name: str
+    layers: range
+    layout: TokenLayout
+    readout: Tensor
+    default_start_layer: int | None = None
+
+
+class TokenSets(StrEnum):
+    """How a model with two token sets is explained (`Adapter.token_sets`); a str, so it
+    compares equal to its value."""
+
+    DUAL_ENCODER = "dual_encoder"
+    """Two towers scored by the similarity of their outputs (CLIP): each (image, text)
+    pair is explained as its own sample, each tower with the chosen method."""
+    ENCODER_DECODER = "encoder_decoder"
+    """An encoder read by a decoder through cross-attention: the two-set rules of
+    explain.rules.coattention, read out at a decoder position."""
+
+
+@dataclass(frozen=True)
+class LrpWalk:
+    """An adapter's LRP capability: the class (in explain.lrp) that records the forward
+    activations of the family's modules and propagates relevance through them, named by
+    module and class so that the adapter never imports the LRP engine.
+
+    The class is called as `cls(adapter, to_input=...)` and satisfies explain.lrp's `Tape`.
+    """
+
+    module: str
+    name: str
+
+    def load(self) -> Callable[..., Any]:
+        return getattr(importlib.import_module(self.module), self.name)
 
 
 @dataclass(frozen=True)
@@ -144,14 +233,32 @@ class Prepared:
 
 
 class Adapter(ABC):
-    """One model family. Subclasses are registered with `register_adapter`."""
+    """One model family: the small contract the engine (explain.engine) runs against.
+
+    A family file subclasses `Adapter`, implements the abstract members below and names
+    its class in explain.architectures.registry. Capabilities are declared, never probed:
+    `token_sets` (two token sets), `lrp_walk` (the LRP methods), `rule_sites` (AttnLRP
+    and CP-LRP), `pooled_by_mean` (a sentence encoder), `fused_path()` (the fused
+    attention kernel); the defaults describe a single-stack model with none of them.
+    """
 
     family: ClassVar[str]
     """Human-readable name of the family, used in error messages and `explain models`."""
 
-    token_sets: ClassVar[Literal["dual_encoder", "encoder_decoder"] | None] = None
-    """None for one token sequence; models with two token sets are explained per set by
-    explain.token_sets (relevances {"image", "text"} or {"source", "target"})."""
+    token_sets: ClassVar[TokenSets | None] = None
+    """None for one token sequence; models with two token sets declare how they are
+    explained (relevances {"image", "text"} or {"source", "target"})."""
+
+    lrp_walk: ClassVar[LrpWalk | None] = None
+    """The family's LRP walk, which the LRP methods need; None: they are refused."""
+
+    rule_sites: ClassVar[LrpWalk | None] = None
+    """Where AttnLRP and CP-LRP attach in the family's modules: a function (in
+    explain.lrp.attnlrp_sites) from the adapter to its `RuleSites`; None: they are refused."""
+
+    pooled_by_mean: bool = False
+    """The output is a sentence embedding, the mean of the last hidden states over the
+    real tokens (explain.text.similarity explains such encoders)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
@@ -184,15 +291,47 @@ class Adapter(ABC):
 
     @abstractmethod
     def readout(self, prepared: Prepared) -> Tensor:
-        """The readout row r, shape (B, N): the weight of each token in the model's head."""
+        """The readout row r, shape (B, N): the weight of each token in the model's head.
+        `one_hot_rows` builds the common one-hot row."""
 
-    @abstractmethod
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
-        """Map (..., N) token relevance onto the input: a patch grid, or tokens with pads 0."""
+        """Map (..., N) token relevance onto the input: the patch grid of an image (prefix
+        tokens dropped), or text tokens with pads exactly 0 (`TokenLayout.to_input_space`).
+        A family whose input differs overrides it."""
+        return layout.to_input_space(token_relevance)
 
     def fused_path(self) -> FusedPath | None:
         """The fused-attention capability (see `FusedAttentionSite`), or None when the
         family only supports the explicit path. Optional: the default is None."""
+        return None
+
+    def sets(self, prepared: Prepared) -> Sequence[TokenSet]:
+        """The token sets of `prepared` whose relevance is returned. One stack (default):
+        one set named after the modality, over every block, read out by `readout`."""
+        layout = prepared.layout
+        return [TokenSet(layout.modality, range(self.num_layers), layout, self.readout(prepared))]
+
+    def encode(self, inputs: object, tokenizer: Any) -> object:
+        """`inputs` with raw texts (a string or a list of strings) tokenized by the
+        Explainer's `tokenizer` into a padded batch (explain.tokens.encode); anything else
+        as given. A family whose raw inputs look different overrides it."""
+        if tokenizer is not None and is_raw_text(inputs):
+            return encode(tokenizer, inputs)
+        return inputs
+
+    def token_strings(self, prepared: Prepared, tokenizer: Any) -> list[list[str]] | None:
+        """`Explanation.tokens`: per sample, the token at every text position, or None when
+        the explained input is not text."""
+        ids = prepared.arguments.get("input_ids")
+        if ids is None or prepared.layout.modality != "text":
+            return None
+        return token_strings(tokenizer, ids)
+
+    @property
+    def feature_output(self) -> str | None:
+        """None when the output holds class scores. For a model without a classifier (its
+        output is features, e.g. a pooled embedding), a sentence saying so and what to
+        explain instead: class targets are then refused (explain.targets)."""
         return None
 
     @property
@@ -217,3 +356,48 @@ class Adapter(ABC):
             return next(self.model.parameters())
         except StopIteration:  # a parameter-free model cannot be a transformer
             raise TypeError("the model has no parameters") from None
+
+
+def one_hot_rows(batch: int, num_tokens: int, positions: Tensor | int, parameter: Tensor) -> Tensor:
+    """(batch, num_tokens) readout rows, one-hot at `positions` (one int, or (batch,) per
+    sample): the row of a head that reads one token (class token, end token, last token).
+    On the device and in the dtype of the model's `parameter`."""
+    row = torch.zeros(batch, num_tokens, device=parameter.device, dtype=parameter.dtype)
+    if isinstance(positions, int):
+        row[:, positions] = 1.0
+    else:
+        row[torch.arange(batch, device=parameter.device), positions.to(parameter.device)] = 1.0
+    return row
+
+
+def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Tensor:
+    """Check that `images` is a finite, non-empty (B, C, H, W) tensor; return it on the
+    device and in the dtype of the model's `parameter`, usable by autograd."""
+    if not isinstance(images, Tensor):
+        raise InputError(
+            f"image models take a (B, {channels}, H, W) tensor, got {type(images).__name__}; "
+            "load and normalise images first (e.g. with the model's timm transform)"
+        )
+    if images.dim() == 3:
+        raise InputError(
+            f"expected a batch (B, {channels}, H, W), got one image of shape "
+            f"{tuple(images.shape)}; add a batch axis with images.unsqueeze(0)"
+        )
+    if images.dim() != 4 or images.shape[1] != channels:
+        raise InputError(
+            f"expected images of shape (B, {channels}, H, W), got {tuple(images.shape)}"
+        )
+    if images.shape[0] == 0:
+        raise InputError("the batch is empty: pass at least one image")
+    if not images.is_floating_point():
+        raise InputError(f"images must be floating point, got {images.dtype}")
+    images = images.to(device=parameter.device, dtype=parameter.dtype)
+    # Checked after the cast: a value finite in float32 can overflow the model's float16.
+    check_finite(
+        images,
+        f"the pixel values (as the model's {parameter.dtype})",
+        "give normalised images, finite and within the range of the model's dtype",
+    )
+    if images.is_inference():  # made under inference_mode: autograd cannot save it
+        images = images.clone()
+    return images

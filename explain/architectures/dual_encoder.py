@@ -4,7 +4,8 @@ Two stacks of self-attention blocks, "image" (the vision tower, read out at its 
 token) and "text" (the text tower, read out at the token it pools, EOS). The score is the
 similarity logit of an image with a text. Sites are numbered over the whole model in
 forward order: the vision blocks first (both libraries encode the image first), then the
-text blocks. explain.token_sets.explain_dual_encoder drives an adapter of this kind.
+text blocks. The engine explains every (image, text) pair as its own sample
+(explain.engine, `TokenSets.DUAL_ENCODER`).
 
 A subclass names its towers' blocks, where each block's probabilities are seen, which
 input arguments belong to the images and which to the texts, and where each text is read
@@ -17,10 +18,18 @@ from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, AttentionSite, Prepared, TokenLayout
+from explain.architectures.base import (
+    Adapter,
+    AttentionSite,
+    Prepared,
+    TokenLayout,
+    TokenSet,
+    TokenSets,
+    one_hot_rows,
+)
+from explain.tokens import token_strings
 
 __all__ = ["DualEncoder"]
 
@@ -28,7 +37,7 @@ __all__ = ["DualEncoder"]
 class DualEncoder(Adapter):
     """Base class of the CLIP-style adapters (see the module docstring)."""
 
-    token_sets = "dual_encoder"
+    token_sets = TokenSets.DUAL_ENCODER
     stacks: ClassVar[tuple[str, str]] = ("image", "text")
 
     image_argument: ClassVar[str]
@@ -96,6 +105,21 @@ class DualEncoder(Adapter):
         """The token layout of one tower's inputs."""
         return prepared.layout if stack == "image" else self.text_layout(prepared)
 
+    def sets(self, prepared: Prepared) -> list[TokenSet]:
+        """One set per tower, each read out at its pooled token and by default explained
+        from its last block, as in the reference notebook, whose authors found that with
+        every block the ViT-B/16 maps over-expand."""
+        return [
+            TokenSet(
+                stack,
+                self.stack_layers(stack),
+                self.layout(prepared, stack),
+                self.stack_readout(prepared, stack),
+                default_start_layer=-1,
+            )
+            for stack in self.stacks
+        ]
+
     def pair(self, prepared: Prepared, images: Tensor, texts: Tensor) -> Prepared:
         """Inputs whose sample k is image `images[k]` with text `texts[k]`: explaining
         pair k's own similarity then never mixes the gradients of two samples, even when
@@ -110,11 +134,10 @@ class DualEncoder(Adapter):
     def num_texts(self, prepared: Prepared) -> int:
         return prepared.arguments[self.text_arguments[0]].shape[0]
 
-    def token_strings(self, input_ids: Tensor, tokenizer: Any) -> list[list[str]]:
-        """The token at every text position, for `Explanation.tokens`."""
-        from explain.text import token_strings
-
-        return token_strings(tokenizer, input_ids)
+    def token_strings(self, prepared: Prepared, tokenizer: Any) -> list[list[str]] | None:
+        """The tokens of each sample's text, for `Explanation.tokens`."""
+        ids = prepared.arguments[self.text_arguments[0]]
+        return token_strings(tokenizer, ids)
 
     # -- readout --------------------------------------------------------------------------
 
@@ -123,18 +146,8 @@ class DualEncoder(Adapter):
 
     def stack_readout(self, prepared: Prepared, stack: str) -> Tensor:
         """One tower's readout row: the class token of the image, the pooled text token."""
-        parameter = self.parameter
         if stack == "image":
-            row = torch.zeros(prepared.batch_size, prepared.layout.num_tokens)
-            row[:, 0] = 1.0
-        else:
-            input_ids = prepared.arguments[self.text_arguments[0]]
-            row = torch.zeros(input_ids.shape, dtype=parameter.dtype)
-            row[torch.arange(row.shape[0]), self.readout_positions(input_ids).cpu()] = 1.0
-        return row.to(device=parameter.device, dtype=parameter.dtype)
-
-    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
-        if layout.modality == "image":
-            return layout.patch_grid(token_relevance)
-        assert layout.token_mask is not None
-        return token_relevance * layout.token_mask.to(token_relevance.dtype)
+            return one_hot_rows(prepared.batch_size, prepared.layout.num_tokens, 0, self.parameter)
+        input_ids = prepared.arguments[self.text_arguments[0]]
+        positions = self.readout_positions(input_ids)
+        return one_hot_rows(input_ids.shape[0], input_ids.shape[1], positions, self.parameter)

@@ -2,7 +2,7 @@
 ELECTRA, as sequence classifiers (`...ForSequenceClassification`) and as bare encoders
 (`...Model`).
 
-Readouts (METHODS.md): a classifier's head reads the first token (CLS), so its readout
+Readouts (docs/methods.md): a classifier's head reads the first token (CLS), so its readout
 row is one-hot there, and such inputs must be right-padded. A bare encoder is explained
 as a mean-pooled sentence encoder (sentence-transformers style): its output is the mean
 of the last hidden states over the real tokens, and the readout row is that mean.
@@ -24,22 +24,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures import register_adapter
 from explain.architectures.base import (
     FlagSetting,
     FusedAttentionSite,
     FusedPath,
+    LrpWalk,
     Prepared,
     TokenLayout,
+    one_hot_rows,
 )
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
     eager_attention_flags,
     is_transformers_class,
-    mask_padding,
     positions_from_mask,
     prepare_text,
-    text_layout,
 )
 from explain.errors import InputError
 
@@ -72,12 +71,12 @@ def _family_of(model: nn.Module) -> str | None:
     return None
 
 
-@register_adapter
 class HuggingFaceTextEncoder(HuggingFaceAdapter):
     family = (
         "Hugging Face BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and ELECTRA "
         "(ForSequenceClassification: CLS readout; bare Model: mean-pooled sentence encoder)"
     )
+    lrp_walk = LrpWalk("explain.lrp.hf_bert", "BertTape")
 
     def __init__(self, model: nn.Module) -> None:
         self._package = _family_of(model) or "bert"
@@ -97,6 +96,18 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
         return _family_of(model) is not None
+
+    @property
+    def feature_output(self) -> str | None:
+        if not self.pooled_by_mean:
+            return None
+        return (
+            f"{type(self.model).__name__} is a sentence encoder: its output is the "
+            "mean-pooled embedding, so there is no predicted class; explain the similarity "
+            "of two texts with explain.text.similarity (CLI: --pair TEXT), or give the "
+            "target explicitly (a callable that returns one score per text, or a feature "
+            "index)"
+        )
 
     def find_blocks(self) -> list[nn.Module]:
         if self._package != "albert":
@@ -119,6 +130,7 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
             vocab_size=self.model.config.vocab_size,
             device=parameter.device,
             token_types=self._token_types,
+            type_vocab_size=getattr(self.model.config, "type_vocab_size", 1),
         )
         mask = arguments["attention_mask"]
         if not self.pooled_by_mean and not mask[:, 0].all():
@@ -128,7 +140,9 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
             )
         if self._positions:
             arguments["position_ids"] = positions_from_mask(mask)
-        return Prepared(batch_size=mask.shape[0], layout=text_layout(mask), arguments=arguments)
+        return Prepared(
+            batch_size=mask.shape[0], layout=TokenLayout.text(mask), arguments=arguments
+        )
 
     def forward(self, prepared: Prepared) -> Tensor:
         output = self.model(**prepared.arguments)
@@ -143,13 +157,7 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
         dtype = self.parameter.dtype
         if self.pooled_by_mean:
             return mask.to(dtype) / mask.sum(dim=1, keepdim=True).to(dtype)
-        row = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-        row[:, 0] = 1.0
-        return row
-
-    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
-        assert layout.token_mask is not None
-        return mask_padding(token_relevance, layout.token_mask)
+        return one_hot_rows(mask.shape[0], mask.shape[1], 0, self.parameter)
 
     def fused_path(self) -> FusedPath | None:
         """BERT-style self-attention on the sdpa kernel (explain.fused): q, k, v are the

@@ -18,22 +18,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures import register_adapter
-from explain.architectures.base import FlagSetting, Prepared, TokenLayout
+from explain.architectures.base import FlagSetting, Prepared, TokenLayout, validate_image_batch
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import (
     eager_attention_flags,
     is_transformers_class,
     prepare_text,
-    text_layout,
 )
-from explain.architectures.timm_vit import validate_image_batch
 from explain.errors import InputError
+from explain.text import encode, is_raw_text
 
 __all__ = ["HFClip"]
 
 
-@register_adapter
 class HFClip(DualEncoder):
     family = "Hugging Face CLIPModel (image-text similarity; image and text relevance)"
     image_argument = "pixel_values"
@@ -58,6 +55,23 @@ class HFClip(DualEncoder):
         return eager_attention_flags(self.model)
 
     # -- inputs ---------------------------------------------------------------------------
+
+    def encode(self, inputs: object, tokenizer: Any) -> object:
+        """Raw texts under "text" (or "input_ids") tokenized with the Explainer's tokenizer
+        (explain.text.encode); without one, an error that says how to give token ids."""
+        if not isinstance(inputs, Mapping):
+            return inputs
+        key = next((k for k in ("text", "input_ids") if is_raw_text(inputs.get(k))), None)
+        if key is None:
+            return inputs
+        if tokenizer is None:
+            raise InputError(
+                "got raw texts: give the Explainer the model's tokenizer, Explainer(model, "
+                "tokenizer=AutoTokenizer.from_pretrained(path)), or pass token ids: "
+                "CLIPProcessor(text=..., images=..., padding=True, return_tensors='pt')"
+            )
+        rest = {k: v for k, v in inputs.items() if k not in (key, "attention_mask")}
+        return {**rest, **encode(tokenizer, inputs[key])}
 
     def prepare(self, inputs: object) -> Prepared:
         if not isinstance(inputs, Mapping) or "pixel_values" not in inputs:
@@ -94,16 +108,10 @@ class HFClip(DualEncoder):
     def _image_layout(self) -> TokenLayout:
         vision = self.model.config.vision_config
         side = vision.image_size // vision.patch_size
-        return TokenLayout(
-            modality="image",
-            num_tokens=1 + side * side,
-            num_prefix_tokens=1,
-            grid=(side, side),
-            input_size=(vision.image_size, vision.image_size),
-        )
+        return TokenLayout.image((side, side), (vision.image_size, vision.image_size))
 
     def text_layout(self, prepared: Prepared) -> TokenLayout:
-        return text_layout(prepared.arguments["attention_mask"])
+        return TokenLayout.text(prepared.arguments["attention_mask"])
 
     def readout_positions(self, input_ids: Tensor) -> Tensor:
         """Where CLIP pools each text, exactly as CLIPTextModel does."""

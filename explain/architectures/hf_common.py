@@ -23,19 +23,25 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, AttentionSite, FlagSetting, TokenLayout
+from explain.architectures.base import Adapter, AttentionSite, FlagSetting, LrpWalk, TokenLayout
 from explain.errors import ExplainError, InputError, UnsupportedModelError
+from explain.text import is_raw_text
 
 __all__ = [
     "HuggingFaceAdapter",
+    "attention_in",
     "attention_spec",
     "config_objects",
     "eager_attention_flags",
+    "find_blocks",
     "is_transformers_class",
     "last_real_token",
     "mask_padding",
+    "num_prefix_tokens",
     "positions_from_mask",
     "prepare_text",
+    "probabilities_at",
+    "recorded_output",
     "text_layout",
 ]
 
@@ -80,24 +86,58 @@ def eager_attention_flags(model: nn.Module) -> list[FlagSetting]:
     return flags
 
 
+def recorded_output(stack: nn.Module, key: str) -> tuple[type, int, str | None] | None:
+    """What the class of `stack` (a model, an encoder, a decoder) records for
+    `output_<key>` in its `_can_record_outputs`: (module class, index of the tensor in the
+    module's output tuple, required module name or None), or None when it names nothing."""
+    record = (getattr(type(stack), "_can_record_outputs", None) or {}).get(key)
+    if record is None:
+        return None
+    if isinstance(record, type):
+        return record, 1, None
+    name = record.layer_name.strip(".") if record.layer_name else None
+    return record.target_class, record.index, name
+
+
+def find_blocks(stack: nn.Module) -> list[nn.Module]:
+    """The blocks of `stack` in module order: its modules of the class it records hidden
+    states from."""
+    record = recorded_output(stack, "hidden_states")
+    if record is None:
+        raise UnsupportedModelError(
+            f"{type(stack).__name__} does not name its blocks (_can_record_outputs); it is "
+            "not a supported transformers model"
+        )
+    return [module for module in stack.modules() if isinstance(module, record[0])]
+
+
+def attention_in(block: nn.Module, record: tuple[type, int, str | None]) -> nn.Module | None:
+    """The attention module of `block` that `record` (see `recorded_output`) names."""
+    cls, _, name = record
+    for path, module in block.named_modules():
+        if isinstance(module, cls) and (name is None or path.split(".")[-1] == name):
+            return module
+    return None
+
+
 def attention_spec(model: nn.Module) -> tuple[type, type, int, str | None]:
     """(block class, attention class, index of the probabilities in the attention module's
     output tuple, required name of the attention module or None) from the model's
     `_can_record_outputs`."""
-    record = getattr(type(model), "_can_record_outputs", None) or {}
-    block, attention = record.get("hidden_states"), record.get("attentions")
+    block = (getattr(type(model), "_can_record_outputs", None) or {}).get("hidden_states")
+    attention = recorded_output(model, "attentions")
     if not isinstance(block, type) or attention is None:
         raise UnsupportedModelError(
             f"{type(model).__name__} does not name its blocks and attention modules "
             "(_can_record_outputs); it is not a supported transformers model"
         )
-    if isinstance(attention, type):
-        return block, attention, 1, None
-    layer_name = attention.layer_name.strip(".") if attention.layer_name else None
-    return block, attention.target_class, attention.index, layer_name
+    return (block, *attention)
 
 
-def _probabilities_at(index: int) -> Callable[[Any], Tensor]:
+def probabilities_at(index: int) -> Callable[[Any], Tensor]:
+    """`AttentionSite.probabilities` of an eager attention module that returns its
+    probabilities at `index` of its output tuple."""
+
     def probabilities(output: Any) -> Tensor:
         weights = output[index] if isinstance(output, tuple) else None
         if weights is None:
@@ -110,6 +150,12 @@ def _probabilities_at(index: int) -> Callable[[Any], Tensor]:
     return probabilities
 
 
+def num_prefix_tokens(model: nn.Module) -> int:
+    """Tokens before the patches of a Hugging Face ViT (class token) or DeiT (class and
+    distillation tokens), for the model itself or any of its DeiT modules."""
+    return 2 if is_transformers_class(model, "deit", ("DeiTPreTrainedModel",)) else 1
+
+
 class HuggingFaceAdapter(Adapter):
     """Base of the transformers families: blocks, attention sites and the eager path.
 
@@ -119,13 +165,14 @@ class HuggingFaceAdapter(Adapter):
     overrides `find_blocks`.
     """
 
+    rule_sites = LrpWalk("explain.lrp.attnlrp_sites", "hf_sites")
+
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         block, attention, index, name = attention_spec(model)
         self._block_class = block
-        self._attention_class = attention
-        self._probabilities = _probabilities_at(index)
-        self._attention_name = name
+        self._attention = (attention, index, name)
+        self._probabilities = probabilities_at(index)
         self._blocks = self.find_blocks()
         if not self._blocks:
             raise UnsupportedModelError(f"{type(model).__name__} has no attention blocks")
@@ -136,14 +183,12 @@ class HuggingFaceAdapter(Adapter):
         return [m for m in self.model.modules() if isinstance(m, self._block_class)]
 
     def _attention_in(self, layer: int, block: nn.Module) -> nn.Module:
-        for name, module in block.named_modules():
-            if isinstance(module, self._attention_class) and (
-                self._attention_name is None or name.split(".")[-1] == self._attention_name
-            ):
-                return module
-        raise UnsupportedModelError(
-            f"block {layer} ({type(block).__name__}) has no {self._attention_class.__name__}"
-        )
+        module = attention_in(block, self._attention)
+        if module is None:
+            raise UnsupportedModelError(
+                f"block {layer} ({type(block).__name__}) has no {self._attention[0].__name__}"
+            )
+        return module
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -197,22 +242,24 @@ def prepare_text(
     vocab_size: int,
     device: torch.device,
     token_types: bool,
+    type_vocab_size: int = 1,
 ) -> dict[str, Tensor]:
     """Validate tokenized text and move it to `device`.
 
     `inputs` is a mapping (a tokenizer's BatchEncoding) with `input_ids` (B, T) and
     optionally `attention_mask` (B, T, ones at real tokens, default all ones) and
-    `token_type_ids` (passed on only when the model takes them, `token_types`). Returns
+    `token_type_ids` (passed on only when the model takes them, `token_types`, and then
+    each below `type_vocab_size`, the size of the model's segment table). Returns
     those tensors as the model's keyword arguments (attention_mask always present, long).
     """
-    if isinstance(inputs, str) or (
-        isinstance(inputs, Sequence) and inputs and isinstance(inputs[0], str)
-    ):
+    if is_raw_text(inputs):
         raise InputError(
             "got raw text: tokenize it first, tokenizer(texts, padding=True, "
             "return_tensors='pt'), or give the Explainer the tokenizer: "
             "Explainer(model, tokenizer=tokenizer)"
         )
+    if isinstance(inputs, list | tuple) and not inputs:
+        raise InputError("the batch is empty: pass at least one text")
     if not isinstance(inputs, Mapping) or "input_ids" not in inputs:
         raise InputError(
             "text models take a mapping with input_ids and attention_mask (a tokenizer's "
@@ -262,16 +309,25 @@ def prepare_text(
             raise InputError(
                 f"token_type_ids has shape {tuple(types.shape)} but input_ids {tuple(ids.shape)}"
             )
-        if token_types:
+        if not token_types:
+            if types.any():
+                raise InputError("this model takes no token_type_ids (segments); drop them")
+        else:
+            outside = (types < 0) | (types >= type_vocab_size)  # pads are looked up too
+            if outside.any():
+                bad = int(types[outside][0])
+                raise InputError(
+                    f"token type id {bad} is outside the model's segments "
+                    f"(0..{type_vocab_size - 1}); was the text tokenized with this model's "
+                    "tokenizer?"
+                )
             arguments["token_type_ids"] = types.long().to(device)
-        elif types.any():
-            raise InputError("this model takes no token_type_ids (segments); drop them")
     return arguments
 
 
 def text_layout(mask: Tensor) -> TokenLayout:
-    """The TokenLayout of a text batch: every position a token, pads marked False."""
-    return TokenLayout(modality="text", num_tokens=mask.shape[1], token_mask=mask.bool())
+    """The TokenLayout of a text batch (`TokenLayout.text`): pads marked False."""
+    return TokenLayout.text(mask)
 
 
 def positions_from_mask(mask: Tensor) -> Tensor:
@@ -287,6 +343,6 @@ def last_real_token(mask: Tensor) -> Tensor:
 
 
 def mask_padding(token_relevance: Tensor, mask: Tensor) -> Tensor:
-    """(B, ..., T) relevance with every padding position set to exactly 0."""
-    shape = (mask.shape[0],) + (1,) * (token_relevance.dim() - 2) + (mask.shape[1],)
-    return token_relevance * mask.reshape(shape).to(token_relevance.dtype)
+    """(B, ..., T) relevance with every padding position set to exactly 0
+    (`TokenLayout.unpadded`)."""
+    return TokenLayout.text(mask).unpadded(token_relevance)

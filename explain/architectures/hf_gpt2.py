@@ -11,22 +11,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from explain.architectures import register_adapter
-from explain.architectures.base import Prepared, TokenLayout
+from explain.architectures.base import Prepared, TokenLayout, one_hot_rows
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
     is_transformers_class,
     last_real_token,
-    mask_padding,
     positions_from_mask,
     prepare_text,
-    text_layout,
 )
 
 __all__ = ["HuggingFaceCausalLM"]
 
 
-@register_adapter
 class HuggingFaceCausalLM(HuggingFaceAdapter):
     family = "Hugging Face GPT2LMHeadModel (next-token logits at the last real token)"
 
@@ -48,7 +44,9 @@ class HuggingFaceCausalLM(HuggingFaceAdapter):
         )
         mask = arguments["attention_mask"]
         arguments["position_ids"] = positions_from_mask(mask)
-        return Prepared(batch_size=mask.shape[0], layout=text_layout(mask), arguments=arguments)
+        return Prepared(
+            batch_size=mask.shape[0], layout=TokenLayout.text(mask), arguments=arguments
+        )
 
     def forward(self, prepared: Prepared) -> Tensor:
         output = self.model(**prepared.arguments, use_cache=False)
@@ -57,10 +55,4 @@ class HuggingFaceCausalLM(HuggingFaceAdapter):
 
     def readout(self, prepared: Prepared) -> Tensor:
         mask = prepared.arguments["attention_mask"]
-        row = torch.zeros(mask.shape, dtype=self.parameter.dtype, device=mask.device)
-        row[torch.arange(mask.shape[0], device=mask.device), last_real_token(mask)] = 1.0
-        return row
-
-    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
-        assert layout.token_mask is not None
-        return mask_padding(token_relevance, layout.token_mask)
+        return one_hot_rows(mask.shape[0], mask.shape[1], last_real_token(mask), self.parameter)

@@ -16,18 +16,29 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
-from explain.architectures import register_adapter
-from explain.architectures.base import Adapter, AttentionSite, FlagSetting, Prepared, TokenLayout
-from explain.architectures.hf_common import (
-    eager_attention_flags,
-    is_transformers_class,
-    prepare_text,
-    text_layout,
+from explain.architectures.base import (
+    Adapter,
+    AttentionSite,
+    FlagSetting,
+    Prepared,
+    TokenLayout,
+    TokenSet,
+    TokenSets,
+    one_hot_rows,
+    validate_image_batch,
 )
-from explain.architectures.timm_vit import validate_image_batch
+from explain.architectures.hf_common import (
+    attention_in,
+    eager_attention_flags,
+    find_blocks,
+    is_transformers_class,
+    num_prefix_tokens,
+    prepare_text,
+    probabilities_at,
+    recorded_output,
+)
 from explain.errors import InputError, UnsupportedModelError
 
 __all__ = ["HFEncoderDecoder"]
@@ -41,52 +52,13 @@ _CLASSES = {
 }
 
 
-def _recorded(stack: nn.Module, key: str) -> tuple[type, int, str | None] | None:
-    """(attention class, index of the probabilities in its output, module name or None)
-    that the stack's class records under `key`, or None when it records nothing there."""
-    record = (getattr(type(stack), "_can_record_outputs", None) or {}).get(key)
-    if record is None:
-        return None
-    if isinstance(record, type):
-        return record, 1, None
-    name = record.layer_name.strip(".") if record.layer_name else None
-    return record.target_class, record.index, name
-
-
-def _blocks_of(stack: nn.Module) -> list[nn.Module]:
-    record = (getattr(type(stack), "_can_record_outputs", None) or {}).get("hidden_states")
-    block = record if isinstance(record, type) else getattr(record, "target_class", None)
-    if block is None:
-        raise UnsupportedModelError(
-            f"{type(stack).__name__} does not name its blocks (_can_record_outputs)"
-        )
-    return [module for module in stack.modules() if isinstance(module, block)]
-
-
-def _attention_in(block: nn.Module, spec: tuple[type, int, str | None]) -> nn.Module | None:
-    cls, _, name = spec
-    for path, module in block.named_modules():
-        if isinstance(module, cls) and (name is None or path.split(".")[-1] == name):
-            return module
-    return None
-
-
-def _picker(index: int):
-    def probabilities(output: Any) -> Tensor:
-        return output[index]
-
-    return probabilities
-
-
-@register_adapter
 class HFEncoderDecoder(Adapter):
     family = (
         "Hugging Face encoder-decoders: BART, Marian, T5 (text to text) and "
         "VisionEncoderDecoderModel with a ViT encoder (image to text); source and target "
         "relevance"
     )
-    token_sets = "encoder_decoder"
-    stacks = ("source", "target")
+    token_sets = TokenSets.ENCODER_DECODER
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -103,12 +75,12 @@ class HFEncoderDecoder(Adapter):
                 "supported: the image relevance needs a ViT or DeiT encoder (class token and "
                 "a patch grid)"
             )
-        self._encoder_blocks = _blocks_of(encoder)
-        self._decoder_blocks = _blocks_of(decoder)
+        self._encoder_blocks = find_blocks(encoder)
+        self._decoder_blocks = find_blocks(decoder)
         self._sites: list[AttentionSite] = []
-        encoder_self = _recorded(encoder, "attentions")
-        decoder_self = _recorded(decoder, "attentions")
-        decoder_cross = _recorded(decoder, "cross_attentions")
+        encoder_self = recorded_output(encoder, "attentions")
+        decoder_self = recorded_output(decoder, "attentions")
+        decoder_cross = recorded_output(decoder, "cross_attentions")
         if None in (encoder_self, decoder_self, decoder_cross):
             raise UnsupportedModelError(
                 f"{type(model).__name__}: its encoder or decoder does not name its "
@@ -119,14 +91,16 @@ class HFEncoderDecoder(Adapter):
             plan += [("target", "self", block, decoder_self)]
             plan += [("target", "cross", block, decoder_cross)]
         for stack, kind, block, spec in plan:
-            module = _attention_in(block, spec)
+            module = attention_in(block, spec)
             if module is None:
                 raise UnsupportedModelError(
                     f"a {stack} block ({type(block).__name__}) has no {kind}-attention "
                     f"{spec[0].__name__}; is the decoder built with cross-attention?"
                 )
             self._sites.append(
-                AttentionSite(len(self._sites), module, _picker(spec[1]), stack=stack, kind=kind)
+                AttentionSite(
+                    len(self._sites), module, probabilities_at(spec[1]), stack=stack, kind=kind
+                )
             )
 
     @classmethod
@@ -196,7 +170,7 @@ class HFEncoderDecoder(Adapter):
                 token_types=False,
             )
             arguments.update(source)
-            layout = text_layout(source["attention_mask"])
+            layout = TokenLayout.text(source["attention_mask"])
             batch = source["input_ids"].shape[0]
         if mask.shape[0] != batch:
             raise InputError(
@@ -216,22 +190,20 @@ class HFEncoderDecoder(Adapter):
                 f"{images.shape[-2]}x{images.shape[-1]}; resize them (its image processor does)"
             )
         grid = side // config.patch_size
-        embeddings = self.model.get_encoder().embeddings
-        prefix = 1 + int(getattr(embeddings, "distillation_token", None) is not None)
-        layout = TokenLayout(
-            modality="image",
-            num_tokens=prefix + grid * grid,
-            num_prefix_tokens=prefix,
-            grid=(grid, grid),
-            input_size=(side, side),
-        )
-        return layout, images
+        prefix = num_prefix_tokens(self.model.get_encoder())
+        return TokenLayout.image((grid, grid), (side, side), prefix), images
 
-    def layout(self, prepared: Prepared, stack: str) -> TokenLayout:
-        """The token layout of the source (encoder) or the target (decoder) tokens."""
-        if stack == "source":
-            return prepared.layout
-        return text_layout(prepared.arguments["decoder_attention_mask"])
+    def sets(self, prepared: Prepared) -> list[TokenSet]:
+        """ "source": the encoder's tokens (text or image patches) and sites; "target": the
+        decoder's tokens and sites. The two-set rules read both out at the explained
+        decoder position, which the engine chooses per column."""
+        encoder = len(self._encoder_blocks)
+        readout = self.readout(prepared)
+        target = TokenLayout.text(prepared.arguments["decoder_attention_mask"])
+        return [
+            TokenSet("source", range(encoder), prepared.layout, readout),
+            TokenSet("target", range(encoder, len(self._sites)), target, readout),
+        ]
 
     # -- model ----------------------------------------------------------------------------
 
@@ -242,17 +214,7 @@ class HFEncoderDecoder(Adapter):
     def readout(self, prepared: Prepared) -> Tensor:
         """One-hot at each sample's last real decoder position (the default explained one)."""
         mask = prepared.arguments["decoder_attention_mask"]
-        row = torch.zeros(mask.shape, dtype=self.parameter.dtype, device=mask.device)
-        row[torch.arange(mask.shape[0]), mask.sum(dim=1) - 1] = 1.0
-        return row
-
-    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
-        if layout.modality == "image":
-            return layout.patch_grid(token_relevance)
-        assert layout.token_mask is not None
-        mask = layout.token_mask
-        shape = (mask.shape[0],) + (1,) * (token_relevance.dim() - 2) + (mask.shape[1],)
-        return token_relevance * mask.reshape(shape).to(token_relevance.dtype)
+        return one_hot_rows(mask.shape[0], mask.shape[1], mask.sum(dim=1) - 1, self.parameter)
 
 
 def _max_tokens(config: Any) -> int:

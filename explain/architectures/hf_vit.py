@@ -9,13 +9,19 @@ dropped, as for timm models.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from explain.architectures import register_adapter
-from explain.architectures.base import Prepared, TokenLayout
-from explain.architectures.hf_common import HuggingFaceAdapter, is_transformers_class
-from explain.architectures.timm_vit import validate_image_batch
+from explain.architectures.base import (
+    Prepared,
+    TokenLayout,
+    one_hot_rows,
+    validate_image_batch,
+)
+from explain.architectures.hf_common import (
+    HuggingFaceAdapter,
+    is_transformers_class,
+    num_prefix_tokens,
+)
 from explain.errors import InputError
 
 __all__ = ["HuggingFaceViT"]
@@ -23,7 +29,6 @@ __all__ = ["HuggingFaceViT"]
 _WITH_TEACHER = "DeiTForImageClassificationWithTeacher"
 
 
-@register_adapter
 class HuggingFaceViT(HuggingFaceAdapter):
     family = (
         "Hugging Face ViTForImageClassification, DeiTForImageClassification and "
@@ -33,7 +38,7 @@ class HuggingFaceViT(HuggingFaceAdapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         self._teacher = is_transformers_class(model, "deit", (_WITH_TEACHER,))
-        self._prefix = 2 if is_transformers_class(model, "deit", ("DeiTPreTrainedModel",)) else 1
+        self._prefix = num_prefix_tokens(model)
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -53,13 +58,7 @@ class HuggingFaceViT(HuggingFaceAdapter):
                 f"this model takes {size}x{size} images, got {height}x{width}; resize the input"
             )
         grid = (size // config.patch_size, size // config.patch_size)
-        layout = TokenLayout(
-            modality="image",
-            num_tokens=self._prefix + grid[0] * grid[1],
-            num_prefix_tokens=self._prefix,
-            grid=grid,
-            input_size=(height, width),
-        )
+        layout = TokenLayout.image(grid, (height, width), self._prefix)
         return Prepared(
             batch_size=images.shape[0], layout=layout, arguments={"pixel_values": images}
         )
@@ -68,18 +67,11 @@ class HuggingFaceViT(HuggingFaceAdapter):
         return self.model(**prepared.arguments).logits
 
     def readout(self, prepared: Prepared) -> Tensor:
-        parameter = self.parameter
-        row = torch.zeros(
-            prepared.batch_size,
-            prepared.layout.num_tokens,
-            device=parameter.device,
-            dtype=parameter.dtype,
-        )
         if self._teacher:  # the eval-mode head averages the class and distillation heads
-            row[:, :2] = 0.5
-        else:
-            row[:, 0] = 1.0
-        return row
-
-    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
-        return layout.patch_grid(token_relevance)
+            return (
+                one_hot_rows(prepared.batch_size, prepared.layout.num_tokens, 0, self.parameter)
+                * 0.5
+                + one_hot_rows(prepared.batch_size, prepared.layout.num_tokens, 1, self.parameter)
+                * 0.5
+            )
+        return one_hot_rows(prepared.batch_size, prepared.layout.num_tokens, 0, self.parameter)

@@ -31,13 +31,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from explain.architectures import register_adapter
-from explain.architectures.base import FlagSetting, Prepared, TokenLayout, whole_output
+from explain.architectures.base import (
+    FlagSetting,
+    Prepared,
+    TokenLayout,
+    validate_image_batch,
+    whole_output,
+)
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import prepare_text
-from explain.architectures.timm_vit import validate_image_batch
 from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.fused import attention_probabilities
+from explain.tokens import checked_texts, is_raw_text
 
 __all__ = ["ExplicitSelfAttention", "OpenClip"]
 
@@ -104,7 +109,6 @@ class ExplicitSelfAttention(nn.Module):
         return F.linear(output, mha.out_proj.weight, mha.out_proj.bias), None
 
 
-@register_adapter
 class OpenClip(DualEncoder):
     family = (
         "open_clip CLIP with a ViT image tower (image-text similarity; image and text relevance)"
@@ -163,17 +167,12 @@ class OpenClip(DualEncoder):
     def encode(self, inputs: object, tokenizer: Any) -> object:
         """Raw texts under "text" tokenized with open_clip's tokenizer (`get_tokenizer`),
         padded to the model's context length (open_clip truncates longer texts itself)."""
-        from explain.text import is_raw_text
-
         if tokenizer is None or not isinstance(inputs, Mapping):
             return inputs
         texts = inputs.get("text")
         if not is_raw_text(texts):
             return inputs
-        batch = [texts] if isinstance(texts, str) else list(texts)
-        for index, text in enumerate(batch):
-            if not text.strip():
-                raise InputError(f"text {index} is empty: there is nothing to explain")
+        batch = checked_texts(texts)
         return {**inputs, "text": tokenizer(batch, context_length=self.model.context_length)}
 
     def prepare(self, inputs: object) -> Prepared:
@@ -191,8 +190,6 @@ class OpenClip(DualEncoder):
                 f"{images.shape[-2]}x{images.shape[-1]}; resize them (open_clip's "
                 "preprocess transform does)"
             )
-        from explain.text import is_raw_text
-
         if is_raw_text(inputs["text"]):
             raise InputError(
                 "got raw text: tokenize it with open_clip.get_tokenizer(name)(texts), or give "
@@ -218,14 +215,7 @@ class OpenClip(DualEncoder):
             raise InputError(
                 f"every text needs its end-of-text token (id {self.model.text_eos_id})"
             )
-        grid = tuple(visual.grid_size)
-        layout = TokenLayout(
-            modality="image",
-            num_tokens=1 + grid[0] * grid[1],
-            num_prefix_tokens=1,
-            grid=grid,
-            input_size=size,
-        )
+        layout = TokenLayout.image(tuple(visual.grid_size), size)
         return Prepared(
             batch_size=images.shape[0], layout=layout, arguments={"image": images, "text": ids}
         )
@@ -251,13 +241,14 @@ class OpenClip(DualEncoder):
         last = input_ids.shape[1] - 1 if pool == "last" else 0
         return torch.full(input_ids.shape[:1], last, dtype=torch.long, device=input_ids.device)
 
-    def token_strings(self, input_ids: Tensor, tokenizer: Any) -> list[list[str]]:
+    def token_strings(self, prepared: Prepared, tokenizer: Any) -> list[list[str]] | None:
         """open_clip's SimpleTokenizer names tokens by its BPE `decoder` ("dog</w>"; the pads
         after the pooled token, id 0, are named ""); its HFTokenizer wraps a transformers
         tokenizer, which names them itself."""
         inner = getattr(tokenizer, "tokenizer", tokenizer)
         if hasattr(inner, "convert_ids_to_tokens"):
-            return super().token_strings(input_ids, inner)
+            return super().token_strings(prepared, inner)
+        input_ids = prepared.arguments["text"]
         decoder = tokenizer.decoder
         ends = self.readout_positions(input_ids).tolist()
         return [

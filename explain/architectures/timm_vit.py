@@ -14,15 +14,16 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from explain.architectures import register_adapter
 from explain.architectures.base import (
     Adapter,
     AttentionSite,
     FlagSetting,
     FusedAttentionSite,
     FusedPath,
+    LrpWalk,
     Prepared,
     TokenLayout,
+    validate_image_batch,
     whole_output,
 )
 from explain.errors import InputError, UnsupportedModelError
@@ -38,41 +39,13 @@ def _is_timm_class(model: nn.Module, name: str) -> bool:
     )
 
 
-def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Tensor:
-    """Check that `images` is a finite, non-empty (B, C, H, W) tensor; return it on the
-    device and in the dtype of the model's `parameter`, usable by autograd."""
-    if not isinstance(images, Tensor):
-        raise InputError(
-            f"image models take a (B, {channels}, H, W) tensor, got {type(images).__name__}; "
-            "load and normalise images first (e.g. with the model's timm transform)"
-        )
-    if images.dim() == 3:
-        raise InputError(
-            f"expected a batch (B, {channels}, H, W), got one image of shape "
-            f"{tuple(images.shape)}; add a batch axis with images.unsqueeze(0)"
-        )
-    if images.dim() != 4 or images.shape[1] != channels:
-        raise InputError(
-            f"expected images of shape (B, {channels}, H, W), got {tuple(images.shape)}"
-        )
-    if images.shape[0] == 0:
-        raise InputError("the batch is empty: pass at least one image")
-    if not images.is_floating_point():
-        raise InputError(f"images must be floating point, got {images.dtype}")
-    if not torch.isfinite(images).all():
-        raise InputError("the images contain NaN or infinite values")
-    images = images.to(device=parameter.device, dtype=parameter.dtype)
-    if images.is_inference():  # made under inference_mode: autograd cannot save it
-        images = images.clone()
-    return images
-
-
-@register_adapter
 class TimmVisionTransformer(Adapter):
     family = (
         "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens, "
         "global-average pooling) and VisionTransformerDistilled"
     )
+    lrp_walk = LrpWalk("explain.lrp.timm_vit", "TimmVitTape")
+    rule_sites = LrpWalk("explain.lrp.attnlrp_sites", "timm_sites")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -90,7 +63,8 @@ class TimmVisionTransformer(Adapter):
                     "attn_drop module; supported blocks: timm Block, ResPostBlock and "
                     "LayerScale blocks with timm.layers.Attention"
                 )
-        self._distilled = _is_timm_class(model, "VisionTransformerDistilled")
+        self.distilled = _is_timm_class(model, "VisionTransformerDistilled")
+        """A distilled DeiT: its eval-mode head averages the class and distillation heads."""
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -99,6 +73,17 @@ class TimmVisionTransformer(Adapter):
     @property
     def blocks(self) -> Sequence[nn.Module]:
         return list(self.model.blocks)
+
+    @property
+    def feature_output(self) -> str | None:
+        if self.model.num_classes > 0:
+            return None
+        return (
+            "this timm model has no classifier (num_classes=0): its output is the pooled "
+            "features, so there is no predicted class; give the target explicitly (a "
+            "feature index, or a callable that returns one score per image, e.g. lambda "
+            "features: features @ direction), or load the model with its head"
+        )
 
     def attention_sites(self) -> Sequence[AttentionSite]:
         return [
@@ -141,13 +126,7 @@ class TimmVisionTransformer(Adapter):
         height, width = images.shape[-2:]
         grid = self._grid(height, width)
         prefix = self.model.num_prefix_tokens
-        layout = TokenLayout(
-            modality="image",
-            num_tokens=prefix + grid[0] * grid[1],
-            num_prefix_tokens=prefix,
-            grid=grid,
-            input_size=(height, width),
-        )
+        layout = TokenLayout.image(grid, (height, width), prefix)
         return Prepared(batch_size=images.shape[0], layout=layout, arguments={"x": images})
 
     def _grid(self, height: int, width: int) -> tuple[int, int]:
@@ -176,7 +155,7 @@ class TimmVisionTransformer(Adapter):
         row = torch.zeros(
             prepared.batch_size, layout.num_tokens, device=parameter.device, dtype=parameter.dtype
         )
-        if self._distilled:  # the eval-mode head averages the class and distillation heads
+        if self.distilled:  # the eval-mode head averages the class and distillation heads
             row[:, :2] = 0.5
         elif self.model.global_pool == "token":
             row[:, 0] = 1.0
@@ -186,9 +165,6 @@ class TimmVisionTransformer(Adapter):
             )
             row[:, first:] = 1.0 / (layout.num_tokens - first)
         return row
-
-    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
-        return layout.patch_grid(token_relevance)
 
 
 def _timm_values(num_heads: int, head_dim: int, qkv: Tensor) -> Tensor:

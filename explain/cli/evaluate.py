@@ -1,4 +1,4 @@
-"""`explain evaluate`: score methods with the perturbation, segmentation or rationale test.
+r"""`explain evaluate`: score methods with the perturbation, segmentation or rationale test.
 
     explain evaluate perturbation --model zoo:shapes-vit --methods generic,rollout,random \
         --limit 500 --batch-size 16 --output results/shapes-perturbation.json

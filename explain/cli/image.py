@@ -268,8 +268,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         description=__doc__,
         epilog=(
             "Output names: OUT/STEM_METHOD_CLASS.png, e.g. scene_generic_0-circle.png, and "
-            "OUT/STEM_grid.png with --grid. Example: explain image examples/ --model "
-            "zoo:shapes-vit --method generic,rollout --target circle,square --grid --out maps"
+            "OUT/STEM_grid.png with --grid. Example (after `make demo`): explain image "
+            "outputs/demo/scenes --model zoo:shapes-vit --method generic,rollout "
+            "--target circle,square --grid --out maps"
         ),
     )
     parser.add_argument(

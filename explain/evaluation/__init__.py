@@ -1,4 +1,4 @@
-"""Judging explanations by numbers, with the protocols of Chefer et al. (METHODS.md).
+"""Judging explanations by numbers, with the protocols of Chefer et al. (docs/results.md).
 
 - `PerturbationTest`: accuracy as the most (positive) or least (negative) relevant pixels
   are removed; AUC over the removed fraction.

@@ -43,10 +43,23 @@ def real_dataset(
     return datasets.EraserMovies(data, split=split)
 
 
-def _default_device() -> torch.device:
-    if torch.cuda.is_available():  # under torchrun each process takes its own GPU
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
+def _device(device: str | torch.device | None) -> torch.device:
+    """The device to evaluate on, checked before the model is loaded; default the (rank's)
+    GPU if there is one."""
+    if device is None:
+        if torch.cuda.is_available():  # under torchrun each process takes its own GPU
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise OptionError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if found.type == "cuda" and (found.index or 0) >= torch.cuda.device_count():
+        raise OptionError(
+            f"device {device!r} is not available: this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s); use cpu or one of those"
+        )
+    return found
 
 
 def evaluate_model(
@@ -83,13 +96,17 @@ def evaluate_model(
 
     if protocol not in _MODALITY:
         raise OptionError(f"unknown protocol {protocol!r}; choose one of {', '.join(_MODALITY)}")
+    target_device = _device(device)
     loaded = load_model(model)
     if loaded.modality != _MODALITY[protocol]:
         raise OptionError(
             f"the {protocol} test is for {_MODALITY[protocol]} models; {model} is a "
             f"{loaded.modality} model"
         )
-    module = loaded.model.to(device or _default_device())
+    try:
+        module = loaded.model.to(target_device)
+    except (RuntimeError, AssertionError) as error:  # e.g. a backend torch was built without
+        raise OptionError(f"cannot move the model to {target_device}: {error}") from None
     bound: EvaluationProtocol
     if protocol == "rationale":
         bound = RationaleTest(module, loaded.tokenizer)

@@ -8,7 +8,6 @@ run exactly equal to a single run however the chunks were spread over processes.
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -42,8 +41,7 @@ def concatenate_records(parts: Sequence[Records]) -> Records:
 def method_options(method: str, seed: int) -> dict[str, Any]:
     """Options for `Explainer.explain`: `seed` for the methods that take one (`random`),
     none for the others."""
-    parameters = inspect.signature(get_method(method).build).parameters
-    return {"seed": seed} if "seed" in parameters else {}
+    return {"seed": seed} if "seed" in get_method(method).options() else {}
 
 
 class EvaluationProtocol(ABC):

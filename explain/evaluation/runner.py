@@ -115,7 +115,13 @@ def _check_fingerprint(work: Path, fingerprint: dict[str, Any]) -> None:
     """Refuse to resume from chunks that were computed with other settings."""
     path = work / "run.json"
     if path.exists():
-        stored = json.loads(path.read_text())
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ExplainError(
+                f"{path} is damaged ({error}), so the chunks next to it cannot be trusted; "
+                f"delete {work} to start the run over"
+            ) from None
         if stored != fingerprint:
             raise ExplainError(
                 f"{work} holds chunks of a different run ({stored}); delete that folder or "
@@ -151,8 +157,9 @@ def _run_chunks(
             examples = None
             for method in methods:
                 path = work / method / f"{start:08d}-{stop:08d}.json"
-                if path.exists():
-                    done[method, index] = json.loads(path.read_text())
+                stored = _stored_chunk(path, stop - start)
+                if stored is not None:
+                    done[method, index] = stored
                 elif method not in failed:
                     if examples is None:
                         examples = [dataset[i] for i in range(start, stop)]
@@ -167,6 +174,25 @@ def _run_chunks(
                         done[method, index] = records
                 bar.update(1)
     return done, failed
+
+
+def _stored_chunk(path: Path, examples: int) -> Records | None:
+    """The finished chunk at `path`, or None when there is none yet or it is damaged (cut
+    short, not JSON, or not one record per example), in which case it is recomputed."""
+    if not path.exists():
+        return None
+    try:
+        records = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        records = None
+    if (
+        isinstance(records, dict)
+        and records
+        and all(isinstance(v, list) and len(v) == examples for v in records.values())
+    ):
+        return records
+    print(f"explain: {path} is damaged; computing that chunk again", file=sys.stderr)
+    return None
 
 
 def _merge(

@@ -1,11 +1,11 @@
 """The LRP engine: relevance propagation for the LRP-based methods (CVPR 2021).
 
 `rules` holds the per-operation relevance rules; one module per model family walks the
-family's stock modules with them (`timm_vit`); `run` is the explanation call that records
-one forward pass through the recorder and propagates relevance from the target logit.
+family's stock modules with them (`timm_vit`, `hf_bert`), declared by the family's adapter
+(`Adapter.lrp_walk`); `run` defines what a walk offers. explain.engine runs the calls.
 """
 
 from explain.lrp.rules import CHEFER, ORIGINAL, RULE_SETS, RuleSet
-from explain.lrp.run import explain_with_lrp, tape_for
+from explain.lrp.run import Tape, tape_for
 
-__all__ = ["CHEFER", "ORIGINAL", "RULE_SETS", "RuleSet", "explain_with_lrp", "tape_for"]
+__all__ = ["CHEFER", "ORIGINAL", "RULE_SETS", "RuleSet", "Tape", "tape_for"]

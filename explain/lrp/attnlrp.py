@@ -38,6 +38,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from explain.architectures.base import TokenLayout
 from explain.errors import ExplainError
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "Projection",
     "RuleSites",
     "Variant",
+    "embedding_relevance",
     "rule_hooks",
 ]
 
@@ -175,6 +177,19 @@ def rule_hooks(
         if key in tanh_inputs:
             hooks.append((module, _tanh_identity_hook))
     return hooks
+
+
+def embedding_relevance(embeddings: Tensor, gradient: Tensor, layout: TokenLayout) -> Tensor:
+    """(B, N) relevance over the layout's tokens: embedding x gradient summed over the
+    hidden size. Image embeddings hold the patches only ((B, P, D) or (B, gh, gw, D)); the
+    prefix tokens, which do not come from the image, get 0."""
+    dtype = embeddings.dtype if embeddings.dtype == torch.float64 else torch.float32
+    relevance = (embeddings.to(dtype) * gradient.to(dtype)).sum(dim=-1)
+    relevance = relevance.reshape(relevance.shape[0], -1)
+    if layout.num_prefix_tokens:
+        prefix = relevance.new_zeros(relevance.shape[0], layout.num_prefix_tokens)
+        relevance = torch.cat([prefix, relevance], dim=1)
+    return relevance
 
 
 # -- which modules ------------------------------------------------------------------------

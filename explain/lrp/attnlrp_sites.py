@@ -19,12 +19,10 @@ from __future__ import annotations
 from torch import nn
 
 from explain.architectures.base import Adapter
-from explain.architectures.hf_common import HuggingFaceAdapter
-from explain.architectures.timm_vit import TimmVisionTransformer
 from explain.errors import UnsupportedModelError
 from explain.lrp.attnlrp import Gate, Projection, RuleSites
 
-__all__ = ["rule_sites"]
+__all__ = ["hf_sites", "rule_sites", "timm_sites"]
 
 _SEPARATE_PROJECTIONS = (
     ("query", "key", "value"),
@@ -34,19 +32,17 @@ _SEPARATE_PROJECTIONS = (
 
 
 def rule_sites(adapter: Adapter) -> RuleSites:
-    """The RuleSites of `adapter`'s model, or UnsupportedModelError naming what is missing."""
-    if isinstance(adapter, TimmVisionTransformer):
-        return _timm_sites(adapter)
-    if isinstance(adapter, HuggingFaceAdapter) and adapter.token_sets is None:
-        return _hf_sites(adapter)
-    raise UnsupportedModelError(
-        f"attnlrp and cp_lrp have no rules for {adapter.family}; they cover timm "
-        "VisionTransformer models and Hugging Face text models with one token sequence "
-        "(use 'generic' for this model)"
-    )
+    """The RuleSites of `adapter`'s model, from the function its family declares
+    (`Adapter.rule_sites`), or UnsupportedModelError."""
+    if adapter.rule_sites is None:
+        raise UnsupportedModelError(
+            f"attnlrp and cp_lrp have no rules for {adapter.family} (use 'generic')"
+        )
+    return adapter.rule_sites.load()(adapter)
 
 
-def _timm_sites(adapter: TimmVisionTransformer) -> RuleSites:
+def timm_sites(adapter: Adapter) -> RuleSites:
+    """timm's VisionTransformer (TimmVisionTransformer)."""
     queries_keys, values, gates = [], [], []
     for index, block in enumerate(adapter.blocks):
         attn = block.attn
@@ -79,7 +75,8 @@ def _timm_gates(index: int, mlp: nn.Module) -> list[Gate]:
     )
 
 
-def _hf_sites(adapter: HuggingFaceAdapter) -> RuleSites:
+def hf_sites(adapter: Adapter) -> RuleSites:
+    """Hugging Face transformers (HuggingFaceAdapter) with one token sequence."""
     queries_keys, values = [], []
     seen: set[int] = set()
     for site in adapter.attention_sites():

@@ -21,7 +21,14 @@ from explain.architectures.hf_bert import HuggingFaceTextEncoder
 from explain.errors import UnsupportedModelError
 from explain.lrp import rules as rule
 from explain.lrp.rules import RuleSet
-from explain.lrp.structure import keep, require_forward, require_linear, require_pass, type_name
+from explain.lrp.structure import (
+    keep,
+    logit_relevance,
+    require_forward,
+    require_linear,
+    require_pass,
+    type_name,
+)
 from explain.recorder import ModuleHook
 from explain.rules.fold import compute_dtype
 
@@ -67,6 +74,8 @@ class BertTape:
         UnsupportedModelError for other families of the text adapter (their heads and
         layers differ) or a module on the path that no rule covers.
     """
+
+    in_input_space = False  # full LRP ends at the tokens, which the adapter maps
 
     def __init__(self, adapter: HuggingFaceTextEncoder, *, to_input: bool) -> None:
         model = adapter.model
@@ -153,9 +162,7 @@ class BertTape:
         with torch.no_grad():
             tokens = self.head["tokens"]
             dtype = compute_dtype(tokens)
-            logits = self.head["logits"]
-            relevance = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
-            relevance.scatter_(1, classes[:, None].to(logits.device), 1.0)
+            relevance = logit_relevance(self.head["logits"], classes, dtype)
             model = self.model
             # classifier, dropout, pooler tanh (pass), pooler dense, first token (LRP-0)
             relevance = self._linear(model.classifier, self.head["pooled"], relevance, rules)

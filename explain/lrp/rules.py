@@ -1,5 +1,5 @@
 """Relevance propagation rules: pure functions from forward activations and the relevance
-of an operation's output to the relevance of its inputs (METHODS.md, "LRP-based methods").
+of an operation's output to the relevance of its inputs (docs/methods.md, "LRP-based methods").
 
 Every function works on a batch: axis 0 is the sample, and every sum a rule takes (the
 rescaled residual split) runs over one sample only, so explaining B inputs together equals

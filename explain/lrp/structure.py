@@ -1,17 +1,26 @@
-"""What the per-family walks share: forward hooks that keep activations, and the checks
-that every module on the propagation path has a rule (errors name the module type)."""
+"""What the per-family walks share: forward hooks that keep activations, the start of
+every walk (relevance 1 at the class logit), and the checks that every module on the
+propagation path has a rule (errors name the module type)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from explain.errors import UnsupportedModelError
 from explain.lrp.rules import passes_through
 from explain.recorder import ModuleHook
 
-__all__ = ["keep", "require_forward", "require_linear", "require_pass", "type_name"]
+__all__ = [
+    "keep",
+    "logit_relevance",
+    "require_forward",
+    "require_linear",
+    "require_pass",
+    "type_name",
+]
 
 
 def type_name(module: nn.Module) -> str:
@@ -38,6 +47,13 @@ def keep(store: dict[str, Tensor], key: str, pick: str = "output") -> ModuleHook
         store[key] = value.detach()
 
     return hook
+
+
+def logit_relevance(logits: Tensor, classes: Tensor, dtype: torch.dtype) -> Tensor:
+    """The start of every walk: relevance 1.0 at each sample's class logit, 0 elsewhere,
+    shaped like the (B, C) `logits` and in the rules' `dtype`."""
+    relevance = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
+    return relevance.scatter_(1, classes[:, None].to(logits.device), 1.0)
 
 
 def require_forward(module: nn.Module, expected: tuple[str, str], where: str) -> None:

@@ -21,6 +21,7 @@ from explain.lrp import rules as rule
 from explain.lrp.rules import RuleSet
 from explain.lrp.structure import (
     keep,
+    logit_relevance,
     require_forward,
     require_linear,
     require_pass,
@@ -43,7 +44,8 @@ _MLP_PASS = ("act", "drop1", "norm", "drop2")
 
 
 class TimmVitTape:
-    """The activations of one forward pass of a timm ViT, and the LRP walk over them.
+    """The activations of one forward pass of a timm ViT, and the LRP walk over them
+    (`TimmVisionTransformer.lrp_walk`); full LRP reaches the pixels.
 
     Args:
         adapter: the model's adapter (class token, register tokens, global average
@@ -53,10 +55,12 @@ class TimmVitTape:
         UnsupportedModelError naming the first module that no rule covers.
     """
 
+    in_input_space = True
+
     def __init__(self, adapter: TimmVisionTransformer, *, to_input: bool) -> None:
         model = adapter.model
         self.model = model
-        self._distilled = hasattr(model, "head_dist")  # timm VisionTransformerDistilled
+        self._distilled = adapter.distilled
         self._check(model, to_input)
         self.blocks: list[dict[str, Tensor]] = [{} for _ in model.blocks]
         self.head: dict[str, Tensor] = {}
@@ -152,9 +156,7 @@ class TimmVitTape:
         with torch.no_grad():
             tokens = self.head["tokens"]
             dtype = compute_dtype(tokens)
-            logits = self.head["head_out"]
-            relevance = torch.zeros(logits.shape, dtype=dtype, device=logits.device)
-            relevance.scatter_(1, classes[:, None].to(logits.device), 1.0)
+            relevance = logit_relevance(self.head["head_out"], classes, dtype)
             relevance = self._readout(relevance, rules, dtype)
             for layer in range(len(self.blocks) - 1, stop_layer - 1, -1):
                 relevance = self._block(layer, relevance, rules, on_attention, dtype)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from explain.errors import OptionError
 from explain.rules.fold import LastBlock, ReadoutFold, vecmat
-from explain.rules.registry import RuleContext, first_block, register_method
+from explain.rules.registry import Need, RuleContext, first_block, register_method
 
 __all__ = ["discard_lowest", "fuse_heads", "raw_attention", "rollout", "rollout_step"]
 
@@ -48,7 +48,7 @@ def rollout_step(vector: Tensor, matrix: Tensor) -> Tensor:
     return vecmat(scaled, matrix) + scaled
 
 
-@register_method("raw_attention", needs_gradients=False, class_specific=False)
+@register_method("raw_attention", needs={Need.ATTENTION}, class_specific=False)
 def raw_attention(context: RuleContext) -> LastBlock:
     """The readout row of the last block's head-averaged attention."""
     readout = context.readout
@@ -59,7 +59,7 @@ def raw_attention(context: RuleContext) -> LastBlock:
 
 
 @register_method(
-    "rollout", needs_gradients=False, class_specific=False, default_start_layer=first_block
+    "rollout", needs={Need.ATTENTION}, class_specific=False, default_start_layer=first_block
 )
 def rollout(
     context: RuleContext, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0

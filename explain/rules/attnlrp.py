@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from explain.rules.fold import compute_dtype
-from explain.rules.registry import RuleContext, register_method
+from explain.rules.registry import Need, RuleContext, register_method
 
 __all__ = ["EmbeddingRelevance", "attnlrp", "cp_lrp"]
 
@@ -38,13 +38,23 @@ class EmbeddingRelevance:
         return self._relevance
 
 
-@register_method("attnlrp", needs_gradients=True, class_specific=True, gradient_rules="attnlrp")
+@register_method(
+    "attnlrp",
+    needs={Need.EMBEDDING_GRADIENTS},
+    class_specific=True,
+    gradient_rules="attnlrp",
+)
 def attnlrp(context: RuleContext) -> EmbeddingRelevance:
     """AttnLRP (Achtibat et al. 2024): Gradient x Input with LRP rules through attention."""
     return EmbeddingRelevance(context)
 
 
-@register_method("cp_lrp", needs_gradients=True, class_specific=True, gradient_rules="cp_lrp")
+@register_method(
+    "cp_lrp",
+    needs={Need.EMBEDDING_GRADIENTS},
+    class_specific=True,
+    gradient_rules="cp_lrp",
+)
 def cp_lrp(context: RuleContext) -> EmbeddingRelevance:
     """CP-LRP (Ali et al. 2022): Gradient x Input, attention weights and gates held fixed."""
     return EmbeddingRelevance(context)

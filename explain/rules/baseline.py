@@ -30,7 +30,7 @@ class RandomRelevance:
         return noise.to(self._device)
 
 
-@register_method("random", needs_gradients=False, class_specific=False)
+@register_method("random", needs=(), class_specific=False)
 def random(context: RuleContext, seed: int = 0) -> RandomRelevance:
     """Uniform random relevance, reproducible for a seed and a batch (a chance baseline)."""
     return RandomRelevance(context.readout, seed)

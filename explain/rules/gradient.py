@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from explain.rules.fold import LastBlock, ReadoutFold, vecmat
-from explain.rules.registry import RuleContext, first_block, register_method
+from explain.rules.registry import Need, RuleContext, first_block, register_method
 
 __all__ = ["attention_gradcam", "generic", "generic_step", "gradient_weighted"]
 
@@ -32,7 +32,10 @@ def generic_step(vector: Tensor, matrix: Tensor) -> Tensor:
 
 
 @register_method(
-    "generic", needs_gradients=True, class_specific=True, default_start_layer=first_block
+    "generic",
+    needs={Need.ATTENTION, Need.ATTENTION_GRADIENTS},
+    class_specific=True,
+    default_start_layer=first_block,
 )
 def generic(context: RuleContext) -> ReadoutFold:
     """Chefer, Gur & Wolf ICCV 2021: R = prod (I + mean_h (G * A)+) over the blocks."""
@@ -40,7 +43,9 @@ def generic(context: RuleContext) -> ReadoutFold:
     return ReadoutFold(context.readout, layers, gradient_weighted, generic_step)
 
 
-@register_method("attention_gradcam", needs_gradients=True, class_specific=True)
+@register_method(
+    "attention_gradcam", needs={Need.ATTENTION, Need.ATTENTION_GRADIENTS}, class_specific=True
+)
 def attention_gradcam(context: RuleContext) -> LastBlock:
     """GradCAM on the last block's attention: head weights = mean readout-row gradient."""
     readout = context.readout

@@ -10,7 +10,7 @@ from torch import Tensor
 from explain.rules.attention import rollout_step
 from explain.rules.fold import LastBlock, ReadoutFold, compute_dtype, vecmat
 from explain.rules.gradient import generic_step, gradient_weighted
-from explain.rules.registry import RuleContext, register_method
+from explain.rules.registry import Need, RuleContext, register_method
 
 __all__ = ["InputRelevance", "lrp", "partial_lrp", "transformer_attribution"]
 
@@ -22,7 +22,7 @@ def attribution_start(num_layers: int, modality: str) -> int:
 
 @register_method(
     "transformer_attribution",
-    needs_gradients=True,
+    needs={Need.LRP_RELEVANCE, Need.ATTENTION_GRADIENTS},
     class_specific=True,
     default_start_layer=attribution_start,
     lrp_rules="transformer_attribution",
@@ -35,7 +35,9 @@ def transformer_attribution(context: RuleContext) -> ReadoutFold:
     return ReadoutFold(context.readout, layers, gradient_weighted, step)
 
 
-@register_method("partial_lrp", needs_gradients=False, class_specific=True, lrp_rules="original")
+@register_method(
+    "partial_lrp", needs={Need.LRP_RELEVANCE}, class_specific=True, lrp_rules="original"
+)
 def partial_lrp(context: RuleContext) -> LastBlock:
     """Partial LRP: the readout row of the last block's mean_h (R_A)+ (original LRP rules)."""
     readout = context.readout
@@ -47,16 +49,13 @@ def partial_lrp(context: RuleContext) -> LastBlock:
 
 
 class InputRelevance:
-    """Sink of full LRP: no block records, only the relevance of the input.
-
-    Images arrive as pixels (B, H, W) and are already in input space; text arrives per
-    token (B, N) and is mapped like every token relevance.
-    """
+    """Sink of full LRP (`Need.INPUT_RELEVANCE`): no block records, only the relevance of
+    the input, as the family's walk returns it (pixels (B, H, W) for a timm ViT, tokens
+    (B, N) for BERT)."""
 
     layers = range(0)
 
     def __init__(self, context: RuleContext) -> None:
-        self.input_space = context.layout.modality == "image"
         self._relevance: Tensor | None = None
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
@@ -71,7 +70,7 @@ class InputRelevance:
         return self._relevance
 
 
-@register_method("lrp", needs_gradients=False, class_specific=True, lrp_rules="original")
+@register_method("lrp", needs={Need.INPUT_RELEVANCE}, class_specific=True, lrp_rules="original")
 def lrp(context: RuleContext) -> InputRelevance:
     """Full LRP (original rules) down to the input: pixels (B, H, W) for images."""
     return InputRelevance(context)

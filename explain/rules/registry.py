@@ -8,29 +8,68 @@ given; they never see the model.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import operator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Protocol
 
 from torch import Tensor
 
 from explain.architectures.base import TokenLayout
-from explain.errors import UnknownMethodError
+from explain.errors import OptionError, UnknownMethodError
 
 __all__ = [
+    "LRP_NEEDS",
     "METHODS",
+    "InputSink",
     "Method",
+    "Need",
     "RuleContext",
     "Sink",
     "first_block",
     "get_method",
+    "integer_option",
     "register_method",
 ]
+
+
+def integer_option(name: str, value: object) -> int:
+    """`value` as an int when it is integer-like (an int, a NumPy integer, a 0-d integer
+    tensor: anything with `__index__`), as targets are; OptionError for bools, floats and
+    anything else."""
+    if isinstance(value, bool):
+        raise OptionError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise OptionError(f"{name} must be an int, got {value!r}") from None
 
 
 def first_block(num_layers: int, modality: str) -> int:
     """Default start layer of the aggregating methods: all blocks."""
     return 0
+
+
+class Need(Enum):
+    """What a method needs from the model beyond its output: the engine runs the passes
+    that provide it (explain.engine), and a model family that cannot provide it refuses
+    the method. A new family of methods with another need is one more member here and one
+    more pass in the engine."""
+
+    ATTENTION = "attention maps from the forward pass"
+    ATTENTION_GRADIENTS = "the gradient of the target score with respect to each attention map"
+    LRP_RELEVANCE = "each block's attention relevance from the family's LRP walk"
+    INPUT_RELEVANCE = "the LRP relevance of the input itself (the walk continued to the input)"
+    EMBEDDING_GRADIENTS = (
+        "the gradient of the target score at the input embeddings, under the method's "
+        "gradient rules (explain.lrp.attnlrp) for the call"
+    )
+
+
+LRP_NEEDS = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
+"""The needs that the family's LRP walk (`Adapter.lrp_walk`) provides."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +95,13 @@ class Sink(Protocol):
     def result(self) -> Tensor: ...
 
 
+class InputSink(Sink, Protocol):
+    """The sink of a method that needs `Need.INPUT_RELEVANCE`: it also receives the
+    relevance of the input itself."""
+
+    def add_input(self, relevance: Tensor) -> None: ...
+
+
 Builder = Callable[..., Sink]
 
 
@@ -65,7 +111,7 @@ class Method:
 
     name: str
     build: Builder
-    needs_gradients: bool
+    needs: frozenset[Need]
     class_specific: bool
     summary: str
     default_start_layer: Callable[[int, str], int] | None
@@ -75,17 +121,35 @@ class Method:
     """LRP methods: the explain.lrp rule set whose relevance pass feeds the sink (each
     block's attention relevance in place of its attention); None for all other methods."""
     gradient_rules: str | None = None
-    """Gradient x Input methods with modified gradients (explain.lrp.attnlrp: "attnlrp",
-    "cp_lrp"): the rule set the model runs under for the call; the sink receives the
-    relevance of the input tokens through `add_input`. None for all other methods."""
+    """Methods that need `Need.EMBEDDING_GRADIENTS` (AttnLRP, CP-LRP): the rule set of
+    explain.lrp.attnlrp that the model runs under for the call; their sink (an
+    `InputSink`) receives the token relevance of the embeddings. None for all others."""
+
+    @property
+    def needs_gradients(self) -> bool:
+        """Whether the method differentiates the target score (one backward per target)."""
+        return bool(self.needs & {Need.ATTENTION_GRADIENTS, Need.EMBEDDING_GRADIENTS})
+
+    def options(self) -> dict[str, Any]:
+        """The method's options (the builder's keyword parameters) with their defaults."""
+        parameters = list(inspect.signature(self.build).parameters.values())[1:]
+        return {
+            p.name: p.default
+            for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        }
 
     def sink(self, context: RuleContext, options: dict[str, Any]) -> Sink:
-        try:
-            return self.build(context, **options)
-        except TypeError as error:
-            if "unexpected keyword" in str(error):
-                raise TypeError(f"method {self.name!r}: {error}") from None
-            raise
+        """The method's sink for one call; unknown options are refused by name, with the
+        options the method does take."""
+        unknown = sorted(set(options) - set(self.options()))
+        if unknown:
+            known = ", ".join(f"{name}={default!r}" for name, default in self.options().items())
+            raise OptionError(
+                f"method {self.name!r} has no option {', '.join(map(repr, unknown))}; "
+                + (f"its options (with defaults): {known}" if known else "it takes no options")
+            )
+        return self.build(context, **options)
 
 
 METHODS: dict[str, Method] = {}
@@ -94,27 +158,44 @@ METHODS: dict[str, Method] = {}
 def register_method(
     name: str,
     *,
-    needs_gradients: bool,
     class_specific: bool,
+    needs: Iterable[Need] | None = None,
+    needs_gradients: bool | None = None,
     default_start_layer: Callable[[int, str], int] | None = None,
     lrp_rules: str | None = None,
     gradient_rules: str | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator: register `builder(context, **options) -> Sink` under `name`.
 
+    `needs` states what the method needs (`Need`). The older form, `needs_gradients`
+    (with `lrp_rules` for the LRP methods), still works: it means attention maps, their
+    gradients when True, and the LRP relevance when a rule set is named.
     Methods that aggregate over blocks pass `default_start_layer`; the others reject a
     `start_layer` argument. LRP methods name their rule set in `lrp_rules`, Gradient x
     Input methods with modified gradients theirs in `gradient_rules`.
 
     The builder's docstring's first line becomes the method's summary.
     """
+    if needs is None:
+        if needs_gradients is None:
+            raise TypeError(f"method {name!r}: state what it needs (needs=...)")
+        needs = {Need.ATTENTION}
+        needs |= {Need.ATTENTION_GRADIENTS} if needs_gradients else set()
+        needs |= {Need.LRP_RELEVANCE} if lrp_rules is not None else set()
+    elif needs_gradients is not None:
+        raise TypeError(f"method {name!r}: give needs or needs_gradients, not both")
+    stated = frozenset(needs)
+    if bool(stated & LRP_NEEDS) != (lrp_rules is not None):
+        raise TypeError(f"method {name!r}: LRP relevance needs a rule set (lrp_rules) and back")
+    if (Need.EMBEDDING_GRADIENTS in stated) != (gradient_rules is not None):
+        raise TypeError(f"method {name!r}: embedding gradients need gradient_rules and back")
 
     def decorate(builder: Builder) -> Builder:
         summary = (builder.__doc__ or name).strip().splitlines()[0]
         METHODS[name] = Method(
             name=name,
             build=builder,
-            needs_gradients=needs_gradients,
+            needs=stated,
             class_specific=class_specific,
             summary=summary,
             default_start_layer=default_start_layer,

@@ -11,6 +11,7 @@ scale, since their relevance (the readout token's own) would swamp the words'.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Collection, Sequence
 
 from torch import Tensor
@@ -35,6 +36,8 @@ def _shown(
     tokens: Sequence[str], scores: Tensor | Sequence[float], skip: Collection[str]
 ) -> tuple[list[tuple[str, float]], float]:
     values = [float(v) for v in scores]
+    if not all(math.isfinite(value) for value in values):  # no colour means NaN
+        raise InputError("the scores hold NaN or infinite values; they cannot be drawn")
     if len(values) < len(tokens):
         raise InputError(f"{len(tokens)} tokens but only {len(values)} scores")
     pairs = zip(tokens, values[: len(tokens)], strict=True)

@@ -1,0 +1,103 @@
+"""The registry of model families: which adapter explains which model.
+
+Like timm's `_registry`, it imports no family: each entry names its adapter's module and
+class, and the module is imported only when a model is matched against it (or the
+family's name is asked for). The family modules import nothing from here, so the module
+graph has no loop, and a new family is one file plus one `register_family` line below.
+Adapters defined elsewhere (a user's own model) register at run time with the
+`register_adapter` class decorator and are matched first.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from torch import nn
+
+from explain.architectures.base import Adapter
+from explain.errors import UnsupportedModelError
+
+__all__ = [
+    "ADAPTERS",
+    "FAMILIES",
+    "Family",
+    "adapter_classes",
+    "adapter_for",
+    "register_adapter",
+    "register_family",
+    "supported_families",
+]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A registered model family: its name (the key of its tiny model in
+    explain.testing) and where its adapter class lives."""
+
+    name: str
+    module: str
+    adapter: str
+
+    def load(self) -> type[Adapter]:
+        """The adapter class (importing its module on first use)."""
+        return getattr(importlib.import_module(self.module), self.adapter)
+
+
+FAMILIES: dict[str, Family] = {}
+"""The built-in families by name, in registration order (the order `explain models` lists)."""
+
+ADAPTERS: list[type[Adapter]] = []
+"""Adapter classes registered at run time with `register_adapter`, most recent first."""
+
+
+def register_family(name: str, module: str, adapter: str) -> Family:
+    """Register the family `name`, served by class `adapter` of module `module`."""
+    family = FAMILIES[name] = Family(name, module, adapter)
+    return family
+
+
+def register_adapter(cls: type[Adapter]) -> type[Adapter]:
+    """Class decorator for adapters defined outside the registry (e.g. for a user's own
+    model): `adapter_for` considers them before the built-in families, most recent first."""
+    if cls in ADAPTERS:
+        ADAPTERS.remove(cls)
+    ADAPTERS.insert(0, cls)
+    return cls
+
+
+def adapter_classes() -> list[type[Adapter]]:
+    """Every adapter class in the order `adapter_for` tries them: run-time registrations
+    (most recent first), then the built-in families (last registered first)."""
+    built_in = [family.load() for family in reversed(FAMILIES.values())]
+    return [*ADAPTERS, *(cls for cls in built_in if cls not in ADAPTERS)]
+
+
+def supported_families() -> list[str]:
+    """Names of the model families `explain` can instrument."""
+    return [cls.family for cls in reversed(adapter_classes())]
+
+
+def adapter_for(model: nn.Module) -> Adapter:
+    """The adapter for `model`, or UnsupportedModelError naming the supported families."""
+    if not isinstance(model, nn.Module):
+        raise UnsupportedModelError(
+            f"expected a torch.nn.Module, got {type(model).__name__}; supported families: "
+            + "; ".join(supported_families())
+        )
+    for cls in adapter_classes():
+        if cls.matches(model):
+            return cls(model)
+    raise UnsupportedModelError(
+        f"{type(model).__module__}.{type(model).__qualname__} is not a supported model. "
+        "Supported families: " + "; ".join(supported_families()) + "."
+    )
+
+
+register_family("timm_vit", "explain.architectures.timm_vit", "TimmVisionTransformer")
+register_family("hf_text_encoder", "explain.architectures.hf_bert", "HuggingFaceTextEncoder")
+register_family("hf_clip", "explain.architectures.hf_clip", "HFClip")
+register_family("hf_gpt2", "explain.architectures.hf_gpt2", "HuggingFaceCausalLM")
+register_family("hf_encoder_decoder", "explain.architectures.hf_seq2seq", "HFEncoderDecoder")
+register_family("hf_vit", "explain.architectures.hf_vit", "HuggingFaceViT")
+register_family("open_clip", "explain.architectures.open_clip", "OpenClip")

@@ -1,0 +1,29 @@
+"""What one call asks of the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from explain.fused import AttentionPath
+from explain.targets import Score, Target
+
+__all__ = ["Request", "StartLayer"]
+
+StartLayer = int | Mapping[str, int] | None
+"""The first block a method aggregates over: one for every token set, or one per set by
+name ({"image": s, "text": s} for a dual encoder); None uses the defaults."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One explanation (or trace) request, as `Explainer.explain` and `Explainer.trace`
+    receive it. `method` is None for a trace, which runs no method."""
+
+    method: str | None = "generic"
+    target: Target = None
+    score: Score = "logit"
+    start_layer: StartLayer = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    attention_path: AttentionPath = "auto"

@@ -1,0 +1,244 @@
+"""The one run loop: a request and the adapter's plan -> an `Explanation` or a `Trace`.
+
+Every model kind (explain.engine.plans) and every method goes through `explain`; `trace`
+shares its plan, so it resolves inputs and targets exactly as `explain` does. What a
+method needs (`Need`) chooses the pass through the model:
+
+- attention only (or nothing): one forward under no_grad, no backward; a class-agnostic
+  map serves every target of an input;
+- attention gradients: one forward, then the backward of every score column, all
+  columns in one vectorised backward, chunked to a memory budget
+  (`Recorder.backward_batched`), each column into its own sink;
+- LRP relevance: one forward that records the family's walk (`Adapter.lrp_walk`), the
+  gradients as above when the method weights by them, then the walk once per column (the
+  walk propagates one class per sample);
+- embedding gradients (AttnLRP, CP-LRP): one forward under the method's gradient rules
+  (explain.lrp.attnlrp, hooked where the family's `Adapter.rule_sites` say), then one
+  backward per column to the embeddings: Gradient x Input per token.
+
+Several targets per input are therefore always score columns of one forward; a dual
+encoder turns each explained (image, text) pair into a sample instead (its plan), so it
+has one column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from explain.architectures.base import Adapter
+from explain.engine.plans import Columns, Plan, plan_for
+from explain.engine.request import Request
+from explain.errors import OptionError, TargetError
+from explain.explanation import Explanation, Trace
+from explain.fused import use_fused_path
+from explain.lrp import RULE_SETS, tape_for
+from explain.lrp.attnlrp import EmbeddingLeaf, embedding_relevance, rule_hooks
+from explain.lrp.attnlrp_sites import rule_sites
+from explain.recorder import Recorder
+from explain.rules import LRP_NEEDS, Method, Need, get_method
+
+__all__ = ["explain", "trace"]
+
+
+def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None) -> Explanation:
+    """Relevance of every input element for the request's targets (see `Explainer.explain`)."""
+    assert request.method is not None
+    spec = get_method(request.method)
+    plan = plan_for(adapter, spec, request, tokenizer)
+    plan.prepare(inputs)
+    plan.sink()  # bad options and start layers fail before any model work
+    plan.choose_inputs()
+    fused = _fused(adapter, spec, plan, request)
+    if spec.needs & LRP_NEEDS:
+        columns, per_column, mapped = _lrp_pass(adapter, spec, plan)
+    elif Need.EMBEDDING_GRADIENTS in spec.needs:
+        columns, per_column, mapped = (*_embedding_gradient_pass(adapter, spec, plan, fused), False)
+    elif Need.ATTENTION_GRADIENTS in spec.needs:
+        columns, per_column, mapped = (*_gradient_pass(adapter, plan, fused), False)
+    else:
+        columns, per_column, mapped = (*_forward_pass(adapter, plan, fused), False)
+    layouts = {token_set.name: token_set.layout for token_set in plan.sets}
+    if not mapped:  # onto the input: patch grids, text with pads 0
+        per_column = [
+            {name: adapter.to_input_space(r, layouts[name]) for name, r in column.items()}
+            for column in per_column
+        ]
+    relevances = {name: r.detach() for name, r in plan.finish(per_column, columns).items()}
+    first = plan.sets[0]
+    return Explanation(
+        relevance=relevances[first.name],
+        logits=columns.logits.detach(),
+        target=columns.classes,
+        method=spec.name,
+        score=request.score,
+        input_size=first.layout.input_size,
+        relevances=relevances,
+        tokens=plan.tokens(),
+    )
+
+
+def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None) -> Trace:
+    """Every block's attention and hidden states with their gradients for the score of
+    the request's target (see `Explainer.trace`)."""
+    plan = plan_for(adapter, None, request, tokenizer)
+    plan.prepare(inputs)
+    plan.choose_inputs()
+    fused = use_fused_path(
+        adapter, plan.prepared.layout, needs_gradients=True, requested=request.attention_path
+    )
+    num_layers = adapter.num_layers
+    attentions: dict[int, Tensor] = {}
+    with Recorder(adapter, track=range(num_layers), hidden_states=True, fused=fused) as recorder:
+        columns = plan.columns(adapter.forward(plan.prepared))
+        if columns.scores.shape[1] != 1 or columns.classes.dim() != 1:
+            raise TargetError("trace() explains one class per input; pass a (B,) target")
+        recorder.backward(
+            columns.scores[:, 0].sum(),
+            lambda layer, attention, grad: attentions.__setitem__(layer, attention),
+            keep_gradients=True,
+        )
+        hidden = recorder.hidden_states
+        return Trace(
+            attentions=tuple(attentions[i].detach() for i in range(num_layers)),
+            attention_grads=tuple(recorder.attention_grads[i] for i in range(num_layers)),
+            hidden_states=tuple(h.detach() for h in hidden),
+            hidden_state_grads=tuple(
+                recorder.hidden_state_grads.get(i, torch.zeros_like(h))
+                for i, h in enumerate(hidden)
+            ),
+            logits=columns.logits.detach(),
+            target=columns.classes,
+            score="custom" if columns.custom else request.score,
+        )
+
+
+def _fused(adapter: Adapter, spec: Method, plan: Plan, request: Request) -> bool:
+    """Whether the call runs on the fused attention path. The LRP walks read each block's
+    attention probabilities as the explicit path computes them: they refuse "fused"."""
+    if spec.needs & LRP_NEEDS:
+        if request.attention_path == "fused":
+            raise OptionError(
+                f"method {spec.name!r} propagates relevance through the explicit attention "
+                "path, not the fused kernel; use attention_path='auto' or 'explicit'"
+            )
+        return False
+    return use_fused_path(
+        adapter,
+        plan.prepared.layout,
+        needs_gradients=spec.needs_gradients,
+        requested=request.attention_path,
+    )
+
+
+PerColumn = list[dict[str, Tensor]]
+
+
+def _forward_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, PerColumn]:
+    """Class-agnostic methods: one forward under no_grad, no backward at all; the one map
+    serves every target."""
+    sink = plan.sink()
+    with Recorder(
+        adapter,
+        on_attention=lambda layer, attention: sink.add(layer, attention, None),
+        differentiable=False,
+        fused=fused,
+    ):
+        columns = plan.columns(adapter.forward(plan.prepared))
+    result = plan.read(0, sink)
+    return columns, [result] * columns.scores.shape[1]
+
+
+def _gradient_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, PerColumn]:
+    """One forward, then one backward of every score column (vectorised over columns,
+    chunked to the recorder's memory budget), folding blocks as their gradients arrive."""
+    first = plan.sink()
+    with Recorder(adapter, track=first.layers, fused=fused) as recorder:
+        columns = plan.columns(adapter.forward(plan.prepared))
+        count = columns.scores.shape[1]
+        sinks = [first] + [plan.sink() for _ in range(count - 1)]
+        if count == 1:
+            recorder.backward(columns.scores[:, 0].sum(), first.add)
+        else:
+            recorder.backward_batched(
+                columns.scores,
+                lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
+            )
+    return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
+
+
+def _lrp_pass(adapter: Adapter, spec: Method, plan: Plan) -> tuple[Columns, PerColumn, bool]:
+    """The LRP methods: a recorded forward, the gradients the method weights by (batched
+    over columns as above), then the family's walk from each column's class logit.
+    Returns also whether the walk's result is already in input space (pixels)."""
+    assert spec.lrp_rules is not None
+    rules = RULE_SETS[spec.lrp_rules]
+    to_input = Need.INPUT_RELEVANCE in spec.needs
+    walk = tape_for(adapter, to_input=to_input)
+    first = plan.sink()
+    track = first.layers if spec.needs_gradients else range(0)
+    stop_layer = 0 if to_input or not first.layers else first.layers[0]
+    with Recorder(
+        adapter, track=track, differentiable=bool(track), module_hooks=walk.hooks
+    ) as recorder:
+        columns = plan.columns(adapter.forward(plan.prepared))
+        if columns.custom:
+            raise TargetError(
+                f"method {spec.name!r} propagates relevance from a class logit; give the "
+                "target as class indices, not a callable that returns scores"
+            )
+        count = columns.scores.shape[1]
+        gradients: list[dict[int, Tensor]] = [{} for _ in range(count)]
+        if track and count == 1:
+            recorder.backward(
+                columns.scores[:, 0].sum(),
+                lambda layer, attention, grad: gradients[0].__setitem__(layer, grad),
+            )
+        elif track:
+            recorder.backward_batched(
+                columns.scores,
+                lambda k, layer, attention, grad: gradients[k].__setitem__(layer, grad),
+            )
+        classes = columns.classes if columns.classes.dim() == 2 else columns.classes[:, None]
+        per_column = []
+        for k in range(count):
+            sink = first if k == 0 else plan.sink()
+
+            def deliver(layer: int, relevance: Tensor, sink: Any = sink, k: int = k) -> None:
+                if layer in sink.layers:
+                    sink.add(layer, relevance, gradients[k].pop(layer, None))
+
+            below = walk.propagate(
+                classes[:, k], rules, deliver, stop_layer=stop_layer, to_input=to_input
+            )
+            if to_input:
+                sink.add_input(below)
+            per_column.append(plan.read(k, sink))
+    return columns, per_column, to_input and walk.in_input_space
+
+
+def _embedding_gradient_pass(
+    adapter: Adapter, spec: Method, plan: Plan, fused: bool
+) -> tuple[Columns, PerColumn]:
+    """AttnLRP and CP-LRP: one forward with the method's gradient rules hooked on the
+    model's modules for the call, whose word- or patch-embedding output is the graph's
+    leaf; then per column one backward to it, embedding x gradient summed over the hidden
+    size. The rules hold on either attention path."""
+    assert spec.gradient_rules is not None
+    leaf = EmbeddingLeaf()
+    hooks = rule_hooks(adapter.model, rule_sites(adapter), spec.gradient_rules, leaf)  # type: ignore[arg-type]
+    first = plan.sink()
+    with Recorder(adapter, module_hooks=hooks, leaf_at_blocks=False, fused=fused):
+        columns = plan.columns(adapter.forward(plan.prepared))
+        count = columns.scores.shape[1]
+        per_column = []
+        for k in range(count):
+            sink = first if k == 0 else plan.sink()
+            (gradient,) = torch.autograd.grad(
+                columns.scores[:, k].sum(), leaf.tensor, retain_graph=k < count - 1
+            )
+            sink.add_input(embedding_relevance(leaf.tensor, gradient, plan.prepared.layout))
+            per_column.append(plan.read(k, sink))
+    return columns, per_column

@@ -1,0 +1,36 @@
+"""Non-finite numbers are refused, never explained or drawn.
+
+A NaN or infinite input, logit, score or relevance value would otherwise pass through
+every method unnoticed (argmax of NaN logits is class 0, min-max normalisation turns NaN
+maps into zeros, a colour scale shows NaN at full strength). Each check names the samples
+it refuses, so that a user can find the offending inputs in a batch.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from explain.errors import ExplainError, InputError
+
+__all__ = ["check_finite", "nonfinite_samples"]
+
+
+def nonfinite_samples(values: Tensor) -> list[int]:
+    """Indices along the first axis of the samples that hold a NaN or infinite value."""
+    if values.numel() == 0 or not values.is_floating_point():
+        return []
+    bad = ~values.detach().isfinite().reshape(values.shape[0], -1).all(dim=1)
+    return bad.nonzero().flatten().tolist()
+
+
+def check_finite(
+    values: Tensor, what: str, advice: str, error: type[ExplainError] = InputError
+) -> None:
+    """Raise `error` if `values` (samples along the first axis) hold NaN or infinity.
+
+    The message reads "`what` of samples I, J is not finite (NaN or infinite); `advice`".
+    """
+    samples = nonfinite_samples(values)
+    if samples:
+        listed = ", ".join(map(str, samples[:10])) + (", ..." if len(samples) > 10 else "")
+        raise error(f"{what} of samples {listed} is not finite (NaN or infinite); {advice}")

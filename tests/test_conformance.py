@@ -1,0 +1,185 @@
+"""The contracts every registered family keeps, for every method it supports, written once.
+
+Parametrised over the registry (explain.architectures.registry) through each family's
+tiny model (explain.testing.TINY_MODELS), in the style of timm's tests/test_models.py: a
+family is tested the day it is registered, and a family registered without a tiny model
+fails here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from explain import METHODS, Explainer, ExplainError, TargetError
+from explain.architectures import FAMILIES, TokenSets, adapter_for
+from explain.engine import supported_methods
+from explain.rules import LRP_NEEDS
+from explain.testing import ModelState, TinyCase, tiny_case
+
+OPTIONAL = {"open_clip": "open_clip"}  # family -> the package its models come from
+
+
+@functools.cache
+def _case(family: str) -> TinyCase:
+    """One tiny model per family for the whole module (every call leaves it as it was,
+    which test_no_side_effects checks), in float64 so that equal maths compares equal
+    to ~1e-12 even where LRP's original rules amplify rounding."""
+    case = tiny_case(family)
+    case.model.double()
+    return case
+
+
+def _available(family: str) -> bool:
+    package = OPTIONAL.get(family)
+    if package is None:
+        return True
+    try:
+        __import__(package)
+    except ImportError:
+        return False
+    return True
+
+
+def _family_params() -> list:
+    return [
+        pytest.param(
+            family,
+            marks=pytest.mark.skipif(
+                not _available(family), reason=f"{OPTIONAL.get(family)} is not installed"
+            ),
+        )
+        for family in sorted(FAMILIES)
+    ]
+
+
+def _method_params() -> list:
+    """(family, method) for every method each family supports."""
+    params = []
+    for family in sorted(FAMILIES):
+        if not _available(family):
+            continue
+        adapter = adapter_for(_case(family).model)
+        params += [pytest.param(family, method) for method in supported_methods(adapter)]
+    return params
+
+
+def _explain(family: str, inputs=None, *, attention_path="auto", **kwargs):
+    case = _case(family)
+    explainer = Explainer(case.model, attention_path=attention_path)
+    return explainer.explain(case.batch if inputs is None else inputs, **kwargs)
+
+
+def _close(actual, expected):
+    torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-12)
+
+
+def test_every_registered_family_has_a_tiny_model_that_it_serves():
+    for family, entry in FAMILIES.items():
+        if _available(family):
+            assert type(adapter_for(_case(family).model)) is entry.load(), family
+
+
+@pytest.mark.parametrize(("family", "method"), _method_params())
+def test_no_side_effects_after_good_and_failing_calls(family, method):
+    model = _case(family).model
+    before = ModelState.capture(model)
+    _explain(family, method=method)
+    assert before.differences(ModelState.capture(model)) == []
+    with pytest.raises(ExplainError):
+        _explain(family, method=method, target=10**6)  # no such class, text or token
+    assert before.differences(ModelState.capture(model)) == []
+
+
+@pytest.mark.parametrize(("family", "method"), _method_params())
+def test_a_batch_equals_each_input_alone(family, method):
+    if method == "random":
+        pytest.skip("a chance baseline: its noise is drawn per batch, reproducibly per seed")
+    case = _case(family)
+    together = _explain(family, method=method)
+    pairs = adapter_for(case.model).token_sets == TokenSets.DUAL_ENCODER
+    for index, alone in enumerate(case.alone):
+        single = _explain(family, alone, method=method)
+        if not pairs:  # a dual encoder's target indexes the texts of its own batch
+            assert together.target[index] == single.target[0]
+        for name, relevance in together.relevances.items():
+            real = case.lengths.get(name, (None, None))[index]
+            _close(relevance[index][..., :real], single.relevances[name][0][..., :real])
+
+
+@pytest.mark.parametrize(("family", "method"), _method_params())
+def test_text_padding_gets_exactly_zero(family, method):
+    case = _case(family)
+    if not case.lengths:
+        pytest.skip("no text in this family's inputs")
+    explanation = _explain(family, method=method)
+    for name, lengths in case.lengths.items():
+        for index, real in enumerate(lengths):
+            assert (explanation.relevances[name][index, real:] == 0).all(), (name, index)
+
+
+@pytest.mark.parametrize(("family", "method"), _method_params())
+def test_k_targets_equal_k_separate_calls(family, method):
+    case = _case(family)
+    pairs = adapter_for(case.model).token_sets == TokenSets.DUAL_ENCODER
+    if method == "random" and pairs:
+        pytest.skip("each (image, text) pair is a sample, and the noise is drawn per batch")
+    if adapter_for(case.model).token_sets == TokenSets.ENCODER_DECODER:
+        # Several tokens per input are several decoder positions (position="all").
+        with pytest.raises(TargetError):
+            _explain(family, method=method, target=torch.tensor([[0, 1], [1, 0]]))
+        every = _explain(family, method=method, position="all")
+        ids = case.batch["decoder_input_ids"]
+        for position in range(2):  # inside both decoder sequences
+            one = _explain(family, method=method, position=position, target=ids[:, position + 1])
+            assert every.target[:, position].tolist() == one.target.tolist()
+            for name, relevance in every.relevances.items():
+                _close(relevance[:, position], one.relevances[name])
+        return
+    classes = torch.tensor([[0, 1], [1, 0]])
+    both = _explain(family, method=method, target=classes)
+    for k in range(classes.shape[1]):
+        one = _explain(family, method=method, target=classes[:, k])
+        assert both.target[:, k].tolist() == one.target.tolist()
+        for name, relevance in both.relevances.items():
+            _close(relevance[:, k], one.relevances[name])
+
+
+@pytest.mark.parametrize(("family", "method"), _method_params())
+def test_explicit_equals_fused_or_fused_is_refused(family, method):
+    adapter = adapter_for(_case(family).model)
+    if adapter.fused_path() is None or METHODS[method].needs & LRP_NEEDS:
+        with pytest.raises(ExplainError, match="fused"):
+            _explain(family, method=method, attention_path="fused")
+        return
+    fused = _explain(family, method=method, attention_path="fused")
+    explicit = _explain(family, method=method, attention_path="explicit")
+    assert fused.target.tolist() == explicit.target.tolist()
+    for name, relevance in explicit.relevances.items():
+        _close(fused.relevances[name], relevance)
+
+
+@pytest.mark.parametrize("family", _family_params())
+def test_trace_explains_the_default_target_of_explain(family):
+    case = _case(family)
+    explained = _explain(family)
+    traced = Explainer(case.model).trace(case.batch, score="logit")
+    assert traced.target.tolist() == explained.target.tolist()
+    _close(traced.logits, explained.logits)
+    assert (
+        len(traced.attentions) == len(traced.attention_grads) == adapter_for(case.model).num_layers
+    )
+
+
+@pytest.mark.parametrize("family", _family_params())
+def test_an_unsupported_method_is_refused_naming_what_is_supported(family):
+    adapter = adapter_for(_case(family).model)
+    supported = supported_methods(adapter)
+    unsupported = sorted(set(METHODS) - set(supported))
+    for method in [*unsupported, "no_such_method"]:
+        with pytest.raises(ExplainError) as refused:
+            _explain(family, method=method)
+        message = str(refused.value)
+        assert all(name in message for name in supported), (method, message)

@@ -1,0 +1,174 @@
+"""Every code block of README.md and docs/*.md runs, so that no example can rot.
+
+A block may be preceded by one HTML comment (invisible on GitHub) that tells this test how
+to run it:
+
+- `<!-- skip: REASON -->`: not run (network, pretrained weights, large data, long runs);
+  a skipped Python block is still compiled, so its syntax cannot rot either.
+- `<!-- continues -->`: a Python block that builds on the one before it (same namespace);
+  every other Python block runs in a fresh namespace, so each is self-contained.
+- a block in the language `text` (a file tree) is a listing, not run.
+- `<!-- needs: demo-scenes -->`: a shell block that reads `outputs/demo/scenes/`, which
+  `make demo` writes; the test writes two held-out scenes there first.
+
+Python blocks run in a temporary folder (they may write files); shell blocks run there
+with bash, where `explain` and `python` are this interpreter running this checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SHELLS = ("bash", "sh", "shell")
+
+_BLOCK = re.compile(
+    r"(?:^<!--\s*(?P<marker>[^\n]*?)\s*-->\n)?^```(?P<lang>[\w-]*)\n(?P<code>.*?)^```\s*$",
+    flags=re.DOTALL | re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    page: Path
+    line: int
+    lang: str
+    code: str
+    marker: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of a page, in order, each with its marker comment."""
+    text = page.read_text(encoding="utf-8")
+    return [
+        Block(
+            page,
+            text.count("\n", 0, match.start("code")) + 1,
+            match["lang"],
+            match["code"],
+            match["marker"] or "",
+        )
+        for match in _BLOCK.finditer(text)
+    ]
+
+
+def _check_marker(block: Block) -> None:
+    known = block.marker == "" or block.marker == "continues"
+    known |= block.marker.startswith("skip: ") or block.marker == "needs: demo-scenes"
+    assert known, f"{block.name}: unknown marker <!-- {block.marker} -->"
+    assert block.lang in ("python", "text", *SHELLS), (
+        f"{block.name}: a code block needs a language (python, bash, or text for listings "
+        f"that are not run), got {block.lang!r}"
+    )
+
+
+def _write_demo_scenes(folder: Path) -> None:
+    from explain.data import shapes
+    from explain.viz import save_image
+
+    heldout = shapes.ShapesDataset("heldout", 2)
+    for index in range(2):
+        save_image(heldout.scene(index).image, folder / f"scene_{index}.png")
+
+
+def _shell_env(tmp_path: Path) -> dict[str, str]:
+    """PATH with `explain` and `python` for this interpreter and checkout first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    python = shlex.quote(sys.executable)
+    for name, command in (("explain", f"{python} -m explain.cli"), ("python", python)):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\nexec {command} "$@"\n')
+        script.chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PATH": path, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}
+
+
+def run_shell(code: str, cwd: Path, name: str) -> str:
+    """Run shell code with bash (-e: the first failing command fails the block)."""
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", code],
+        cwd=cwd,
+        env=_shell_env(cwd),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, f"{name} failed ({done.returncode}):\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch) -> None:
+    """Each page's blocks, in order: Python exec'd, shell run by bash, skips compiled."""
+    found = blocks(page)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    ran = 0
+    for block in found:
+        _check_marker(block)
+        if block.lang == "text":  # a listing (a file tree), nothing to run
+            continue
+        if block.marker.startswith("skip: "):
+            if block.lang == "python":
+                compile(block.code, block.name, "exec")
+            continue
+        if block.lang == "python":
+            if block.marker != "continues":
+                namespace = {"__name__": "__doc_example__"}
+            exec(compile(block.code, block.name, "exec"), namespace)
+        else:
+            if block.marker == "needs: demo-scenes":
+                _write_demo_scenes(tmp_path / "outputs" / "demo" / "scenes")
+            run_shell(block.code, tmp_path, block.name)
+        ran += 1
+    skipped = [b for b in found if b.marker.startswith("skip: ") or b.lang == "text"]
+    assert ran + len(skipped) == len(found)
+    if not found:
+        pytest.skip(f"{page.name} has no code blocks")
+
+
+def test_every_page_has_its_examples_found() -> None:
+    """The block parser sees the examples (a broken regex must not pass as 'nothing to run')."""
+    counts = {page.name: len(blocks(page)) for page in PAGES}
+    assert counts["README.md"] >= 8
+    assert counts["gradients.md"] >= 6
+    assert counts["multimodal.md"] >= 6
+    fences = {page.name: page.read_text(encoding="utf-8").count("\n```") for page in PAGES}
+    for page in PAGES:  # every opening fence and its closing one belong to a found block
+        assert 2 * counts[page.name] == fences[page.name] + page.read_text().startswith("```")
+
+
+def test_help_examples_run(tmp_path: Path) -> None:
+    """The example in `explain image --help` runs as printed (after `make demo`)."""
+    from explain.cli import build_parser
+
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if a.choices and "image" in a.choices)
+    epilog = subparsers.choices["image"].epilog
+    example = epilog.split("Example (after `make demo`): ", 1)[1]
+    _write_demo_scenes(tmp_path / "outputs" / "demo" / "scenes")
+    run_shell(example, tmp_path, "explain image --help")
+    assert (tmp_path / "maps" / "scene_0_grid.png").is_file()
+
+
+def test_evaluate_help_example_is_two_lines() -> None:
+    """The shell continuation in `explain evaluate --help` survives as a line break."""
+    from explain.cli import evaluate
+
+    assert "random \\\n        --limit" in evaluate.__doc__

@@ -1,0 +1,91 @@
+"""The module graph of `explain` has no cycles, counting every import: at the top of a
+module, inside functions, and under TYPE_CHECKING (a cycle hidden there is still a loop in
+the design). An edge goes to the module an import names: `from explain.pkg import name`
+names the submodule `explain.pkg.name` when there is one, and the package otherwise."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import explain
+
+ROOT = Path(explain.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every explain module `name` imports, wherever the import statement is."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                submodule = f"{base}.{alias.name}"
+                targets.add(submodule if submodule in modules else base)
+    return {target for target in targets if target in modules and target != name}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph`, as the list of its modules, or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for successor in sorted(graph[node]):
+            if state.get(successor) == 1:
+                return [*stack[stack.index(successor) :], successor]
+            if successor not in state:
+                found = visit(successor)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_module_graph_has_no_cycle():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_sees_imports_inside_functions_and_type_checking(tmp_path):
+    """The check itself can fail: a loop made only of a function-level import and a
+    TYPE_CHECKING import is found."""
+    package = tmp_path / "explain"
+    package.mkdir()
+    (package / "a.py").write_text("def f():\n    from explain import b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from explain.a import f\n"
+    )
+    modules = {"explain.a": package / "a.py", "explain.b": package / "b.py"}
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert _cycle(graph) in (
+        ["explain.a", "explain.b", "explain.a"],
+        ["explain.b", "explain.a", "explain.b"],
+    )
