@@ -11,6 +11,7 @@ torch.Size([8, 224, 224])
 
 from explain.api import Explainer, explain
 from explain.architectures import supported_families
+from explain.architectures.custom import TransformerSpec
 from explain.errors import (
     ExplainError,
     InputError,
@@ -33,6 +34,7 @@ __all__ = [
     "OptionError",
     "TargetError",
     "Trace",
+    "TransformerSpec",
     "UnknownMethodError",
     "UnsupportedModelError",
     "__version__",

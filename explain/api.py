@@ -9,6 +9,7 @@ from torch import nn
 
 from explain import engine
 from explain.architectures import Adapter, adapter_for
+from explain.architectures.custom import TransformerSpec
 from explain.engine import Request, StartLayer, resolve_start_layer
 from explain.errors import OptionError
 from explain.explanation import Explanation, Trace
@@ -28,10 +29,21 @@ class Explainer:
         attention_path: "auto" (default) keeps the fused attention kernel where that is
             faster and recomputes each block's attention from q, k, v (explain.fused);
             "explicit" or "fused" force one path. Both give the same numbers.
+        spec: for a transformer of your own (no supported family): its blocks, attention
+            probabilities and readout, see `explain.TransformerSpec` and
+            docs/custom-models.md.
+
+    DataParallel, DistributedDataParallel and torch.compile wrappers are looked through:
+    the wrapped model is explained.
     """
 
     def __init__(
-        self, model: nn.Module, *, tokenizer: Any = None, attention_path: AttentionPath = "auto"
+        self,
+        model: nn.Module,
+        *,
+        tokenizer: Any = None,
+        attention_path: AttentionPath = "auto",
+        spec: TransformerSpec | None = None,
     ) -> None:
         if attention_path not in ATTENTION_PATHS:
             raise OptionError(
@@ -39,7 +51,7 @@ class Explainer:
                 f"got {attention_path!r}"
             )
         self.model = model
-        self.adapter: Adapter = adapter_for(model)
+        self.adapter: Adapter = adapter_for(model) if spec is None else spec.adapter(model)
         self.tokenizer = tokenizer
         self.attention_path: AttentionPath = attention_path
 
@@ -62,8 +74,9 @@ class Explainer:
             method: a name from `explain.METHODS`.
             score: "logit" (as in the papers), "probability" or "log_probability".
             start_layer: first block to aggregate over (methods that aggregate); negative
-                values count from the end. None uses the method's default. Dual encoders
-                (CLIP) also take one per tower, {"image": s, "text": s}.
+                values count from the end. None uses the method's default (a dual
+                encoder's towers: their last block). Also one per token set by name, e.g.
+                {"image": s, "text": s} for CLIP's towers.
             **options: method options, e.g. rollout's `head_fusion`, `discard_ratio`;
                 encoder-decoders take `position` (see docs/multimodal.md).
 
@@ -98,6 +111,8 @@ class Explainer:
 
 
 def explain(model: nn.Module, inputs: Any, **kwargs: Any) -> Explanation:
-    """One-shot form of `Explainer(model).explain(inputs, **kwargs)`."""
+    """One-shot form of `Explainer(model).explain(inputs, **kwargs)` (`tokenizer` and
+    `spec` go to the Explainer)."""
     tokenizer = kwargs.pop("tokenizer", None)
-    return Explainer(model, tokenizer=tokenizer).explain(inputs, **kwargs)
+    spec = kwargs.pop("spec", None)
+    return Explainer(model, tokenizer=tokenizer, spec=spec).explain(inputs, **kwargs)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 __all__ = [
     "ExplainError",
+    "GatedRepoError",
+    "HubUnreachableError",
     "InputError",
     "ModelLoadError",
     "OptionError",
+    "RepoNotFoundError",
     "TargetError",
     "UnknownMethodError",
     "UnsupportedModelError",
@@ -23,6 +26,19 @@ class UnsupportedModelError(ExplainError, TypeError):
 
 class ModelLoadError(ExplainError, OSError):
     """A model cannot be loaded: unknown name, missing or corrupted file, no local weights."""
+
+
+class HubUnreachableError(ModelLoadError):
+    """A model must come from the Hugging Face Hub and is not in the local cache, but the
+    Hub cannot be reached: offline mode is on, or there is no network."""
+
+
+class RepoNotFoundError(ModelLoadError):
+    """The Hugging Face Hub has no such repository (or revision), or it is private."""
+
+
+class GatedRepoError(RepoNotFoundError):
+    """The repository is gated: its terms must be accepted and an access token given."""
 
 
 class InputError(ExplainError, ValueError):

@@ -9,11 +9,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from explain.errors import InputError
+from explain.preprocessing import ImagePreprocessing, read_image
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "atomic_write", "load_images"]
 
@@ -64,25 +63,13 @@ def load_images(
     """Load image files as a normalised batch.
 
     Each image is converted to RGB, resized (bicubic) to `size` = (H, W), scaled to
-    [0, 1] and normalised with `mean` and `std`.
+    [0, 1] and normalised with `mean` and `std` (a model's own preprocessing, crop
+    included, is `LoadedModel.preprocessing`).
 
     Returns:
         (normalised (B, 3, H, W), unnormalised (B, 3, H, W) in [0, 1] for display).
     """
-    from PIL import Image, UnidentifiedImageError
-
-    pixels = []
-    for path in paths:
-        try:
-            with Image.open(path) as image:
-                rgb = image.convert("RGB").resize((size[1], size[0]), Image.BICUBIC)
-        except FileNotFoundError:
-            raise InputError(f"image file not found: {path}") from None
-        except (UnidentifiedImageError, OSError) as error:
-            raise InputError(f"cannot read {path} as an image: {error}") from None
-        pixels.append(torch.from_numpy(np.asarray(rgb, dtype=np.float32) / 255.0).permute(2, 0, 1))
-    if not pixels:
-        raise InputError("no images given")
-    raw = torch.stack(pixels)
+    plain = ImagePreprocessing(size=tuple(size), mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    raw = plain([read_image(path) for path in paths])
     normalised = (raw - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
     return normalised, raw

@@ -1,6 +1,8 @@
-"""`LoadedModel`: what loading a model spec returns. Its own module so that the loaders
-(explain.loading) and the zoo (explain.zoo), which loading calls, share it without
-importing each other."""
+"""`LoadedModel`: a model ready to explain, with what it takes to feed it and name its outputs.
+
+Its own module so that the loaders (`explain.loading` for every spec, `explain.zoo` for
+the zoo) both build it without importing each other.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from torch import nn
+
+from explain.preprocessing import ImagePreprocessing
 
 __all__ = ["LoadedModel"]
 
@@ -19,12 +24,12 @@ class LoadedModel:
 
     Attributes:
         name: the spec it was loaded from.
-        model: the torch module, in eval mode.
+        model: the torch module, in eval mode, on its device and in its dtype.
         modality: what `Explainer.explain` takes as inputs: "image", "text", or
             "image_text" for dual encoders such as CLIP (images and texts together).
         classes: the name of each output, in logit order (None when unknown).
-        image_size: (H, W) the model takes (image models).
-        mean, std: per-channel normalisation of [0, 1] pixels (image models).
+        preprocessing: how a photo becomes the model's input and how a map on that input
+            goes back onto the photo (image models).
         tokenizer: a Hugging Face tokenizer (text models).
         multi_label: True when each logit is an independent yes/no (sigmoid) decision.
         card: the model card, when there is one.
@@ -34,9 +39,32 @@ class LoadedModel:
     model: nn.Module
     modality: Literal["image", "text", "image_text"]
     classes: tuple[str, ...] | None = None
-    image_size: tuple[int, int] | None = None
-    mean: tuple[float, ...] | None = None
-    std: tuple[float, ...] | None = None
+    preprocessing: ImagePreprocessing | None = None
     tokenizer: Any = None
     multi_label: bool = False
     card: Path | None = None
+
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """(H, W) the model takes (image models)."""
+        return self.preprocessing.size if self.preprocessing else None
+
+    @property
+    def mean(self) -> tuple[float, ...] | None:
+        """Per-channel mean its [0, 1] pixels are normalised with (image models)."""
+        return self.preprocessing.mean if self.preprocessing else None
+
+    @property
+    def std(self) -> tuple[float, ...] | None:
+        """Per-channel standard deviation its pixels are normalised with (image models)."""
+        return self.preprocessing.std if self.preprocessing else None
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are, and so where its explanations are computed."""
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating-point type of the model's parameters."""
+        return next(self.model.parameters()).dtype

@@ -8,33 +8,59 @@ A spec is one of:
   folder (`config.json` with a `family`);
 - a weights file (`.safetensors`, `.pth`, `.pt`, `.bin`) of a timm model, with the timm
   `config.json` next to it or the architecture given as `architecture=`;
-- a timm model name such as `vit_base_patch16_224.augreg2_in21k_ft_in1k`, with the
-  pretrained weights from `weights=FILE` or already in the local Hugging Face / torch hub
-  cache.
+- a timm model name, with or without its pretrained tag (`vit_base_patch16_224`,
+  `vit_base_patch16_224.augreg2_in21k_ft_in1k`), or `hf-hub:org/name` for a timm model
+  published on the Hugging Face Hub;
+- a Hugging Face Hub repo id `org/name`, optionally `org/name@revision` (a branch, tag or
+  commit): a transformers model, or a timm one (its config says which).
 
-Local files go through the same code as a download would: timm's `create_model(...,
-pretrained=True)` with the file as the pretrained source (its checkpoint filters, class-count
-and position-embedding adaptation included) and Hugging Face's `from_pretrained`. Nothing
-here touches the network: a missing download is a ModelLoadError that says how to provide
-the weights.
+Downloads go through the libraries' own code (timm's `create_model(..., pretrained=True)`,
+transformers' `from_pretrained`, huggingface_hub) and so through the Hugging Face cache
+($HF_HUB_CACHE, by default ~/.cache/huggingface/hub): a second run needs no network.
+`offline=True` (or HF_HUB_OFFLINE=1 / TRANSFORMERS_OFFLINE=1) uses the cache only. Local
+files take the same code as a download would. Each model comes with its class names (timm's
+ImageNet descriptions, a Hugging Face config's `id2label`) and its own image preprocessing
+(timm's data config, a Hugging Face image processor).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from explain.errors import ModelLoadError
+from explain.errors import ModelLoadError, OptionError, UnsupportedModelError
+from explain.hub import (
+    HUB_PREFIX,
+    env_offline,
+    fetch_config,
+    hub_errors,
+    hub_session,
+    is_repo_id,
+    split_revision,
+)
+from explain.io import IMAGENET_MEAN, IMAGENET_STD
 from explain.loaded_model import LoadedModel
+from explain.preprocessing import ImagePreprocessing
+from explain.zoo import load_zoo_folder, load_zoo_model
 
-__all__ = ["ZOO_PREFIX", "LoadedModel", "load_model"]
+__all__ = ["DEVICES", "DTYPES", "ZOO_PREFIX", "LoadedModel", "load_model", "resolve_device"]
 
 ZOO_PREFIX = "zoo:"
 _WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+"""Device names `load_model` and `--device` take (`cuda:1` and the like work too)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""Parameter types `load_model` and `--dtype` take, by name."""
+_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+"""OpenAI CLIP's pixel normalisation, for a dual encoder saved without its image processor."""
 
 
 def load_model(
@@ -43,30 +69,97 @@ def load_model(
     weights: str | os.PathLike[str] | None = None,
     architecture: str | None = None,
     pretrained: bool = True,
+    offline: bool = False,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
 ) -> LoadedModel:
-    """Load the model `spec` names (see the module docstring) on the CPU, in eval mode.
+    """Load the model `spec` names (see the module docstring) in eval mode.
 
     Args:
-        spec: `zoo:NAME`, a folder, a weights file or a timm model name.
-        weights: a weights file for a timm model name (the pretrained weights to use).
+        spec: `zoo:NAME`, a folder, a weights file, a timm model name, `hf-hub:org/name`
+            or a Hugging Face repo id `org/name[@revision]`.
+        weights: a weights file for a timm model name (its pretrained weights, no download).
         architecture: the timm model name of a bare weights file without a config.
         pretrained: False builds a timm model name with random weights (for trying things).
+        offline: use the Hugging Face cache only, never the network (also when the
+            environment sets HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE).
+        device: where the model (and so every explanation of it) runs: "cpu", "cuda",
+            "cuda:1", "mps", or "auto" (a GPU when there is one).
+        dtype: "float32", "bfloat16", "float16" (or a torch dtype); None keeps the
+            checkpoint's float32.
 
     Raises:
-        ModelLoadError: unknown spec, missing or unreadable files, or pretrained weights
-            that are not available locally.
+        ModelLoadError: unknown spec, missing or unreadable files; its subclasses
+            HubUnreachableError (offline or no network, and not cached),
+            RepoNotFoundError (no such repo or revision) and GatedRepoError (the repo
+            needs its terms accepted and a token).
+        UnsupportedModelError: the model is of no family explain can instrument (checked
+            before its weights are downloaded).
+        OptionError: an unknown or unavailable device or dtype.
     """
+    target_device = resolve_device(device)
+    target_dtype = _resolve_dtype(dtype)
     text = os.fspath(spec)
+    offline = offline or env_offline()
     if text.startswith(ZOO_PREFIX):
-        from explain.zoo import load_zoo_model
+        loaded = load_zoo_model(text[len(ZOO_PREFIX) :])
+    else:
+        with hub_session(offline):
+            loaded = _load_spec(text, weights, architecture, pretrained, offline)
+    loaded.model.to(device=target_device, dtype=target_dtype)
+    return loaded
 
-        return load_zoo_model(text[len(ZOO_PREFIX) :])
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """The torch device a `device` option names; "auto": CUDA, else MPS, else the CPU."""
+    if isinstance(device, torch.device):
+        return device
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+    try:
+        chosen = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise OptionError(
+            f"unknown device {device!r}; use one of {', '.join(DEVICES)} (or cuda:N)"
+        ) from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError("device cuda: this machine has no usable CUDA GPU; use --device cpu")
+    if chosen.type == "mps" and not torch.backends.mps.is_available():
+        raise OptionError("device mps: Apple's Metal backend is not available here")
+    return chosen
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise OptionError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _load_spec(
+    text: str,
+    weights: str | os.PathLike[str] | None,
+    architecture: str | None,
+    pretrained: bool,
+    offline: bool,
+) -> LoadedModel:
+    """Every spec but `zoo:`, inside the hub session."""
+    if text.startswith(HUB_PREFIX):
+        repo = text[len(HUB_PREFIX) :]
+        with hub_errors(text, repo, offline):
+            return _load_timm_hub(repo, name=text)
     path = Path(text).expanduser()
     if path.is_dir():
         return _load_folder(path)
     if path.is_file() or path.suffix in _WEIGHT_SUFFIXES:
         return _load_timm_file(path, architecture)
-    return _load_timm_name(text, weights, pretrained)
+    if is_repo_id(text):
+        with hub_errors(text, text, offline):
+            return _load_repo(text)
+    return _load_timm_name(text, weights, pretrained, offline)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -85,17 +178,62 @@ def _load_folder(folder: Path) -> LoadedModel:
         )
     config = _read_json(config_path)
     if "family" in config:
-        from explain.zoo import load_zoo_folder
-
         return load_zoo_folder(folder)
     if "architecture" in config:
+        _require_supported_timm(config, str(folder))
         return _load_timm(f"local-dir:{folder}", name=str(folder))
     if "model_type" in config:
-        return _load_hugging_face(folder)
+        return _load_hugging_face(folder, name=str(folder))
     raise ModelLoadError(
         f"{config_path} names no model: expected `model_type` (Hugging Face), "
         "`architecture` (timm) or `family` (zoo)"
     )
+
+
+def _load_repo(repo: str) -> LoadedModel:
+    """A Hub repo id: its config.json says whether timm or transformers made it."""
+    config = fetch_config(repo)
+    if "architecture" in config:
+        return _load_timm_hub(repo, name=repo, config=config)
+    if "model_type" in config:
+        return _load_hugging_face(repo, name=repo)
+    raise ModelLoadError(
+        f"{repo} is neither a transformers model (no `model_type` in its config.json) nor a "
+        "timm model (no `architecture`)"
+    )
+
+
+def _load_timm_hub(repo: str, *, name: str, config: dict[str, Any] | None = None):
+    """A timm model from Hub repo `org/name[@revision]`: its config, then timm's `hf-hub:`
+    loader (which reads the same config and downloads the weights)."""
+    _require_supported_timm(config if config is not None else fetch_config(repo), name)
+    return _load_timm(f"{HUB_PREFIX}{repo}", name=name)
+
+
+def _require_supported_timm(config: dict[str, Any], name: str) -> None:
+    """UnsupportedModelError for a timm config of a family explain cannot instrument,
+    found by building the architecture without weights (on the meta device)."""
+    import timm
+
+    architecture = config["architecture"]
+    if not timm.is_model(architecture):
+        raise ModelLoadError(
+            f"{name} is a timm {architecture}, which this timm ({timm.__version__}) does not "
+            "know: upgrade timm (`pip install -U timm`)"
+        )
+    with torch.device("meta"):
+        skeleton = timm.create_model(architecture, pretrained=False, **config.get("model_args", {}))
+    _require_supported(skeleton, name)
+
+
+def _require_supported(model: nn.Module, name: str) -> None:
+    """UnsupportedModelError, naming the supported families, unless an adapter takes it."""
+    from explain.architectures import adapter_for
+
+    try:
+        adapter_for(model)
+    except UnsupportedModelError as error:
+        raise UnsupportedModelError(f"{name}: {error}") from None
 
 
 def _load_timm_file(path: Path, architecture: str | None) -> LoadedModel:
@@ -126,137 +264,159 @@ def _load_timm_file(path: Path, architecture: str | None) -> LoadedModel:
     return _load_timm(architecture, name=str(path), pretrained_cfg=pretrained_cfg, **model_args)
 
 
-def _cached_timm_weights(name: str) -> Path | None:
-    """The pretrained weights of timm model `name` if a download already left them here."""
-    import timm.models
-
-    try:
-        config = timm.models.get_pretrained_cfg(name)
-    except (RuntimeError, ValueError):
-        config = None
-    if config is None:
-        return None
-    hub_id = getattr(config, "hf_hub_id", None)
-    if hub_id:
-        from huggingface_hub import try_to_load_from_cache
-
-        filenames = [config.hf_hub_filename] if getattr(config, "hf_hub_filename", None) else []
-        for filename in [*filenames, "model.safetensors", "pytorch_model.bin"]:
-            found = try_to_load_from_cache(hub_id, filename)
-            if isinstance(found, str):
-                return Path(found)
-    url = getattr(config, "url", None)
-    if url:
-        import torch.hub
-
-        candidate = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _load_timm_name(name: str, weights: str | os.PathLike[str] | None, pretrained: bool):
+def _load_timm_name(
+    name: str, weights: str | os.PathLike[str] | None, pretrained: bool, offline: bool
+) -> LoadedModel:
+    """A timm model name: its pretrained weights from `weights`, else from the Hub repo
+    timm publishes them in (the `hf-hub:` route), else from timm's own download URL."""
     import timm
+    import timm.models
 
     if not timm.is_model(name.split(".")[0]):
         raise ModelLoadError(
-            f"{name!r} is not a zoo model (zoo:NAME), an existing file or folder, or a timm "
-            "model name; `explain models` lists the zoo"
+            f"{name!r} is not a zoo model (zoo:NAME), an existing file or folder, a timm model "
+            "name, hf-hub:org/name or a Hugging Face repo id org/name; `explain models` lists "
+            "the zoo"
         )
     if not pretrained:
         return _load_timm(name, name=name, pretrained=False)
-    if weights is None:
-        weights = _cached_timm_weights(name)
-        if weights is None:
-            raise ModelLoadError(
-                f"the pretrained weights of timm model {name!r} are not on this machine and "
-                "explain never downloads: pass the weights file (Python: weights=FILE, CLI: "
-                f"--weights FILE), or fetch them once where there is network with "
-                f"`python -c \"import timm; timm.create_model('{name}', pretrained=True)\"`"
-            )
-    weights = Path(weights)
-    if not weights.is_file():
-        raise ModelLoadError(f"weights file not found: {weights}")
-    return _load_timm(name, name=name, pretrained_cfg_overlay={"file": str(weights)})
+    if weights is not None:
+        if not Path(weights).is_file():
+            raise ModelLoadError(f"weights file not found: {weights}")
+        return _load_timm(name, name=name, pretrained_cfg_overlay={"file": str(weights)})
+    config = timm.models.get_pretrained_cfg(name)
+    if config is None:
+        raise ModelLoadError(
+            f"timm has no pretrained weights for {name!r}: see `timm.list_pretrained("
+            f"'{name.split('.')[0]}*')` for its tags, or pass pretrained=False"
+        )
+    if config.hf_hub_id and not config.hf_hub_filename:
+        with hub_errors(name, config.hf_hub_id, offline):
+            return _load_timm_hub(config.hf_hub_id, name=name)
+    # Weights only at a URL: timm's torch.hub download, which has no offline switch.
+    with torch.device("meta"):
+        _require_supported(timm.create_model(name, pretrained=False), name)
+    if offline and not _in_torch_hub_cache(config.url):
+        raise ModelLoadError(
+            f"the weights of {name} are not in the torch hub cache and offline mode is on: "
+            "run once without it where there is network, or pass weights=FILE (--weights)"
+        )
+    return _load_timm(name, name=name)
+
+
+def _in_torch_hub_cache(url: str | None) -> bool:
+    checkpoints = Path(torch.hub.get_dir()) / "checkpoints"
+    return bool(url) and (checkpoints / os.path.basename(url)).is_file()
 
 
 def _load_timm(model_name: str, *, name: str, pretrained: bool = True, **options: Any):
-    """timm.create_model with pretrained weights from a local source, as a LoadedModel."""
+    """timm.create_model with its pretrained weights (local, cached or downloaded)."""
     import timm
     from safetensors import SafetensorError
     from timm.data import resolve_data_config
 
-    try:
+    with _failing_as(f"cannot load timm model {name}", RuntimeError, SafetensorError):
         model = timm.create_model(model_name, pretrained=pretrained, **options)
-    except (OSError, RuntimeError, ValueError, KeyError, SafetensorError) as error:
-        raise ModelLoadError(f"cannot load timm model {name}: {error}") from None
     model.eval()
-    data = resolve_data_config({}, model=model)
+    _require_supported(model, name)
     return LoadedModel(
         name=name,
         model=model,
         modality="image",
         classes=_timm_class_names(model),
-        image_size=tuple(data["input_size"][1:]),
-        mean=tuple(data["mean"]),
-        std=tuple(data["std"]),
+        preprocessing=ImagePreprocessing.from_timm(resolve_data_config({}, model=model)),
     )
 
 
+@contextlib.contextmanager
+def _failing_as(message: str, *also: type[BaseException]) -> Iterator[None]:
+    """The libraries' loading errors as ModelLoadError(`message`: error), except the hub
+    client's, which `hub_errors` turns into errors that say which (offline, no network, no
+    such repo, gated)."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError, *also) as error:
+        if type(error).__module__.startswith("huggingface_hub"):
+            raise
+        raise ModelLoadError(f"{message}: {error}") from None
+
+
 def _timm_class_names(model: nn.Module) -> tuple[str, ...] | None:
-    """ImageNet class descriptions that timm ships, when the head is an ImageNet head."""
-    names = getattr(model, "pretrained_cfg", {}).get("label_names")
-    if names and len(names) == model.num_classes:
-        return tuple(names)
+    """The class names timm ships: ImageNet's descriptions ("tabby, tabby cat") for an
+    ImageNet head, else the checkpoint's own label names."""
     from timm.data import ImageNetInfo, infer_imagenet_subset
 
+    config = getattr(model, "pretrained_cfg", {}) or {}
+    names = config.get("label_descriptions")
+    if isinstance(names, list | tuple) and len(names) == model.num_classes:
+        return tuple(names)
     subset = infer_imagenet_subset(model)
-    if subset is None:
-        return None
-    return tuple(ImageNetInfo(subset).label_descriptions())
+    if subset is not None:
+        return tuple(ImageNetInfo(subset).label_descriptions())
+    names = config.get("label_names")
+    if names and len(names) == model.num_classes:
+        return tuple(names)
+    return None
 
 
-def _load_hugging_face(folder: Path) -> LoadedModel:
-    """`from_pretrained(folder)` of the architecture the folder's config names."""
+def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
+    """`from_pretrained` of the architecture the config names, from a folder or a Hub repo
+    `org/name[@revision]`; its tokenizer, class names and image processor with it."""
     import transformers
 
-    try:
-        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
-        architectures = getattr(config, "architectures", None) or []
-        cls = getattr(transformers, architectures[0], None) if architectures else None
-        model = (cls or transformers.AutoModel).from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError) as error:
-        raise ModelLoadError(f"cannot load the Hugging Face model in {folder}: {error}") from None
+    local = isinstance(source, Path)
+    repo, revision = (source, None) if local else split_revision(source)
+    options: dict[str, Any] = {"revision": revision, "local_files_only": local}
+    with _failing_as(f"cannot read the Hugging Face config of {name}"):
+        config = transformers.AutoConfig.from_pretrained(repo, **options)
+    architectures = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, architectures[0], None) if architectures else None
+    with torch.device("meta"):  # the family check costs no download and no memory
+        skeleton = transformers.AutoModel.from_config(config) if cls is None else cls(config)
+    _require_supported(skeleton, name)
+    with _failing_as(f"cannot load the Hugging Face model {name}"):
+        model = (cls or transformers.AutoModel).from_pretrained(repo, **options)
     model.eval()
     # A dual encoder (CLIP and its kin) takes images and texts: it needs both preprocessings.
     dual = hasattr(model, "get_image_features") and hasattr(model, "get_text_features")
     image_input = dual or getattr(model, "main_input_name", "input_ids") == "pixel_values"
     tokenizer = None
     if dual or not image_input:
-        try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        except (OSError, ValueError, KeyError) as error:
-            raise ModelLoadError(
-                f"{folder} holds a text model but no tokenizer files: {error}"
-            ) from None
+        with _failing_as(f"{name} holds a text model but no tokenizer"):
+            tokenizer = transformers.AutoTokenizer.from_pretrained(repo, **options)
     id2label = getattr(config, "id2label", None) or {}
     classes = tuple(id2label[i] for i in sorted(id2label)) if id2label else None
-    image_size = mean = std = None
-    if image_input:
-        size = getattr(getattr(config, "vision_config", config), "image_size", None)
-        image_size = (size, size) if isinstance(size, int) else None
-        processor = folder / "preprocessor_config.json"
-        if processor.is_file():
-            values = _read_json(processor)
-            mean = tuple(values["image_mean"]) if "image_mean" in values else None
-            std = tuple(values["image_std"]) if "image_std" in values else None
     return LoadedModel(
-        name=str(folder),
+        name=name,
         model=model,
         modality="image_text" if dual else "image" if image_input else "text",
         classes=classes,
-        image_size=image_size,
-        mean=mean,
-        std=std,
+        preprocessing=_hugging_face_preprocessing(repo, options, config, dual)
+        if image_input
+        else None,
         tokenizer=tokenizer,
+    )
+
+
+def _hugging_face_preprocessing(
+    repo: str | Path, options: dict[str, Any], config: Any, dual: bool
+) -> ImagePreprocessing | None:
+    """The model's image processor; without one, a plain resize to the config's image size
+    with CLIP's or ImageNet's normalisation."""
+    import transformers
+
+    try:
+        processor = transformers.AutoImageProcessor.from_pretrained(repo, **options)
+    except (OSError, ValueError, KeyError):  # the repo or folder has no image processor
+        processor = None
+    found = ImagePreprocessing.from_processor(processor) if processor is not None else None
+    size = getattr(getattr(config, "vision_config", config), "image_size", None)
+    if not isinstance(size, int) or (found is not None and found.size == (size, size)):
+        return found
+    # No processor, or one saved with another model's size (a default processor next to a
+    # small model): a plain resize to the size the model takes.
+    return ImagePreprocessing(
+        size=(size, size),
+        mean=found.mean if found else _CLIP_MEAN if dual else IMAGENET_MEAN,
+        std=found.std if found else _CLIP_STD if dual else IMAGENET_STD,
     )

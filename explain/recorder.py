@@ -251,7 +251,8 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             self._handles.append(
                 module.register_forward_hook(
                     lambda module, args, output, t=turn: self._see_attention(
-                        (site := t.next()).layer, site.probabilities(output)
+                        (site := t.next()).layer,
+                        site.probabilities(output if site.seen_in == "output" else args),
                     )
                 )
             )

@@ -5,25 +5,48 @@
   model built from a config with a small batch of inputs, which the conformance suite
   (tests/test_conformance.py) runs every contract on. A new family adds one entry to
   `TINY_MODELS`; a family registered without one fails the suite.
+- one tiny builder per vision backbone family (`tiny_eva`, `tiny_beit`, `tiny_hf_vision`,
+  `tiny_siglip`) and two hand-written transformers with their `TransformerSpec`
+  (`tiny_custom_vit`, `tiny_custom_text`), all random and built from configs.
 - `ModelState`: a snapshot of everything an explanation promises not to change, and a
   comparison that names what changed.
+- `cache_hub_repo`, `fill_hub_cache`: a Hugging Face cache laid out exactly as downloads
+  leave it, filled with tiny models under real repo names, so that the hub loading code
+  runs offline (`scripts/fill_hub_cache.py` fills one to try the CLI by hand).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from explain.architectures.custom import TransformerSpec
+
 __all__ = [
+    "HUB_SPECS",
     "TINY_MODELS",
+    "HandWrittenTextEncoder",
+    "HandWrittenViT",
     "ModelState",
     "TinyCase",
+    "cache_hub_repo",
+    "fill_hub_cache",
     "hook_counts",
+    "tiny_beit",
     "tiny_case",
+    "tiny_custom_text",
+    "tiny_custom_vit",
+    "tiny_eva",
+    "tiny_hf_vision",
+    "tiny_siglip",
     "tiny_vit",
 ]
 
@@ -79,12 +102,14 @@ class TinyCase:
         alone: each sample by itself, unpadded.
         lengths: by token set name, the real length of each sample's tokens (text sets,
             right-padded in `batch`); the relevance past it is padding.
+        spec: for a transformer of one's own, the `TransformerSpec` the Explainer takes.
     """
 
     model: nn.Module
     batch: Any
     alone: tuple[Any, ...]
     lengths: Mapping[str, tuple[int, ...]]
+    spec: TransformerSpec | None = None
 
 
 def _seeded(build: Callable[[], nn.Module], seed: int = 0) -> nn.Module:
@@ -300,29 +325,6 @@ def _hf_encoder_decoder() -> TinyCase:
     return TinyCase(model, batch, alone, {"source": source, "target": target})
 
 
-TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
-    "timm_vit": _timm_vit,
-    "hf_text_encoder": _hf_text_encoder,
-    "hf_clip": _hf_clip,
-    "hf_gpt2": _hf_gpt2,
-    "hf_encoder_decoder": _hf_encoder_decoder,
-    "hf_vit": _hf_vit,
-    "open_clip": _open_clip,
-}
-"""The tiny model of every registered family, by the family's registry name."""
-
-
-def tiny_case(family: str) -> TinyCase:
-    """The tiny model and inputs of the registered family `family` (a fresh model)."""
-    try:
-        build = TINY_MODELS[family]
-    except KeyError:
-        raise KeyError(
-            f"family {family!r} has no tiny model: add one to explain.testing.TINY_MODELS"
-        ) from None
-    return build()
-
-
 _HOOK_DICTS = (
     "_forward_hooks",
     "_forward_hooks_with_kwargs",
@@ -427,3 +429,485 @@ class ModelState:
         ):
             found.append("CUDA RNG state changed")
         return found
+
+
+# --- a Hugging Face cache filled as downloads fill it ----------------------------------------
+
+
+def cache_hub_repo(cache: str | os.PathLike[str], repo_id: str, folder: str | os.PathLike[str]):
+    """Put every file of `folder` into the hub cache `cache` as repo `repo_id`'s `main`,
+    exactly as huggingface_hub's downloads leave them: `models--org--name/blobs/<hash>`,
+    `snapshots/<commit>/<file>` linking to its blob, and `refs/main` holding the commit.
+
+    Returns the snapshot folder.
+    """
+    files = sorted(p for p in Path(folder).rglob("*") if p.is_file())
+    digest = hashlib.sha1(repo_id.encode())
+    for path in files:
+        digest.update(path.relative_to(folder).as_posix().encode() + path.read_bytes())
+    commit = digest.hexdigest()
+    repo = Path(cache) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    for path in files:
+        content = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(content)
+        link = snapshot / path.relative_to(folder)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+HUB_SPECS = {
+    "timm": "vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+    "timm_hub": "hf-hub:timm/deit_tiny_patch16_224.fb_in1k",
+    "text": "distilbert/distilbert-base-uncased-finetuned-sst-2-english",
+    "image": "google/vit-base-patch16-224",
+}
+"""The model specs `fill_hub_cache` caches, one of each kind, by kind."""
+
+_TINY_TIMM = dict(embed_dim=32, depth=2, num_heads=2)
+
+
+def _label_maps(labels) -> dict[str, dict]:
+    """A transformers config's class names, both ways."""
+    return {
+        "id2label": dict(enumerate(labels)),
+        "label2id": {label: i for i, label in enumerate(labels)},
+    }
+
+
+def fill_hub_cache(cache: str | os.PathLike[str]) -> dict[str, nn.Module]:
+    """Cache a tiny randomly initialised model under each of `HUB_SPECS`' real names, saved
+    by the library's own writer with its config (timm's `save_for_hf`: `model_args`,
+    pretrained config, 1000 ImageNet classes; transformers' `save_pretrained` with a
+    tokenizer, `id2label` and an image processor).
+
+    Returns each spec's model, to compare what loads with what was saved.
+    """
+    import timm
+    import transformers
+    from timm.data import ImageNetInfo
+
+    imagenet = ImageNetInfo("imagenet-1k").label_descriptions()
+    models: dict[str, nn.Module] = {}
+    with torch.random.fork_rng(), tempfile.TemporaryDirectory() as scratch:
+        torch.manual_seed(0)
+        for kind in ("timm", "timm_hub"):
+            spec = HUB_SPECS[kind]
+            name = spec.removeprefix("hf-hub:timm/")
+            model = timm.create_model(name, pretrained=False, **_TINY_TIMM).eval()
+            folder = Path(scratch, kind)
+            timm.models.save_for_hf(model, folder, model_args=_TINY_TIMM, safe_serialization=True)
+            cache_hub_repo(cache, f"timm/{name}", folder)
+            models[spec] = model
+
+        from explain.zoo import minilm_folder
+
+        labels = ("NEGATIVE", "POSITIVE")
+        text = transformers.DistilBertForSequenceClassification(
+            transformers.DistilBertConfig(
+                dim=32,
+                hidden_dim=64,
+                n_layers=2,
+                n_heads=2,
+                **_label_maps(labels),
+            )
+        ).eval()
+        folder = Path(scratch, "text")
+        text.save_pretrained(folder)
+        transformers.AutoTokenizer.from_pretrained(minilm_folder()).save_pretrained(folder)
+        cache_hub_repo(cache, HUB_SPECS["text"], folder)
+        models[HUB_SPECS["text"]] = text
+
+        image = transformers.ViTForImageClassification(
+            transformers.ViTConfig(
+                image_size=224,
+                patch_size=16,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                **_label_maps(imagenet),
+            )
+        ).eval()
+        folder = Path(scratch, "image")
+        image.save_pretrained(folder)
+        transformers.ViTImageProcessor(
+            size={"height": 224, "width": 224}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        ).save_pretrained(folder)
+        cache_hub_repo(cache, HUB_SPECS["image"], folder)
+        models[HUB_SPECS["image"]] = image
+    return models
+
+
+# -- vision backbone families (issue 14): one tiny builder per family, from configs --------
+
+
+def _spread_embeddings(model: nn.Module, names: tuple[str, ...]) -> nn.Module:
+    """Random weights give near-uniform attention; spread the token and position
+    embeddings (and the named weights) so that attention maps differ from token to token
+    and the tests can tell methods, and mistakes, apart."""
+    for name, parameter in model.named_parameters():
+        if name.endswith(names):
+            nn.init.normal_(parameter, std=0.5)
+    return model
+
+
+def tiny_eva(*, seed: int = 0, **kwargs: Any) -> nn.Module:
+    """A small random timm `Eva` with EVA-02's pieces (rotary embeddings, SwiGLU MLP,
+    sub-LN); kwargs override, e.g. DINOv3's `num_reg_tokens=4, use_abs_pos_emb=False,
+    rope_type="dinov3", init_values=1e-5`."""
+    from timm.models.eva import Eva
+
+    config: dict[str, Any] = dict(
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=3,
+        num_heads=2,
+        num_classes=5,
+        mlp_ratio=4 * 2 / 3,
+        swiglu_mlp=True,
+        scale_mlp=True,
+        use_rot_pos_emb=True,
+        ref_feat_shape=(4, 4),
+        head_init_scale=1.0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Eva(**{**config, **kwargs})
+        return _spread_embeddings(model, ("cls_token", "reg_token", "pos_embed", "qkv.weight"))
+
+
+def tiny_beit(*, seed: int = 0, **kwargs: Any) -> nn.Module:
+    """A small random timm `Beit` with a relative position bias in every block."""
+    from timm.models.beit import Beit
+
+    config: dict[str, Any] = dict(
+        img_size=32,
+        patch_size=8,
+        embed_dim=32,
+        depth=3,
+        num_heads=2,
+        num_classes=5,
+        use_abs_pos_emb=False,
+        use_rel_pos_bias=True,
+        init_values=1.0,
+        head_init_scale=1.0,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Beit(**{**config, **kwargs})
+        return _spread_embeddings(
+            model, ("cls_token", "pos_embed", "relative_position_bias_table", "qkv.weight")
+        )
+
+
+def _hf_vision_config(**overrides: Any) -> dict[str, Any]:
+    """A tiny transformers vision config (32x32 images, 8x8 patches, 3 blocks)."""
+    config: dict[str, Any] = dict(
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        intermediate_size=48,
+        image_size=32,
+        patch_size=8,
+        num_labels=5,
+        initializer_range=0.3,
+        attn_implementation="sdpa",
+    )
+    return {**config, **overrides}
+
+
+_SIGLIP_TEXT = dict(
+    vocab_size=50,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=16,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def tiny_hf_vision(family: str, *, seed: int = 0, **overrides: Any) -> nn.Module:
+    """A small random Hugging Face image classifier of `family`: "dinov2",
+    "dinov2_with_registers" (2 registers), "beit" (relative position bias) or "siglip";
+    overrides go to the config (e.g. `use_mean_pooling=False` for BEiT)."""
+    import transformers as tf
+
+    builders = {
+        "dinov2": lambda: tf.Dinov2ForImageClassification(
+            tf.Dinov2Config(**_hf_vision_config(mlp_ratio=2, **overrides))
+        ),
+        "dinov2_with_registers": lambda: tf.Dinov2WithRegistersForImageClassification(
+            tf.Dinov2WithRegistersConfig(
+                **_hf_vision_config(mlp_ratio=2, num_register_tokens=2, **overrides)
+            )
+        ),
+        "beit": lambda: tf.BeitForImageClassification(
+            tf.BeitConfig(
+                **_hf_vision_config(
+                    use_relative_position_bias=True, layer_scale_init_value=1.0, **overrides
+                )
+            )
+        ),
+        "siglip": lambda: tf.SiglipForImageClassification(
+            tf.SiglipConfig(
+                vision_config=_hf_vision_config(**overrides),
+                text_config=_SIGLIP_TEXT,
+                num_labels=5,
+            )
+        ),
+    }
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = builders[family]()
+        return _spread_embeddings(
+            model,
+            (
+                "cls_token",
+                "register_tokens",
+                "position_embeddings",
+                "position_embedding.weight",
+                "relative_position_bias_table",
+            ),
+        ).eval()
+
+
+def tiny_siglip(*, seed: int = 0) -> nn.Module:
+    """A small random Hugging Face `SiglipModel` (image-text similarity) with its vision
+    attention pooling head; texts are ids < 50 of at most 16 tokens."""
+    import transformers as tf
+
+    config = tf.SiglipConfig(
+        vision_config=_hf_vision_config(num_hidden_layers=2), text_config=_SIGLIP_TEXT
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tf.SiglipModel(config)
+        return _spread_embeddings(
+            model, ("position_embedding.weight", "token_embedding.weight", "probe")
+        ).eval()
+
+
+# -- hand-written transformers for the custom-model spec (issue 14) ------------------------
+
+
+class _AttentionTimesValues(nn.Module):
+    """A @ V as a module, whose first input is the probabilities."""
+
+    def forward(self, probabilities: Tensor, values: Tensor) -> Tensor:
+        return probabilities @ values
+
+
+class _SelfAttention(nn.Module):
+    """Multi-head self-attention written out: softmax(q k^T / sqrt(d) + mask) v. The
+    probabilities pass through `self.probs` (an identity or dropout) and then enter
+    `self.mix` (A @ V), the two places a TransformerSpec's `attention` can point to;
+    `fused=True` computes the same with F.scaled_dot_product_attention instead, which
+    never shows them."""
+
+    def __init__(self, dim: int, heads: int, *, fused: bool = False, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.fused = heads, fused
+        self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
+        self.probs = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.mix = _AttentionTimesValues()
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor, bias: Tensor | None = None) -> Tensor:
+        batch, tokens, dim = x.shape
+
+        def split(t: Tensor) -> Tensor:
+            return t.reshape(batch, tokens, self.heads, dim // self.heads).transpose(1, 2)
+
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        if self.fused:
+            mixed = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            scores = q @ k.transpose(-2, -1) / (dim // self.heads) ** 0.5
+            if bias is not None:
+                scores = scores + bias
+            mixed = self.mix(self.probs(scores.softmax(dim=-1)), v)
+        return self.out(mixed.transpose(1, 2).reshape(batch, tokens, dim))
+
+
+class HandWrittenViT(nn.Module):
+    """A small pre-norm ViT written from scratch: patches from a strided convolution, a
+    class token, learned positions, blocks `self.layers[i]` with attention
+    `.mixer.probs`, a linear head on the class token."""
+
+    def __init__(
+        self,
+        *,
+        image_size: int = 32,
+        patch: int = 8,
+        dim: int = 32,
+        depth: int = 3,
+        heads: int = 4,
+        classes: int = 5,
+        fused: bool = False,
+    ):
+        super().__init__()
+        self.patchify = nn.Conv2d(3, dim, kernel_size=patch, stride=patch)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+        self.positions = nn.Parameter(torch.randn(1, 1 + (image_size // patch) ** 2, dim))
+        self.layers = nn.ModuleList(_ViTBlock(dim, heads, fused) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = self.patchify(images).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.positions
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+class _ViTBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, fused: bool):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.mixer = _SelfAttention(dim, heads, fused=fused)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.mixer(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class HandWrittenTextEncoder(nn.Module):
+    """A small post-norm text encoder written from scratch: token and position embeddings,
+    blocks `self.encoder.blocks[i]` whose attention dropout `.attention.probs` sees the
+    probabilities, padding masked out of the keys, a classifier on the mean of the real
+    tokens. Called as `model(input_ids=..., attention_mask=...)`."""
+
+    def __init__(
+        self,
+        *,
+        vocab: int = 40,
+        max_tokens: int = 16,
+        dim: int = 32,
+        depth: int = 2,
+        heads: int = 2,
+        classes: int = 3,
+    ):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(max_tokens, dim)
+        self.encoder = nn.Module()
+        self.encoder.blocks = nn.Sequential(*(_TextBlock(dim, heads) for _ in range(depth)))
+        self.classifier = nn.Linear(dim, classes)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.tokens(input_ids) + self.positions(positions)
+        bias = torch.zeros(mask.shape, dtype=x.dtype, device=x.device)
+        bias = bias.masked_fill(mask == 0, float("-inf"))[:, None, None, :]
+        for block in self.encoder.blocks:
+            x = block(x, bias)
+        weights = mask.to(x.dtype)[..., None]
+        return self.classifier((x * weights).sum(dim=1) / weights.sum(dim=1))
+
+
+class _TextBlock(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.attention = _SelfAttention(dim, heads, dropout=0.1)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.feed_forward = nn.Sequential(
+            nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim)
+        )
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        x = self.norm1(x + self.attention(x, bias))
+        return self.norm2(x + self.feed_forward(x))
+
+
+def tiny_custom_vit(*, seed: int = 0, fused: bool = False) -> tuple[nn.Module, TransformerSpec]:
+    """The hand-written ViT and its TransformerSpec (class-token readout, 8x8 patches)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = HandWrittenViT(fused=fused).eval()
+    spec = TransformerSpec(
+        blocks="layers.*", attention="mixer.probs", readout=0, patch_size=8, prefix_tokens=1
+    )
+    return model, spec
+
+
+def tiny_custom_text(*, seed: int = 0) -> tuple[nn.Module, TransformerSpec]:
+    """The hand-written text encoder and its TransformerSpec (mean over real tokens)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = HandWrittenTextEncoder().eval()
+        nn.init.normal_(model.positions.weight, std=1.0)
+    spec = TransformerSpec(blocks="encoder.blocks", attention="attention.probs", readout="mean")
+    return model, spec
+
+
+# -- the tiny model of every family, for the conformance suite -------------------------------
+
+
+def _hf_siglip() -> TinyCase:
+    # SigLIP's text tower reads the last position and takes no attention mask: texts of one
+    # length, as its processor pads them (padding="max_length").
+    ids = _texts((7, 7), (3, 50), first=3, last=4)
+    images = _images(2, 32)
+    alone = tuple(
+        {"pixel_values": images[i : i + 1], "input_ids": ids[i : i + 1]} for i in range(2)
+    )
+    return TinyCase(tiny_siglip(), {"pixel_values": images, "input_ids": ids}, alone, {})
+
+
+def _custom_text() -> TinyCase:
+    model, spec = tiny_custom_text()
+    case = _text_case(model, (6, 4), first=1, last=2)
+    return TinyCase(model, case.batch, case.alone, case.lengths, spec)
+
+
+def _custom_vit() -> TinyCase:
+    model, spec = tiny_custom_vit()
+    case = _image_case(model, 32)
+    return TinyCase(model, case.batch, case.alone, case.lengths, spec)
+
+
+TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
+    "timm_vit": _timm_vit,
+    "hf_text_encoder": _hf_text_encoder,
+    "hf_clip": _hf_clip,
+    "hf_gpt2": _hf_gpt2,
+    "hf_encoder_decoder": _hf_encoder_decoder,
+    "hf_vit": _hf_vit,
+    "open_clip": _open_clip,
+    "timm_eva": lambda: _image_case(tiny_eva(), 32),
+    "timm_beit": lambda: _image_case(tiny_beit(), 32),
+    "hf_dinov2": lambda: _image_case(tiny_hf_vision("dinov2"), 32),
+    "hf_beit": lambda: _image_case(tiny_hf_vision("beit"), 32),
+    "hf_siglip_classifier": lambda: _image_case(tiny_hf_vision("siglip"), 32),
+    "hf_siglip": _hf_siglip,
+    "custom_vit": _custom_vit,
+    "custom_text": _custom_text,
+}
+"""The tiny model of every registered family, by the family's registry name, and of the
+two hand-written transformers explained through a `TransformerSpec` (custom_vit,
+custom_text)."""
+
+
+def tiny_case(family: str) -> TinyCase:
+    """The tiny model and inputs of the registered family `family` (a fresh model)."""
+    try:
+        build = TINY_MODELS[family]
+    except KeyError:
+        raise KeyError(
+            f"family {family!r} has no tiny model: add one to explain.testing.TINY_MODELS"
+        ) from None
+    return build()

@@ -32,6 +32,7 @@ from torch import nn
 from explain.errors import ModelLoadError
 from explain.io import atomic_write
 from explain.loaded_model import LoadedModel
+from explain.preprocessing import ImagePreprocessing
 
 __all__ = [
     "ZOO",
@@ -299,15 +300,19 @@ def load_zoo_folder(folder: Path, *, spec: str | None = None) -> LoadedModel:
     model = build_model(config)
     _install(model, weights, config.get("trained"), weights_path)
     model.eval()
-    preprocessing = config.get("preprocessing", {})
+    preprocessing = config.get("preprocessing")
     return LoadedModel(
         name=spec or str(folder),
         model=model,
         modality=config["modality"],
         classes=tuple(config["classes"]) if config.get("classes") is not None else None,
-        image_size=tuple(preprocessing["image_size"]) if "image_size" in preprocessing else None,
-        mean=tuple(preprocessing["mean"]) if "mean" in preprocessing else None,
-        std=tuple(preprocessing["std"]) if "std" in preprocessing else None,
+        preprocessing=ImagePreprocessing(
+            size=tuple(preprocessing["image_size"]),
+            mean=tuple(preprocessing["mean"]),
+            std=tuple(preprocessing["std"]),
+        )
+        if preprocessing
+        else None,
         tokenizer=_load_tokenizer(folder, config),
         multi_label=config.get("multi_label", False),
         card=folder / CARD if (folder / CARD).is_file() else None,

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from explain.testing import tiny_vit
+
+
+def pytest_configure(config):
+    """No test touches the network: the Hugging Face libraries read HF_HUB_OFFLINE when
+    first imported, which is after this (test modules import them)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 
 # name -> (constructor kwargs, input (H, W))
 VIT_CONFIGS = {

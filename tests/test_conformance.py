@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from explain import METHODS, Explainer, ExplainError, TargetError
-from explain.architectures import FAMILIES, TokenSets, adapter_for
+from explain.architectures import FAMILIES, TokenSets
+from explain.architectures.base import Adapter
 from explain.engine import supported_methods
 from explain.rules import LRP_NEEDS
-from explain.testing import ModelState, TinyCase, tiny_case
+from explain.testing import TINY_MODELS, ModelState, TinyCase, tiny_case
 
 OPTIONAL = {"open_clip": "open_clip"}  # family -> the package its models come from
 
@@ -30,6 +31,15 @@ def _case(family: str) -> TinyCase:
     case = tiny_case(family)
     case.model.double()
     return case
+
+
+CASES = sorted(set(FAMILIES) | set(TINY_MODELS))
+"""Every registered family (one without a tiny model fails), and the hand-written
+transformers explained through a TransformerSpec."""
+
+
+def _adapter(case: TinyCase) -> Adapter:
+    return Explainer(case.model, spec=case.spec).adapter
 
 
 def _available(family: str) -> bool:
@@ -51,35 +61,45 @@ def _family_params() -> list:
                 not _available(family), reason=f"{OPTIONAL.get(family)} is not installed"
             ),
         )
-        for family in sorted(FAMILIES)
+        for family in CASES
     ]
 
 
 def _method_params() -> list:
     """(family, method) for every method each family supports."""
     params = []
-    for family in sorted(FAMILIES):
+    for family in CASES:
         if not _available(family):
             continue
-        adapter = adapter_for(_case(family).model)
+        adapter = _adapter(_case(family))
         params += [pytest.param(family, method) for method in supported_methods(adapter)]
     return params
 
 
 def _explain(family: str, inputs=None, *, attention_path="auto", **kwargs):
     case = _case(family)
-    explainer = Explainer(case.model, attention_path=attention_path)
+    explainer = Explainer(case.model, spec=case.spec, attention_path=attention_path)
     return explainer.explain(case.batch if inputs is None else inputs, **kwargs)
 
 
-def _close(actual, expected):
-    torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-12)
+def _close(actual, expected, *, rtol=1e-9, atol=1e-12):
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+
+
+FLOAT32_SOFTMAX = {"hf_siglip_classifier"}
+"""Families whose eager attention takes its softmax in float32 whatever the model's dtype
+(transformers' SigLIP): their explicit path is float32-exact only, the fused one float64."""
+
+
+def test_a_family_without_a_tiny_model_is_named():
+    with pytest.raises(KeyError, match=r"no_such_family.*TINY_MODELS"):
+        tiny_case("no_such_family")
 
 
 def test_every_registered_family_has_a_tiny_model_that_it_serves():
     for family, entry in FAMILIES.items():
         if _available(family):
-            assert type(adapter_for(_case(family).model)) is entry.load(), family
+            assert type(_adapter(_case(family))) is entry.load(), family
 
 
 @pytest.mark.parametrize(("family", "method"), _method_params())
@@ -99,7 +119,7 @@ def test_a_batch_equals_each_input_alone(family, method):
         pytest.skip("a chance baseline: its noise is drawn per batch, reproducibly per seed")
     case = _case(family)
     together = _explain(family, method=method)
-    pairs = adapter_for(case.model).token_sets == TokenSets.DUAL_ENCODER
+    pairs = _adapter(case).token_sets == TokenSets.DUAL_ENCODER
     for index, alone in enumerate(case.alone):
         single = _explain(family, alone, method=method)
         if not pairs:  # a dual encoder's target indexes the texts of its own batch
@@ -123,10 +143,10 @@ def test_text_padding_gets_exactly_zero(family, method):
 @pytest.mark.parametrize(("family", "method"), _method_params())
 def test_k_targets_equal_k_separate_calls(family, method):
     case = _case(family)
-    pairs = adapter_for(case.model).token_sets == TokenSets.DUAL_ENCODER
+    pairs = _adapter(case).token_sets == TokenSets.DUAL_ENCODER
     if method == "random" and pairs:
         pytest.skip("each (image, text) pair is a sample, and the noise is drawn per batch")
-    if adapter_for(case.model).token_sets == TokenSets.ENCODER_DECODER:
+    if _adapter(case).token_sets == TokenSets.ENCODER_DECODER:
         # Several tokens per input are several decoder positions (position="all").
         with pytest.raises(TargetError):
             _explain(family, method=method, target=torch.tensor([[0, 1], [1, 0]]))
@@ -149,7 +169,7 @@ def test_k_targets_equal_k_separate_calls(family, method):
 
 @pytest.mark.parametrize(("family", "method"), _method_params())
 def test_explicit_equals_fused_or_fused_is_refused(family, method):
-    adapter = adapter_for(_case(family).model)
+    adapter = _adapter(_case(family))
     if adapter.fused_path() is None or METHODS[method].needs & LRP_NEEDS:
         with pytest.raises(ExplainError, match="fused"):
             _explain(family, method=method, attention_path="fused")
@@ -157,25 +177,24 @@ def test_explicit_equals_fused_or_fused_is_refused(family, method):
     fused = _explain(family, method=method, attention_path="fused")
     explicit = _explain(family, method=method, attention_path="explicit")
     assert fused.target.tolist() == explicit.target.tolist()
+    tolerance = dict(rtol=1e-6, atol=1e-9) if family in FLOAT32_SOFTMAX else {}
     for name, relevance in explicit.relevances.items():
-        _close(fused.relevances[name], relevance)
+        _close(fused.relevances[name], relevance, **tolerance)
 
 
 @pytest.mark.parametrize("family", _family_params())
 def test_trace_explains_the_default_target_of_explain(family):
     case = _case(family)
     explained = _explain(family)
-    traced = Explainer(case.model).trace(case.batch, score="logit")
+    traced = Explainer(case.model, spec=case.spec).trace(case.batch, score="logit")
     assert traced.target.tolist() == explained.target.tolist()
     _close(traced.logits, explained.logits)
-    assert (
-        len(traced.attentions) == len(traced.attention_grads) == adapter_for(case.model).num_layers
-    )
+    assert len(traced.attentions) == len(traced.attention_grads) == _adapter(case).num_layers
 
 
 @pytest.mark.parametrize("family", _family_params())
 def test_an_unsupported_method_is_refused_naming_what_is_supported(family):
-    adapter = adapter_for(_case(family).model)
+    adapter = _adapter(_case(family))
     supported = supported_methods(adapter)
     unsupported = sorted(set(METHODS) - set(supported))
     for method in [*unsupported, "no_such_method"]:

@@ -6,6 +6,8 @@ names the submodule `explain.pkg.name` when there is one, and the package otherw
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import explain
@@ -89,3 +91,22 @@ def test_the_cycle_finder_sees_imports_inside_functions_and_type_checking(tmp_pa
         ["explain.a", "explain.b", "explain.a"],
         ["explain.b", "explain.a", "explain.b"],
     )
+
+
+def test_the_registry_imports_no_family():
+    """Like timm's _registry: family modules are named, and imported only on use."""
+    from explain.architectures.registry import FAMILIES
+
+    modules = _modules()
+    imported = _imports(
+        "explain.architectures.registry", modules["explain.architectures.registry"], modules
+    )
+    family_modules = {family.module for family in FAMILIES.values()}
+    assert family_modules <= set(modules)
+    assert not imported & family_modules
+    code = (
+        "import sys, explain, explain.architectures; "
+        f"print(sorted(m for m in {sorted(family_modules)!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -32,6 +32,7 @@ __all__ = [
     "TokenLayout",
     "TokenSet",
     "TokenSets",
+    "mean_rows",
     "one_hot_rows",
     "validate_image_batch",
     "whole_output",
@@ -64,6 +65,10 @@ class AttentionSite:
     probabilities: Callable[[Any], Tensor]
     stack: str = "main"
     kind: Literal["self", "cross"] = "self"
+    seen_in: Literal["output", "input"] = "output"
+    """Where the probabilities are: in the module's output (`probabilities` gets the
+    output), or among its positional inputs (`probabilities` gets the args tuple), for a
+    module the probabilities enter, such as a module that computes A @ V."""
 
 
 @dataclass(frozen=True)
@@ -367,6 +372,15 @@ def one_hot_rows(batch: int, num_tokens: int, positions: Tensor | int, parameter
         row[:, positions] = 1.0
     else:
         row[torch.arange(batch, device=parameter.device), positions.to(parameter.device)] = 1.0
+    return row
+
+
+def mean_rows(batch: int, num_tokens: int, tokens: range, parameter: Tensor) -> Tensor:
+    """(batch, num_tokens) readout rows of a head that averages `tokens`: a class token
+    (range(0, 1)), a distilled model's class and distillation tokens (range(0, 2)), or
+    the patches of a global-average pool. On the model's `parameter` device and dtype."""
+    row = torch.zeros(batch, num_tokens, device=parameter.device, dtype=parameter.dtype)
+    row[:, tokens.start : tokens.stop] = 1.0 / len(tokens)
     return row
 
 

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures.base import (
-    FlagSetting,
     FusedAttentionSite,
     FusedPath,
     LrpWalk,
@@ -35,10 +34,11 @@ from explain.architectures.base import (
 )
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
-    eager_attention_flags,
     is_transformers_class,
     positions_from_mask,
     prepare_text,
+    sdpa_attention_flags,
+    split_heads,
 )
 from explain.errors import InputError
 
@@ -169,7 +169,7 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
         sites = []
         for layer, block in enumerate(self.blocks):
             attention = block.attention.self
-            heads = partial(_split_heads, attention.attention_head_size)
+            heads = partial(split_heads, attention.attention_head_size)
             sites.append(
                 FusedAttentionSite(
                     layer=layer,
@@ -186,20 +186,10 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
                     masks=_attention_mask,
                 )
             )
-        flags = [
-            FlagSetting(flag.owner, flag.name, "sdpa") if flag.value == "eager" else flag
-            for flag in eager_attention_flags(self.model)
-        ]
-        return FusedPath(sites=sites, flags=flags)
+        return FusedPath(sites=sites, flags=sdpa_attention_flags(self.model))
 
 
 _FUSED_PACKAGES = ("bert", "roberta", "xlm_roberta", "electra")
-
-
-def _split_heads(head_size: int, projected: Tensor) -> Tensor:
-    """(B, N, H * d) -> (B, H, N, d), as the self-attention module splits its projections."""
-    batch, tokens, _ = projected.shape
-    return projected.view(batch, tokens, -1, head_size).transpose(1, 2)
 
 
 def _attention_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:

@@ -26,7 +26,7 @@ from explain.architectures.hf_common import (
     prepare_text,
 )
 from explain.errors import InputError
-from explain.text import encode, is_raw_text
+from explain.tokens import encode, is_raw_text
 
 __all__ = ["HFClip"]
 

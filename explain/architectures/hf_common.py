@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from explain.architectures.base import Adapter, AttentionSite, FlagSetting, LrpWalk, TokenLayout
 from explain.errors import ExplainError, InputError, UnsupportedModelError
-from explain.text import is_raw_text
+from explain.tokens import is_raw_text
 
 __all__ = [
     "HuggingFaceAdapter",
@@ -42,6 +42,8 @@ __all__ = [
     "prepare_text",
     "probabilities_at",
     "recorded_output",
+    "sdpa_attention_flags",
+    "split_heads",
     "text_layout",
 ]
 
@@ -118,6 +120,22 @@ def attention_in(block: nn.Module, record: tuple[type, int, str | None]) -> nn.M
         if isinstance(module, cls) and (name is None or path.split(".")[-1] == name):
             return module
     return None
+
+
+def sdpa_attention_flags(model: nn.Module) -> list[FlagSetting]:
+    """Flags for the fused path (explain.fused): every config on "sdpa", the kernel whose
+    q, k, v and output the fused sites read, and gradient checkpointing off."""
+    return [
+        FlagSetting(flag.owner, flag.name, "sdpa") if flag.value == "eager" else flag
+        for flag in eager_attention_flags(model)
+    ]
+
+
+def split_heads(head_size: int, projected: Tensor) -> Tensor:
+    """(B, N, H * d) -> (B, H, N, d), as transformers' attention modules split their
+    projections (and merge the kernel's output back)."""
+    batch, tokens, _ = projected.shape
+    return projected.view(batch, tokens, -1, head_size).transpose(1, 2)
 
 
 def attention_spec(model: nn.Module) -> tuple[type, type, int, str | None]:

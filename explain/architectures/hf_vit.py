@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from explain.architectures.base import (
     Prepared,
     TokenLayout,
-    one_hot_rows,
+    mean_rows,
     validate_image_batch,
 )
 from explain.architectures.hf_common import (
@@ -67,11 +67,6 @@ class HuggingFaceViT(HuggingFaceAdapter):
         return self.model(**prepared.arguments).logits
 
     def readout(self, prepared: Prepared) -> Tensor:
-        if self._teacher:  # the eval-mode head averages the class and distillation heads
-            return (
-                one_hot_rows(prepared.batch_size, prepared.layout.num_tokens, 0, self.parameter)
-                * 0.5
-                + one_hot_rows(prepared.batch_size, prepared.layout.num_tokens, 1, self.parameter)
-                * 0.5
-            )
-        return one_hot_rows(prepared.batch_size, prepared.layout.num_tokens, 0, self.parameter)
+        # With the teacher head, the eval-mode head averages the class and distillation heads.
+        heads = range(2) if self._teacher else range(1)
+        return mean_rows(prepared.batch_size, prepared.layout.num_tokens, heads, self.parameter)

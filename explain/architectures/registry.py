@@ -3,7 +3,15 @@
 Like timm's `_registry`, it imports no family: each entry names its adapter's module and
 class, and the module is imported only when a model is matched against it (or the
 family's name is asked for). The family modules import nothing from here, so the module
-graph has no loop, and a new family is one file plus one `register_family` line below.
+graph has no loop. A new family is:
+
+1. one file in explain/architectures/ defining an `Adapter` subclass (base.py: the
+   abstract members, plus any capability it declares: `fused_path()`, `lrp_walk`,
+   `token_sets`, `pooled_by_mean`);
+2. one `register_family(name, module, class)` line below;
+3. one entry `name: builder` in explain.testing.TINY_MODELS (a tiny model from a config
+   and two inputs), which tests/test_conformance.py runs every contract on.
+
 Adapters defined elsewhere (a user's own model) register at run time with the
 `register_adapter` class decorator and are matched first.
 """
@@ -16,6 +24,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from explain.architectures.base import Adapter
+from explain.architectures.scope import unsupported_model_message
+from explain.architectures.wrappers import unwrap
 from explain.errors import UnsupportedModelError
 
 __all__ = [
@@ -85,13 +95,11 @@ def adapter_for(model: nn.Module) -> Adapter:
             f"expected a torch.nn.Module, got {type(model).__name__}; supported families: "
             + "; ".join(supported_families())
         )
+    model = unwrap(model)  # DataParallel, DistributedDataParallel, torch.compile
     for cls in adapter_classes():
         if cls.matches(model):
             return cls(model)
-    raise UnsupportedModelError(
-        f"{type(model).__module__}.{type(model).__qualname__} is not a supported model. "
-        "Supported families: " + "; ".join(supported_families()) + "."
-    )
+    raise UnsupportedModelError(unsupported_model_message(model, supported_families()))
 
 
 register_family("timm_vit", "explain.architectures.timm_vit", "TimmVisionTransformer")
@@ -101,3 +109,11 @@ register_family("hf_gpt2", "explain.architectures.hf_gpt2", "HuggingFaceCausalLM
 register_family("hf_encoder_decoder", "explain.architectures.hf_seq2seq", "HFEncoderDecoder")
 register_family("hf_vit", "explain.architectures.hf_vit", "HuggingFaceViT")
 register_family("open_clip", "explain.architectures.open_clip", "OpenClip")
+register_family("timm_eva", "explain.architectures.timm_eva", "TimmEva")
+register_family("timm_beit", "explain.architectures.timm_beit", "TimmBeit")
+register_family("hf_dinov2", "explain.architectures.hf_vision", "HuggingFaceDinov2")
+register_family("hf_beit", "explain.architectures.hf_vision", "HuggingFaceBeit")
+register_family(
+    "hf_siglip_classifier", "explain.architectures.hf_vision", "HuggingFaceSiglipClassifier"
+)
+register_family("hf_siglip", "explain.architectures.hf_siglip", "HFSiglip")

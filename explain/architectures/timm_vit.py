@@ -1,4 +1,5 @@
-"""timm's VisionTransformer family: ViT, DeiT, DeiT III, register and GAP variants, distilled DeiT.
+"""timm's VisionTransformer family: ViT, DeiT, DeiT III, register and GAP variants, distilled DeiT,
+attention pooling (`global_pool="map"`, see explain.architectures.attention_pool).
 
 The attention probabilities are the output of `block.attn.attn_drop` on timm's explicit
 attention path (`fused_attn = False`): the very tensor that multiplies the values, so a
@@ -11,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-import torch
 from torch import Tensor, nn
 
+from explain.architectures.attention_pool import check_timm_latent_pool, timm_latent_pool_row
 from explain.architectures.base import (
     Adapter,
     AttentionSite,
@@ -23,17 +24,19 @@ from explain.architectures.base import (
     LrpWalk,
     Prepared,
     TokenLayout,
+    mean_rows,
     validate_image_batch,
     whole_output,
 )
 from explain.errors import InputError, UnsupportedModelError
 
-__all__ = ["TimmVisionTransformer", "validate_image_batch"]
+__all__ = ["TimmVisionTransformer", "is_timm_class", "validate_image_batch"]
 
 _POOLS = ("token", "avg")
 
 
-def _is_timm_class(model: nn.Module, name: str) -> bool:
+def is_timm_class(model: nn.Module, name: str) -> bool:
+    """Whether `model` is (a subclass of) timm's class `name`, without importing timm."""
     return any(
         cls.__name__ == name and cls.__module__.startswith("timm.") for cls in type(model).__mro__
     )
@@ -41,8 +44,9 @@ def _is_timm_class(model: nn.Module, name: str) -> bool:
 
 class TimmVisionTransformer(Adapter):
     family = (
-        "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens, "
-        "global-average pooling) and VisionTransformerDistilled"
+        "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens as in the "
+        "DINOv2 checkpoints, global-average pooling, attention pooling as in the SigLIP "
+        "checkpoints) and VisionTransformerDistilled"
     )
     lrp_walk = LrpWalk("explain.lrp.timm_vit", "TimmVitTape")
     rule_sites = LrpWalk("explain.lrp.attnlrp_sites", "timm_sites")
@@ -50,10 +54,14 @@ class TimmVisionTransformer(Adapter):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         pool = getattr(model, "global_pool", None)
-        if getattr(model, "attn_pool", None) is not None or pool not in _POOLS:
+        self._attention_pool = getattr(model, "attn_pool", None)
+        if self._attention_pool is not None:  # global_pool="map"
+            check_timm_latent_pool(self._attention_pool)
+        elif pool not in _POOLS:
             raise UnsupportedModelError(
-                f"timm VisionTransformer with global_pool={pool!r} is not supported: the "
-                f"readout must be the class token or the patch mean ({', '.join(_POOLS)})"
+                f"timm {type(model).__name__} with global_pool={pool!r} is not supported: the "
+                f"readout must be the class token, the patch mean ({', '.join(_POOLS)}) or "
+                "attention pooling (map)"
             )
         for index, block in enumerate(model.blocks):
             attn = getattr(block, "attn", None)
@@ -63,12 +71,12 @@ class TimmVisionTransformer(Adapter):
                     "attn_drop module; supported blocks: timm Block, ResPostBlock and "
                     "LayerScale blocks with timm.layers.Attention"
                 )
-        self.distilled = _is_timm_class(model, "VisionTransformerDistilled")
+        self.distilled = is_timm_class(model, "VisionTransformerDistilled")
         """A distilled DeiT: its eval-mode head averages the class and distillation heads."""
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
-        return _is_timm_class(model, "VisionTransformer")
+        return is_timm_class(model, "VisionTransformer")
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -151,20 +159,19 @@ class TimmVisionTransformer(Adapter):
 
     def readout(self, prepared: Prepared) -> Tensor:
         layout = prepared.layout
-        parameter = self.parameter
-        row = torch.zeros(
-            prepared.batch_size, layout.num_tokens, device=parameter.device, dtype=parameter.dtype
-        )
+        if self._attention_pool is not None:  # the pooling head's probe attention
+            # Eva pools every token; VisionTransformer the patches unless told otherwise.
+            include_prefix = getattr(self.model, "pool_include_prefix", True)
+            images = prepared.arguments["x"]
+            return timm_latent_pool_row(self.model, images, include_prefix).to(self.parameter.dtype)
         if self.distilled:  # the eval-mode head averages the class and distillation heads
-            row[:, :2] = 0.5
+            tokens = range(2)
         elif self.model.global_pool == "token":
-            row[:, 0] = 1.0
-        else:
-            first = (
-                0 if getattr(self.model, "pool_include_prefix", False) else layout.num_prefix_tokens
-            )
-            row[:, first:] = 1.0 / (layout.num_tokens - first)
-        return row
+            tokens = range(1)
+        else:  # the mean of the patches (and of the prefix tokens, where timm includes them)
+            include = getattr(self.model, "pool_include_prefix", False)
+            tokens = range(0 if include else layout.num_prefix_tokens, layout.num_tokens)
+        return mean_rows(prepared.batch_size, layout.num_tokens, tokens, self.parameter)
 
 
 def _timm_values(num_heads: int, head_dim: int, qkv: Tensor) -> Tensor:

@@ -11,24 +11,20 @@ import argparse
 import sys
 from pathlib import Path
 
-from explain.cli.image import _display_image, _opacity
+from explain.cli.options import add_model_arguments, add_out_argument, load, opacity
 from explain.errors import InputError
 
-__all__ = ["CLIP_MEAN", "CLIP_STD", "register"]
-
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-"""OpenAI CLIP's pixel normalisation, used when the model folder has no preprocessor file."""
+__all__ = ["register"]
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
     import torch
     from tqdm import tqdm
 
     from explain.api import Explainer
     from explain.cli.image import collect_images
-    from explain.io import load_images
-    from explain.loading import load_model
+    from explain.preprocessing import read_image
     from explain.viz import check_style, save_figure
     from explain.viz.multimodal import clip_figure
 
@@ -36,12 +32,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.text:
         raise InputError("give at least one --text to compare the images with")
     paths = collect_images(args.inputs)
-    loaded = load_model(args.model)
+    loaded = load(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-    if explainer.adapter.token_sets != "dual_encoder" or loaded.tokenizer is None:
+    preprocessing = loaded.preprocessing
+    if (
+        explainer.adapter.token_sets != "dual_encoder"
+        or loaded.tokenizer is None
+        or preprocessing is None
+    ):
         raise InputError(f"{args.model} is not a CLIP model with a tokenizer; `explain models`")
-    vision = loaded.model.config.vision_config
-    size = (vision.image_size, vision.image_size)
     texts = loaded.tokenizer(list(args.text), padding=True, return_tensors="pt")
     special = set(loaded.tokenizer.all_special_ids)
     shown = [
@@ -60,10 +59,9 @@ def run(args: argparse.Namespace) -> int:
     start = {tower: layer for tower, layer in start.items() if layer is not None}
     every_text = torch.arange(len(args.text))
     for path in tqdm(paths, unit="image", desc="explaining", file=sys.stderr):
-        pixels, _ = load_images(
-            [path], size, mean=loaded.mean or CLIP_MEAN, std=loaded.std or CLIP_STD
-        )
-        display = _display_image(path)  # the maps are drawn over the file at its resolution
+        photo = read_image(path)
+        pixels = preprocessing([photo])
+        display = np.asarray(photo)  # the maps are drawn over the file at its resolution
         result = explainer.explain(
             {**texts, "pixel_values": pixels},
             target=every_text[None],
@@ -71,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             start_layer=start or None,
         )
         probabilities = result.logits.softmax(dim=-1)[0]
-        heatmaps = result.heatmap(size=display.shape[:2])[0]
+        heatmaps = preprocessing.heatmap(result.relevance[0], display.shape[:2])
         scores = [result.relevances["text"][0, k, kept] for k, kept in enumerate(shown)]
         labels = [
             f"{text}  p={float(p):.2f}" for text, p in zip(args.text, probabilities, strict=True)
@@ -97,12 +95,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--text", action="append", required=True, metavar="TEXT", help="a prompt (repeatable)"
     )
-    parser.add_argument(
-        "--model",
-        required=True,
-        metavar="MODEL",
-        help="a Hugging Face CLIP folder (model, tokenizer and preprocessor_config.json), "
-        "or zoo:shapes-clip",
+    add_model_arguments(
+        parser,
+        takes="a CLIP model with its tokenizer (openai/clip-vit-base-patch32, zoo:shapes-clip)",
     )
     parser.add_argument(
         "--method",
@@ -123,13 +118,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--cmap", default="jet", help="heatmap colormap; default: %(default)s")
     parser.add_argument(
-        "--alpha", type=_opacity, default=0.5, help="heatmap opacity; default: %(default)s"
+        "--alpha", type=opacity, default=0.5, help="heatmap opacity; default: %(default)s"
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("explanations"),
-        metavar="DIR",
-        help="output folder; default: %(default)s",
-    )
+    add_out_argument(parser)
     parser.set_defaults(run=run)

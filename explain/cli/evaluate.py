@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from explain.cli.options import add_model_arguments
+
 __all__ = ["register"]
 
 
@@ -32,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         forward_batch=args.forward_batch,
         split=args.split,
-        device=args.device,
+        device=None if args.device == "auto" else args.device,
+        dtype=args.dtype,
+        offline=args.offline,
         progress=not args.quiet,
     )
     if not args.quiet and os.environ.get("RANK", "0") == "0":  # one table under torchrun
@@ -51,7 +55,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("protocol", choices=["perturbation", "segmentation", "rationale"])
-    parser.add_argument("--model", required=True, help="zoo:NAME, a timm model name or a path")
+    add_model_arguments(parser, takes="the model to score")
     parser.add_argument(
         "--methods", help="comma-separated method names (default: every registered method)"
     )
@@ -70,7 +74,6 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=int,
         help="most perturbed images per forward pass (default: a whole chunk's)",
     )
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: the GPU if any)")
     parser.add_argument("--output", required=True, help="the results JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
     parser.set_defaults(run=run)

@@ -1,5 +1,8 @@
 """`explain image`: heatmaps for image files and folders, one PNG per image, method and class.
 
+Each photo is preprocessed as the model's own data config says (resize, centre crop,
+normalisation) and its heatmaps are drawn back on the original photo at its own
+resolution, the crop and resize undone, so each map sits on the pixels the model saw.
 Images are explained in batches (one forward and one backward per batch and class) with a
 progress bar. Every PNG is written atomically: a failure leaves complete files or none,
 never a half-written one.
@@ -8,7 +11,6 @@ never a half-written one.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import re
 import sys
@@ -19,8 +21,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from explain.cli.options import (
+    add_model_arguments,
+    add_out_argument,
+    load,
+    opacity,
+    positive_int,
+)
 from explain.errors import InputError, TargetError
-from explain.explanation import Explanation
+from explain.preprocessing import read_image
 
 __all__ = ["IMAGE_SUFFIXES", "collect_images", "parse_targets", "register"]
 
@@ -158,43 +167,34 @@ def _unique_stems(paths: Sequence[Path]) -> list[str]:
     return stems
 
 
-def _display_image(path: Path) -> np.ndarray:
-    """The file at its own resolution, RGB in [0, 1], for drawing the maps over it."""
-    from PIL import Image
-
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from explain.api import Explainer
-    from explain.io import load_images
-    from explain.loading import load_model
     from explain.rules import METHODS
-    from explain.viz import check_style, explanation_grid, overlay, save_figure, save_image
+    from explain.viz import check_style, grid_figure, overlay, save_figure, save_image
 
     check_style(args.cmap, args.alpha)
     methods = _methods(args.method)
     paths = collect_images(args.inputs)
-    loaded = load_model(args.model, weights=args.weights, architecture=args.arch)
+    loaded = load(args, weights=args.weights, architecture=args.arch)
     if loaded.modality != "image":
         command = "explain clip" if loaded.modality == "image_text" else "explain text"
         raise InputError(f"{args.model} is a {loaded.modality} model; use `{command}`")
-    if loaded.image_size is None:
+    preprocessing = loaded.preprocessing
+    if preprocessing is None:
         raise InputError(f"{args.model} does not say which image size it takes")
     num_classes = len(loaded.classes) if loaded.classes else _num_outputs(loaded)
     columns = parse_targets(args.target, loaded.classes, num_classes)
     target = _target_callable(columns)
     explainer = Explainer(loaded.model)
     stems = _unique_stems(paths)
-    norm = {"mean": loaded.mean, "std": loaded.std} if loaded.mean and loaded.std else {}
     written: list[Path] = []
     with tqdm(total=len(paths), unit="image", desc="explaining", file=sys.stderr) as bar:
         for start in range(0, len(paths), args.batch_size):
             batch = paths[start : start + args.batch_size]
-            images, _ = load_images(batch, size=loaded.image_size, **norm)
+            photos = [read_image(path) for path in batch]
+            images = preprocessing(photos)
             results = {}
             for method in methods:
                 options = {}
@@ -203,21 +203,30 @@ def run(args: argparse.Namespace) -> int:
                 results[method] = explainer.explain(
                     images, target=target, method=method, score=args.score, **options
                 )
-            for offset, path in enumerate(batch):
+            for offset, photo in enumerate(photos):
                 stem = stems[start + offset]
-                display = _display_image(path)
-                size = tuple(display.shape[:2])
-                one = {m: _one_image(r, offset, size) for m, r in results.items()}
-                for method, result in one.items():
-                    maps = result.heatmap()[0]  # (K, H, W) at the file's own resolution
-                    for column, heat in zip(result.target[0].tolist(), maps, strict=True):
+                display = np.asarray(photo)
+                # (K, H, W) maps on the photo's pixels, the model's crop and resize undone.
+                maps = {
+                    m: preprocessing.heatmap(r.relevance[offset], display.shape[:2])
+                    for m, r in results.items()
+                }
+                columns = results[methods[0]].target[offset].tolist()
+                for method, heats in maps.items():
+                    for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
                         save_image(overlay(display, heat, cmap=args.cmap, alpha=args.alpha), out)
                         written.append(out)
                 if args.grid:
-                    figure = explanation_grid(
-                        display, one, class_names=loaded.classes, cmap=args.cmap, alpha=args.alpha
+                    names = [_class_title(column, loaded.classes) for column in columns]
+                    figure = grid_figure(
+                        display,
+                        [list(heats) for heats in maps.values()],
+                        rows=list(maps),
+                        columns=names,
+                        cmap=args.cmap,
+                        alpha=args.alpha,
                     )
                     out = args.out / f"{stem}_grid.png"
                     save_figure(figure, out)
@@ -228,15 +237,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_image(result: Explanation, offset: int, size: tuple[int, int]) -> Explanation:
-    """Sample `offset` of `result` as a one-image Explanation whose heatmaps are drawn
-    straight at `size` (the file's resolution) from the relevance, in one upsampling."""
-    return dataclasses.replace(
-        result,
-        relevance=result.relevance[offset : offset + 1],
-        target=result.target[offset : offset + 1],
-        input_size=size,
-    )
+def _class_title(index: int, class_names: Sequence[str] | None) -> str:
+    """A class as a figure title: its name (first synonym) and index."""
+    if class_names and index < len(class_names):
+        return f"{class_names[index].split(',')[0].strip()} ({index})"
+    return f"class {index}"
 
 
 def _num_outputs(loaded) -> int:
@@ -247,20 +252,6 @@ def _num_outputs(loaded) -> int:
     raise InputError(f"cannot tell how many classes {loaded.name} has")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _opacity(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
-    return value
-
-
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "image",
@@ -268,7 +259,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         description=__doc__,
         epilog=(
             "Output names: OUT/STEM_METHOD_CLASS.png, e.g. scene_generic_0-circle.png, and "
-            "OUT/STEM_grid.png with --grid. Example (after `make demo`): explain image "
+            "OUT/STEM_grid.png with --grid. Photos: explain image cat.jpg --model "
+            'vit_base_patch16_224.augreg2_in21k_ft_in1k --target "tabby cat" --out maps. '
+            "Example (after `make demo`): explain image "
             "outputs/demo/scenes --model zoo:shapes-vit --method generic,rollout "
             "--target circle,square --grid --out maps"
         ),
@@ -276,15 +269,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "inputs", nargs="+", metavar="FILE|DIR", help="image files, or folders of images"
     )
+    add_model_arguments(parser, takes="an image classifier (timm or Hugging Face ViT family)")
     parser.add_argument(
-        "--model",
-        required=True,
-        metavar="SPEC",
-        help="zoo:NAME (see `explain models`), a timm model name with local weights, a "
-        "model folder, or a weights file",
-    )
-    parser.add_argument(
-        "--weights", type=Path, metavar="FILE", help="weights file for a timm model name"
+        "--weights",
+        type=Path,
+        metavar="FILE",
+        help="weights file for a timm model name (instead of its pretrained download)",
     )
     parser.add_argument(
         "--arch", metavar="NAME", help="timm architecture of a weights file without config.json"
@@ -316,16 +306,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="first block the aggregating methods use (negative: from the end); methods "
         "that read one fixed block ignore it; default: each method's own",
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("explanations"),
-        metavar="DIR",
-        help="output folder; default: %(default)s",
-    )
+    add_out_argument(parser)
     parser.add_argument(
         "--batch-size",
-        type=_positive_int,
+        type=positive_int,
         default=16,
         metavar="B",
         help="images per batch; default: %(default)s",
@@ -335,7 +319,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--alpha",
-        type=_opacity,
+        type=opacity,
         default=0.5,
         help="opacity of the heatmap over the image, 0..1; default: %(default)s",
     )

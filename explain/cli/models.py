@@ -9,6 +9,7 @@ __all__ = ["register"]
 
 def run(args: argparse.Namespace) -> int:
     from explain.architectures import supported_families
+    from explain.architectures.custom import CustomTransformer
     from explain.rules import METHODS
     from explain.zoo import WEIGHTS, ZOO, zoo_root
 
@@ -21,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
     print("Supported model families:")
     for family in supported_families():
         print(f"  {family}")
+    print(f"  {CustomTransformer.family}")
+    print("  (out of scope: hierarchical vision transformers such as Swin, CvT, PVT, MaxViT)")
     print("Methods (--method):")
     for name in sorted(METHODS):
         print(f"  {name:24s} {METHODS[name].summary}")

@@ -9,9 +9,8 @@ source text highlighted once per generated token.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from explain.cli.image import _positive_int
+from explain.cli.options import add_model_arguments, add_out_argument, load, positive_int
 from explain.errors import InputError
 
 __all__ = ["register"]
@@ -21,14 +20,13 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from explain.api import Explainer
-    from explain.loading import load_model
     from explain.token_sets import generate_target
     from explain.viz import save_figure
     from explain.viz.multimodal import relevance_matrix_figure, source_text_figure
 
     if not args.source.strip():
         raise InputError("the source text is empty")
-    loaded = load_model(args.model)
+    loaded = load(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     tokenizer = loaded.tokenizer
     if explainer.adapter.token_sets != "encoder_decoder" or tokenizer is None:
@@ -75,11 +73,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog='Example: explain seq2seq "the cat sat on the mat" --model marian-en-de',
     )
     parser.add_argument("source", metavar="TEXT", help="the source text")
-    parser.add_argument(
-        "--model",
-        required=True,
-        metavar="PATH",
-        help="a Hugging Face seq2seq folder (BART, Marian, T5: model and tokenizer)",
+    add_model_arguments(
+        parser, takes="a Hugging Face seq2seq model with its tokenizer (BART, Marian, T5)"
     )
     parser.add_argument(
         "--target",
@@ -88,16 +83,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=_positive_int,
+        type=positive_int,
         default=20,
         metavar="N",
         help="length limit of the generation; default: %(default)s",
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("explanations"),
-        metavar="DIR",
-        help="output folder; default: %(default)s",
-    )
+    add_out_argument(parser)
     parser.set_defaults(run=run)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from explain.cli.options import add_model_arguments, load
 from explain.errors import InputError, TargetError
 
 __all__ = ["register"]
@@ -66,11 +67,10 @@ def run(args: argparse.Namespace) -> int:
 
     from explain.api import Explainer
     from explain.io import atomic_write
-    from explain.loading import load_model
     from explain.text import similarity
     from explain.viz.text import document_html, to_html, to_terminal
 
-    loaded = load_model(args.model)
+    loaded = load(args)
     if loaded.modality == "image_text":
         raise InputError(f"{args.model} is an image-text model; use `explain clip`")
     if loaded.modality != "text" or loaded.tokenizer is None:
@@ -135,11 +135,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("texts", nargs="+", metavar="TEXT", help="one or more texts")
-    parser.add_argument(
-        "--model",
-        required=True,
-        metavar="SPEC",
-        help="zoo:NAME or a Hugging Face model folder with its tokenizer",
+    add_model_arguments(
+        parser,
+        takes="a Hugging Face text model with its tokenizer: a classifier "
+        "(distilbert/distilbert-base-uncased-finetuned-sst-2-english, zoo:minilm-sentiment) "
+        "or a sentence encoder",
     )
     parser.add_argument("--method", default="generic", help="a method name (explain models)")
     parser.add_argument("--target", default=None, help="class index or name (default: predicted)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Union, cast
+from typing import Any, ClassVar, Literal, Protocol, Union, cast
 
 import torch
 from torch import Tensor
@@ -47,6 +47,7 @@ from explain.targets import (
 )
 
 __all__ = [
+    "ColumnSink",
     "Columns",
     "DualEncoderPlan",
     "EncoderDecoderPlan",
@@ -77,6 +78,16 @@ class Columns:
     classes: Tensor
     logits: Tensor
     custom: bool = False
+
+
+class ColumnSink(Protocol):
+    """What receives one column's blocks: a `SetSinks`, or a two-set fold."""
+
+    layers: Sequence[int]
+
+    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
+
+    def result(self) -> Any: ...
 
 
 def resolve_start_layer(spec: Method, start_layer: Any, num_layers: int, modality: str) -> int:
@@ -206,7 +217,7 @@ class Plan:
 
     # -- sinks --------------------------------------------------------------------------
 
-    def sink(self) -> Any:
+    def sink(self) -> ColumnSink:
         """A fresh sink for one column: the method's sink for every token set, routed."""
         assert self.spec is not None
         spec = self.spec
@@ -226,7 +237,7 @@ class Plan:
             sinks[token_set.name] = spec.sink(context, dict(self.request.options))
         return SetSinks(sinks, self.sets)
 
-    def read(self, column: int, sink: Any) -> dict[str, Tensor]:
+    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
         """Column `column`'s token relevance (B, N) per set, from its sink (the engine then
         maps it onto the input)."""
         return sink.result()
@@ -403,7 +414,7 @@ class EncoderDecoderPlan(Plan):
         source, target = self.sets
         return TwoSetFold(roles, target.layout.num_tokens, source.layout.num_tokens)
 
-    def read(self, column: int, sink: Any) -> dict[str, Tensor]:
+    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
         state = sink.result()
         at = self.positions[:, column]
         rows = torch.arange(at.shape[0], device=at.device)

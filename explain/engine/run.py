@@ -10,8 +10,9 @@ method needs (`Need`) chooses the pass through the model:
   columns in one vectorised backward, chunked to a memory budget
   (`Recorder.backward_batched`), each column into its own sink;
 - LRP relevance: one forward that records the family's walk (`Adapter.lrp_walk`), the
-  gradients as above when the method weights by them, then the walk once per column (the
-  walk propagates one class per sample);
+  gradients as above when the method weights by them (kept per column until that
+  column's walk has used them), then the walk once per column (a walk propagates one
+  class per sample);
 - embedding gradients (AttnLRP, CP-LRP): one forward under the method's gradient rules
   (explain.lrp.attnlrp, hooked where the family's `Adapter.rule_sites` say), then one
   backward per column to the embeddings: Gradient x Input per token.
@@ -35,7 +36,7 @@ from explain.errors import OptionError, TargetError
 from explain.explanation import Explanation, Trace
 from explain.fused import use_fused_path
 from explain.lrp import RULE_SETS, tape_for
-from explain.lrp.attnlrp import EmbeddingLeaf, embedding_relevance, rule_hooks
+from explain.lrp.attnlrp import RuleCall, rule_hooks
 from explain.lrp.attnlrp_sites import rule_sites
 from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, Method, Need, get_method
@@ -227,8 +228,8 @@ def _embedding_gradient_pass(
     leaf; then per column one backward to it, embedding x gradient summed over the hidden
     size. The rules hold on either attention path."""
     assert spec.gradient_rules is not None
-    leaf = EmbeddingLeaf()
-    hooks = rule_hooks(adapter.model, rule_sites(adapter), spec.gradient_rules, leaf)  # type: ignore[arg-type]
+    call = RuleCall()
+    hooks = rule_hooks(adapter.model, rule_sites(adapter), spec.gradient_rules, call)  # type: ignore[arg-type]
     first = plan.sink()
     with Recorder(adapter, module_hooks=hooks, leaf_at_blocks=False, fused=fused):
         columns = plan.columns(adapter.forward(plan.prepared))
@@ -237,8 +238,8 @@ def _embedding_gradient_pass(
         for k in range(count):
             sink = first if k == 0 else plan.sink()
             (gradient,) = torch.autograd.grad(
-                columns.scores[:, k].sum(), leaf.tensor, retain_graph=k < count - 1
+                columns.scores[:, k].sum(), call.tensor, retain_graph=k < count - 1
             )
-            sink.add_input(embedding_relevance(leaf.tensor, gradient, plan.prepared.layout))
+            sink.add_input(call.relevance(gradient, plan.prepared.layout))
             per_column.append(plan.read(k, sink))
     return columns, per_column

@@ -74,6 +74,8 @@ def evaluate_model(
     forward_batch: int | None = None,
     split: str = "test",
     device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    offline: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate `methods` (default: every registered one) of `model` with `protocol`.
@@ -89,6 +91,7 @@ def evaluate_model(
         forward_batch: most perturbed images per forward pass (perturbation).
         split: the ERASER split (rationale with `data`).
         device: where the model runs; default the (rank's) GPU if there is one.
+        dtype, offline: as `load_model` takes them.
     """
     from explain.evaluation.datasets.zoo import heldout_dataset
     from explain.loading import load_model
@@ -96,17 +99,13 @@ def evaluate_model(
 
     if protocol not in _MODALITY:
         raise OptionError(f"unknown protocol {protocol!r}; choose one of {', '.join(_MODALITY)}")
-    target_device = _device(device)
-    loaded = load_model(model)
+    loaded = load_model(model, device=_device(device), dtype=dtype, offline=offline)
     if loaded.modality != _MODALITY[protocol]:
         raise OptionError(
             f"the {protocol} test is for {_MODALITY[protocol]} models; {model} is a "
             f"{loaded.modality} model"
         )
-    try:
-        module = loaded.model.to(target_device)
-    except (RuntimeError, AssertionError) as error:  # e.g. a backend torch was built without
-        raise OptionError(f"cannot move the model to {target_device}: {error}") from None
+    module = loaded.model
     bound: EvaluationProtocol
     if protocol == "rationale":
         bound = RationaleTest(module, loaded.tokenizer)

@@ -39,16 +39,15 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures.base import TokenLayout
-from explain.errors import ExplainError
+from explain.errors import ExplainError, UnsupportedModelError
 
 __all__ = [
     "VARIANTS",
-    "EmbeddingLeaf",
     "Gate",
     "Projection",
+    "RuleCall",
     "RuleSites",
     "Variant",
-    "embedding_relevance",
     "rule_hooks",
 ]
 
@@ -104,8 +103,17 @@ class RuleSites:
     """Its output is the input whose relevance is read (word or patch embeddings)."""
     queries_keys: Sequence[Projection]
     """Modules whose outputs reach the attention scores only (after RoPE, qk-norm)."""
-    values: Sequence[Projection]
+    values: Sequence[Projection] = ()
+    """Modules whose outputs are the values only; or, where the family names
+    `attention_outputs` instead:"""
+    attention_outputs: Sequence[Projection] = ()
+    """Modules whose output is the attention output A V (heads merged): the uniform rule
+    for A V applies there, to A and v at once, and `queries_keys` then only take the
+    q k^T half."""
     gates: Sequence[Gate] = ()
+    embedding_axis: int = -1
+    """The axis of the embedding output that holds the hidden size (1 for a patch
+    convolution's (B, D, gh, gw) output)."""
     tanh_inputs: Sequence[nn.Module] = ()
     """Modules whose output goes through a functional tanh (not a module), such as
     RoBERTa's classification head: the identity rule is applied through a correction of
@@ -113,10 +121,16 @@ class RuleSites:
 
 
 @dataclass
-class EmbeddingLeaf:
-    """The embedding output of the current forward pass, made a leaf that requires grad."""
+class RuleCall:
+    """The rules' state for one call: the embedding output of the forward pass, made a
+    leaf that requires grad, and the projections whose hooks have run."""
 
+    embedding_axis: int = -1
+    """The axis of the embedding output that holds the hidden size (1 for a convolution's
+    (B, D, gh, gw) output, -1 for (B, N, D))."""
     tensors: list[Tensor] = field(default_factory=list)
+    expected: dict[int, str] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)
 
     def hook(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
         if self.tensors:
@@ -130,15 +144,37 @@ class EmbeddingLeaf:
 
     @property
     def tensor(self) -> Tensor:
+        """The embedding leaf, once the forward pass has run and every rule has attached."""
         if not self.tensors:
             raise ExplainError("the embedding module did not run in the forward pass")
+        missing = sorted({name for key, name in self.expected.items() if key not in self.seen})
+        if missing:
+            raise UnsupportedModelError(
+                f"attnlrp/cp_lrp cannot attach to this model: {', '.join(missing)} never ran "
+                "as a module (its weights are used directly), so its gradient cannot be "
+                "ruled; use 'generic' for this model"
+            )
         return self.tensors[0]
+
+    def relevance(self, gradient: Tensor, layout: TokenLayout) -> Tensor:
+        """(B, N) relevance over the layout's tokens: embedding x gradient summed over the
+        hidden size. Image embeddings hold the patches only; the prefix tokens, which do
+        not come from the image, get 0."""
+        embeddings = self.tensor
+        dtype = embeddings.dtype if embeddings.dtype == torch.float64 else torch.float32
+        relevance = (embeddings.to(dtype) * gradient.to(dtype)).sum(dim=self.embedding_axis)
+        relevance = relevance.reshape(relevance.shape[0], -1)
+        if layout.num_prefix_tokens:
+            prefix = relevance.new_zeros(relevance.shape[0], layout.num_prefix_tokens)
+            relevance = torch.cat([prefix, relevance], dim=1)
+        return relevance
 
 
 def rule_hooks(
-    model: nn.Module, sites: RuleSites, variant: Variant, leaf: EmbeddingLeaf
+    model: nn.Module, sites: RuleSites, variant: Variant, call: RuleCall
 ) -> list[tuple[nn.Module, ForwardHook]]:
-    """(module, forward hook) pairs that apply `variant`'s rules to `model` for one call.
+    """(module, forward hook) pairs that apply `variant`'s rules to `model` for one call,
+    whose state `call` keeps.
 
     The embedding leaf comes first; a module with two roles (an activation that gates, a
     projection whose output is also corrected) gets one hook per role.
@@ -146,10 +182,14 @@ def rule_hooks(
     if variant not in VARIANTS:
         raise ExplainError(f"unknown rule set {variant!r}; known: {', '.join(VARIANTS)}")
     attnlrp = variant == "attnlrp"
-    factors = _Factors()
+    factors = _Factors(call)
+    call.embedding_axis = sites.embedding_axis
+    # AttnLRP halves the gradient after q k^T and after A v: q and k get 1/4 where v is
+    # ruled on its own, 1/2 where the A v output is; CP-LRP holds q and k constant.
+    query_key = (0.5 if sites.attention_outputs else 0.25) if attnlrp else 0.0
     for projection in sites.queries_keys:
-        factors.add(projection, 0.25 if attnlrp else 0.0)
-    for projection in sites.values:
+        factors.add(projection, query_key)
+    for projection in (*sites.values, *sites.attention_outputs):
         factors.add(projection, 0.5 if attnlrp else 1.0)
     gated: dict[int, float | None] = {}
     for gate in sites.gates:
@@ -158,7 +198,7 @@ def rule_hooks(
         gated[id(gate.activation)] = 0.5 if attnlrp else None
         factors.add(gate.other, 0.5 if attnlrp else 1.0)
 
-    hooks: list[tuple[nn.Module, ForwardHook]] = [(sites.embedding, leaf.hook)]
+    hooks: list[tuple[nn.Module, ForwardHook]] = [(sites.embedding, call.hook)]
     tanh_inputs = {id(module) for module in sites.tanh_inputs}
     for module in model.modules():
         key = id(module)
@@ -177,19 +217,6 @@ def rule_hooks(
         if key in tanh_inputs:
             hooks.append((module, _tanh_identity_hook))
     return hooks
-
-
-def embedding_relevance(embeddings: Tensor, gradient: Tensor, layout: TokenLayout) -> Tensor:
-    """(B, N) relevance over the layout's tokens: embedding x gradient summed over the
-    hidden size. Image embeddings hold the patches only ((B, P, D) or (B, gh, gw, D)); the
-    prefix tokens, which do not come from the image, get 0."""
-    dtype = embeddings.dtype if embeddings.dtype == torch.float64 else torch.float32
-    relevance = (embeddings.to(dtype) * gradient.to(dtype)).sum(dim=-1)
-    relevance = relevance.reshape(relevance.shape[0], -1)
-    if layout.num_prefix_tokens:
-        prefix = relevance.new_zeros(relevance.shape[0], layout.num_prefix_tokens)
-        relevance = torch.cat([prefix, relevance], dim=1)
-    return relevance
 
 
 # -- which modules ------------------------------------------------------------------------
@@ -286,20 +313,24 @@ def _tanh_identity_hook(module: nn.Module, args: Any, kwargs: Any, output: Tenso
 class _Factors:
     """Gradient factors per module output channel, from the projections' parts."""
 
-    def __init__(self) -> None:
+    def __init__(self, call: RuleCall) -> None:
         self._parts: dict[int, tuple[nn.Module, list[tuple[slice | None, float]]]] = {}
+        self._call = call
 
     def add(self, projection: Projection, factor: float) -> None:
         entry = self._parts.setdefault(id(projection.module), (projection.module, []))
         entry[1].append((projection.part, factor))
+        self._call.expected[id(projection.module)] = type(projection.module).__name__
 
     def __contains__(self, key: int) -> bool:
         return key in self._parts
 
     def hook(self, module: nn.Module) -> ForwardHook:
         parts = self._parts[id(module)][1]
+        seen = self._call.seen
 
         def scale(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor | None:
+            seen.add(id(module))
             if len(parts) == 1 and parts[0][0] is None:  # one factor for the whole output
                 factor = parts[0][1]
                 if factor == 0.0:

@@ -4,9 +4,10 @@ Normalisations and activation modules are found by type; what this file names is
 types cannot tell: the module whose output is the explained input (word or patch
 embeddings), the projections that produce q, k and v, and the gated units.
 
-- timm ViT: one fused `qkv` projection per block, whose output channels are q, k, v in
-  that order; relevance at the patch-embedding output; Mlp (act), SwiGLU (act gates
-  fc1_x) and GluMlp (act of fc1's second half gates its first half).
+- timm ViT and Eva: q and k leave `q_norm` and `k_norm`, A v enters `norm` (modules of
+  every timm Attention); relevance at the patch-embedding output; Mlp (act), SwiGLU (act
+  gates fc1_x) and GluMlp (act of fc1's second half gates its first half). Beit uses its
+  qkv weight in F.linear and has no q_norm: refused.
 - Hugging Face (BERT family, GPT-2, decoder-only LMs): the attention module of every
   block has its projections as children, found by name: query/key/value (BERT, RoBERTa,
   ALBERT, ELECTRA), q_lin/k_lin/v_lin (DistilBERT), q_proj/k_proj/v_proj (Llama, Qwen,
@@ -24,6 +25,7 @@ from explain.lrp.attnlrp import Gate, Projection, RuleSites
 
 __all__ = ["hf_sites", "rule_sites", "timm_sites"]
 
+_TIMM_ATTENTION = ("q_norm", "k_norm", "norm")
 _SEPARATE_PROJECTIONS = (
     ("query", "key", "value"),
     ("q_lin", "k_lin", "v_lin"),
@@ -42,22 +44,27 @@ def rule_sites(adapter: Adapter) -> RuleSites:
 
 
 def timm_sites(adapter: Adapter) -> RuleSites:
-    """timm's VisionTransformer (TimmVisionTransformer)."""
-    queries_keys, values, gates = [], [], []
+    """timm's VisionTransformer and Eva (TimmVisionTransformer, TimmEva): q and k are the
+    outputs of `q_norm` and `k_norm`, A v enters `norm` (all modules of every timm
+    Attention, identities unless configured), so the rules hold however q, k and v are
+    projected (a fused qkv, Eva's separate projections or its F.linear with q and v
+    biases)."""
+    queries_keys, outputs, gates = [], [], []
     for index, block in enumerate(adapter.blocks):
         attn = block.attn
-        qkv = getattr(attn, "qkv", None)
-        if not isinstance(qkv, nn.Linear):
+        if not all(isinstance(getattr(attn, n, None), nn.Module) for n in _TIMM_ATTENTION):
             raise UnsupportedModelError(
-                f"block {index}: attnlrp/cp_lrp need timm's Attention with a fused qkv "
-                f"projection, found {type(attn).__name__}"
+                f"block {index}: attnlrp/cp_lrp need timm attention with q_norm, k_norm and "
+                f"norm modules, found {type(attn).__name__}"
             )
-        width = attn.num_heads * attn.head_dim
-        queries_keys.append(Projection(qkv, slice(0, 2 * width)))
-        values.append(Projection(qkv, slice(2 * width, 3 * width)))
+        queries_keys += [Projection(attn.q_norm), Projection(attn.k_norm)]
+        outputs.append(Projection(attn.norm))
         gates += _timm_gates(index, block.mlp)
     return RuleSites(
-        embedding=adapter.model.patch_embed, queries_keys=queries_keys, values=values, gates=gates
+        embedding=adapter.model.patch_embed,
+        queries_keys=queries_keys,
+        attention_outputs=outputs,
+        gates=gates,
     )
 
 
@@ -95,6 +102,7 @@ def hf_sites(adapter: Adapter) -> RuleSites:
     embedding = adapter.model.get_input_embeddings()
     return RuleSites(
         embedding=embedding,
+        embedding_axis=1 if isinstance(embedding, nn.Conv2d) else -1,
         queries_keys=queries_keys,
         values=values,
         gates=gates,

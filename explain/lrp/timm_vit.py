@@ -101,6 +101,11 @@ class TimmVitTape:
             ]
 
     def _check(self, model: nn.Module, to_input: bool) -> None:
+        if getattr(model, "attn_pool", None) is not None:
+            raise UnsupportedModelError(
+                "no LRP rule for attention pooling (global_pool='map'); the attention "
+                "methods (generic, rollout, ...) read it out through its probe attention"
+            )
         for index, block in enumerate(model.blocks):
             where = f"blocks.{index}"
             require_forward(block, _BLOCK, where)

@@ -1,0 +1,63 @@
+"""What `explain` says about a model no adapter takes: hierarchical vision transformers
+are out of scope; anything else can be described with a TransformerSpec."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+__all__ = ["hierarchical_family", "unsupported_model_message"]
+
+_HIERARCHICAL = (
+    "swin",
+    "cvt",
+    "pvt",
+    "pyramidvisiontransformer",
+    "maxvit",
+    "maxxvit",
+    "twins",
+    "hiera",
+    "levit",
+    "mobilevit",
+    "focalnet",
+    "dinat",
+    "efficientformer",
+    "poolformer",
+    "multiscalevit",
+    "nest",
+)
+"""Class-name prefixes (lowercase) of timm and transformers models whose stages pool or
+window the tokens."""
+
+
+def hierarchical_family(model: nn.Module) -> str | None:
+    """The name of the timm or transformers hierarchical vision transformer class `model`
+    is, or None."""
+    for cls in type(model).__mro__:
+        library = cls.__module__.split(".")[0]
+        if library in ("timm", "transformers") and cls.__name__.lower().startswith(_HIERARCHICAL):
+            return cls.__name__
+    return None
+
+
+def unsupported_model_message(model: nn.Module, families: Sequence[str]) -> str:
+    """The UnsupportedModelError message for `model`: why, the supported families, and the
+    way to explain a transformer of one's own."""
+    name = f"{type(model).__module__}.{type(model).__qualname__}"
+    hierarchical = hierarchical_family(model)
+    if hierarchical is not None:
+        reason = (
+            f"{name} is a hierarchical vision transformer ({hierarchical}: its stages "
+            "window or pool the tokens, so no single token set runs through every block, "
+            "which the attention methods need); hierarchical models are out of scope for "
+            "now."
+        )
+    else:
+        reason = f"{name} is not a supported model."
+    return (
+        f"{reason} Supported families: " + "; ".join(families) + ". A plain transformer of "
+        "your own (one token sequence through every block) can be explained by naming its "
+        "blocks, attention probabilities and readout: Explainer(model, "
+        "spec=explain.TransformerSpec(...)), see docs/custom-models.md."
+    )

@@ -1,0 +1,88 @@
+"""The arguments every `explain` command shares, defined once: the model (`--model`,
+`--offline`, `--device`, `--dtype`), the output folder, and argument types."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from explain.loaded_model import LoadedModel
+from explain.loading import DEVICES, DTYPES, load_model
+
+__all__ = [
+    "MODEL_SPECS",
+    "add_model_arguments",
+    "add_out_argument",
+    "load",
+    "opacity",
+    "positive_int",
+]
+
+MODEL_SPECS = (
+    "SPEC is zoo:NAME (`explain models`), a timm model name with or without its pretrained "
+    "tag (vit_base_patch16_224.augreg2_in21k_ft_in1k), hf-hub:org/name (timm on the "
+    "Hugging Face Hub), a Hugging Face repo id org/name[@revision] "
+    "(google/vit-base-patch16-224), or a local model folder or weights file. Downloads go "
+    "to the Hugging Face cache ($HF_HUB_CACHE, default ~/.cache/huggingface/hub) once; "
+    "later runs need no network."
+)
+"""What `--model` takes, for help texts and the README."""
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, takes: str) -> None:
+    """`--model SPEC` (required; `takes`: what kind of model the command explains),
+    `--offline`, `--device` and `--dtype`, in their own help section."""
+    group = parser.add_argument_group("model", f"{takes}. {MODEL_SPECS}")
+    group.add_argument("--model", required=True, metavar="SPEC", help=f"{takes} (see above)")
+    group.add_argument(
+        "--offline",
+        action="store_true",
+        help="use the Hugging Face cache only, never the network (as HF_HUB_OFFLINE=1)",
+    )
+    group.add_argument(
+        "--device",
+        default="auto",
+        metavar="{" + ",".join(DEVICES) + "}",
+        help="where the model and its explanations run (also cuda:N); auto: the GPU if "
+        "there is one; default: %(default)s",
+    )
+    group.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        help="the model's parameter type; default: the checkpoint's (float32)",
+    )
+
+
+def load(args: argparse.Namespace, **options: Any) -> LoadedModel:
+    """`load_model` with the model arguments of `args` (and any command-specific options)."""
+    return load_model(
+        args.model, offline=args.offline, device=args.device, dtype=args.dtype, **options
+    )
+
+
+def add_out_argument(parser: argparse.ArgumentParser) -> None:
+    """`--out DIR`, the folder the pictures are written to."""
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("explanations"),
+        metavar="DIR",
+        help="output folder; default: %(default)s",
+    )
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def opacity(text: str) -> float:
+    """An argparse type: a heatmap opacity in [0, 1]."""
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return value

@@ -1,0 +1,132 @@
+"""The Hugging Face Hub as `load_model` uses it: repo ids, offline mode, and errors that say
+what happened.
+
+Every download goes through huggingface_hub (directly, or inside timm's and transformers'
+own loaders) and so through its cache: what a first run downloads, a second run finds
+there, with or without network. `offline` (the CLI's `--offline`, or the environment's
+HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE) makes the libraries use the cache only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from explain.errors import GatedRepoError, HubUnreachableError, ModelLoadError, RepoNotFoundError
+
+__all__ = [
+    "HUB_PREFIX",
+    "env_offline",
+    "fetch_config",
+    "hub_errors",
+    "hub_session",
+    "is_repo_id",
+    "split_revision",
+]
+
+HUB_PREFIX = "hf-hub:"
+"""timm's prefix for a model published on the Hub with its timm config (`hf-hub:org/name`)."""
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def is_repo_id(text: str) -> bool:
+    """Whether `text` reads as a Hub repo id `org/name`, optionally `@revision`."""
+    return _REPO_ID.fullmatch(text) is not None
+
+
+def split_revision(repo: str) -> tuple[str, str | None]:
+    """`org/name@revision` -> ("org/name", "revision"); no `@`: revision None (main)."""
+    name, _, revision = repo.partition("@")
+    return name, revision or None
+
+
+def env_offline() -> bool:
+    """Whether the environment asks for offline mode (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE),
+    read now rather than when huggingface_hub was imported."""
+    return any(
+        os.environ.get(name, "").strip().lower() in _TRUE
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+@contextlib.contextmanager
+def hub_session(offline: bool) -> Iterator[None]:
+    """Within the block, huggingface_hub (and so timm and transformers, which ask it) works
+    from the cache only when `offline`; its setting is restored afterwards.
+
+    timm's loaders take no `local_files_only`, so the one switch they all read is set.
+    """
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = before or offline
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = before
+
+
+def _cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+@contextlib.contextmanager
+def hub_errors(spec: str, repo: str, offline: bool) -> Iterator[None]:
+    """Turn the hub client's errors inside the block into ModelLoadErrors that say which
+    thing happened (no network, offline, no such repo, gated repo) and what to do."""
+    from huggingface_hub import errors
+
+    name, revision = split_revision(repo)
+    try:
+        yield
+    except errors.GatedRepoError:
+        raise GatedRepoError(
+            f"{name} is a gated repository: accept its terms at https://huggingface.co/{name} "
+            "while logged in, then give your access token: run `hf auth login`, or set "
+            "HF_TOKEN=hf_... in the environment"
+        ) from None
+    except errors.RepositoryNotFoundError:
+        raise RepoNotFoundError(
+            f"the Hugging Face Hub has no model {name} (check the spelling on "
+            "https://huggingface.co/models; a private repository needs your token: "
+            "`hf auth login` or HF_TOKEN)"
+        ) from None
+    except errors.RevisionNotFoundError:
+        raise RepoNotFoundError(f"{name} has no revision {revision!r} on the Hub") from None
+    except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled) as error:
+        if offline:
+            raise HubUnreachableError(
+                f"{spec} is not in the Hugging Face cache ({_cache()}) and offline mode is on "
+                "(--offline, offline=True, HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE): run once "
+                "without it where there is network, or point HF_HUB_CACHE (or HF_HOME) at a "
+                "cache that holds it"
+            ) from None
+        raise HubUnreachableError(
+            f"cannot reach the Hugging Face Hub to download {spec} (no network?), and it is "
+            f"not in the cache ({_cache()}); connect once, or copy a cache that holds it and "
+            f"point HF_HUB_CACHE at it ({type(error).__name__})"
+        ) from None
+    except errors.EntryNotFoundError as error:
+        raise ModelLoadError(f"{name} lacks a file its model needs: {error}") from None
+
+
+def fetch_config(repo: str) -> dict[str, Any]:
+    """The `config.json` of Hub repo `org/name[@revision]`, downloaded into (or found in)
+    the cache; call inside `hub_session` and `hub_errors`."""
+    import huggingface_hub
+
+    name, revision = split_revision(repo)
+    path = huggingface_hub.hf_hub_download(name, "config.json", revision=revision)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelLoadError(f"cannot read the config.json of {repo}: {error}") from None
