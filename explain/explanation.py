@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from explain.errors import ExplainError, OptionError
+from explain.errors import ExplainError, InputError, OptionError
+from explain.export import read_payload, write_payload
 from explain.finite import check_finite
+from explain.normalize import normalize_per_sample
+from explain.rules.registry import display_values, scale_note
 
 __all__ = ["Explanation", "Trace", "normalize_per_sample"]
-
-
-def normalize_per_sample(maps: Tensor, sample_dims: int) -> Tensor:
-    """Min-max normalise each map over its last `sample_dims` axes to [0, 1].
-
-    A constant map becomes all zeros instead of dividing by zero.
-    """
-    flat = maps.flatten(start_dim=maps.dim() - sample_dims)
-    low = flat.amin(dim=-1, keepdim=True)
-    span = flat.amax(dim=-1, keepdim=True) - low
-    scaled = torch.where(span > 0, (flat - low) / span.clamp(min=torch.finfo(flat.dtype).tiny), 0.0)
-    return scaled.reshape(maps.shape)
 
 
 def _heatmap_size(size: object) -> tuple[int, int]:
@@ -61,6 +55,8 @@ class Explanation:
         relevances: every input's relevance by modality; a single-input model has one
             entry, the same tensor as `relevance`.
         tokens: per sample, the token strings, when the Explainer has a tokenizer.
+        settings: what else produced the relevance and should travel with it (e.g. the
+            model, start_layer, method options); JSON-able values, saved by `save`.
     """
 
     relevance: Tensor
@@ -71,6 +67,7 @@ class Explanation:
     input_size: tuple[int, int] | None = None
     relevances: Mapping[str, Tensor] = field(default_factory=dict)
     tokens: list[list[str]] | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Refused here, where every runner's result passes, so that no NaN is ever drawn
@@ -84,9 +81,14 @@ class Explanation:
                 error=ExplainError,
             )
 
-    def heatmap(self, size: tuple[int, int] | int | None = None) -> Tensor:
+    def heatmap(
+        self, size: tuple[int, int] | int | None = None, *, normalize: bool = True
+    ) -> Tensor:
         """Relevance upsampled bilinearly to `size` (default: the input size) and min-max
-        normalised per map to [0, 1]; shape (B, H, W), or (B, K, H, W)."""
+        normalised per map to [0, 1]; shape (B, H, W), or (B, K, H, W).
+
+        `normalize=False` keeps the relevance's own values (and sign): what a figure needs
+        to put several maps on one scale (explain.viz.scaling)."""
         if self.input_size is None:
             raise ExplainError("heatmap() is for image explanations; text relevance is per token")
         size = self.input_size if size is None else _heatmap_size(size)
@@ -95,12 +97,88 @@ class Explanation:
         grid = maps.reshape(-1, 1, *maps.shape[-2:])
         if tuple(grid.shape[-2:]) != tuple(size):
             grid = F.interpolate(grid, size=size, mode="bilinear", align_corners=False)
-        return normalize_per_sample(grid.reshape(*lead, *size), sample_dims=2)
+        grid = grid.reshape(*lead, *size)
+        return normalize_per_sample(grid, sample_dims=2) if normalize else grid
+
+    def to_numpy(self) -> np.ndarray:
+        """The relevance as a numpy array on the CPU (bfloat16 widened to float32), for
+        your own plots and pipelines; `to_dict()` has everything else."""
+        relevance = self.relevance.detach().cpu()
+        return (relevance.float() if relevance.dtype == torch.bfloat16 else relevance).numpy()
+
+    def _header(self) -> dict[str, Any]:
+        return {
+            "format": "explain.Explanation",
+            "version": 1,
+            "method": self.method,
+            "score": self.score,
+            "input_size": list(self.input_size) if self.input_size is not None else None,
+            "tokens": self.tokens,
+            "relevances": list(self.relevances),
+            "settings": dict(self.settings),
+        }
+
+    def _tensors(self) -> dict[str, Tensor]:
+        tensors = {"relevance": self.relevance, "logits": self.logits, "target": self.target}
+        for name, tensor in self.relevances.items():
+            if tensor is not self.relevance:  # the single-input entry is `relevance` itself
+                tensors[f"relevances.{name}"] = tensor
+        return tensors
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything as plain Python (lists, numbers, strings): JSON-serialisable.
+
+        Keys: relevance, logits, target (nested lists), relevances (modality -> nested
+        lists), tokens, method, score, input_size, settings.
+        """
+        header = self._header()
+        del header["format"], header["version"]
+        header["relevances"] = {
+            name: tensor.detach().cpu().double().tolist()
+            for name, tensor in self.relevances.items()
+        }
+        for name in ("relevance", "logits"):
+            header[name] = getattr(self, name).detach().cpu().double().tolist()
+        header["target"] = self.target.detach().cpu().tolist()
+        return header
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the explanation to `path`: `.safetensors`, `.npz` or `.json` (text).
+
+        The file holds the relevance (and every modality's), the logits, the targets, the
+        token strings, the method, the score, the input size and `settings`;
+        `Explanation.load(path)` reads it back. See explain.export for the layouts.
+        """
+        write_payload(path, self._tensors(), self._header())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Explanation:
+        """Read an explanation written by `save` (or `explain ... --save`); CPU tensors."""
+        tensors, header = read_payload(path)
+        if header.get("format") != "explain.Explanation":
+            raise InputError(f"{path} holds no explanation written by Explanation.save")
+        relevance = tensors["relevance"]
+        relevances = {
+            name: tensors.get(f"relevances.{name}", relevance) for name in header["relevances"]
+        }
+        size = header["input_size"]
+        return cls(
+            relevance=relevance,
+            logits=tensors["logits"],
+            target=tensors["target"].long(),
+            method=header["method"],
+            score=header["score"],
+            input_size=tuple(size) if size is not None else None,
+            relevances=relevances,
+            tokens=header["tokens"],
+            settings=header["settings"],
+        )
 
     def to_html(self, skip: Collection[str] = ()) -> str:
         """A text explanation as an HTML page: every text's tokens highlighted on a
         diverging scale, each token escaped. `skip`: tokens not shown (e.g. the
-        tokenizer's `all_special_tokens`). See explain.viz.text."""
+        tokenizer's `all_special_tokens`). See explain.viz.text. A method whose raw values
+        mislead (full `lrp`) shows them normalised per text, with a note saying why."""
         if self.tokens is None or self.relevance.dim() != 2:
             raise ExplainError(
                 "to_html() is for text explanations with one map per text: create the "
@@ -108,13 +186,15 @@ class Explanation:
             )
         from explain.viz.text import document_html, to_html
 
+        shown = display_values(self.method, self.relevance.cpu())
         return document_html(
             [
                 to_html(tokens, scores, skip=skip, title=f"text {index}: target {int(target)}")
                 for index, (tokens, scores, target) in enumerate(
-                    zip(self.tokens, self.relevance.cpu(), self.target.cpu(), strict=True)
+                    zip(self.tokens, shown, self.target.cpu(), strict=True)
                 )
-            ]
+            ],
+            note=scale_note(self.method),
         )
 
 

@@ -1,4 +1,5 @@
-"""Reading images from files and writing output files atomically."""
+"""Reading images from files and writing output files atomically (and checking, before
+any work, that they can be written)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from typing import IO
 import torch
 from torch import Tensor
 
+from explain.errors import InputError
 from explain.preprocessing import ImagePreprocessing, read_image
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "atomic_write", "load_images"]
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "atomic_write", "check_writable", "load_images"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -52,6 +54,31 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+
+
+def check_writable(path: str | os.PathLike[str], *, folder: bool, option: str) -> None:
+    """Refuse, before any work is done, an output that cannot be written: `path` is a
+    folder to write into (`folder`) or a file to write; `option` names it in the message.
+
+    The nearest existing folder on the way must be a folder that takes a new file (checked
+    by creating and removing a temporary one there); nothing else is created.
+    """
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        kind = "a file, not a folder" if folder else "a folder; give a file name"
+        raise InputError(f"{option} {path} is {kind}")
+    existing = path if folder else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"{option} {path} cannot be made: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise InputError(
+            f"{option} {path} cannot be written: {existing}: {error.strerror or error}"
+        ) from None
 
 
 def load_images(

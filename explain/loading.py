@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,11 @@ def load_model(
             before its weights are downloaded).
         OptionError: an unknown or unavailable device or dtype.
     """
+    if not isinstance(spec, str | os.PathLike):
+        raise ModelLoadError(
+            "a model spec is a string or a path (zoo:NAME, a model folder, a weights file or "
+            f"a timm model name), got {type(spec).__name__}"
+        )
     target_device = resolve_device(device)
     target_dtype = _resolve_dtype(dtype)
     text = os.fspath(spec)
@@ -164,9 +170,20 @@ def _load_spec(
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        content = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelLoadError(f"cannot read {path}: {error}") from None
+    if not isinstance(content, dict):
+        raise ModelLoadError(
+            f"{path} holds {type(content).__name__} {json.dumps(content)[:40]}, not a JSON "
+            "object: is it a model's config file?"
+        )
+    return content
+
+
+def _one_line(error: BaseException) -> str:
+    """An exception's message on one line: the CLI prints every error as one."""
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
 def _load_folder(folder: Path) -> LoadedModel:
@@ -178,7 +195,14 @@ def _load_folder(folder: Path) -> LoadedModel:
         )
     config = _read_json(config_path)
     if "family" in config:
-        return load_zoo_folder(folder)
+        try:
+            return load_zoo_folder(folder)
+        except KeyError as error:
+            raise ModelLoadError(f"{config_path} has no {error.args[0]!r} entry") from None
+        except (TypeError, ValueError, RuntimeError) as error:  # values the builder refuses
+            raise ModelLoadError(
+                f"{config_path} describes no model that can be built ({_one_line(error)})"
+            ) from None
     if "architecture" in config:
         _require_supported_timm(config, str(folder))
         return _load_timm(f"local-dir:{folder}", name=str(folder))
@@ -338,7 +362,7 @@ def _failing_as(message: str, *also: type[BaseException]) -> Iterator[None]:
     except (OSError, ValueError, KeyError, *also) as error:
         if type(error).__module__.startswith("huggingface_hub"):
             raise
-        raise ModelLoadError(f"{message}: {error}") from None
+        raise ModelLoadError(f"{message}: {_one_line(error)}") from None
 
 
 def _timm_class_names(model: nn.Module) -> tuple[str, ...] | None:
@@ -359,10 +383,17 @@ def _timm_class_names(model: nn.Module) -> tuple[str, ...] | None:
     return None
 
 
+def _weights_files(folder: Path) -> str:
+    """The weights files of a Hugging Face folder, for error messages."""
+    names = sorted(p.name for p in folder.iterdir() if p.suffix in _WEIGHT_SUFFIXES)
+    return ", ".join(names) if names else "no weights file"
+
+
 def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
     """`from_pretrained` of the architecture the config names, from a folder or a Hub repo
     `org/name[@revision]`; its tokenizer, class names and image processor with it."""
     import transformers
+    from safetensors import SafetensorError
 
     local = isinstance(source, Path)
     repo, revision = (source, None) if local else split_revision(source)
@@ -374,8 +405,18 @@ def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
     with torch.device("meta"):  # the family check costs no download and no memory
         skeleton = transformers.AutoModel.from_config(config) if cls is None else cls(config)
     _require_supported(skeleton, name)
-    with _failing_as(f"cannot load the Hugging Face model {name}"):
-        model = (cls or transformers.AutoModel).from_pretrained(repo, **options)
+    files = f" ({_weights_files(source)})" if local else ""
+    try:
+        with _failing_as(
+            f"cannot load the Hugging Face model {name}{files}", RuntimeError, SafetensorError
+        ):
+            model = (cls or transformers.AutoModel).from_pretrained(repo, **options)
+    except pickle.UnpicklingError:
+        raise ModelLoadError(
+            f"cannot load the Hugging Face model {name}:{files} holds more than plain tensors, "
+            "which explain never unpickles (torch.load with weights_only); save the weights "
+            "with safetensors from a copy you trust"
+        ) from None
     model.eval()
     # A dual encoder (CLIP and its kin) takes images and texts: it needs both preprocessings.
     dual = hasattr(model, "get_image_features") and hasattr(model, "get_text_features")

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from explain.errors import InputError, ModelLoadError
-from explain.explanation import normalize_per_sample
+from explain.normalize import normalize_per_sample
 
 __all__ = ["ImagePreprocessing", "read_image"]
 

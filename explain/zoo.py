@@ -143,7 +143,9 @@ def _build_minilm_classifier(config: dict[str, Any]) -> nn.Module:
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
+    bars = logging.is_progress_bar_enabled()
     logging.set_verbosity_error()  # "newly initialised classifier" is expected here
+    logging.disable_progress_bar()  # a "Loading weights" bar on every load is noise
     try:
         model = BertForSequenceClassification.from_pretrained(
             minilm_folder(),
@@ -153,6 +155,8 @@ def _build_minilm_classifier(config: dict[str, Any]) -> nn.Module:
         )
     finally:
         logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
     return model
 
 

@@ -73,6 +73,43 @@ def test_help_documents_every_option():
             assert documented, f"`explain {name}` option {action.dest} has no help"
             for option in action.option_strings:
                 assert option in text
+            # Every option that has a default says what it is (flags default to off).
+            if action.default not in (None, False, argparse.SUPPRESS) and action.help:
+                assert "default" in action.help, f"`explain {name}` {action.dest}: no default"
+
+
+def test_version(capsys):
+    from explain import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"explain {__version__}"
+
+
+def test_image_save_writes_the_raw_explanation(capsys, tmp_path, model_folder):
+    from explain import Explanation
+
+    paths = _write_images(tmp_path / "in", 2)
+    out = tmp_path / "out"
+    status, stdout, _ = _run(
+        capsys, "image", *paths, "--model", model_folder, "--method", "generic,rollout",
+        "--target", "top,2", "--save", "npz", "--out", out,
+    )  # fmt: skip
+    assert status == 0
+    model = tiny_vit(**TIMM_ARGS)
+    images, _ = load_images(paths, size=(32, 32), mean=MEAN, std=STD)
+    for i, path in enumerate(paths):
+        for method in ("generic", "rollout"):
+            saved = Explanation.load(out / f"image{i}_{method}.npz")
+            assert str(out / f"image{i}_{method}.npz") in stdout.split()
+            top = int(model(images[i : i + 1]).argmax())
+            alone = Explainer(model).explain(
+                images[i : i + 1], target=torch.tensor([[top, 2]]), method=method
+            )
+            torch.testing.assert_close(saved.relevance, alone.relevance)
+            assert saved.target.tolist() == [[top, 2]] and saved.method == method
+            assert saved.settings == {"model": str(model_folder), "input": str(path)}
 
 
 def test_models_lists_the_zoo_families_and_methods(capsys):
@@ -283,3 +320,53 @@ def test_a_failure_while_writing_leaves_no_file(monkeypatch, tmp_path, model_fol
     with pytest.raises(OSError, match="disk full"):
         main(["image", str(tmp_path / "in"), "--model", str(model_folder), "--out", str(out)])
     assert list(out.iterdir()) == []
+
+
+def test_image_notes_that_a_fixed_block_method_ignores_the_start_layer(
+    model_folder, tmp_path, capsys
+):
+    image = _write_images(tmp_path / "in", 1)[0]
+    out = tmp_path / "maps"
+    argv = ["image", image, "--model", model_folder, "--out", out]
+    status, _, err = _run(capsys, *argv, "--method", "raw_attention", "--start-layer", "1")
+    assert status == 0
+    assert err.splitlines()[0] == (
+        "explain: note: raw_attention reads one fixed block; --start-layer is ignored for it"
+    )
+    assert len(list(out.glob("image0_raw_attention_*.png"))) == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "destination", "message"),
+    [
+        ("--out", lambda tmp: tmp / "file.txt" / "maps", "file.txt is a file, not a folder"),
+        ("--out", lambda tmp: tmp / "file.txt", "file.txt is a file, not a folder"),
+        ("--out", lambda tmp: "/proc/x", "/proc/x cannot be"),
+        ("--html", lambda tmp: tmp, "is a folder; give a file name"),
+        ("--html", lambda tmp: tmp / "file.txt" / "page.html", "file.txt is a file, not a"),
+        ("--output", lambda tmp: tmp / "file.txt" / "r.json", "file.txt is a file, not a"),
+    ],
+)
+def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, option, destination, message):
+    (tmp_path / "file.txt").write_text("a file")
+    command = {
+        "--out": ["image", tmp_path / "file.txt"],
+        "--html": ["text", "a text"],
+        "--output": ["evaluate", "perturbation"],
+    }[option]
+    # The model does not exist: the destination must be refused before it is looked for.
+    argv = [*command, "--model", "zoo:no-such-model", option, destination(tmp_path)]
+    status, out, err = _run(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"explain: error: {option} ")
+    assert message in err
+
+
+@pytest.mark.parametrize(("rank", "printed"), [("0", True), ("3", False)])
+def test_under_torchrun_only_rank_zero_reports_an_error(capsys, monkeypatch, rank, printed):
+    """torchrun starts N copies that check the same arguments: one line, not N."""
+    monkeypatch.setenv("RANK", rank)
+    status, _, err = _run(capsys, "image", "missing.png", "--model", "zoo:shapes-vit")
+    assert status == 2
+    assert err.count("explain: error: no such file or folder: missing.png") == int(printed)
+    assert err.count("\n") == int(printed)

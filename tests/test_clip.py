@@ -283,6 +283,13 @@ def test_cli_writes_one_figure_per_image(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "red.png" in printed and "p=" in printed
     assert before.differences(ModelState.capture(model)) == []
+    saved = tmp_path / "saved"
+    assert main([*arguments, "--model", str(folder), "--out", str(saved), "--save", "npz"]) == 0
+    from explain import Explanation
+
+    raw = Explanation.load(saved / "red_clip.npz")
+    assert set(raw.relevances) == {"image", "text"} and raw.target.tolist() == [[0, 1]]
+    assert raw.settings["texts"] == ["a red square", "blue"]
     assert main(["clip", str(images), "--text", "x", "--model", str(tmp_path / "none")]) == 2
 
 
@@ -291,7 +298,9 @@ def test_clip_figure_checks_its_inputs():
 
     image = torch.rand(3, 32, 32)
     figure = clip_figure(image, torch.rand(2, 32, 32), [["a", "dog"], ["cat"]], [[1.0, 2.0], [0.5]])
-    assert len(figure.axes) == 2
+    assert len(figure.axes) == 2 + 1  # the two panels and the colour key
+    key = figure.axes[0]  # added first, at the right
+    assert [t.get_text() for t in key.get_yticklabels()] == ["map min", "map max"]
     with pytest.raises(InputError, match="2 texts but 1 heatmaps"):
         clip_figure(image, torch.rand(1, 32, 32), [["a"], ["b"]], [[1.0], [1.0]])
     with pytest.raises(InputError, match="tokens but 1 scores"):

@@ -216,9 +216,14 @@ def test_fused_path_equals_explicit_path_on_padded_text(name):
     mask[2, 6:] = 0
     inputs = {"input_ids": ids, "attention_mask": mask}
     before = ModelState.capture(model)
+    chosen = torch.tensor([1, 0, 2])  # classes, or the encoder's features (it has no class)
     for method in ("generic", "rollout", "attention_gradcam"):
-        explicit = Explainer(model, attention_path="explicit").explain(inputs, method=method)
-        fused = Explainer(model, attention_path="fused").explain(inputs, method=method)
+        explicit = Explainer(model, attention_path="explicit").explain(
+            inputs, method=method, target=chosen
+        )
+        fused = Explainer(model, attention_path="fused").explain(
+            inputs, method=method, target=chosen
+        )
         _close(fused.relevance, explicit.relevance)
         assert (fused.relevance[mask == 0] == 0).all()
     targets = torch.tensor([[0, 1], [2, 0], [1, 1]])

@@ -420,6 +420,12 @@ def test_cli_explains_every_generated_token(tmp_path, capsys):
     )
     assert status == 0
     assert "'dog'" in capsys.readouterr().out
+    assert main([*arguments, "--out", str(out), "--max-new-tokens", "3", "--save", "json"]) == 0
+    from explain import Explanation
+
+    raw = Explanation.load(out / "seq2seq.json")
+    assert set(raw.relevances) == {"source", "target"}
+    assert raw.relevances["source"].shape[1] == len(raw.settings["explained_tokens"])
 
 
 def test_relevance_matrix_figure_checks_its_shape():

@@ -93,3 +93,133 @@ def test_empty_text_is_an_error(classifier_folder, tmp_path, capsys):
     args = ["text", "  ", "--model", str(classifier_folder), "--html", str(tmp_path / "e.html")]
     assert main(args) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def _text(classifier_folder, tmp_path, *argv):
+    page = tmp_path / "page.html"
+    return ["text", *argv, "--model", str(classifier_folder), "--html", str(page)], page
+
+
+def _messages(err: str) -> list[str]:
+    """explain's own stderr lines (the model loader's progress bar left out)."""
+    return [line for line in err.splitlines() if line.startswith("explain: ")]
+
+
+@pytest.mark.parametrize("text", ["\u200b", "\x00\x01", "\xad"])
+def test_text_that_tokenizes_to_nothing_is_an_error(classifier_folder, tmp_path, capsys, text):
+    argv, page = _text(classifier_folder, tmp_path, text)
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert _messages(err) == [err.splitlines()[-1]] and "has no token" in err
+    assert not page.exists()
+
+
+def test_an_over_long_text_is_one_error_line(classifier_folder, tmp_path, capsys):
+    argv, _ = _text(classifier_folder, tmp_path, " ".join(["word"] * 100))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Token indices sequence length" not in err
+    assert err.splitlines()[-1].startswith("explain: error: the text is too long")
+
+
+def test_a_fixed_block_method_ignores_the_start_layer_with_a_note(
+    classifier_folder, tmp_path, capsys
+):
+    argv, _ = _text(classifier_folder, tmp_path, "Fine.", "--color", "never")
+    assert main([*argv, "--method", "raw_attention,generic", "--start-layer", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert _messages(err) == [
+        "explain: note: raw_attention reads one fixed block; --start-layer is ignored for it"
+    ]
+    assert "[raw_attention]" in out and "[generic]" in out
+
+
+def test_all_methods(classifier_folder, tmp_path, capsys):
+    from explain import METHODS
+
+    argv, page = _text(classifier_folder, tmp_path, "Fine.", "--color", "never")
+    assert main([*argv, "--method", "all"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"[{method}]" in out for method in METHODS)
+    assert page.read_text().count("<h3>") == len(METHODS)
+
+
+def _printed_values(out: str) -> list[float]:
+    line = next(line for line in out.splitlines() if line.startswith("  "))
+    return [float(piece.rsplit("(", 1)[1].rstrip(")")) for piece in line.split()]
+
+
+def test_full_lrp_values_are_normalised_and_say_why(classifier_folder, tmp_path, capsys):
+    argv, page = _text(classifier_folder, tmp_path, "A warm , funny film .", "--color", "never")
+    assert main([*argv, "--method", "lrp"]) == 0
+    out = capsys.readouterr().out
+    assert "note: lrp: full LRP with the original rules" in out
+    assert "does not conserve relevance" in out and "largest magnitude" in out
+    shown = _printed_values(out)
+    assert max(abs(v) for v in shown) <= 1.0
+    html = page.read_text()
+    assert "<b>Note:</b> lrp: full LRP" in html and "does not conserve relevance" in html
+    assert main([*argv, "--method", "lrp", "--raw-values"]) == 0
+    out = capsys.readouterr().out
+    assert "values shown as computed" in out
+    raw = _printed_values(out)
+    ratio = raw[0] / shown[0]
+    assert ratio != pytest.approx(1.0)  # the scale is gone, the ratios stay
+    assert [v / ratio for v in raw] == pytest.approx(shown, rel=2e-3, abs=2e-3)
+
+
+def test_explanation_html_of_full_lrp_is_normalised_with_a_note(classifier_folder):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from explain import Explainer
+
+    model = AutoModelForSequenceClassification.from_pretrained(classifier_folder)
+    tokenizer = AutoTokenizer.from_pretrained(classifier_folder)
+    result = Explainer(model, tokenizer=tokenizer).explain("a warm film", method="lrp")
+    html = result.to_html()
+    assert "<b>Note:</b> lrp: full LRP" in html
+    largest = float(result.relevance.abs().max())
+    shown = [float(t.split('"')[0]) for t in html.split('title="')[1:]]
+    assert max(abs(v) for v in shown) == pytest.approx(1.0, abs=1e-3)
+    assert largest != pytest.approx(1.0)
+    assert "Note:" not in Explainer(model, tokenizer=tokenizer).explain("a film").to_html()
+
+
+def test_nothing_is_written_unasked(classifier_folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["text", "Fine.", "--model", str(classifier_folder), "--color", "never"]) == 0
+    assert list(tmp_path.iterdir()) == []  # no explain_text.html, no explanations/
+    captured = capsys.readouterr()
+    assert "fine(" in captured.out
+    assert "Loading weights" not in captured.err  # no progress bar on every load
+
+
+@pytest.mark.parametrize("fmt", ["json", "safetensors"])
+def test_save_writes_the_raw_relevance(classifier_folder, tmp_path, capsys, fmt):
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from explain import Explainer, Explanation
+
+    texts = ["A warm film.", "Not good at all."]
+    args = ["text", *texts, "--model", str(classifier_folder), "--target", "1"]
+    assert main([*args, "--save", fmt, "--out", str(tmp_path)]) == 0
+    saved = Explanation.load(tmp_path / f"text_generic.{fmt}")
+    assert str(tmp_path / f"text_generic.{fmt}") in capsys.readouterr().out.split()
+    model = BertForSequenceClassification.from_pretrained(classifier_folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(classifier_folder)
+    direct = Explainer(model, tokenizer=tokenizer).explain(texts, target=1)
+    torch.testing.assert_close(saved.relevance, direct.relevance)
+    assert saved.tokens == direct.tokens and saved.target.tolist() == [1, 1]
+    assert saved.settings == {"model": str(classifier_folder), "texts": texts}
+
+
+def test_encoder_save_keeps_both_sides(tmp_path, capsys):
+    from explain import Explanation
+
+    args = ["text", "A man plays guitar.", "--model", str(ref.minilm_path())]
+    assert main([*args, "--pair", "Music on stage.", "--save", "npz", "--out", str(tmp_path)]) == 0
+    saved = Explanation.load(tmp_path / "text_generic.npz")
+    assert set(saved.relevances) == {"text", "pair"} and saved.score == "cosine_similarity"
+    assert saved.settings["pair"] == "Music on stage." and saved.logits.shape == (1, 1)
+    assert saved.settings["pair_tokens"][0][0] == "[CLS]"

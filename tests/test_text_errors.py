@@ -83,6 +83,8 @@ def test_an_empty_list_is_an_empty_batch(classifier, tokenizer):
         Explainer(classifier, tokenizer=tokenizer).explain([])
     with pytest.raises(InputError, match="the batch is empty: pass at least one text"):
         Explainer(classifier).explain([])
+    with pytest.raises(InputError, match="the batch is empty: pass at least one image"):
+        Explainer(tiny_vit()).explain([])
 
 
 def test_token_type_ids_out_of_range_are_refused(classifier, tokenizer):

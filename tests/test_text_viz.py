@@ -79,9 +79,27 @@ def test_explanation_to_html():
     batch = ref.padded_batch([[2, 14, 7, 3], [2, 41, 3]])
     result = Explainer(model, tokenizer=Tokenizer()).explain(batch, target=[1, 2])
     page = result.to_html(skip=Tokenizer.all_special_tokens)
-    assert page.count("<p style") == 2 + 1  # two texts and the legend
+    assert page.count('<p class="text">') == 2  # two texts
     assert "&lt;t14&gt;" in page and "[PAD]" not in page
     assert "target 2" in page
     with pytest.raises(ExplainError, match="tokenizer"):
         Explainer(model).explain(batch).to_html()
     assert torch.equal(result.relevance[1, 3:], torch.zeros(1))
+
+
+def test_page_legend_shows_only_the_colours_it_uses_and_values_without_hovering():
+    positive = document_html([to_html(["good", "film"], [2.0, 0.5])])
+    assert "rgb(178, 24, 43)" in positive and "no token has negative relevance" in positive
+    assert "rgb(33, 102, 172)" not in positive  # no blue on the page, none in its legend
+    signed = document_html([to_html(["good", "bad"], [1.0, -1.0])])
+    assert "evidence against" in signed and "rgb(33, 102, 172)" in signed
+    # every score is on the page (the "show values" switch writes it after its token)
+    assert 'data-v="+2"' in positive and 'data-v="+0.5"' in positive
+    assert '<input type="checkbox" id="values">' in positive
+    assert "#values:checked ~ main .tok::after" in positive
+
+
+def test_all_zero_text_says_so():
+    assert "every relevance is 0" in to_html(["not", "good"], [0.0, 0.0])
+    assert "every relevance is 0" not in to_html(["not", "good"], [0.0, 1.0])
+    assert to_terminal(["not"], [0.0]).endswith("(every relevance is 0)")

@@ -24,6 +24,8 @@ from explain.viz import (
     save_image,
     text_figure,
 )
+from explain.viz.scaling import scale_maps
+from explain.viz.text_figure import LEGEND
 
 
 @pytest.fixture
@@ -32,15 +34,66 @@ def picture():
     return torch.rand(3, 32, 48, generator=generator), torch.rand(32, 48, generator=generator)
 
 
-def test_overlay_blends_the_colormap_over_the_image_by_alpha(picture):
+def test_overlay_opacity_follows_the_relevance(picture):
     image, heat = picture
     rgb = image.permute(1, 2, 0).numpy()
+    h = heat.numpy()[..., None]
     colored = colormaps["inferno"](heat.numpy())[..., :3]
     assert np.allclose(overlay(image, heat, cmap="inferno", alpha=0.0), rgb)
-    assert np.allclose(overlay(image, heat, cmap="inferno", alpha=1.0), colored)
     blended = overlay(image, heat, cmap="inferno", alpha=0.3)
     assert blended.shape == (32, 48, 3)
-    assert np.allclose(blended, 0.7 * rgb + 0.3 * colored)
+    assert np.allclose(blended, (1 - 0.3 * h) * rgb + 0.3 * h * colored)
+    # where the relevance is 0 the image keeps its own colours, whatever the colormap
+    assert np.allclose(overlay(image, torch.zeros(32, 48), cmap="jet", alpha=1.0), rgb)
+    assert np.allclose(overlay(image, heat), overlay(image, heat, cmap="inferno", alpha=0.8))
+
+
+def test_overlay_signed_uses_a_diverging_map_centred_at_zero(picture):
+    image, heat = picture
+    rgb = image.permute(1, 2, 0).numpy()
+    signed = heat * 2 - 1
+    h = signed.numpy()
+    shown = overlay(image, signed, alpha=0.5, signed=True)
+    colored = colormaps["RdBu_r"](0.5 + 0.5 * h)[..., :3]
+    weight = 0.5 * np.abs(h)[..., None]
+    assert np.allclose(shown, (1 - weight) * rgb + weight * colored)
+    negative = overlay(image, -torch.ones(32, 48), alpha=1.0, signed=True)
+    assert np.allclose(negative, colormaps["RdBu_r"](0.0)[:3])  # blue, not "low red"
+
+
+def test_scale_maps_per_map_is_min_max_and_names_flat_maps():
+    ramp = np.linspace(2.0, 4.0, 12).reshape(3, 4)
+    scaled = scale_maps([ramp, np.zeros((3, 4)), np.full((3, 4), 7.0)])
+    assert scaled.rule == "per_map" and not any(scaled.signed) and scaled.peak is None
+    assert np.allclose(scaled.maps[0], (ramp - 2.0) / 2.0)
+    assert np.allclose(scaled.maps[1], 0) and np.allclose(scaled.maps[2], 0)
+    assert scaled.notes == [None, "all-zero map", "constant map"]
+    assert "own range" in scaled.caption() and scaled.keys() == [False]
+    assert scaled.key_ticks(False)[1] == ["map min", "map max"]
+
+
+def test_scale_maps_shared_keeps_the_maps_comparable():
+    strong, weak = np.array([[0.0, 4.0]]), np.array([[0.0, 1.0]])
+    scaled = scale_maps([strong, weak], "shared")
+    assert scaled.peak == 4.0
+    assert np.allclose(scaled.maps[1], [[0.0, 0.25]])  # a weak map looks weak
+    assert scaled.key_ticks(False) == ([0.0, 1.0], ["0", "4"])
+    with pytest.raises(InputError, match="unknown scale"):
+        scale_maps([strong], "global")
+
+
+def test_scale_maps_signed_maps_are_divided_by_their_largest_magnitude():
+    signed, positive = np.array([[-2.0, 1.0]]), np.array([[1.0, 3.0, 2.0]])
+    scaled = scale_maps([signed, positive])
+    assert scaled.signed == [True, False] and scaled.keys() == [False, True]
+    assert np.allclose(scaled.maps[0], [[-1.0, 0.5]])
+    assert np.allclose(scaled.maps[1], [[0.0, 1.0, 0.5]])  # min-max: no baseline wash
+    assert "signed maps by the largest |relevance|" in scaled.caption()
+    assert scaled.key_ticks(True)[1] == ["-max|R|", "0", "+max|R|"]
+    shared = scale_maps([signed, positive], "shared")
+    assert shared.signed == [True, True] and shared.keys() == [True]
+    assert np.allclose(shared.maps[0], [[-2 / 3, 1 / 3]])
+    assert shared.key_ticks(True)[1] == ["-3", "0", "3"]
 
 
 def test_overlay_accepts_channels_last_and_grey_images(picture):
@@ -102,19 +155,41 @@ def test_heatmap_figure_colorbar_is_optional(picture):
     assert len(heatmap_figure(*picture, colorbar=False).axes) == 1
 
 
-def test_grid_figure_places_each_map_at_its_row_and_column(picture):
+def _caption(figure) -> str:
+    return " ".join(text.get_text() for text in figure.texts)
+
+
+def test_grid_figure_opens_every_row_with_the_input_and_states_its_rule(picture):
     image, _ = picture
-    maps = [[torch.full((32, 48), (i * 3 + j) / 6) for j in range(3)] for i in range(2)]
+    ramp = torch.linspace(0, 1, 48).expand(32, 48)
+    maps = [[ramp * (i * 3 + j) for j in range(3)] for i in range(2)]  # [0][0]: all zero
     figure = grid_figure(image, maps, rows=["m0", "m1"], columns=["a", "b", "c"], alpha=0.4)
-    # the input, 2 method rows of 3 panels, and the colour bar
-    assert len(figure.axes) == 1 + 2 * 3 + 1
-    panels = figure.axes[1:7]
+    # 2 rows of (the input + 3 maps), and the colour key
+    assert len(figure.axes) == 2 * 4 + 1
+    panels = [figure.axes[i * 4 : (i + 1) * 4] for i in range(2)]
+    rgb = image.permute(1, 2, 0).numpy()
     for i in range(2):
+        assert np.allclose(panels[i][0].get_images()[0].get_array(), rgb)
+        assert panels[i][0].get_ylabel() == f"m{i}"
         for j in range(3):
-            shown = panels[i * 3 + j].get_images()[0].get_array()
-            assert np.allclose(shown, overlay(image, maps[i][j], alpha=0.4))
-    assert [axis.get_title() for axis in panels[:3]] == ["a", "b", "c"]
-    assert [panels[i * 3].get_ylabel() for i in range(2)] == ["m0", "m1"]
+            shown = panels[i][j + 1].get_images()[0].get_array()
+            expected = rgb if i == j == 0 else overlay(image, ramp, alpha=0.4)  # min-max
+            assert np.allclose(shown, expected)
+    assert [axis.get_title() for axis in panels[0]] == ["input", "a", "b", "c"]
+    assert [t.get_text() for t in panels[0][1].texts] == ["all-zero map"]
+    assert "Each map min-max scaled to its own range (no common scale)" in _caption(figure)
+    key = figure.axes[-1]
+    assert [t.get_text() for t in key.get_yticklabels()] == ["map min", "map max"]
+
+
+def test_grid_figure_shared_scale_has_a_value_bar(picture):
+    image, _ = picture
+    ramp = torch.linspace(0, 1, 48).expand(32, 48)
+    figure = grid_figure(image, [[ramp * 2, ramp]], rows=["m"], columns=["a", "b"], scale="shared")
+    weak = figure.axes[2].get_images()[0].get_array()
+    assert np.allclose(weak, overlay(image, ramp / 2))
+    assert "One scale for every map (0 to 2" in _caption(figure)
+    assert [t.get_text() for t in figure.axes[-1].get_yticklabels()] == ["0", "2"]
 
 
 def test_grid_figure_checks_the_labels_match_the_maps(picture):
@@ -133,14 +208,14 @@ def test_explanation_grid_is_methods_by_classes_of_one_sample():
     display = torch.rand(3, 32, 32)
     names = ["zero", "one", "two", "three", "four"]
     figure = explanation_grid(display, explanations, sample=1, class_names=names, colorbar=False)
-    panels = figure.axes[1:]
-    assert len(panels) == 2 * 2
-    assert [axis.get_title() for axis in panels[:2]] == ["zero (0)", "four (4)"]
-    assert [panels[0].get_ylabel(), panels[2].get_ylabel()] == ["generic", "rollout"]
+    panels = [figure.axes[i * 3 + 1 : (i + 1) * 3] for i in range(2)]  # after each input
+    titles = [axis.get_title() for axis in panels[0]]
+    assert titles == ["zero (class 0, target)", "four (class 4, target)"]
+    assert [figure.axes[0].get_ylabel(), figure.axes[3].get_ylabel()] == ["generic", "rollout"]
     for row, method in enumerate(("generic", "rollout")):
         for column in range(2):
             expected = overlay(display, explanations[method].heatmap()[1, column])
-            assert np.allclose(panels[row * 2 + column].get_images()[0].get_array(), expected)
+            assert np.allclose(panels[row][column].get_images()[0].get_array(), expected)
 
 
 def test_explanation_grid_transposed_puts_classes_in_rows_at_the_pictures_size():
@@ -151,8 +226,8 @@ def test_explanation_grid_transposed_puts_classes_in_rows_at_the_pictures_size()
     explanations = {m: explainer.explain(images, target=targets, method=m) for m in ("generic",)}
     display = torch.rand(3, 48, 40)  # drawn bigger than the model's input
     figure = explanation_grid(display, explanations, transpose=True, colorbar=False)
-    panels = figure.axes[1:]
-    assert [axis.get_ylabel() for axis in panels] == ["class 2", "class 4"]
+    inputs, panels = figure.axes[0::2], figure.axes[1::2]
+    assert [axis.get_ylabel() for axis in inputs] == ["class 2 (target)", "class 4 (target)"]
     assert panels[0].get_title() == "generic"
     for row in range(2):
         expected = overlay(display, explanations["generic"].heatmap(size=(48, 40))[0, row])
@@ -165,12 +240,12 @@ def test_batch_figure_shows_each_image_with_its_own_map():
     explainer = Explainer(model)
     explanations = {m: explainer.explain(images, method=m) for m in ("generic", "rollout")}
     pictures = torch.rand(3, 3, 32, 32)
-    names = ["zero", "one", "two", "three", "four"]
+    names = ["0", "1", "2", "3", "4"]  # digits: a name that is its index is said once
     figure = batch_figure(pictures, explanations, class_names=names)
     assert len(figure.axes) == 3 * 3 + 1
     predicted = explanations["generic"].target.tolist()
     assert [axis.get_title() for axis in figure.axes[:3]] == [
-        f"{names[c]} ({c})" for c in predicted
+        f"class {c} (target)" for c in predicted
     ]
     for row, method in enumerate(("generic", "rollout"), start=1):
         assert figure.axes[row * 3].get_ylabel() == method
@@ -196,7 +271,8 @@ def test_text_figure_colours_each_token_by_its_signed_score():
     scores = [torch.tensor([2.0, 0.0, 1.0, -2.0, 9.0]), [0.0]]  # 5th score: padding
     figure = text_figure(tokens, scores, labels=["positive", "neutral"], cmap="RdBu_r")
     texts = {t.get_text(): t for t in figure.axes[0].texts}
-    assert set(texts) == {"good", "<script>", "$5", "bad", "plain", "positive", "neutral"}
+    labels = {"positive", "neutral", "(every relevance is 0)", LEGEND}  # "plain": nothing
+    assert set(texts) == {"good", "<script>", "$5", "bad", "plain", *labels}
     colormap = colormaps["RdBu_r"]
 
     def face(token):
@@ -212,7 +288,8 @@ def test_text_figure_colours_each_token_by_its_signed_score():
 def test_text_figure_wraps_long_texts():
     words = ["word"] * 30  # 5 characters each with the space: 16 per 80-character line
     figure = text_figure([words], [[1.0] * 30], line_width=80)
-    rows = sorted({round(t.get_position()[1], 6) for t in figure.axes[0].texts})
+    words_drawn = [t for t in figure.axes[0].texts if t.get_text() == "word"]
+    rows = sorted({round(t.get_position()[1], 6) for t in words_drawn})
     assert len(rows) == 2
 
 
@@ -225,3 +302,15 @@ def test_importing_viz_does_not_import_matplotlib():
     code = "import sys, explain.viz; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_grid_with_signed_and_unsigned_maps_has_both_keys(picture):
+    image, _ = picture
+    ramp = torch.linspace(0, 1, 48).expand(32, 48)
+    signed = ramp * 2 - 0.5  # -0.5 .. 1.5: evidence against on the left
+    figure = grid_figure(image, [[ramp, signed]], rows=["m"], columns=["a", "b"])
+    shown = figure.axes[2].get_images()[0].get_array()
+    assert np.allclose(shown, overlay(image, signed / 1.5, signed=True))
+    keys = figure.axes[3:]
+    assert [axis.get_ylabel() for axis in keys] == ["each map's own range", "signed maps"]
+    assert "for signed maps by the largest |relevance|" in _caption(figure)

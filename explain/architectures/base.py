@@ -387,6 +387,8 @@ def mean_rows(batch: int, num_tokens: int, tokens: range, parameter: Tensor) -> 
 def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Tensor:
     """Check that `images` is a finite, non-empty (B, C, H, W) tensor; return it on the
     device and in the dtype of the model's `parameter`, usable by autograd."""
+    if isinstance(images, list | tuple) and not images:
+        raise InputError("the batch is empty: pass at least one image")
     if not isinstance(images, Tensor):
         raise InputError(
             f"image models take a (B, {channels}, H, W) tensor, got {type(images).__name__}; "

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
+from explain import __version__
 from explain.cli import clip, evaluate, image, models, seq2seq, text
 from explain.errors import ExplainError
+from explain.io import check_writable
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "check_outputs", "main"]
+
+OUTPUTS = {"out": ("--out", True), "html": ("--html", False), "output": ("--output", False)}
+"""The output options of the subcommands: argument name -> (option, whether a folder)."""
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse output destinations that cannot be written, before any work (explain.io)."""
+    for name, (option, folder) in OUTPUTS.items():
+        path = getattr(args, name, None)
+        if path is not None:
+            check_writable(path, folder=folder, option=option)
+
 
 # Subcommand modules, in the order `explain --help` lists them.
 COMMANDS = [clip, evaluate, image, models, seq2seq, text]
@@ -20,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="explain", description="Why a transformer made its prediction."
     )
+    parser.add_argument("--version", action="version", version=f"explain {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.register(commands)
@@ -29,13 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `explain` console script; returns the exit status.
 
-    Errors that `explain` raises on purpose are printed as one line and exit with 2.
+    Errors that `explain` raises on purpose are printed as one line and exit with 2. Under
+    torchrun every process checks the same arguments, so only rank 0 prints the error:
+    one line, not one per process.
     """
     args = build_parser().parse_args(argv)
     try:
+        check_outputs(args)  # before any model is loaded or anything computed
         return args.run(args)
     except ExplainError as error:
-        print(f"explain: error: {error}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"explain: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("explain: interrupted", file=sys.stderr)

@@ -8,10 +8,17 @@ text's zero-shot probability. Figures are written atomically, one PNG per image.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
-from explain.cli.options import add_model_arguments, add_out_argument, load, opacity
+from explain.cli.options import (
+    add_model_arguments,
+    add_out_argument,
+    add_save_option,
+    load,
+    opacity,
+)
 from explain.errors import InputError
 
 __all__ = ["register"]
@@ -79,6 +86,11 @@ def run(args: argparse.Namespace) -> int:
         )
         out = args.out / f"{Path(path).stem}_clip.png"
         save_figure(figure, out)
+        if args.save:
+            settings = {"model": args.model, "input": str(path), "texts": list(args.text)}
+            raw = args.out / f"{Path(path).stem}_clip.{args.save}"
+            dataclasses.replace(result, settings=settings).save(raw)
+            print(raw)
         best = int(probabilities.argmax())
         print(f"{path}: {args.text[best]!r} (p={float(probabilities[best]):.2f}) -> {out}")
     return 0
@@ -116,9 +128,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="L",
         help="first text block (negative: from the end); default: the last block",
     )
-    parser.add_argument("--cmap", default="jet", help="heatmap colormap; default: %(default)s")
+    parser.add_argument("--cmap", default="inferno", help="heatmap colormap; default: %(default)s")
     parser.add_argument(
-        "--alpha", type=opacity, default=0.5, help="heatmap opacity; default: %(default)s"
+        "--alpha",
+        type=opacity,
+        default=0.8,
+        help="heatmap opacity where the relevance is highest; default: %(default)s",
     )
     add_out_argument(parser)
+    add_save_option(parser, "OUT/STEM_clip.FORMAT per image")
     parser.set_defaults(run=run)

@@ -62,7 +62,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--data",
         help="an ImageNet validation folder (perturbation), gtsegs_ijcv.mat (segmentation) "
-        "or an ERASER movies folder (rationale); default: a zoo model's held-out set",
+        "or an ERASER movies folder (rationale), see the README's 'Evaluation data' for "
+        "where to get each; default: a zoo model's held-out set",
     )
     parser.add_argument("--split", default="test", help="ERASER split (default: test)")
     parser.add_argument("--limit", type=int, help="evaluate only the first N examples")

@@ -11,6 +11,7 @@ never a half-written one.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import re
 import sys
@@ -21,17 +22,25 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from explain.cli.methods import parse_methods, start_layer_for
 from explain.cli.options import (
     add_model_arguments,
     add_out_argument,
+    add_save_option,
     load,
     opacity,
     positive_int,
 )
 from explain.errors import InputError, TargetError
+from explain.explanation import Explanation
 from explain.preprocessing import read_image
 
-__all__ = ["IMAGE_SUFFIXES", "collect_images", "parse_targets", "register"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "collect_images",
+    "parse_targets",
+    "register",
+]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 """Files a folder contributes; files named explicitly are read whatever their suffix."""
@@ -135,17 +144,6 @@ def _target_callable(columns: list[TargetColumn]) -> Callable[[Tensor], Tensor]:
     return choose
 
 
-def _methods(text: str) -> list[str]:
-    from explain.rules import METHODS, get_method
-
-    if text.strip() == "all":
-        return sorted(METHODS)
-    names = [part.strip() for part in text.split(",")]
-    for name in names:
-        get_method(name)  # unknown names fail before the model is loaded
-    return list(dict.fromkeys(names))
-
-
 def _file_label(index: int, class_names: Sequence[str] | None) -> str:
     """A class as it appears in file names: its first synonym, filesystem-safe."""
     if class_names and index < len(class_names):
@@ -171,11 +169,11 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from explain.api import Explainer
-    from explain.rules import METHODS
     from explain.viz import check_style, grid_figure, overlay, save_figure, save_image
+    from explain.viz.scaling import scale_maps
 
     check_style(args.cmap, args.alpha)
-    methods = _methods(args.method)
+    methods = parse_methods(args.method)
     paths = collect_images(args.inputs)
     loaded = load(args, weights=args.weights, architecture=args.arch)
     if loaded.modality != "image":
@@ -188,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     columns = parse_targets(args.target, loaded.classes, num_classes)
     target = _target_callable(columns)
     explainer = Explainer(loaded.model)
+    starts = {method: start_layer_for(method, args.start_layer) for method in methods}
     stems = _unique_stems(paths)
     written: list[Path] = []
     with tqdm(total=len(paths), unit="image", desc="explaining", file=sys.stderr) as bar:
@@ -195,20 +194,19 @@ def run(args: argparse.Namespace) -> int:
             batch = paths[start : start + args.batch_size]
             photos = [read_image(path) for path in batch]
             images = preprocessing(photos)
-            results = {}
-            for method in methods:
-                options = {}
-                if args.start_layer is not None and METHODS[method].default_start_layer:
-                    options["start_layer"] = args.start_layer
-                results[method] = explainer.explain(
-                    images, target=target, method=method, score=args.score, **options
+            results = {
+                method: explainer.explain(
+                    images, target=target, method=method, score=args.score, start_layer=start
                 )
+                for method, start in starts.items()
+            }
             for offset, photo in enumerate(photos):
                 stem = stems[start + offset]
                 display = np.asarray(photo)
-                # (K, H, W) maps on the photo's pixels, the model's crop and resize undone.
+                # (K, H, W) raw relevance on the photo's pixels, the model's crop and resize
+                # undone; each map is scaled on its own (signed maps: the diverging scale).
                 maps = {
-                    m: preprocessing.heatmap(r.relevance[offset], display.shape[:2])
+                    m: preprocessing.to_original(r.relevance[offset], display.shape[:2])
                     for m, r in results.items()
                 }
                 columns = results[methods[0]].target[offset].tolist()
@@ -216,7 +214,24 @@ def run(args: argparse.Namespace) -> int:
                     for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
-                        save_image(overlay(display, heat, cmap=args.cmap, alpha=args.alpha), out)
+                        scaled = scale_maps([heat.numpy()])
+                        signed = scaled.signed[0]  # then the diverging map, whatever --cmap
+                        picture = overlay(
+                            display,
+                            scaled.maps[0],
+                            cmap=None if signed else args.cmap,
+                            alpha=args.alpha,
+                            signed=signed,
+                        )
+                        save_image(picture, out)
+                        if scaled.notes[0]:
+                            print(f"explain: note: {out} is an {scaled.notes[0]}", file=sys.stderr)
+                        written.append(out)
+                if args.save:
+                    for method, result in results.items():
+                        out = args.out / f"{stem}_{method}.{args.save}"
+                        settings = {"model": args.model, "input": str(batch[offset])}
+                        _one_image(result, offset, settings).save(out)
                         written.append(out)
                 if args.grid:
                     names = [_class_title(column, loaded.classes) for column in columns]
@@ -242,6 +257,19 @@ def _class_title(index: int, class_names: Sequence[str] | None) -> str:
     if class_names and index < len(class_names):
         return f"{class_names[index].split(',')[0].strip()} ({index})"
     return f"class {index}"
+
+
+def _one_image(result: Explanation, offset: int, settings: dict[str, str]) -> Explanation:
+    """Sample `offset` of a batch's `result` as a one-image Explanation (for --save)."""
+    one = slice(offset, offset + 1)
+    return dataclasses.replace(
+        result,
+        relevance=result.relevance[one],
+        logits=result.logits[one],
+        target=result.target[one],
+        relevances={name: r[one] for name, r in result.relevances.items()},
+        settings=settings,
+    )
 
 
 def _num_outputs(loaded) -> int:
@@ -304,7 +332,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=int,
         metavar="L",
         help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it; default: each method's own",
+        "that read one fixed block ignore it, with a note; default: each method's own",
     )
     add_out_argument(parser)
     parser.add_argument(
@@ -315,17 +343,24 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="images per batch; default: %(default)s",
     )
     parser.add_argument(
-        "--cmap", default="jet", help="matplotlib colormap of the heatmaps; default: %(default)s"
+        "--cmap",
+        default=None,
+        help="matplotlib colormap of the heatmaps; default: inferno, RdBu_r for signed "
+        "relevance (lrp)",
     )
     parser.add_argument(
         "--alpha",
         type=opacity,
-        default=0.5,
-        help="opacity of the heatmap over the image, 0..1; default: %(default)s",
+        default=0.8,
+        help="opacity of the heatmap where the relevance is highest (it fades with the "
+        "relevance, so the image keeps its colours where there is none), 0..1; "
+        "default: %(default)s",
     )
     parser.add_argument(
         "--grid",
         action="store_true",
-        help="also write one methods x classes figure per image, with a colour bar",
+        help="also write one figure per image: the input, then methods x classes, each map "
+        "scaled on its own (stated on the figure)",
     )
+    add_save_option(parser, "OUT/STEM_METHOD.FORMAT per image and method")
     parser.set_defaults(run=run)

@@ -1,12 +1,15 @@
 """The arguments every `explain` command shares, defined once: the model (`--model`,
-`--offline`, `--device`, `--dtype`), the output folder, and argument types."""
+`--offline`, `--device`, `--dtype`), the output folder, `--save`, and argument types."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from explain.export import FORMATS
 from explain.loaded_model import LoadedModel
 from explain.loading import DEVICES, DTYPES, load_model
 
@@ -14,6 +17,7 @@ __all__ = [
     "MODEL_SPECS",
     "add_model_arguments",
     "add_out_argument",
+    "add_save_option",
     "load",
     "opacity",
     "positive_int",
@@ -55,9 +59,40 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, takes: str) -> None:
 
 
 def load(args: argparse.Namespace, **options: Any) -> LoadedModel:
-    """`load_model` with the model arguments of `args` (and any command-specific options)."""
-    return load_model(
-        args.model, offline=args.offline, device=args.device, dtype=args.dtype, **options
+    """`load_model` with the model arguments of `args` (and any command-specific options),
+    without transformers' "Loading weights" progress bar: on a command line it is noise
+    printed on every run."""
+    with _no_transformers_progress_bar():
+        return load_model(
+            args.model, offline=args.offline, device=args.device, dtype=args.dtype, **options
+        )
+
+
+@contextlib.contextmanager
+def _no_transformers_progress_bar() -> Iterator[None]:
+    try:
+        from transformers.utils import logging
+    except ImportError:  # an install for timm models only
+        yield
+        return
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            logging.enable_progress_bar()
+
+
+def add_save_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--save FORMAT`: the raw explanation (`what` it holds) as a file as well."""
+    parser.add_argument(
+        "--save",
+        choices=FORMATS,
+        metavar="FORMAT",
+        help=f"also write {what} as a file of raw relevance, logits, targets, tokens and "
+        "settings: npz, safetensors or json (read it back with Explanation.load); "
+        "default: not written",
     )
 
 

@@ -9,8 +9,15 @@ source text highlighted once per generated token.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
-from explain.cli.options import add_model_arguments, add_out_argument, load, positive_int
+from explain.cli.options import (
+    add_model_arguments,
+    add_out_argument,
+    add_save_option,
+    load,
+    positive_int,
+)
 from explain.errors import InputError
 
 __all__ = ["register"]
@@ -62,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
     for path, figure in outputs.items():
         save_figure(figure, path)
         print(path)
+    if args.save:
+        settings = {"model": args.model, "source": args.source, "explained_tokens": explained}
+        raw = args.out / f"seq2seq.{args.save}"
+        dataclasses.replace(result, settings=settings).save(raw)
+        print(raw)
     return 0
 
 
@@ -89,4 +101,5 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="length limit of the generation; default: %(default)s",
     )
     add_out_argument(parser)
+    add_save_option(parser, "OUT/seq2seq.FORMAT")
     parser.set_defaults(run=run)

@@ -1,7 +1,8 @@
 """`explain text`: which words of a text made a text model decide as it did.
 
-Prints each text with its tokens (or words) highlighted in the terminal and writes the
-same as an HTML page, atomically. Classifiers and causal language models explain their
+Prints each text with its tokens (or words) highlighted in the terminal; with --html it
+also writes the same as an HTML page, and with --save the raw relevance, both
+atomically and nothing unasked. Classifiers and causal language models explain their
 predicted class (or `--target`); a sentence encoder explains the similarity of the text
 with the `--pair` text, each side in turn.
 """
@@ -9,14 +10,22 @@ with the `--pair` text, each side in turn.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from explain.cli.options import add_model_arguments, load
+from explain.cli.methods import parse_methods, start_layer_for
+from explain.cli.options import add_model_arguments, add_save_option, load
 from explain.errors import InputError, TargetError
+
+if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
+    from explain.api import Explainer
+    from explain.explanation import Explanation
+    from explain.loading import LoadedModel
 
 __all__ = ["register"]
 
@@ -63,13 +72,12 @@ def _rows(
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from explain.api import Explainer
     from explain.io import atomic_write
-    from explain.text import similarity
-    from explain.viz.text import document_html, to_html, to_terminal
+    from explain.rules.registry import display_values, scale_note
+    from explain.viz.text import document_html, note_html, to_html, to_terminal
 
+    methods = parse_methods(args.method)
     loaded = load(args)
     if loaded.modality == "image_text":
         raise InputError(f"{args.model} is an image-text model; use `explain clip`")
@@ -85,43 +93,85 @@ def run(args: argparse.Namespace) -> int:
             else f"{args.model} is a sentence encoder: give --pair TEXT to explain the "
             "similarity of each text with TEXT"
         )
-    texts = list(args.texts)
-    titles: list[str] = []
-    if encoder:
-        found = similarity(
-            explainer, texts, [args.pair] * len(texts), args.method, args.start_layer
-        )
-        tokens = [*found.tokens_a, found.tokens_b[0]]
-        relevance = torch.cat([found.relevance_a, found.relevance_b[:1]])
-        titles = [f"similarity with the pair: {s:.3f}" for s in found.similarity.tolist()]
-        titles.append("the pair, for the first text")
-        rows = _rows(tokens, relevance, loaded.tokenizer, args.words)
-    else:
-        result = explainer.explain(
-            texts,
-            target=_target(args.target, loaded.classes),
-            method=args.method,
-            score=args.score,
-            start_layer=args.start_layer,
-        )
-        probabilities = result.logits.softmax(-1)
-        for b, cls in enumerate(result.target.tolist()):
-            label = _label(cls, loaded.classes, loaded.tokenizer)
-            titles.append(f"{label} (p = {float(probabilities[b, cls]):.3f})")
-        rows = _rows(result.tokens, result.relevance, loaded.tokenizer, args.words)
+    starts = {method: start_layer_for(method, args.start_layer) for method in methods}
     colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     fragments = []
-    for title, (strings, scores) in zip(titles, rows, strict=True):
-        print(f"{title}:")
-        if colour:
-            print(f"  {to_terminal(strings, scores)}")
-        else:
-            print("  " + " ".join(f"{s}({v:+.3g})" for s, v in zip(strings, scores, strict=True)))
-        fragments.append(to_html(strings, scores, title=title))
-    with atomic_write(args.html, "w") as handle:
-        handle.write(document_html(fragments, title=f"explain text: {args.model}"))
-    print(args.html)
+    for method, start in starts.items():
+        titles, tokens, relevance, result = _explain(explainer, loaded, args, method, start)
+        note = scale_note(method, raw=args.raw_values)
+        shown = display_values(method, relevance, raw=args.raw_values)
+        rows = _rows(tokens, shown, loaded.tokenizer, args.words)
+        if len(methods) > 1:
+            print(f"[{method}]")
+            titles = [f"{method}: {title}" for title in titles]
+        if note is not None:
+            print(f"note: {note}")
+            fragments.append(note_html(note))
+        for title, (strings, scores) in zip(titles, rows, strict=True):
+            print(f"{title}:")
+            if colour:
+                print(f"  {to_terminal(strings, scores)}")
+            else:
+                pairs = zip(strings, scores, strict=True)
+                print("  " + " ".join(f"{s}({v:+.3g})" for s, v in pairs))
+            fragments.append(to_html(strings, scores, title=title))
+        if args.save:
+            path = args.out / f"text_{method}.{args.save}"
+            settings = {"model": args.model, "texts": list(args.texts), **result.settings}
+            dataclasses.replace(result, settings=settings).save(path)
+            print(path)
+    if args.html is not None:
+        with atomic_write(args.html, "w") as handle:
+            handle.write(document_html(fragments, title=f"explain text: {args.model}"))
+        print(args.html)
     return 0
+
+
+def _explain(
+    explainer: Explainer,
+    loaded: LoadedModel,
+    args: argparse.Namespace,
+    method: str,
+    start_layer: int | None,
+) -> tuple[list[str], list[list[str]], Tensor, Explanation]:
+    """(a title per shown text, its tokens, its relevance, the Explanation for --save) for
+    one method: each text's predicted class (or --target), or for a sentence encoder its
+    similarity with --pair."""
+    import torch
+
+    from explain.explanation import Explanation
+    from explain.text import similarity
+
+    texts = list(args.texts)
+    if args.pair is not None:
+        found = similarity(explainer, texts, [args.pair] * len(texts), method, start_layer)
+        titles = [f"similarity with the pair: {s:.3f}" for s in found.similarity.tolist()]
+        titles.append("the pair, for the first text")
+        tokens = [*found.tokens_a, found.tokens_b[0]]
+        result = Explanation(
+            relevance=found.relevance_a,
+            logits=found.similarity[:, None],
+            target=torch.zeros(len(texts), dtype=torch.long),
+            method=found.method,
+            score="cosine_similarity",
+            relevances={"text": found.relevance_a, "pair": found.relevance_b},
+            tokens=found.tokens_a,
+            settings={"pair": args.pair, "pair_tokens": found.tokens_b},
+        )
+        return titles, tokens, torch.cat([found.relevance_a, found.relevance_b[:1]]), result
+    result = explainer.explain(
+        texts,
+        target=_target(args.target, loaded.classes),
+        method=method,
+        score=args.score,
+        start_layer=start_layer,
+    )
+    probabilities = result.logits.softmax(-1)
+    titles = [
+        f"{_label(cls, loaded.classes, loaded.tokenizer)} (p = {float(probabilities[b, cls]):.3f})"
+        for b, cls in enumerate(result.target.tolist())
+    ]
+    return titles, result.tokens, result.relevance, result
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -141,21 +191,63 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(distilbert/distilbert-base-uncased-finetuned-sst-2-english, zoo:minilm-sentiment) "
         "or a sentence encoder",
     )
-    parser.add_argument("--method", default="generic", help="a method name (explain models)")
-    parser.add_argument("--target", default=None, help="class index or name (default: predicted)")
+    parser.add_argument(
+        "--method",
+        default="generic",
+        metavar="M[,M2]",
+        help="comma-separated method names, or `all` (`explain models` lists them); "
+        "default: %(default)s",
+    )
+    parser.add_argument(
+        "--target", default=None, help="class index or name; default: the predicted class"
+    )
     parser.add_argument(
         "--score",
         default="logit",
         choices=("logit", "probability", "log_probability"),
-        help="what is differentiated for the explained class (default: logit)",
-    )
-    parser.add_argument("--start-layer", type=int, default=None, help="first block aggregated")
-    parser.add_argument("--pair", default=None, metavar="TEXT", help="for sentence encoders")
-    parser.add_argument("--words", action="store_true", help="sum sub-tokens into words")
-    parser.add_argument(
-        "--color", choices=("auto", "always", "never"), default="auto", help="terminal colours"
+        help="what is differentiated for the explained class; default: %(default)s",
     )
     parser.add_argument(
-        "--html", type=Path, default=Path("explain_text.html"), help="HTML page to write"
+        "--start-layer",
+        type=int,
+        default=None,
+        help="first block the aggregating methods use (negative: from the end); methods "
+        "that read one fixed block ignore it, with a note; default: each method's own",
     )
+    parser.add_argument(
+        "--pair",
+        default=None,
+        metavar="TEXT",
+        help="for sentence encoders: explain each text's similarity with TEXT; default: none",
+    )
+    parser.add_argument(
+        "--words", action="store_true", help="sum sub-tokens into words; default: tokens"
+    )
+    parser.add_argument(
+        "--raw-values",
+        action="store_true",
+        help="show full lrp's values as computed; default: divided by each text's largest "
+        "magnitude, since its rules do not conserve relevance",
+    )
+    parser.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="terminal colours (auto: when printing to a terminal); default: %(default)s",
+    )
+    parser.add_argument(
+        "--html",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write the highlighted texts as an HTML page; default: not written",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("explanations"),
+        metavar="DIR",
+        help="folder of the --save file; default: %(default)s",
+    )
+    add_save_option(parser, "OUT/text_METHOD.FORMAT")
     parser.set_defaults(run=run)

@@ -31,15 +31,21 @@ def markdown_table(results: Mapping[str, Any], columns: Mapping[str, str]) -> st
     return "\n".join(lines) + "\n"
 
 
+_BESIDE = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.02, 1.0)}
+"""Legend placement: outside the axes, to their right."""
+
+
 def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Save the protocol's curves as a PNG (atomically): accuracy against the removed
-    fraction (perturbation), token F1 against k (rationale), or bars (segmentation)."""
+    fraction (perturbation), token F1 against k (rationale), or bars (segmentation).
+
+    Legends sit beside their axes, never on the data; the constrained layout makes room."""
     from matplotlib.figure import Figure
 
     protocol = results["protocol"]
     per_method = results["results"]
     if protocol == "perturbation":
-        figure = Figure(figsize=(10, 8))
+        figure = Figure(figsize=(13, 8), layout="constrained")
         axes = figure.subplots(2, 2, sharex=True, sharey=True).flatten()
         panels = ("positive_predicted", "negative_predicted", "positive_target", "negative_target")
         for axis, curve in zip(axes, panels, strict=True):
@@ -50,18 +56,18 @@ def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> No
             axis.set_title(curve.replace("_", " ") + " class")
             axis.set_xlabel("fraction of pixels removed")
             axis.set_ylabel("top-1 accuracy")
-            axis.legend(fontsize="small", title="method (AUC)")
+            axis.legend(**_BESIDE, title="method (AUC)")
     elif protocol == "rationale":
-        figure = Figure(figsize=(6, 4))
+        figure = Figure(figsize=(8, 4), layout="constrained")
         axis = figure.subplots()
         for method, summary in per_method.items():
             ks = [int(k) for k in summary["token_f1"]]
             axis.plot(ks, list(summary["token_f1"].values()), marker="o", label=method)
         axis.set_xlabel("k (top-k words)")
         axis.set_ylabel("token F1")
-        axis.legend(fontsize="small")
+        axis.legend(**_BESIDE)
     else:
-        figure = Figure(figsize=(8, 4))
+        figure = Figure(figsize=(10, 4), layout="constrained")
         axis = figure.subplots()
         keys = ("pixel_accuracy", "miou", "map")
         width = 0.8 / max(len(per_method), 1)
@@ -70,9 +76,8 @@ def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> No
             axis.bar(positions, [summary[key] for key in keys], width, label=method)
         axis.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))], list(keys))
         axis.set_ylim(0, 1)
-        axis.legend(fontsize="small")
+        axis.legend(**_BESIDE)
     figure.suptitle(f"{protocol}: {results['model']} on {results['dataset']} (n = {results['n']})")
-    figure.tight_layout()
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     with atomic_write(path) as handle:

@@ -70,7 +70,18 @@ class InputRelevance:
         return self._relevance
 
 
-@register_method("lrp", needs={Need.INPUT_RELEVANCE}, class_specific=True, lrp_rules="original")
+@register_method(
+    "lrp",
+    needs={Need.INPUT_RELEVANCE},
+    class_specific=True,
+    lrp_rules="original",
+    scale_note=(
+        "full LRP with the original rules (the CVPR 2021 paper's baseline) does not "
+        "conserve relevance: its values can be orders of magnitude larger than the "
+        "explained logit and of either sign, so only their ratios within one map mean "
+        "anything"
+    ),
+)
 def lrp(context: RuleContext) -> InputRelevance:
     """Full LRP (original rules) down to the input: pixels (B, H, W) for images."""
     return InputRelevance(context)

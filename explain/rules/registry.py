@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
+import torch
 from torch import Tensor
 
 from explain.architectures.base import TokenLayout
@@ -28,10 +29,12 @@ __all__ = [
     "Need",
     "RuleContext",
     "Sink",
+    "display_values",
     "first_block",
     "get_method",
     "integer_option",
     "register_method",
+    "scale_note",
 ]
 
 
@@ -124,6 +127,11 @@ class Method:
     """Methods that need `Need.EMBEDDING_GRADIENTS` (AttnLRP, CP-LRP): the rule set of
     explain.lrp.attnlrp that the model runs under for the call; their sink (an
     `InputSink`) receives the token relevance of the embeddings. None for all others."""
+    scale_note: str | None = None
+    """Why the method's raw values mislead as numbers (e.g. they do not conserve the
+    explained score), for wherever values are shown; such values are shown normalised
+    per map by default (see `display_values`). None when the values can be read as they
+    are."""
 
     @property
     def needs_gradients(self) -> bool:
@@ -164,6 +172,7 @@ def register_method(
     default_start_layer: Callable[[int, str], int] | None = None,
     lrp_rules: str | None = None,
     gradient_rules: str | None = None,
+    scale_note: str | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator: register `builder(context, **options) -> Sink` under `name`.
 
@@ -172,7 +181,8 @@ def register_method(
     gradients when True, and the LRP relevance when a rule set is named.
     Methods that aggregate over blocks pass `default_start_layer`; the others reject a
     `start_layer` argument. LRP methods name their rule set in `lrp_rules`, Gradient x
-    Input methods with modified gradients theirs in `gradient_rules`.
+    Input methods with modified gradients theirs in `gradient_rules`. A method whose raw
+    values mislead as numbers says why in `scale_note`.
 
     The builder's docstring's first line becomes the method's summary.
     """
@@ -201,10 +211,32 @@ def register_method(
             default_start_layer=default_start_layer,
             lrp_rules=lrp_rules,
             gradient_rules=gradient_rules,
+            scale_note=scale_note,
         )
         return builder
 
     return decorate
+
+
+def display_values(method: str, relevance: Tensor, raw: bool = False) -> Tensor:
+    """Relevance (..., T) as it is shown to a reader: as computed, or, for a method with a
+    `scale_note` (unless `raw`), divided by each map's largest magnitude, so that it lies
+    in [-1, 1] with its signs and ratios kept."""
+    if raw or get_method(method).scale_note is None:
+        return relevance
+    largest = relevance.abs().amax(dim=-1, keepdim=True)
+    return relevance / largest.clamp(min=torch.finfo(relevance.dtype).tiny)
+
+
+def scale_note(method: str, raw: bool = False) -> str | None:
+    """The note to show next to `method`'s values: its `scale_note`, and how the values
+    are shown (normalised per map, or as computed with `raw`); None when the method's
+    values can be read as they are."""
+    note = get_method(method).scale_note
+    if note is None:
+        return None
+    shown = "as computed" if raw else "divided by each map's largest magnitude"
+    return f"{method}: {note}; values shown {shown}"
 
 
 def get_method(name: str) -> Method:

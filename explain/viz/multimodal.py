@@ -2,7 +2,7 @@
 
 - `clip_figure`: one image against several texts side by side (the ICCV 2021 CLIP
   notebook's figure): per text, the image with its heatmap and, below it, the text with
-  its tokens highlighted by relevance.
+  its tokens highlighted by relevance; a colour key and a caption state the scales.
 - `relevance_matrix_figure`: a seq2seq explanation of every generated token, as a
   (generated token) x (source token) relevance matrix.
 - `source_text_figure`: the source text highlighted once per generated token.
@@ -19,7 +19,8 @@ import numpy as np
 from torch import Tensor
 
 from explain.errors import InputError
-from explain.viz.image import check_style, overlay
+from explain.viz.image import _draw_colorbar, _draw_panel, _to_hwc, _to_map, check_style
+from explain.viz.scaling import scale_maps
 from explain.viz.text_figure import text_figure
 
 if TYPE_CHECKING:
@@ -58,14 +59,17 @@ def clip_figure(
     text_scores: Tensor | Sequence[Sequence[float]],
     *,
     labels: Sequence[str] | None = None,
-    cmap: str = "jet",
-    alpha: float = 0.5,
+    cmap: str | None = None,
+    alpha: float = 0.8,
 ) -> Figure:
     """One image explained against K texts, side by side.
 
+    Each image map is scaled on its own (min-max; explain.viz.scaling) and drawn with
+    opacity following relevance; a colour key at the right and a caption below say so.
+
     Args:
         image: (3, H, W) or (H, W, 3) in [0, 1].
-        heatmaps: K maps (H, W) in [0, 1] (`Explanation.heatmap()` of each pair).
+        heatmaps: K relevance maps (H, W), e.g. `Explanation.heatmap()` of each pair.
         tokens: K token lists, the texts to show (special tokens may be dropped first).
         text_scores: K rows of token relevance, aligned with `tokens` (longer rows, e.g.
             with padding, are cut); each row is scaled by its own maximum.
@@ -87,19 +91,25 @@ def clip_figure(
     wrapped = [_wrap(words) for words in tokens]
     text_lines = max(len(lines) for lines in wrapped)
     title = 0.3 if labels is not None else 0.05
-    text_height = text_lines * _LINE_INCHES + 0.15
-    width = count * (_PANEL_INCHES + 0.1) + 0.1
+    scale = scale_maps([_to_map(heat) for heat in heatmaps])
+    rgb = _to_hwc(image)
+    caption = 0.3
+    text_height = text_lines * _LINE_INCHES + 0.15 + caption
+    panels_width = count * (_PANEL_INCHES + 0.1) + 0.1
+    width = panels_width + 1.1  # the colour key and its labels
     height = title + _PANEL_INCHES + text_height
     figure = Figure(figsize=(width, height))
     reds = colormaps["Reds"]
+    key = ((panels_width + 0.1) / width, text_height / height, 0.15 / width, _PANEL_INCHES / height)
+    _draw_colorbar(figure, key, scale, cmap)
     for k in range(count):
         left = 0.1 + k * (_PANEL_INCHES + 0.1)
         axis = figure.add_axes(
             (left / width, text_height / height, _PANEL_INCHES / width, _PANEL_INCHES / height)
         )
-        axis.imshow(overlay(image, heatmaps[k], cmap=cmap, alpha=alpha))
-        axis.set_xticks([])
-        axis.set_yticks([])
+        _draw_panel(
+            axis, rgb, scale.maps[k], cmap, alpha, signed=scale.signed[k], note=scale.notes[k]
+        )
         if labels is not None:
             axis.set_title(labels[k], fontsize=8)
         scores = _values(text_scores[k])
@@ -127,6 +137,15 @@ def clip_figure(
                     },
                 )
                 column += len(tokens[k][index]) + 1
+    figure.text(
+        0.5,
+        0.1 / height,
+        f"Image: {scale.caption()[0].lower()}{scale.caption()[1:]} Text: each prompt's tokens "
+        "shaded by their relevance over the prompt's largest (white: none).",
+        ha="center",
+        va="bottom",
+        fontsize=7,
+    )
     return figure
 
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from explain.errors import InputError
 
-__all__ = ["colour", "document_html", "to_html", "to_terminal"]
+__all__ = ["colour", "document_html", "note_html", "to_html", "to_terminal"]
 
 _RED = (178, 24, 43)
 _BLUE = (33, 102, 172)
@@ -54,38 +54,85 @@ def to_html(
     title: str | None = None,
 ) -> str:
     """One text as an HTML fragment: a <p> of <span>s, each token escaped, its score in
-    the tooltip. `scores` may be longer than `tokens` (padding); extra values are ignored."""
+    the tooltip and in a label that `document_html`'s "show values" switch reveals.
+    `scores` may be longer than `tokens` (padding); extra values are ignored. A text whose
+    relevance is zero everywhere says so."""
     shown, scale = _shown(tokens, scores, skip)
     spans = []
     for token, value in shown:
         red, green, blue = colour(value, scale)
+        kind = "tok neg" if value < 0 else "tok"
         spans.append(
-            f'<span style="background-color: rgb({red}, {green}, {blue}); padding: 0 2px; '
-            f'border-radius: 3px" title="{value:.4g}">{html.escape(token)}</span>'
+            f'<span class="{kind}" style="background-color: rgb({red}, {green}, {blue})" '
+            f'title="{value:.4g}" data-v="{value:+.3g}">{html.escape(token)}</span>'
         )
     heading = f"<h3>{html.escape(title)}</h3>\n" if title is not None else ""
-    return f'{heading}<p style="line-height: 1.8; font-family: sans-serif">{" ".join(spans)}</p>'
+    note = (
+        ' <em class="note">(every relevance is 0: nothing to highlight)</em>' if scale == 0 else ""
+    )
+    return f'{heading}<p class="text">{" ".join(spans)}{note}</p>'
 
 
-def document_html(fragments: Sequence[str], title: str = "explain: text relevance") -> str:
-    """A complete HTML page around fragments made by `to_html`."""
-    body = "\n".join(fragments)
+_STYLE = """<style>
+body { font-family: sans-serif; }
+.text { line-height: 2.2; }
+.tok { padding: 0 2px; border-radius: 3px; }
+#values:checked ~ main .tok::after { content: " " attr(data-v); font-size: 70%; color: #333; }
+.swatch { display: inline-block; width: 1.2em; height: 1em; vertical-align: middle;
+  border: 1px solid #ccc; }
+</style>"""
+
+
+def _legend(body: str) -> str:
+    """The colours the page actually uses, and how they were scaled."""
+    parts = [
+        f'<span class="swatch" style="background: rgb{_RED}"></span> evidence for the '
+        "explained output",
+        '<span class="swatch" style="background: rgb(255, 255, 255)"></span> none',
+    ]
+    if "tok neg" in body:
+        parts.append(
+            f'<span class="swatch" style="background: rgb{_BLUE}"></span> evidence against'
+        )
+    else:
+        parts.append("(no token has negative relevance here, so no blue)")
+    return (
+        '<p style="color: #555">Colours: ' + ", ".join(parts) + "; each text is scaled by its "
+        "largest |relevance|, so colours compare tokens within a text, not across texts.</p>"
+    )
+
+
+def note_html(note: str) -> str:
+    """A note (escaped) as an HTML fragment, e.g. that a method's values do not conserve
+    relevance and are shown normalised."""
+    return f"<p><b>Note:</b> {html.escape(note)}</p>"
+
+
+def document_html(
+    fragments: Sequence[str], title: str = "explain: text relevance", note: str | None = None
+) -> str:
+    """A complete HTML page around fragments made by `to_html`, with a legend of the
+    colours it uses and a "show values" switch that writes each token's score after it;
+    `note` (escaped) heads the page, e.g. that a method's values do not conserve relevance."""
+    body = "\n".join(fragments if note is None else [note_html(note), *fragments])
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title></head>\n<body>\n{body}\n"
-        '<p style="font-family: sans-serif; color: #555">red: evidence for the explained '
-        "output, blue: against; each text scaled by its largest magnitude</p>\n</body></html>\n"
+        f"<title>{html.escape(title)}</title>\n{_STYLE}</head>\n<body>\n"
+        f"{_legend(body)}\n"
+        '<input type="checkbox" id="values"><label for="values"> show values</label>\n'
+        f"<main>\n{body}\n</main>\n</body></html>\n"
     )
 
 
 def to_terminal(
     tokens: Sequence[str], scores: Tensor | Sequence[float], *, skip: Collection[str] = ()
 ) -> str:
-    """One text with 24-bit ANSI background colours, for terminals that support them."""
+    """One text with 24-bit ANSI background colours, for terminals that support them.
+    A text whose relevance is zero everywhere says so."""
     shown, scale = _shown(tokens, scores, skip)
     pieces = []
     for token, value in shown:
         red, green, blue = colour(value, scale)
         printable = "".join(ch if ch.isprintable() else "?" for ch in token)  # no escapes
         pieces.append(f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;0;0;0m{printable}\x1b[0m")
-    return " ".join(pieces)
+    return " ".join(pieces) + ("  (every relevance is 0)" if scale == 0 else "")

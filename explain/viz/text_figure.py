@@ -25,6 +25,12 @@ _CHAR_INCHES = 0.085
 """Advance of one monospace character at the font size used below (9 pt)."""
 _LINE_INCHES = 0.3
 
+LEGEND = (
+    "Shading: evidence for the explained output (red), against (blue), none (white); "
+    "each text scaled by its own largest |relevance|."
+)
+"""The figure's last line (with the default diverging colormap): how to read the colours."""
+
 
 def _layout(tokens: Sequence[str], line_width: int) -> list[tuple[int, int]]:
     """(line, column) of each token's first character, wrapping before `line_width`."""
@@ -48,7 +54,8 @@ def text_figure(
     """One paragraph per text: `tokens[i][t]` highlighted by `scores[i][t]`.
 
     Scores of each text are scaled by their largest magnitude, so colours compare tokens
-    within a text. `scores` may be longer than the token list (padding); the extra
+    within a text; a text whose scores are all 0 is marked "(every relevance is 0)".
+    `scores` may be longer than the token list (padding); the extra
     positions are ignored. `labels[i]` is written above text i (e.g. the explained class).
     """
     from matplotlib import colormaps
@@ -72,13 +79,15 @@ def text_figure(
             raise InputError(f"text {index} has {len(words)} tokens but {len(values)} scores")
         values = values[: len(words)]
         peak = np.abs(values).max() if len(values) else 0.0
-        places = _layout(words, line_width)
-        paragraphs.append((words, values / peak if peak > 0 else values, places))
+        # A map that is zero everywhere is said to be, not left for an empty highlight.
+        shown = [*words, "(every relevance is 0)"] if peak == 0 else list(words)
+        places = _layout(shown, line_width)
+        paragraphs.append((shown, values / peak if peak > 0 else np.zeros(len(shown)), places))
     heights = [
         (places[-1][0] + 1 if places else 1) + (1 if labels is not None else 0)
         for _, _, places in paragraphs
     ]
-    total_lines = sum(heights) + len(paragraphs) - 1
+    total_lines = sum(heights) + len(paragraphs)  # the last line: the legend
     width = _CHAR_INCHES * line_width + 0.4
     height = _LINE_INCHES * total_lines + 0.2
     figure = Figure(figsize=(width, height))
@@ -108,4 +117,5 @@ def text_figure(
                 },
             )
         top += _LINE_INCHES * (heights[index] - (1 if labels is not None else 0) + 1)
+    axis.text(0.2, top - _LINE_INCHES / 2, LEGEND, fontsize=7, color="#555", va="center")
     return figure

@@ -1,0 +1,137 @@
+"""How a figure turns relevance into colour: one rule per figure, stated on the figure.
+
+Relevance has no common unit across methods, so a figure says how its colours were made:
+
+- `"per_map"` (the default): each map is scaled on its own: min-max to [0, 1] on a
+  perceptually uniform sequential colormap, or, for a *signed* map (one with negative
+  values, e.g. full LRP's pixel relevance), divided by its own largest magnitude to
+  [-1, 1] on a diverging colormap centred at zero, so that evidence against the class is
+  never shown as "little evidence for". Colours compare places within a map, never maps
+  with each other, so such a figure has a colour key (a map's own ends) but no value bar.
+- `"shared"`: every map of the figure on one scale, 0 to the largest relevance in the
+  figure (-M to M, diverging, when any map is signed), with a colour bar in relevance
+  units. Colours compare maps too: a weak map looks weak.
+
+All-zero and constant maps carry no information about places; they are drawn without
+colour and labelled as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from explain.errors import InputError
+
+__all__ = ["RULES", "FigureScale", "scale_maps"]
+
+RULES = ("per_map", "shared")
+"""The normalisation rules a figure may use."""
+
+SEQUENTIAL = "inferno"
+"""Perceptually uniform colormap for non-negative relevance."""
+DIVERGING = "RdBu_r"
+"""Diverging colormap for signed relevance: blue against, white none, red for."""
+
+_FLAT = 1e-6
+"""A map whose range is below this fraction of its magnitude is constant (upsampling a
+constant map rounds in the last bits)."""
+
+
+@dataclass(frozen=True)
+class FigureScale:
+    """The scaled maps of one figure and what the figure must say about them.
+
+    Attributes:
+        maps: the maps in display units, in [0, 1] (unsigned) or [-1, 1] (signed).
+        notes: per map, "all-zero map", "constant map" or None.
+        signed: per map, whether it is drawn on the diverging scale.
+        rule: "per_map" or "shared".
+        peak: the relevance that display value 1 stands for ("shared"), else None.
+    """
+
+    maps: list[np.ndarray]
+    notes: list[str | None]
+    signed: list[bool]
+    rule: str
+    peak: float | None
+
+    def keys(self) -> list[bool]:
+        """The colour keys the figure needs: False for the sequential one, True for the
+        diverging one (both when it mixes unsigned and signed maps)."""
+        return sorted(set(self.signed)) or [False]
+
+    def caption(self) -> str:
+        """One line for the figure that states the rule."""
+        if self.rule == "shared":
+            low = f"-{self.peak:.3g}" if any(self.signed) else "0"
+            return (
+                f"One scale for every map ({low} to {self.peak:.3g}, bar); "
+                "opacity follows |relevance|."
+            )
+        if all(self.signed):
+            return (
+                "Each map divided by its own largest |relevance| (red for, blue against; "
+                "no common scale); opacity follows |relevance|."
+            )
+        if any(self.signed):
+            return (
+                "Each map scaled on its own (no common scale): min-max, or for signed maps by "
+                "the largest |relevance| (red for, blue against); opacity follows |relevance|."
+            )
+        return (
+            "Each map min-max scaled to its own range (no common scale); opacity follows relevance."
+        )
+
+    def key_ticks(self, signed: bool) -> tuple[list[float], list[str]]:
+        """Ticks (display units) and labels of the sequential or the diverging key."""
+        if self.rule == "shared":
+            peak = float(self.peak or 0.0)
+            if signed:
+                return [-1.0, 0.0, 1.0], [f"{-peak:.3g}", "0", f"{peak:.3g}"]
+            return [0.0, 1.0], ["0", f"{peak:.3g}"]
+        if signed:
+            return [-1.0, 0.0, 1.0], ["-max|R|", "0", "+max|R|"]
+        return [0.0, 1.0], ["map min", "map max"]
+
+    def key_label(self, signed: bool) -> str:
+        if self.rule == "shared":
+            return "relevance (shared scale)"
+        return "signed maps" if signed else "each map's own range"
+
+
+def _note(raw: np.ndarray) -> str | None:
+    magnitude = float(np.abs(raw).max()) if raw.size else 0.0
+    if magnitude == 0.0:
+        return "all-zero map"
+    if float(raw.max() - raw.min()) <= _FLAT * magnitude:
+        return "constant map"
+    return None
+
+
+def scale_maps(maps: Sequence[np.ndarray], rule: str = "per_map") -> FigureScale:
+    """Scale the raw relevance maps of one figure by `rule` (see the module docstring)."""
+    if rule not in RULES:
+        raise InputError(f"unknown scale {rule!r}; use one of {', '.join(RULES)}")
+    raw = [np.asarray(m, dtype=np.float64) for m in maps]
+    if any(not np.isfinite(m).all() for m in raw):
+        raise InputError("a relevance map holds NaN or infinite values; nothing can be drawn")
+    notes = [_note(m) for m in raw]
+    signed = [note is None and bool(m.min() < 0) for m, note in zip(raw, notes, strict=True)]
+    if rule == "shared":
+        peak = max((float(np.abs(m).max()) for m in raw if m.size), default=0.0)
+        scaled = [m / peak if peak > 0 else np.zeros_like(m) for m in raw]
+        if any(signed):
+            return FigureScale(scaled, notes, [True] * len(raw), rule, peak)
+        return FigureScale([np.clip(m, 0.0, 1.0) for m in scaled], notes, signed, rule, peak)
+    scaled = []
+    for m, note, negative in zip(raw, notes, signed, strict=True):
+        if note is not None:
+            scaled.append(np.zeros_like(m))
+        elif negative:
+            scaled.append(m / np.abs(m).max())
+        else:
+            scaled.append((m - m.min()) / (m.max() - m.min()))
+    return FigureScale(scaled, notes, signed, rule, None)
