@@ -10,7 +10,7 @@ from torch import nn
 from explain import engine
 from explain.architectures import Adapter, adapter_for
 from explain.architectures.custom import TransformerSpec
-from explain.engine import Request, StartLayer, resolve_start_layer
+from explain.engine import Request, StartLayer, check_tokenizer, resolve_start_layer
 from explain.errors import OptionError
 from explain.explanation import Explanation, Trace
 from explain.fused import ATTENTION_PATHS, AttentionPath
@@ -25,7 +25,8 @@ class Explainer:
     Args:
         model: a supported transformer (see `explain.architectures.supported_families()`),
             used as it is: no copy, no wrapper. Every call leaves it exactly as it was.
-        tokenizer: for text models, the tokenizer whose tokens `Explanation.tokens` names.
+        tokenizer: for text models, the tokenizer whose tokens `Explanation.tokens` names
+            (and that encodes raw texts); a model that reads no text refuses one.
         attention_path: "auto" (default) keeps the fused attention kernel where that is
             faster and recomputes each block's attention from q, k, v (explain.fused);
             "explicit" or "fused" force one path. Both give the same numbers.
@@ -52,6 +53,7 @@ class Explainer:
             )
         self.model = model
         self.adapter: Adapter = adapter_for(model) if spec is None else spec.adapter(model)
+        check_tokenizer(self.adapter, tokenizer)
         self.tokenizer = tokenizer
         self.attention_path: AttentionPath = attention_path
 
@@ -60,7 +62,7 @@ class Explainer:
         inputs: Any,
         target: Target = None,
         method: str = "generic",
-        score: Score = "logit",
+        score: Score | None = None,
         start_layer: StartLayer = None,
         **options: Any,
     ) -> Explanation:
@@ -72,7 +74,13 @@ class Explainer:
             target: None (predicted class), an int, B ints, a (B, K) tensor of K classes
                 per input (the relevance gets a K axis), or a callable on the output.
             method: a name from `explain.METHODS`.
-            score: "logit" (as in the papers), "probability" or "log_probability".
+            score: what the methods that differentiate a score (those with attention
+                gradients) differentiate: "logit" (None: the default, as in the papers),
+                "probability" or "log_probability". The others take no score, as the
+                methods that read one fixed block take no start_layer: a class-agnostic
+                map is the same for every score and an LRP walk starts from the logit
+                (`Explanation.score` then says "logit"); so does a target callable that
+                returns the scores itself.
             start_layer: first block to aggregate over (methods that aggregate); negative
                 values count from the end. None uses the method's default (a dual
                 encoder's towers: their last block). Also one per token set by name, e.g.
@@ -93,15 +101,15 @@ class Explainer:
         )
         return engine.explain(self.adapter, inputs, request, self.tokenizer)
 
-    def trace(self, inputs: Any, target: Target = None, score: Score = "probability") -> Trace:
+    def trace(self, inputs: Any, target: Target = None, score: Score | None = None) -> Trace:
         """Every block's attention and hidden states with their gradients for one score.
 
         The gradients are those of `sum_b score_b`, where score_b is the chosen score
-        (default: the probability) of sample b's target class; samples do not interact,
+        (None: the probability) of sample b's target class; samples do not interact,
         so each sample's slice is the gradient of its own score. See docs/gradients.md.
         Inputs and targets follow exactly the rules of `explain` (a dual encoder pairs
-        image i with text i and traces their similarity logit, so it takes
-        score="logit"; an encoder-decoder traces the token predicted at each sample's
+        image i with text i and traces their similarity logit, its only score; an
+        encoder-decoder traces the token predicted at each sample's
         last real decoder position), and so does the Explainer's attention_path.
         """
         request = Request(
@@ -111,8 +119,9 @@ class Explainer:
 
 
 def explain(model: nn.Module, inputs: Any, **kwargs: Any) -> Explanation:
-    """One-shot form of `Explainer(model).explain(inputs, **kwargs)` (`tokenizer` and
-    `spec` go to the Explainer)."""
-    tokenizer = kwargs.pop("tokenizer", None)
-    spec = kwargs.pop("spec", None)
-    return Explainer(model, tokenizer=tokenizer, spec=spec).explain(inputs, **kwargs)
+    """One-shot form of `Explainer(model).explain(inputs, **kwargs)` (`tokenizer`, `spec`
+    and `attention_path` go to the Explainer)."""
+    settings = {
+        name: kwargs.pop(name) for name in ("tokenizer", "spec", "attention_path") if name in kwargs
+    }
+    return Explainer(model, **settings).explain(inputs, **kwargs)

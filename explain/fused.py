@@ -12,10 +12,17 @@ keeps for its own backward anyway:
 This is what the explicit path computes too, so both paths give the same numbers to
 float32 precision. Whether the fused path pays is decided by `use_fused_path`, from the
 measurements in docs/benchmarks.md.
+
+Streaming: a fold needs only the readout row v, and `v @ (I + Abar)` is a sum over the
+rows of Abar, so a sink that can take rows (`add_rows`) receives each block as chunks of
+query rows instead (`FusedBlock.rows`), A and dA recomputed chunk by chunk from q, k, v
+and dO as flash attention does: a block then never holds more than a chunk x N slice of
+its maps (`STREAM_BYTES`), and the fold's memory grows with N instead of N^2.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,10 +31,12 @@ from torch import Tensor
 
 from explain.architectures.base import Adapter, FusedAttentionSite, TokenLayout
 from explain.errors import OptionError
+from explain.rules.fold import AttentionRows
 
 __all__ = [
     "ATTENTION_PATHS",
     "CPU_FUSED_MIN_TOKENS",
+    "STREAM_BYTES",
     "AttentionPath",
     "FusedBlock",
     "attention_gradient",
@@ -45,17 +54,29 @@ faster, because recomputing A and dA repeats work that the explicit backward doe
 dominate (see docs/benchmarks.md)."""
 
 
+STREAM_BYTES = 4 << 20
+"""Size of one (B, H, rows, N) chunk of a block's maps when they are streamed: a chunk has
+as many query rows as fit (at least one). The fold holds a few tensors of this size at a
+time, which keeps it far below the forward + backward's own memory at long sequences,
+while chunks stay large enough that the per-chunk overhead does not show in the time."""
+
+
 def attention_probabilities(
     query: Tensor, key: Tensor, scale: float, mask: Tensor | None = None
 ) -> Tensor:
     """softmax(q k^T * scale + mask) over the keys, as the explicit paths compute it. A bool
-    mask is True where a query may attend; a float mask is added to the scores."""
+    mask is True where a query may attend; a float mask is added to the scores. A query
+    that may attend nowhere (a left pad under a causal mask) gets a row of zeros, as the
+    sdpa kernel gives it, instead of the NaN of a softmax over nothing."""
+    # In place where the tensor is our own: streamed chunks then hold two of their size at
+    # most (the scores and the probabilities), not four.
     scores = (query * scale) @ key.transpose(-2, -1)
-    if mask is not None:
-        scores = (
-            scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        )
-    return scores.softmax(dim=-1)
+    if mask is None:
+        return scores.softmax(dim=-1)
+    if mask.dtype != torch.bool:
+        return scores.add_(mask).softmax(dim=-1)
+    probabilities = scores.masked_fill_(~mask, float("-inf")).softmax(dim=-1)
+    return probabilities.masked_fill_(~mask.any(dim=-1, keepdim=True), 0.0)
 
 
 def attention_gradient(output_grad: Tensor, value: Tensor) -> Tensor:
@@ -98,8 +119,32 @@ class FusedBlock:
         """The block's (B, H, N, N) attention probabilities, outside autograd."""
         if self.query is None or self.key is None:
             raise RuntimeError(f"block {self.site.layer}: q or k was not seen in the forward")
+        tokens = self.query.shape[-2]
         with torch.no_grad():
-            return attention_probabilities(self.query, self.key, self.site.scale, self.mask)
+            mask = self._mask(slice(0, tokens), self.key.shape[-2])
+            return attention_probabilities(self.query, self.key, self.site.scale, mask)
+
+    def _mask(self, rows: slice, keys: int) -> Tensor | None:
+        """The mask of query `rows` over the first `keys` keys: the model's, sliced, and
+        the causal one where the site is causal."""
+        mask = self.mask
+        if mask is not None:
+            if mask.dim() >= 2 and mask.shape[-2] > 1:
+                mask = mask[..., rows, :]
+            if mask.shape[-1] > 1:
+                mask = mask[..., :keys]
+        if not self.site.causal:
+            return mask
+        assert self.query is not None
+        device = self.query.device
+        causal = torch.arange(keys, device=device) <= torch.arange(
+            rows.start, rows.stop, device=device
+        ).unsqueeze(-1)
+        if mask is None:
+            return causal
+        if mask.dtype == torch.bool:
+            return mask & causal
+        return mask.masked_fill(~causal, float("-inf"))
 
     def probabilities_grad(self, output_grad: Tensor) -> Tensor:
         """dA (B, H, N, N) from the gradient of the attention output as it enters the
@@ -108,6 +153,35 @@ class FusedBlock:
             raise RuntimeError(f"block {self.site.layer}: v was not seen in the forward")
         with torch.no_grad():
             return attention_gradient(self.site.heads(output_grad), self.value)
+
+    def rows(
+        self, output_grad: Tensor | None, max_bytes: int | None = None
+    ) -> Iterator[AttentionRows]:
+        """The block's A and dA by chunks of query rows (each (B, H, rows, N), at most
+        `max_bytes`, default `STREAM_BYTES`), each computed only when it is asked for, from
+        q, k, v, the mask and dO (outside autograd); without `output_grad`, A alone."""
+        if self.query is None or self.key is None or self.value is None:
+            raise RuntimeError(f"block {self.site.layer}: q, k or v was not seen in the forward")
+        query, key, value = self.query, self.key, self.value
+        gradient = None if output_grad is None else self.site.heads(output_grad)
+        batch, heads, tokens, _ = query.shape
+        row_bytes = batch * heads * key.shape[-2] * max(query.element_size(), 4)
+        step = max(1, (STREAM_BYTES if max_bytes is None else max_bytes) // row_bytes)
+        for first in range(0, tokens, step):
+            rows = slice(first, min(tokens, first + step))
+            # Causal rows see no key after the chunk's last row: those columns are left out.
+            keys = rows.stop if self.site.causal else key.shape[-2]
+            with torch.no_grad():
+                attention = attention_probabilities(
+                    query[:, :, rows], key[:, :, :keys], self.site.scale, self._mask(rows, keys)
+                )
+                attention_grad = (
+                    None
+                    if gradient is None
+                    else attention_gradient(gradient[:, :, rows], value[:, :, :keys])
+                )
+            yield AttentionRows(rows=rows, attention=attention, gradient=attention_grad)
+            del attention, attention_grad  # the consumer's references are the last ones
 
 
 def use_fused_path(

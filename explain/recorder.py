@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from torch.utils.hooks import RemovableHandle
 from explain.architectures.base import Adapter, FusedPath
 from explain.errors import ExplainError, TargetError
 from explain.fused import FusedBlock
+from explain.rules.fold import AttentionRows
 
 __all__ = [
     "BATCHED_GRADIENT_BYTES",
@@ -43,6 +44,8 @@ __all__ = [
     "GradientCallback",
     "ModuleHook",
     "Recorder",
+    "RowsCallback",
+    "TargetRowsCallback",
 ]
 
 AttentionCallback = Callable[[int, Tensor], None]
@@ -55,6 +58,10 @@ ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
 """A forward hook (module, args, kwargs, output) -> None that only reads what it is given,
 or -> a replacement output equal in value whose gradient follows a rule (explain.lrp.attnlrp)."""
 
+RowsCallback = Callable[[int, Iterable[AttentionRows]], None]
+"""Fused path, streaming: receives (layer, the block's A and dA by chunks of query rows)
+instead of whole maps (explain.fused.FusedBlock.rows); dA is None without a backward."""
+
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
 
@@ -63,6 +70,9 @@ _SCORE_WITHOUT_GRAPH = (
     "scores must be computed from the model output it receives (not detached, not from "
     ".item() or a tensor made elsewhere)"
 )
+
+TargetRowsCallback = Callable[[int, int, Iterator[AttentionRows]], None]
+"""Fused path, streaming: receives (score column k, layer, A and dA_k by chunks of rows)."""
 
 BATCHED_GRADIENT_BYTES = 1 << 30
 """Memory bound of one batched backward over several targets: every tracked tensor's
@@ -125,6 +135,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             recorder's own hooks: how a rule that needs more than attention (the LRP
             engine's activations) sees the forward pass without touching the model itself,
             or modifies a gradient for the call (the Gradient x Input rules).
+        stream_forward: fused path, no gradient: keep every block's q, k (and mask), small,
+            instead of handing its whole map to `on_attention` in the forward, so that
+            `stream_attention` can fold the blocks last first by chunks of query rows.
         leaf_at_blocks: make block 0's input a leaf of the graph (the backward stops at the
             blocks). False when a module hook makes an earlier leaf, the embeddings whose
             gradient the Gradient x Input rules read.
@@ -140,9 +153,11 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         differentiable: bool = True,
         fused: bool = False,
         module_hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+        stream_forward: bool = False,
         leaf_at_blocks: bool = True,
     ) -> None:
         self.adapter = adapter
+        self._stream_forward = stream_forward and fused
         self._leaf_at_blocks = leaf_at_blocks
         self._module_hooks = tuple(module_hooks)
         self._fused: FusedPath | None = adapter.fused_path() if fused else None
@@ -160,6 +175,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self.attention_grads: dict[int, Tensor] = {}
         self.hidden_state_grads: dict[int, Tensor] = {}
         self._on_gradient: GradientCallback | None = None
+        self._on_rows: RowsCallback | None = None
         self._retain_graph = False
         self._handles: list[RemovableHandle] = []
         self._restore: list[Callable[[], None]] = []
@@ -332,6 +348,8 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
     def _see_fused_output(self, layer: int, output: Tensor) -> None:
         """Fused path: the block's attention output, whose gradient dO gives dA = dO v^T."""
         block = self._fused_blocks[layer]
+        if self._stream_forward:  # kept for `stream_attention`, after the forward
+            return
         if self._on_attention is not None:
             self._on_attention(layer, block.probabilities())
         if layer in self._track and output.requires_grad:
@@ -353,7 +371,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self.hidden_state_grads[index] = grad
 
     def _deliver(self, layer: int, grad: Tensor) -> None:
-        if self._on_gradient is not None:
+        if self._on_rows is not None and self._fused is not None:
+            self._on_rows(layer, self._fused_blocks[layer].rows(grad))
+        elif self._on_gradient is not None:
             self._on_gradient(layer, self._attention(layer), self._attention_grad(layer, grad))
         if not self._retain_graph:
             self._release(layer)  # released as soon as its gradient has been used
@@ -378,6 +398,17 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             del self._fused_outputs[layer]
             self._fused_blocks[layer].release()
 
+    def stream_attention(self, on_rows: RowsCallback) -> None:
+        """After a `stream_forward` forward: every block's A by chunks of query rows (no
+        gradient), last block first, each block released once it has been handed over.
+        The chunks can be iterated more than once (several sinks), recomputed each time."""
+        if not self._stream_forward:
+            raise ExplainError("stream_attention needs a Recorder(fused=True, stream_forward=True)")
+        for layer in sorted(self._fused_blocks, reverse=True):
+            block = self._fused_blocks[layer]
+            on_rows(layer, _Replay(lambda b=block: b.rows(None)))
+            block.release()
+
     # -- backward ---------------------------------------------------------------------------
 
     def backward(
@@ -387,6 +418,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         *,
         retain_graph: bool = False,
         keep_gradients: bool = False,
+        on_rows: RowsCallback | None = None,
     ) -> None:
         """Differentiate the scalar `score` with respect to the tracked tensors only.
 
@@ -397,6 +429,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         the attention maps for another backward (several targets over one forward);
         `keep_gradients` stores every gradient in `attention_grads` and
         `hidden_state_grads` (for `trace`) instead of letting each go once it is used.
+        On the fused path, `on_rows` (when given, and not with `keep_gradients`) receives
+        every block by chunks of query rows instead of `on_gradient` whole maps, so that
+        no N x N map of a block is ever held whole (explain.fused, streaming).
         """
         if not self._active:
             raise ExplainError("Recorder.backward must be called inside the recorder context")
@@ -414,7 +449,13 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             if on_gradient is not None:
                 on_gradient(layer, attention, grad)
 
+        def deliver_rows(layer: int, chunks: Iterator[AttentionRows]) -> None:
+            delivered.add(layer)
+            assert on_rows is not None
+            on_rows(layer, chunks)
+
         self._on_gradient = deliver
+        self._on_rows = deliver_rows if on_rows is not None and not keep_gradients else None
         self._retain_graph = retain_graph
         self.attention_grads.clear()
         self.hidden_state_grads.clear()
@@ -424,6 +465,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             )
         finally:
             self._on_gradient = None
+            self._on_rows = None
         if all(grad is None for grad in grads):
             raise TargetError(_SCORE_WITHOUT_GRAPH)
         if delivered != self._track:
@@ -437,6 +479,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         on_gradient: TargetGradientCallback,
         *,
         max_bytes: int | None = None,
+        on_rows: TargetRowsCallback | None = None,
     ) -> None:
         """Differentiate every column k of the (B, K) `scores`, summed over the batch.
 
@@ -444,7 +487,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         (`is_grads_batched`) per chunk of targets, sized so that the chunk's gradients of
         the tracked tensors fit in `max_bytes` (default `BATCHED_GRADIENT_BYTES`).
         `on_gradient(k, layer, attention, grad)` is called for every target and tracked
-        layer, last block first, as in `backward`.
+        layer, last block first, as in `backward`; on the fused path `on_rows(k, layer,
+        chunks)`, when given, instead receives them by chunks of query rows (A recomputed
+        for every target, so that no N x N map is ever held whole).
         """
         if not self._active:
             raise ExplainError("Recorder.backward_batched must be called inside the context")
@@ -482,6 +527,10 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 for position in reversed(range(len(layers))):
                     layer, grad = layers[position], grads[position]
                     grads[position] = None  # type: ignore[call-overload]  # free as we go
+                    if on_rows is not None and self._fused is not None:
+                        for row, column in enumerate(columns):
+                            on_rows(column, layer, self._fused_blocks[layer].rows(grad[row]))
+                        continue
                     attention = self._attention(layer)
                     for row, column in enumerate(columns):
                         attention_grad = self._attention_grad(layer, grad[row])
@@ -514,6 +563,16 @@ def _as_leaf(
     key = next(k for k, v in kwargs.items() if isinstance(v, Tensor))
     hidden = kwargs[key].detach().requires_grad_(True)
     return args, {**kwargs, key: hidden}, hidden
+
+
+class _Replay(Iterable[AttentionRows]):
+    """Chunks that are computed anew by every iteration over them."""
+
+    def __init__(self, chunks: Callable[[], Iterator[AttentionRows]]) -> None:
+        self._chunks = chunks
+
+    def __iter__(self) -> Iterator[AttentionRows]:
+        return self._chunks()
 
 
 class _Rotation:

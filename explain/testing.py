@@ -22,6 +22,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -83,12 +84,8 @@ def tiny_vit(
             num_classes=num_classes,
             **kwargs,
         )
-        # timm initialises tokens and embeddings with tiny values; scale them up so that
-        # attention maps are far from uniform and the tests can tell methods apart.
-        for name, parameter in model.named_parameters():
-            if name.endswith(("cls_token", "dist_token", "reg_token", "pos_embed")):
-                nn.init.normal_(parameter, std=0.5)
-    return model
+        # timm initialises tokens and embeddings with tiny values (train mode kept).
+        return _spread(model, 0.5, "cls_token", "dist_token", "reg_token", "pos_embed")
 
 
 @dataclass(frozen=True)
@@ -119,13 +116,17 @@ def _seeded(build: Callable[[], nn.Module], seed: int = 0) -> nn.Module:
         return build().eval()
 
 
-def _spread(model: nn.Module, std: float, *names: str) -> None:
-    """Random transformer weights give near-uniform attention; wider embeddings make the
-    maps differ from token to token, so that comparisons can fail."""
+def _spread(model: nn.Module, std: float, *names: str) -> nn.Module:
+    """Random transformer weights give near-uniform attention; redrawing the parameters
+    whose names contain one of `names` (token and position embeddings, prefix tokens,
+    some weights) with a wider `std` makes the maps differ from token to token, so that
+    the tests can tell methods, and mistakes, apart. Draws from the global RNG: call it
+    inside the seeded build (`_seeded`)."""
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if any(part in name for part in names):
-                parameter.normal_(0.0, std, generator=torch.Generator().manual_seed(len(name)))
+                parameter.normal_(0.0, std)
+    return model
 
 
 def _texts(lengths: tuple[int, ...], vocab: tuple[int, int], first: int, last: int) -> Tensor:
@@ -236,10 +237,10 @@ def _hf_clip() -> TinyCase:
         image_size=32,
         patch_size=8,
     )
+    config = CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)
     model = _seeded(
-        lambda: CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16))
+        lambda: _spread(CLIPModel(config), 1.0, "position_embedding", "token_embedding")
     )
-    _spread(model, 1.0, "position_embedding", "token_embedding")
     lengths = (6, 4)
     ids = _texts(lengths, (1, 40), first=48, last=49)
     mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
@@ -272,8 +273,7 @@ def _open_clip() -> TinyCase:
             ),
         )
 
-    model = _seeded(build)
-    _spread(model, 1.0, "positional_embedding", "token_embedding")
+    model = _seeded(lambda: _spread(build(), 1.0, "positional_embedding", "token_embedding"))
     lengths = (6, 4)
     ids = torch.zeros(2, context, dtype=torch.long)  # open_clip pads to its context length
     ids[:, : max(lengths)] = _texts(lengths, (1, sot), first=sot, last=eot)
@@ -301,8 +301,7 @@ def _hf_encoder_decoder() -> TinyCase:
         decoder_start_token_id=2,
         forced_eos_token_id=None,
     )
-    model = _seeded(lambda: BartForConditionalGeneration(config))
-    _spread(model, 0.3, "weight")
+    model = _seeded(lambda: _spread(BartForConditionalGeneration(config), 0.3, "weight"))
     source, target = (6, 4), (5, 3)
     ids, decoder = _texts(source, (3, 40), 1, 2), _texts(target, (3, 40), 2, 5)
     mask = (torch.arange(ids.shape[1])[None] < torch.tensor(source)[:, None]).long()
@@ -548,16 +547,6 @@ def fill_hub_cache(cache: str | os.PathLike[str]) -> dict[str, nn.Module]:
 # -- vision backbone families (issue 14): one tiny builder per family, from configs --------
 
 
-def _spread_embeddings(model: nn.Module, names: tuple[str, ...]) -> nn.Module:
-    """Random weights give near-uniform attention; spread the token and position
-    embeddings (and the named weights) so that attention maps differ from token to token
-    and the tests can tell methods, and mistakes, apart."""
-    for name, parameter in model.named_parameters():
-        if name.endswith(names):
-            nn.init.normal_(parameter, std=0.5)
-    return model
-
-
 def tiny_eva(*, seed: int = 0, **kwargs: Any) -> nn.Module:
     """A small random timm `Eva` with EVA-02's pieces (rotary embeddings, SwiGLU MLP,
     sub-LN); kwargs override, e.g. DINOv3's `num_reg_tokens=4, use_abs_pos_emb=False,
@@ -578,10 +567,8 @@ def tiny_eva(*, seed: int = 0, **kwargs: Any) -> nn.Module:
         ref_feat_shape=(4, 4),
         head_init_scale=1.0,
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = Eva(**{**config, **kwargs})
-        return _spread_embeddings(model, ("cls_token", "reg_token", "pos_embed", "qkv.weight"))
+    spread = ("cls_token", "reg_token", "pos_embed", "qkv.weight")
+    return _seeded(lambda: _spread(Eva(**{**config, **kwargs}), 0.5, *spread), seed)
 
 
 def tiny_beit(*, seed: int = 0, **kwargs: Any) -> nn.Module:
@@ -600,12 +587,8 @@ def tiny_beit(*, seed: int = 0, **kwargs: Any) -> nn.Module:
         init_values=1.0,
         head_init_scale=1.0,
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = Beit(**{**config, **kwargs})
-        return _spread_embeddings(
-            model, ("cls_token", "pos_embed", "relative_position_bias_table", "qkv.weight")
-        )
+    spread = ("cls_token", "pos_embed", "relative_position_bias_table", "qkv.weight")
+    return _seeded(lambda: _spread(Beit(**{**config, **kwargs}), 0.5, *spread), seed)
 
 
 def _hf_vision_config(**overrides: Any) -> dict[str, Any]:
@@ -667,19 +650,14 @@ def tiny_hf_vision(family: str, *, seed: int = 0, **overrides: Any) -> nn.Module
             )
         ),
     }
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = builders[family]()
-        return _spread_embeddings(
-            model,
-            (
-                "cls_token",
-                "register_tokens",
-                "position_embeddings",
-                "position_embedding.weight",
-                "relative_position_bias_table",
-            ),
-        ).eval()
+    spread = (
+        "cls_token",
+        "register_tokens",
+        "position_embeddings",
+        "position_embedding.weight",
+        "relative_position_bias_table",
+    )
+    return _seeded(lambda: _spread(builders[family](), 0.5, *spread), seed)
 
 
 def tiny_siglip(*, seed: int = 0) -> nn.Module:
@@ -690,12 +668,8 @@ def tiny_siglip(*, seed: int = 0) -> nn.Module:
     config = tf.SiglipConfig(
         vision_config=_hf_vision_config(num_hidden_layers=2), text_config=_SIGLIP_TEXT
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = tf.SiglipModel(config)
-        return _spread_embeddings(
-            model, ("position_embedding.weight", "token_embedding.weight", "probe")
-        ).eval()
+    spread = ("position_embedding.weight", "token_embedding.weight", "probe")
+    return _seeded(lambda: _spread(tf.SiglipModel(config), 0.5, *spread), seed)
 
 
 # -- hand-written transformers for the custom-model spec (issue 14) ------------------------
@@ -835,9 +809,7 @@ class _TextBlock(nn.Module):
 
 def tiny_custom_vit(*, seed: int = 0, fused: bool = False) -> tuple[nn.Module, TransformerSpec]:
     """The hand-written ViT and its TransformerSpec (class-token readout, 8x8 patches)."""
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = HandWrittenViT(fused=fused).eval()
+    model = _seeded(lambda: HandWrittenViT(fused=fused), seed)
     spec = TransformerSpec(
         blocks="layers.*", attention="mixer.probs", readout=0, patch_size=8, prefix_tokens=1
     )
@@ -846,15 +818,23 @@ def tiny_custom_vit(*, seed: int = 0, fused: bool = False) -> tuple[nn.Module, T
 
 def tiny_custom_text(*, seed: int = 0) -> tuple[nn.Module, TransformerSpec]:
     """The hand-written text encoder and its TransformerSpec (mean over real tokens)."""
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = HandWrittenTextEncoder().eval()
-        nn.init.normal_(model.positions.weight, std=1.0)
+    model = _seeded(lambda: _spread(HandWrittenTextEncoder(), 1.0, "positions"), seed)
     spec = TransformerSpec(blocks="encoder.blocks", attention="attention.probs", readout="mean")
     return model, spec
 
 
 # -- the tiny model of every family, for the conformance suite -------------------------------
+
+
+CONFORMANCE_LMS = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "gpt_neox", "olmo2")
+"""Decoder-only families (explain.tiny_lm) that the conformance suite runs besides GPT-2,
+the registry's own tiny model of the causal-LM adapter."""
+
+
+def _causal_lm(family: str) -> TinyCase:
+    from explain.tiny_lm import tiny_causal_lm
+
+    return _text_case(tiny_causal_lm(family), (6, 4), first=1, last=2)
 
 
 def _hf_siglip() -> TinyCase:
@@ -884,7 +864,7 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "timm_vit": _timm_vit,
     "hf_text_encoder": _hf_text_encoder,
     "hf_clip": _hf_clip,
-    "hf_gpt2": _hf_gpt2,
+    "hf_causal_lm": _hf_gpt2,
     "hf_encoder_decoder": _hf_encoder_decoder,
     "hf_vit": _hf_vit,
     "open_clip": _open_clip,
@@ -896,10 +876,11 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_siglip": _hf_siglip,
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
+    **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},
 }
 """The tiny model of every registered family, by the family's registry name, and of the
 two hand-written transformers explained through a `TransformerSpec` (custom_vit,
-custom_text)."""
+custom_text) and more decoder-only families of the causal-LM adapter (hf_causal_lm:NAME)."""
 
 
 def tiny_case(family: str) -> TinyCase:

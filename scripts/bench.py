@@ -25,7 +25,15 @@ The reference loop and the top-5 row are timed on SCALED_INPUTS inputs and scale
 batch (their cost is a sum over inputs), which keeps the default run under 10 minutes on
 an idle 2-core machine.
 
+Long prompts (`--cases long`): a narrow BERT (4 blocks, width 64, 4 heads) and a narrow
+Llama of the same shape at 1024, 4096 and 16384 tokens, one input, against the same
+floor: there the attention maps (N x N per block and head) dominate, and the fused
+path's streaming fold (explain.fused) is what keeps generic near the floor. Their tables
+replace the "Long prompts" section of `--out` and leave the rest of the file as it is
+(and a run of the other cases keeps that section).
+
     python scripts/bench.py [--rounds 3] [--cases vit,bert128,bert512] [--out docs/benchmarks.md]
+    python scripts/bench.py --cases long --rounds 2 --out docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import dataclasses
 import gc
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -64,14 +73,39 @@ class Case:
     title: str
     batch: int
     tokens: int
+    model: str = "bert-base"
+    """"vit", "bert-base", "bert-narrow" or "llama-narrow"."""
+
+    @property
+    def long(self) -> bool:
+        return self.model.endswith("-narrow")
 
 
 CASES = {
-    "vit": Case("vit", "ViT-B/16, 224 x 224", batch=8, tokens=197),
+    "vit": Case("vit", "ViT-B/16, 224 x 224", batch=8, tokens=197, model="vit"),
     # Smaller text batches keep `make bench` under 10 minutes on a 2-core machine.
     "bert128": Case("bert128", "BERT-base classifier, 128 tokens", batch=4, tokens=128),
     "bert512": Case("bert512", "BERT-base classifier, 512 tokens", batch=1, tokens=512),
 }
+LONG_TOKENS = (1024, 4096, 16384)
+NARROW = {
+    "bert-narrow": "narrow BERT classifier (4 blocks, width 64, 4 heads)",
+    "llama-narrow": "narrow Llama (4 blocks, width 64, 4 heads, vocabulary 1024)",
+}
+for _model, _title in NARROW.items():
+    for _tokens in LONG_TOKENS:
+        _name = f"{_model}-{_tokens}"
+        CASES[_name] = Case(_name, f"{_title}, {_tokens} tokens", 1, _tokens, model=_model)
+DEFAULT_CASES = ("vit", "bert128", "bert512")
+LONG_CASES = tuple(name for name, case in CASES.items() if case.long)
+
+WARM_UP_TOKENS = 512
+"""Long prompts warm up on this many tokens: a full-length warm-up call would take minutes
+at 16384 tokens on 2 cores and change nothing that the timed calls see."""
+
+EXPLICIT_BYTES = 6 << 30
+"""Variants on the explicit path are left out where its attention maps alone would pass
+this many bytes (`explicit_bytes`): 16384 tokens would need tens of GiB."""
 
 
 def build(case: Case, device: torch.device) -> tuple[torch.nn.Module, Any]:
@@ -79,11 +113,15 @@ def build(case: Case, device: torch.device) -> tuple[torch.nn.Module, Any]:
     generator = torch.Generator().manual_seed(0)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        if case.name == "vit":
+        if case.model == "vit":
             import timm
 
             model = timm.create_model("vit_base_patch16_224", pretrained=False)
             inputs: Any = torch.randn(case.batch, 3, 224, 224, generator=generator)
+        elif case.long:
+            model = narrow_model(case.model)
+            ids = torch.randint(5, 1024, (case.batch, case.tokens), generator=generator)
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         else:
             from transformers import BertConfig, BertForSequenceClassification
 
@@ -101,6 +139,32 @@ def build(case: Case, device: torch.device) -> tuple[torch.nn.Module, Any]:
         else {k: v.to(device) for k, v in inputs.items()}
     )
     return model, inputs
+
+
+NARROW_SHAPE = dict(
+    hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256
+)
+
+
+def narrow_model(name: str) -> torch.nn.Module:
+    """The long-prompt models (NARROW_SHAPE), with positions for the longest prompt."""
+    shape = dict(
+        **NARROW_SHAPE, max_position_embeddings=max(LONG_TOKENS), attn_implementation="sdpa"
+    )
+    if name == "bert-narrow":
+        from transformers import BertConfig, BertForSequenceClassification
+
+        return BertForSequenceClassification(BertConfig(num_labels=2, **shape))
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=1024, **shape))
+
+
+def explicit_bytes(case: Case) -> int:
+    """Roughly what the explicit path's attention maps of one long-case call need: kept
+    for the gradient, blocks x heads x N x N floats, about three times over."""
+    maps = NARROW_SHAPE["num_hidden_layers"] * NARROW_SHAPE["num_attention_heads"]
+    return 3 * maps * case.batch * case.tokens**2 * 4
 
 
 def rows_of(inputs: Any, rows: slice) -> Any:
@@ -221,6 +285,8 @@ is that of the inputs timed."""
 
 def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Variant]:
     """Every timed variant of one case, the floor first."""
+    if case.long:
+        return long_variants(case, model, inputs)
     few = min(SCALED_INPUTS, case.batch)
     some = rows_of(inputs, slice(0, few))
     found = {
@@ -240,10 +306,26 @@ def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Varia
         found[f"generic, {other} path"] = Variant(
             method(model, inputs, "generic", other), case.batch
         )
-    if case.name == "vit":
+    if case.model == "vit":
         top5 = torch.arange(5).expand(few, 5)
         found["generic, top-5 classes (one batched backward)"] = Variant(
             method(model, some, "generic", target=top5), few
+        )
+    return found
+
+
+def long_variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Variant]:
+    """Floor, generic on the path "auto" takes and on the other one, where they fit."""
+    adapter = adapter_for(model)
+    layout = adapter.prepare(inputs).layout
+    fused = use_fused_path(adapter, layout, needs_gradients=True, requested="auto")
+    fits = explicit_bytes(case) <= EXPLICIT_BYTES
+    found = {FLOOR: Variant(floor(model, inputs), case.batch)}
+    if fused or fits:
+        found["generic"] = Variant(method(model, inputs, "generic"), case.batch)
+    if fused and fits:
+        found["generic, explicit path"] = Variant(
+            method(model, inputs, "generic", "explicit"), case.batch
         )
     return found
 
@@ -255,14 +337,20 @@ def run_case(
     the peak memory one more call added (if `memory`); and the inputs it was timed on.
 
     A warm-up round first fills caches, thread pools and allocators: every variant on one
-    input, then the floor on the whole batch (kernels are tuned per tensor shape). Memory
+    input, then the floor on the whole batch (kernels are tuned per tensor shape); long
+    prompts warm up on their first WARM_UP_TOKENS tokens. Memory
     is measured after the timed rounds, because returning freed pages to the OS before a
     call (which the measurement needs) would slow the call down.
     """
     model, inputs = build(case, device)
     calls = variants(case, model, inputs)
-    warm_up = variants(dataclasses.replace(case, batch=1), model, rows_of(inputs, slice(0, 1)))
-    warm_up["floor, whole batch"] = calls[FLOOR]
+    if case.long:  # one input already; a short prefix warms up without minutes of work
+        short = dataclasses.replace(case, tokens=WARM_UP_TOKENS)
+        warm_up = variants(short, model, {k: v[:, :WARM_UP_TOKENS] for k, v in inputs.items()})
+    else:
+        one = rows_of(inputs, slice(0, 1))
+        warm_up = variants(dataclasses.replace(case, batch=1), model, one)
+        warm_up["floor, whole batch"] = calls[FLOOR]
     seconds: dict[str, list[float]] = {name: [] for name in calls}
     total = len(warm_up) + (rounds + memory) * len(calls)
     progress = tqdm(total=total, desc=case.name, unit="call")
@@ -360,12 +448,16 @@ def table(
         lines.append(
             f"| {name} | {inputs[name]} | {value:.2f} | {value / base:.2f} | {mib} | {ratio} |"
         )
-    speedup = medians[REFERENCE] / medians["generic"]
-    lines += [
-        "",
-        f"generic: {speedup:.2f}x faster per input than the reference loop.",
-        "",
-    ]
+    lines.append("")
+    speedup = medians[REFERENCE] / medians["generic"] if REFERENCE in medians else None
+    if speedup is not None:
+        lines += [f"generic: {speedup:.2f}x faster per input than the reference loop.", ""]
+    if case.long and "generic" not in medians:
+        lines += [
+            f"generic: not run; this model has no fused path, and the explicit path's "
+            f"attention maps would need about {explicit_bytes(case) / 2**30:.0f} GiB.",
+            "",
+        ]
     for label, value, limit, at_most in targets(case, medians, peak, speedup):
         verdict = "met" if (value <= limit if at_most else value >= limit) else "MISSED"
         bound = "at most" if at_most else "at least"
@@ -374,12 +466,16 @@ def table(
 
 
 def targets(
-    case: Case, medians: dict[str, float], peaks: dict[str, float], speedup: float
+    case: Case, medians: dict[str, float], peaks: dict[str, float], speedup: float | None
 ) -> list[tuple[str, float, float, bool]]:
     """(label, value, limit, at_most) for the issue's targets that apply to `case`."""
     floor_time = medians[FLOOR]
-    found = []
-    if case.name == "vit":
+    found: list[tuple[str, float, float, bool]] = []
+    if case.long and case.tokens == 4096 and "generic" in medians:
+        found.append(("generic time / floor", medians["generic"] / floor_time, 2.0, True))
+        if peaks.get(FLOOR):
+            found.append(("generic memory / floor", peaks["generic"] / peaks[FLOOR], 1.5, True))
+    if case.name == "vit" and speedup is not None:
         found += [
             ("generic time / floor", medians["generic"] / floor_time, 1.2, True),
             ("speed-up over the reference loop", speedup, 1.4, False),
@@ -400,7 +496,9 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds after one warm-up")
     parser.add_argument(
-        "--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES)
+        "--cases",
+        default=",".join(DEFAULT_CASES),
+        help="comma-separated, or 'long' for the long prompts: " + ", ".join(CASES),
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -408,33 +506,112 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the report here (Markdown)")
     args = parser.parse_args()
     device = torch.device(args.device)
+    names = LONG_CASES if args.cases == "long" else tuple(args.cases.split(","))
 
     started = time.perf_counter()
     header = machine()
-    sections = []
-    for name in args.cases.split(","):
+    tables: dict[bool, list[str]] = {False: [], True: []}  # by Case.long
+    growth: list[str] = []
+    for name in names:
         case = CASES[name]
         if args.batch:
             case = dataclasses.replace(case, batch=args.batch)
         seconds, peaks, inputs = run_case(case, args.rounds, device, memory=not args.no_memory)
         section = table(case, seconds, peaks, inputs)
-        sections += section
+        tables[case.long] += section
+        if case.long:
+            growth.append(growth_row(case, seconds, peaks))
         print("\n".join(section), flush=True)
     elapsed = time.perf_counter() - started
-    report = REPORT.format(
+    fields = dict(
         date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         machine=header,
         device=device.type.upper(),
         rounds=args.rounds,
         minutes=elapsed / 60,
-        tables="\n".join(sections),
         threshold=CPU_FUSED_MIN_TOKENS,
         scaled=SCALED_INPUTS,
+        warm_up=WARM_UP_TOKENS,
     )
     if args.out:
+        old = args.out.read_text() if args.out.exists() else ""
+        report = REPORT.format(tables="\n".join(tables[False]), **fields) if tables[False] else old
+        long = (
+            LONG_REPORT.format(tables="\n".join(tables[True]), growth="\n".join(growth), **fields)
+            if tables[True]
+            else long_section(old)
+        )
         with atomic_write(args.out, "w") as handle:
-            handle.write(report)
+            handle.write(with_long_section(report, long))
     print(f"benchmark took {elapsed / 60:.1f} min")
+
+
+def growth_row(case: Case, seconds: dict[str, list[float]], peaks: dict[str, int]) -> str:
+    """One row of the long prompts' summary: generic's time and memory over the floor."""
+    title = NARROW[case.model].split(" (")[0]
+    if "generic" not in seconds:
+        return f"| {title} | {case.tokens} | - | - |"
+    time_ratio = statistics.median(seconds["generic"]) / statistics.median(seconds[FLOOR])
+    memory = f"{peaks['generic'] / peaks[FLOOR]:.2f}" if peaks.get(FLOOR) else "-"
+    return f"| {title} | {case.tokens} | {time_ratio:.2f} | {memory} |"
+
+
+LONG_BEGIN = "<!-- long prompts: scripts/bench.py --cases long -->"
+LONG_END = "<!-- end of long prompts -->"
+
+
+def long_section(text: str) -> str:
+    """The long-prompt section of a report (markers included), or "" when it has none."""
+    begin, end = text.find(LONG_BEGIN), text.find(LONG_END)
+    return text[begin : end + len(LONG_END)] if 0 <= begin < end else ""
+
+
+_GROWTH_ROW = re.compile(r"^\| narrow [^|]+\| (\d+) \|")
+_CASE_HEADING = re.compile(r"^### (narrow [^,(]+).*, (\d+) tokens, batch")
+
+
+def _long_parts(section: str) -> tuple[str, dict[tuple[str, int], str], dict[tuple[str, int], str]]:
+    """(the text before the summary rows, summary rows and case tables by (model, tokens))."""
+    lines = section.replace(LONG_END, "").rstrip("\n").split("\n")
+    head: list[str] = []
+    rows: dict[tuple[str, int], str] = {}
+    tables: dict[tuple[str, int], str] = {}
+    current: list[str] | None = None
+    for line in lines:
+        row, heading = _GROWTH_ROW.match(line), _CASE_HEADING.match(line)
+        if heading:
+            current = []
+            tables[(heading.group(1).strip(), int(heading.group(2)))] = current  # type: ignore[assignment]
+        if current is not None:
+            current.append(line)
+        elif row:
+            rows[(line.split("|")[1].strip(), int(row.group(1)))] = line
+        elif not rows:
+            head.append(line)
+    joined = {key: "\n".join(value).rstrip("\n") for key, value in tables.items()}
+    return "\n".join(head), rows, joined  # type: ignore[arg-type]
+
+
+def merge_long_sections(old: str, new: str) -> str:
+    """`new`, with the summary rows and case tables of `old` that `new` did not measure
+    kept: a run of some of the long cases updates theirs and leaves the others'."""
+    if not old:
+        return new
+    head, rows, tables = _long_parts(new)
+    _, old_rows, old_tables = _long_parts(old)
+    rows = {**old_rows, **rows}
+    tables = {**old_tables, **tables}
+    body = [head, *(rows[key] for key in sorted(rows)), ""]
+    body += [tables[key] + "\n" for key in sorted(tables)]
+    return "\n".join(body) + "\n" + LONG_END
+
+
+def with_long_section(text: str, section: str) -> str:
+    """`text` with its long-prompt section merged with `section` (appended if it had none)."""
+    old = long_section(text)
+    if old:
+        return text.replace(old, merge_long_sections(old, section) if section else old)
+    return text.rstrip("\n") + "\n\n" + section + "\n" if section else text
 
 
 REPORT = """\
@@ -479,6 +656,36 @@ GPU figures are pending: no GPU was available in the session that wrote this ben
 On CUDA the script measures `torch.cuda.max_memory_allocated` instead of resident memory
 (`python scripts/bench.py --device cuda`).
 """
+
+
+LONG_REPORT = """\
+{LONG_BEGIN}
+## Long prompts
+
+Generated by `python scripts/bench.py --cases long --out docs/benchmarks.md` on {date},
+{device}: {machine}. Medians of {rounds} interleaved rounds after a warm-up round on
+the first {warm_up} tokens; the run took {minutes:.1f} minutes. The machine is shared
+with other work, so the times carry its noise; the memory figures do not depend on it.
+One input per case, random weights. Rows as above: the floor (forward + input backward
+on the default sdpa path), `generic` on the path "auto" takes (the fused path from
+{threshold} tokens on, for adapters that have one: A and dA recomputed from q, k, v and
+dO and folded by chunks of query rows, explain.fused), and on the explicit path where
+its N x N maps fit in memory. The goal at 4096 tokens: generic within 1.5x the floor's
+memory and 2x its time. The cases may come from separate runs of this command (a run
+of some of them replaces their rows and tables and keeps the others'; this header is
+the last run's). What to expect: the memory ratio falls towards 1 as N grows, since the
+fold's chunks have a fixed size (explain.fused.STREAM_BYTES) while the floor's
+activations grow with N; the time ratio is the recomputation of A and dA, O(N^2 d)
+like the kernel's own backward, and is largest at small head sizes (16 here).
+
+How generic's cost over the floor grows with the prompt:
+
+| model | tokens | time / floor | memory / floor |
+|---|---:|---:|---:|
+{growth}
+
+{tables}
+{LONG_END}""".replace("{LONG_BEGIN}", LONG_BEGIN).replace("{LONG_END}", LONG_END)
 
 
 if __name__ == "__main__":

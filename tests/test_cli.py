@@ -336,6 +336,26 @@ def test_image_notes_that_a_fixed_block_method_ignores_the_start_layer(
     assert len(list(out.glob("image0_raw_attention_*.png"))) == 1
 
 
+def test_image_gives_the_score_only_to_the_methods_that_differentiate_one(
+    model_folder, tmp_path, capsys
+):
+    from explain import METHODS
+
+    image = _write_images(tmp_path / "in", 1)[0]
+    out = tmp_path / "maps"
+    argv = ["image", image, "--model", model_folder, "--out", out]
+    status, _, err = _run(capsys, *argv, "--method", "all", "--score", "probability")
+    assert status == 0
+    notes = [line for line in err.splitlines() if "--score" in line]
+    assert notes == [
+        f"explain: note: {name} differentiates no score; --score is ignored for it"
+        for name, method in sorted(METHODS.items())
+        if not method.needs_gradients
+    ]
+    assert len(notes) >= 3  # raw_attention, rollout, random at least
+    assert {path.name.split("_")[1] for path in out.glob("*.png")} >= {"generic", "rollout"}
+
+
 @pytest.mark.parametrize(
     ("option", "destination", "message"),
     [

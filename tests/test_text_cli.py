@@ -135,6 +135,29 @@ def test_a_fixed_block_method_ignores_the_start_layer_with_a_note(
     assert "[raw_attention]" in out and "[generic]" in out
 
 
+def test_the_score_goes_only_to_the_methods_that_differentiate_one(
+    classifier_folder, tmp_path, capsys
+):
+    argv, _ = _text(classifier_folder, tmp_path, "Fine.", "--color", "never")
+    assert main([*argv, "--method", "rollout,generic", "--score", "probability"]) == 0
+    out, err = capsys.readouterr()
+    assert _messages(err) == [
+        "explain: note: rollout differentiates no score; --score is ignored for it"
+    ]
+    assert main([*argv, "--method", "rollout,generic"]) == 0
+    rollout, generic = out.split("[generic]")
+    by_logit = capsys.readouterr().out.split("[generic]")
+    # rollout is the same map; generic got the probability, whose gradients differ.
+    assert rollout == by_logit[0] and generic != by_logit[1]
+
+
+@pytest.mark.parametrize("extra", [["--score", "logit"], ["--target", "0"]])
+def test_the_pair_takes_no_target_or_score(tmp_path, capsys, extra):
+    args = ["text", "A man plays guitar.", "--model", str(ref.minilm_path())]
+    assert main([*args, "--pair", "Music.", "--html", str(tmp_path / "s.html"), *extra]) == 2
+    assert "it takes no --target or --score" in capsys.readouterr().err
+
+
 def test_all_methods(classifier_folder, tmp_path, capsys):
     from explain import METHODS
 

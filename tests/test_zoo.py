@@ -13,6 +13,7 @@ import torch
 
 from explain import Explainer
 from explain.errors import ExplainError, ModelLoadError
+from explain.evaluation import heldout_accuracy
 from explain.loading import load_model
 from explain.zoo import (
     CARD,
@@ -20,7 +21,6 @@ from explain.zoo import (
     WEIGHTS,
     ZOO,
     build_model,
-    heldout_accuracy,
     load_zoo_model,
     save_zoo_model,
     sha256,

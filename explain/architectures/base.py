@@ -108,6 +108,10 @@ class FusedAttentionSite:
     keys: Callable[[Tensor], Tensor] | None = None
     mask_module: nn.Module | None = None
     masks: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | None] | None = None
+    causal: bool = False
+    """Queries attend to keys at or before their own position only, on top of the mask:
+    the recomputation then builds the causal mask by chunks of rows (never N x N) and
+    skips the keys after a chunk's last row."""
 
 
 @dataclass(frozen=True)
@@ -243,8 +247,9 @@ class Adapter(ABC):
     A family file subclasses `Adapter`, implements the abstract members below and names
     its class in explain.architectures.registry. Capabilities are declared, never probed:
     `token_sets` (two token sets), `lrp_walk` (the LRP methods), `rule_sites` (AttnLRP
-    and CP-LRP), `pooled_by_mean` (a sentence encoder), `fused_path()` (the fused
-    attention kernel); the defaults describe a single-stack model with none of them.
+    and CP-LRP), `pooled_by_mean` (a sentence encoder), `reads_text` (a tokenizer serves
+    it), `fused_path()` (the fused attention kernel); the defaults describe a single-stack
+    image model with none of them.
     """
 
     family: ClassVar[str]
@@ -264,6 +269,11 @@ class Adapter(ABC):
     pooled_by_mean: bool = False
     """The output is a sentence embedding, the mean of the last hidden states over the
     real tokens (explain.text.similarity explains such encoders)."""
+
+    reads_text: bool = False
+    """Whether the model reads text, so that an Explainer's tokenizer serves it (raw
+    texts, `Explanation.tokens`); a tokenizer given for a model that reads none is
+    refused rather than kept unused (explain.engine.check_tokenizer)."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

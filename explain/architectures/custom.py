@@ -118,6 +118,7 @@ class CustomTransformer(Adapter):
         if spec.prefix_tokens < 0:
             raise ExplainError(f"prefix_tokens must be >= 0, got {spec.prefix_tokens}")
         self.spec = spec
+        self.reads_text = spec.patch_size is None  # a patch size says: an image model
         self._blocks = _resolve_blocks(model, spec.blocks)
         self._attention = [
             _attention_module(block, spec.attention, index)

@@ -38,6 +38,7 @@ class DualEncoder(Adapter):
     """Base class of the CLIP-style adapters (see the module docstring)."""
 
     token_sets = TokenSets.DUAL_ENCODER
+    reads_text = True
     stacks: ClassVar[tuple[str, str]] = ("image", "text")
 
     image_argument: ClassVar[str]

@@ -76,6 +76,7 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
         "Hugging Face BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and ELECTRA "
         "(ForSequenceClassification: CLS readout; bare Model: mean-pooled sentence encoder)"
     )
+    reads_text = True
     lrp_walk = LrpWalk("explain.lrp.hf_bert", "BertTape")
 
     def __init__(self, model: nn.Module) -> None:

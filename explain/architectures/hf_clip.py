@@ -13,7 +13,7 @@ switched to eager attention for the call (see `hf_common`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +35,15 @@ class HFClip(DualEncoder):
     family = "Hugging Face CLIPModel (image-text similarity; image and text relevance)"
     image_argument = "pixel_values"
     text_arguments = ("input_ids", "attention_mask")
+    display_name: ClassVar[str] = "CLIP"
+    processor: ClassVar[str] = "CLIPProcessor"
+    expected: ClassVar[str] = (
+        "a mapping with pixel_values (B, 3, H, W), input_ids and attention_mask, e.g. "
+        "CLIPProcessor(text=..., images=..., padding=True, return_tensors='pt')"
+    )
+    """What `prepare` takes, for its error messages (a subclass names its own)."""
+    prefix_tokens: ClassVar[int] = 1
+    """Tokens before the image patches (CLIP's class token)."""
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -75,18 +84,14 @@ class HFClip(DualEncoder):
 
     def prepare(self, inputs: object) -> Prepared:
         if not isinstance(inputs, Mapping) or "pixel_values" not in inputs:
-            raise InputError(
-                "CLIP takes a mapping with pixel_values (B, 3, H, W), input_ids and "
-                "attention_mask, e.g. CLIPProcessor(text=..., images=..., padding=True, "
-                "return_tensors='pt')"
-            )
+            raise InputError(f"{self.display_name} takes {self.expected}")
         vision = self.model.config.vision_config
         images = validate_image_batch(inputs["pixel_values"], vision.num_channels, self.parameter)
         size = (vision.image_size, vision.image_size)
         if tuple(images.shape[-2:]) != size:
             raise InputError(
-                f"this CLIP model takes {size[0]}x{size[1]} images, got "
-                f"{images.shape[-2]}x{images.shape[-1]}; resize them (CLIPProcessor does)"
+                f"this {self.display_name} model takes {size[0]}x{size[1]} images, got "
+                f"{images.shape[-2]}x{images.shape[-1]}; resize them ({self.processor} does)"
             )
         text = self.model.config.text_config
         parameter = self.parameter
@@ -97,18 +102,23 @@ class HFClip(DualEncoder):
             device=parameter.device,
             token_types=False,
         )
-        eos = self.readout_positions(arguments["input_ids"])
-        if not bool(arguments["attention_mask"].gather(1, eos[:, None]).all()):
-            raise InputError("every text needs its end-of-text token inside its attention mask")
+        self.check_pooled_tokens(arguments)
         arguments["pixel_values"] = images
         return Prepared(
             batch_size=images.shape[0], layout=self._image_layout(), arguments=arguments
         )
 
+    def check_pooled_tokens(self, arguments: dict[str, Tensor]) -> None:
+        """Refuse texts whose pooled token (`readout_positions`) is padding."""
+        eos = self.readout_positions(arguments["input_ids"])
+        if not bool(arguments["attention_mask"].gather(1, eos[:, None]).all()):
+            raise InputError("every text needs its end-of-text token inside its attention mask")
+
     def _image_layout(self) -> TokenLayout:
         vision = self.model.config.vision_config
         side = vision.image_size // vision.patch_size
-        return TokenLayout.image((side, side), (vision.image_size, vision.image_size))
+        size = (vision.image_size, vision.image_size)
+        return TokenLayout.image((side, side), size, self.prefix_tokens)
 
     def text_layout(self, prepared: Prepared) -> TokenLayout:
         return TokenLayout.text(prepared.arguments["attention_mask"])

@@ -66,6 +66,8 @@ class HFEncoderDecoder(Adapter):
         self._image_source = is_transformers_class(
             model, "vision_encoder_decoder", _CLASSES["vision_encoder_decoder"]
         )
+        # Explanation.tokens names the source tokens: an image source has none.
+        self.reads_text = not self._image_source
         if self._image_source and not (
             is_transformers_class(encoder, "vit", ("ViTModel",))
             or is_transformers_class(encoder, "deit", ("DeiTModel",))

@@ -16,15 +16,13 @@ one extra forward of the vision tower without gradients (see `attention_pool`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 from torch import Tensor, nn
 
 from explain.architectures.attention_pool import gradient_free_eval
-from explain.architectures.base import Prepared, TokenLayout, validate_image_batch
+from explain.architectures.base import Prepared
 from explain.architectures.hf_clip import HFClip
-from explain.architectures.hf_common import is_transformers_class, prepare_text
+from explain.architectures.hf_common import is_transformers_class
 from explain.errors import InputError, UnsupportedModelError
 
 __all__ = ["HFSiglip", "attention_pool_readout"]
@@ -52,6 +50,13 @@ class HFSiglip(HFClip):
         "Hugging Face SiglipModel (image-text similarity; image relevance read out by the "
         "attention pooling head, text at its last position)"
     )
+    display_name = "SigLIP"
+    processor = "SiglipProcessor"
+    expected = (
+        "a mapping with pixel_values (B, 3, H, W) and input_ids, e.g. "
+        "SiglipProcessor(text=..., images=..., padding='max_length', return_tensors='pt')"
+    )
+    prefix_tokens = 0  # no class token: the pooling head reads every patch
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -67,39 +72,13 @@ class HFSiglip(HFClip):
 
     # -- inputs ---------------------------------------------------------------------------
 
-    def prepare(self, inputs: object) -> Prepared:
-        if not isinstance(inputs, Mapping) or "pixel_values" not in inputs:
-            raise InputError(
-                "SigLIP takes a mapping with pixel_values (B, 3, H, W) and input_ids, e.g. "
-                "SiglipProcessor(text=..., images=..., padding='max_length', "
-                "return_tensors='pt')"
-            )
-        vision = self.model.config.vision_config
-        images = validate_image_batch(inputs["pixel_values"], vision.num_channels, self.parameter)
-        if tuple(images.shape[-2:]) != (vision.image_size, vision.image_size):
-            raise InputError(
-                f"this SigLIP model takes {vision.image_size}x{vision.image_size} images, got "
-                f"{images.shape[-2]}x{images.shape[-1]}; resize them (SiglipProcessor does)"
-            )
-        text = self.model.config.text_config
-        parameter = self.parameter
-        arguments = prepare_text(
-            inputs,
-            max_tokens=text.max_position_embeddings,
-            vocab_size=text.vocab_size,
-            device=parameter.device,
-            token_types=False,
-        )
+    def check_pooled_tokens(self, arguments: dict[str, Tensor]) -> None:
         if not bool(arguments["attention_mask"][:, -1].all()):
             raise InputError(
                 "SigLIP pools each text at its last position, which is padding in this "
                 "batch; pad to a fixed length without an attention mask, as SiglipProcessor "
                 "does (padding='max_length'), or pad on the left"
             )
-        arguments["pixel_values"] = images
-        side = vision.image_size // vision.patch_size
-        layout = TokenLayout.image((side, side), (vision.image_size, vision.image_size), 0)
-        return Prepared(batch_size=images.shape[0], layout=layout, arguments=arguments)
 
     def readout_positions(self, input_ids: Tensor) -> Tensor:
         """SigLIP pools the last position of every text."""

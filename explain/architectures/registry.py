@@ -105,7 +105,7 @@ def adapter_for(model: nn.Module) -> Adapter:
 register_family("timm_vit", "explain.architectures.timm_vit", "TimmVisionTransformer")
 register_family("hf_text_encoder", "explain.architectures.hf_bert", "HuggingFaceTextEncoder")
 register_family("hf_clip", "explain.architectures.hf_clip", "HFClip")
-register_family("hf_gpt2", "explain.architectures.hf_gpt2", "HuggingFaceCausalLM")
+register_family("hf_causal_lm", "explain.architectures.hf_causal_lm", "HuggingFaceCausalLM")
 register_family("hf_encoder_decoder", "explain.architectures.hf_seq2seq", "HFEncoderDecoder")
 register_family("hf_vit", "explain.architectures.hf_vit", "HuggingFaceViT")
 register_family("open_clip", "explain.architectures.open_clip", "OpenClip")

@@ -22,7 +22,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from explain.cli.methods import parse_methods, start_layer_for
+from explain.cli.methods import (
+    add_method_arguments,
+    parse_methods,
+    score_for,
+    start_layer_for,
+)
 from explain.cli.options import (
     add_model_arguments,
     add_out_argument,
@@ -186,7 +191,13 @@ def run(args: argparse.Namespace) -> int:
     columns = parse_targets(args.target, loaded.classes, num_classes)
     target = _target_callable(columns)
     explainer = Explainer(loaded.model)
-    starts = {method: start_layer_for(method, args.start_layer) for method in methods}
+    settings = {
+        method: {
+            "score": score_for(method, args.score),
+            "start_layer": start_layer_for(method, args.start_layer),
+        }
+        for method in methods
+    }
     stems = _unique_stems(paths)
     written: list[Path] = []
     with tqdm(total=len(paths), unit="image", desc="explaining", file=sys.stderr) as bar:
@@ -195,10 +206,8 @@ def run(args: argparse.Namespace) -> int:
             photos = [read_image(path) for path in batch]
             images = preprocessing(photos)
             results = {
-                method: explainer.explain(
-                    images, target=target, method=method, score=args.score, start_layer=start
-                )
-                for method, start in starts.items()
+                method: explainer.explain(images, target=target, method=method, **options)
+                for method, options in settings.items()
             }
             for offset, photo in enumerate(photos):
                 stem = stems[start + offset]
@@ -307,32 +316,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--arch", metavar="NAME", help="timm architecture of a weights file without config.json"
     )
-    parser.add_argument(
-        "--method",
-        default="generic",
-        metavar="M[,M2]",
-        help="comma-separated method names, or `all` (`explain models` lists them); "
-        "default: %(default)s",
-    )
-    parser.add_argument(
-        "--target",
+    add_method_arguments(
+        parser,
         default="top",
         metavar="T[,T2]",
         help="classes to explain per image, comma-separated: `top` (the predicted class), "
         "`topK` (the K-th highest), a class index, or a class name; default: %(default)s",
-    )
-    parser.add_argument(
-        "--score",
-        default="logit",
-        choices=("logit", "probability", "log_probability"),
-        help="what is differentiated for the explained class; default: %(default)s",
-    )
-    parser.add_argument(
-        "--start-layer",
-        type=int,
-        metavar="L",
-        help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it, with a note; default: each method's own",
     )
     add_out_argument(parser)
     parser.add_argument(

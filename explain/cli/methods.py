@@ -1,12 +1,42 @@
-"""The --method and --start-layer options that `explain image` and `explain text` share,
-read the same way by both: `all` or comma-separated names, and a start layer that the
-methods reading one fixed block ignore with a note (one flag serves several methods)."""
+"""The --method, --target, --score and --start-layer options that `explain image` and
+`explain text` share, read the same way by both: `all` or comma-separated names, and a
+score and a start layer that each go only to the methods that take them, with a note for
+the others (one flag serves several methods; in Python such a method refuses the
+argument)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Any
 
-__all__ = ["parse_methods", "start_layer_for"]
+__all__ = ["add_method_arguments", "parse_methods", "score_for", "start_layer_for"]
+
+
+def add_method_arguments(parser: argparse.ArgumentParser, **target: Any) -> None:
+    """--method, --target (whose meaning is the command's: `target` holds its
+    add_argument keywords), --score and --start-layer."""
+    parser.add_argument(
+        "--method",
+        default="generic",
+        metavar="M[,M2]",
+        help="comma-separated method names, or `all` (`explain models` lists them); "
+        "default: %(default)s",
+    )
+    parser.add_argument("--target", **target)
+    parser.add_argument(
+        "--score",
+        choices=("logit", "probability", "log_probability"),
+        help="what the methods that differentiate a score differentiate for the explained "
+        "class; the others ignore it, with a note; default: logit",
+    )
+    parser.add_argument(
+        "--start-layer",
+        type=int,
+        metavar="L",
+        help="first block the aggregating methods use (negative: from the end); methods "
+        "that read one fixed block ignore it, with a note; default: each method's own",
+    )
 
 
 def parse_methods(text: str) -> list[str]:
@@ -31,6 +61,20 @@ def start_layer_for(method: str, start_layer: int | None) -> int | None:
         return start_layer
     print(
         f"explain: note: {method} reads one fixed block; --start-layer is ignored for it",
+        file=sys.stderr,
+    )
+    return None
+
+
+def score_for(method: str, score: str | None) -> str | None:
+    """`--score` for `method`: as given for the methods that differentiate a score; None,
+    with a note on stderr, for those that differentiate none (explain.engine.resolve_score)."""
+    from explain.rules import get_method
+
+    if score is None or get_method(method).needs_gradients:
+        return score
+    print(
+        f"explain: note: {method} differentiates no score; --score is ignored for it",
         file=sys.stderr,
     )
     return None

@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from explain.cli.methods import parse_methods, start_layer_for
+from explain.cli.methods import (
+    add_method_arguments,
+    parse_methods,
+    score_for,
+    start_layer_for,
+)
 from explain.cli.options import add_model_arguments, add_save_option, load
 from explain.errors import InputError, TargetError
 
@@ -93,11 +98,19 @@ def run(args: argparse.Namespace) -> int:
             else f"{args.model} is a sentence encoder: give --pair TEXT to explain the "
             "similarity of each text with TEXT"
         )
+    if args.pair is not None and (args.target is not None or args.score is not None):
+        raise InputError(
+            "--pair explains the cosine similarity of each text with TEXT: it takes no "
+            "--target or --score"
+        )
     starts = {method: start_layer_for(method, args.start_layer) for method in methods}
+    given_scores = {method: score_for(method, args.score) for method in methods}
     colour = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     fragments = []
     for method, start in starts.items():
-        titles, tokens, relevance, result = _explain(explainer, loaded, args, method, start)
+        titles, tokens, relevance, result = _explain(
+            explainer, loaded, args, method, start, given_scores[method]
+        )
         note = scale_note(method, raw=args.raw_values)
         shown = display_values(method, relevance, raw=args.raw_values)
         rows = _rows(tokens, shown, loaded.tokenizer, args.words)
@@ -133,6 +146,7 @@ def _explain(
     args: argparse.Namespace,
     method: str,
     start_layer: int | None,
+    score: str | None,
 ) -> tuple[list[str], list[list[str]], Tensor, Explanation]:
     """(a title per shown text, its tokens, its relevance, the Explanation for --save) for
     one method: each text's predicted class (or --target), or for a sentence encoder its
@@ -163,7 +177,7 @@ def _explain(
         texts,
         target=_target(args.target, loaded.classes),
         method=method,
-        score=args.score,
+        score=score,
         start_layer=start_layer,
     )
     probabilities = result.logits.softmax(-1)
@@ -191,28 +205,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         "(distilbert/distilbert-base-uncased-finetuned-sst-2-english, zoo:minilm-sentiment) "
         "or a sentence encoder",
     )
-    parser.add_argument(
-        "--method",
-        default="generic",
-        metavar="M[,M2]",
-        help="comma-separated method names, or `all` (`explain models` lists them); "
-        "default: %(default)s",
-    )
-    parser.add_argument(
-        "--target", default=None, help="class index or name; default: the predicted class"
-    )
-    parser.add_argument(
-        "--score",
-        default="logit",
-        choices=("logit", "probability", "log_probability"),
-        help="what is differentiated for the explained class; default: %(default)s",
-    )
-    parser.add_argument(
-        "--start-layer",
-        type=int,
-        default=None,
-        help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it, with a note; default: each method's own",
+    add_method_arguments(
+        parser, default=None, help="class index or name; default: the predicted class"
     )
     parser.add_argument(
         "--pair",

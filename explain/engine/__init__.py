@@ -8,7 +8,9 @@
 from explain.engine.plans import (
     Plan,
     Position,
+    check_tokenizer,
     plan_for,
+    resolve_score,
     resolve_start_layer,
     supported_methods,
 )
@@ -20,8 +22,10 @@ __all__ = [
     "Position",
     "Request",
     "StartLayer",
+    "check_tokenizer",
     "explain",
     "plan_for",
+    "resolve_score",
     "resolve_start_layer",
     "supported_methods",
     "trace",

@@ -17,7 +17,7 @@ blocks, and how the columns' results become one relevance per token set. The loo
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, Union, cast
 
@@ -37,8 +37,10 @@ from explain.errors import (
 from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, METHODS, Method, Need, RuleContext, Sink
 from explain.rules.coattention import BlockRole, TwoSetFold
+from explain.rules.fold import AttentionRows
 from explain.rules.registry import integer_option
 from explain.targets import (
+    Score,
     Target,
     check_score,
     require_explicit_target,
@@ -55,7 +57,9 @@ __all__ = [
     "Plan",
     "Position",
     "SetSinks",
+    "check_tokenizer",
     "plan_for",
+    "resolve_score",
     "resolve_start_layer",
     "supported_methods",
 ]
@@ -81,11 +85,16 @@ class Columns:
 
 
 class ColumnSink(Protocol):
-    """What receives one column's blocks: a `SetSinks`, or a two-set fold."""
+    """What receives one column's blocks: a `SetSinks`, or a two-set fold. Where
+    `takes_rows`, it also folds a block by chunks of query rows (`add_rows`: the fused
+    path's streaming, explain.fused)."""
 
     layers: Sequence[int]
+    takes_rows: bool
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
+
+    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None: ...
 
     def result(self) -> Any: ...
 
@@ -108,6 +117,49 @@ def resolve_start_layer(spec: Method, start_layer: Any, num_layers: int, modalit
     return start_layer % num_layers
 
 
+def resolve_score(spec: Method | None, score: Score | None, default: Score) -> Score:
+    """The score a call explains. Only the methods that differentiate a score (those that
+    need attention gradients) and `trace` take one; None there is `default`. The others
+    take none, as a method reading one fixed block takes no start_layer: a class-agnostic
+    map is the same for every score, and an LRP walk starts from the target's logit, so
+    a score given to them is refused, and they are recorded as explaining the logit."""
+    if spec is not None and not spec.needs_gradients:
+        if score is not None:
+            what = (
+                "propagates relevance from the target's logit"
+                if spec.class_specific
+                else "gives one map whatever the target"
+            )
+            takers = ", ".join(name for name, m in sorted(METHODS.items()) if m.needs_gradients)
+            raise OptionError(
+                f"method {spec.name!r} {what} and differentiates no score, so it takes no "
+                f"score; leave score unset (the methods that take one: {takers})"
+            )
+        return "logit"
+    score = default if score is None else score
+    check_score(score)
+    return score
+
+
+def check_tokenizer(adapter: Adapter, tokenizer: Any) -> None:
+    """Refuse a tokenizer for a model that reads no text: nothing would use it."""
+    if tokenizer is not None and not adapter.reads_text:
+        raise OptionError(
+            f"{type(adapter.model).__name__} reads no text, so it takes no tokenizer "
+            "(the tokenizer names and encodes texts); leave tokenizer unset"
+        )
+
+
+def _custom_scores(score: Score | None) -> None:
+    """A target callable that returns scores has chosen what is explained itself: a
+    score given with it would be ignored, so it is refused."""
+    if score is not None:
+        raise OptionError(
+            f"the target callable returned the scores to explain, so score={score!r} would "
+            "change nothing; leave score unset, or have the callable return class indices"
+        )
+
+
 class SetSinks:
     """One column's sinks, one per token set: routes the model-wide layers of each set to
     its sink, renumbered from 0; `result()` is the token relevance by set name."""
@@ -126,6 +178,16 @@ class SetSinks:
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
         sink, local = self._route[layer]
         sink.add(local, attention, gradient)
+
+    @property
+    def takes_rows(self) -> bool:
+        """Whether every set's sink can fold a block by chunks of query rows (the fused
+        path's streaming, explain.fused): sinks that can have `add_rows`."""
+        return all(hasattr(sink, "add_rows") for sink in self._sinks.values())
+
+    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
+        sink, local = self._route[layer]
+        sink.add_rows(local, chunks)  # type: ignore[attr-defined]  # see takes_rows
 
     def add_input(self, relevance: Tensor) -> None:
         """The input relevance of full LRP (one-stack models: one sink)."""
@@ -167,6 +229,9 @@ class Plan:
     """The error that refuses a method the plan does not support: on one stack the family
     lacks a capability; the two-set kinds refuse by design (an option)."""
 
+    trace_score: ClassVar[Score] = "probability"
+    """The score `trace` differentiates when none is given."""
+
     def __init__(
         self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any
     ) -> None:
@@ -179,7 +244,8 @@ class Plan:
                 f"method {spec.name!r} is not available for {adapter.family}: "
                 f"{self.why_not(spec)}; supported methods: " + ", ".join(supported_methods(adapter))
             )
-        check_score(request.score)
+        default = "logit" if spec is not None else self.trace_score
+        self.score: Score = resolve_score(spec, request.score, default)
         self.prepared: Prepared
         self.sets: Sequence[TokenSet]
 
@@ -249,11 +315,12 @@ class Plan:
         classes, custom = resolve_targets(output, self.request.target)
         if classes is None:
             assert custom is not None
+            _custom_scores(self.request.score)
             return Columns(
                 custom[:, None], _no_class(output.shape[0], output.device), output, custom=True
             )
         index = classes if classes.dim() == 2 else classes[:, None]
-        return Columns(select_scores(output, index, self.request.score), classes, output)
+        return Columns(select_scores(output, index, self.score), classes, output)
 
     def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
         """The relevance per set from the columns' (each (B, ...) on the input): (B, ...),
@@ -284,14 +351,14 @@ class DualEncoderPlan(Plan):
     """
 
     refusal = OptionError
+    trace_score = "logit"
 
     def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
         super().__init__(adapter, spec, request, tokenizer)
         self.encoder = cast(DualEncoder, adapter)
-        if request.score != "logit":
+        if self.score != "logit":
             raise TargetError(
-                f"a dual encoder explains the similarity logit (score='logit'); "
-                f"got {request.score!r}"
+                f"a dual encoder explains the similarity logit (score='logit'); got {self.score!r}"
             )
         self._logits: Tensor | None = None
         self._classes: Tensor | None = None
@@ -433,10 +500,11 @@ class EncoderDecoderPlan(Plan):
                 raise TargetError("one target token per explained position; got a (B, K) target")
             if found is None:
                 assert custom is not None
+                _custom_scores(self.request.score)
                 scores.append(custom)
                 classes.append(torch.full_like(at, -1))
             else:
-                scores.append(select_scores(column_logits, found, self.request.score))
+                scores.append(select_scores(column_logits, found, self.score))
                 classes.append(found.to(at.device))
             logits.append(column_logits)
         explained = torch.stack(classes, dim=1).masked_fill(~self.valid, -1)

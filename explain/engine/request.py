@@ -23,7 +23,9 @@ class Request:
 
     method: str | None = "generic"
     target: Target = None
-    score: Score = "logit"
+    score: Score | None = None
+    """None: the default of whatever takes a score (the logit; `trace`: the probability);
+    methods that differentiate no score refuse one (explain.engine.plans.resolve_score)."""
     start_layer: StartLayer = None
     options: Mapping[str, Any] = field(default_factory=dict)
     attention_path: AttentionPath = "auto"

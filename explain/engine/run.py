@@ -74,7 +74,7 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         logits=columns.logits.detach(),
         target=columns.classes,
         method=spec.name,
-        score=request.score,
+        score="custom" if columns.custom else plan.score,
         input_size=first.layout.input_size,
         relevances=relevances,
         tokens=plan.tokens(),
@@ -112,7 +112,7 @@ def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None
             ),
             logits=columns.logits.detach(),
             target=columns.classes,
-            score="custom" if columns.custom else request.score,
+            score="custom" if columns.custom else plan.score,
         )
 
 
@@ -141,13 +141,17 @@ def _forward_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, P
     """Class-agnostic methods: one forward under no_grad, no backward at all; the one map
     serves every target."""
     sink = plan.sink()
+    stream = fused and sink.takes_rows  # the blocks folded by rows after the forward
     with Recorder(
         adapter,
         on_attention=lambda layer, attention: sink.add(layer, attention, None),
         differentiable=False,
         fused=fused,
-    ):
+        stream_forward=stream,
+    ) as recorder:
         columns = plan.columns(adapter.forward(plan.prepared))
+        if stream:
+            recorder.stream_attention(sink.add_rows)
     result = plan.read(0, sink)
     return columns, [result] * columns.scores.shape[1]
 
@@ -160,12 +164,18 @@ def _gradient_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, 
         columns = plan.columns(adapter.forward(plan.prepared))
         count = columns.scores.shape[1]
         sinks = [first] + [plan.sink() for _ in range(count - 1)]
+        # On the fused path, sinks that fold by rows get each block by chunks of query rows.
+        stream = first.takes_rows
         if count == 1:
-            recorder.backward(columns.scores[:, 0].sum(), first.add)
+            rows = first.add_rows if stream else None
+            recorder.backward(columns.scores[:, 0].sum(), first.add, on_rows=rows)
         else:
             recorder.backward_batched(
                 columns.scores,
                 lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
+                on_rows=(lambda k, layer, chunks: sinks[k].add_rows(layer, chunks))
+                if stream
+                else None,
             )
     return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
 

@@ -7,8 +7,10 @@
 - `run_evaluation`: any of them over a dataset, chunked, resumable and shardable over
   torchrun's processes, writing JSON, a markdown table and a PNG.
 - `explain.evaluation.datasets`: the zoo's held-out sets and loaders for the real data.
+- `heldout_accuracy`: a zoo model's accuracy on its held-out split, as its card quotes it.
 """
 
+from explain.evaluation.accuracy import Accuracy, heldout_accuracy
 from explain.evaluation.perturbation import FRACTIONS, PerturbationTest, perturbation_auc
 from explain.evaluation.protocol import EvaluationProtocol, ImageProtocol
 from explain.evaluation.rationale import TOP_K, RationaleTest, rationale_scores, word_scores
@@ -29,12 +31,14 @@ __all__ = [
     "FRACTIONS",
     "PROTOCOLS",
     "TOP_K",
+    "Accuracy",
     "EvaluationProtocol",
     "ImageProtocol",
     "PerturbationTest",
     "RationaleTest",
     "SegmentationTest",
     "average_precision",
+    "heldout_accuracy",
     "perturbation_auc",
     "rationale_scores",
     "run_evaluation",

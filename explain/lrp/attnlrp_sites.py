@@ -11,7 +11,8 @@ embeddings), the projections that produce q, k and v, and the gated units.
 - Hugging Face (BERT family, GPT-2, decoder-only LMs): the attention module of every
   block has its projections as children, found by name: query/key/value (BERT, RoBERTa,
   ALBERT, ELECTRA), q_lin/k_lin/v_lin (DistilBERT), q_proj/k_proj/v_proj (Llama, Qwen,
-  Gemma, ...), or a fused c_attn (GPT-2); gated MLPs have gate_proj, up_proj, act_fn;
+  Gemma, ...), or a fused c_attn (GPT-2), qkv_proj (Phi-3) or query_key_value (GPT-NeoX,
+  per head); gated MLPs have gate_proj, up_proj, act_fn, or Phi-3's gate_up_proj;
   relevance at `get_input_embeddings()`'s output (scaled embeddings included, as in Gemma).
 """
 
@@ -91,14 +92,18 @@ def hf_sites(adapter: Adapter) -> RuleSites:
         if id(attention) in seen:  # ALBERT: one shared layer serves every block
             continue
         seen.add(id(attention))
-        q, k, v = _projections(site.layer, attention)
-        queries_keys += [q, k]
-        values.append(v)
-    gates = [
-        Gate(module.act_fn, Projection(module.up_proj))
-        for module in adapter.model.modules()
-        if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "act_fn"))
-    ]
+        found_queries_keys, found_values = _projections(site.layer, attention)
+        queries_keys += found_queries_keys
+        values += found_values
+    gates = []
+    for module in adapter.model.modules():
+        if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "act_fn")):
+            gates.append(Gate(module.act_fn, Projection(module.up_proj)))
+        elif all(hasattr(module, name) for name in ("gate_up_proj", "activation_fn")):
+            half = module.gate_up_proj.out_features // 2  # Phi-3: gate, then up
+            gates.append(
+                Gate(module.activation_fn, Projection(module.gate_up_proj, slice(half, None)))
+            )
     embedding = adapter.model.get_input_embeddings()
     return RuleSites(
         embedding=embedding,
@@ -110,19 +115,30 @@ def hf_sites(adapter: Adapter) -> RuleSites:
     )
 
 
-def _projections(layer: int, attention: nn.Module) -> tuple[Projection, Projection, Projection]:
+def _projections(layer: int, attention: nn.Module) -> tuple[list[Projection], list[Projection]]:
+    """(the projections of q and k, those of v) in one attention module."""
     for names in _SEPARATE_PROJECTIONS:
         modules = [getattr(attention, name, None) for name in names]
         if all(isinstance(module, nn.Module) for module in modules):
-            return Projection(modules[0]), Projection(modules[1]), Projection(modules[2])
+            return [Projection(modules[0]), Projection(modules[1])], [Projection(modules[2])]
     fused = getattr(attention, "c_attn", None)  # GPT-2: q, k, v side by side
     if isinstance(fused, nn.Module) and hasattr(attention, "split_size"):
         width = attention.split_size
-        return (
-            Projection(fused, slice(0, width)),
-            Projection(fused, slice(width, 2 * width)),
-            Projection(fused, slice(2 * width, 3 * width)),
-        )
+        return [Projection(fused, slice(0, 2 * width))], [Projection(fused, slice(2 * width, None))]
+    fused = getattr(attention, "qkv_proj", None)  # Phi-3: q, then k and v of the kv heads
+    if isinstance(fused, nn.Module) and hasattr(attention, "num_key_value_heads"):
+        queries = attention.config.num_attention_heads * attention.head_dim
+        keys = attention.num_key_value_heads * attention.head_dim
+        return [Projection(fused, slice(0, queries + keys))], [
+            Projection(fused, slice(queries + keys, None))
+        ]
+    fused = getattr(attention, "query_key_value", None)  # GPT-NeoX: q, k, v per head
+    if isinstance(fused, nn.Module) and hasattr(attention, "head_size"):
+        size = attention.head_size
+        starts = range(0, fused.out_features, 3 * size)
+        return [Projection(fused, slice(s, s + 2 * size)) for s in starts], [
+            Projection(fused, slice(s + 2 * size, s + 3 * size)) for s in starts
+        ]
     raise UnsupportedModelError(
         f"block {layer}: attnlrp/cp_lrp found no query, key and value projections in "
         f"{type(attention).__name__}"

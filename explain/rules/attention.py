@@ -42,10 +42,11 @@ def discard_lowest(matrix: Tensor, ratio: float, protected: Tensor) -> Tensor:
     return matrix.scatter(-1, lowest, 0.0)
 
 
-def rollout_step(vector: Tensor, matrix: Tensor) -> Tensor:
-    """v @ (M + I) / rowsum(M + I), without building I: (v / s) @ M + v / s."""
+def rollout_step(vector: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
+    """v @ (M + I) / rowsum(M + I), without building I, by rows (explain.rules.fold.Step):
+    with s = v / rowsum, the rows spread s @ M and keep s."""
     scaled = vector / (matrix.sum(dim=-1) + 1.0)
-    return vecmat(scaled, matrix) + scaled
+    return vecmat(scaled, matrix), scaled
 
 
 @register_method("raw_attention", needs={Need.ATTENTION}, class_specific=False)
@@ -75,4 +76,9 @@ def rollout(
         return discard_lowest(fused, discard_ratio, protected) if discard_ratio else fused
 
     layers = range(context.start_layer, context.num_layers)
-    return ReadoutFold(context.readout, layers, block_matrix, rollout_step)
+    # Fused heads are row-wise; discarding ranks whole rows but protects the diagonal,
+    # which a chunk of rows does not know where to find: with discard_ratio the block is
+    # joined before it is folded.
+    return ReadoutFold(
+        context.readout, layers, block_matrix, rollout_step, streamable=not discard_ratio
+    )

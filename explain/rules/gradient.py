@@ -26,9 +26,10 @@ def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
     return total.div_(heads)
 
 
-def generic_step(vector: Tensor, matrix: Tensor) -> Tensor:
-    """v @ (I + Abar) = v + v @ Abar: the readout row of R <- R + Abar @ R."""
-    return vector + vecmat(vector, matrix)
+def generic_step(vector: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
+    """v @ (I + Abar) = v @ Abar + v, the readout row of R <- R + Abar @ R, by rows
+    (explain.rules.fold.Step): the rows spread v @ Abar and keep v."""
+    return vecmat(vector, matrix), vector
 
 
 @register_method(
@@ -40,7 +41,7 @@ def generic_step(vector: Tensor, matrix: Tensor) -> Tensor:
 def generic(context: RuleContext) -> ReadoutFold:
     """Chefer, Gur & Wolf ICCV 2021: R = prod (I + mean_h (G * A)+) over the blocks."""
     layers = range(context.start_layer, context.num_layers)
-    return ReadoutFold(context.readout, layers, gradient_weighted, generic_step)
+    return ReadoutFold(context.readout, layers, gradient_weighted, generic_step, streamable=True)
 
 
 @register_method(

@@ -1,0 +1,105 @@
+"""`explain generate`: what every token a language model writes rests on.
+
+The model continues the prompt greedily (with `--chat`, the prompt is a user message put
+through the tokenizer's chat template); every generated token is explained over the
+prompt and the tokens before it from one forward pass (explain.generation). Two files
+are written atomically: a static HTML page where choosing a generated token highlights
+its relevance over everything before it, and a PNG of the (generated token) x (token)
+relevance matrix.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from explain.cli.options import add_model_arguments, load, positive_int
+from explain.errors import InputError
+
+__all__ = ["register"]
+
+
+def run(args: argparse.Namespace) -> int:
+    from explain.api import Explainer
+    from explain.generation import explain_generation
+    from explain.io import atomic_write
+    from explain.viz import save_figure
+    from explain.viz.generation import generation_html
+    from explain.viz.multimodal import relevance_matrix_figure
+
+    if not args.prompt.strip():
+        raise InputError("the prompt is empty: there is nothing to continue")
+    loaded = load(args)
+    if loaded.modality != "text" or loaded.tokenizer is None:
+        raise InputError(f"{args.model} is not a text model with a tokenizer")
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    found = explain_generation(
+        explainer, prompt, max_new_tokens=args.max_new_tokens, method=args.method
+    )
+    result, generation = found.explanation, found.generation
+    assert result.tokens is not None
+    width = generation.prompt_length
+    count = int(generation.generated[0].sum())
+    first = int((~generation.attention_mask[0, :width].bool()).sum())  # the prompt's pads
+    tokens = result.tokens[0][first : width + count]
+    matrix = result.relevance[0, :count, first : width + count]
+    ids = generation.input_ids[0, width : width + count].tolist()
+    print("continuation:", loaded.tokenizer.decode(ids, skip_special_tokens=True))
+    prompt_tokens = width - first
+    generated = tokens[prompt_tokens:]
+    for g, (token, row) in enumerate(zip(generated, matrix, strict=True)):
+        before = row[: prompt_tokens + g]
+        top = before.topk(min(3, before.numel())).indices.tolist()
+        print(f"  {token!r:>16} <- " + ", ".join(repr(tokens[i]) for i in top))
+    page = generation_html(tokens, prompt_tokens, matrix, title=f"explain generate: {args.model}")
+    with atomic_write(args.html, "w") as handle:
+        handle.write(page)
+    png = args.png or args.html.with_suffix(".png")
+    save_figure(relevance_matrix_figure(matrix, tokens, generated), png)
+    print(args.html)
+    print(png)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "generate",
+        help="explain every token a language model generates",
+        description=__doc__,
+        epilog='Example: explain generate "The capital of France is" --model PATH --html page.html',
+    )
+    parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
+    add_model_arguments(
+        parser,
+        takes="a Hugging Face decoder-only language model with its tokenizer "
+        "(a ...ForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2 ...)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=20,
+        metavar="N",
+        help="length limit of the generation; default: %(default)s",
+    )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as a user message through the tokenizer's chat template; "
+        "default: the plain prompt",
+    )
+    parser.add_argument(
+        "--method",
+        default="generic",
+        help="a method name (explain models); default: %(default)s",
+    )
+    parser.add_argument(
+        "--html",
+        type=Path,
+        default=Path("explain_generate.html"),
+        help="HTML page to write; default: %(default)s",
+    )
+    parser.add_argument(
+        "--png", type=Path, default=None, help="relevance matrix figure; default: the page's name"
+    )
+    parser.set_defaults(run=run)

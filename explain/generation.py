@@ -1,0 +1,297 @@
+"""Explaining what a decoder-only language model generates.
+
+`generate` runs the model's own `generate` on prompts (texts, a tokenized batch, or chat
+conversations put through the tokenizer's chat template) without leaving a trace on the
+model: it runs inside a recorder that computes nothing, so modes, flags and the global
+RNG are restored afterwards, and no cache outlives the call. `explain_generation` then
+explains every generated token from ONE forward pass over prompt + continuation: column g
+of the (B, G, T) relevance reads out at position P + g - 1 (P: the padded prompt width)
+and explains the token generated at P + g over everything before it, exactly what a
+next-token explanation of the prefix would give (one batched backward serves all
+columns; forward-only methods fold every column from the same attention maps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from explain.api import Explainer, resolve_start_layer
+from explain.architectures.hf_causal_lm import HuggingFaceCausalLM
+from explain.errors import InputError, OptionError
+from explain.explanation import Explanation
+from explain.fused import use_fused_path
+from explain.recorder import Recorder
+from explain.rules import RuleContext, get_method
+from explain.targets import Score, check_score, select_scores
+from explain.text import is_raw_text, token_strings
+
+__all__ = [
+    "Generation",
+    "GenerationExplanation",
+    "Prompt",
+    "explain_generation",
+    "generate",
+    "is_chat",
+]
+
+Message = Mapping[str, str]
+Prompt = str | Sequence[str] | Sequence[Message] | Sequence[Sequence[Message]] | Mapping[str, Any]
+"""A text, texts, one chat conversation (a list of {"role", "content"} messages), several
+conversations, or a tokenized batch (input_ids and attention_mask, padded on the left)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """Prompts and their generated continuations, ready to be explained.
+
+    Attributes:
+        input_ids: (B, T) the left-padded prompts (columns 0..P-1) followed by the
+            continuations (columns P..T-1).
+        attention_mask: (B, T) 1 at real tokens; 0 at the prompts' padding and after
+            each continuation's end token (the end token itself is real).
+        prompt_length: P, the padded width of the prompts.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    prompt_length: int
+
+    @property
+    def generated(self) -> Tensor:
+        """(B, G) bool: which generated positions hold a real token."""
+        return self.attention_mask[:, self.prompt_length :].bool()
+
+    def inputs(self) -> dict[str, Tensor]:
+        """The whole sequences as a tokenized batch."""
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationExplanation:
+    """`explanation.relevance` (B, G, T): row g is the relevance of every token for the
+    token generated at position P + g (zero from P + g on, and zero on rows past a
+    continuation's end); `explanation.target` (B, G) the generated tokens (-1 past the
+    end); `explanation.logits` (B, G, vocab) the logits each was chosen from."""
+
+    explanation: Explanation
+    generation: Generation
+
+
+def is_chat(prompt: object) -> bool:
+    """One conversation (a list of messages with "role" and "content") or several."""
+    if not isinstance(prompt, Sequence) or isinstance(prompt, str) or not prompt:
+        return False
+    first = prompt[0]
+    if isinstance(first, Sequence) and not isinstance(first, str):
+        return bool(first) and all(is_chat(conversation) for conversation in prompt)
+    return all(isinstance(m, Mapping) and {"role", "content"} <= set(m) for m in prompt)
+
+
+def _tokenize(tokenizer: Any, prompt: Prompt) -> dict[str, Tensor]:
+    """Texts or conversations as a left-padded batch (generation appends on the right)."""
+    if tokenizer is None:
+        raise InputError(
+            "texts and chats need a tokenizer: Explainer(model, tokenizer=tokenizer), or "
+            "pass a tokenized batch (input_ids, attention_mask)"
+        )
+    special = True
+    if is_chat(prompt):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise InputError(
+                "this tokenizer has no chat template: pass the conversation as plain text, "
+                "or use the instruct model's own tokenizer"
+            )
+        first = prompt[0]  # type: ignore[index]
+        conversations = [prompt] if isinstance(first, Mapping) else list(prompt)  # type: ignore[arg-type]
+        prompt = [
+            tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+            for c in conversations
+        ]
+        special = False  # the template writes the special tokens itself
+    if not is_raw_text(prompt):
+        raise InputError(
+            "a prompt is a text, a list of texts, a chat (a list of {'role', 'content'} "
+            f"messages) or a tokenized batch; got {type(prompt).__name__}"
+        )
+    texts = [prompt] if isinstance(prompt, str) else list(prompt)  # type: ignore[arg-type]
+    if any(not text.strip() for text in texts):
+        raise InputError("a prompt is empty: there is nothing to continue")
+    encoded = tokenizer(
+        texts,
+        padding=True,
+        padding_side="left",
+        add_special_tokens=special,
+        return_tensors="pt",
+    )
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+def _end_mask(sequences: Tensor, prompt_length: int, end_ids: Tensor) -> Tensor:
+    """(B, G) 1 up to and including each continuation's first end token, 0 after it."""
+    continuation = sequences[:, prompt_length:]
+    is_end = torch.isin(continuation, end_ids).long()
+    return ((is_end.cumsum(dim=1) - is_end) == 0).long()
+
+
+def generate(
+    explainer: Explainer, prompt: Prompt, max_new_tokens: int = 20, **options: Any
+) -> Generation:
+    """Continue `prompt` with the model's own `generate` (greedy unless `options` say
+    otherwise, e.g. do_sample=True), leaving the model and the global RNG as found."""
+    adapter = _causal_lm(explainer)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise OptionError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise OptionError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    encoded = prompt if isinstance(prompt, Mapping) else _tokenize(explainer.tokenizer, prompt)
+    prepared = adapter.prepare(encoded)
+    mask = prepared.arguments["attention_mask"]
+    if not bool(mask[:, -1].all()):
+        raise InputError(
+            "the prompts are padded on the right; generation appends on the right, so pad "
+            "them on the left: tokenizer(texts, padding=True, padding_side='left')"
+        )
+    model = adapter.model
+    config = model.generation_config
+    end = config.eos_token_id
+    end_ids = torch.as_tensor([] if end is None else end, device=mask.device).flatten()
+    pad = config.pad_token_id
+    if pad is None:
+        pad = int(end_ids[0]) if len(end_ids) else 0
+    options = {"do_sample": False, **options}
+    with Recorder(adapter, differentiable=False):
+        sequences = model.generate(
+            input_ids=prepared.arguments["input_ids"],
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=pad,
+            **options,
+        )
+    prompt_length = mask.shape[1]
+    continuation = _end_mask(sequences, prompt_length, end_ids).to(mask.dtype)
+    return Generation(
+        input_ids=sequences,
+        attention_mask=torch.cat([mask, continuation], dim=1),
+        prompt_length=prompt_length,
+    )
+
+
+def explain_generation(
+    explainer: Explainer,
+    prompt: Prompt | Generation,
+    max_new_tokens: int = 20,
+    method: str = "generic",
+    score: Score = "logit",
+    start_layer: int | None = None,
+    **options: Any,
+) -> GenerationExplanation:
+    """Generate a continuation of `prompt` (or take a `Generation`) and explain every
+    generated token over the prompt and the tokens before it (see the module doc).
+
+    Args:
+        explainer: an Explainer of a decoder-only language model (with its tokenizer for
+            texts and chats).
+        prompt: see `Prompt`, or a `Generation` from `generate` to explain as it is.
+        max_new_tokens: the most tokens to generate (ignored for a `Generation`).
+        method, score, start_layer, options: as for `Explainer.explain`.
+    """
+    adapter = _causal_lm(explainer)
+    spec = get_method(method)
+    check_score(score)
+    if spec.lrp_rules is not None:
+        raise OptionError(
+            f"method {method!r} is not available for generations; use generic, rollout, "
+            "attention_gradcam or raw_attention"
+        )
+    generation = (
+        prompt if isinstance(prompt, Generation) else generate(explainer, prompt, max_new_tokens)
+    )
+    prepared = adapter.prepare(generation.inputs())
+    ids = prepared.arguments["input_ids"]
+    valid = generation.generated.to(ids.device)
+    batch, count = valid.shape
+    if count == 0:
+        raise InputError("the generation has no generated token to explain")
+    positions = torch.arange(count, device=ids.device) + generation.prompt_length - 1
+    columns = torch.arange(ids.shape[1], device=ids.device)
+    num_layers = adapter.num_layers
+    start = resolve_start_layer(spec, start_layer, num_layers, "text")
+    # Column g sees the tokens up to its readout position only, as a next-token
+    # explanation of that prefix would (methods that average over the keys need it).
+    layout = prepared.layout
+    assert layout.token_mask is not None
+    sinks = [
+        spec.sink(
+            RuleContext(
+                adapter.readout_at(prepared, at.expand(batch)),
+                dataclasses.replace(layout, token_mask=layout.token_mask & (columns <= at)),
+                num_layers,
+                start,
+            ),
+            options,
+        )
+        for at in positions
+    ]
+    targets = ids[:, generation.prompt_length :]
+    fused = use_fused_path(
+        adapter,
+        prepared.layout,
+        needs_gradients=spec.needs_gradients,
+        requested=explainer.attention_path,
+    )
+    if spec.needs_gradients:
+        with Recorder(adapter, track=sinks[0].layers, fused=fused) as recorder:
+            logits = adapter.logits_at(prepared, positions.expand(batch, -1))
+            scores = select_scores(logits.flatten(0, 1), targets.flatten(), score)
+            scores = scores.reshape(batch, count) * valid
+            streams = all(hasattr(sink, "add_rows") for sink in sinks)
+            recorder.backward_batched(
+                scores,
+                lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
+                on_rows=(lambda k, layer, rows: sinks[k].add_rows(layer, rows))
+                if streams
+                else None,
+            )
+    else:
+        # On the fused path every column folds the same blocks, streamed after the forward.
+        streams = fused and all(hasattr(sink, "add_rows") for sink in sinks)
+        with Recorder(
+            adapter,
+            on_attention=lambda layer, attention: [s.add(layer, attention, None) for s in sinks],
+            differentiable=False,
+            fused=fused,
+            stream_forward=streams,
+        ) as recorder:
+            logits = adapter.logits_at(prepared, positions.expand(batch, -1))
+            if streams:
+                recorder.stream_attention(
+                    lambda layer, rows: [sink.add_rows(layer, rows) for sink in sinks]
+                )
+    relevance = torch.stack([sink.result() for sink in sinks], dim=1)
+    relevance = adapter.to_input_space(relevance, prepared.layout) * valid[..., None]
+    tokens = token_strings(explainer.tokenizer, ids) if explainer.tokenizer else None
+    explanation = Explanation(
+        relevance=relevance.detach(),
+        logits=logits.detach(),
+        target=targets.masked_fill(~valid, -1),
+        method=spec.name,
+        score=score,
+        relevances={"text": relevance.detach()},
+        tokens=tokens,
+    )
+    return GenerationExplanation(explanation=explanation, generation=generation)
+
+
+def _causal_lm(explainer: Explainer) -> HuggingFaceCausalLM:
+    adapter = explainer.adapter
+    if not isinstance(adapter, HuggingFaceCausalLM):
+        raise OptionError(
+            f"generations are explained for decoder-only language models; "
+            f"{type(explainer.model).__name__} is a {adapter.family} model"
+        )
+    return adapter

@@ -1,0 +1,144 @@
+"""Explaining generations: every generated token's relevance, from one forward over prompt
++ continuation, equals the next-token explanation of the prefix before it."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import reference_hf as ref
+import torch
+
+import explain.fused
+import explain.tiny_lm as tiny_lm
+from explain import Explainer, InputError, OptionError
+from explain.generation import Generation, explain_generation, generate, is_chat
+from explain.testing import ModelState
+
+PROMPTS = [[4, 14, 7, 33, 9], [4, 41], [4, 5, 17]]
+NEW = 4
+
+
+@functools.cache
+def _model(family: str):
+    return tiny_lm.tiny_causal_lm(family)
+
+
+def _generation(model, end: bool = False) -> Generation:
+    """The model's greedy continuation of PROMPTS; with `end`, the second text's second
+    generated token is declared the end token, so that its continuation stops there."""
+    explainer = Explainer(model)
+    generation = generate(explainer, ref.padded_batch(PROMPTS, "left"), max_new_tokens=NEW)
+    if not end:
+        return generation
+    ids = generation.input_ids.clone()
+    width = generation.prompt_length
+    mask = generation.attention_mask.clone()
+    mask[1, width + 2 :] = 0
+    ids[1, width + 2 :] = 0
+    return Generation(ids, mask, width)
+
+
+@pytest.mark.parametrize("method", ["generic", "rollout", "attention_gradcam", "raw_attention"])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
+def test_every_generated_token_equals_the_next_token_explanation(family, method):
+    model = _model(family)
+    explainer = Explainer(model)
+    generation = _generation(model, end=True)
+    result = explain_generation(explainer, generation, method=method).explanation
+    width, total = generation.prompt_length, generation.input_ids.shape[1]
+    assert result.relevance.shape == (3, total - width, total)
+    assert result.logits.shape == (3, total - width, tiny_lm.VOCAB)
+    for g in range(total - width):
+        at = width + g
+        prefix = {
+            "input_ids": generation.input_ids[:, :at],
+            "attention_mask": generation.attention_mask[:, :at],
+        }
+        expected = explainer.explain(
+            prefix, target=generation.input_ids[:, at], method=method
+        ).relevance
+        real = generation.generated[:, g]
+        torch.testing.assert_close(
+            result.relevance[real, g, :at], expected[real], rtol=1e-4, atol=1e-6
+        )
+        assert (result.relevance[:, g, at:] == 0).all()  # nothing after the explained token
+        assert (result.relevance[~real, g] == 0).all()  # past a continuation's end
+        assert (result.target[real, g] == generation.input_ids[real, at]).all()
+        assert (result.target[~real, g] == -1).all()
+    assert (
+        result.relevance[~generation.attention_mask.bool()[:, None].expand_as(result.relevance)]
+        == 0
+    ).all()
+
+
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_generations_on_the_fused_path(monkeypatch, method):
+    """sdpa (q, k, v seen through the attention interface), every block streamed to every
+    generated position's fold one query row at a time (from one batched backward, or after
+    the forward): equal to the explicit path's whole maps."""
+    model = _model("qwen2")
+    generation = _generation(model, end=True)
+    monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)
+    fused = explain_generation(Explainer(model, attention_path="fused"), generation, method=method)
+    explicit = explain_generation(Explainer(model), generation, method=method)
+    torch.testing.assert_close(
+        fused.explanation.relevance, explicit.explanation.relevance, rtol=1e-4, atol=1e-6
+    )
+
+
+def test_generation_is_greedy_and_matches_the_model():
+    model = _model("qwen3")
+    generation = _generation(model)
+    logits = model(**generation.inputs(), position_ids=generation.attention_mask.cumsum(1) - 1)
+    width = generation.prompt_length
+    predicted = logits.logits[:, width - 1 : -1].argmax(dim=-1)
+    assert torch.equal(predicted, generation.input_ids[:, width:])
+
+
+def test_generation_and_its_explanation_leave_no_trace():
+    model = _model("llama")
+    torch.manual_seed(11)
+    before = ModelState.capture(model)
+    config = model.generation_config.to_dict()
+    explainer = Explainer(model)
+    explain_generation(explainer, ref.padded_batch(PROMPTS, "left"), max_new_tokens=3)
+    generate(explainer, ref.padded_batch(PROMPTS, "left"), max_new_tokens=3, do_sample=True)
+    assert before.differences(ModelState.capture(model)) == []
+    assert model.generation_config.to_dict() == config
+    assert not [name for name in vars(model) if "cache" in name.lower() and vars(model)[name]]
+
+
+def test_chat_messages_go_through_the_chat_template():
+    tokenizer = tiny_lm.tiny_tokenizer()
+    explainer = Explainer(_model("llama"), tokenizer=tokenizer)
+    chat = [{"role": "user", "content": "w10 w11 w12"}]
+    assert is_chat(chat) and is_chat([chat, chat]) and not is_chat(["w10"])
+    result = explain_generation(explainer, chat, max_new_tokens=2)
+    generation = result.generation
+    expected = tokenizer("<s> user w10 w11 w12 <s> assistant", add_special_tokens=False)
+    width = generation.prompt_length
+    assert generation.input_ids[0, :width].tolist() == expected["input_ids"]
+    tokens = result.explanation.tokens[0]
+    assert tokens[:width] == ["<s>", "user", "w10", "w11", "w12", "<s>", "assistant"]
+    assert result.explanation.relevance.shape == (1, 2, width + 2)
+
+
+def test_texts_are_padded_on_the_left():
+    tokenizer = tiny_lm.tiny_tokenizer()
+    explainer = Explainer(_model("llama"), tokenizer=tokenizer)
+    generation = generate(explainer, ["w10 w11 w12", "w20"], max_new_tokens=2)
+    assert generation.attention_mask[1, :2].tolist() == [0, 0]
+    assert generation.attention_mask[:, generation.prompt_length - 1].all()
+
+
+def test_errors_say_what_to_do():
+    explainer = Explainer(_model("llama"))
+    with pytest.raises(InputError, match="pad them on the left"):
+        generate(explainer, ref.padded_batch(PROMPTS, "right"))
+    with pytest.raises(InputError, match="need a tokenizer"):
+        generate(explainer, "w10 w11")
+    with pytest.raises(OptionError, match="max_new_tokens"):
+        generate(explainer, ref.padded_batch(PROMPTS, "left"), max_new_tokens=0)
+    with pytest.raises(OptionError, match="decoder-only"):
+        explain_generation(Explainer(ref.tiny_text_model("bert-classifier")), "w1")
