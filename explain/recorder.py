@@ -54,8 +54,9 @@ AttentionCallback = Callable[[int, Tensor], None]
 GradientCallback = Callable[[int, Tensor, Tensor], None]
 """Receives (layer, attention, d score / d attention) in the backward pass."""
 
-ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], None]
-"""A forward hook (module, args, kwargs, output) -> None that only reads what it is given."""
+ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
+"""A forward hook (module, args, kwargs, output) -> None that only reads what it is given,
+or -> a replacement output equal in value whose gradient follows a rule (explain.lrp.attnlrp)."""
 
 RowsCallback = Callable[[int, Iterable[AttentionRows]], None]
 """Fused path, streaming: receives (layer, the block's A and dA by chunks of query rows)
@@ -132,10 +133,14 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             explicit path.
         module_hooks: extra (module, forward hook) pairs, registered and removed with the
             recorder's own hooks: how a rule that needs more than attention (the LRP
-            engine's activations) sees the forward pass without touching the model itself.
+            engine's activations) sees the forward pass without touching the model itself,
+            or modifies a gradient for the call (the Gradient x Input rules).
         stream_forward: fused path, no gradient: keep every block's q, k (and mask), small,
             instead of handing its whole map to `on_attention` in the forward, so that
             `stream_attention` can fold the blocks last first by chunks of query rows.
+        leaf_at_blocks: make block 0's input a leaf of the graph (the backward stops at the
+            blocks). False when a module hook makes an earlier leaf, the embeddings whose
+            gradient the Gradient x Input rules read.
     """
 
     def __init__(
@@ -149,9 +154,11 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         fused: bool = False,
         module_hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
         stream_forward: bool = False,
+        leaf_at_blocks: bool = True,
     ) -> None:
         self.adapter = adapter
         self._stream_forward = stream_forward and fused
+        self._leaf_at_blocks = leaf_at_blocks
         self._module_hooks = tuple(module_hooks)
         self._fused: FusedPath | None = adapter.fused_path() if fused else None
         if fused and self._fused is None:
@@ -266,7 +273,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 )
             )
         blocks = _occurrences(range(self.adapter.num_layers), lambda i: self.adapter.blocks[i])
-        if self.differentiable:
+        if self.differentiable and self._leaf_at_blocks:
             first, indices = blocks[0]
             turn = _Rotation(indices)
             self._handles.append(

@@ -20,11 +20,13 @@ from torch import Tensor
 from explain.api import Explainer
 from explain.errors import InputError, OptionError, UnsupportedModelError
 from explain.explanation import Explanation
+from explain.rules import get_method
 from explain.tokens import checked_texts, encode, is_raw_text, token_strings
 
 __all__ = [
     "SimilarityExplanation",
     "Word",
+    "aligned_cosine",
     "checked_texts",
     "encode",
     "is_raw_text",
@@ -151,11 +153,23 @@ def similarity(
     one padded batch: one forward and one backward, since a sample's score depends only on
     its own tokens once the other side is a constant.
 
+    Two choices make the maps say which words make the texts similar (docs/methods.md,
+    "Sentence similarity"):
+    - the explained score is the cosine with the explained side's norm held constant,
+      `a / |a| . b / |b|` with `|a|` a constant: the same value, but a plain cosine does
+      not change when `a` is scaled, so its gradient is orthogonal to `a` and Gradient x
+      Input methods would give relevance that sums to zero. This is LRP's identity rule
+      for a normalisation;
+    - the aggregating methods (rollout, generic, ...) report `r @ (M - I)`: the readout
+      row `r` (each real token's 1/T share in the mean pooling) is the same for every
+      token and would otherwise dominate the map.
+
     Args:
         explainer: an Explainer of a mean-pooled encoder (a bare `...Model`), with a
             tokenizer.
         texts_a, texts_b: one text or B texts each.
-        method: a method name from `explain.METHODS`.
+        method: a method name from `explain.METHODS`; `attnlrp` gives the most telling
+            maps (words shared in meaning stand out, function words stay near 0).
         start_layer: as in `Explainer.explain`.
     """
     if not explainer.adapter.pooled_by_mean:
@@ -173,23 +187,34 @@ def similarity(
         raise InputError(f"{len(side_a)} texts on one side but {len(side_b)} on the other")
     pairs = len(side_a)
 
-    def paired_cosine(embeddings: Tensor) -> Tensor:
+    def paired_similarity(embeddings: Tensor) -> Tensor:
         a, b = embeddings[:pairs], embeddings[pairs:]
-        cosine = torch.nn.functional.cosine_similarity
-        return torch.cat([cosine(a, b.detach(), dim=-1), cosine(a.detach(), b, dim=-1)])
+        return torch.cat([aligned_cosine(a, b.detach()), aligned_cosine(b, a.detach())])
 
+    encoded = encode(explainer.tokenizer, side_a + side_b)
     result = explainer.explain(
-        side_a + side_b, target=paired_cosine, method=method, start_layer=start_layer
+        encoded, target=paired_similarity, method=method, start_layer=start_layer
     )
+    relevance = result.relevance
+    if get_method(method).default_start_layer is not None:  # aggregates blocks: r @ M
+        mask = encoded["attention_mask"].to(device=relevance.device, dtype=relevance.dtype)
+        relevance = relevance - mask / mask.sum(dim=1, keepdim=True)
     embeddings = result.logits
     tokens = result.tokens
     return SimilarityExplanation(
         similarity=torch.nn.functional.cosine_similarity(
             embeddings[:pairs], embeddings[pairs:], dim=-1
         ),
-        relevance_a=result.relevance[:pairs],
-        relevance_b=result.relevance[pairs:],
+        relevance_a=relevance[:pairs],
+        relevance_b=relevance[pairs:],
         tokens_a=tokens[:pairs] if tokens is not None else None,
         tokens_b=tokens[pairs:] if tokens is not None else None,
         method=result.method,
     )
+
+
+def aligned_cosine(embedding: Tensor, other: Tensor) -> Tensor:
+    """cos(embedding, other) per row, with the norm of `embedding` a constant for autograd
+    (see `similarity`): the value is the cosine, the gradient that of a dot product."""
+    unit_other = other / other.norm(dim=-1, keepdim=True)
+    return (embedding * unit_other).sum(dim=-1) / embedding.norm(dim=-1).detach()

@@ -293,6 +293,8 @@ def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Varia
         FLOOR: Variant(floor(model, inputs), case.batch),
         "generic": Variant(method(model, inputs, "generic"), case.batch),
         "rollout": Variant(method(model, inputs, "rollout"), case.batch),
+        "attnlrp": Variant(method(model, inputs, "attnlrp"), case.batch),
+        "cp_lrp": Variant(method(model, inputs, "cp_lrp"), case.batch),
         REFERENCE: Variant(reference_loop(model, some, few), few),
     }
     adapter = adapter_for(model)
@@ -630,6 +632,9 @@ What the rows measure:
   path chosen automatically (`explain.fused.use_fused_path`: explicit below
   {threshold} tokens on CPU, fused from there on and on CUDA, explicit for forward-only
   methods). `rollout` needs no backward at all.
+- **attnlrp**, **cp_lrp**: the same for AttnLRP and CP-LRP (one forward under their
+  gradient rules and one backward to the embeddings, on the attention path "auto" picks
+  for gradient methods).
 - **generic, explicit / fused path**: the same with the path that "auto" did not take
   forced, to show the rule's basis (only for adapters that have a fused path).
 - **generic, top-5 classes**: five targets per input from one forward and one batched

@@ -113,20 +113,73 @@ def test_similarity_of_paraphrases_ranks_shared_content_words_first(minilm):
         assert min(scores[w] for w in CONTENT) > max(scores[w] for w in STOP if w in scores)
 
 
+# (text a, text b, words the two share in meaning): hand-written pairs.
+PAIRS = [
+    (
+        "A man is playing a guitar on the stage.",
+        "On stage, a man plays the guitar.",
+        {"guitar", "stage"},
+    ),
+    (
+        "The cat sleeps on the warm windowsill.",
+        "A kitten is napping by the sunny window.",
+        {"cat", "sleeps", "kitten", "napping"},
+    ),
+    (
+        "She is cooking pasta in the kitchen.",
+        "A woman prepares spaghetti at home.",
+        {"pasta", "spaghetti"},
+    ),
+    (
+        "The children are playing football in the park.",
+        "Kids play soccer on the grass.",
+        {"children", "football", "kids", "soccer"},
+    ),
+]
+FUNCTION_WORDS = {"a", "an", "the", "is", "are", "on", "in", "at", "by", ",", "."}
+
+
+@pytest.mark.parametrize(("method", "ratio"), [("attnlrp", 3.0), ("generic", 2.0)])
+def test_words_shared_in_meaning_outweigh_function_words(minilm, method, ratio):
+    """Each side's words that the other side shares in meaning get clearly more relevance
+    than any function word: `ratio` times as much at least (the maps are not flat)."""
+    model, tokenizer = minilm
+    explainer = Explainer(model, tokenizer=tokenizer)
+    result = similarity(explainer, [p[0] for p in PAIRS], [p[1] for p in PAIRS], method=method)
+    special = set(tokenizer.all_special_tokens)
+    for i, (_, _, shared) in enumerate(PAIRS):
+        for tokens, relevance in (
+            (result.tokens_a[i], result.relevance_a[i]),
+            (result.tokens_b[i], result.relevance_b[i]),
+        ):
+            scores = {w.text: w.relevance for w in word_relevance(tokens, relevance, special)}
+            content = min(scores[w] for w in shared if w in scores)
+            function = max(abs(scores[w]) for w in FUNCTION_WORDS if w in scores)
+            assert content > ratio * function, (method, scores)
+
+
 def test_similarity_holds_the_other_side_constant(minilm):
-    """Side a's relevance is that of cos(e_a, e_b) with e_b fixed: the same as explaining a
-    target that uses a precomputed, constant e_b."""
+    """Side a's relevance is that of cos(e_a, e_b) with e_b fixed (and e_a's norm a
+    constant): the same as explaining a target that uses a precomputed, constant e_b,
+    less the readout row for an aggregating method."""
     model, tokenizer = minilm
     explainer = Explainer(model, tokenizer=tokenizer)
     a, b = "A man is playing a guitar.", "Someone plays music."
-    result = similarity(explainer, a, b)
     fixed = explainer.explain([b], method="raw_attention").logits[0]
-    alone = explainer.explain(
-        [a], target=lambda e: torch.nn.functional.cosine_similarity(e, fixed[None], dim=-1)
+    for method in ("generic", "attnlrp"):
+        result = similarity(explainer, a, b, method=method)
+        alone = explainer.explain(
+            [a], target=lambda e: text_module.aligned_cosine(e, fixed[None]), method=method
+        )
+        expected = alone.relevance[0]
+        if method == "generic":  # r @ (M - I): the mean-pooling row r is taken out
+            expected = expected - 1 / expected.shape[0]
+        length = alone.relevance.shape[1]
+        torch.testing.assert_close(result.relevance_a[0, :length], expected)
+        assert (result.relevance_a[0, length:] == 0).all()
+    torch.testing.assert_close(
+        text_module.aligned_cosine(fixed[None] * 3, fixed[None]), torch.ones(1)
     )
-    length = alone.relevance.shape[1]
-    torch.testing.assert_close(result.relevance_a[0, :length], alone.relevance[0])
-    assert (result.relevance_a[0, length:] == 0).all()
 
 
 def test_similarity_needs_an_encoder():

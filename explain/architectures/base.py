@@ -247,10 +247,11 @@ class Adapter(ABC):
 
     A family file subclasses `Adapter`, implements the abstract members below and names
     its class in explain.architectures.registry. Capabilities are declared, never probed:
-    `token_sets` (two token sets), `lrp_walk` (the LRP methods), `pooled_by_mean` (a
-    sentence encoder), `reads_text` (a tokenizer serves it), `fused_path()` (the fused
-    attention kernel); the defaults describe a single-stack image model with none of them.
-    A decoder-only language model subclasses `LanguageModel`, whose generations it explains.
+    `token_sets` (two token sets), `lrp_walk` (the LRP methods), `rule_sites` (AttnLRP
+    and CP-LRP), `pooled_by_mean` (a sentence encoder), `reads_text` (a tokenizer serves
+    it), `fused_path()` (the fused attention kernel); the defaults describe a single-stack
+    image model with none of them. A decoder-only language model subclasses
+    `LanguageModel`, whose generations it explains.
     """
 
     family: ClassVar[str]
@@ -262,6 +263,10 @@ class Adapter(ABC):
 
     lrp_walk: ClassVar[LrpWalk | None] = None
     """The family's LRP walk, which the LRP methods need; None: they are refused."""
+
+    rule_sites: ClassVar[LrpWalk | None] = None
+    """Where AttnLRP and CP-LRP attach in the family's modules: a function (in
+    explain.lrp.attnlrp_sites) from the adapter to its `RuleSites`; None: they are refused."""
 
     pooled_by_mean: bool = False
     """The output is a sentence embedding, the mean of the last hidden states over the

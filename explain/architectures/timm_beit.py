@@ -21,6 +21,7 @@ __all__ = ["TimmBeit"]
 class TimmBeit(TimmVisionTransformer):
     family = "timm Beit (BEiT, BEiT v2: relative position bias; class-token or patch-mean readout)"
     lrp_walk = None  # the LRP rules mirror timm's VisionTransformer blocks, not these
+    rule_sites = None  # Beit calls F.linear with qkv's weight: no module output to rule
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:

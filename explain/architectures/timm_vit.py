@@ -49,6 +49,7 @@ class TimmVisionTransformer(Adapter):
         "checkpoints) and VisionTransformerDistilled"
     )
     lrp_walk = LrpWalk("explain.lrp.timm_vit", "TimmVitTape")
+    rule_sites = LrpWalk("explain.lrp.attnlrp_sites", "timm_sites")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

@@ -38,7 +38,7 @@ from explain.errors import (
     UnsupportedModelError,
 )
 from explain.recorder import Recorder
-from explain.rules import LRP_NEEDS, METHODS, Method, RuleContext, Sink
+from explain.rules import LRP_NEEDS, METHODS, Method, Need, RuleContext, Sink
 from explain.rules.coattention import BlockRole, TwoSetFold
 from explain.rules.fold import AttentionRows
 from explain.rules.registry import integer_option
@@ -258,11 +258,16 @@ class Plan:
 
     @classmethod
     def supports(cls, adapter: Adapter, spec: Method) -> bool:
-        """Whether the method can run on this adapter (LRP needs the family's walk)."""
+        """Whether the method can run on this adapter (LRP needs the family's walk, AttnLRP
+        and CP-LRP where their rules attach)."""
+        if Need.EMBEDDING_GRADIENTS in spec.needs:
+            return adapter.rule_sites is not None
         return not (spec.needs & LRP_NEEDS) or adapter.lrp_walk is not None
 
     @classmethod
     def why_not(cls, spec: Method) -> str:
+        if Need.EMBEDDING_GRADIENTS in spec.needs:
+            return "its family does not say where the rules of AttnLRP and CP-LRP attach"
         return "the LRP methods need relevance rules for the family's modules, which it lacks"
 
     @classmethod
@@ -383,11 +388,14 @@ class DualEncoderPlan(Plan):
 
     @classmethod
     def supports(cls, adapter: Adapter, spec: Method) -> bool:
-        return not spec.needs & LRP_NEEDS
+        return not spec.needs & (LRP_NEEDS | {Need.EMBEDDING_GRADIENTS})
 
     @classmethod
     def why_not(cls, spec: Method) -> str:
-        return "the LRP methods need an LRP pass through the model, which its towers lack"
+        return (
+            "the LRP methods (AttnLRP and CP-LRP too) need relevance rules through the "
+            "similarity of two towers, which explain does not have"
+        )
 
     def choose_inputs(self) -> None:
         prepared, encoder = self.prepared, self.encoder

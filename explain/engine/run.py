@@ -13,7 +13,10 @@ method needs (`Need`) chooses the pass through the model:
 - LRP relevance: one forward that records the family's walk (`Adapter.lrp_walk`), the
   gradients as above when the method weights by them (kept per column until that
   column's walk has used them), then the walk once per column (a walk propagates one
-  class per sample).
+  class per sample);
+- embedding gradients (AttnLRP, CP-LRP): one forward under the method's gradient rules
+  (explain.lrp.attnlrp, hooked where the family's `Adapter.rule_sites` say), then one
+  backward per column to the embeddings: Gradient x Input per token.
 
 Several targets per input are therefore always score columns of one forward; a dual
 encoder turns each explained (image, text) pair into a sample instead (its plan), so it
@@ -35,6 +38,8 @@ from explain.errors import OptionError, TargetError
 from explain.explanation import Explanation, Trace
 from explain.fused import use_fused_path
 from explain.lrp import RULE_SETS, tape_for
+from explain.lrp.attnlrp import RuleCall, rule_hooks
+from explain.lrp.attnlrp_sites import rule_sites
 from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, Method, Need, get_method
 from explain.rules.fold import AttentionRows
@@ -53,6 +58,8 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
     fused = _fused(adapter, spec, plan, request)
     if spec.needs & LRP_NEEDS:
         columns, per_column, mapped = _lrp_pass(adapter, spec, plan)
+    elif Need.EMBEDDING_GRADIENTS in spec.needs:
+        columns, per_column, mapped = (*_embedding_gradient_pass(adapter, spec, plan, fused), False)
     elif Need.ATTENTION_GRADIENTS in spec.needs:
         columns, per_column, mapped = (*_gradient_pass(adapter, plan, fused), False)
     else:
@@ -230,3 +237,28 @@ def _lrp_pass(adapter: Adapter, spec: Method, plan: Plan) -> tuple[Columns, PerC
                 sink.add_input(below)
             per_column.append(plan.read(k, sink))
     return columns, per_column, to_input and walk.in_input_space
+
+
+def _embedding_gradient_pass(
+    adapter: Adapter, spec: Method, plan: Plan, fused: bool
+) -> tuple[Columns, PerColumn]:
+    """AttnLRP and CP-LRP: one forward with the method's gradient rules hooked on the
+    model's modules for the call, whose word- or patch-embedding output is the graph's
+    leaf; then per column one backward to it, embedding x gradient summed over the hidden
+    size. The rules hold on either attention path."""
+    assert spec.gradient_rules is not None
+    call = RuleCall()
+    hooks = rule_hooks(adapter.model, rule_sites(adapter), spec.gradient_rules, call)  # type: ignore[arg-type]
+    first = plan.sink()
+    with Recorder(adapter, module_hooks=hooks, leaf_at_blocks=False, fused=fused):
+        columns = plan.columns(adapter.forward(plan.prepared))
+        count = columns.scores.shape[1]
+        per_column = []
+        for k in range(count):
+            sink = first if k == 0 else plan.sink()
+            (gradient,) = torch.autograd.grad(
+                columns.scores[:, k].sum(), call.tensor, retain_graph=k < count - 1
+            )
+            sink.add_input(call.relevance(gradient, plan.prepared.layout))
+            per_column.append(plan.read(k, sink))
+    return columns, per_column

@@ -1,6 +1,6 @@
 """Relevance rules: pure functions over recorded blocks, registered by name."""
 
-from explain.rules import attention, baseline, gradient, lrp  # noqa: F401  (registers methods)
+from explain.rules import attention, attnlrp, baseline, gradient, lrp  # noqa: F401  (registers)
 from explain.rules.registry import (
     LRP_NEEDS,
     METHODS,

@@ -65,6 +65,10 @@ class Need(Enum):
     ATTENTION_GRADIENTS = "the gradient of the target score with respect to each attention map"
     LRP_RELEVANCE = "each block's attention relevance from the family's LRP walk"
     INPUT_RELEVANCE = "the LRP relevance of the input itself (the walk continued to the input)"
+    EMBEDDING_GRADIENTS = (
+        "the gradient of the target score at the input embeddings, under the method's "
+        "gradient rules (explain.lrp.attnlrp) for the call"
+    )
 
 
 LRP_NEEDS = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
@@ -119,6 +123,10 @@ class Method:
     lrp_rules: str | None = None
     """LRP methods: the explain.lrp rule set whose relevance pass feeds the sink (each
     block's attention relevance in place of its attention); None for all other methods."""
+    gradient_rules: str | None = None
+    """Methods that need `Need.EMBEDDING_GRADIENTS` (AttnLRP, CP-LRP): the rule set of
+    explain.lrp.attnlrp that the model runs under for the call; their sink (an
+    `InputSink`) receives the token relevance of the embeddings. None for all others."""
     scale_note: str | None = None
     """Why the method's raw values mislead as numbers (e.g. they do not conserve the
     explained score), for wherever values are shown; such values are shown normalised
@@ -128,7 +136,7 @@ class Method:
     @property
     def needs_gradients(self) -> bool:
         """Whether the method differentiates the target score (one backward per target)."""
-        return Need.ATTENTION_GRADIENTS in self.needs
+        return bool(self.needs & {Need.ATTENTION_GRADIENTS, Need.EMBEDDING_GRADIENTS})
 
     def options(self) -> dict[str, Any]:
         """The method's options (the builder's keyword parameters) with their defaults."""
@@ -163,6 +171,7 @@ def register_method(
     needs_gradients: bool | None = None,
     default_start_layer: Callable[[int, str], int] | None = None,
     lrp_rules: str | None = None,
+    gradient_rules: str | None = None,
     scale_note: str | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator: register `builder(context, **options) -> Sink` under `name`.
@@ -171,8 +180,9 @@ def register_method(
     (with `lrp_rules` for the LRP methods), still works: it means attention maps, their
     gradients when True, and the LRP relevance when a rule set is named.
     Methods that aggregate over blocks pass `default_start_layer`; the others reject a
-    `start_layer` argument. LRP methods name their rule set in `lrp_rules`. A method
-    whose raw values mislead as numbers says why in `scale_note`.
+    `start_layer` argument. LRP methods name their rule set in `lrp_rules`, Gradient x
+    Input methods with modified gradients theirs in `gradient_rules`. A method whose raw
+    values mislead as numbers says why in `scale_note`.
 
     The builder's docstring's first line becomes the method's summary.
     """
@@ -187,6 +197,8 @@ def register_method(
     stated = frozenset(needs)
     if bool(stated & LRP_NEEDS) != (lrp_rules is not None):
         raise TypeError(f"method {name!r}: LRP relevance needs a rule set (lrp_rules) and back")
+    if (Need.EMBEDDING_GRADIENTS in stated) != (gradient_rules is not None):
+        raise TypeError(f"method {name!r}: embedding gradients need gradient_rules and back")
 
     def decorate(builder: Builder) -> Builder:
         summary = (builder.__doc__ or name).strip().splitlines()[0]
@@ -198,6 +210,7 @@ def register_method(
             summary=summary,
             default_start_layer=default_start_layer,
             lrp_rules=lrp_rules,
+            gradient_rules=gradient_rules,
             scale_note=scale_note,
         )
         return builder

@@ -1,0 +1,348 @@
+"""AttnLRP and CP-LRP in their Gradient x Input form: rule modifiers as forward hooks.
+
+Both methods (Achtibat et al., ICML 2024; Ali et al., ICML 2022) are LRP rule sets whose
+relevance equals Gradient x Input once the backward pass of a few operations is modified
+(the "efficient" form of their reference library, LXT 2.1):
+
+- normalisations (LayerNorm, RMSNorm): identity rule, i.e. the variance (RMS) statistic
+  carries no gradient; the mean subtraction, a linear map, keeps its gradient;
+- element-wise non-linearities (GELU, SiLU, tanh, ...): identity rule, the gradient of
+  y = f(x) becomes y / x, so that x * grad_x = y * grad_y;
+- element-wise and matrix products of two activations: uniform rule, each factor gets
+  half of the relevance. For attention (q k^T, then A v) this makes the gradient of q
+  and k a quarter and that of v a half of the plain one; in a gated MLP,
+  act(gate(x)) * up(x), both factors get half;
+- CP-LRP differs inside the products only: no gradient through the softmax's query-key
+  path (q and k are constants) nor through the gate (act(gate(x)) is a constant).
+  Everything else is as in AttnLRP.
+
+Every modifier keeps the forward values bit for bit: a hook returns `y.detach()` plus a
+zero-valued term that carries the modified gradient, or registers a gradient hook on its
+output tensor. Nothing is patched: hooks live on the model's own module instances, are
+registered by the recorder for one call and removed after it, and the tensor hooks die
+with the call's graph. Because q, k and v are scaled where the projections produce them,
+the rules hold on every attention implementation (eager, sdpa, flash, timm's fused path).
+
+The relevance of the input is read where the family's wiring says (`RuleSites.embedding`):
+the word-embedding output of text models, the patch-embedding output of ViTs. That module's
+output becomes the leaf of the call's graph, so the position and token-type embeddings
+added after it are not part of the relevance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures.base import TokenLayout
+from explain.errors import ExplainError, UnsupportedModelError
+
+__all__ = [
+    "VARIANTS",
+    "Gate",
+    "Projection",
+    "RuleCall",
+    "RuleSites",
+    "Variant",
+    "rule_hooks",
+]
+
+Variant = Literal["attnlrp", "cp_lrp"]
+VARIANTS: tuple[str, ...] = ("attnlrp", "cp_lrp")
+
+ForwardHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
+
+_ACTIVATION_PACKAGES = ("transformers.activations", "timm.layers.activations")
+_ELEMENTWISE = (
+    nn.GELU,
+    nn.SiLU,
+    nn.Tanh,
+    nn.ReLU,
+    nn.Sigmoid,
+    nn.Mish,
+    nn.ELU,
+    nn.LeakyReLU,
+    nn.Softplus,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+)
+_NOT_ELEMENTWISE = ("Softmax", "GLU", "Identity", "ClassInstantier", "LinearActivation")
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Output channels `part` (all when None) of a module that computes one factor of a
+    product: a query, key or value projection, or a gated MLP's up projection."""
+
+    module: nn.Module
+    part: slice | None = None
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A gated unit act(gate(x)) * up(x): `activation` computes the gate, `other` the
+    factor it multiplies."""
+
+    activation: nn.Module
+    other: Projection
+
+
+@dataclass(frozen=True)
+class RuleSites:
+    """Where a model family's rules attach (the family wiring's answer).
+
+    Normalisations and element-wise activation modules are found by type over the whole
+    model; what cannot be found by type is named here.
+    """
+
+    embedding: nn.Module
+    """Its output is the input whose relevance is read (word or patch embeddings)."""
+    queries_keys: Sequence[Projection]
+    """Modules whose outputs reach the attention scores only (after RoPE, qk-norm)."""
+    values: Sequence[Projection] = ()
+    """Modules whose outputs are the values only; or, where the family names
+    `attention_outputs` instead:"""
+    attention_outputs: Sequence[Projection] = ()
+    """Modules whose output is the attention output A V (heads merged): the uniform rule
+    for A V applies there, to A and v at once, and `queries_keys` then only take the
+    q k^T half."""
+    gates: Sequence[Gate] = ()
+    embedding_axis: int = -1
+    """The axis of the embedding output that holds the hidden size (1 for a patch
+    convolution's (B, D, gh, gw) output)."""
+    tanh_inputs: Sequence[nn.Module] = ()
+    """Modules whose output goes through a functional tanh (not a module), such as
+    RoBERTa's classification head: the identity rule is applied through a correction of
+    the gradient at their output."""
+
+
+@dataclass
+class RuleCall:
+    """The rules' state for one call: the embedding output of the forward pass, made a
+    leaf that requires grad, and the projections whose hooks have run."""
+
+    embedding_axis: int = -1
+    """The axis of the embedding output that holds the hidden size (1 for a convolution's
+    (B, D, gh, gw) output, -1 for (B, N, D))."""
+    tensors: list[Tensor] = field(default_factory=list)
+    expected: dict[int, str] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)
+
+    def hook(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+        if self.tensors:
+            raise ExplainError(
+                "the embedding module ran twice in one forward pass; AttnLRP/CP-LRP read the "
+                "relevance at its single output"
+            )
+        leaf = output.detach().requires_grad_(True)
+        self.tensors.append(leaf)
+        return leaf
+
+    @property
+    def tensor(self) -> Tensor:
+        """The embedding leaf, once the forward pass has run and every rule has attached."""
+        if not self.tensors:
+            raise ExplainError("the embedding module did not run in the forward pass")
+        missing = sorted({name for key, name in self.expected.items() if key not in self.seen})
+        if missing:
+            raise UnsupportedModelError(
+                f"attnlrp/cp_lrp cannot attach to this model: {', '.join(missing)} never ran "
+                "as a module (its weights are used directly), so its gradient cannot be "
+                "ruled; use 'generic' for this model"
+            )
+        return self.tensors[0]
+
+    def relevance(self, gradient: Tensor, layout: TokenLayout) -> Tensor:
+        """(B, N) relevance over the layout's tokens: embedding x gradient summed over the
+        hidden size. Image embeddings hold the patches only; the prefix tokens, which do
+        not come from the image, get 0."""
+        embeddings = self.tensor
+        dtype = embeddings.dtype if embeddings.dtype == torch.float64 else torch.float32
+        relevance = (embeddings.to(dtype) * gradient.to(dtype)).sum(dim=self.embedding_axis)
+        relevance = relevance.reshape(relevance.shape[0], -1)
+        if layout.num_prefix_tokens:
+            prefix = relevance.new_zeros(relevance.shape[0], layout.num_prefix_tokens)
+            relevance = torch.cat([prefix, relevance], dim=1)
+        return relevance
+
+
+def rule_hooks(
+    model: nn.Module, sites: RuleSites, variant: Variant, call: RuleCall
+) -> list[tuple[nn.Module, ForwardHook]]:
+    """(module, forward hook) pairs that apply `variant`'s rules to `model` for one call,
+    whose state `call` keeps.
+
+    The embedding leaf comes first; a module with two roles (an activation that gates, a
+    projection whose output is also corrected) gets one hook per role.
+    """
+    if variant not in VARIANTS:
+        raise ExplainError(f"unknown rule set {variant!r}; known: {', '.join(VARIANTS)}")
+    attnlrp = variant == "attnlrp"
+    factors = _Factors(call)
+    call.embedding_axis = sites.embedding_axis
+    # AttnLRP halves the gradient after q k^T and after A v: q and k get 1/4 where v is
+    # ruled on its own, 1/2 where the A v output is; CP-LRP holds q and k constant.
+    query_key = (0.5 if sites.attention_outputs else 0.25) if attnlrp else 0.0
+    for projection in sites.queries_keys:
+        factors.add(projection, query_key)
+    for projection in (*sites.values, *sites.attention_outputs):
+        factors.add(projection, 0.5 if attnlrp else 1.0)
+    gated: dict[int, float | None] = {}
+    for gate in sites.gates:
+        # AttnLRP: identity rule on the activation, then half to each factor.
+        # CP-LRP: the gate is a constant, the other factor keeps its full gradient.
+        gated[id(gate.activation)] = 0.5 if attnlrp else None
+        factors.add(gate.other, 0.5 if attnlrp else 1.0)
+
+    hooks: list[tuple[nn.Module, ForwardHook]] = [(sites.embedding, call.hook)]
+    tanh_inputs = {id(module) for module in sites.tanh_inputs}
+    for module in model.modules():
+        key = id(module)
+        if module is sites.embedding:
+            continue
+        if key in gated:
+            hooks.append((module, _gate_hook(gated[key])))
+        elif _is_layer_norm(module):
+            hooks.append((module, _layer_norm_hook))
+        elif _is_rms_norm(module):
+            hooks.append((module, _rms_norm_hook))
+        elif _is_elementwise(module):
+            hooks.append((module, _gate_hook(1.0)))
+        if key in factors:
+            hooks.append((module, factors.hook(module)))
+        if key in tanh_inputs:
+            hooks.append((module, _tanh_identity_hook))
+    return hooks
+
+
+# -- which modules ------------------------------------------------------------------------
+
+
+def _is_layer_norm(module: nn.Module) -> bool:
+    return isinstance(module, nn.LayerNorm)
+
+
+def _is_rms_norm(module: nn.Module) -> bool:
+    return isinstance(module, nn.RMSNorm) or type(module).__name__.endswith("RMSNorm")
+
+
+def _is_elementwise(module: nn.Module) -> bool:
+    """An element-wise activation module: torch's, transformers' or timm's."""
+    if isinstance(module, _ELEMENTWISE):
+        return True
+    cls = type(module)
+    return cls.__module__.startswith(_ACTIVATION_PACKAGES) and not any(
+        name in cls.__name__ for name in _NOT_ELEMENTWISE
+    )
+
+
+def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+    if args and isinstance(args[0], Tensor):
+        return args[0]
+    return next(value for value in kwargs.values() if isinstance(value, Tensor))
+
+
+# -- the rules ----------------------------------------------------------------------------
+
+
+def _carrying(value: Tensor, surrogate: Tensor) -> Tensor:
+    """`value` exactly in the forward pass, the gradient of `surrogate` in the backward."""
+    return value.detach() + (surrogate - surrogate.detach())
+
+
+def _layer_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+    """Identity rule: (x - mean(x)) * weight / std, with the std a constant."""
+    x = _first_tensor(args, kwargs)
+    dims = tuple(range(-len(module.normalized_shape), 0))
+    centred = x - x.mean(dim=dims, keepdim=True)
+    with torch.no_grad():
+        scale = torch.rsqrt(centred.pow(2).mean(dim=dims, keepdim=True) + module.eps)
+        if module.weight is not None:
+            scale = scale * module.weight
+    return _carrying(output, centred * scale)
+
+
+def _rms_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+    """Identity rule: x * weight / rms(x), with the rms a constant (computed in float32,
+    as the models do). Gemma's norms scale by (1 + weight)."""
+    x = _first_tensor(args, kwargs)
+    eps = getattr(module, "variance_epsilon", None)
+    if eps is None:
+        eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
+    with torch.no_grad():
+        scale = torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
+        weight = getattr(module, "weight", None)
+        if weight is not None:
+            gain = 1.0 + weight.float() if type(module).__name__.startswith("Gemma") else weight
+            scale = scale * gain.float()
+        scale = scale.to(output.dtype)
+    return _carrying(output, x.to(output.dtype) * scale)
+
+
+def _gate_hook(factor: float | None) -> ForwardHook:
+    """Identity rule on an element-wise y = f(x): the gradient of x is `factor` * y / x
+    times that of y (LXT's epsilon 1e-10 in the denominator); None: y is a constant."""
+
+    def hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+        if factor is None:
+            return output.detach()
+        x = _first_tensor(args, kwargs)
+        with torch.no_grad():
+            ratio = output / (x + 1e-10)
+            if factor != 1.0:
+                ratio = ratio * factor
+        return output.detach() + ratio * (x - x.detach())
+
+    return hook
+
+
+def _tanh_identity_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> None:
+    """The output z goes through a functional tanh next: scale its gradient by
+    (tanh(z) / z) / tanh'(z), which turns tanh's own gradient into the identity rule's."""
+    with torch.no_grad():
+        tanh = torch.tanh(output)
+        correction = (tanh / (output + 1e-10)) / (1 - tanh * tanh)
+    if output.requires_grad:
+        output.register_hook(lambda grad: grad * correction)
+
+
+class _Factors:
+    """Gradient factors per module output channel, from the projections' parts."""
+
+    def __init__(self, call: RuleCall) -> None:
+        self._parts: dict[int, tuple[nn.Module, list[tuple[slice | None, float]]]] = {}
+        self._call = call
+
+    def add(self, projection: Projection, factor: float) -> None:
+        entry = self._parts.setdefault(id(projection.module), (projection.module, []))
+        entry[1].append((projection.part, factor))
+        self._call.expected[id(projection.module)] = type(projection.module).__name__
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._parts
+
+    def hook(self, module: nn.Module) -> ForwardHook:
+        parts = self._parts[id(module)][1]
+        seen = self._call.seen
+
+        def scale(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor | None:
+            seen.add(id(module))
+            if len(parts) == 1 and parts[0][0] is None:  # one factor for the whole output
+                factor = parts[0][1]
+                if factor == 0.0:
+                    return output.detach()
+                if factor != 1.0 and output.requires_grad:
+                    output.register_hook(lambda grad: grad * factor)
+                return None
+            factors = output.new_ones(output.shape[-1])
+            for part, factor in parts:
+                factors[part if part is not None else slice(None)] = factor
+            if output.requires_grad:
+                output.register_hook(lambda grad: grad * factors)
+            return None
+
+        return scale
