@@ -93,3 +93,16 @@ def test_not_a_language_model(tmp_path, capsys):
     tiny_lm.tiny_tokenizer().save_pretrained(tmp_path)
     assert main(["generate", "w10", "--model", str(tmp_path)]) == 2
     assert "decoder-only" in capsys.readouterr().err
+
+
+def test_save_writes_every_generated_tokens_relevance(folder, tmp_path, capsys):
+    from explain import Explanation
+
+    page = tmp_path / "page.html"
+    argv = ["generate", PROMPT, "--model", str(folder), "--max-new-tokens", "3"]
+    assert main([*argv, "--html", str(page), "--save", "npz", "--out", str(tmp_path)]) == 0
+    saved = Explanation.load(tmp_path / "generation.npz")
+    model = tiny_lm.tiny_causal_lm("llama")
+    direct = explain_generation(Explainer(model, tokenizer=tiny_lm.tiny_tokenizer()), PROMPT, 3)
+    torch.testing.assert_close(saved.relevance, direct.explanation.relevance)
+    assert saved.settings == {"model": str(folder), "prompt": PROMPT, "chat": False}

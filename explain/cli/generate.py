@@ -11,9 +11,16 @@ relevance matrix.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from explain.cli.options import add_model_arguments, load, positive_int
+from explain.cli.options import (
+    add_model_arguments,
+    add_out_argument,
+    add_save_option,
+    load,
+    positive_int,
+)
 from explain.errors import InputError
 
 __all__ = ["register"]
@@ -59,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
     save_figure(relevance_matrix_figure(matrix, tokens, generated), png)
     print(args.html)
     print(png)
+    if args.save:
+        raw = args.out / f"generation.{args.save}"
+        settings = {"model": args.model, "prompt": args.prompt, "chat": args.chat}
+        dataclasses.replace(result, settings=settings).save(raw)
+        print(raw)
     return 0
 
 
@@ -102,4 +114,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--png", type=Path, default=None, help="relevance matrix figure; default: the page's name"
     )
+    add_out_argument(parser)
+    add_save_option(parser, "OUT/generation.FORMAT (every generated token's relevance)")
     parser.set_defaults(run=run)

@@ -49,9 +49,10 @@ def partial_lrp(context: RuleContext) -> LastBlock:
 
 
 class InputRelevance:
-    """Sink of full LRP (`Need.INPUT_RELEVANCE`): no block records, only the relevance of
-    the input, as the family's walk returns it (pixels (B, H, W) for a timm ViT, tokens
-    (B, N) for BERT)."""
+    """Sink of the methods that use no block record, only the relevance of the input: full
+    LRP (`Need.INPUT_RELEVANCE`, as the family's walk returns it: pixels (B, H, W) for a
+    timm ViT, tokens (B, N) for BERT) and the Gradient x Input rules of AttnLRP and CP-LRP
+    (`Need.EMBEDDING_GRADIENTS`: tokens (B, N) at the embedding output)."""
 
     layers = range(0)
 
@@ -59,7 +60,7 @@ class InputRelevance:
         self._relevance: Tensor | None = None
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
-        """Full LRP uses no block records."""
+        """These methods use no block records."""
 
     def add_input(self, relevance: Tensor) -> None:
         self._relevance = relevance.to(compute_dtype(relevance))
