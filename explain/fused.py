@@ -62,15 +62,31 @@ while chunks stay large enough that the per-chunk overhead does not show in the 
 
 
 def attention_probabilities(
-    query: Tensor, key: Tensor, scale: float, mask: Tensor | None = None
+    query: Tensor,
+    key: Tensor,
+    scale: float,
+    mask: Tensor | None = None,
+    *,
+    causal_from: int | None = None,
 ) -> Tensor:
     """softmax(q k^T * scale + mask) over the keys, as the explicit paths compute it. A bool
     mask is True where a query may attend; a float mask is added to the scores. A query
     that may attend nowhere (a left pad under a causal mask) gets a row of zeros, as the
-    sdpa kernel gives it, instead of the NaN of a softmax over nothing."""
+    sdpa kernel gives it, instead of the NaN of a softmax over nothing.
+
+    `causal_from`: the queries are the positions causal_from, causal_from + 1, ... and
+    attend to no later key (the caller leaves out the keys after the last query). Only
+    the trailing square of the scores has such keys, so that causal mask is applied there
+    alone: a c x c mask instead of c x N, the largest cost of streamed chunks after the
+    products and the softmax (docs/benchmarks.md, Long prompts). Every query then sees
+    its own key, so no row is empty on its account."""
     # In place where the tensor is our own: streamed chunks then hold two of their size at
     # most (the scores and the probabilities), not four.
     scores = (query * scale) @ key.transpose(-2, -1)
+    if causal_from is not None:
+        size = query.shape[-2]
+        later = torch.ones(size, size, dtype=torch.bool, device=scores.device).triu_(1)
+        scores[..., causal_from : causal_from + size].masked_fill_(later, float("-inf"))
     if mask is None:
         return scores.softmax(dim=-1)
     if mask.dtype != torch.bool:
@@ -121,30 +137,34 @@ class FusedBlock:
             raise RuntimeError(f"block {self.site.layer}: q or k was not seen in the forward")
         tokens = self.query.shape[-2]
         with torch.no_grad():
-            mask = self._mask(slice(0, tokens), self.key.shape[-2])
-            return attention_probabilities(self.query, self.key, self.site.scale, mask)
+            mask, causal_from = self._mask(slice(0, tokens), self.key.shape[-2])
+            return attention_probabilities(
+                self.query, self.key, self.site.scale, mask, causal_from=causal_from
+            )
 
-    def _mask(self, rows: slice, keys: int) -> Tensor | None:
-        """The mask of query `rows` over the first `keys` keys: the model's, sliced, and
-        the causal one where the site is causal."""
+    def _mask(self, rows: slice, keys: int) -> tuple[Tensor | None, int | None]:
+        """The mask of query `rows` over the first `keys` keys, and `causal_from` for
+        `attention_probabilities`. Without a model mask a causal site's mask is left to
+        `causal_from` (applied to the chunk's diagonal square alone); with one, the causal
+        mask is joined to the model's, sliced, so that a row the two leave empty (a left
+        pad) is seen as empty."""
         mask = self.mask
-        if mask is not None:
-            if mask.dim() >= 2 and mask.shape[-2] > 1:
-                mask = mask[..., rows, :]
-            if mask.shape[-1] > 1:
-                mask = mask[..., :keys]
+        if mask is None:
+            return None, rows.start if self.site.causal else None
+        if mask.dim() >= 2 and mask.shape[-2] > 1:
+            mask = mask[..., rows, :]
+        if mask.shape[-1] > 1:
+            mask = mask[..., :keys]
         if not self.site.causal:
-            return mask
+            return mask, None
         assert self.query is not None
         device = self.query.device
         causal = torch.arange(keys, device=device) <= torch.arange(
             rows.start, rows.stop, device=device
         ).unsqueeze(-1)
-        if mask is None:
-            return causal
         if mask.dtype == torch.bool:
-            return mask & causal
-        return mask.masked_fill(~causal, float("-inf"))
+            return mask & causal, None
+        return mask.masked_fill(~causal, float("-inf")), None
 
     def probabilities_grad(self, output_grad: Tensor) -> Tensor:
         """dA (B, H, N, N) from the gradient of the attention output as it enters the
@@ -171,9 +191,14 @@ class FusedBlock:
             rows = slice(first, min(tokens, first + step))
             # Causal rows see no key after the chunk's last row: those columns are left out.
             keys = rows.stop if self.site.causal else key.shape[-2]
+            mask, causal_from = self._mask(rows, keys)
             with torch.no_grad():
                 attention = attention_probabilities(
-                    query[:, :, rows], key[:, :, :keys], self.site.scale, self._mask(rows, keys)
+                    query[:, :, rows],
+                    key[:, :, :keys],
+                    self.site.scale,
+                    mask,
+                    causal_from=causal_from,
                 )
                 attention_grad = (
                     None

@@ -675,8 +675,8 @@ memory and 2x its time. The cases may come from separate runs of this command (a
 of some of them replaces their rows and tables and keeps the others'; this header is
 the last run's). What to expect: the memory ratio falls towards 1 as N grows, since the
 fold's chunks have a fixed size (explain.fused.STREAM_BYTES) while the floor's
-activations grow with N; the time ratio is the recomputation of A and dA, O(N^2 d)
-like the kernel's own backward, and is largest at small head sizes (16 here).
+activations grow with N; the time over the floor is the streamed fold (A and dA
+recomputed by chunks, then folded), whose parts are measured below the tables.
 
 How generic's cost over the floor grows with the prompt:
 

@@ -11,6 +11,7 @@ import torch
 import explain.fused
 import explain.tiny_lm as tiny_lm
 from explain import Explainer
+from explain.architectures.base import FusedAttentionSite
 from explain.rules.attention import rollout_step
 from explain.rules.fold import AttentionRows, ReadoutFold
 from explain.rules.gradient import generic_step, gradient_weighted
@@ -151,3 +152,46 @@ def test_generic_and_rollout_fold_by_rows_and_discarding_joins_the_block():
     assert get_method("generic").sink(context, {}).streamable
     assert get_method("rollout").sink(context, {}).streamable
     assert not get_method("rollout").sink(context, {"discard_ratio": 0.5}).streamable
+
+
+def test_causal_chunks_without_a_model_mask_mask_only_their_diagonal_square():
+    """Without a model mask (an unpadded prompt) a causal site masks only each chunk's
+    diagonal square (`causal_from`): every chunk of rows, and the whole map, still equal
+    the softmax over the keys up to each row's own position, written out here."""
+    generator = torch.Generator().manual_seed(0)
+    shape = (2, 3, 7, 4)  # batch, heads, tokens, head size
+    query, key, value, output_grad = (
+        torch.randn(shape, generator=generator, dtype=torch.float64) for _ in range(4)
+    )
+    site = FusedAttentionSite(
+        layer=0,
+        query=torch.nn.Identity(),
+        key=torch.nn.Identity(),
+        value=torch.nn.Identity(),
+        values=lambda x: x,
+        output=torch.nn.Identity(),
+        heads=lambda x: x,
+        scale=0.5,
+        causal=True,
+    )
+    block = explain.fused.FusedBlock(site, query, key, value, mask=None)
+    scores = query @ key.transpose(-2, -1) * 0.5
+    later = torch.arange(7) > torch.arange(7).unsqueeze(-1)
+    expected = torch.exp(scores.masked_fill(later, float("-inf")) - scores.amax(-1, keepdim=True))
+    expected = expected / expected.sum(-1, keepdim=True)
+    expected_grad = output_grad @ value.transpose(-2, -1)
+    torch.testing.assert_close(block.probabilities(), expected, rtol=1e-12, atol=1e-14)
+    row_bytes = 2 * 3 * 7 * 8
+    for rows in (1, 3, 7):
+        chunks = list(block.rows(output_grad, rows * row_bytes))
+        assert [c.rows.stop - c.rows.start for c in chunks[:-1]] == [rows] * (len(chunks) - 1)
+        assert chunks[-1].rows.stop == 7
+        for chunk in chunks:
+            keys = chunk.rows.stop
+            assert chunk.attention.shape[-1] == chunk.gradient.shape[-1] == keys
+            torch.testing.assert_close(
+                chunk.attention, expected[:, :, chunk.rows, :keys], rtol=1e-12, atol=1e-14
+            )
+            torch.testing.assert_close(
+                chunk.gradient, expected_grad[:, :, chunk.rows, :keys], rtol=1e-12, atol=1e-14
+            )
