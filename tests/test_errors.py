@@ -77,7 +77,9 @@ def test_bad_targets(vit, images, target, message):
 
 
 def test_unknown_method_lists_known(vit, images):
-    with pytest.raises(UnknownMethodError, match="known methods: attention_gradcam, generic"):
+    with pytest.raises(
+        UnknownMethodError, match="known methods: attention_gradcam, attnlrp, cp_lrp, generic"
+    ):
         Explainer(vit).explain(images, method="gradcam++")
 
 
