@@ -126,12 +126,17 @@ def resolve_device(device: str | torch.device) -> torch.device:
         return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
     try:
         chosen = torch.device(device)
-    except (RuntimeError, TypeError):
+    except (RuntimeError, TypeError, ValueError):
         raise OptionError(
             f"unknown device {device!r}; use one of {', '.join(DEVICES)} (or cuda:N)"
         ) from None
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise OptionError("device cuda: this machine has no usable CUDA GPU; use --device cpu")
+    if chosen.type == "cuda" and (chosen.index or 0) >= torch.cuda.device_count():
+        raise OptionError(
+            f"device {device!r} is not available: this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s); use cpu or one of those"
+        )
     if chosen.type == "mps" and not torch.backends.mps.is_available():
         raise OptionError("device mps: Apple's Metal backend is not available here")
     return chosen

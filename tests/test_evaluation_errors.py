@@ -64,5 +64,7 @@ def test_an_unknown_device_is_one_line(tmp_path, capsys):
     status = main([*argv, "--output", str(output)])
     assert status == 2
     err = capsys.readouterr().err.strip()
-    assert err == "explain: error: unknown device 'tpu9'; use cpu, cuda, cuda:N or mps"
+    assert (
+        err == "explain: error: unknown device 'tpu9'; use one of auto, cpu, cuda, mps (or cuda:N)"
+    )
     assert not output.exists()

@@ -44,22 +44,14 @@ def real_dataset(
 
 
 def _device(device: str | torch.device | None) -> torch.device:
-    """The device to evaluate on, checked before the model is loaded; default the (rank's)
-    GPU if there is one."""
-    if device is None:
-        if torch.cuda.is_available():  # under torchrun each process takes its own GPU
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cpu")
-    try:
-        found = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise OptionError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
-    if found.type == "cuda" and (found.index or 0) >= torch.cuda.device_count():
-        raise OptionError(
-            f"device {device!r} is not available: this machine has "
-            f"{torch.cuda.device_count()} CUDA device(s); use cpu or one of those"
-        )
-    return found
+    """The device to evaluate on, checked before the model is loaded (explain.loading's
+    rule); by default the rank's GPU if there is one (under torchrun each process takes
+    its own)."""
+    from explain.loading import resolve_device
+
+    if device is None and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return resolve_device("cpu" if device is None else device)
 
 
 def evaluate_model(
