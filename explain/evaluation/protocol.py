@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
 from explain.api import Explainer
+from explain.errors import OptionError
 from explain.evaluation.datasets.base import ImageExample
+from explain.recorder import Recorder
 from explain.rules import get_method
 
 __all__ = [
+    "Column",
     "EvaluationProtocol",
     "ImageProtocol",
     "Records",
@@ -29,6 +33,27 @@ __all__ = [
 
 Records = dict[str, list[Any]]
 """Column name -> one JSON-able value per example."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """A summary number shown in the tables.
+
+    Attributes:
+        header: the column's title.
+        better: "higher" or "lower" for a number that ranks methods (it gets a bootstrap
+            standard error, and the best value and the values within noise of it are
+            marked); None for one that does not (e.g. the model's own accuracy).
+    """
+
+    header: str
+    better: Literal["higher", "lower"] | None = None
+
+    @property
+    def title(self) -> str:
+        """The header with an arrow that says which way is better."""
+        arrow = {"higher": " ↑", "lower": " ↓", None: ""}[self.better]
+        return self.header + arrow
 
 
 def concatenate_records(parts: Sequence[Records]) -> Records:
@@ -45,7 +70,7 @@ def method_options(method: str, seed: int) -> dict[str, Any]:
 
 
 class EvaluationProtocol(ABC):
-    """One test (perturbation, segmentation, rationale) bound to one model."""
+    """One test (perturbation, segmentation, class-specific, rationale) bound to one model."""
 
     name: ClassVar[str]
     """The protocol's name in results files and on the command line."""
@@ -66,12 +91,17 @@ class EvaluationProtocol(ABC):
     def summarize(self, records: Records) -> dict[str, Any]:
         """The protocol's numbers for one method from the records of all examples."""
 
-    columns: ClassVar[Mapping[str, str]]
-    """Summary keys shown in the markdown table, with their column headers."""
+    columns: ClassVar[Mapping[str, Column]]
+    """Summary keys shown in the markdown table, with their columns."""
 
     def settings(self) -> dict[str, Any]:
         """Everything besides the model and data that changes the records (for resuming)."""
         return {}
+
+    def scale(self) -> str | None:
+        """One sentence that says how to read the numbers (e.g. what an AUC integrates
+        over), printed under every table; None when the column titles say it all."""
+        return None
 
 
 class ImageProtocol(EvaluationProtocol):
@@ -81,12 +111,23 @@ class ImageProtocol(EvaluationProtocol):
         model: a supported image model; it is left exactly as it was found.
         mean, std: the model's per-channel input normalisation, applied after any
             perturbation of the [0, 1] pixels.
+        forward_batch: most (perturbed) images per forward pass of `logits`; None puts
+            all of them in one pass.
     """
 
-    def __init__(self, model: nn.Module, mean: Sequence[float], std: Sequence[float]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        mean: Sequence[float],
+        std: Sequence[float],
+        forward_batch: int | None = None,
+    ) -> None:
+        if forward_batch is not None and forward_batch < 1:
+            raise OptionError(f"forward_batch must be a positive number, got {forward_batch}")
         self.explainer = Explainer(model)
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
+        self.forward_batch = forward_batch
 
     @property
     def device(self) -> torch.device:
@@ -98,6 +139,17 @@ class ImageProtocol(EvaluationProtocol):
         mean = torch.tensor(self.mean, device=pixels.device, dtype=pixels.dtype)
         std = torch.tensor(self.std, device=pixels.device, dtype=pixels.dtype)
         return (pixels - mean[:, None, None]) / std[:, None, None]
+
+    def logits(self, pixels: Tensor) -> Tensor:
+        """(M, classes) logits of (M, 3, H, W) [0, 1] pixels, `forward_batch` at a time,
+        on the CPU."""
+        adapter = self.explainer.adapter
+        pieces = pixels.split(self.forward_batch or len(pixels))
+        # The recorder (forward only) gives the eval mode, path flags and clean-up that
+        # every other call on the model gets.
+        with Recorder(adapter, differentiable=False):
+            logits = [adapter.forward(adapter.prepare(self.normalize(piece))) for piece in pieces]
+        return torch.cat(logits).cpu()
 
     @staticmethod
     def stack(examples: Sequence[ImageExample]) -> tuple[Tensor, Tensor]:

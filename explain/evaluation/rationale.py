@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from explain.errors import InputError, OptionError
 from explain.evaluation.datasets.base import TextExample
-from explain.evaluation.protocol import EvaluationProtocol, Records, method_options
+from explain.evaluation.protocol import Column, EvaluationProtocol, Records, method_options
 
 __all__ = ["TOP_K", "RationaleTest", "rationale_scores", "word_scores"]
 
@@ -94,9 +94,9 @@ class RationaleTest(EvaluationProtocol):
         self.max_length = max_length
         self.target = target
 
-    columns: ClassVar[Mapping[str, str]] = {
-        "accuracy": "accuracy",
-        **{f"token_f1@{k}": f"token F1 @{k} ↑" for k in (5, 10, 20, 40, 80)},
+    columns: ClassVar[Mapping[str, Column]] = {
+        "accuracy": Column("accuracy"),
+        **{f"token_f1@{k}": Column(f"token F1 @{k}", "higher") for k in (5, 10, 20, 40, 80)},
     }
 
     def settings(self) -> dict[str, Any]:

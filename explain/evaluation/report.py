@@ -7,25 +7,56 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from explain.evaluation.protocol import Column
 from explain.io import atomic_write
 
 __all__ = ["markdown_table", "plot_results"]
 
 
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.2f}" if abs(value) >= 1.5 else f"{value:.3f}"
-    return str(value)
+def _decimals(value: float) -> int:
+    return 2 if abs(value) >= 1.5 else 3
 
 
-def markdown_table(results: Mapping[str, Any], columns: Mapping[str, str]) -> str:
-    """One row per method of a results dict, one column per summary key in `columns`;
-    skipped methods are listed under the table with the reason."""
-    headers = ["method", *columns.values()]
+def _cell(value: Any, error: float | None = None, marked: bool = False) -> str:
+    """A number to 2 decimals (3 below 1.5), its standard error to as many, bold when
+    `marked`."""
+    if not isinstance(value, float):
+        return str(value)
+    places = _decimals(value)
+    text = f"{value:.{places}f}" + ("" if error is None else f" ± {error:.{places}f}")
+    return f"**{text}**" if marked else text
+
+
+def markdown_table(results: Mapping[str, Any], columns: Mapping[str, Column]) -> str:
+    """One row per method of a results dict, one column per summary key in `columns`.
+
+    Ranking numbers show their bootstrap standard error; the best value of each and the
+    values within noise of it are bold (`results["ties"]`). The reading notes (the
+    protocol's scale, what ± and bold mean) and the skipped methods with their reasons
+    follow the table."""
+    headers = ["method", *(column.title for column in columns.values())]
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    ties = results.get("ties", {})
     for method, summary in results["results"].items():
-        cells = [f"`{method}`", *(_cell(summary.get(key, "")) for key in columns)]
+        errors = summary.get("standard_errors", {})
+        cells = [f"`{method}`"]
+        for key in columns:
+            marked = len(results["results"]) > 1 and method in ties.get(key, ())
+            cells.append(_cell(summary.get(key, ""), errors.get(key), marked))
         lines.append("| " + " | ".join(cells) + " |")
+    notes = []
+    if results.get("scale"):
+        notes.append(results["scale"])
+    if ties:
+        rounds = results["bootstrap"]["rounds"]
+        level = results["bootstrap"]["level"]
+        notes.append(
+            f"± is the bootstrap standard error ({rounds} resamples of the examples). **Bold**: "
+            f"the best value and every value within noise of it (the central {level:.0%} of "
+            "the paired bootstrap differences from the best contains 0)."
+        )
+    if notes:
+        lines.append("\n" + " ".join(notes))
     for method, reason in results.get("skipped", {}).items():
         lines.append(f"\n`{method}` skipped: {reason}")
     return "\n".join(lines) + "\n"
@@ -36,8 +67,9 @@ _BESIDE = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.02, 1.
 
 
 def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Save the protocol's curves as a PNG (atomically): accuracy against the removed
-    fraction (perturbation), token F1 against k (rationale), or bars (segmentation).
+    """Save the protocol's curves as a PNG (atomically): accuracy (perturbation) or the
+    class probabilities (class-specific) against the removed fraction, token F1 against k
+    (rationale), or bars (segmentation).
 
     Legends sit beside their axes, never on the data; the constrained layout makes room."""
     from matplotlib.figure import Figure
@@ -57,6 +89,22 @@ def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> No
             axis.set_xlabel("fraction of pixels removed")
             axis.set_ylabel("top-1 accuracy")
             axis.legend(**_BESIDE, title="method (AUC)")
+    elif protocol == "class-specific":
+        figure = Figure(figsize=(16, 4.5), layout="constrained")
+        axes = figure.subplots(1, 3, sharey=True)
+        panels = (
+            ("positive", "target class, most relevant first"),
+            ("negative", "target class, least relevant first"),
+            ("other_positive", "other class, target's most relevant first"),
+        )
+        for axis, (curve, title) in zip(axes, panels, strict=True):
+            for method, summary in per_method.items():
+                x = summary["curves"]["fractions"]
+                axis.plot(x, summary["curves"][curve], marker="o", label=method)
+            axis.set_title(title)
+            axis.set_xlabel("fraction of pixels removed")
+            axis.set_ylabel("mean class probability")
+        axes[-1].legend(**_BESIDE)  # the AUCs of all three panels are in the table
     elif protocol == "rationale":
         figure = Figure(figsize=(8, 4), layout="constrained")
         axis = figure.subplots()

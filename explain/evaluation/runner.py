@@ -8,6 +8,10 @@ rank i mod world size; the ranks' records are gathered on rank 0, which writes t
 JSON (atomically) with a markdown table and a PNG of the curves next to it. Chunks are the
 same whatever the number of processes, so a sharded run gives exactly the numbers of a
 single-process run.
+
+Every number that ranks methods gets a bootstrap standard error, and the methods within
+noise of the best are named per number (explain.evaluation.bootstrap), from the same
+per-example records.
 """
 
 from __future__ import annotations
@@ -24,6 +28,14 @@ from torch import nn
 from tqdm import tqdm
 
 from explain.errors import ExplainError, InputError, OptionError
+from explain.evaluation.bootstrap import (
+    LEVEL,
+    ROUNDS,
+    replicates,
+    resample_indices,
+    standard_error,
+    tied_with_best,
+)
 from explain.evaluation.distributed import Group, process_group
 from explain.evaluation.protocol import EvaluationProtocol, Records, concatenate_records
 from explain.evaluation.report import markdown_table, plot_results
@@ -64,10 +76,13 @@ def run_evaluation(
     """Evaluate every method in `methods` on the first `limit` examples of `dataset`.
 
     Writes `output` (JSON), `output` with suffix .md (a table) and .png (the curves), and
-    returns the results dict: `{"protocol", "model", "dataset", "n", "results": {METHOD:
-    summary}, "skipped": {METHOD: reason}}`. A method that fails on this model (e.g. one
-    the model family does not support) is skipped with its reason instead of stopping
-    the run. Joins torchrun's process group when launched by torchrun.
+    returns the results dict: `{"protocol", "model", "dataset", "n", "scale", "results":
+    {METHOD: summary}, "ties": {KEY: [METHOD, ...]}, "bootstrap": {"rounds", "level"},
+    "skipped": {METHOD: reason}}`. Each summary holds `standard_errors: {KEY: se}` for
+    the protocol's ranking columns; `ties[KEY]` lists the best method and those within
+    noise of it. A method that fails on this model (e.g. one the model family does not
+    support) is skipped with its reason instead of stopping the run. Joins torchrun's
+    process group when launched by torchrun.
     """
     for method in methods:
         get_method(method)  # unknown names fail before any work
@@ -105,6 +120,7 @@ def run_evaluation(
                 "model": model_name,
                 "dataset": name,
                 "n": count,
+                "scale": protocol.scale(),
                 **results,
             }
             _write(results, output, protocol)
@@ -207,13 +223,31 @@ def _merge(
         done.update(rank_done)
         for method, reason in rank_failed.items():
             skipped.setdefault(method, reason)
-    results = {}
-    for method in methods:
-        if method in skipped:
-            continue
-        parts = [done[method, index] for index in range(len(chunks))]
-        results[method] = protocol.summarize(concatenate_records(parts))
-    return {"results": results, "skipped": {m: skipped[m] for m in methods if m in skipped}}
+    records = {
+        method: concatenate_records([done[method, index] for index in range(len(chunks))])
+        for method in methods
+        if method not in skipped
+    }
+    results = {method: protocol.summarize(r) for method, r in records.items()}
+    ranked = {key: column.better for key, column in protocol.columns.items() if column.better}
+    ties: dict[str, list[str]] = {}
+    if results:
+        draws = resample_indices(chunks[-1][1])  # the same draws for every method
+        drawn = {
+            method: replicates(protocol.summarize, r, ranked, draws)
+            for method, r in records.items()
+        }
+        for method, summary in results.items():
+            summary["standard_errors"] = {key: standard_error(drawn[method][key]) for key in ranked}
+        for key, better in ranked.items():
+            values = {method: summary[key] for method, summary in results.items()}
+            ties[key] = tied_with_best(values, {m: drawn[m][key] for m in results}, better)
+    return {
+        "results": results,
+        "ties": ties,
+        "bootstrap": {"rounds": ROUNDS, "level": LEVEL},
+        "skipped": {m: skipped[m] for m in methods if m in skipped},
+    }
 
 
 def _write(results: dict[str, Any], output: Path, protocol: EvaluationProtocol) -> None:

@@ -20,12 +20,14 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.evaluation.datasets.base import ImageExample
-from explain.evaluation.protocol import ImageProtocol, Records, method_options
+from explain.evaluation.protocol import Column, ImageProtocol, Records, method_options
 
 __all__ = [
     "SegmentationCounts",
     "SegmentationTest",
     "average_precision",
+    "counts_from_records",
+    "counts_to_records",
     "segmentation_counts",
     "segmentation_summary",
 ]
@@ -117,6 +119,32 @@ def segmentation_summary(counts: Sequence[SegmentationCounts]) -> dict[str, floa
     }
 
 
+def counts_to_records(counts: Sequence[SegmentationCounts]) -> Records:
+    """Per-example records (JSON-able columns) of the images' counts."""
+    return {
+        "correct": [c.correct for c in counts],
+        "labelled": [c.labelled for c in counts],
+        "intersection": [list(c.intersection) for c in counts],
+        "union": [list(c.union) for c in counts],
+        "average_precision": [c.average_precision for c in counts],
+    }
+
+
+def counts_from_records(records: Records) -> list[SegmentationCounts]:
+    """The counts that `counts_to_records` stored."""
+    return [
+        SegmentationCounts(c, n, (i[0], i[1]), (u[0], u[1]), ap)
+        for c, n, i, u, ap in zip(
+            records["correct"],
+            records["labelled"],
+            records["intersection"],
+            records["union"],
+            records["average_precision"],
+            strict=True,
+        )
+    ]
+
+
 class SegmentationTest(ImageProtocol):
     """The segmentation test of one image model on examples with masks.
 
@@ -125,10 +153,10 @@ class SegmentationTest(ImageProtocol):
 
     name = "segmentation"
 
-    columns: ClassVar[Mapping[str, str]] = {
-        "pixel_accuracy": "pixel accuracy ↑",
-        "miou": "mIoU ↑",
-        "map": "mAP ↑",
+    columns: ClassVar[Mapping[str, Column]] = {
+        "pixel_accuracy": Column("pixel accuracy", "higher"),
+        "miou": Column("mIoU", "higher"),
+        "map": Column("mAP", "higher"),
     }
 
     def evaluate(self, method: str, examples: Sequence[ImageExample], *, seed: int = 0) -> Records:
@@ -149,25 +177,11 @@ class SegmentationTest(ImageProtocol):
         return {
             "label": labels.tolist(),
             "predicted": predicted.tolist(),
-            "correct": [c.correct for c in counts],
-            "labelled": [c.labelled for c in counts],
-            "intersection": [list(c.intersection) for c in counts],
-            "union": [list(c.union) for c in counts],
-            "average_precision": [c.average_precision for c in counts],
+            **counts_to_records(counts),
         }
 
     def summarize(self, records: Records) -> dict[str, Any]:
-        counts = [
-            SegmentationCounts(c, n, tuple(i), tuple(u), ap)
-            for c, n, i, u, ap in zip(
-                records["correct"],
-                records["labelled"],
-                records["intersection"],
-                records["union"],
-                records["average_precision"],
-                strict=True,
-            )
-        ]
+        counts = counts_from_records(records)
         # Top-1 accuracy where labels are known (gtsegs_ijcv.mat has none: label -1).
         known = [
             (p, t) for p, t in zip(records["predicted"], records["label"], strict=True) if t >= 0

@@ -1,0 +1,156 @@
+"""Bootstrap standard errors and ties within noise: against textbook values, explicit
+loops, and in the runner's results files and tables."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from evaluation_fixtures import MEAN, STD, SquaresDataset, train_squares_model
+
+from explain.cli import main
+from explain.evaluation import FRACTIONS, PerturbationTest, run_evaluation
+from explain.evaluation.bootstrap import (
+    LEVEL,
+    ROUNDS,
+    replicates,
+    resample,
+    resample_indices,
+    standard_error,
+    tied_with_best,
+)
+from explain.evaluation.protocol import concatenate_records
+from explain.evaluation.runner import work_folder
+from explain.zoo import WEIGHTS, zoo_root
+
+
+def mean_of(records):
+    return {"mean": sum(records["x"]) / len(records["x"])}
+
+
+def test_the_standard_error_of_a_mean_is_the_textbook_one():
+    values = torch.randn(400, generator=torch.Generator().manual_seed(0)).tolist()
+    draws = replicates(mean_of, {"x": values}, ["mean"], resample_indices(400))
+    textbook = float(np.std(values, ddof=1)) / math.sqrt(400)
+    assert standard_error(draws["mean"]) == pytest.approx(textbook, rel=0.08)
+
+
+def test_replicates_summarise_the_resampled_records_draw_by_draw():
+    records = {"x": [1.0, 2.0, 4.0, 8.0], "label": ["a", "b", "c", "d"]}
+    draws = resample_indices(4, rounds=5, seed=3)
+    assert draws.shape == (5, 4) and torch.equal(draws, resample_indices(4, rounds=5, seed=3))
+    assert resample(records, [3, 3, 0, 1]) == {
+        "x": [8.0, 8.0, 1.0, 2.0],
+        "label": ["d", "d", "a", "b"],
+    }
+    expected = [sum(records["x"][i] for i in draw) / 4 for draw in draws.tolist()]
+    assert replicates(mean_of, records, ["mean"], draws)["mean"].tolist() == expected
+
+
+def test_ties_are_decided_on_paired_differences():
+    generator = torch.Generator().manual_seed(1)
+    hardness = torch.rand(200, generator=generator) * 10  # shared by all methods
+    per_example = {
+        "best": hardness,
+        "same_plus_noise": hardness + 0.05 * torch.randn(200, generator=generator),
+        "always_worse": hardness - 0.05,  # below the best on every example
+    }
+    records = {m: {"x": v.tolist()} for m, v in per_example.items()}
+    draws = resample_indices(200)
+    drawn = {m: replicates(mean_of, r, ["mean"], draws)["mean"] for m, r in records.items()}
+    values = {m: mean_of(r)["mean"] for m, r in records.items()}
+    # Each method's own standard error (about 0.2) dwarfs the 0.05 gap, but the gap is
+    # the same on every example: paired, it is not noise.
+    assert standard_error(drawn["always_worse"]) > 0.15
+    assert tied_with_best(values, drawn, "higher") == ["best", "same_plus_noise"]
+    assert tied_with_best(values, drawn, "lower") == ["always_worse"]
+
+
+def test_identical_methods_tie_and_the_level_is_the_central_share():
+    draws = {"a": torch.arange(100.0), "b": torch.arange(100.0), "c": torch.arange(100.0) + 1}
+    values = {"a": 1.0, "b": 1.0, "c": 2.0}
+    # c - a is 1 on every draw: never 0, whatever the level.
+    assert tied_with_best(values, draws, "lower") == ["a", "b"]
+    assert tied_with_best(values, draws, "higher") == ["c"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield train_squares_model(steps=30)
+    torch.set_num_threads(threads)
+
+
+def test_results_carry_standard_errors_and_ties_that_the_records_reproduce(model, tmp_path):
+    output = tmp_path / "results.json"
+    methods = ["generic", "rollout", "random"]
+    results = run_evaluation(
+        PerturbationTest(model, MEAN, STD),
+        SquaresDataset(12),
+        methods,
+        output,
+        model_name="squares-vit",
+        batch_size=5,
+        progress=False,
+    )
+    assert results["bootstrap"] == {"rounds": ROUNDS, "level": LEVEL}
+    assert "from x = 0" in results["scale"]
+    draws = resample_indices(12).numpy()
+    auc = {}
+    for method in methods:
+        parts = sorted((work_folder(output) / method).iterdir())
+        records = concatenate_records([json.loads(p.read_text()) for p in parts])
+        # The positive AUC of every draw, computed here with numpy from the hits.
+        hits = np.array(records["positive_predicted"], dtype=float)[draws]  # (R, n, F)
+        correct = np.array(records["correct"], dtype=float)[draws]  # (R, n)
+        curve = np.concatenate([correct.mean(1)[:, None], hits.mean(1)], axis=1)
+        xs = np.array([0.0, *FRACTIONS])
+        auc[method] = 100 * ((curve[:, 1:] + curve[:, :-1]) / 2 * np.diff(xs)).sum(1)
+        summary = results["results"][method]
+        assert summary["standard_errors"]["positive_auc_predicted"] == pytest.approx(
+            auc[method].std(ddof=1), rel=1e-9
+        )
+        assert set(summary["standard_errors"]) == {
+            "positive_auc_predicted",
+            "negative_auc_predicted",
+            "positive_auc_target",
+            "negative_auc_target",
+        }  # accuracy does not rank methods
+    best = min(methods, key=lambda m: results["results"][m]["positive_auc_predicted"])
+    tied = [
+        m
+        for m in methods
+        if np.quantile(auc[m] - auc[best], 0.025) <= 0 <= np.quantile(auc[m] - auc[best], 0.975)
+    ]
+    assert results["ties"]["positive_auc_predicted"] == tied
+    table = output.with_suffix(".md").read_text()
+    se = results["results"][best]["standard_errors"]["positive_auc_predicted"]
+    value = results["results"][best]["positive_auc_predicted"]
+    assert f"**{value:.2f} ± {se:.2f}**" in table
+    assert "bootstrap standard error (1000 resamples" in table and "at most 90" in table
+
+
+def test_the_10_to_90_variant_is_an_option_of_the_command(model, tmp_path):
+    zoo_model = zoo_root() / "shapes-vit" / WEIGHTS
+    if not zoo_model.is_file():
+        pytest.skip("shapes-vit is not trained in this checkout")
+    outputs = {}
+    for span in ("0-90", "10-90"):
+        outputs[span] = tmp_path / span / "r.json"
+        status = main(
+            ["evaluate", "class-specific", "--model", "zoo:shapes-vit", "--methods", "rollout",
+             "--limit", "4", "--auc-range", span, "--output", str(outputs[span]), "--quiet"]
+        )  # fmt: skip
+        assert status == 0
+    whole, late = (json.loads(outputs[s].read_text()) for s in ("0-90", "10-90"))
+    assert "from x = 0.1 to x = 0.9, at most 80" in late["scale"]
+    curve = whole["results"]["rollout"]["curves"]["positive"]
+    first = 100 * 0.1 * (curve[0] + curve[1]) / 2  # the trapezoid the variant leaves out
+    assert late["results"]["rollout"]["positive_auc"] == pytest.approx(
+        whole["results"]["rollout"]["positive_auc"] - first
+    )
+    assert whole["dataset"] == "shapes-heldout-two-objects" and whole["n"] == 4
