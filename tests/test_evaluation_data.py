@@ -164,8 +164,9 @@ def test_shapes_heldout_scenes_hold_one_object_from_heldout_seeds():
 
     dataset = ShapesHeldout(length=5, size=64)
     examples = [dataset[i] for i in range(5)]
-    assert all(seed in shapes.SPLITS["heldout"] for seed in dataset._seeds)
-    for example, seed in zip(examples, dataset._seeds, strict=True):
+    seeds = [dataset.seed(i) for i in range(5)]
+    assert all(seed in shapes.SPLITS["heldout"] for seed in seeds)
+    for example, seed in zip(examples, seeds, strict=True):
         scene = shapes.render_scene(seed, 64)
         assert scene.kinds == (example.label,)
         assert torch.equal(example.mask.bool(), torch.from_numpy(scene.masks[0]))

@@ -1,13 +1,18 @@
-r"""`explain evaluate`: score methods with the perturbation, segmentation or rationale test.
+r"""`explain evaluate`: score methods with the perturbation, segmentation, class-specific
+or rationale test.
 
     explain evaluate perturbation --model zoo:shapes-vit --methods generic,rollout,random \
         --limit 500 --batch-size 16 --output results/shapes-perturbation.json
+    explain evaluate class-specific --model zoo:shapes-vit --limit 256 \
+        --output results/shapes-class-specific.json
 
 Without --data a zoo model is scored on its own held-out set. The run shows a progress
 bar, can be interrupted and rerun to resume (finished chunks are kept in OUTPUT.parts/),
 and writes OUTPUT (JSON, atomically) with OUTPUT.md (a table) and OUTPUT.png (the curves)
-next to it. Under `torchrun --nproc-per-node N explain evaluate ...` the data is sharded
-over the N processes and rank 0 writes the results.
+next to it. Every number that ranks methods comes with its bootstrap standard error, and
+the best value and those within noise of it are bold in the table. Under `torchrun
+--nproc-per-node N explain evaluate ...` the data is sharded over the N processes and
+rank 0 writes the results.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
         limit=args.limit,
         batch_size=args.batch_size,
         forward_batch=args.forward_batch,
+        auc_range=args.auc_range,
         split=args.split,
         device=None if args.device == "auto" else args.device,
         dtype=args.dtype,
@@ -50,11 +56,13 @@ def run(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "evaluate",
-        help="score methods with the perturbation, segmentation or rationale test",
+        help="score methods with the perturbation, segmentation, class-specific or rationale test",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("protocol", choices=["perturbation", "segmentation", "rationale"])
+    parser.add_argument(
+        "protocol", choices=["perturbation", "segmentation", "class-specific", "rationale"]
+    )
     add_model_arguments(parser, takes="the model to score")
     parser.add_argument(
         "--methods", help="comma-separated method names (default: every registered method)"
@@ -74,6 +82,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         "--forward-batch",
         type=int,
         help="most perturbed images per forward pass (default: a whole chunk's)",
+    )
+    parser.add_argument(
+        "--auc-range",
+        choices=["0-90", "10-90"],
+        default="0-90",
+        help="what the perturbation AUCs integrate over: from the unperturbed image (x = 0, "
+        "at most 90) or over 10%%-90%% removed only (at most 80) (default: 0-90)",
     )
     parser.add_argument("--output", required=True, help="the results JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from explain.errors import OptionError
+from explain.evaluation.class_specific import ClassSpecificTest
 from explain.evaluation.datasets.base import EvaluationDataset
 from explain.evaluation.perturbation import PerturbationTest
 from explain.evaluation.protocol import EvaluationProtocol
@@ -25,7 +26,12 @@ from explain.evaluation.segmentation import SegmentationTest
 
 __all__ = ["evaluate_model", "real_dataset"]
 
-_MODALITY = {"perturbation": "image", "segmentation": "image", "rationale": "text"}
+_MODALITY = {
+    "perturbation": "image",
+    "segmentation": "image",
+    "class-specific": "image",
+    "rationale": "text",
+}
 
 
 def real_dataset(
@@ -35,6 +41,11 @@ def real_dataset(
     `gtsegs_ijcv.mat` file (segmentation) or an ERASER movies folder (rationale)."""
     from explain.evaluation import datasets
 
+    if protocol == "class-specific":
+        raise OptionError(
+            "the class-specific test runs on a zoo model's two-object scenes "
+            "(--model zoo:shapes-vit, no --data); there is no real data set for it yet"
+        )
     size = image_size or (224, 224)
     if protocol == "perturbation":
         return datasets.ImageNetFolder(data, size=size)
@@ -64,6 +75,7 @@ def evaluate_model(
     limit: int | None = None,
     batch_size: int = 16,
     forward_batch: int | None = None,
+    auc_range: str = "0-90",
     split: str = "test",
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
@@ -73,14 +85,17 @@ def evaluate_model(
     """Evaluate `methods` (default: every registered one) of `model` with `protocol`.
 
     Args:
-        protocol: "perturbation", "segmentation" or "rationale".
+        protocol: "perturbation", "segmentation", "class-specific" or "rationale".
         model: a spec for `explain.loading.load_model`.
         output: the results JSON; the .md table, .png plot and .parts/ work folder go
             next to it.
         data: the real data set (see `real_dataset`); None uses a zoo model's held-out set.
         limit: evaluate only the first `limit` examples.
         batch_size: examples explained together, and the unit of resuming.
-        forward_batch: most perturbed images per forward pass (perturbation).
+        forward_batch: most perturbed images per forward pass (perturbation,
+            class-specific).
+        auc_range: what the AUCs integrate over: "0-90" (from the unperturbed x = 0) or
+            "10-90" (perturbation, class-specific).
         split: the ERASER split (rationale with `data`).
         device: where the model runs; default the (rank's) GPU if there is one.
         dtype, offline: as `load_model` takes them.
@@ -105,11 +120,24 @@ def evaluate_model(
         if loaded.mean is None or loaded.std is None:
             raise OptionError(f"{model} does not say how its inputs are normalised (mean, std)")
         if protocol == "perturbation":
-            bound = PerturbationTest(module, loaded.mean, loaded.std, forward_batch=forward_batch)
+            bound = PerturbationTest(
+                module, loaded.mean, loaded.std, forward_batch=forward_batch, auc_range=auc_range
+            )
+        elif protocol == "class-specific":
+            bound = ClassSpecificTest(
+                module,
+                loaded.mean,
+                loaded.std,
+                multi_label=loaded.multi_label,
+                forward_batch=forward_batch,
+                auc_range=auc_range,
+            )
         else:
             bound = SegmentationTest(module, loaded.mean, loaded.std)
     if data is None:
-        dataset = heldout_dataset(str(model), loaded.image_size)
+        dataset = heldout_dataset(
+            str(model), loaded.image_size, two_objects=protocol == "class-specific"
+        )
     else:
         dataset = real_dataset(protocol, data, loaded.image_size, split)
     return run_evaluation(

@@ -7,6 +7,12 @@ label is measured. The AUC is the trapezoid area of accuracy over x = 0, 0.1, ..
 (the unperturbed accuracy at x = 0), times 100, so at most 90. Positive: lower is better
 (removing what the map calls relevant should hurt); negative: higher is better. Both are
 run for maps of the predicted class and of the ground-truth class.
+
+Pixels of equal relevance are removed in raster order (row by row), so every run removes
+the same pixels; the authors' code uses `torch.topk`, which leaves the order of ties
+undefined. The authors print per-step accuracies and fix no AUC formula: integrating from
+x = 0 reads higher than integrating over 10% ... 90% only (at most 80), which
+`auc_range="10-90"` gives.
 """
 
 from __future__ import annotations
@@ -20,10 +26,10 @@ from torch import Tensor, nn
 
 from explain.errors import OptionError
 from explain.evaluation.datasets.base import ImageExample
-from explain.evaluation.protocol import ImageProtocol, Records, method_options
-from explain.recorder import Recorder
+from explain.evaluation.protocol import Column, ImageProtocol, Records, method_options
 
 __all__ = [
+    "AUC_RANGES",
     "CURVES",
     "FRACTIONS",
     "PerturbationTest",
@@ -73,16 +79,33 @@ def perturbed_copies(pixels: Tensor, order: Tensor, fractions: Sequence[float]) 
     return pixels[None] * keep
 
 
-def perturbation_auc(accuracies: Sequence[float], fractions: Sequence[float] = FRACTIONS) -> float:
-    """100 x the trapezoid area under `accuracies` over x = (0, *fractions).
+AUC_RANGES: dict[str, str] = {
+    "0-90": "100 x the area under the curve from x = 0 (unperturbed) to x = 0.9, at most 90",
+    "10-90": "100 x the area under the curve from x = 0.1 to x = 0.9, at most 80",
+}
+"""What each AUC variant integrates over (`auc_range`), as the tables state it."""
+
+
+def perturbation_auc(
+    accuracies: Sequence[float],
+    fractions: Sequence[float] = FRACTIONS,
+    *,
+    auc_range: str = "0-90",
+) -> float:
+    """100 x the trapezoid area under `accuracies` over x = (0, *fractions), or over
+    `fractions` only when `auc_range` is "10-90".
 
     `accuracies` has one more entry than `fractions`: the unperturbed accuracy first.
     """
     xs = (0.0, *fractions)
     if len(accuracies) != len(xs):
         raise ValueError(f"expected {len(xs)} accuracies (x = 0 first), got {len(accuracies)}")
+    if auc_range not in AUC_RANGES:
+        raise OptionError(f"auc_range must be one of {', '.join(AUC_RANGES)}, got {auc_range!r}")
+    first = 0 if auc_range == "0-90" else 1
     area = sum(
-        (xs[i + 1] - xs[i]) * (accuracies[i] + accuracies[i + 1]) / 2 for i in range(len(xs) - 1)
+        (xs[i + 1] - xs[i]) * (accuracies[i] + accuracies[i + 1]) / 2
+        for i in range(first, len(xs) - 1)
     )
     return 100.0 * area
 
@@ -91,9 +114,10 @@ class PerturbationTest(ImageProtocol):
     """The perturbation test of one image model.
 
     Args:
-        model, mean, std: see `ImageProtocol`.
-        forward_batch: most perturbed images per forward pass; None puts all fractions of
-            a chunk (9 x the chunk's images) in one pass, per curve.
+        model, mean, std, forward_batch: see `ImageProtocol`.
+        auc_range: "0-90" (from the unperturbed accuracy at x = 0) or "10-90"; it changes
+            only the summary, never the records, so a finished run can be summarised
+            either way.
 
     Records per image: the unperturbed prediction and, per curve (CURVES), whether the
     image is still classified correctly at each fraction.
@@ -107,32 +131,29 @@ class PerturbationTest(ImageProtocol):
         mean: Sequence[float],
         std: Sequence[float],
         forward_batch: int | None = None,
+        auc_range: str = "0-90",
     ) -> None:
-        super().__init__(model, mean, std)
-        if forward_batch is not None and forward_batch < 1:
-            raise OptionError(f"forward_batch must be a positive number, got {forward_batch}")
-        self.forward_batch = forward_batch
+        super().__init__(model, mean, std, forward_batch=forward_batch)
+        if auc_range not in AUC_RANGES:
+            raise OptionError(
+                f"auc_range must be one of {', '.join(AUC_RANGES)}, got {auc_range!r}"
+            )
+        self.auc_range = auc_range
 
-    columns: ClassVar[Mapping[str, str]] = {
-        "accuracy": "accuracy",
-        "positive_auc_predicted": "positive AUC, predicted ↓",
-        "negative_auc_predicted": "negative AUC, predicted ↑",
-        "positive_auc_target": "positive AUC, target ↓",
-        "negative_auc_target": "negative AUC, target ↑",
+    columns: ClassVar[Mapping[str, Column]] = {
+        "accuracy": Column("accuracy"),
+        "positive_auc_predicted": Column("positive AUC, predicted", "lower"),
+        "negative_auc_predicted": Column("negative AUC, predicted", "higher"),
+        "positive_auc_target": Column("positive AUC, target", "lower"),
+        "negative_auc_target": Column("negative AUC, target", "higher"),
     }
+
+    def scale(self) -> str:
+        return f"AUC: {AUC_RANGES[self.auc_range]} (auc_range {self.auc_range})."
 
     def classify(self, pixels: Tensor) -> Tensor:
         """Predicted classes of (M, 3, H, W) [0, 1] pixels, `forward_batch` at a time."""
-        adapter = self.explainer.adapter
-        pieces = pixels.split(self.forward_batch or len(pixels))
-        # The recorder (forward only) gives the eval mode, path flags and clean-up that
-        # every other call on the model gets.
-        with Recorder(adapter, differentiable=False):
-            classes = [
-                adapter.forward(adapter.prepare(self.normalize(piece))).argmax(dim=-1)
-                for piece in pieces
-            ]
-        return torch.cat(classes).cpu()
+        return self.logits(pixels).argmax(dim=-1)
 
     def evaluate(self, method: str, examples: Sequence[ImageExample], *, seed: int = 0) -> Records:
         pixels, labels = self.stack(examples)
@@ -178,7 +199,9 @@ class PerturbationTest(ImageProtocol):
             ]
             curves[curve] = [accuracy, *per_fraction]
             sign, whose = curve.split("_")
-            summary[f"{sign}_auc_{whose}"] = perturbation_auc(curves[curve])
+            summary[f"{sign}_auc_{whose}"] = perturbation_auc(
+                curves[curve], auc_range=self.auc_range
+            )
         summary["curves"] = curves
         return summary
 

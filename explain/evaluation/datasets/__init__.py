@@ -4,7 +4,12 @@ Real data for users who have it (`ImageNetFolder`, `ImageNetSegmentation`,
 `EraserMovies`) and the zoo models' own held-out sets (`heldout_dataset`).
 """
 
-from explain.evaluation.datasets.base import EvaluationDataset, ImageExample, TextExample
+from explain.evaluation.datasets.base import (
+    EvaluationDataset,
+    ImageExample,
+    TextExample,
+    TwoObjectExample,
+)
 from explain.evaluation.datasets.eraser import EraserMovies
 from explain.evaluation.datasets.imagenet import ImageNetFolder
 from explain.evaluation.datasets.imagenet_segmentation import ImageNetSegmentation
@@ -16,4 +21,5 @@ __all__ = [
     "ImageNetFolder",
     "ImageNetSegmentation",
     "TextExample",
+    "TwoObjectExample",
 ]

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from explain.errors import InputError
 
-__all__ = ["EvaluationDataset", "ImageExample", "TextExample"]
+__all__ = ["EvaluationDataset", "ImageExample", "TextExample", "TwoObjectExample"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,30 @@ class ImageExample:
                 f"mask {tuple(self.mask.shape)} and image {tuple(self.image.shape[-2:])} "
                 "differ in size"
             )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwoObjectExample(ImageExample):
+    """An image with two objects of different classes, explained for one of them.
+
+    `label` and `mask` are the explained object's (the target's); `other_label` and
+    `other_mask` those of the other object, whose pixels are evidence for another class.
+    """
+
+    other_label: int
+    other_mask: Tensor
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mask is None:
+            raise InputError("a two-object example needs the target's mask")
+        if tuple(self.other_mask.shape) != tuple(self.mask.shape):
+            raise InputError(
+                f"the other object's mask {tuple(self.other_mask.shape)} and the target's "
+                f"{tuple(self.mask.shape)} differ in size"
+            )
+        if self.other_label == self.label:
+            raise InputError(f"the two objects must be of different classes, both are {self.label}")
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 - `shapes-vit`: held-out scenes (never a training seed) that hold exactly ONE object, so
   that top-1 accuracy against one label and one foreground mask are defined as on
   ImageNet and ImageNet-segmentation. The label is that object's kind, the mask its pixels.
+  For the class-specific test: the held-out scenes that hold exactly TWO objects, each
+  scene once per object (`ShapesPairs`).
 - `digits-vit`: the 400 held-out scikit-learn digits. They come without masks; the mask
   used here is DERIVED from the strokes: the pixels whose upsampled ink is at least 0.5.
 - `minilm-sentiment`: held-out sentences; the rationale is the words that decide the
@@ -12,13 +14,59 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from explain.errors import OptionError
-from explain.evaluation.datasets.base import EvaluationDataset, ImageExample, TextExample
+from explain.evaluation.datasets.base import (
+    EvaluationDataset,
+    ImageExample,
+    TextExample,
+    TwoObjectExample,
+)
 
-__all__ = ["HELDOUT", "DigitsHeldout", "SentimentHeldout", "ShapesHeldout", "heldout_dataset"]
+if TYPE_CHECKING:
+    from explain.data.shapes import Scene
+
+__all__ = [
+    "HELDOUT",
+    "TWO_OBJECTS",
+    "DigitsHeldout",
+    "SentimentHeldout",
+    "ShapesHeldout",
+    "ShapesPairs",
+    "heldout_dataset",
+]
+
+
+class _HeldoutScenes:
+    """The held-out scenes that hold exactly `objects` objects, found lazily in seed order
+    (scenes are pure functions of their seeds, so index i is always the same scene)."""
+
+    def __init__(self, objects: int, size: int) -> None:
+        self.objects, self.size = objects, size
+        self._seeds: list[int] = []  # found so far, in seed order
+        self._next = 0  # held-out index of the next seed to look at
+
+    def __getitem__(self, index: int) -> Scene:
+        from explain.data import shapes
+
+        scene = None
+        while len(self._seeds) <= index:
+            seed = shapes.scene_seed("heldout", self._next)
+            self._next += 1
+            candidate = shapes.render_scene(seed, self.size)
+            if len(candidate.kinds) == self.objects:
+                self._seeds.append(seed)
+                scene = candidate
+        if scene is None or scene.seed != self._seeds[index]:
+            scene = shapes.render_scene(self._seeds[index], self.size)
+        return scene
+
+
+def _pixels(scene: Scene) -> torch.Tensor:
+    return torch.from_numpy(scene.image).permute(2, 0, 1).contiguous()
 
 
 class ShapesHeldout:
@@ -27,31 +75,56 @@ class ShapesHeldout:
     name = "shapes-heldout-single-object"
 
     def __init__(self, length: int = 2000, size: int = 64) -> None:
-        self.length, self.size = length, size
-        self._seeds: list[int] = []  # found so far, in seed order
-        self._next = 0  # held-out index of the next seed to look at
+        self.length = length
+        self._scenes = _HeldoutScenes(objects=1, size=size)
 
     def __len__(self) -> int:
         return self.length
 
-    def __getitem__(self, index: int) -> ImageExample:
-        from explain.data import shapes
+    def seed(self, index: int) -> int:
+        """The seed of example `index`'s scene (`explain.data.shapes.render_scene`)."""
+        return self._scenes[index].seed
 
+    def __getitem__(self, index: int) -> ImageExample:
         if not 0 <= index < self.length:
             raise IndexError(f"index {index} out of range for {self.length} scenes")
-        scene = None
-        while len(self._seeds) <= index:  # scenes are pure functions of their seeds
-            seed = shapes.scene_seed("heldout", self._next)
-            self._next += 1
-            candidate = shapes.render_scene(seed, self.size)
-            if len(candidate.kinds) == 1:
-                self._seeds.append(seed)
-                scene = candidate
-        if scene is None or scene.seed != self._seeds[index]:
-            scene = shapes.render_scene(self._seeds[index], self.size)
-        image = torch.from_numpy(scene.image).permute(2, 0, 1).contiguous()
+        scene = self._scenes[index]
         return ImageExample(
-            image=image, label=scene.kinds[0], mask=torch.from_numpy(scene.masks[0]).long()
+            image=_pixels(scene), label=scene.kinds[0], mask=torch.from_numpy(scene.masks[0]).long()
+        )
+
+
+class ShapesPairs:
+    """The first `length` // 2 two-object scenes among the held-out seeds, each twice:
+    example 2i explains scene i's first object, example 2i + 1 its second."""
+
+    name = "shapes-heldout-two-objects"
+
+    def __init__(self, length: int = 2000, size: int = 64) -> None:
+        if length % 2:
+            raise OptionError(f"length must be even (two examples per scene), got {length}")
+        self.length = length
+        self._scenes = _HeldoutScenes(objects=2, size=size)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def seed(self, index: int) -> int:
+        """The seed of example `index`'s scene (`explain.data.shapes.render_scene`)."""
+        return self._scenes[index // 2].seed
+
+    def __getitem__(self, index: int) -> TwoObjectExample:
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} examples")
+        scene = self._scenes[index // 2]
+        target, other = (0, 1) if index % 2 == 0 else (1, 0)
+        masks = torch.from_numpy(scene.masks).long()
+        return TwoObjectExample(
+            image=_pixels(scene),
+            label=scene.kinds[target],
+            mask=masks[target],
+            other_label=scene.kinds[other],
+            other_mask=masks[other],
         )
 
 
@@ -102,13 +175,21 @@ HELDOUT: dict[str, Callable[[tuple[int, int] | None], EvaluationDataset]] = {
 }
 """Zoo model name -> its held-out evaluation set, given the model's image size."""
 
+TWO_OBJECTS: dict[str, Callable[[tuple[int, int] | None], EvaluationDataset]] = {
+    "shapes-vit": lambda size: ShapesPairs(size=size[0] if size else 64),
+}
+"""Zoo model name -> its held-out two-object set (the class-specific test)."""
 
-def heldout_dataset(name: str, image_size: tuple[int, int] | None = None) -> EvaluationDataset:
-    """The held-out evaluation set of zoo model `name` (with or without the `zoo:` prefix)."""
+
+def heldout_dataset(
+    name: str, image_size: tuple[int, int] | None = None, *, two_objects: bool = False
+) -> EvaluationDataset:
+    """The held-out evaluation set of zoo model `name` (with or without the `zoo:` prefix);
+    `two_objects` asks for its two-object scenes (the class-specific test)."""
     name = name.removeprefix("zoo:")
-    if name not in HELDOUT:
-        raise OptionError(
-            f"{name!r} has no built-in evaluation set (zoo models: {', '.join(HELDOUT)}); "
-            "pass --data"
-        )
-    return HELDOUT[name](image_size)
+    sets = TWO_OBJECTS if two_objects else HELDOUT
+    if name not in sets:
+        kind = "two-object evaluation set" if two_objects else "built-in evaluation set"
+        hint = "" if two_objects else "; pass --data"
+        raise OptionError(f"{name!r} has no {kind} (zoo models with one: {', '.join(sets)}){hint}")
+    return sets[name](image_size)

@@ -1,0 +1,171 @@
+"""The class-specific test: two objects of different classes in one image, each explained
+on its own.
+
+On a one-object image the evidence for the class lies on the one salient object, so a map
+that finds salient things without asking which class (rollout, raw attention) scores like
+a class-specific one. Here every image holds two objects of different classes, and each
+example explains one of them, the target; the other object is evidence for another
+class. For the target class's map:
+
+- perturbation: the pixels the map ranks most (positive) or least (negative) relevant
+  are zeroed exactly as in the perturbation test (before normalisation, ties in raster
+  order), and the TARGET class's probability is tracked: the sigmoid of its logit for a
+  multi-label model, the softmax otherwise. The AUC is that of the mean probability over
+  the removed fraction (`perturbation_auc`, x 100: at most 90 from x = 0, 80 for
+  "10-90"). Positive: lower is better; negative: higher is better. Along the positive
+  order the OTHER class's mean probability is tracked too ("other kept", higher is
+  better): a class-specific map takes the target's object away first and leaves the
+  other's, a class-agnostic one takes both.
+- segmentation: the map thresholded at its mean against the target's mask, with the other
+  object counted as background (pixel accuracy, mIoU and mAP, as in the segmentation
+  test);
+- "denser on target": the share of examples whose map's mean over the target object's
+  pixels exceeds its mean over the other object's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from explain.errors import InputError, OptionError
+from explain.evaluation.datasets.base import TwoObjectExample
+from explain.evaluation.perturbation import (
+    AUC_RANGES,
+    FRACTIONS,
+    perturbation_auc,
+    perturbed_copies,
+    removal_order,
+)
+from explain.evaluation.protocol import Column, ImageProtocol, Records, method_options
+from explain.evaluation.segmentation import (
+    counts_from_records,
+    counts_to_records,
+    segmentation_counts,
+    segmentation_summary,
+)
+
+__all__ = ["ClassSpecificTest"]
+
+
+class ClassSpecificTest(ImageProtocol):
+    """The class-specific test of one image model on two-object examples.
+
+    Args:
+        model, mean, std, forward_batch: see `ImageProtocol`.
+        multi_label: True when each logit is an independent yes/no decision (sigmoid
+            probabilities), False for one softmax over the classes.
+        auc_range: "0-90" or "10-90", as in `PerturbationTest` (summary only).
+    """
+
+    name = "class-specific"
+
+    columns: ClassVar[Mapping[str, Column]] = {
+        "target_probability": Column("target probability"),
+        "positive_auc": Column("positive AUC, target", "lower"),
+        "negative_auc": Column("negative AUC, target", "higher"),
+        "other_kept_auc": Column("other kept AUC", "higher"),
+        "miou": Column("mIoU, target vs rest", "higher"),
+        "denser_on_target": Column("denser on target", "higher"),
+    }
+
+    def __init__(
+        self,
+        model: nn.Module,
+        mean: Sequence[float],
+        std: Sequence[float],
+        *,
+        multi_label: bool,
+        forward_batch: int | None = None,
+        auc_range: str = "0-90",
+    ) -> None:
+        super().__init__(model, mean, std, forward_batch=forward_batch)
+        if auc_range not in AUC_RANGES:
+            raise OptionError(
+                f"auc_range must be one of {', '.join(AUC_RANGES)}, got {auc_range!r}"
+            )
+        self.multi_label = multi_label
+        self.auc_range = auc_range
+
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings(), "multi_label": self.multi_label}
+
+    def scale(self) -> str:
+        return (
+            f"AUC of the class's mean probability: {AUC_RANGES[self.auc_range]} "
+            f"(auc_range {self.auc_range})."
+        )
+
+    def probabilities(self, logits: Tensor) -> Tensor:
+        """(M, classes) probabilities: sigmoid per class or softmax over the classes."""
+        logits = logits.double()
+        return logits.sigmoid() if self.multi_label else logits.softmax(dim=-1)
+
+    def evaluate(
+        self, method: str, examples: Sequence[TwoObjectExample], *, seed: int = 0
+    ) -> Records:
+        if not all(isinstance(example, TwoObjectExample) for example in examples):
+            raise InputError("the class-specific test needs two-object examples (TwoObjectExample)")
+        pixels, labels = self.stack(examples)
+        others = torch.tensor([example.other_label for example in examples])
+        explanation = self.explainer.explain(
+            self.normalize(pixels),
+            target=labels.to(self.device),
+            method=method,
+            **method_options(method, seed),
+        )
+        maps = explanation.heatmap(tuple(pixels.shape[-2:])).cpu()
+        rows = torch.arange(len(examples))
+        clean = self.probabilities(explanation.logits.detach().cpu())
+        records: Records = {
+            "label": labels.tolist(),
+            "other_label": others.tolist(),
+            "target_probability": clean[rows, labels].tolist(),
+            "other_probability": clean[rows, others].tolist(),
+        }
+        for sign in ("positive", "negative"):
+            copies = perturbed_copies(pixels, removal_order(maps, sign == "positive"), FRACTIONS)
+            logits = self.logits(copies.flatten(0, 1)).view(len(FRACTIONS), len(examples), -1)
+            probabilities = self.probabilities(logits)  # (F, B, classes)
+            records[sign] = probabilities[:, rows, labels].T.tolist()
+            if sign == "positive":
+                records["other_positive"] = probabilities[:, rows, others].T.tolist()
+        counts = [
+            segmentation_counts(heatmap, example.mask.cpu().long())
+            for heatmap, example in zip(maps, examples, strict=True)
+        ]
+        records.update(counts_to_records(counts))
+        records["denser_on_target"] = [
+            int(heatmap[example.mask.bool()].mean() > heatmap[example.other_mask.bool()].mean())
+            for heatmap, example in zip(maps, examples, strict=True)
+        ]
+        return records
+
+    def summarize(self, records: Records) -> dict[str, Any]:
+        count = len(records["label"])
+        curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
+        for curve, start in (
+            ("positive", "target_probability"),
+            ("negative", "target_probability"),
+            ("other_positive", "other_probability"),
+        ):
+            rows = records[curve]
+            curves[curve] = [
+                sum(records[start]) / count,
+                *(sum(row[i] for row in rows) / count for i in range(len(FRACTIONS))),
+            ]
+        segmentation = segmentation_summary(counts_from_records(records))
+        return {
+            "target_probability": curves["positive"][0],
+            "positive_auc": perturbation_auc(curves["positive"], auc_range=self.auc_range),
+            "negative_auc": perturbation_auc(curves["negative"], auc_range=self.auc_range),
+            "other_kept_auc": perturbation_auc(curves["other_positive"], auc_range=self.auc_range),
+            "pixel_accuracy": segmentation["pixel_accuracy"],
+            "miou": segmentation["miou"],
+            "map": segmentation["map"],
+            "denser_on_target": sum(records["denser_on_target"]) / count,
+            "curves": curves,
+        }
