@@ -210,16 +210,24 @@ class FusedBlock:
 
 
 def use_fused_path(
-    adapter: Adapter, layout: TokenLayout, *, needs_gradients: bool, requested: AttentionPath
+    adapter: Adapter,
+    layout: TokenLayout,
+    *,
+    needs_gradients: bool,
+    requested: AttentionPath,
+    reads_attention: bool = True,
 ) -> bool:
     """Whether a call runs on the fused path.
 
     "explicit" and "fused" are obeyed ("fused" needs an adapter that supports it).
-    "auto" takes the fused path only where it pays: for gradient methods (a forward-only
-    method computes every A anyway, and the explicit forward does it once), on an
-    adapter that supports it, on CUDA (where the fused kernels are much faster and the
-    explicit path's N x N tensors cost the most memory) or on CPU from
-    `CPU_FUSED_MIN_TOKENS` tokens on.
+    "auto" takes the fused path wherever the adapter supports it for a method that reads
+    no attention map (`reads_attention=False`: AttnLRP and CP-LRP, whose rules sit on
+    the projections), since then the model's own kernel is the cheaper forward and
+    backward at any length. For a method that reads the maps it takes the fused path
+    only where that pays: for gradient methods (a forward-only method computes every A
+    anyway, and the explicit forward does it once), on CUDA (where the fused kernels are
+    much faster and the explicit path's N x N tensors cost the most memory) or on CPU
+    from `CPU_FUSED_MIN_TOKENS` tokens on.
     """
     if requested not in ATTENTION_PATHS:
         raise OptionError(
@@ -233,7 +241,11 @@ def use_fused_path(
                 " (its adapter has no fused path); use 'auto' or 'explicit'"
             )
         return True
-    if requested == "explicit" or not supported or not needs_gradients:
+    if requested == "explicit" or not supported:
+        return False
+    if not reads_attention:
+        return True
+    if not needs_gradients:
         return False
     if adapter.parameter.device.type == "cuda":
         return True

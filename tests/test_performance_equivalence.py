@@ -168,14 +168,23 @@ def test_auto_chooses_the_path_from_sequence_length_and_method():
     long_layout = long.prepare(torch.zeros(1, 3, patches, patches)).layout
     assert short_layout.num_tokens < CPU_FUSED_MIN_TOKENS <= long_layout.num_tokens
 
-    def choose(adapter, layout, gradients=True, requested="auto"):
-        return use_fused_path(adapter, layout, needs_gradients=gradients, requested=requested)
+    def choose(adapter, layout, gradients=True, requested="auto", reads_attention=True):
+        return use_fused_path(
+            adapter,
+            layout,
+            needs_gradients=gradients,
+            requested=requested,
+            reads_attention=reads_attention,
+        )
 
     assert not choose(short, short_layout)
     assert choose(long, long_layout)
     assert not choose(long, long_layout, gradients=False)  # forward-only: explicit is cheaper
     assert choose(short, short_layout, requested="fused")
     assert not choose(long, long_layout, requested="explicit")
+    # AttnLRP / CP-LRP read no map: the model's own kernel at any length, unless told.
+    assert choose(short, short_layout, reads_attention=False)
+    assert not choose(short, short_layout, reads_attention=False, requested="explicit")
 
 
 def test_attention_path_errors():
@@ -188,6 +197,9 @@ def test_attention_path_errors():
     with pytest.raises(OptionError, match="has no fused path"):
         use_fused_path(adapter, layout, needs_gradients=True, requested="fused")
     assert not use_fused_path(adapter, layout, needs_gradients=True, requested="auto")
+    assert not use_fused_path(
+        adapter, layout, needs_gradients=True, requested="auto", reads_attention=False
+    )
 
 
 def _tiny_text_models():

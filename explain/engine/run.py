@@ -134,6 +134,7 @@ def _fused(adapter: Adapter, spec: Method, plan: Plan, request: Request) -> bool
         plan.prepared.layout,
         needs_gradients=spec.needs_gradients,
         requested=request.attention_path,
+        reads_attention=bool(spec.needs & {Need.ATTENTION, Need.ATTENTION_GRADIENTS}),
     )
 
 

@@ -16,12 +16,13 @@ relevance equals Gradient x Input once the backward pass of a few operations is 
   path (q and k are constants) nor through the gate (act(gate(x)) is a constant).
   Everything else is as in AttnLRP.
 
-Every modifier keeps the forward values bit for bit: a hook returns `y.detach()` plus a
-zero-valued term that carries the modified gradient, or registers a gradient hook on its
-output tensor. Nothing is patched: hooks live on the model's own module instances, are
-registered by the recorder for one call and removed after it, and the tensor hooks die
-with the call's graph. Because q, k and v are scaled where the projections produce them,
-the rules hold on every attention implementation (eager, sdpa, flash, timm's fused path).
+Every modifier keeps the forward values bit for bit: a hook returns its module's own
+output through one autograd node whose backward is the rule's gradient, or registers a
+gradient hook on its output tensor. Nothing is patched: hooks live on the model's own
+module instances, are registered by the recorder for one call and removed after it, and
+the tensor hooks die with the call's graph. Because q, k and v are scaled where the
+projections produce them, the rules hold on every attention implementation (eager, sdpa,
+flash, timm's fused path).
 
 The relevance of the input is read where the family's wiring says (`RuleSites.embedding`):
 the word-embedding output of text models, the patch-embedding output of ViTs. That module's
@@ -249,26 +250,57 @@ def _first_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
 # -- the rules ----------------------------------------------------------------------------
 
 
-def _carrying(value: Tensor, surrogate: Tensor) -> Tensor:
-    """`value` exactly in the forward pass, the gradient of `surrogate` in the backward."""
-    return value.detach() + (surrogate - surrogate.detach())
+class _RuledGradient(torch.autograd.Function):
+    """`value` in the forward pass; in the backward pass `rule(grad)` is the gradient that
+    flows to `source`, for the gradient `grad` of the output.
+
+    One node instead of a zero-valued surrogate term (`value + (s - s.detach())`) keeps the
+    rules to a few element-wise operations: what they cost on top of a plain gradient is
+    what separates these methods from the floor (docs/benchmarks.md)."""
+
+    @staticmethod
+    def forward(ctx: Any, source: Tensor, value: Tensor, rule: Callable[[Tensor], Tensor]):
+        ctx.rule = rule
+        return value.detach().view_as(value)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return ctx.rule(grad), None, None
+
+
+def _ruled(source: Tensor, value: Tensor, rule: Callable[[Tensor], Tensor]) -> Tensor:
+    """`value` exactly, with `rule` as the gradient path to `source` (nothing to rule when
+    `source` needs no gradient)."""
+    if not source.requires_grad:
+        return value.detach()
+    return _RuledGradient.apply(source, value, rule)
 
 
 def _layer_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
-    """Identity rule: (x - mean(x)) * weight / std, with the std a constant."""
+    """Identity rule: y = (x - mean(x)) * weight / std with the std a constant, so the
+    gradient of x is g' - mean(g') for g' = grad * weight / std (the mean over the
+    normalised dimensions)."""
     x = _first_tensor(args, kwargs)
     dims = tuple(range(-len(module.normalized_shape), 0))
-    centred = x - x.mean(dim=dims, keepdim=True)
     with torch.no_grad():
-        scale = torch.rsqrt(centred.pow(2).mean(dim=dims, keepdim=True) + module.eps)
+        # 1 / std as the layer norm kernel computes it (a quarter of the cost of x.var).
+        _, _, scale = torch.native_layer_norm(
+            x, list(module.normalized_shape), None, None, module.eps
+        )
         if module.weight is not None:
-            scale = scale * module.weight
-    return _carrying(output, centred * scale)
+            scale = module.weight * scale
+
+    def rule(grad: Tensor) -> Tensor:
+        scaled = grad * scale
+        return (scaled - scaled.mean(dim=dims, keepdim=True)).to(x.dtype)
+
+    return _ruled(x, output, rule)
 
 
 def _rms_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
-    """Identity rule: x * weight / rms(x), with the rms a constant (computed in float32,
-    as the models do). Gemma's norms scale by (1 + weight)."""
+    """Identity rule: y = x * weight / rms(x) with the rms a constant (computed in float32,
+    as the models do), so the gradient of x is grad * weight / rms. Gemma's norms scale by
+    (1 + weight)."""
     x = _first_tensor(args, kwargs)
     eps = getattr(module, "variance_epsilon", None)
     if eps is None:
@@ -280,7 +312,7 @@ def _rms_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) ->
             gain = 1.0 + weight.float() if type(module).__name__.startswith("Gemma") else weight
             scale = scale * gain.float()
         scale = scale.to(output.dtype)
-    return _carrying(output, x.to(output.dtype) * scale)
+    return _ruled(x, output, lambda grad: (grad * scale).to(x.dtype))
 
 
 def _gate_hook(factor: float | None) -> ForwardHook:
@@ -295,7 +327,7 @@ def _gate_hook(factor: float | None) -> ForwardHook:
             ratio = output / (x + 1e-10)
             if factor != 1.0:
                 ratio = ratio * factor
-        return output.detach() + ratio * (x - x.detach())
+        return _ruled(x, output, lambda grad: grad * ratio)
 
     return hook
 
