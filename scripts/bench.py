@@ -633,8 +633,8 @@ What the rows measure:
   {threshold} tokens on CPU, fused from there on and on CUDA, explicit for forward-only
   methods). `rollout` needs no backward at all.
 - **attnlrp**, **cp_lrp**: the same for AttnLRP and CP-LRP (one forward under their
-  gradient rules and one backward to the embeddings, on the attention path "auto" picks
-  for gradient methods).
+  gradient rules and one backward to the embeddings; they read no attention map, so
+  "auto" keeps the model's fused kernel at every length, as the floor does).
 - **generic, explicit / fused path**: the same with the path that "auto" did not take
   forced, to show the rule's basis (only for adapters that have a fused path).
 - **generic, top-5 classes**: five targets per input from one forward and one batched
