@@ -261,7 +261,7 @@ class _RuledGradient(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, source: Tensor, value: Tensor, rule: Callable[[Tensor], Tensor]):
         ctx.rule = rule
-        return value.detach().view_as(value)
+        return value.view_as(value)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
@@ -273,7 +273,8 @@ def _ruled(source: Tensor, value: Tensor, rule: Callable[[Tensor], Tensor]) -> T
     `source` needs no gradient)."""
     if not source.requires_grad:
         return value.detach()
-    return _RuledGradient.apply(source, value, rule)
+    # Detached, so that the module's own backward (and what it saved) leaves the graph.
+    return _RuledGradient.apply(source, value.detach(), rule)
 
 
 def _layer_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
@@ -290,9 +291,11 @@ def _layer_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) 
         if module.weight is not None:
             scale = module.weight * scale
 
+    dtype = x.dtype  # not x itself: the rule must not keep the input alive
+
     def rule(grad: Tensor) -> Tensor:
         scaled = grad * scale
-        return (scaled - scaled.mean(dim=dims, keepdim=True)).to(x.dtype)
+        return (scaled - scaled.mean(dim=dims, keepdim=True)).to(dtype)
 
     return _ruled(x, output, rule)
 
@@ -312,7 +315,8 @@ def _rms_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) ->
             gain = 1.0 + weight.float() if type(module).__name__.startswith("Gemma") else weight
             scale = scale * gain.float()
         scale = scale.to(output.dtype)
-    return _ruled(x, output, lambda grad: (grad * scale).to(x.dtype))
+    dtype = x.dtype  # not x itself: the rule must not keep the input alive
+    return _ruled(x, output, lambda grad: (grad * scale).to(dtype))
 
 
 def _gate_hook(factor: float | None) -> ForwardHook:
