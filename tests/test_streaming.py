@@ -110,7 +110,7 @@ def test_streamed_causal_lm_equals_unchunked_in_float64(monkeypatch, family):
     model = tiny_lm.tiny_causal_lm(family).double()
     batch = ref.padded_batch(TEXTS, "right")
     with monkeypatch.context() as whole_maps:
-        whole_maps.delattr(ReadoutFold, "add_rows")  # the sink takes whole blocks only
+        whole_maps.setattr(ReadoutFold, "takes_rows", False)  # the sink takes whole blocks only
         whole = Explainer(model, attention_path="fused").explain(batch, target=[0, 1, 2])
     monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)
     widths = []

@@ -41,7 +41,7 @@ from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, METHODS, Method, Need, RuleContext, Sink
 from explain.rules.coattention import BlockRole, TwoSetFold
 from explain.rules.fold import AttentionRows
-from explain.rules.registry import integer_option
+from explain.rules.registry import RowSink, integer_option
 from explain.targets import (
     Score,
     Target,
@@ -187,12 +187,12 @@ class SetSinks:
     @property
     def takes_rows(self) -> bool:
         """Whether every set's sink can fold a block by chunks of query rows (the fused
-        path's streaming, explain.fused): sinks that can have `add_rows`."""
-        return all(hasattr(sink, "add_rows") for sink in self._sinks.values())
+        path's streaming, explain.fused): each declares it (`RowSink.takes_rows`)."""
+        return all(getattr(sink, "takes_rows", False) for sink in self._sinks.values())
 
     def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
         sink, local = self._route[layer]
-        sink.add_rows(local, chunks)  # type: ignore[attr-defined]  # see takes_rows
+        cast(RowSink, sink).add_rows(local, chunks)  # every sink declared it (takes_rows)
 
     def add_input(self, relevance: Tensor) -> None:
         """The input relevance of full LRP (one-stack models: one sink)."""

@@ -57,6 +57,8 @@ class ReadoutFold:
     vector (see `Step`).
     """
 
+    takes_rows = True  # a RowSink: add_rows folds a block by chunks of query rows
+
     def __init__(
         self,
         readout: Tensor,
