@@ -32,12 +32,15 @@ HUB_PREFIX = "hf-hub:"
 """timm's prefix for a model published on the Hub with its timm config (`hf-hub:org/name`)."""
 
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?")
+_BARE_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(@[\w./-]+)?")
 _TRUE = {"1", "on", "yes", "true"}
 
 
-def is_repo_id(text: str) -> bool:
-    """Whether `text` reads as a Hub repo id `org/name`, optionally `@revision`."""
-    return _REPO_ID.fullmatch(text) is not None
+def is_repo_id(text: str, *, bare: bool = False) -> bool:
+    """Whether `text` reads as a Hub repo id `org/name`, optionally `@revision`; with
+    `bare`, as an id without an organisation (`gpt2`, `bert-base-uncased`), the names the
+    Hub still serves its oldest models under."""
+    return (_BARE_REPO_ID if bare else _REPO_ID).fullmatch(text) is not None
 
 
 def split_revision(repo: str) -> tuple[str, str | None]:

@@ -12,7 +12,8 @@ A spec is one of:
   `vit_base_patch16_224.augreg2_in21k_ft_in1k`), or `hf-hub:org/name` for a timm model
   published on the Hugging Face Hub;
 - a Hugging Face Hub repo id `org/name`, optionally `org/name@revision` (a branch, tag or
-  commit): a transformers model, or a timm one (its config says which).
+  commit): a transformers model, or a timm one (its config says which); also an id
+  without an organisation (`gpt2`, `bert-base-uncased`) that is not a timm model name.
 
 Downloads go through the libraries' own code (timm's `create_model(..., pretrained=True)`,
 transformers' `from_pretrained`, huggingface_hub) and so through the Hugging Face cache
@@ -36,7 +37,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from explain.errors import ModelLoadError, OptionError, UnsupportedModelError
+from explain.errors import (
+    HubUnreachableError,
+    ModelLoadError,
+    OptionError,
+    RepoNotFoundError,
+    UnsupportedModelError,
+)
 from explain.hub import (
     HUB_PREFIX,
     env_offline,
@@ -170,7 +177,33 @@ def _load_spec(
     if is_repo_id(text):
         with hub_errors(text, text, offline):
             return _load_repo(text)
+    if not _is_timm_name(text) and is_repo_id(text, bare=True):
+        return _load_bare_repo(text, offline)
     return _load_timm_name(text, weights, pretrained, offline)
+
+
+def _is_timm_name(name: str) -> bool:
+    import timm
+
+    return timm.is_model(name.split(".")[0])
+
+
+def _unknown_spec(name: str) -> str:
+    return (
+        f"{name!r} is not a zoo model (zoo:NAME), an existing file or folder, a timm model "
+        "name, hf-hub:org/name or a Hugging Face repo id org/name; `explain models` lists "
+        "the zoo"
+    )
+
+
+def _load_bare_repo(name: str, offline: bool) -> LoadedModel:
+    """A Hub id without an organisation (`gpt2`): the Hub's, when it has one; otherwise the
+    error says it is none of the spec kinds, and why the Hub was no help."""
+    try:
+        with hub_errors(name, name, offline):
+            return _load_repo(name)
+    except (RepoNotFoundError, HubUnreachableError) as error:
+        raise ModelLoadError(f"{_unknown_spec(name)}. As a Hub repo id: {error}") from None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -301,12 +334,8 @@ def _load_timm_name(
     import timm
     import timm.models
 
-    if not timm.is_model(name.split(".")[0]):
-        raise ModelLoadError(
-            f"{name!r} is not a zoo model (zoo:NAME), an existing file or folder, a timm model "
-            "name, hf-hub:org/name or a Hugging Face repo id org/name; `explain models` lists "
-            "the zoo"
-        )
+    if not _is_timm_name(name):
+        raise ModelLoadError(_unknown_spec(name))
     if not pretrained:
         return _load_timm(name, name=name, pretrained=False)
     if weights is not None:

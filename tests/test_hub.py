@@ -216,6 +216,36 @@ def test_unknown_names_list_every_spec_kind(hub):
         load_model("no_such_model_anywhere")
 
 
+def test_hub_ids_without_an_organisation_load_like_the_hubs_oldest_models(
+    hub, filled, tmp_path, monkeypatch
+):
+    """`gpt2`, `bert-base-uncased`: no org, as on their model pages."""
+    cache, _ = filled
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, num_labels=2,
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config).eval()
+    model.save_pretrained(tmp_path / "bert")
+    cache_hub_repo(cache, "tiny-bert-no-org", tmp_path / "bert")
+    for spec in ("tiny-bert-no-org", "tiny-bert-no-org@main"):
+        loaded = load_model(spec)
+        assert isinstance(loaded.model, transformers.BertForSequenceClassification)
+        _same_outputs(model, loaded.model, {"input_ids": torch.tensor([[1, 5, 7, 2]])})
+    # Not cached while offline: the error names the spec kinds and the cache.
+    with pytest.raises(ModelLoadError, match=r"timm model name.*As a Hub repo id:.*offline"):
+        load_model("no-such-model")
+
+    def missing(repo_id, filename, **options):
+        raise _http_error(
+            huggingface_hub.errors.RepositoryNotFoundError, 404, "https://huggingface.co/x"
+        )
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", missing)
+    with pytest.raises(ModelLoadError, match=r"timm model name.*Hub has no model vit_tyop"):
+        load_model("vit_tyop")
+
+
 CHELSEA = Path(__file__).resolve().parents[1] / "examples" / "images" / "chelsea.jpg"
 
 

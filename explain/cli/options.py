@@ -27,7 +27,8 @@ MODEL_SPECS = (
     "SPEC is zoo:NAME (`explain models`), a timm model name with or without its pretrained "
     "tag (vit_base_patch16_224.augreg2_in21k_ft_in1k), hf-hub:org/name (timm on the "
     "Hugging Face Hub), a Hugging Face repo id org/name[@revision] "
-    "(google/vit-base-patch16-224), or a local model folder or weights file. Downloads go "
+    "(google/vit-base-patch16-224; older ids have no org: gpt2), or a local model folder or "
+    "weights file. Downloads go "
     "to the Hugging Face cache ($HF_HUB_CACHE, default ~/.cache/huggingface/hub) once; "
     "later runs need no network."
 )
