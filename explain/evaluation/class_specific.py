@@ -31,11 +31,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from explain.errors import InputError, OptionError
+from explain.errors import InputError
 from explain.evaluation.datasets.base import TwoObjectExample
 from explain.evaluation.perturbation import (
     AUC_RANGES,
     FRACTIONS,
+    checked_auc_range,
     perturbation_auc,
     perturbed_copies,
     removal_order,
@@ -83,12 +84,8 @@ class ClassSpecificTest(ImageProtocol):
         auc_range: str = "0-90",
     ) -> None:
         super().__init__(model, mean, std, forward_batch=forward_batch)
-        if auc_range not in AUC_RANGES:
-            raise OptionError(
-                f"auc_range must be one of {', '.join(AUC_RANGES)}, got {auc_range!r}"
-            )
         self.multi_label = multi_label
-        self.auc_range = auc_range
+        self.auc_range = checked_auc_range(auc_range)
 
     def settings(self) -> dict[str, Any]:
         return {**super().settings(), "multi_label": self.multi_label}

@@ -33,6 +33,7 @@ __all__ = [
     "CURVES",
     "FRACTIONS",
     "PerturbationTest",
+    "checked_auc_range",
     "curve_hits",
     "perturbation_auc",
     "perturbed_copies",
@@ -86,6 +87,13 @@ AUC_RANGES: dict[str, str] = {
 """What each AUC variant integrates over (`auc_range`), as the tables state it."""
 
 
+def checked_auc_range(auc_range: str) -> str:
+    """`auc_range` when it is one of AUC_RANGES; an OptionError naming them otherwise."""
+    if auc_range not in AUC_RANGES:
+        raise OptionError(f"auc_range must be one of {', '.join(AUC_RANGES)}, got {auc_range!r}")
+    return auc_range
+
+
 def perturbation_auc(
     accuracies: Sequence[float],
     fractions: Sequence[float] = FRACTIONS,
@@ -100,9 +108,7 @@ def perturbation_auc(
     xs = (0.0, *fractions)
     if len(accuracies) != len(xs):
         raise ValueError(f"expected {len(xs)} accuracies (x = 0 first), got {len(accuracies)}")
-    if auc_range not in AUC_RANGES:
-        raise OptionError(f"auc_range must be one of {', '.join(AUC_RANGES)}, got {auc_range!r}")
-    first = 0 if auc_range == "0-90" else 1
+    first = 0 if checked_auc_range(auc_range) == "0-90" else 1
     area = sum(
         (xs[i + 1] - xs[i]) * (accuracies[i] + accuracies[i + 1]) / 2
         for i in range(first, len(xs) - 1)
@@ -134,11 +140,7 @@ class PerturbationTest(ImageProtocol):
         auc_range: str = "0-90",
     ) -> None:
         super().__init__(model, mean, std, forward_batch=forward_batch)
-        if auc_range not in AUC_RANGES:
-            raise OptionError(
-                f"auc_range must be one of {', '.join(AUC_RANGES)}, got {auc_range!r}"
-            )
-        self.auc_range = auc_range
+        self.auc_range = checked_auc_range(auc_range)
 
     columns: ClassVar[Mapping[str, Column]] = {
         "accuracy": Column("accuracy"),
