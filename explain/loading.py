@@ -202,8 +202,13 @@ def _load_bare_repo(name: str, offline: bool) -> LoadedModel:
     try:
         with hub_errors(name, name, offline):
             return _load_repo(name)
-    except (RepoNotFoundError, HubUnreachableError) as error:
-        raise ModelLoadError(f"{_unknown_spec(name)}. As a Hub repo id: {error}") from None
+    except RepoNotFoundError as error:
+        raise ModelLoadError(f"{_unknown_spec(name)}; as a Hub repo id: {error}") from None
+    except HubUnreachableError as error:
+        raise HubUnreachableError(
+            f"{name!r} is not a zoo model (zoo:NAME), an existing file or folder, or a timm "
+            f"model name, so it was looked up as a Hugging Face repo id: {error}"
+        ) from None
 
 
 def _read_json(path: Path) -> dict[str, Any]:
