@@ -12,42 +12,61 @@ import torch
 from evaluation_fixtures import MEAN, STD, SquaresDataset, train_squares_model
 
 from explain.cli import main
-from explain.evaluation import FRACTIONS, PerturbationTest, run_evaluation
+from explain.evaluation import (
+    FRACTIONS,
+    TOP_K,
+    ClassSpecificTest,
+    PerturbationTest,
+    RationaleTest,
+    SegmentationTest,
+    run_evaluation,
+)
 from explain.evaluation.bootstrap import (
     LEVEL,
     ROUNDS,
+    draws,
     replicates,
-    resample,
-    resample_indices,
     standard_error,
     tied_with_best,
 )
+from explain.evaluation.perturbation import CURVES as PERTURBATION_CURVES
 from explain.evaluation.protocol import concatenate_records
 from explain.evaluation.runner import work_folder
 from explain.zoo import WEIGHTS, zoo_root
 
 
-def mean_of(records):
-    return {"mean": sum(records["x"]) / len(records["x"])}
+class MeanOf:
+    """The smallest protocol for the bootstrap: the mean of one per-example column."""
+
+    def terms(self, records):
+        return {"x": torch.tensor(records["x"], dtype=torch.float64)}
+
+    def from_sums(self, sums, count):
+        return {"mean": sums["x"] / count}
 
 
 def test_the_standard_error_of_a_mean_is_the_textbook_one():
     values = torch.randn(400, generator=torch.Generator().manual_seed(0)).tolist()
-    draws = replicates(mean_of, {"x": values}, ["mean"], resample_indices(400))
+    drawn = replicates(MeanOf(), {"x": values}, ["mean"])
+    assert drawn["mean"].shape == (ROUNDS,)
     textbook = float(np.std(values, ddof=1)) / math.sqrt(400)
-    assert standard_error(draws["mean"]) == pytest.approx(textbook, rel=0.08)
+    assert standard_error(drawn["mean"]) == pytest.approx(textbook, rel=0.08)
 
 
-def test_replicates_summarise_the_resampled_records_draw_by_draw():
-    records = {"x": [1.0, 2.0, 4.0, 8.0], "label": ["a", "b", "c", "d"]}
-    draws = resample_indices(4, rounds=5, seed=3)
-    assert draws.shape == (5, 4) and torch.equal(draws, resample_indices(4, rounds=5, seed=3))
-    assert resample(records, [3, 3, 0, 1]) == {
-        "x": [8.0, 8.0, 1.0, 2.0],
-        "label": ["d", "d", "a", "b"],
-    }
-    expected = [sum(records["x"][i] for i in draw) / 4 for draw in draws.tolist()]
-    assert replicates(mean_of, records, ["mean"], draws)["mean"].tolist() == expected
+def test_replicates_are_the_numbers_of_the_resampled_examples_draw_by_draw(monkeypatch):
+    records = {"x": [1.0, 2.0, 4.0, 8.0]}
+    indices = torch.cat(list(draws(4, rounds=5, seed=3)))
+    assert indices.shape == (5, 4) and torch.equal(indices, torch.cat(list(draws(4, 5, 3))))
+    expected = [sum(records["x"][i] for i in draw) / 4 for draw in indices.tolist()]
+    assert replicates(MeanOf(), records, ["mean"], rounds=5, seed=3)["mean"].tolist() == expected
+    # Chunked draws (a large data set) are the same draws, cut into pieces.
+    monkeypatch.setattr("explain.evaluation.bootstrap._CHUNK_ELEMENTS", 8)  # 2 draws a chunk
+    chunks = list(draws(4, rounds=5, seed=3))
+    assert [len(chunk) for chunk in chunks] == [2, 2, 1]
+    chunked = replicates(MeanOf(), records, ["mean"], rounds=5, seed=3)["mean"]
+    assert chunked.tolist() == [
+        sum(records["x"][i] for i in draw) / 4 for draw in torch.cat(chunks).tolist()
+    ]
 
 
 def test_ties_are_decided_on_paired_differences():
@@ -59,9 +78,8 @@ def test_ties_are_decided_on_paired_differences():
         "always_worse": hardness - 0.05,  # below the best on every example
     }
     records = {m: {"x": v.tolist()} for m, v in per_example.items()}
-    draws = resample_indices(200)
-    drawn = {m: replicates(mean_of, r, ["mean"], draws)["mean"] for m, r in records.items()}
-    values = {m: mean_of(r)["mean"] for m, r in records.items()}
+    drawn = {m: replicates(MeanOf(), r, ["mean"])["mean"] for m, r in records.items()}
+    values = {m: float(v.mean()) for m, v in per_example.items()}
     # Each method's own standard error (about 0.2) dwarfs the 0.05 gap, but the gap is
     # the same on every example: paired, it is not noise.
     assert standard_error(drawn["always_worse"]) > 0.15
@@ -99,14 +117,14 @@ def test_results_carry_standard_errors_and_ties_that_the_records_reproduce(model
     )
     assert results["bootstrap"] == {"rounds": ROUNDS, "level": LEVEL}
     assert "from x = 0" in results["scale"]
-    draws = resample_indices(12).numpy()
+    indices = torch.cat(list(draws(12))).numpy()
     auc = {}
     for method in methods:
         parts = sorted((work_folder(output) / method).iterdir())
         records = concatenate_records([json.loads(p.read_text()) for p in parts])
         # The positive AUC of every draw, computed here with numpy from the hits.
-        hits = np.array(records["positive_predicted"], dtype=float)[draws]  # (R, n, F)
-        correct = np.array(records["correct"], dtype=float)[draws]  # (R, n)
+        hits = np.array(records["positive_predicted"], dtype=float)[indices]  # (R, n, F)
+        correct = np.array(records["correct"], dtype=float)[indices]  # (R, n)
         curve = np.concatenate([correct.mean(1)[:, None], hits.mean(1)], axis=1)
         xs = np.array([0.0, *FRACTIONS])
         auc[method] = 100 * ((curve[:, 1:] + curve[:, :-1]) / 2 * np.diff(xs)).sum(1)
@@ -154,3 +172,69 @@ def test_the_10_to_90_variant_is_an_option_of_the_command(model, tmp_path):
         whole["results"]["rollout"]["positive_auc"] - first
     )
     assert whole["dataset"] == "shapes-heldout-two-objects" and whole["n"] == 4
+
+
+def _bare(protocol_class, **attributes):
+    """A protocol without a model: summarising needs none."""
+    protocol = object.__new__(protocol_class)
+    protocol.__dict__.update(attributes)
+    return protocol
+
+
+def _random_records(protocol_name, count, generator):
+    def ints(high, *shape):
+        return torch.randint(high, (count, *shape), generator=generator).tolist()
+
+    def floats(*shape):
+        return torch.rand((count, *shape), generator=generator, dtype=torch.float64).tolist()
+
+    segmentation = {
+        "correct": ints(900),
+        "labelled": [1000] * count,
+        "intersection": ints(400, 2),
+        "union": (torch.randint(400, 1000, (count, 2), generator=generator)).tolist(),
+        "average_precision": floats(),
+    }
+    if protocol_name == "perturbation":
+        records = {"label": ints(3), "predicted": ints(3), "correct": ints(2)}
+        records.update({curve: ints(2, len(FRACTIONS)) for curve in PERTURBATION_CURVES})
+        return records
+    if protocol_name == "segmentation":
+        return {"label": ints(3), "predicted": ints(3), **segmentation}
+    if protocol_name == "class-specific":
+        return {
+            "label": ints(3),
+            "other_label": ints(3),
+            "target_probability": floats(),
+            "other_probability": floats(),
+            "positive": floats(len(FRACTIONS)),
+            "negative": floats(len(FRACTIONS)),
+            "other_positive": floats(len(FRACTIONS)),
+            "denser_on_target": ints(2),
+            **segmentation,
+        }
+    f1 = floats(len(TOP_K))
+    return {"label": ints(2), "predicted": ints(2), "precision": f1, "recall": f1, "f1": f1}
+
+
+@pytest.mark.parametrize(
+    ("protocol_class", "attributes"),
+    [
+        (PerturbationTest, {"auc_range": "0-90"}),
+        (SegmentationTest, {}),
+        (ClassSpecificTest, {"auc_range": "10-90", "multi_label": True}),
+        (RationaleTest, {}),
+    ],
+)
+def test_each_draw_equals_summarising_the_resampled_records(protocol_class, attributes):
+    """The weighted sums (fast) give exactly what `summarize` gives on a resampled copy
+    of the records (the definition), draw by draw, for every ranking number."""
+    protocol = _bare(protocol_class, **attributes)
+    records = _random_records(protocol.name, 30, torch.Generator().manual_seed(4))
+    ranked = [key for key, column in protocol.columns.items() if column.better]
+    drawn = replicates(protocol, records, ranked, rounds=6, seed=9)
+    for row, draw in enumerate(torch.cat(list(draws(30, rounds=6, seed=9))).tolist()):
+        resampled = {key: [values[i] for i in draw] for key, values in records.items()}
+        expected = protocol.summarize(resampled)
+        for key in ranked:
+            assert float(drawn[key][row]) == pytest.approx(expected[key], rel=1e-12, abs=1e-12)

@@ -41,12 +41,18 @@ from explain.evaluation.perturbation import (
     perturbed_copies,
     removal_order,
 )
-from explain.evaluation.protocol import Column, ImageProtocol, Records, method_options
+from explain.evaluation.protocol import (
+    Column,
+    ImageProtocol,
+    Records,
+    as_terms,
+    method_options,
+)
 from explain.evaluation.segmentation import (
-    counts_from_records,
     counts_to_records,
     segmentation_counts,
-    segmentation_summary,
+    segmentation_from_sums,
+    segmentation_terms,
 )
 
 __all__ = ["ClassSpecificTest"]
@@ -141,28 +147,51 @@ class ClassSpecificTest(ImageProtocol):
         ]
         return records
 
-    def summarize(self, records: Records) -> dict[str, Any]:
-        count = len(records["label"])
-        curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
-        for curve, start in (
-            ("positive", "target_probability"),
-            ("negative", "target_probability"),
-            ("other_positive", "other_probability"),
-        ):
-            rows = records[curve]
-            curves[curve] = [
-                sum(records[start]) / count,
-                *(sum(row[i] for row in rows) / count for i in range(len(FRACTIONS))),
-            ]
-        segmentation = segmentation_summary(counts_from_records(records))
+    def terms(self, records: Records) -> dict[str, Tensor]:
+        terms = {
+            key: as_terms(records[key])
+            for key in ("target_probability", "other_probability", "denser_on_target")
+        }
+        for curve in _CURVES:
+            rows = torch.tensor(records[curve], dtype=torch.float64).reshape(-1, len(FRACTIONS))
+            terms.update({f"{curve}@{i}": rows[:, i] for i in range(len(FRACTIONS))})
+        return {**terms, **segmentation_terms(records)}
+
+    def from_sums(self, sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        segmentation = segmentation_from_sums(sums, count)
+        auc = {
+            curve: perturbation_auc(_curve(sums, curve, count), auc_range=self.auc_range)
+            for curve in _CURVES
+        }
         return {
-            "target_probability": curves["positive"][0],
-            "positive_auc": perturbation_auc(curves["positive"], auc_range=self.auc_range),
-            "negative_auc": perturbation_auc(curves["negative"], auc_range=self.auc_range),
-            "other_kept_auc": perturbation_auc(curves["other_positive"], auc_range=self.auc_range),
+            "positive_auc": auc["positive"],
+            "negative_auc": auc["negative"],
+            "other_kept_auc": auc["other_positive"],
             "pixel_accuracy": segmentation["pixel_accuracy"],
             "miou": segmentation["miou"],
             "map": segmentation["map"],
-            "denser_on_target": sum(records["denser_on_target"]) / count,
+            "denser_on_target": sums["denser_on_target"] / count,
+        }
+
+    def summarize(self, records: Records) -> dict[str, Any]:
+        terms = self.terms(records)
+        count = len(terms["target_probability"])
+        sums = {name: values.sum() for name, values in terms.items()}
+        curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
+        for curve in _CURVES:
+            curves[curve] = [float(value) for value in _curve(sums, curve, count)]
+        return {
+            "target_probability": curves["positive"][0],
+            **self.totals(records),
             "curves": curves,
         }
+
+
+_CURVES = {"positive": "target", "negative": "target", "other_positive": "other"}
+"""Each tracked curve, and whose probability it starts from at x = 0."""
+
+
+def _curve(sums: Mapping[str, Tensor], curve: str, count: int) -> list[Tensor]:
+    """The mean probability at x = 0 and after each fraction, from sums of `terms`."""
+    start = sums[f"{_CURVES[curve]}_probability"] / count
+    return [start, *(sums[f"{curve}@{i}"] / count for i in range(len(FRACTIONS)))]

@@ -26,7 +26,13 @@ from torch import Tensor, nn
 
 from explain.errors import OptionError
 from explain.evaluation.datasets.base import ImageExample
-from explain.evaluation.protocol import Column, ImageProtocol, Records, method_options
+from explain.evaluation.protocol import (
+    Column,
+    ImageProtocol,
+    Records,
+    as_terms,
+    method_options,
+)
 
 __all__ = [
     "AUC_RANGES",
@@ -191,21 +197,35 @@ class PerturbationTest(ImageProtocol):
             records[f"{sign}_target"] = target_hits.int().tolist()
         return records
 
+    def terms(self, records: Records) -> dict[str, Tensor]:
+        terms = {"correct": as_terms(records["correct"])}
+        for curve in CURVES:
+            hits = torch.tensor(records[curve], dtype=torch.float64).reshape(-1, len(FRACTIONS))
+            terms.update({f"{curve}@{i}": hits[:, i] for i in range(len(FRACTIONS))})
+        return terms
+
+    def from_sums(self, sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        ranked = {}
+        for curve in CURVES:
+            sign, whose = curve.split("_")
+            ranked[f"{sign}_auc_{whose}"] = perturbation_auc(
+                _curve(sums, curve, count), auc_range=self.auc_range
+            )
+        return ranked
+
     def summarize(self, records: Records) -> dict[str, Any]:
-        accuracy = _mean(records["correct"])
-        summary: dict[str, Any] = {"accuracy": accuracy}
+        terms = self.terms(records)
+        count = len(terms["correct"])
+        sums = {name: values.sum() for name, values in terms.items()}
         curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
         for curve in CURVES:
-            per_fraction = [
-                _mean([row[i] for row in records[curve]]) for i in range(len(FRACTIONS))
-            ]
-            curves[curve] = [accuracy, *per_fraction]
-            sign, whose = curve.split("_")
-            summary[f"{sign}_auc_{whose}"] = perturbation_auc(
-                curves[curve], auc_range=self.auc_range
-            )
-        summary["curves"] = curves
-        return summary
+            curves[curve] = [float(value) for value in _curve(sums, curve, count)]
+        return {"accuracy": curves[CURVES[0]][0], **self.totals(records), "curves": curves}
+
+
+def _curve(sums: Mapping[str, Tensor], curve: str, count: int) -> list[Tensor]:
+    """The mean accuracy at x = 0 and after each fraction, from sums of `terms`."""
+    return [sums["correct"] / count, *(sums[f"{curve}@{i}"] / count for i in range(len(FRACTIONS)))]
 
 
 def curve_hits(
@@ -224,7 +244,3 @@ def curve_hits(
     copies = perturbed_copies(pixels, order, fractions)
     classes = classify(copies.flatten(0, 1)).view(len(fractions), len(pixels))
     return (classes == labels[None]).T
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(sum(values) / len(values)) if values else float("nan")

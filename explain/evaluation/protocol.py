@@ -27,6 +27,7 @@ __all__ = [
     "EvaluationProtocol",
     "ImageProtocol",
     "Records",
+    "as_terms",
     "concatenate_records",
     "method_options",
 ]
@@ -54,6 +55,11 @@ class Column:
         """The header with an arrow that says which way is better."""
         arrow = {"higher": " ↑", "lower": " ↓", None: ""}[self.better]
         return self.header + arrow
+
+
+def as_terms(values: Sequence[Any]) -> Tensor:
+    """One per-example column of records as a (n,) float64 tensor (for `terms`)."""
+    return torch.tensor(values, dtype=torch.float64)
 
 
 def concatenate_records(parts: Sequence[Records]) -> Records:
@@ -89,7 +95,27 @@ class EvaluationProtocol(ABC):
 
     @abstractmethod
     def summarize(self, records: Records) -> dict[str, Any]:
-        """The protocol's numbers for one method from the records of all examples."""
+        """The protocol's numbers for one method from the records of all examples; its
+        ranking numbers are `totals(records)` passed through `from_sums`."""
+
+    @abstractmethod
+    def terms(self, records: Records) -> dict[str, Tensor]:
+        """Per-example additive quantities, each (n,) float64, from whose sums
+        `from_sums` computes every ranking number: the bootstrap re-weights these rows
+        (explain.evaluation.bootstrap), so it never re-reads the records."""
+
+    @abstractmethod
+    def from_sums(self, sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        """The ranking numbers (the `columns` with a `better`) from sums of `terms` over
+        `count` examples. Each sum may have leading dimensions (one entry per bootstrap
+        draw), which the results keep."""
+
+    def totals(self, records: Records) -> dict[str, float]:
+        """The ranking numbers of all the examples: `from_sums` of the terms' totals."""
+        terms = self.terms(records)
+        count = len(next(iter(terms.values())))
+        sums = {name: values.sum() for name, values in terms.items()}
+        return {key: float(value) for key, value in self.from_sums(sums, count).items()}
 
     columns: ClassVar[Mapping[str, Column]]
     """Summary keys shown in the markdown table, with their columns."""

@@ -23,6 +23,9 @@ __all__ = ["TOP_K", "RationaleTest", "rationale_scores", "word_scores"]
 
 TOP_K: tuple[int, ...] = tuple(range(5, 85, 5))
 
+_RANKED_K = (5, 10, 20, 40, 80)
+"""The k whose token F1 the tables show and rank by."""
+
 
 def word_scores(token_relevance: Tensor, word_ids: Sequence[int | None], num_words: int) -> Tensor:
     """(num_words,) max relevance over each word's tokens; -inf for words with no token
@@ -96,7 +99,7 @@ class RationaleTest(EvaluationProtocol):
 
     columns: ClassVar[Mapping[str, Column]] = {
         "accuracy": Column("accuracy"),
-        **{f"token_f1@{k}": Column(f"token F1 @{k}", "higher") for k in (5, 10, 20, 40, 80)},
+        **{f"token_f1@{k}": Column(f"token F1 @{k}", "higher") for k in _RANKED_K},
     }
 
     def settings(self) -> dict[str, Any]:
@@ -134,6 +137,13 @@ class RationaleTest(EvaluationProtocol):
                 records[key].append(values)
         return records
 
+    def terms(self, records: Records) -> dict[str, Tensor]:
+        f1 = torch.tensor(records["f1"], dtype=torch.float64).reshape(-1, len(TOP_K))
+        return {f"token_f1@{k}": f1[:, i] for i, k in enumerate(TOP_K) if k in _RANKED_K}
+
+    def from_sums(self, sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        return {key: total / count for key, total in sums.items()}
+
     def summarize(self, records: Records) -> dict[str, Any]:
         count = len(records["f1"])
         summary: dict[str, Any] = {
@@ -150,6 +160,4 @@ class RationaleTest(EvaluationProtocol):
             summary[name] = {
                 str(k): sum(row[i] for row in records[key]) / count for i, k in enumerate(TOP_K)
             }
-        for k in (5, 10, 20, 40, 80):
-            summary[f"token_f1@{k}"] = summary["token_f1"][str(k)]
-        return summary
+        return {**summary, **self.totals(records)}

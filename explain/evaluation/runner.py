@@ -32,7 +32,6 @@ from explain.evaluation.bootstrap import (
     LEVEL,
     ROUNDS,
     replicates,
-    resample_indices,
     standard_error,
     tied_with_best,
 )
@@ -232,11 +231,8 @@ def _merge(
     ranked = {key: column.better for key, column in protocol.columns.items() if column.better}
     ties: dict[str, list[str]] = {}
     if results:
-        draws = resample_indices(chunks[-1][1])  # the same draws for every method
-        drawn = {
-            method: replicates(protocol.summarize, r, ranked, draws)
-            for method, r in records.items()
-        }
+        # The same draws for every method: they depend only on the number of examples.
+        drawn = {method: replicates(protocol, r, ranked) for method, r in records.items()}
         for method, summary in results.items():
             summary["standard_errors"] = {key: standard_error(drawn[method][key]) for key in ranked}
         for key, better in ranked.items():

@@ -20,16 +20,23 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.evaluation.datasets.base import ImageExample
-from explain.evaluation.protocol import Column, ImageProtocol, Records, method_options
+from explain.evaluation.protocol import (
+    Column,
+    ImageProtocol,
+    Records,
+    as_terms,
+    method_options,
+)
 
 __all__ = [
     "SegmentationCounts",
     "SegmentationTest",
     "average_precision",
-    "counts_from_records",
     "counts_to_records",
     "segmentation_counts",
+    "segmentation_from_sums",
     "segmentation_summary",
+    "segmentation_terms",
 ]
 
 
@@ -104,18 +111,37 @@ def segmentation_counts(heatmap: Tensor, mask: Tensor) -> SegmentationCounts:
 
 def segmentation_summary(counts: Sequence[SegmentationCounts]) -> dict[str, float]:
     """Pixel accuracy, per-class IoU, mIoU and mAP, all fractions in [0, 1]."""
-    correct = sum(c.correct for c in counts)
-    labelled = sum(c.labelled for c in counts)
-    ious = []
-    for k in (0, 1):
-        union = sum(c.union[k] for c in counts)
-        ious.append(sum(c.intersection[k] for c in counts) / union if union else 0.0)
+    terms = segmentation_terms(counts_to_records(counts))
+    sums = {name: values.sum() for name, values in terms.items()}
+    return {key: float(value) for key, value in segmentation_from_sums(sums, len(counts)).items()}
+
+
+def segmentation_terms(records: Records) -> dict[str, Tensor]:
+    """The per-example additive terms of the segmentation numbers (see
+    `EvaluationProtocol.terms`)."""
+    terms = {key: as_terms(records[key]) for key in ("correct", "labelled", "average_precision")}
+    for key in ("intersection", "union"):
+        pairs = torch.tensor(records[key], dtype=torch.float64).reshape(-1, 2)
+        terms[f"{key}_background"], terms[f"{key}_foreground"] = pairs[:, 0], pairs[:, 1]
+    return terms
+
+
+def segmentation_from_sums(sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+    """Pixel accuracy, per-class IoU, mIoU and mAP from sums of `segmentation_terms`:
+    the counts are summed over the dataset before dividing (0 where nothing is counted)."""
+
+    def ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
+        return torch.where(denominator > 0, numerator / denominator.clamp(min=1), 0.0)
+
+    ious = [
+        ratio(sums[f"intersection_{k}"], sums[f"union_{k}"]) for k in ("background", "foreground")
+    ]
     return {
-        "pixel_accuracy": correct / labelled if labelled else 0.0,
+        "pixel_accuracy": ratio(sums["correct"], sums["labelled"]),
         "miou": (ious[0] + ious[1]) / 2,
         "iou_background": ious[0],
         "iou_foreground": ious[1],
-        "map": sum(c.average_precision for c in counts) / len(counts) if counts else 0.0,
+        "map": sums["average_precision"] / max(count, 1),
     }
 
 
@@ -128,21 +154,6 @@ def counts_to_records(counts: Sequence[SegmentationCounts]) -> Records:
         "union": [list(c.union) for c in counts],
         "average_precision": [c.average_precision for c in counts],
     }
-
-
-def counts_from_records(records: Records) -> list[SegmentationCounts]:
-    """The counts that `counts_to_records` stored."""
-    return [
-        SegmentationCounts(c, n, (i[0], i[1]), (u[0], u[1]), ap)
-        for c, n, i, u, ap in zip(
-            records["correct"],
-            records["labelled"],
-            records["intersection"],
-            records["union"],
-            records["average_precision"],
-            strict=True,
-        )
-    ]
 
 
 class SegmentationTest(ImageProtocol):
@@ -180,11 +191,16 @@ class SegmentationTest(ImageProtocol):
             **counts_to_records(counts),
         }
 
+    def terms(self, records: Records) -> dict[str, Tensor]:
+        return segmentation_terms(records)
+
+    def from_sums(self, sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        return segmentation_from_sums(sums, count)
+
     def summarize(self, records: Records) -> dict[str, Any]:
-        counts = counts_from_records(records)
         # Top-1 accuracy where labels are known (gtsegs_ijcv.mat has none: label -1).
         known = [
             (p, t) for p, t in zip(records["predicted"], records["label"], strict=True) if t >= 0
         ]
         accuracy = sum(int(p == t) for p, t in known) / len(known) if known else None
-        return {**segmentation_summary(counts), "accuracy": accuracy}
+        return {**self.totals(records), "accuracy": accuracy}
