@@ -165,8 +165,25 @@ def tiny_tokenizer() -> Any:
 
 
 def save_tiny_lm(folder: Path, family: str = "llama") -> Path:
-    """Save a tiny model of `family` and the tiny tokenizer to `folder` (for the CLI)."""
+    """Save a tiny model of `family` and the tiny tokenizer to `folder` (for the CLI).
+
+    Raises ValueError for a family whose folders transformers' AutoTokenizer reads with
+    that model type's own tokenizer class whatever the folder says (Qwen2 in
+    transformers 5), which cannot read the word-level tokenizer: a folder that tokenizes
+    to nonsense would fail far from here.
+    """
+    from transformers import AutoTokenizer
+
     model = tiny_causal_lm(family)
     model.save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
+    tokenizer = tiny_tokenizer()
+    tokenizer.save_pretrained(folder)
+    probe = "user a&b w9 w10"
+    reloaded = AutoTokenizer.from_pretrained(folder)
+    if reloaded(probe)["input_ids"] != tokenizer(probe)["input_ids"]:
+        raise ValueError(
+            f"transformers reloads a saved tiny {family} model with its own "
+            f"{type(reloaded).__name__}, which cannot read the tiny word-level tokenizer; "
+            "save another family (e.g. llama)"
+        )
     return folder

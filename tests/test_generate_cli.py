@@ -106,3 +106,14 @@ def test_save_writes_every_generated_tokens_relevance(folder, tmp_path, capsys):
     direct = explain_generation(Explainer(model, tokenizer=tiny_lm.tiny_tokenizer()), PROMPT, 3)
     torch.testing.assert_close(saved.relevance, direct.explanation.relevance)
     assert saved.settings == {"model": str(folder), "prompt": PROMPT, "chat": False}
+
+
+def test_a_saved_tiny_model_reloads_its_tokenizer_or_says_why_not(tmp_path):
+    from transformers import AutoTokenizer
+
+    folder = tiny_lm.save_tiny_lm(tmp_path / "gemma3", "gemma3")
+    ids = AutoTokenizer.from_pretrained(folder)("user a&b w9")["input_ids"]
+    assert ids == tiny_lm.tiny_tokenizer()("user a&b w9")["input_ids"] == [3, 7, 9]
+    # transformers reads Qwen2 folders with Qwen2's own tokenizer, whatever they say.
+    with pytest.raises(ValueError, match=r"Qwen2Tokenizer.*save another family"):
+        tiny_lm.save_tiny_lm(tmp_path / "qwen2", "qwen2")
