@@ -630,8 +630,8 @@ What the rows measure:
   can cost less: every gradient method needs this forward and this backward.
 - **generic**, **rollout**: `Explainer(model).explain(inputs, method=...)`, the attention
   path chosen automatically (`explain.fused.use_fused_path`: explicit below
-  {threshold} tokens on CPU, fused from there on and on CUDA, explicit for forward-only
-  methods). `rollout` needs no backward at all.
+  {threshold} tokens on CPU, fused from there on and on CUDA; for forward-only methods
+  from {threshold} tokens on, on any device). `rollout` needs no backward at all.
 - **attnlrp**, **cp_lrp**: the same for AttnLRP and CP-LRP (one forward under their
   gradient rules and one backward to the embeddings; they read no attention map, so
   "auto" keeps the model's fused kernel at every length, as the floor does).

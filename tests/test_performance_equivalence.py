@@ -179,7 +179,8 @@ def test_auto_chooses_the_path_from_sequence_length_and_method():
 
     assert not choose(short, short_layout)
     assert choose(long, long_layout)
-    assert not choose(long, long_layout, gradients=False)  # forward-only: explicit is cheaper
+    assert choose(long, long_layout, gradients=False)  # forward-only: streamed by rows
+    assert not choose(short, short_layout, gradients=False)
     assert choose(short, short_layout, requested="fused")
     assert not choose(long, long_layout, requested="explicit")
     # AttnLRP / CP-LRP read no map: the model's own kernel at any length, unless told.
