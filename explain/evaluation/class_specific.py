@@ -174,15 +174,13 @@ class ClassSpecificTest(ImageProtocol):
         }
 
     def summarize(self, records: Records) -> dict[str, Any]:
-        terms = self.terms(records)
-        count = len(terms["target_probability"])
-        sums = {name: values.sum() for name, values in terms.items()}
+        sums, count = self.summed(records)
         curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
         for curve in _CURVES:
             curves[curve] = [float(value) for value in _curve(sums, curve, count)]
         return {
             "target_probability": curves["positive"][0],
-            **self.totals(records),
+            **self.totals(sums, count),
             "curves": curves,
         }
 

@@ -214,13 +214,11 @@ class PerturbationTest(ImageProtocol):
         return ranked
 
     def summarize(self, records: Records) -> dict[str, Any]:
-        terms = self.terms(records)
-        count = len(terms["correct"])
-        sums = {name: values.sum() for name, values in terms.items()}
+        sums, count = self.summed(records)
         curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
         for curve in CURVES:
             curves[curve] = [float(value) for value in _curve(sums, curve, count)]
-        return {"accuracy": curves[CURVES[0]][0], **self.totals(records), "curves": curves}
+        return {"accuracy": curves[CURVES[0]][0], **self.totals(sums, count), "curves": curves}
 
 
 def _curve(sums: Mapping[str, Tensor], curve: str, count: int) -> list[Tensor]:

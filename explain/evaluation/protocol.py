@@ -96,7 +96,7 @@ class EvaluationProtocol(ABC):
     @abstractmethod
     def summarize(self, records: Records) -> dict[str, Any]:
         """The protocol's numbers for one method from the records of all examples; its
-        ranking numbers are `totals(records)` passed through `from_sums`."""
+        ranking numbers are `totals(*summed(records))`, i.e. `from_sums` of the terms' totals."""
 
     @abstractmethod
     def terms(self, records: Records) -> dict[str, Tensor]:
@@ -110,11 +110,14 @@ class EvaluationProtocol(ABC):
         `count` examples. Each sum may have leading dimensions (one entry per bootstrap
         draw), which the results keep."""
 
-    def totals(self, records: Records) -> dict[str, float]:
-        """The ranking numbers of all the examples: `from_sums` of the terms' totals."""
+    def summed(self, records: Records) -> tuple[dict[str, Tensor], int]:
+        """The totals of `terms` over all the examples, and how many examples there are."""
         terms = self.terms(records)
         count = len(next(iter(terms.values())))
-        sums = {name: values.sum() for name, values in terms.items()}
+        return {name: values.sum() for name, values in terms.items()}, count
+
+    def totals(self, sums: Mapping[str, Tensor], count: int) -> dict[str, float]:
+        """The ranking numbers, as floats, from the totals that `summed` gives."""
         return {key: float(value) for key, value in self.from_sums(sums, count).items()}
 
     columns: ClassVar[Mapping[str, Column]]

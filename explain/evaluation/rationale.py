@@ -160,4 +160,4 @@ class RationaleTest(EvaluationProtocol):
             summary[name] = {
                 str(k): sum(row[i] for row in records[key]) / count for i, k in enumerate(TOP_K)
             }
-        return {**summary, **self.totals(records)}
+        return {**summary, **self.totals(*self.summed(records))}

@@ -203,4 +203,4 @@ class SegmentationTest(ImageProtocol):
             (p, t) for p, t in zip(records["predicted"], records["label"], strict=True) if t >= 0
         ]
         accuracy = sum(int(p == t) for p, t in known) / len(known) if known else None
-        return {**self.totals(records), "accuracy": accuracy}
+        return {**self.totals(*self.summed(records)), "accuracy": accuracy}
