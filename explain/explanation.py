@@ -194,6 +194,7 @@ class Explanation:
                     zip(self.tokens, shown, self.target.cpu(), strict=True)
                 )
             ],
+            title=f"explain: {self.method}",
             note=scale_note(self.method),
         )
 

@@ -4,7 +4,10 @@
   object's class explained on its own (a classes x methods grid per scene), plus a check
   that prints, per method, how often a class's map is brightest on that class's object;
 - digits-vit: held-out handwritten digits explained for their predicted class, by method;
-- minilm-sentiment: held-out review sentences highlighted word by word, as an HTML page.
+- minilm-sentiment: held-out review sentences highlighted word by word, as an HTML page;
+- a tiny random Llama (no trained language model ships offline): a generated continuation
+  explained token by token, as the HTML page and the matrix figure `explain generate`
+  writes; random weights, so it shows the pictures, not what a trained model reads.
 
 Prints the paths of the files it wrote.
 """
@@ -23,7 +26,7 @@ from tqdm import tqdm
 from explain import METHODS, Explainer
 from explain.io import atomic_write
 from explain.loading import load_model
-from explain.viz import batch_figure, explanation_grid, overlay, save_figure, save_image
+from explain.viz import batch_figure, explanation_grid, heatmap_figure, save_figure, save_image
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE_SCENES = 3
@@ -52,7 +55,8 @@ def shapes_demo(out: Path) -> list[Path]:
     targets = torch.tensor([scene.kinds[:2] for scene in scenes])
     results = {
         method: explainer.explain(images, target=targets, method=method)
-        for method in tqdm(sorted(METHODS), desc="shapes-vit", unit="method")
+        # disable=None: no bar when stderr is piped, so a log holds only the printed lines
+        for method in tqdm(sorted(METHODS), desc="shapes-vit", unit="method", disable=None)
     }
     written = []
     for b, scene in enumerate(scenes):
@@ -64,10 +68,11 @@ def shapes_demo(out: Path) -> list[Path]:
         )
         written.append(out / f"shapes_{b}_all_methods.png")
         save_figure(figure, written[-1])
-        maps = results["generic"].heatmap(size=(DISPLAY_SIZE, DISPLAY_SIZE))[b]
+        maps = results["generic"].heatmap(size=(DISPLAY_SIZE, DISPLAY_SIZE), normalize=False)[b]
         for k, kind in enumerate(targets[b].tolist()):
+            figure = heatmap_figure(pictures[b], maps[k], title=f"generic: {loaded.classes[kind]}")
             written.append(out / f"shapes_{b}_generic_{loaded.classes[kind]}.png")
-            save_image(overlay(pictures[b], maps[k]), written[-1])
+            save_figure(figure, written[-1])
     hero = explanation_grid(
         pictures[0],
         {method: results[method] for method in HERO_METHODS},
@@ -102,11 +107,13 @@ def digits_demo(out: Path) -> list[Path]:
 
     loaded = load_model("zoo:digits-vit")
     explainer = Explainer(loaded.model)
-    pictures, _ = digits.load("heldout")
-    pictures = pictures[:DIGITS]
+    pictures, labels = digits.load("heldout")
+    pictures, labels = pictures[:DIGITS], labels[:DIGITS]
     images = digits.normalise(pictures)
     results = {method: explainer.explain(images, method=method) for method in HERO_METHODS}
-    figure = batch_figure(upscale(pictures, 128), results, class_names=loaded.classes)
+    figure = batch_figure(
+        upscale(pictures, 128), results, class_names=loaded.classes, labels=labels
+    )
     path = out / "digits_methods.png"
     save_figure(figure, path)
     return [path]
@@ -143,8 +150,33 @@ def sentiment_demo(out: Path) -> list[Path]:
         )
     path = out / "sentiment.html"
     with atomic_write(path, "w") as handle:
-        handle.write(document_html(fragments, title="minilm-sentiment: generic relevance"))
+        handle.write(document_html(fragments, title="explain: zoo:minilm-sentiment, generic"))
     return [path]
+
+
+def generation_demo(out: Path) -> list[Path]:
+    import tempfile
+
+    from explain.generation import explain_generation
+    from explain.tiny_lm import save_tiny_lm
+    from explain.viz.generation import generation_html
+    from explain.viz.generation_figure import generation_figure
+
+    with tempfile.TemporaryDirectory() as folder:  # the folder `explain generate` would read
+        loaded = load_model(save_tiny_lm(Path(folder) / "tiny-llama"))
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    found = explain_generation(explainer, "w12 w30 w41 w17 w25 w9", max_new_tokens=8)
+    result, generation = found.explanation, found.generation
+    width, count = generation.prompt_length, int(generation.generated[0].sum())
+    tokens = result.tokens[0][: width + count]
+    matrix = result.relevance[0, :count, : width + count]
+    title = "tiny random Llama (shows the pictures, not a trained model)"
+    page = out / "generation.html"
+    with atomic_write(page, "w") as handle:
+        handle.write(generation_html(tokens, width, matrix, method="generic", title=title))
+    picture = out / "generation.png"
+    save_figure(generation_figure(matrix, tokens, width, method="generic", title=title), picture)
+    return [page, picture]
 
 
 def main() -> None:
@@ -152,7 +184,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "demo")
     args = parser.parse_args()
     start = time.perf_counter()
-    written = shapes_demo(args.out) + digits_demo(args.out) + sentiment_demo(args.out)
+    written = (
+        shapes_demo(args.out)
+        + digits_demo(args.out)
+        + sentiment_demo(args.out)
+        + generation_demo(args.out)
+    )
     print(f"wrote {len(written)} files in {time.perf_counter() - start:.0f} s:")
     for path in written:
         print(f"  {path}")

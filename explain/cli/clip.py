@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     start = {"image": args.image_start_layer, "text": args.text_start_layer}
     start = {tower: layer for tower, layer in start.items() if layer is not None}
     every_text = torch.arange(len(args.text))
-    for path in tqdm(paths, unit="image", desc="explaining", file=sys.stderr):
+    # disable=None: no bar when stderr is not a terminal, so piped output stays clean.
+    for path in tqdm(paths, unit="image", desc="explaining", file=sys.stderr, disable=None):
         photo = read_image(path)
         pixels = preprocessing([photo])
         display = np.asarray(photo)  # the maps are drawn over the file at its resolution
@@ -82,7 +83,14 @@ def run(args: argparse.Namespace) -> int:
             f"{text}  p={float(p):.2f}" for text, p in zip(args.text, probabilities, strict=True)
         ]
         figure = clip_figure(
-            display, heatmaps, words, scores, labels=labels, cmap=args.cmap, alpha=args.alpha
+            display,
+            heatmaps,
+            words,
+            scores,
+            labels=labels,
+            cmap=args.cmap,
+            alpha=args.alpha,
+            title=f"{Path(path).name}: {args.method}",
         )
         out = args.out / f"{Path(path).stem}_clip.png"
         save_figure(figure, out)
@@ -90,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
             settings = {"model": args.model, "input": str(path), "texts": list(args.text)}
             raw = args.out / f"{Path(path).stem}_clip.{args.save}"
             dataclasses.replace(result, settings=settings).save(raw)
-            print(raw)
+            tqdm.write(str(raw))
         best = int(probabilities.argmax())
-        print(f"{path}: {args.text[best]!r} (p={float(probabilities[best]):.2f}) -> {out}")
+        tqdm.write(f"{path}: {args.text[best]!r} (p={float(probabilities[best]):.2f}) -> {out}")
     return 0
 
 
@@ -109,7 +117,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_model_arguments(
         parser,
-        takes="a CLIP model with its tokenizer (openai/clip-vit-base-patch32, zoo:shapes-clip)",
+        takes="an image-text model with its tokenizer (CLIP, SigLIP, open_clip)",
+        examples="zoo:shapes-clip, openai/clip-vit-base-patch32, "
+        "google/siglip-base-patch16-224, ./my-clip",
     )
     parser.add_argument(
         "--method",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from explain.cli.options import add_model_arguments
 
@@ -43,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
         device=None if args.device == "auto" else args.device,
         dtype=args.dtype,
         offline=args.offline,
-        progress=not args.quiet,
+        # No bar when stderr is piped or redirected: its carriage-return updates would
+        # interleave with the printed table in one log.
+        progress=not args.quiet and sys.stderr.isatty(),
     )
     if not args.quiet and os.environ.get("RANK", "0") == "0":  # one table under torchrun
         from explain.evaluation import PROTOCOLS
@@ -63,7 +66,11 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "protocol", choices=["perturbation", "segmentation", "class-specific", "rationale"]
     )
-    add_model_arguments(parser, takes="the model to score")
+    add_model_arguments(
+        parser,
+        takes="the model to score",
+        examples="zoo:shapes-vit, zoo:minilm-sentiment, deit_small_patch16_224, ./my-model",
+    )
     parser.add_argument(
         "--methods", help="comma-separated method names (default: every registered method)"
     )

@@ -3,9 +3,13 @@
 The model continues the prompt greedily (with `--chat`, the prompt is a user message put
 through the tokenizer's chat template); every generated token is explained over the
 prompt and the tokens before it from one forward pass (explain.generation). Two files
-are written atomically: a static HTML page where choosing a generated token highlights
-its relevance over everything before it, and a PNG of the (generated token) x (token)
-relevance matrix.
+are written atomically into --out: a static HTML page where choosing a generated token
+highlights its relevance over everything before it, and a PNG of the (generated token) x
+(token) relevance matrix.
+
+The model is a Hugging Face ...ForCausalLM folder (save_pretrained, with its tokenizer) or
+hub id; explain.tiny_lm.save_tiny_lm writes a tiny random one for trying the command
+offline.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.generation import explain_generation
     from explain.io import atomic_write
+    from explain.rules import get_method
     from explain.viz import save_figure
     from explain.viz.generation import generation_html
-    from explain.viz.multimodal import relevance_matrix_figure
+    from explain.viz.generation_figure import generation_figure
 
     if not args.prompt.strip():
         raise InputError("the prompt is empty: there is nothing to continue")
+    get_method(args.method)  # an unknown name fails before the model is loaded
     loaded = load(args)
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer")
@@ -59,12 +65,15 @@ def run(args: argparse.Namespace) -> int:
         before = row[: prompt_tokens + g]
         top = before.topk(min(3, before.numel())).indices.tolist()
         print(f"  {token!r:>16} <- " + ", ".join(repr(tokens[i]) for i in top))
-    page = generation_html(tokens, prompt_tokens, matrix, title=f"explain generate: {args.model}")
-    with atomic_write(args.html, "w") as handle:
+    title = f"explain generate: {args.model}"
+    page = generation_html(tokens, prompt_tokens, matrix, method=args.method, title=title)
+    html = args.html or args.out / "generation.html"
+    with atomic_write(html, "w") as handle:
         handle.write(page)
-    png = args.png or args.html.with_suffix(".png")
-    save_figure(relevance_matrix_figure(matrix, tokens, generated), png)
-    print(args.html)
+    png = args.png or html.with_suffix(".png")
+    figure = generation_figure(matrix, tokens, prompt_tokens, method=args.method, title=title)
+    save_figure(figure, png)
+    print(html)
     print(png)
     if args.save:
         raw = args.out / f"generation.{args.save}"
@@ -79,13 +88,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         "generate",
         help="explain every token a language model generates",
         description=__doc__,
-        epilog='Example: explain generate "The capital of France is" --model PATH --html page.html',
+        epilog='Example: explain generate "The capital of France is" --model ./my-llama '
+        "--out answers (writes answers/generation.html and answers/generation.png). Offline, "
+        'explain.tiny_lm.save_tiny_lm("tiny-llama") saves a tiny random Llama folder to try '
+        "it on (README, Language models).",
     )
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
     add_model_arguments(
         parser,
         takes="a Hugging Face decoder-only language model with its tokenizer "
         "(a ...ForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2 ...)",
+        examples="./my-llama (a save_pretrained folder), HuggingFaceTB/SmolLM2-135M, gpt2",
     )
     parser.add_argument(
         "--max-new-tokens",
@@ -106,13 +119,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="a method name (explain models); default: %(default)s",
     )
     parser.add_argument(
-        "--html",
-        type=Path,
-        default=Path("explain_generate.html"),
-        help="HTML page to write; default: %(default)s",
+        "--html", type=Path, default=None, help="HTML page to write; default: OUT/generation.html"
     )
     parser.add_argument(
-        "--png", type=Path, default=None, help="relevance matrix figure; default: the page's name"
+        "--png",
+        type=Path,
+        default=None,
+        help="relevance matrix figure; default: the page's name with .png",
     )
     add_out_argument(parser)
     add_save_option(parser, "OUT/generation.FORMAT (every generated token's relevance)")

@@ -2,10 +2,13 @@
 
 Each photo is preprocessed as the model's own data config says (resize, centre crop,
 normalisation) and its heatmaps are drawn back on the original photo at its own
-resolution, the crop and resize undone, so each map sits on the pixels the model saw.
-Images are explained in batches (one forward and one backward per batch and class) with a
-progress bar. Every PNG is written atomically: a failure leaves complete files or none,
-never a half-written one.
+resolution, the crop and resize undone, so each map sits on the pixels the model saw: by
+default over the photo in grey, so that every colour is relevance, titled with the method
+and the class, with a colour key and the normalisation rule below. Images are explained
+in batches (one forward and one backward per batch and class) with a progress bar (once
+the first batch has been explained, so that a method the model cannot take fails first).
+Every PNG is written atomically: a failure leaves complete files or none, never a
+half-written one.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from explain.cli.options import (
 from explain.errors import InputError, TargetError
 from explain.explanation import Explanation
 from explain.preprocessing import read_image
+from explain.viz.image import BACKGROUNDS
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -174,10 +178,9 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from explain.api import Explainer
-    from explain.viz import check_style, grid_figure, overlay, save_figure, save_image
-    from explain.viz.scaling import scale_maps
+    from explain.viz import check_style, grid_figure, heatmap_figure, save_figure
 
-    check_style(args.cmap, args.alpha)
+    check_style(args.cmap, args.alpha, args.background)
     methods = parse_methods(args.method)
     paths = collect_images(args.inputs)
     loaded = load(args, weights=args.weights, architecture=args.arch)
@@ -200,7 +203,11 @@ def run(args: argparse.Namespace) -> int:
     }
     stems = _unique_stems(paths)
     written: list[Path] = []
-    with tqdm(total=len(paths), unit="image", desc="explaining", file=sys.stderr) as bar:
+    # The bar opens after the first batch: an error of the first explanation (a method
+    # this model cannot take, an input it refuses) is then the only thing printed. It stays
+    # quiet when stderr is not a terminal (disable=None), so piped output has no bar lines.
+    bar = None
+    try:
         for start in range(0, len(paths), args.batch_size):
             batch = paths[start : start + args.batch_size]
             photos = [read_image(path) for path in batch]
@@ -223,18 +230,15 @@ def run(args: argparse.Namespace) -> int:
                     for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
-                        scaled = scale_maps([heat.numpy()])
-                        signed = scaled.signed[0]  # then the diverging map, whatever --cmap
-                        picture = overlay(
+                        figure = heatmap_figure(
                             display,
-                            scaled.maps[0],
-                            cmap=None if signed else args.cmap,
+                            heat,
+                            cmap=args.cmap,
                             alpha=args.alpha,
-                            signed=signed,
+                            title=f"{method}: {_class_title(column, loaded.classes)}",
+                            background=args.background,
                         )
-                        save_image(picture, out)
-                        if scaled.notes[0]:
-                            print(f"explain: note: {out} is an {scaled.notes[0]}", file=sys.stderr)
+                        save_figure(figure, out)
                         written.append(out)
                 if args.save:
                     for method, result in results.items():
@@ -251,11 +255,19 @@ def run(args: argparse.Namespace) -> int:
                         columns=names,
                         cmap=args.cmap,
                         alpha=args.alpha,
+                        background=args.background,
                     )
                     out = args.out / f"{stem}_grid.png"
                     save_figure(figure, out)
                     written.append(out)
+            if bar is None:
+                bar = tqdm(
+                    total=len(paths), unit="image", desc="explaining", file=sys.stderr, disable=None
+                )
             bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
     for out in dict.fromkeys(written):
         print(out)
     return 0
@@ -306,7 +318,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "inputs", nargs="+", metavar="FILE|DIR", help="image files, or folders of images"
     )
-    add_model_arguments(parser, takes="an image classifier (timm or Hugging Face ViT family)")
+    add_model_arguments(
+        parser,
+        takes="an image classifier (timm or Hugging Face ViT family)",
+        examples="zoo:shapes-vit, vit_base_patch16_224.augreg2_in21k_ft_in1k, "
+        "google/vit-base-patch16-224, ./my-vit",
+    )
     parser.add_argument(
         "--weights",
         type=Path,
@@ -343,6 +360,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         default=0.8,
         help="opacity of the heatmap where the relevance is highest (it fades with the "
         "relevance, so the image keeps its colours where there is none), 0..1; "
+        "default: %(default)s",
+    )
+    parser.add_argument(
+        "--background",
+        choices=BACKGROUNDS,
+        default="grey",
+        help="what the heatmap is drawn over: the image in grey, so that every colour is "
+        "relevance and a coloured object is never taken for heat, or its own colours; "
         "default: %(default)s",
     )
     parser.add_argument(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,21 +25,23 @@ __all__ = [
 ]
 
 MODEL_SPECS = (
-    "SPEC is zoo:NAME (`explain models`), a timm model name with or without its pretrained "
-    "tag (vit_base_patch16_224.augreg2_in21k_ft_in1k), hf-hub:org/name (timm on the "
-    "Hugging Face Hub), a Hugging Face repo id org/name[@revision] "
-    "(google/vit-base-patch16-224; older ids have no org: gpt2), or a local model folder or "
-    "weights file. Downloads go "
-    "to the Hugging Face cache ($HF_HUB_CACHE, default ~/.cache/huggingface/hub) once; "
-    "later runs need no network."
+    "SPEC is zoo:NAME (`explain models`), a Hugging Face repo id org/name[@revision] (the "
+    "oldest ids have no org), a timm model name with or without its pretrained tag, "
+    "hf-hub:org/name (a timm model on the Hugging Face Hub), or a local model folder or "
+    "weights file. Downloads go to the Hugging Face cache ($HF_HUB_CACHE, default "
+    "~/.cache/huggingface/hub) once; later runs need no network."
 )
 """What `--model` takes, for help texts and the README."""
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, *, takes: str) -> None:
-    """`--model SPEC` (required; `takes`: what kind of model the command explains),
-    `--offline`, `--device` and `--dtype`, in their own help section."""
-    group = parser.add_argument_group("model", f"{takes}. {MODEL_SPECS}")
+def add_model_arguments(parser: argparse.ArgumentParser, *, takes: str, examples: str) -> None:
+    """`--model SPEC` (required; `takes`: what kind of model the command explains,
+    `examples`: specs of such models), `--offline`, `--device` and `--dtype`, in their own
+    help section."""
+    # Wrapped here: a command whose description is preformatted (RawDescriptionHelpFormatter)
+    # would print the group's description as one long line; others re-wrap it anyway.
+    about = textwrap.fill(f"{takes}. {MODEL_SPECS} Examples: {examples}.", width=78)
+    group = parser.add_argument_group("model", about)
     group.add_argument("--model", required=True, metavar="SPEC", help=f"{takes} (see above)")
     group.add_argument(
         "--offline",

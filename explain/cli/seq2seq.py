@@ -86,7 +86,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("source", metavar="TEXT", help="the source text")
     add_model_arguments(
-        parser, takes="a Hugging Face seq2seq model with its tokenizer (BART, Marian, T5)"
+        parser,
+        takes="a Hugging Face seq2seq model with its tokenizer (BART, Marian, T5)",
+        examples="Helsinki-NLP/opus-mt-en-de, facebook/bart-large-cnn, google-t5/t5-small, "
+        "./my-marian",
     )
     parser.add_argument(
         "--target",

@@ -114,9 +114,9 @@ def run(args: argparse.Namespace) -> int:
         note = scale_note(method, raw=args.raw_values)
         shown = display_values(method, relevance, raw=args.raw_values)
         rows = _rows(tokens, shown, loaded.tokenizer, args.words)
-        if len(methods) > 1:
+        if len(methods) > 1:  # one heading per method; the titles below stay short
             print(f"[{method}]")
-            titles = [f"{method}: {title}" for title in titles]
+            fragments.append(f"<h2>{method}</h2>")
         if note is not None:
             print(f"note: {note}")
             fragments.append(note_html(note))
@@ -135,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
             print(path)
     if args.html is not None:
         with atomic_write(args.html, "w") as handle:
-            handle.write(document_html(fragments, title=f"explain text: {args.model}"))
+            page_title = f"explain text: {args.model}, {', '.join(methods)}"
+            handle.write(document_html(fragments, title=page_title))
         print(args.html)
     return 0
 
@@ -201,9 +202,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("texts", nargs="+", metavar="TEXT", help="one or more texts")
     add_model_arguments(
         parser,
-        takes="a Hugging Face text model with its tokenizer: a classifier "
-        "(distilbert/distilbert-base-uncased-finetuned-sst-2-english, zoo:minilm-sentiment) "
-        "or a sentence encoder",
+        takes="a Hugging Face text model with its tokenizer: a classifier or a sentence encoder",
+        examples="zoo:minilm-sentiment, "
+        "distilbert/distilbert-base-uncased-finetuned-sst-2-english, "
+        "sentence-transformers/all-MiniLM-L6-v2, ./my-bert",
     )
     add_method_arguments(
         parser, default=None, help="class index or name; default: the predicted class"

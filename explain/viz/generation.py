@@ -7,8 +7,11 @@ JSON array of numbers that a few lines of inline script read when a token is cho
 Colours are the diverging scale of explain.viz.text (red for, blue against), scaled per
 chosen token by the largest magnitude among the tokens before it, the token the
 prediction is read out at excluded: its own relevance (the identity term of the rules)
-would otherwise swamp every other token's; it is drawn at full colour with a frame.
-The page opens on the first generated token, or on token g of the address `page.html#g`.
+would otherwise swamp every other token's; it is drawn hatched grey, off the scale. Token
+text is black or white, whichever contrasts more with its colour (WCAG AA). Generated
+tokens are chosen by click, or by Tab and Enter; the page opens on generated token 1, or
+on token g (counted from 1, as the status line counts) of the address `page.html#g`,
+which choosing a token updates.
 """
 
 from __future__ import annotations
@@ -30,36 +33,60 @@ const red = [178, 24, 43], blue = [33, 102, 172];
 function shade(value, scale) {
   const s = scale > 0 ? Math.max(-1, Math.min(1, value / scale)) : 0;
   const end = s >= 0 ? red : blue, w = Math.abs(s);
-  return "rgb(" + end.map(c => Math.round(255 + (c - 255) * w)).join(", ") + ")";
+  return end.map(c => Math.round(255 + (c - 255) * w));
+}
+// WCAG 2 relative luminance; black or white text, whichever contrasts more (>= 4.58:1).
+function luminance(rgb) {
+  const l = rgb.map(c => c / 255).map(c => c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4);
+  return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2];
+}
+function ink(rgb) {
+  const y = luminance(rgb);
+  return (y + 0.05) / 0.05 >= 1.05 / (y + 0.05) ? "black" : "white";
 }
 function choose(g) {
   const row = rows[g], prompt = PROMPT, at = prompt + g;
   let scale = 0;
   for (let t = 0; t < at - 1; t++) scale = Math.max(scale, Math.abs(row[t]));
   document.querySelectorAll("span.tok").forEach(span => {
-    const t = Number(span.dataset.t);
+    const t = Number(span.dataset.t), coloured = t < at - 1;
     span.classList.toggle("chosen", t === at);
     span.classList.toggle("readout", t === at - 1);
-    span.style.backgroundColor = t < at ? shade(row[t], scale) : "transparent";
-    span.style.color = t < at && scale > 0 && Math.abs(row[t]) > 0.6 * scale ? "white" : "";
-    span.title = t < at ? row[t].toPrecision(4) : "";
+    const rgb = coloured ? shade(row[t], scale) : null;
+    span.style.backgroundColor = rgb ? "rgb(" + rgb.join(", ") + ")" : "";
+    span.style.color = rgb ? ink(rgb) : "";
+    const off = coloured ? "" : " (readout token, off the scale)";
+    span.title = t < at ? row[t].toPrecision(4) + off : "";
+    if (span.dataset.g !== undefined) span.setAttribute("aria-pressed", String(t === at));
   });
   document.getElementById("status").textContent =
-    "relevance for generated token " + (g + 1) + " of " + rows.length;
+    "relevance for generated token " + (g + 1) + " of " + rows.length +
+    " (address #" + (g + 1) + ")";
 }
-document.querySelectorAll("span.gen").forEach(span =>
-  span.addEventListener("click", () => choose(Number(span.dataset.g))));
-// The page opens on the first generated token, or on the one its address names (#g).
-const opened = Math.max(0, Math.min(rows.length - 1, Number(location.hash.slice(1)) || 0));
-if (rows.length) choose(opened);
+function select(g) {
+  choose(g);
+  history.replaceState(null, "", "#" + (g + 1));
+}
+document.querySelectorAll("span.gen").forEach(span => {
+  const g = Number(span.dataset.g);
+  span.addEventListener("click", () => select(g));
+  span.addEventListener("keydown", event => {
+    if (event.key === "Enter" || event.key === " ") { event.preventDefault(); select(g); }
+  });
+});
+// The page opens on generated token 1, or on the one its address names (#g, from 1).
+const asked = Number(location.hash.slice(1)) || 1;
+if (rows.length) choose(Math.max(0, Math.min(rows.length - 1, asked - 1)));
 """
 
 _STYLE = """
 body { font-family: sans-serif; max-width: 60em; margin: 2em auto; line-height: 2.2; }
 span.tok { padding: 2px 3px; border-radius: 3px; white-space: pre-wrap; }
 span.gen { cursor: pointer; text-decoration: underline dotted; }
+span.gen:focus-visible { outline: 3px solid #1a5fb4; outline-offset: 1px; }
 span.chosen { outline: 2px solid black; }
-span.readout { box-shadow: inset 0 -3px 0 #555; }
+span.readout { background: repeating-linear-gradient(45deg, #ddd 0 4px, #fff 4px 8px);
+  box-shadow: inset 0 -3px 0 #555; }
 p.legend { color: #555; line-height: 1.4; }
 """
 
@@ -69,11 +96,13 @@ def generation_html(
     prompt_length: int,
     relevance: Tensor,
     *,
+    method: str,
     title: str = "explain generate",
 ) -> str:
     """The page for one sequence: `tokens` (T) of prompt + continuation, the first
     `prompt_length` of them the prompt, and `relevance` (G, T), row g for the token at
-    `prompt_length + g` (rows past the continuation's end are left out by the caller)."""
+    `prompt_length + g` (rows past the continuation's end are left out by the caller).
+    The heading reads "TITLE: METHOD", `method` being the one that made `relevance`."""
     count = relevance.shape[0]
     if relevance.dim() != 2 or relevance.shape[1] != len(tokens):
         raise InputError(
@@ -91,7 +120,12 @@ def generation_html(
     spans = []
     for index, token in enumerate(tokens[: prompt_length + count]):
         generated = index >= prompt_length
-        attributes = f' data-g="{index - prompt_length}"' if generated else ""
+        # Generated tokens are buttons: reachable with Tab, chosen with Enter or Space.
+        attributes = (
+            f' data-g="{index - prompt_length}" tabindex="0" role="button" aria-pressed="false"'
+            if generated
+            else ""
+        )
         kind = "tok gen" if generated else "tok"
         spans.append(
             f'<span class="{kind}" data-t="{index}"{attributes}>{html.escape(token)}</span>'
@@ -99,15 +133,18 @@ def generation_html(
     prompt_end = '<br><span style="color: #555">continuation:</span> '
     body = " ".join(spans[:prompt_length]) + prompt_end + " ".join(spans[prompt_length:])
     red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
+    heading = html.escape(f"{title}: {method}")
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
-        f"<h2>{html.escape(title)}</h2>\n"
-        '<p class="legend">Click a generated (underlined) token: every token before it is '
-        f'coloured by its relevance for it, <span style="color: rgb{red}">red</span> for, '
+        f"<title>{heading}</title><style>{_STYLE}</style></head>\n<body>\n"
+        f"<h2>{heading}</h2>\n"
+        '<p class="legend">Click a generated (underlined) token, or reach it with Tab and '
+        "press Enter: every token before it is coloured by its relevance for it, "
+        f'<span style="color: rgb{red}">red</span> for, '
         f'<span style="color: rgb{blue}">blue</span> against, scaled by the largest '
-        "magnitude before it without the token the prediction is read out at (underlined "
-        'in grey, drawn at full colour).</p>\n<p id="status"></p>\n'
+        "magnitude before it without the token the prediction is read out at (hatched grey, "
+        "off the scale: its own identity term would swamp the rest). The address "
+        '<code>#g</code> opens generated token g (from 1).</p>\n<p id="status"></p>\n'
         f"<p>{body}</p>\n"
         f'<script type="application/json" id="relevance">{data}</script>\n'
         f"<script>{_SCRIPT.replace('PROMPT', str(prompt_length))}</script>\n"

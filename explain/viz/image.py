@@ -25,10 +25,15 @@ if TYPE_CHECKING:
     from explain.explanation import Explanation
 
 __all__ = [
+    "BACKGROUNDS",
     "DEFAULT_DPI",
+    "MAPS_PER_ROW",
     "batch_figure",
+    "caption_lines",
     "check_style",
     "explanation_grid",
+    "figure_caption",
+    "greyed",
     "grid_figure",
     "heatmap_figure",
     "overlay",
@@ -60,6 +65,25 @@ def _to_hwc(image: Tensor | np.ndarray) -> np.ndarray:
     return np.clip(array, 0.0, 1.0)
 
 
+BACKGROUNDS = ("grey", "colour")
+"""What an overlay is drawn on: "grey" (the default), the image's brightness compressed into
+a mid-grey band, so that every colour in the picture is relevance and a red object or a
+white pen stroke cannot pass for heat; or "colour", the image's own colours."""
+
+_GREY_BAND = (0.2, 0.7)
+"""The brightness range a "grey" background is mapped to: no black (the colormap's zero
+end) and no white (its hot end), so the image never reads as either."""
+
+
+def greyed(image: Tensor | np.ndarray) -> np.ndarray:
+    """The image as an overlay's "grey" background: (H, W, 3) in the mid-grey band, its
+    brightness (Rec. 601 luma) kept, its colours dropped."""
+    rgb = _to_hwc(image)
+    luma = rgb @ np.array([0.299, 0.587, 0.114], dtype=rgb.dtype)
+    low, high = _GREY_BAND
+    return np.repeat((low + (high - low) * luma)[..., None], 3, axis=-1)
+
+
 def _to_map(heatmap: Tensor | np.ndarray) -> np.ndarray:
     heat = (
         heatmap.detach().cpu().float().numpy()
@@ -71,8 +95,9 @@ def _to_map(heatmap: Tensor | np.ndarray) -> np.ndarray:
     return heat
 
 
-def check_style(cmap: str | None, alpha: float) -> None:
-    """Raise ExplainError for an unknown colormap or an opacity outside [0, 1].
+def check_style(cmap: str | None, alpha: float, background: str = "grey") -> None:
+    """Raise ExplainError for an unknown colormap or background, or an opacity outside
+    [0, 1].
 
     Lets callers that draw many pictures (the CLI) fail before any work. `cmap=None`
     stands for the figure's default (inferno, or RdBu_r for signed relevance).
@@ -81,6 +106,10 @@ def check_style(cmap: str | None, alpha: float) -> None:
         _colormap(cmap)
     if not 0.0 <= alpha <= 1.0:
         raise ExplainError(f"alpha is the heatmap's opacity and must be in [0, 1], got {alpha}")
+    if background not in BACKGROUNDS:
+        raise ExplainError(
+            f"unknown background {background!r}; use one of {', '.join(BACKGROUNDS)}"
+        )
 
 
 def _colormap(cmap: str):
@@ -102,19 +131,21 @@ def overlay(
     alpha: float = 0.8,
     *,
     signed: bool = False,
+    background: str = "grey",
 ) -> np.ndarray:
-    """Colour an RGB image in [0, 1] by a heatmap, with opacity following the relevance.
+    """Colour an image in [0, 1] by a heatmap, with opacity following the relevance.
 
     `heatmap` (H, W) is in [0, 1], as `Explanation.heatmap()` returns it, or with `signed`
     in [-1, 1]. Each pixel's colour is `cmap(heat)` (signed: `cmap(0.5 + heat / 2)`, a
-    diverging map centred at zero) blended over the image with opacity `alpha * |heat|`:
-    where the relevance is 0 the image keeps its own colours, so an object's colour is
-    never mistaken for relevance. `cmap` defaults to inferno (perceptually uniform), or
-    RdBu_r when `signed`. `image` is (3, H, W), (H, W, 3) or grey (H, W). Returns an
-    (H, W, 3) float array in [0, 1].
+    diverging map centred at zero) blended over the background with opacity
+    `alpha * |heat|`. The background is the image in grey by default (`greyed`), so that
+    every colour in the picture is relevance: a red object is never taken for heat, nor a
+    white stroke for inferno's hot end; `background="colour"` keeps the image's colours.
+    `cmap` defaults to inferno (perceptually uniform), or RdBu_r when `signed`. `image` is
+    (3, H, W), (H, W, 3) or grey (H, W). Returns an (H, W, 3) float array in [0, 1].
     """
-    check_style(cmap, alpha)
-    rgb = _to_hwc(image)
+    check_style(cmap, alpha, background)
+    rgb = greyed(image) if background == "grey" else _to_hwc(image)
     heat = _to_map(heatmap)
     if heat.shape != rgb.shape[:2]:
         raise InputError(
@@ -145,28 +176,50 @@ _LABEL_INCHES = 0.35  # left of the panels: row labels
 _TITLE_INCHES = 0.3  # above each row of panels: titles
 _GAP_INCHES = 0.08  # between panels
 _BAR_INCHES = 1.1  # right of the panels: the colour bar, its ticks and its label
-_CAPTION_INCHES = 0.3  # below the panels: the figure's normalisation rule
+_CAPTION_LINE_INCHES = 0.14  # one line of the caption below the panels (7 pt)
+_CAPTION_CHAR_INCHES = 0.056  # a 7 pt character, on average, with room to spare
+_MAX_PANEL_INCHES = 6.0  # a single map drawn at its own resolution up to this edge
+
+MAPS_PER_ROW = 4
+"""Maps in one row of a grid: more columns wrap into further rows, the input opening each,
+so that a figure of every method stays readable at normal zoom (about 2000 px wide)."""
+
+
+def caption_lines(text: str, width_inches: float) -> list[str]:
+    """`text` wrapped to lines that fit `width_inches` at the caption's 7 pt."""
+    import textwrap
+
+    return textwrap.wrap(text, max(20, int((width_inches - 0.2) / _CAPTION_CHAR_INCHES)))
 
 
 def _panel_figure(
-    shape: Sequence[int], aspect: float, *, colorbar: bool, labels: bool
+    shape: Sequence[int],
+    aspect: float,
+    *,
+    colorbar: bool,
+    labels: bool,
+    caption: str,
+    panel_inches: float = _PANEL_INCHES,
 ) -> tuple[Figure, list[list], object]:
-    """A figure with `shape[i]` panels in row i, each `aspect` (height / width) high, and a
-    caption line below them.
+    """A figure with `shape[i]` panels in row i, each `aspect` (height / width) high, and
+    `caption` below them, wrapped to the figure's width.
 
     Returns the figure, its panels row by row, and the box (left, bottom, width, height
     in figure fractions) of the colour key, or None; it spans every row.
     """
     from matplotlib.figure import Figure
 
-    panel_w = _PANEL_INCHES
-    panel_h = _PANEL_INCHES * min(max(aspect, 0.25), 4.0)
+    panel_w = panel_inches
+    panel_h = panel_inches * min(max(aspect, 0.25), 4.0)
     left = _LABEL_INCHES if labels else _GAP_INCHES
     columns = max(shape)
     panels_w = columns * panel_w + (columns - 1) * _GAP_INCHES
     width = left + panels_w + (_BAR_INCHES if colorbar else _GAP_INCHES)
-    height = len(shape) * (panel_h + _TITLE_INCHES) + _CAPTION_INCHES
+    lines = caption_lines(caption, width)
+    caption_h = 0.1 + _CAPTION_LINE_INCHES * len(lines)
+    height = len(shape) * (panel_h + _TITLE_INCHES) + caption_h
     figure = Figure(figsize=(width, height))
+    figure.text(0.5, 0.06 / height, "\n".join(lines), ha="center", va="bottom", fontsize=7)
 
     def box(x: float, y: float, w: float, h: float) -> tuple[float, float, float, float]:
         return (x / width, y / height, w / width, h / height)
@@ -193,7 +246,7 @@ def _draw_colorbar(
 ) -> None:
     """The colour keys of the figure's rule in `area`: relevance values on a shared scale,
     else the ends of each map's own range; the sequential key above the diverging one
-    when the figure has both unsigned and signed maps."""
+    when the figure has both unsigned and signed maps (the signed panels are marked ±)."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
@@ -212,10 +265,11 @@ def _draw_colorbar(
         bar.ax.tick_params(labelsize=7)
 
 
-def _draw_caption(figure: Figure, scale: FigureScale) -> None:
-    figure.text(
-        0.5, 0.1 / figure.get_figheight(), scale.caption(), ha="center", va="bottom", fontsize=7
-    )
+def figure_caption(scale: FigureScale, background: str) -> str:
+    """The line below a figure: its normalisation rule and what the picture is drawn on."""
+    if background == "grey":
+        return scale.caption() + " The input is shown in grey: every colour is relevance."
+    return scale.caption()
 
 
 def _draw_panel(
@@ -227,24 +281,26 @@ def _draw_panel(
     *,
     signed: bool = False,
     note: str | None = None,
+    background: str = "grey",
+    mark_signed: bool = False,
 ) -> None:
     # `cmap` colours unsigned maps; signed ones always get the diverging map.
     cmap = None if signed else cmap
-    shown = image if heat is None else overlay(image, heat, cmap=cmap, alpha=alpha, signed=signed)
+    shown = (
+        image
+        if heat is None
+        else overlay(image, heat, cmap=cmap, alpha=alpha, signed=signed, background=background)
+    )
     axis.imshow(shown)
     axis.set_xticks([])
     axis.set_yticks([])
+    box = {"boxstyle": "round,pad=0.3", "facecolor": "white", "alpha": 0.85}
     if note is not None:  # nothing to see, and saying so beats an unexplained plain image
-        axis.text(
-            0.5,
-            0.5,
-            note,
-            transform=axis.transAxes,
-            ha="center",
-            va="center",
-            fontsize=8,
-            bbox={"boxstyle": "round,pad=0.3", "facecolor": "white", "alpha": 0.85},
-        )
+        axis.text(0.5, 0.5, note, transform=axis.transAxes, ha="center", va="center", fontsize=8,
+                  bbox=box)  # fmt: skip
+    if mark_signed and signed:  # the figure has two keys: this panel reads the diverging one
+        axis.text(0.96, 0.96, "±", transform=axis.transAxes, ha="right", va="top", fontsize=9,
+                  bbox=box)  # fmt: skip
 
 
 def heatmap_figure(
@@ -255,25 +311,41 @@ def heatmap_figure(
     alpha: float = 0.8,
     colorbar: bool = True,
     title: str | None = None,
+    background: str = "grey",
 ) -> Figure:
-    """One image with its relevance map overlaid, a title and (by default) a colour key.
+    """One image with its relevance map overlaid, a title, a colour key (by default) and
+    the normalisation rule written below.
 
-    The map (H, W) is scaled on its own (min-max, or by its largest magnitude when it has
-    negative values: see explain.viz.scaling) and the rule is written below it.
+    The map (H, W) is scaled on its own (min-max, or by a high percentile of its
+    magnitude when it has negative values: see explain.viz.scaling). The panel shows the
+    image at its own resolution at DEFAULT_DPI, between 2.4 and 6 inches wide.
     """
     rgb = _to_hwc(image)
     scale = scale_maps([_to_map(heatmap)])
+    height, width = rgb.shape[:2]
+    inches = min(max(width / DEFAULT_DPI, _PANEL_INCHES), _MAX_PANEL_INCHES)
     figure, rows, bar = _panel_figure(
-        [1], rgb.shape[0] / rgb.shape[1], colorbar=colorbar, labels=False
+        [1],
+        height / width,
+        colorbar=colorbar,
+        labels=False,
+        caption=figure_caption(scale, background),
+        panel_inches=inches,
     )
     _draw_panel(
-        rows[0][0], rgb, scale.maps[0], cmap, alpha, signed=scale.signed[0], note=scale.notes[0]
+        rows[0][0],
+        rgb,
+        scale.maps[0],
+        cmap,
+        alpha,
+        signed=scale.signed[0],
+        note=scale.notes[0],
+        background=background,
     )
     if title:
-        rows[0][0].set_title(title, fontsize=9)
+        rows[0][0].set_title(title, fontsize=9, parse_math=False)
     if bar is not None:
         _draw_colorbar(figure, bar, scale, cmap)
-    _draw_caption(figure, scale)
     return figure
 
 
@@ -288,14 +360,19 @@ def grid_figure(
     colorbar: bool = True,
     show_image: bool = True,
     scale: str = "per_map",
+    background: str = "grey",
+    maps_per_row: int = MAPS_PER_ROW,
 ) -> Figure:
     """One image explained in a grid: `heatmaps[i][j]` (H, W) is row `rows[i]`, column
     `columns[j]`, e.g. methods x classes (the papers' "cat and dog" figure).
 
     The maps are raw relevance (any range); `scale` is the figure's one normalisation rule,
     "per_map" or "shared" (explain.viz.scaling), written below the grid and matched by the
-    colour key. With `show_image` the plain image opens every row, so the eye can compare
-    each map with what it covers.
+    colour key; when the figure has both unsigned and signed maps, the signed panels are
+    marked ± and read the diverging key. With `show_image` the plain image (in colour)
+    opens every row, so the eye can compare each map with what it covers. More than
+    `maps_per_row` columns wrap: columns `maps_per_row` onwards form a further block of
+    the same rows below, with their own titles.
     """
     rgb = _to_hwc(image)
     if len(rows) == 0 or len(columns) == 0:
@@ -304,37 +381,49 @@ def grid_figure(
         raise InputError(
             f"heatmaps must be {len(rows)} rows x {len(columns)} columns to match the labels"
         )
+    if maps_per_row < 1:
+        raise InputError(f"maps_per_row must be at least 1, got {maps_per_row}")
+    check_style(cmap, alpha, background)
     scaled = scale_maps([_to_map(m) for row in heatmaps for m in row], scale)
+    mark = len(scaled.keys()) > 1
     first = 1 if show_image else 0
+    blocks = [
+        range(start, min(start + maps_per_row, len(columns)))
+        for start in range(0, len(columns), maps_per_row)
+    ]
     figure, panels, bar = _panel_figure(
-        [len(columns) + first] * len(rows),
+        [len(block) + first for block in blocks for _ in rows],
         rgb.shape[0] / rgb.shape[1],
         colorbar=colorbar,
         labels=True,
+        caption=figure_caption(scaled, background),
     )
-    for i, label in enumerate(rows):
-        if show_image:
-            _draw_panel(panels[i][0], rgb, None, cmap, alpha)
-            if i == 0:
-                panels[i][0].set_title("input", fontsize=9)
-        panels[i][0].set_ylabel(label, fontsize=9)
-        for j, column in enumerate(columns):
-            k = i * len(columns) + j
-            axis = panels[i][first + j]
-            _draw_panel(
-                axis,
-                rgb,
-                scaled.maps[k],
-                cmap,
-                alpha,
-                signed=scaled.signed[k],
-                note=scaled.notes[k],
-            )
-            if i == 0:
-                axis.set_title(column, fontsize=9)
+    for b, block in enumerate(blocks):
+        for i, label in enumerate(rows):
+            line = panels[b * len(rows) + i]
+            if show_image:
+                _draw_panel(line[0], rgb, None, cmap, alpha)
+                if i == 0:
+                    line[0].set_title("input", fontsize=9)
+            line[0].set_ylabel(label, fontsize=9, parse_math=False)
+            for j, column in enumerate(block):
+                k = i * len(columns) + column
+                axis = line[first + j]
+                _draw_panel(
+                    axis,
+                    rgb,
+                    scaled.maps[k],
+                    cmap,
+                    alpha,
+                    signed=scaled.signed[k],
+                    note=scaled.notes[k],
+                    background=background,
+                    mark_signed=mark,
+                )
+                if i == 0:
+                    axis.set_title(columns[column], fontsize=9, parse_math=False)
     if bar is not None:
         _draw_colorbar(figure, bar, scaled, cmap)
-    _draw_caption(figure, scaled)
     return figure
 
 
@@ -349,22 +438,26 @@ def explanation_grid(
     alpha: float = 0.8,
     colorbar: bool = True,
     scale: str = "per_map",
+    background: str = "grey",
+    maps_per_row: int = MAPS_PER_ROW,
 ) -> Figure:
     """Methods x classes for sample `sample`: one row per `explanations` entry (method name
     -> Explanation of the same images and targets), one column per explained class.
 
     With a (B, K) target each Explanation holds K classes per image and the grid has K
-    columns, titled with the class names when `class_names` is given. `transpose` puts the
-    classes in rows and the methods in columns (wide rather than tall, for many methods).
-    The relevance is upsampled straight to the size of `image` and coloured by `scale`
-    (see grid_figure).
+    columns, titled with the class names when `class_names` is given and with each class's
+    rank among the model's outputs ("predicted", "ranked 2nd"). `transpose` puts the
+    classes in rows and the methods in columns (wide rather than tall, for many methods;
+    more than `maps_per_row` methods wrap). The relevance is upsampled straight to the
+    size of `image` and coloured by `scale` (see grid_figure).
     """
     if not explanations:
         raise InputError("explanation_grid needs at least one explanation")
     size = _to_hwc(image).shape[:2]
     first = next(iter(explanations.values()))
     targets = first.target[sample].reshape(-1).tolist()
-    classes = [_class_label(int(t), class_names) for t in targets]
+    logits = first.logits[sample]
+    classes = [_class_label(int(t), class_names, logits) for t in targets]
     heatmaps = []
     for name, explanation in explanations.items():
         if explanation.target[sample].reshape(-1).tolist() != targets:
@@ -388,6 +481,8 @@ def explanation_grid(
         alpha=alpha,
         colorbar=colorbar,
         scale=scale,
+        background=background,
+        maps_per_row=maps_per_row,
     )
 
 
@@ -396,20 +491,24 @@ def batch_figure(
     explanations: Mapping[str, Explanation],
     *,
     class_names: Sequence[str] | None = None,
+    labels: Sequence[int] | Tensor | None = None,
     cmap: str | None = None,
     alpha: float = 0.8,
     colorbar: bool = True,
     scale: str = "per_map",
+    background: str = "grey",
 ) -> Figure:
     """Several images at once: the pictures in the first row, titled with the class each
-    is explained for, then one row of overlays per method (`explanations`: method name ->
-    Explanation of these images, one class per image), coloured by `scale` (see
-    grid_figure).
+    is explained for and its rank among the model's outputs ("predicted", "ranked 2nd";
+    with `labels`, the true classes, also the label), then one row of overlays per method
+    (`explanations`: method name -> Explanation of these images, one class per image),
+    coloured by `scale` (see grid_figure).
 
     `pictures[b]` is image b in [0, 1] as it should be shown; the maps are upsampled to it.
     """
     if not explanations:
         raise InputError("batch_figure needs at least one explanation")
+    check_style(cmap, alpha, background)
     shown = [_to_hwc(picture) for picture in pictures]
     first = next(iter(explanations.values()))
     if first.target.dim() != 1 or len(shown) != first.target.shape[0]:
@@ -417,6 +516,8 @@ def batch_figure(
             f"batch_figure shows one class per image: got {len(shown)} pictures and targets "
             f"of shape {tuple(first.target.shape)}"
         )
+    if labels is not None and len(labels) != len(shown):
+        raise InputError(f"{len(shown)} pictures but {len(labels)} labels")
     raw = []
     for name, explanation in explanations.items():
         if not torch.equal(explanation.target, first.target):
@@ -433,11 +534,16 @@ def batch_figure(
         shown[0].shape[0] / shown[0].shape[1],
         colorbar=colorbar,
         labels=True,
+        caption=figure_caption(scaled, background),
     )
     for b, picture in enumerate(shown):
         _draw_panel(panels[0][b], picture, None, cmap, alpha)
-        panels[0][b].set_title(_class_label(int(first.target[b]), class_names), fontsize=9)
+        title = _class_label(int(first.target[b]), class_names, first.logits[b])
+        if labels is not None:
+            title += f"\nlabel: {_class_name(int(labels[b]), class_names)}"
+        panels[0][b].set_title(title, fontsize=8, parse_math=False)
     panels[0][0].set_ylabel("input", fontsize=9)
+    mark = len(scaled.keys()) > 1
     for row, name in enumerate(explanations, start=1):
         for b, picture in enumerate(shown):
             k = (row - 1) * len(shown) + b
@@ -449,25 +555,40 @@ def batch_figure(
                 alpha,
                 signed=scaled.signed[k],
                 note=scaled.notes[k],
+                background=background,
+                mark_signed=mark,
             )
-        panels[row][0].set_ylabel(name, fontsize=9)
+        panels[row][0].set_ylabel(name, fontsize=9, parse_math=False)
     if bar is not None:
         _draw_colorbar(figure, bar, scaled, cmap)
-    _draw_caption(figure, scaled)
     return figure
 
 
-def _class_label(index: int, class_names: Sequence[str] | None) -> str:
-    """An explained class as a title that cannot be misread: "class 2 (target)",
-    "circle (class 0, target)"."""
-    if index < 0:
-        return "custom score (target)"
+def _class_name(index: int, class_names: Sequence[str] | None) -> str:
+    """A class by its name (first synonym) and index, or its index alone."""
     name = None
-    if class_names is not None and index < len(class_names):
+    if class_names is not None and 0 <= index < len(class_names):
         name = class_names[index].split(",")[0].strip()
     if not name or name == str(index):
-        return f"class {index} (target)"
-    return f"{name} (class {index}, target)"
+        return f"class {index}"
+    return f"{name} (class {index})"
+
+
+def _ordinal(rank: int) -> str:
+    suffix = "th" if 10 <= rank % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(rank % 10, "th")
+    return f"{rank}{suffix}"
+
+
+def _class_label(index: int, class_names: Sequence[str] | None, logits: Tensor) -> str:
+    """An explained class as a title that cannot be misread: whether it is the model's
+    prediction or which rank it has, e.g. "circle (class 0), predicted", "class 3, ranked
+    2nd"."""
+    if index < 0:
+        return "custom score"
+    rank = int((logits.detach() > logits.detach()[index]).sum()) + 1
+    return f"{_class_name(index, class_names)}, " + (
+        "predicted" if rank == 1 else f"ranked {_ordinal(rank)}"
+    )
 
 
 def save_figure(

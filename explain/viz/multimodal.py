@@ -19,7 +19,16 @@ import numpy as np
 from torch import Tensor
 
 from explain.errors import InputError
-from explain.viz.image import _draw_colorbar, _draw_panel, _to_hwc, _to_map, check_style
+from explain.viz.image import (
+    _CAPTION_LINE_INCHES,
+    _draw_colorbar,
+    _draw_panel,
+    _to_hwc,
+    _to_map,
+    caption_lines,
+    check_style,
+    figure_caption,
+)
 from explain.viz.scaling import scale_maps
 from explain.viz.text_figure import text_figure
 
@@ -61,11 +70,16 @@ def clip_figure(
     labels: Sequence[str] | None = None,
     cmap: str | None = None,
     alpha: float = 0.8,
+    background: str = "grey",
+    title: str | None = None,
 ) -> Figure:
-    """One image explained against K texts, side by side.
+    """One image explained against K texts, side by side, under `title` (e.g. the image
+    and the method).
 
     Each image map is scaled on its own (min-max; explain.viz.scaling) and drawn with
-    opacity following relevance; a colour key at the right and a caption below say so.
+    opacity following relevance over the image in grey (`background`, see
+    explain.viz.overlay); a colour key at the right and a caption below, wrapped to the
+    figure's width, say so.
 
     Args:
         image: (3, H, W) or (H, W, 3) in [0, 1].
@@ -78,7 +92,7 @@ def clip_figure(
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    check_style(cmap, alpha)
+    check_style(cmap, alpha, background)
     count = len(tokens)
     if count == 0:
         raise InputError("clip_figure needs at least one text")
@@ -90,14 +104,21 @@ def clip_figure(
         raise InputError(f"{count} texts but {len(labels)} labels")
     wrapped = [_wrap(words) for words in tokens]
     text_lines = max(len(lines) for lines in wrapped)
-    title = 0.3 if labels is not None else 0.05
+    heading = 0.3 if title is not None else 0.0
+    labels_h = 0.3 if labels is not None else 0.05
     scale = scale_maps([_to_map(heat) for heat in heatmaps])
     rgb = _to_hwc(image)
-    caption = 0.3
-    text_height = text_lines * _LINE_INCHES + 0.15 + caption
     panels_width = count * (_PANEL_INCHES + 0.1) + 0.1
     width = panels_width + 1.1  # the colour key and its labels
-    height = title + _PANEL_INCHES + text_height
+    image_rule = figure_caption(scale, background)
+    lines = caption_lines(
+        f"Image: {image_rule[0].lower()}{image_rule[1:]} Text: each prompt's tokens shaded by "
+        "their relevance over the prompt's largest (white: none).",
+        width,
+    )
+    caption = 0.1 + _CAPTION_LINE_INCHES * len(lines)
+    text_height = text_lines * _LINE_INCHES + 0.15 + caption
+    height = heading + labels_h + _PANEL_INCHES + text_height
     figure = Figure(figsize=(width, height))
     reds = colormaps["Reds"]
     key = ((panels_width + 0.1) / width, text_height / height, 0.15 / width, _PANEL_INCHES / height)
@@ -108,10 +129,17 @@ def clip_figure(
             (left / width, text_height / height, _PANEL_INCHES / width, _PANEL_INCHES / height)
         )
         _draw_panel(
-            axis, rgb, scale.maps[k], cmap, alpha, signed=scale.signed[k], note=scale.notes[k]
+            axis,
+            rgb,
+            scale.maps[k],
+            cmap,
+            alpha,
+            signed=scale.signed[k],
+            note=scale.notes[k],
+            background=background,
         )
         if labels is not None:
-            axis.set_title(labels[k], fontsize=8)
+            axis.set_title(labels[k], fontsize=8, parse_math=False)
         scores = _values(text_scores[k])
         if len(scores) < len(tokens[k]):
             raise InputError(f"text {k} has {len(tokens[k])} tokens but {len(scores)} scores")
@@ -137,15 +165,10 @@ def clip_figure(
                     },
                 )
                 column += len(tokens[k][index]) + 1
-    figure.text(
-        0.5,
-        0.1 / height,
-        f"Image: {scale.caption()[0].lower()}{scale.caption()[1:]} Text: each prompt's tokens "
-        "shaded by their relevance over the prompt's largest (white: none).",
-        ha="center",
-        va="bottom",
-        fontsize=7,
-    )
+    figure.text(0.5, 0.06 / height, "\n".join(lines), ha="center", va="bottom", fontsize=7)
+    if title is not None:
+        figure.text(0.5, 1 - 0.08 / height, title, ha="center", va="top", fontsize=9,
+                    parse_math=False)  # fmt: skip
     return figure
 
 

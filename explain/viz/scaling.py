@@ -4,10 +4,13 @@ Relevance has no common unit across methods, so a figure says how its colours we
 
 - `"per_map"` (the default): each map is scaled on its own: min-max to [0, 1] on a
   perceptually uniform sequential colormap, or, for a *signed* map (one with negative
-  values, e.g. full LRP's pixel relevance), divided by its own largest magnitude to
-  [-1, 1] on a diverging colormap centred at zero, so that evidence against the class is
-  never shown as "little evidence for". Colours compare places within a map, never maps
-  with each other, so such a figure has a colour key (a map's own ends) but no value bar.
+  values, e.g. full LRP's pixel relevance), divided by the 99th percentile of its
+  magnitudes and clipped to [-1, 1] on a diverging colormap centred at zero, so that
+  evidence against the class is never shown as "little evidence for". The percentile
+  rather than the maximum because pixel relevance is heavy-tailed: a handful of extreme
+  pixels would otherwise leave the rest of the map invisibly faint. Colours compare places
+  within a map, never maps with each other, so such a figure has a colour key (a map's
+  own ends) but no value bar.
 - `"shared"`: every map of the figure on one scale, 0 to the largest relevance in the
   figure (-M to M, diverging, when any map is signed), with a colour bar in relevance
   units. Colours compare maps too: a weak map looks weak.
@@ -25,7 +28,7 @@ import numpy as np
 
 from explain.errors import InputError
 
-__all__ = ["RULES", "FigureScale", "scale_maps"]
+__all__ = ["RULES", "SIGNED_PERCENTILE", "FigureScale", "scale_maps"]
 
 RULES = ("per_map", "shared")
 """The normalisation rules a figure may use."""
@@ -34,6 +37,9 @@ SEQUENTIAL = "inferno"
 """Perceptually uniform colormap for non-negative relevance."""
 DIVERGING = "RdBu_r"
 """Diverging colormap for signed relevance: blue against, white none, red for."""
+
+SIGNED_PERCENTILE = 99.0
+"""Signed maps under "per_map" reach full colour at this percentile of their |relevance|."""
 
 _FLAT = 1e-6
 """A map whose range is below this fraction of its magnitude is constant (upsampling a
@@ -71,15 +77,17 @@ class FigureScale:
                 f"One scale for every map ({low} to {self.peak:.3g}, bar); "
                 "opacity follows |relevance|."
             )
+        top = f"{SIGNED_PERCENTILE:g}th percentile of |relevance|"
         if all(self.signed):
             return (
-                "Each map divided by its own largest |relevance| (red for, blue against; "
+                f"Each map divided by its own {top}, clipped (red for, blue against; "
                 "no common scale); opacity follows |relevance|."
             )
         if any(self.signed):
             return (
-                "Each map scaled on its own (no common scale): min-max, or for signed maps by "
-                "the largest |relevance| (red for, blue against); opacity follows |relevance|."
+                "Each map scaled on its own (no common scale): min-max, or for signed maps "
+                f"(marked ±) by their {top}, clipped (red for, blue against); opacity follows "
+                "|relevance|."
             )
         return (
             "Each map min-max scaled to its own range (no common scale); opacity follows relevance."
@@ -93,12 +101,16 @@ class FigureScale:
                 return [-1.0, 0.0, 1.0], [f"{-peak:.3g}", "0", f"{peak:.3g}"]
             return [0.0, 1.0], ["0", f"{peak:.3g}"]
         if signed:
-            return [-1.0, 0.0, 1.0], ["-max|R|", "0", "+max|R|"]
+            top = f"p{SIGNED_PERCENTILE:g}|R|"
+            return [-1.0, 0.0, 1.0], [f"-{top}", "0", f"+{top}"]
         return [0.0, 1.0], ["map min", "map max"]
 
     def key_label(self, signed: bool) -> str:
+        """What a key applies to; with both keys, the signed maps are the panels marked ±."""
         if self.rule == "shared":
             return "relevance (shared scale)"
+        if len(self.keys()) > 1:
+            return "signed maps (panels marked ±)" if signed else "unsigned maps (unmarked)"
         return "signed maps" if signed else "each map's own range"
 
 
@@ -131,7 +143,8 @@ def scale_maps(maps: Sequence[np.ndarray], rule: str = "per_map") -> FigureScale
         if note is not None:
             scaled.append(np.zeros_like(m))
         elif negative:
-            scaled.append(m / np.abs(m).max())
+            top = float(np.percentile(np.abs(m), SIGNED_PERCENTILE))
+            scaled.append(np.clip(m / (top if top > 0 else np.abs(m).max()), -1.0, 1.0))
         else:
             scaled.append((m - m.min()) / (m.max() - m.min()))
     return FigureScale(scaled, notes, signed, rule, None)

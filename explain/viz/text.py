@@ -18,7 +18,15 @@ from torch import Tensor
 
 from explain.errors import InputError
 
-__all__ = ["colour", "document_html", "note_html", "to_html", "to_terminal"]
+__all__ = [
+    "colour",
+    "contrast_ratio",
+    "document_html",
+    "note_html",
+    "text_colour",
+    "to_html",
+    "to_terminal",
+]
 
 _RED = (178, 24, 43)
 _BLUE = (33, 102, 172)
@@ -30,6 +38,26 @@ def colour(score: float, scale: float) -> tuple[int, int, int]:
     end = _RED if strength >= 0 else _BLUE
     weight = abs(strength)
     return tuple(round(255 + (channel - 255) * weight) for channel in end)  # type: ignore[return-value]
+
+
+def _luminance(rgb: tuple[int, int, int]) -> float:
+    """WCAG 2 relative luminance of an sRGB colour (0..255 channels)."""
+    linear = [c / 255 / 12.92 if c <= 10 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def contrast_ratio(foreground: tuple[int, int, int], background: tuple[int, int, int]) -> float:
+    """WCAG 2 contrast ratio of two sRGB colours, from 1 (none) to 21 (black on white)."""
+    lighter, darker = sorted((_luminance(foreground), _luminance(background)), reverse=True)
+    return (lighter + 0.05) / (darker + 0.05)
+
+
+def text_colour(background: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Black or white, whichever contrasts more with `background`: at least 4.58:1 for
+    every background, above WCAG AA's 4.5:1 for normal text."""
+    black, white = (0, 0, 0), (255, 255, 255)
+    better = contrast_ratio(black, background) >= contrast_ratio(white, background)
+    return black if better else white
 
 
 def _shown(
@@ -60,10 +88,11 @@ def to_html(
     shown, scale = _shown(tokens, scores, skip)
     spans = []
     for token, value in shown:
-        red, green, blue = colour(value, scale)
+        background = colour(value, scale)
         kind = "tok neg" if value < 0 else "tok"
         spans.append(
-            f'<span class="{kind}" style="background-color: rgb({red}, {green}, {blue})" '
+            f'<span class="{kind}" style="background-color: rgb{background}; '
+            f'color: rgb{text_colour(background)}" '
             f'title="{value:.4g}" data-v="{value:+.3g}">{html.escape(token)}</span>'
         )
     heading = f"<h3>{html.escape(title)}</h3>\n" if title is not None else ""
@@ -77,7 +106,8 @@ _STYLE = """<style>
 body { font-family: sans-serif; }
 .text { line-height: 2.2; }
 .tok { padding: 0 2px; border-radius: 3px; }
-#values:checked ~ main .tok::after { content: " " attr(data-v); font-size: 70%; color: #333; }
+#values:checked ~ main .tok::after { content: " " attr(data-v); font-size: 70%; }
+.legend { color: #555; }
 .swatch { display: inline-block; width: 1.2em; height: 1em; vertical-align: middle;
   border: 1px solid #ccc; }
 </style>"""
@@ -90,15 +120,14 @@ def _legend(body: str) -> str:
         "explained output",
         '<span class="swatch" style="background: rgb(255, 255, 255)"></span> none',
     ]
-    if "tok neg" in body:
-        parts.append(
-            f'<span class="swatch" style="background: rgb{_BLUE}"></span> evidence against'
-        )
-    else:
-        parts.append("(no token has negative relevance here, so no blue)")
+    against = f'<span class="swatch" style="background: rgb{_BLUE}"></span> evidence against'
+    absent = "" if "tok neg" in body else " (no token has negative relevance here, so no blue)"
+    if not absent:
+        parts.append(against)
     return (
-        '<p style="color: #555">Colours: ' + ", ".join(parts) + "; each text is scaled by its "
-        "largest |relevance|, so colours compare tokens within a text, not across texts.</p>"
+        '<p class="legend">Colours: ' + ", ".join(parts) + f"{absent}; each text is scaled by "
+        "its largest |relevance|, so colours compare tokens within a text, not across "
+        "texts.</p>"
     )
 
 
@@ -111,14 +140,16 @@ def note_html(note: str) -> str:
 def document_html(
     fragments: Sequence[str], title: str = "explain: text relevance", note: str | None = None
 ) -> str:
-    """A complete HTML page around fragments made by `to_html`, with a legend of the
-    colours it uses and a "show values" switch that writes each token's score after it;
-    `note` (escaped) heads the page, e.g. that a method's values do not conserve relevance."""
+    """A complete HTML page around fragments made by `to_html`: `title` (escaped) as its
+    heading, which should name the model and the method that made the page, a legend of
+    the colours it uses and a "show values" switch that writes each token's score after
+    it; `note` (escaped) follows the legend, e.g. that a method's values do not conserve
+    relevance."""
     body = "\n".join(fragments if note is None else [note_html(note), *fragments])
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title>\n{_STYLE}</head>\n<body>\n"
-        f"{_legend(body)}\n"
+        f"<h2>{html.escape(title)}</h2>\n{_legend(body)}\n"
         '<input type="checkbox" id="values"><label for="values"> show values</label>\n'
         f"<main>\n{body}\n</main>\n</body></html>\n"
     )
@@ -133,6 +164,7 @@ def to_terminal(
     pieces = []
     for token, value in shown:
         red, green, blue = colour(value, scale)
+        ink = ";".join(map(str, text_colour((red, green, blue))))
         printable = "".join(ch if ch.isprintable() else "?" for ch in token)  # no escapes
-        pieces.append(f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;0;0;0m{printable}\x1b[0m")
+        pieces.append(f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;{ink}m{printable}\x1b[0m")
     return " ".join(pieces) + ("  (every relevance is 0)" if scale == 0 else "")
