@@ -64,9 +64,30 @@ def test_page_and_matrix(folder, tmp_path, capsys):
         rtol=1e-4,
         atol=1e-5,
     )
-    spans = re.findall(r'<span class="tok gen" data-t="(\d+)" data-g="(\d+)">', page)
+    # Generated tokens are keyboard-reachable buttons; the page names its method.
+    spans = re.findall(
+        r'<span class="tok gen" data-t="(\d+)" data-g="(\d+)" tabindex="0" role="button"', page
+    )
     assert [int(g) for _, g in spans] == [0, 1, 2, 3]
     assert [int(t) for t, _ in spans] == [5, 6, 7, 8]
+    assert f"<h2>explain generate: {folder}: generic</h2>" in page
+    # Addresses count from 1, as the status line does, and choosing a token updates them.
+    assert '"#" + (g + 1)' in page and "asked - 1" in page and "history.replaceState" in page
+
+
+def test_out_holds_the_page_and_the_figure(folder, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "answers"
+    argv = ["generate", PROMPT, "--model", str(folder), "--max-new-tokens", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["generation.html", "generation.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["answers"]  # nothing in the cwd
+
+
+def test_an_unknown_method_fails_before_the_model_is_loaded(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"  # never read: the method is checked first
+    assert main(["generate", "w10", "--model", str(missing), "--method", "gneric"]) == 2
+    assert "gneric" in capsys.readouterr().err
 
 
 def test_chat_prompt_goes_through_the_template(folder, tmp_path, capsys):
@@ -82,7 +103,7 @@ def test_the_page_refuses_shapes_that_do_not_fit():
     from explain import InputError
 
     with pytest.raises(InputError, match="do not fit"):
-        generation_html(["a", "b"], 2, torch.zeros(1, 2))
+        generation_html(["a", "b"], 2, torch.zeros(1, 2), method="generic")
 
 
 def test_not_a_language_model(tmp_path, capsys):

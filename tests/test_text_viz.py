@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+import numpy as np
 import pytest
 import reference_hf as ref
 import torch
@@ -53,7 +54,7 @@ def test_skip_and_scale_exclude_special_tokens():
     tokens = ["[CLS]", "good", "bad", "[SEP]", "[PAD]"]
     html = to_html(tokens, [100.0, 1.0, -1.0, 50.0, 0.0, 0.0], skip={"[CLS]", "[SEP]", "[PAD]"})
     assert "CLS" not in html and "PAD" not in html
-    colours = re.findall(r"rgb\((\d+), (\d+), (\d+)\)", html)
+    colours = re.findall(r"background-color: rgb\((\d+), (\d+), (\d+)\)", html)
     assert colours == [("178", "24", "43"), ("33", "102", "172")]  # full strength each way
 
 
@@ -103,3 +104,22 @@ def test_all_zero_text_says_so():
     assert "every relevance is 0" in to_html(["not", "good"], [0.0, 0.0])
     assert "every relevance is 0" not in to_html(["not", "good"], [0.0, 1.0])
     assert to_terminal(["not"], [0.0]).endswith("(every relevance is 0)")
+
+
+def test_every_token_meets_wcag_aa_contrast_and_the_page_names_its_method():
+    from explain.viz.text import colour, contrast_ratio
+
+    # Every background the scale can give, at full and partial strength, either sign.
+    for value in np.linspace(-1.0, 1.0, 41):
+        background = colour(float(value), 1.0)
+        html = to_html(["word", "peak"], [float(value), 1.0])  # scaled by 1: as `colour`
+        ink = re.search(r"; color: rgb\((\d+), (\d+), (\d+)\)", html)
+        assert ink is not None
+        assert contrast_ratio(tuple(map(int, ink.groups())), background) >= 4.5
+    # WCAG's own examples: black on white is 21:1, the darkest red with black is not AA
+    assert contrast_ratio((0, 0, 0), (255, 255, 255)) == pytest.approx(21.0)
+    assert contrast_ratio((0, 0, 0), (178, 24, 43)) < 4.5
+    page = document_html([to_html(["good"], [1.0])], title="explain text: m, generic")
+    assert "<h2>explain text: m, generic</h2>" in page
+    assert "none, (" not in page and "none (no token" not in page
+    assert "color: #333" not in page  # "show values" labels take the token's own ink

@@ -34,23 +34,48 @@ def picture():
     return torch.rand(3, 32, 48, generator=generator), torch.rand(32, 48, generator=generator)
 
 
+def _grey(rgb: np.ndarray) -> np.ndarray:
+    """The grey background, computed here from its definition: Rec. 601 luma mapped into
+    the band [0.2, 0.7], the same in every channel."""
+    luma = 0.299 * rgb[..., 0] + 0.587 * rgb[..., 1] + 0.114 * rgb[..., 2]
+    return np.repeat((0.2 + 0.5 * luma)[..., None], 3, axis=-1)
+
+
 def test_overlay_opacity_follows_the_relevance(picture):
     image, heat = picture
     rgb = image.permute(1, 2, 0).numpy()
     h = heat.numpy()[..., None]
     colored = colormaps["inferno"](heat.numpy())[..., :3]
-    assert np.allclose(overlay(image, heat, cmap="inferno", alpha=0.0), rgb)
-    blended = overlay(image, heat, cmap="inferno", alpha=0.3)
-    assert blended.shape == (32, 48, 3)
-    assert np.allclose(blended, (1 - 0.3 * h) * rgb + 0.3 * h * colored)
-    # where the relevance is 0 the image keeps its own colours, whatever the colormap
-    assert np.allclose(overlay(image, torch.zeros(32, 48), cmap="jet", alpha=1.0), rgb)
+    for background, under in (("grey", _grey(rgb)), ("colour", rgb)):
+        shown = overlay(image, heat, cmap="inferno", alpha=0.0, background=background)
+        assert np.allclose(shown, under)
+        blended = overlay(image, heat, cmap="inferno", alpha=0.3, background=background)
+        assert blended.shape == (32, 48, 3)
+        assert np.allclose(blended, (1 - 0.3 * h) * under + 0.3 * h * colored)
+        # where the relevance is 0 the background shows, whatever the colormap
+        zero = overlay(image, torch.zeros(32, 48), cmap="jet", alpha=1.0, background=background)
+        assert np.allclose(zero, under)
     assert np.allclose(overlay(image, heat), overlay(image, heat, cmap="inferno", alpha=0.8))
+
+
+def test_grey_background_has_no_colour_and_neither_end_of_the_colormap():
+    red = np.zeros((4, 4, 3))
+    red[..., 0] = 1.0  # a pure red object, as in the shapes scenes
+    white = np.ones((4, 4, 3))  # a pen stroke on the digits
+    for image in (red, white, np.zeros((4, 4, 3))):
+        shown = overlay(image, np.zeros((4, 4)))
+        assert np.allclose(shown[..., 0], shown[..., 1]) and np.allclose(
+            shown[..., 1], shown[..., 2]
+        )
+        assert shown.min() >= 0.2 - 1e-9 and shown.max() <= 0.7 + 1e-9
+    with pytest.raises(ExplainError, match="unknown background"):
+        overlay(red, np.zeros((4, 4)), background="sepia")
 
 
 def test_overlay_signed_uses_a_diverging_map_centred_at_zero(picture):
     image, heat = picture
     rgb = image.permute(1, 2, 0).numpy()
+    rgb = _grey(rgb)
     signed = heat * 2 - 1
     h = signed.numpy()
     shown = overlay(image, signed, alpha=0.5, signed=True)
@@ -82,14 +107,22 @@ def test_scale_maps_shared_keeps_the_maps_comparable():
         scale_maps([strong], "global")
 
 
-def test_scale_maps_signed_maps_are_divided_by_their_largest_magnitude():
-    signed, positive = np.array([[-2.0, 1.0]]), np.array([[1.0, 3.0, 2.0]])
+def test_scale_maps_signed_maps_reach_full_colour_at_their_99th_percentile():
+    # |R| is 0, 1, ..., 100: the 99th percentile is exactly 99, so the one extreme value
+    # (100) is clipped instead of fading every other value.
+    signed = np.arange(101.0)[None]
+    signed[0, 1] = -1.0
+    positive = np.array([[1.0, 3.0, 2.0]])
     scaled = scale_maps([signed, positive])
     assert scaled.signed == [True, False] and scaled.keys() == [False, True]
-    assert np.allclose(scaled.maps[0], [[-1.0, 0.5]])
+    expected = signed / 99.0
+    expected[0, -1] = 1.0
+    assert np.allclose(scaled.maps[0], expected)
     assert np.allclose(scaled.maps[1], [[0.0, 1.0, 0.5]])  # min-max: no baseline wash
-    assert "signed maps by the largest |relevance|" in scaled.caption()
-    assert scaled.key_ticks(True)[1] == ["-max|R|", "0", "+max|R|"]
+    assert "signed maps (marked ±) by their 99th percentile of |relevance|" in scaled.caption()
+    assert scaled.key_ticks(True)[1] == ["-p99|R|", "0", "+p99|R|"]
+    assert scaled.key_label(True) == "signed maps (panels marked ±)"
+    signed = np.array([[-2.0, 1.0]])
     shared = scale_maps([signed, positive], "shared")
     assert shared.signed == [True, True] and shared.keys() == [True]
     assert np.allclose(shared.maps[0], [[-2 / 3, 1 / 3]])
@@ -100,8 +133,10 @@ def test_overlay_accepts_channels_last_and_grey_images(picture):
     image, heat = picture
     channels_last = overlay(image.permute(1, 2, 0).numpy(), heat)
     assert np.allclose(channels_last, overlay(image, heat))
-    grey = overlay(image[0].numpy(), heat, alpha=0.0)
+    grey = overlay(image[0].numpy(), heat, alpha=0.0, background="colour")
     assert np.allclose(grey, np.repeat(image[0].numpy()[..., None], 3, axis=-1))
+    greyed = overlay(image[0].numpy(), heat, alpha=0.0)  # luma of grey is the grey
+    assert np.allclose(greyed, 0.2 + 0.5 * np.repeat(image[0].numpy()[..., None], 3, axis=-1))
 
 
 @pytest.mark.parametrize(
@@ -173,7 +208,7 @@ def test_grid_figure_opens_every_row_with_the_input_and_states_its_rule(picture)
         assert panels[i][0].get_ylabel() == f"m{i}"
         for j in range(3):
             shown = panels[i][j + 1].get_images()[0].get_array()
-            expected = rgb if i == j == 0 else overlay(image, ramp, alpha=0.4)  # min-max
+            expected = _grey(rgb) if i == j == 0 else overlay(image, ramp, alpha=0.4)  # min-max
             assert np.allclose(shown, expected)
     assert [axis.get_title() for axis in panels[0]] == ["input", "a", "b", "c"]
     assert [t.get_text() for t in panels[0][1].texts] == ["all-zero map"]
@@ -210,7 +245,8 @@ def test_explanation_grid_is_methods_by_classes_of_one_sample():
     figure = explanation_grid(display, explanations, sample=1, class_names=names, colorbar=False)
     panels = [figure.axes[i * 3 + 1 : (i + 1) * 3] for i in range(2)]  # after each input
     titles = [axis.get_title() for axis in panels[0]]
-    assert titles == ["zero (class 0, target)", "four (class 4, target)"]
+    ranks = _ranks(explanations["generic"].logits[1])
+    assert titles == [f"zero (class 0), {ranks[0]}", f"four (class 4), {ranks[4]}"]
     assert [figure.axes[0].get_ylabel(), figure.axes[3].get_ylabel()] == ["generic", "rollout"]
     for row, method in enumerate(("generic", "rollout")):
         for column in range(2):
@@ -227,7 +263,11 @@ def test_explanation_grid_transposed_puts_classes_in_rows_at_the_pictures_size()
     display = torch.rand(3, 48, 40)  # drawn bigger than the model's input
     figure = explanation_grid(display, explanations, transpose=True, colorbar=False)
     inputs, panels = figure.axes[0::2], figure.axes[1::2]
-    assert [axis.get_ylabel() for axis in inputs] == ["class 2 (target)", "class 4 (target)"]
+    ranks = _ranks(explanations["generic"].logits[0])
+    assert [axis.get_ylabel() for axis in inputs] == [
+        f"class 2, {ranks[2]}",
+        f"class 4, {ranks[4]}",
+    ]
     assert panels[0].get_title() == "generic"
     for row in range(2):
         expected = overlay(display, explanations["generic"].heatmap(size=(48, 40))[0, row])
@@ -241,17 +281,27 @@ def test_batch_figure_shows_each_image_with_its_own_map():
     explanations = {m: explainer.explain(images, method=m) for m in ("generic", "rollout")}
     pictures = torch.rand(3, 3, 32, 32)
     names = ["0", "1", "2", "3", "4"]  # digits: a name that is its index is said once
-    figure = batch_figure(pictures, explanations, class_names=names)
+    figure = batch_figure(pictures, explanations, class_names=names, labels=[4, 0, 1])
     assert len(figure.axes) == 3 * 3 + 1
     predicted = explanations["generic"].target.tolist()
     assert [axis.get_title() for axis in figure.axes[:3]] == [
-        f"class {c} (target)" for c in predicted
+        f"class {c}, predicted\nlabel: class {label}"
+        for c, label in zip(predicted, [4, 0, 1], strict=True)
     ]
+    with pytest.raises(InputError, match="3 pictures but 2 labels"):
+        batch_figure(pictures, explanations, labels=[1, 2])
     for row, method in enumerate(("generic", "rollout"), start=1):
         assert figure.axes[row * 3].get_ylabel() == method
         for b in range(3):
             expected = overlay(pictures[b], explanations[method].heatmap()[b])
             assert np.allclose(figure.axes[row * 3 + b].get_images()[0].get_array(), expected)
+
+
+def _ranks(logits: torch.Tensor) -> dict[int, str]:
+    """Class -> its title suffix, from the sorted logits (no ties in random models)."""
+    order = logits.argsort(descending=True).tolist()
+    words = ["predicted", "ranked 2nd", "ranked 3rd", "ranked 4th", "ranked 5th"]
+    return {c: words[order.index(c)] for c in order}
 
 
 def test_explanation_grid_refuses_to_compare_different_classes():
@@ -310,7 +360,40 @@ def test_grid_with_signed_and_unsigned_maps_has_both_keys(picture):
     signed = ramp * 2 - 0.5  # -0.5 .. 1.5: evidence against on the left
     figure = grid_figure(image, [[ramp, signed]], rows=["m"], columns=["a", "b"])
     shown = figure.axes[2].get_images()[0].get_array()
-    assert np.allclose(shown, overlay(image, signed / 1.5, signed=True))
+    top = np.percentile(np.abs(signed.numpy()), 99)
+    expected = overlay(image, np.clip(signed.numpy() / top, -1, 1), signed=True)
+    assert np.allclose(shown, expected)
+    # the signed panel, and only it, is marked as reading the diverging key
+    assert [t.get_text() for t in figure.axes[2].texts] == ["±"] and not figure.axes[1].texts
     keys = figure.axes[3:]
-    assert [axis.get_ylabel() for axis in keys] == ["each map's own range", "signed maps"]
-    assert "for signed maps by the largest |relevance|" in _caption(figure)
+    assert [axis.get_ylabel() for axis in keys] == [
+        "unsigned maps (unmarked)",
+        "signed maps (panels marked ±)",
+    ]
+    assert "for signed maps (marked ±) by their 99th percentile" in _caption(figure)
+
+
+def test_grid_figure_wraps_many_columns_into_blocks_that_open_with_the_input(picture):
+    image, _ = picture
+    ramp = torch.linspace(0, 1, 48).expand(32, 48)
+    columns = [f"m{j}" for j in range(6)]
+    maps = [[ramp * (j + 1) for j in range(6)] for _ in range(2)]
+    figure = grid_figure(image, maps, rows=["a", "b"], columns=columns, maps_per_row=4)
+    # blocks of 4 and 2 maps, each with both rows, each row opening with the input; the key
+    panels = figure.axes[:-1]
+    assert len(panels) == 2 * (1 + 4) + 2 * (1 + 2)
+    second_block = panels[10:]
+    assert [axis.get_title() for axis in second_block[:3]] == ["input", "m4", "m5"]
+    assert [second_block[0].get_ylabel(), second_block[3].get_ylabel()] == ["a", "b"]
+    assert figure.get_size_inches()[0] < 14  # about 2000 px wide at 150 dpi, not 7 panels
+    with pytest.raises(InputError, match="maps_per_row"):
+        grid_figure(image, maps, rows=["a", "b"], columns=columns, maps_per_row=0)
+
+
+def test_figure_captions_wrap_to_the_figure_width(picture):
+    figure = heatmap_figure(*picture)
+    caption = figure.texts[-1].get_text()
+    lines = caption.split("\n")
+    assert len(lines) > 1 and "every colour is relevance" in " ".join(lines)
+    width = figure.get_size_inches()[0]
+    assert all(len(line) * 0.056 <= width for line in lines)
