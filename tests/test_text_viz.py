@@ -90,7 +90,7 @@ def test_explanation_to_html():
 
 def test_page_legend_shows_only_the_colours_it_uses_and_values_without_hovering():
     positive = document_html([to_html(["good", "film"], [2.0, 0.5])])
-    assert "rgb(178, 24, 43)" in positive and "no token has negative relevance" in positive
+    assert "rgb(178, 24, 43)" in positive and "No token has negative relevance" in positive
     assert "rgb(33, 102, 172)" not in positive  # no blue on the page, none in its legend
     signed = document_html([to_html(["good", "bad"], [1.0, -1.0])])
     assert "evidence against" in signed and "rgb(33, 102, 172)" in signed
@@ -121,5 +121,5 @@ def test_every_token_meets_wcag_aa_contrast_and_the_page_names_its_method():
     assert contrast_ratio((0, 0, 0), (178, 24, 43)) < 4.5
     page = document_html([to_html(["good"], [1.0])], title="explain text: m, generic")
     assert "<h2>explain text: m, generic</h2>" in page
-    assert "none, (" not in page and "none (no token" not in page
+    assert "none, (" not in page and "none (" not in page and "none. Each text" in page
     assert "color: #333" not in page  # "show values" labels take the token's own ink

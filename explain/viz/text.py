@@ -121,13 +121,13 @@ def _legend(body: str) -> str:
         '<span class="swatch" style="background: rgb(255, 255, 255)"></span> none',
     ]
     against = f'<span class="swatch" style="background: rgb{_BLUE}"></span> evidence against'
-    absent = "" if "tok neg" in body else " (no token has negative relevance here, so no blue)"
+    absent = "" if "tok neg" in body else " No token has negative relevance here, so no blue."
     if not absent:
         parts.append(against)
     return (
-        '<p class="legend">Colours: ' + ", ".join(parts) + f"{absent}; each text is scaled by "
-        "its largest |relevance|, so colours compare tokens within a text, not across "
-        "texts.</p>"
+        '<p class="legend">Colours: ' + ", ".join(parts) + ". Each text is scaled by its "
+        f"largest |relevance|, so colours compare tokens within a text, not across texts.{absent}"
+        "</p>"
     )
 
 
