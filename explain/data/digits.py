@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from explain.errors import ExplainError
+
 __all__ = ["CLASSES", "IMAGE_SIZE", "MEAN", "SPLITS", "STD", "load", "normalise", "split_indices"]
 
 CLASSES: tuple[str, ...] = tuple(str(digit) for digit in range(10))
@@ -35,8 +37,13 @@ def split_indices(split: str) -> np.ndarray:
 
 def load(split: str, size: int = IMAGE_SIZE) -> tuple[Tensor, Tensor]:
     """The images of `split` in [0, 1], (N, 3, size, size) float32, and labels (N,) long."""
-    from sklearn.datasets import load_digits
-
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:  # an install without the zoo extra
+        raise ExplainError(
+            "the handwritten digits come with scikit-learn, which is not installed: "
+            '`pip install "explain-transformers[zoo]"` (or only `pip install scikit-learn`)'
+        ) from None
     data = load_digits()
     indices = split_indices(split)
     pixels = torch.from_numpy(data.images[indices].astype(np.float32) / 16.0)[:, None]
