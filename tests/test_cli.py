@@ -19,7 +19,7 @@ from explain.cli.image import parse_targets
 from explain.errors import TargetError
 from explain.io import load_images
 from explain.testing import tiny_vit
-from explain.viz import overlay
+from explain.viz import heatmap_figure, overlay, save_figure
 
 CLASSES = ["circle", "square", "tabby, tabby cat"]
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -131,6 +131,7 @@ def test_image_writes_one_overlay_per_image_method_and_class(capsys, tmp_path, m
     status, stdout, _ = _run(
         capsys, "image", tmp_path / "in", "--model", model_folder, "--method", "generic,rollout",
         "--target", "square,TABBY CAT", "--batch-size", "2", "--out", out, "--alpha", "0.4",
+        "--bare", "--background", "colour",
     )  # fmt: skip
     assert status == 0
     labels = ["1-square", "2-tabby"]
@@ -156,12 +157,40 @@ def test_image_writes_one_overlay_per_image_method_and_class(capsys, tmp_path, m
             with Image.open(out / f"image{i}_generic_{label}.png") as saved:
                 assert saved.size == (width, height)
                 pixels = np.asarray(saved, dtype=np.float32) / 255.0
-            assert np.abs(pixels - overlay(display, heat, alpha=0.4)).max() < 2 / 255
+            expected = overlay(display, heat, alpha=0.4, background="colour")
+            assert np.abs(pixels - expected).max() < 2 / 255
     assert result.relevance.shape == (3, 2, 4, 4)
     # Written through a private temporary file, yet as readable as any file the user writes.
     mask = os.umask(0o022)
     os.umask(mask)
     assert all((p.stat().st_mode & 0o777) == (0o666 & ~mask) for p in out.iterdir())
+
+
+def test_image_maps_are_figures_that_state_their_scale(capsys, tmp_path, model_folder):
+    paths = _write_images(tmp_path / "in", 1)
+    out = tmp_path / "out"
+    status, _, _ = _run(
+        capsys, "image", *paths, "--model", model_folder, "--target", "square", "--out", out
+    )  # fmt: skip
+    assert status == 0
+    written = out / "image0_generic_1-square.png"
+    # The same figure heatmap_figure draws: the map over the image in grey, the method and
+    # class as its title, a colour key and the normalisation rule.
+    model = tiny_vit(**TIMM_ARGS)
+    images, _ = load_images(paths, size=(32, 32), mean=MEAN, std=STD)
+    display = np.asarray(Image.open(paths[0]).convert("RGB"))
+    relevance = (
+        Explainer(model)
+        .explain(images, target=1)
+        .heatmap(size=display.shape[:2], normalize=False)[0]
+    )
+    figure = heatmap_figure(display, relevance, title="generic: square (1)")
+    assert [t.get_text() for t in figure.axes[0].texts] == []
+    save_figure(figure, tmp_path / "expected.png")
+    with Image.open(written) as saved, Image.open(tmp_path / "expected.png") as expected:
+        assert saved.size == expected.size and saved.size[0] > display.shape[1]
+        difference = np.abs(np.asarray(saved, dtype=float) - np.asarray(expected, dtype=float))
+        assert difference.max() <= 2
 
 
 def test_image_top_targets_follow_each_images_prediction(capsys, tmp_path, model_folder):

@@ -219,3 +219,21 @@ def test_two_torchrun_processes_equal_one_process(model, tmp_path):
         assert json.loads(sharded.read_text()) == single
         # rank 0 computed chunks 0 and 2, rank 1 chunks 1 and 3; all four are stored
         assert len(list((work_folder(sharded) / "generic").iterdir())) == 4
+
+
+def test_identical_curves_stay_visible_and_say_so():
+    from matplotlib.figure import Figure
+
+    from explain.evaluation.report import _plot_lines
+
+    axis = Figure().subplots()
+    x = [0.0, 0.5, 1.0]
+    _plot_lines(
+        axis,
+        [("a (1.0)", x, [1.0, 0.5, 0.0]), ("b (1.0)", x, [1.0, 0.5, 0.0]), ("c", x, [0.0] * 3)],
+    )
+    first, second, third = axis.get_lines()
+    assert first.get_linestyle() == "-" and second.get_linestyle() == "--"
+    assert second.get_zorder() > first.get_zorder()  # drawn on top, not hidden below
+    assert axis.get_legend_handles_labels()[1] == ["a (1.0)", "b (1.0) = a", "c"]
+    assert third.get_linestyle() == "-"

@@ -4,7 +4,8 @@ Each photo is preprocessed as the model's own data config says (resize, centre c
 normalisation) and its heatmaps are drawn back on the original photo at its own
 resolution, the crop and resize undone, so each map sits on the pixels the model saw: by
 default over the photo in grey, so that every colour is relevance, titled with the method
-and the class, with a colour key and the normalisation rule below. Images are explained
+and the class, with a colour key and the normalisation rule below (--bare: the overlay
+alone, exactly the photo's size). Images are explained
 in batches (one forward and one backward per batch and class) with a progress bar (once
 the first batch has been explained, so that a method the model cannot take fails first).
 Every PNG is written atomically: a failure leaves complete files or none, never a
@@ -178,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from explain.api import Explainer
-    from explain.viz import check_style, grid_figure, heatmap_figure, save_figure
+    from explain.viz import check_style, grid_figure, save_figure
 
     check_style(args.cmap, args.alpha, args.background)
     methods = parse_methods(args.method)
@@ -230,15 +231,8 @@ def run(args: argparse.Namespace) -> int:
                     for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
-                        figure = heatmap_figure(
-                            display,
-                            heat,
-                            cmap=args.cmap,
-                            alpha=args.alpha,
-                            title=f"{method}: {_class_title(column, loaded.classes)}",
-                            background=args.background,
-                        )
-                        save_figure(figure, out)
+                        title = f"{method}: {_class_title(column, loaded.classes)}"
+                        _save_map(display, heat, out, title, args)
                         written.append(out)
                 if args.save:
                     for method, result in results.items():
@@ -271,6 +265,38 @@ def run(args: argparse.Namespace) -> int:
     for out in dict.fromkeys(written):
         print(out)
     return 0
+
+
+def _save_map(display: np.ndarray, heat: Tensor, out: Path, title: str, args) -> None:
+    """One map as a figure (title, colour key, normalisation rule) or, with --bare, as the
+    overlay alone at the photo's own resolution, for further processing."""
+    from explain.viz import heatmap_figure, overlay, save_figure, save_image
+    from explain.viz.scaling import scale_maps
+
+    if not args.bare:
+        figure = heatmap_figure(
+            display,
+            heat,
+            cmap=args.cmap,
+            alpha=args.alpha,
+            title=title,
+            background=args.background,
+        )
+        save_figure(figure, out)
+        return
+    scaled = scale_maps([heat.numpy()])
+    signed = scaled.signed[0]  # then the diverging map, whatever --cmap
+    picture = overlay(
+        display,
+        scaled.maps[0],
+        cmap=None if signed else args.cmap,
+        alpha=args.alpha,
+        signed=signed,
+        background=args.background,
+    )
+    save_image(picture, out)
+    if scaled.notes[0]:
+        print(f"explain: note: {out} is an {scaled.notes[0]}", file=sys.stderr)
 
 
 def _class_title(index: int, class_names: Sequence[str] | None) -> str:
@@ -369,6 +395,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="what the heatmap is drawn over: the image in grey, so that every colour is "
         "relevance and a coloured object is never taken for heat, or its own colours; "
         "default: %(default)s",
+    )
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="write each map as the overlay alone, at the image's own resolution (no title, "
+        "colour key or caption), for further processing; default: a figure that states "
+        "its scale",
     )
     parser.add_argument(
         "--grid",

@@ -65,13 +65,46 @@ def markdown_table(results: Mapping[str, Any], columns: Mapping[str, Column]) ->
 _BESIDE = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.02, 1.0)}
 """Legend placement: outside the axes, to their right."""
 
+_OVERLAP_STYLES = ("--", ":", "-.")
+"""Line styles of the second, third, ... curve drawn exactly on an earlier one."""
+
+
+def _plot_lines(axis, lines: list[tuple[str, list[float], list[float]]]) -> None:
+    """Draw `(label, x, y)` curves so that none hides another: a curve equal to an earlier
+    one (to 1e-9) is drawn dashed with smaller markers on top of it, and its legend entry
+    says which curve it coincides with."""
+    drawn: list[tuple[str, list[float], list[float]]] = []
+    repeats = 0
+    for label, x, y in lines:
+        same = next(
+            (
+                first
+                for first, x0, y0 in drawn
+                if len(x0) == len(x)
+                and all(abs(a - b) <= 1e-9 for a, b in zip(x0 + y0, x + y, strict=True))
+            ),
+            None,
+        )
+        if same is None:
+            axis.plot(x, y, marker="o", label=label)
+            drawn.append((label, x, y))
+            continue
+        style = _OVERLAP_STYLES[repeats % len(_OVERLAP_STYLES)]
+        repeats += 1
+        name = same.split(" (")[0]  # the method, without its AUC
+        axis.plot(
+            x, y, marker="x", markersize=5, linestyle=style, label=f"{label} = {name}", zorder=3
+        )
+
 
 def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Save the protocol's curves as a PNG (atomically): accuracy (perturbation) or the
     class probabilities (class-specific) against the removed fraction, token F1 against k
     (rationale), or bars (segmentation).
 
-    Legends sit beside their axes, never on the data; the constrained layout makes room."""
+    Legends sit beside their axes, never on the data; the constrained layout makes room.
+    Methods with identical curves are all visible: the later ones dashed on top, their
+    legend entries saying "= METHOD"."""
     from matplotlib.figure import Figure
 
     protocol = results["protocol"]
@@ -81,10 +114,15 @@ def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> No
         axes = figure.subplots(2, 2, sharex=True, sharey=True).flatten()
         panels = ("positive_predicted", "negative_predicted", "positive_target", "negative_target")
         for axis, curve in zip(axes, panels, strict=True):
-            for method, summary in per_method.items():
-                x = summary["curves"]["fractions"]
-                y = summary["curves"][curve]
-                axis.plot(x, y, marker="o", label=f"{method} ({summary[_auc_key(curve)]:.1f})")
+            lines = [
+                (
+                    f"{method} ({summary[_auc_key(curve)]:.1f})",
+                    summary["curves"]["fractions"],
+                    summary["curves"][curve],
+                )
+                for method, summary in per_method.items()
+            ]
+            _plot_lines(axis, lines)
             axis.set_title(curve.replace("_", " ") + " class")
             axis.set_xlabel("fraction of pixels removed")
             axis.set_ylabel("top-1 accuracy")
@@ -98,9 +136,11 @@ def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> No
             ("other_positive", "other class, target's most relevant first"),
         )
         for axis, (curve, title) in zip(axes, panels, strict=True):
-            for method, summary in per_method.items():
-                x = summary["curves"]["fractions"]
-                axis.plot(x, summary["curves"][curve], marker="o", label=method)
+            lines = [
+                (method, summary["curves"]["fractions"], summary["curves"][curve])
+                for method, summary in per_method.items()
+            ]
+            _plot_lines(axis, lines)
             axis.set_title(title)
             axis.set_xlabel("fraction of pixels removed")
             axis.set_ylabel("mean class probability")
@@ -108,9 +148,11 @@ def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> No
     elif protocol == "rationale":
         figure = Figure(figsize=(8, 4), layout="constrained")
         axis = figure.subplots()
-        for method, summary in per_method.items():
-            ks = [int(k) for k in summary["token_f1"]]
-            axis.plot(ks, list(summary["token_f1"].values()), marker="o", label=method)
+        lines = [
+            (method, [float(k) for k in summary["token_f1"]], list(summary["token_f1"].values()))
+            for method, summary in per_method.items()
+        ]
+        _plot_lines(axis, lines)
         axis.set_xlabel("k (top-k words)")
         axis.set_ylabel("token F1")
         axis.legend(**_BESIDE)
