@@ -25,6 +25,7 @@ __all__ = [
     "hub_errors",
     "hub_session",
     "is_repo_id",
+    "quiet_transformers",
     "split_revision",
 ]
 
@@ -133,3 +134,22 @@ def fetch_config(repo: str) -> dict[str, Any]:
             return json.load(handle)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelLoadError(f"cannot read the config.json of {repo}: {error}") from None
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Turn off transformers' own progress bars ("Loading weights", "Writing model shards")
+    inside the block and restore the setting after it: for a model of a few megabytes they
+    are noise on every run. Nothing happens where transformers is not installed."""
+    try:
+        from transformers.utils import logging
+    except ImportError:  # an install for timm models only
+        yield
+        return
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            logging.enable_progress_bar()

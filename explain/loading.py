@@ -51,6 +51,7 @@ from explain.hub import (
     hub_errors,
     hub_session,
     is_repo_id,
+    quiet_transformers,
     split_revision,
 )
 from explain.io import IMAGENET_MEAN, IMAGENET_STD
@@ -114,11 +115,12 @@ def load_model(
     target_dtype = _resolve_dtype(dtype)
     text = os.fspath(spec)
     offline = offline or env_offline()
-    if text.startswith(ZOO_PREFIX):
-        loaded = load_zoo_model(text[len(ZOO_PREFIX) :])
-    else:
-        with hub_session(offline):
-            loaded = _load_spec(text, weights, architecture, pretrained, offline)
+    with quiet_transformers():  # no "Loading weights" bar for every small model
+        if text.startswith(ZOO_PREFIX):
+            loaded = load_zoo_model(text[len(ZOO_PREFIX) :])
+        else:
+            with hub_session(offline):
+                loaded = _load_spec(text, weights, architecture, pretrained, offline)
     loaded.model.to(device=target_device, dtype=target_dtype)
     return loaded
 

@@ -140,21 +140,20 @@ def _build_minilm_classifier(config: dict[str, Any]) -> nn.Module:
     from transformers import BertForSequenceClassification
     from transformers.utils import logging
 
+    from explain.hub import quiet_transformers
+
     verbosity = logging.get_verbosity()
-    bars = logging.is_progress_bar_enabled()
     logging.set_verbosity_error()  # "newly initialised classifier" is expected here
-    logging.disable_progress_bar()  # a "Loading weights" bar on every load is noise
     try:
-        model = BertForSequenceClassification.from_pretrained(
-            minilm_folder(),
-            num_labels=len(config["classes"]),
-            id2label=dict(enumerate(config["classes"])),
-            label2id={name: index for index, name in enumerate(config["classes"])},
-        )
+        with quiet_transformers():
+            model = BertForSequenceClassification.from_pretrained(
+                minilm_folder(),
+                num_labels=len(config["classes"]),
+                id2label=dict(enumerate(config["classes"])),
+                label2id={name: index for index, name in enumerate(config["classes"])},
+            )
     finally:
         logging.set_verbosity(verbosity)
-        if bars:
-            logging.enable_progress_bar()
     return model
 
 

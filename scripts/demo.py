@@ -158,11 +158,13 @@ def generation_demo(out: Path) -> list[Path]:
     import tempfile
 
     from explain.generation import explain_generation
+    from explain.hub import quiet_transformers
     from explain.tiny_lm import save_tiny_lm
     from explain.viz.generation import generation_html
     from explain.viz.generation_figure import generation_figure
 
-    with tempfile.TemporaryDirectory() as folder:  # the folder `explain generate` would read
+    with tempfile.TemporaryDirectory() as folder, quiet_transformers():
+        # the folder `explain generate --model` would read
         loaded = load_model(save_tiny_lm(Path(folder) / "tiny-llama"))
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     found = explain_generation(explainer, "w12 w30 w41 w17 w25 w9", max_new_tokens=8)

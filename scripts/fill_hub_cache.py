@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from explain.hub import quiet_transformers
 from explain.testing import HUB_SPECS, fill_hub_cache
 
 
@@ -27,7 +28,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cache", type=Path, help="the cache folder (then HF_HUB_CACHE=CACHE)")
     args = parser.parse_args()
-    fill_hub_cache(args.cache)
+    with quiet_transformers():  # no "Writing model shards" bars for tiny random models
+        fill_hub_cache(args.cache)
     print(f"cached in {args.cache}:")
     for kind, spec in HUB_SPECS.items():
         print(f"  {kind:9s} --model {spec}")

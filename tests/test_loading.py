@@ -196,3 +196,15 @@ def test_hugging_face_clip_folder_is_an_image_text_model(tmp_path):
     loaded = load_model(tmp_path / "clip")
     assert loaded.modality == "image_text" and loaded.image_size == (32, 32)
     assert loaded.tokenizer is not None and loaded.tokenizer("a circle")["input_ids"]
+
+
+def test_loading_prints_no_transformers_progress_bars(tmp_path, capfd):
+    import reference_hf as ref
+    from transformers.utils import logging
+
+    ref.tiny_text_model("bert-classifier").save_pretrained(tmp_path)
+    capfd.readouterr()
+    before = logging.is_progress_bar_enabled()
+    assert type(load_model(tmp_path).model).__name__ == "BertForSequenceClassification"
+    assert "Loading weights" not in capfd.readouterr().err
+    assert logging.is_progress_bar_enabled() == before  # the setting is the user's again

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,29 +61,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, takes: str, examples
 
 
 def load(args: argparse.Namespace, **options: Any) -> LoadedModel:
-    """`load_model` with the model arguments of `args` (and any command-specific options),
-    without transformers' "Loading weights" progress bar: on a command line it is noise
-    printed on every run."""
-    with _no_transformers_progress_bar():
-        return load_model(
-            args.model, offline=args.offline, device=args.device, dtype=args.dtype, **options
-        )
-
-
-@contextlib.contextmanager
-def _no_transformers_progress_bar() -> Iterator[None]:
-    try:
-        from transformers.utils import logging
-    except ImportError:  # an install for timm models only
-        yield
-        return
-    enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            logging.enable_progress_bar()
+    """`load_model` with the model arguments of `args` (and any command-specific options)."""
+    return load_model(
+        args.model, offline=args.offline, device=args.device, dtype=args.dtype, **options
+    )
 
 
 def add_save_option(parser: argparse.ArgumentParser, what: str) -> None:
