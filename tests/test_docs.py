@@ -1,4 +1,5 @@
-"""Every code block of README.md and docs/*.md runs, so that no example can rot.
+"""Every code block of README.md and docs/*.md runs, so that no example can rot, those
+indented inside list items included.
 
 A block may be preceded by one HTML comment (invisible on GitHub) that tells this test how
 to run it:
@@ -22,6 +23,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +33,14 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELLS = ("bash", "sh", "shell")
 
+# A fence may be indented (a block inside a list item): the closing fence has the same
+# indentation, and the code is dedented by it before it runs.
 _BLOCK = re.compile(
-    r"(?:^<!--\s*(?P<marker>[^\n]*?)\s*-->\n)?^```(?P<lang>[\w-]*)\n(?P<code>.*?)^```\s*$",
+    r"(?:^[ \t]*<!--\s*(?P<marker>[^\n]*?)\s*-->\n)?"
+    r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)\n(?P<code>.*?)^(?P=indent)```[ \t]*$",
     flags=re.DOTALL | re.MULTILINE,
 )
+_FENCE = re.compile(r"^[ \t]*```", flags=re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,7 @@ def blocks(page: Path) -> list[Block]:
             page,
             text.count("\n", 0, match.start("code")) + 1,
             match["lang"],
-            match["code"],
+            textwrap.dedent(match["code"]),
             match["marker"] or "",
         )
         for match in _BLOCK.finditer(text)
@@ -150,9 +156,9 @@ def test_every_page_has_its_examples_found() -> None:
     assert counts["gradients.md"] >= 6
     assert counts["multimodal.md"] >= 6
     assert counts["custom-models.md"] >= 3
-    fences = {page.name: page.read_text(encoding="utf-8").count("\n```") for page in PAGES}
-    for page in PAGES:  # every opening fence and its closing one belong to a found block
-        assert 2 * counts[page.name] == fences[page.name] + page.read_text().startswith("```")
+    for page in PAGES:  # every fence, indented or not, opens or closes a found block
+        fences = len(_FENCE.findall(page.read_text(encoding="utf-8")))
+        assert 2 * counts[page.name] == fences, f"{page.name}: a code block is not found"
 
 
 def test_help_examples_run(tmp_path: Path) -> None:

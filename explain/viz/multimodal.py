@@ -29,7 +29,7 @@ from explain.viz.image import (
     check_style,
     figure_caption,
 )
-from explain.viz.scaling import scale_maps
+from explain.viz.scaling import SEQUENTIAL, scale_maps
 from explain.viz.text_figure import text_figure
 
 if TYPE_CHECKING:
@@ -177,7 +177,7 @@ def relevance_matrix_figure(
     source_tokens: Sequence[str],
     target_tokens: Sequence[str],
     *,
-    cmap: str = "viridis",
+    cmap: str = SEQUENTIAL,
     normalize_rows: bool = True,
 ) -> Figure:
     """(P, S) relevance of S source tokens for each of P explained target tokens.
