@@ -13,7 +13,10 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# setuptools says "Editable installation ... be careful with folders named like the
+	# package" for every editable install with a mapped package (explain._zoo is models/);
+	# pip 26 relays it as a BuildBackendWarning. It is expected here, so it is not shown.
+	$(BIN)/python -W "ignore:Editable installation" -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,7 +29,8 @@ test: $(STAMP)
 
 # JupyterLab on the notebooks, from .venv (no activation needed); installs the extra once.
 lab: $(STAMP)
-	$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/pip install --quiet -e '.[notebooks]'
+	$(BIN)/python -c "import jupyterlab" 2>/dev/null || \
+		$(BIN)/python -W "ignore:Editable installation" -m pip install --quiet -e '.[notebooks]'
 	$(BIN)/jupyter lab notebooks/
 
 lint: $(STAMP)
