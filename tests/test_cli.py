@@ -179,12 +179,11 @@ def test_image_maps_are_figures_that_state_their_scale(capsys, tmp_path, model_f
     model = tiny_vit(**TIMM_ARGS)
     images, _ = load_images(paths, size=(32, 32), mean=MEAN, std=STD)
     display = np.asarray(Image.open(paths[0]).convert("RGB"))
-    relevance = (
-        Explainer(model)
-        .explain(images, target=1)
-        .heatmap(size=display.shape[:2], normalize=False)[0]
-    )
-    figure = heatmap_figure(display, relevance, title="generic: square (1)")
+    result = Explainer(model).explain(images, target=1)
+    relevance = result.heatmap(size=display.shape[:2], normalize=False)[0]
+    rank = int((result.logits[0] > result.logits[0, 1]).sum()) + 1
+    title = "generic: square (class 1), " + {1: "predicted", 2: "ranked 2nd", 3: "ranked 3rd"}[rank]
+    figure = heatmap_figure(display, relevance, title=title)
     assert [t.get_text() for t in figure.axes[0].texts] == []
     save_figure(figure, tmp_path / "expected.png")
     with Image.open(written) as saved, Image.open(tmp_path / "expected.png") as expected:

@@ -43,7 +43,7 @@ from explain.cli.options import (
 from explain.errors import InputError, TargetError
 from explain.explanation import Explanation
 from explain.preprocessing import read_image
-from explain.viz.image import BACKGROUNDS
+from explain.viz.image import BACKGROUNDS, class_label
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -227,11 +227,12 @@ def run(args: argparse.Namespace) -> int:
                     for m, r in results.items()
                 }
                 columns = results[methods[0]].target[offset].tolist()
+                logits = results[methods[0]].logits[offset]  # titles say each class's rank
                 for method, heats in maps.items():
                     for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
-                        title = f"{method}: {_class_title(column, loaded.classes)}"
+                        title = f"{method}: {class_label(column, loaded.classes, logits)}"
                         _save_map(display, heat, out, title, args)
                         written.append(out)
                 if args.save:
@@ -241,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
                         _one_image(result, offset, settings).save(out)
                         written.append(out)
                 if args.grid:
-                    names = [_class_title(column, loaded.classes) for column in columns]
+                    names = [class_label(c, loaded.classes, logits) for c in columns]
                     figure = grid_figure(
                         display,
                         [list(heats) for heats in maps.values()],
@@ -297,13 +298,6 @@ def _save_map(display: np.ndarray, heat: Tensor, out: Path, title: str, args) ->
     save_image(picture, out)
     if scaled.notes[0]:
         print(f"explain: note: {out} is an {scaled.notes[0]}", file=sys.stderr)
-
-
-def _class_title(index: int, class_names: Sequence[str] | None) -> str:
-    """A class as a figure title: its name (first synonym) and index."""
-    if class_names and index < len(class_names):
-        return f"{class_names[index].split(',')[0].strip()} ({index})"
-    return f"class {index}"
 
 
 def _one_image(result: Explanation, offset: int, settings: dict[str, str]) -> Explanation:

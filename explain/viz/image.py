@@ -31,6 +31,7 @@ __all__ = [
     "batch_figure",
     "caption_lines",
     "check_style",
+    "class_label",
     "explanation_grid",
     "figure_caption",
     "greyed",
@@ -457,7 +458,7 @@ def explanation_grid(
     first = next(iter(explanations.values()))
     targets = first.target[sample].reshape(-1).tolist()
     logits = first.logits[sample]
-    classes = [_class_label(int(t), class_names, logits) for t in targets]
+    classes = [class_label(int(t), class_names, logits) for t in targets]
     heatmaps = []
     for name, explanation in explanations.items():
         if explanation.target[sample].reshape(-1).tolist() != targets:
@@ -538,7 +539,7 @@ def batch_figure(
     )
     for b, picture in enumerate(shown):
         _draw_panel(panels[0][b], picture, None, cmap, alpha)
-        title = _class_label(int(first.target[b]), class_names, first.logits[b])
+        title = class_label(int(first.target[b]), class_names, first.logits[b])
         if labels is not None:
             title += f"\nlabel: {_class_name(int(labels[b]), class_names)}"
         panels[0][b].set_title(title, fontsize=8, parse_math=False)
@@ -579,7 +580,7 @@ def _ordinal(rank: int) -> str:
     return f"{rank}{suffix}"
 
 
-def _class_label(index: int, class_names: Sequence[str] | None, logits: Tensor) -> str:
+def class_label(index: int, class_names: Sequence[str] | None, logits: Tensor) -> str:
     """An explained class as a title that cannot be misread: whether it is the model's
     prediction or which rank it has, e.g. "circle (class 0), predicted", "class 3, ranked
     2nd"."""
