@@ -165,7 +165,12 @@ def test_all_methods(classifier_folder, tmp_path, capsys):
     assert main([*argv, "--method", "all"]) == 0
     out = capsys.readouterr().out
     assert all(f"[{method}]" in out for method in METHODS)
-    assert page.read_text().count("<h3>") == len(METHODS)
+    titles = [line for line in out.splitlines() if "(p = " in line]
+    assert titles and not any(t.startswith(tuple(METHODS)) for t in titles)  # named once
+    html = page.read_text()
+    assert html.count("<h3>") == len(METHODS)
+    assert all(f"<h2>{method}</h2>" in html for method in METHODS)
+    assert f"<h2>explain text: {classifier_folder}, {', '.join(sorted(METHODS))}</h2>" in html
 
 
 def _printed_values(out: str) -> list[float]:

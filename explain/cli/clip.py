@@ -65,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     start = {"image": args.image_start_layer, "text": args.text_start_layer}
     start = {tower: layer for tower, layer in start.items() if layer is not None}
     every_text = torch.arange(len(args.text))
-    # disable=None: no bar when stderr is not a terminal, so piped output stays clean.
-    for path in tqdm(paths, unit="image", desc="explaining", file=sys.stderr, disable=None):
+    # The bar opens once the first image is explained (a method this model cannot take
+    # fails before it), and only on a terminal (disable=None): piped output stays clean.
+    bar = None
+    for path in paths:
         photo = read_image(path)
         pixels = preprocessing([photo])
         display = np.asarray(photo)  # the maps are drawn over the file at its resolution
@@ -101,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
             tqdm.write(str(raw))
         best = int(probabilities.argmax())
         tqdm.write(f"{path}: {args.text[best]!r} (p={float(probabilities[best]):.2f}) -> {out}")
+        if bar is None:
+            bar = tqdm(
+                total=len(paths), unit="image", desc="explaining", file=sys.stderr, disable=None
+            )
+        bar.update(1)
+    if bar is not None:
+        bar.close()
     return 0
 
 
