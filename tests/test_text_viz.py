@@ -123,3 +123,17 @@ def test_every_token_meets_wcag_aa_contrast_and_the_page_names_its_method():
     assert "<h2>explain text: m, generic</h2>" in page
     assert "none, (" not in page and "none (" not in page and "none. Each text" in page
     assert "color: #333" not in page  # "show values" labels take the token's own ink
+
+
+def test_figure_tokens_take_the_ink_that_contrasts_more_with_their_box():
+    from matplotlib import colormaps
+
+    from explain.viz.text import contrast_ratio
+    from explain.viz.text_figure import ink
+
+    for name in ("RdBu_r", "Reds"):
+        for value in np.linspace(0.0, 1.0, 21):
+            box = colormaps[name](float(value))
+            rgb = tuple(round(255 * c) for c in box[:3])
+            chosen = (0, 0, 0) if ink(box) == "black" else (255, 255, 255)
+            assert contrast_ratio(chosen, rgb) >= 4.5

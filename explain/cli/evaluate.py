@@ -1,18 +1,18 @@
-r"""`explain evaluate`: score methods with the perturbation, segmentation, class-specific
-or rationale test.
+r"""`explain evaluate`: score methods with the perturbation, segmentation,
+class-specific or rationale test.
 
     explain evaluate perturbation --model zoo:shapes-vit --methods generic,rollout,random \
         --limit 500 --batch-size 16 --output results/shapes-perturbation.json
     explain evaluate class-specific --model zoo:shapes-vit --limit 256 \
         --output results/shapes-class-specific.json
 
-Without --data a zoo model is scored on its own held-out set. The run shows a progress
-bar, can be interrupted and rerun to resume (finished chunks are kept in OUTPUT.parts/),
-and writes OUTPUT (JSON, atomically) with OUTPUT.md (a table) and OUTPUT.png (the curves)
-next to it. Every number that ranks methods comes with its bootstrap standard error, and
-the best value and those within noise of it are bold in the table. Under `torchrun
---nproc-per-node N explain evaluate ...` the data is sharded over the N processes and
-rank 0 writes the results.
+Without --data a zoo model is scored on its own held-out set. The run shows a
+progress bar, can be interrupted and rerun to resume (finished chunks are kept
+in OUTPUT.parts/), and writes OUTPUT (JSON, atomically) with OUTPUT.md (a table)
+and OUTPUT.png (the curves) next to it. Every number that ranks methods comes
+with its bootstrap standard error, and the best value and those within noise of
+it are bold in the table. Under `torchrun --nproc-per-node N explain evaluate
+...` the data is sharded over the N processes and rank 0 writes the results.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog='Example: explain generate "The capital of France is" --model ./my-llama '
         "--out answers (writes answers/generation.html and answers/generation.png). Offline, "
         'explain.tiny_lm.save_tiny_lm("tiny-llama") saves a tiny random Llama folder to try '
-        "it on (README, Language models).",
+        "it on (README, Supported models).",
     )
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
     add_model_arguments(

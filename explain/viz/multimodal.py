@@ -30,7 +30,7 @@ from explain.viz.image import (
     figure_caption,
 )
 from explain.viz.scaling import SEQUENTIAL, scale_maps
-from explain.viz.text_figure import text_figure
+from explain.viz.text_figure import ink, text_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -157,7 +157,7 @@ def clip_figure(
                     fontsize=8,
                     parse_math=False,
                     va="top",
-                    color="white" if value > 0.6 else "black",
+                    color=ink(reds(value)),
                     bbox={
                         "boxstyle": "square,pad=0.1",
                         "facecolor": reds(value),

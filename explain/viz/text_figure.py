@@ -15,11 +15,12 @@ import numpy as np
 from torch import Tensor
 
 from explain.errors import InputError
+from explain.viz.text import text_colour
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["text_figure"]
+__all__ = ["ink", "text_figure"]
 
 _CHAR_INCHES = 0.085
 """Advance of one monospace character at the font size used below (9 pt)."""
@@ -30,6 +31,12 @@ LEGEND = (
     "each text scaled by its own largest |relevance|."
 )
 """The figure's last line (with the default diverging colormap): how to read the colours."""
+
+
+def ink(rgba: tuple[float, ...]) -> str:
+    """Black or white text, whichever contrasts more with a box of colour `rgba` (0..1)."""
+    box = tuple(round(255 * channel) for channel in rgba[:3])
+    return "black" if text_colour(box) == (0, 0, 0) else "white"  # type: ignore[arg-type]
 
 
 def _layout(tokens: Sequence[str], line_width: int) -> list[tuple[int, int]]:
@@ -109,7 +116,7 @@ def text_figure(
                 parse_math=False,  # a token such as "$5" is text, not mathtext
                 fontsize=9,
                 va="center",
-                color="white" if abs(value) > 0.6 else "black",  # legible on dark boxes
+                color=ink(colormap(0.5 + 0.5 * float(value))),  # WCAG AA on its box
                 bbox={
                     "boxstyle": "square,pad=0.15",
                     "facecolor": colormap(0.5 + 0.5 * float(value)),
