@@ -433,6 +433,15 @@ def test_relevance_matrix_figure_checks_its_shape():
 
     figure = relevance_matrix_figure(torch.rand(2, 3), ["a", "b", "c"], ["x", "y"])
     assert len(figure.axes) == 2  # the matrix and its colour bar
+    assert figure.axes[0].get_images()[0].get_cmap().name.startswith("inferno")
+    long = "explain seq2seq: " + "/very/long/model/folder" * 6 + ", generic"
+    titled = relevance_matrix_figure(torch.rand(2, 3), ["a", "b", "c"], ["x", "y"], title=long)
+    texts = [t.get_text() for t in titled.texts]
+    assert "scaled to its own largest |relevance|" in texts[0]
+    heading = texts[1].split("\n")
+    assert len(heading) > 1 and "".join(heading).replace(" ", "") == long.replace(" ", "")
+    width = titled.get_size_inches()[0]
+    assert all(len(line) * 0.072 <= width for line in heading)  # no line runs off the figure
     with pytest.raises(InputError, match=r"\(2, 3\)"):
         relevance_matrix_figure(torch.rand(3, 2), ["a", "b", "c"], ["x", "y"])
 

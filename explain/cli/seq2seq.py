@@ -63,7 +63,12 @@ def run(args: argparse.Namespace) -> int:
         top = row.topk(min(3, row.numel())).indices.tolist()
         print(f"  {token!r:>16} <- " + ", ".join(repr(source_tokens[i]) for i in top))
     outputs = {
-        args.out / "seq2seq_matrix.png": relevance_matrix_figure(matrix, source_tokens, explained),
+        args.out / "seq2seq_matrix.png": relevance_matrix_figure(
+            matrix,
+            source_tokens,
+            explained,
+            title=f"explain seq2seq: {args.model}, {result.method}",
+        ),
         args.out / "seq2seq_source.png": source_text_figure(matrix, source_tokens, explained),
     }
     for path, figure in outputs.items():

@@ -23,7 +23,7 @@ import numpy as np
 from torch import Tensor
 
 from explain.errors import InputError
-from explain.viz.image import _CAPTION_LINE_INCHES, caption_lines
+from explain.viz.image import _CAPTION_LINE_INCHES, _TITLE_LINE_INCHES, caption_lines
 from explain.viz.scaling import DIVERGING, SEQUENTIAL
 
 if TYPE_CHECKING:
@@ -94,11 +94,12 @@ def generation_figure(
     colormap = colormaps[DIVERGING if signed else SEQUENTIAL].with_extremes(bad="white")
     read = tokens[:-1]
     generated = tokens[prompt_length : prompt_length + count]
-    top = 0.6 + _CHAR_INCHES * max(len(t) for t in read)
     left = 0.7 + _CHAR_INCHES * max(len(t) for t in generated)
     # At least a readable area: with one generated token the cells stretch, not shrink.
     panel_w, panel_h = max(_CELL_INCHES * len(read), 2.5), max(_CELL_INCHES * count, 1.2)
     width = left + panel_w + 1.3
+    heading = caption_lines(f"{title}: {method}" if title else method, width, title=True)
+    top = 0.3 + _TITLE_LINE_INCHES * len(heading) + _CHAR_INCHES * max(len(t) for t in read)
     rule = (
         "Each row scaled by its largest |relevance| without the readout token (hatched grey: "
         "the token the prediction is read out at, its own identity term, off the scale). "
@@ -141,8 +142,7 @@ def generation_figure(
     axis.set_ylabel("generated token explained", fontsize=8)
     for text in axis.get_xticklabels() + axis.get_yticklabels():
         text.set_parse_math(False)
-    heading = f"{title}: {method}" if title else method
-    figure.text(0.5, 1 - 0.08 / height, heading, ha="center", va="top", fontsize=9,
+    figure.text(0.5, 1 - 0.08 / height, "\n".join(heading), ha="center", va="top", fontsize=9,
                 parse_math=False)  # fmt: skip
     bar = figure.add_axes(
         ((left + panel_w + 0.25) / width, bottom / height, 0.12 / width, panel_h / height)

@@ -186,11 +186,17 @@ MAPS_PER_ROW = 4
 so that a figure of every method stays readable at normal zoom (about 2000 px wide)."""
 
 
-def caption_lines(text: str, width_inches: float) -> list[str]:
-    """`text` wrapped to lines that fit `width_inches` at the caption's 7 pt."""
+_TITLE_CHAR_INCHES = 0.072  # a 9 pt title character, on average, with room to spare
+_TITLE_LINE_INCHES = 0.18
+
+
+def caption_lines(text: str, width_inches: float, *, title: bool = False) -> list[str]:
+    """`text` wrapped to lines that fit `width_inches` at the caption's 7 pt (or, with
+    `title`, a title's 9 pt): a long model path must not run off the figure."""
     import textwrap
 
-    return textwrap.wrap(text, max(20, int((width_inches - 0.2) / _CAPTION_CHAR_INCHES)))
+    char = _TITLE_CHAR_INCHES if title else _CAPTION_CHAR_INCHES
+    return textwrap.wrap(text, max(20, int((width_inches - 0.2) / char)))
 
 
 def _panel_figure(

@@ -21,6 +21,7 @@ from torch import Tensor
 from explain.errors import InputError
 from explain.viz.image import (
     _CAPTION_LINE_INCHES,
+    _TITLE_LINE_INCHES,
     _draw_colorbar,
     _draw_panel,
     _to_hwc,
@@ -179,8 +180,10 @@ def relevance_matrix_figure(
     *,
     cmap: str = SEQUENTIAL,
     normalize_rows: bool = True,
+    title: str | None = None,
 ) -> Figure:
-    """(P, S) relevance of S source tokens for each of P explained target tokens.
+    """(P, S) relevance of S source tokens for each of P explained target tokens, under
+    `title` (e.g. the model and the method), the scaling rule written below.
 
     Row i is the source relevance of `target_tokens[i]`; with `normalize_rows` each row is
     scaled to its own maximum, so that tokens with little total relevance stay readable.
@@ -199,24 +202,39 @@ def relevance_matrix_figure(
         peaks = np.abs(values).max(axis=1, keepdims=True)
         values = np.divide(values, peaks, out=np.zeros_like(values), where=peaks > 0)
     cell = 0.32
-    # Margins fit the longest tick label (8 pt, about 0.075 inch a character).
-    top = 0.35 + 0.075 * max(len(t) for t in source_tokens)
+    # Margins fit the longest tick label (8 pt, about 0.075 inch a character); the panel
+    # is at least readable with one explained token (its cells stretch, not shrink).
     left = 0.5 + 0.075 * max(len(t) for t in target_tokens)
-    panel_w, panel_h = cell * len(source_tokens), cell * len(target_tokens)
-    width, height = left + panel_w + 1.1, top + panel_h + 0.2
+    panel_w = max(cell * len(source_tokens), 2.0)
+    panel_h = max(cell * len(target_tokens), 1.2)
+    width = left + panel_w + 1.0
+    heading = caption_lines(title, width, title=True) if title else []
+    top = 0.2 + _TITLE_LINE_INCHES * len(heading) + 0.3 + 0.075 * max(map(len, source_tokens))
+    rule = (
+        "Each row (an explained token) scaled to its own largest |relevance|."
+        if normalize_rows
+        else "Relevance on one scale for every row."
+    )
+    lines = caption_lines(rule, width)
+    bottom = 0.15 + _CAPTION_LINE_INCHES * len(lines)
+    height = top + panel_h + bottom
     figure = Figure(figsize=(width, height))
-    axis = figure.add_axes((left / width, 0.2 / height, panel_w / width, panel_h / height))
+    axis = figure.add_axes((left / width, bottom / height, panel_w / width, panel_h / height))
     image = axis.imshow(values, cmap=cmap, aspect="auto", vmin=0.0 if normalize_rows else None)
     axis.set_xticks(range(len(source_tokens)), source_tokens, rotation=90, fontsize=8)
     axis.set_yticks(range(len(target_tokens)), target_tokens, fontsize=8)
     axis.xaxis.tick_top()
     axis.set_ylabel("explained token", fontsize=8)
-    bar = figure.add_axes(((width - 0.95) / width, 0.2 / height, 0.12 / width, panel_h / height))
+    bar = figure.add_axes(
+        ((left + panel_w + 0.2) / width, bottom / height, 0.12 / width, panel_h / height)
+    )
     colour_bar = figure.colorbar(image, cax=bar)
     colour_bar.ax.tick_params(labelsize=7)
-    # The figure's one scaling rule, stated on it.
-    rule = "each row scaled to its own max" if normalize_rows else "relevance (one scale)"
-    colour_bar.set_label(rule, fontsize=7)
+    colour_bar.set_label("row's own scale" if normalize_rows else "relevance", fontsize=7)
+    figure.text(0.5, 0.06 / height, "\n".join(lines), ha="center", va="bottom", fontsize=7)
+    if heading:
+        figure.text(0.5, 1 - 0.08 / height, "\n".join(heading), ha="center", va="top",
+                    fontsize=9, parse_math=False)  # fmt: skip
     for text in axis.get_xticklabels() + axis.get_yticklabels():
         text.set_parse_math(False)
     return figure
