@@ -397,3 +397,11 @@ def test_figure_captions_wrap_to_the_figure_width(picture):
     assert len(lines) > 1 and "every colour is relevance" in " ".join(lines)
     width = figure.get_size_inches()[0]
     assert all(len(line) * 0.056 <= width for line in lines)
+
+
+def test_a_long_title_wraps_within_the_panel(picture):
+    title = "transformer_attribution: tabby (class 281), ranked 2nd"
+    figure = heatmap_figure(*picture, title=title)
+    lines = figure.axes[0].get_title().split("\n")
+    assert len(lines) == 2 and " ".join(lines) == title
+    assert all(len(line) * 0.072 <= 2.4 for line in lines)  # the panel's 2.4 inches

@@ -207,6 +207,7 @@ def _panel_figure(
     labels: bool,
     caption: str,
     panel_inches: float = _PANEL_INCHES,
+    title_lines: int = 1,
 ) -> tuple[Figure, list[list], object]:
     """A figure with `shape[i]` panels in row i, each `aspect` (height / width) high, and
     `caption` below them, wrapped to the figure's width.
@@ -216,6 +217,7 @@ def _panel_figure(
     """
     from matplotlib.figure import Figure
 
+    title_h = _TITLE_INCHES + _TITLE_LINE_INCHES * (title_lines - 1)
     panel_w = panel_inches
     panel_h = panel_inches * min(max(aspect, 0.25), 4.0)
     left = _LABEL_INCHES if labels else _GAP_INCHES
@@ -224,7 +226,7 @@ def _panel_figure(
     width = left + panels_w + (_BAR_INCHES if colorbar else _GAP_INCHES)
     lines = caption_lines(caption, width)
     caption_h = 0.1 + _CAPTION_LINE_INCHES * len(lines)
-    height = len(shape) * (panel_h + _TITLE_INCHES) + caption_h
+    height = len(shape) * (panel_h + title_h) + caption_h
     figure = Figure(figsize=(width, height))
     figure.text(0.5, 0.06 / height, "\n".join(lines), ha="center", va="bottom", fontsize=7)
 
@@ -233,7 +235,7 @@ def _panel_figure(
 
     rows = []
     for i, count in enumerate(shape):
-        bottom = height - (i + 1) * (panel_h + _TITLE_INCHES)
+        bottom = height - (i + 1) * (panel_h + title_h)
         rows.append(
             [
                 figure.add_axes(box(left + j * (panel_w + _GAP_INCHES), bottom, panel_w, panel_h))
@@ -242,8 +244,8 @@ def _panel_figure(
         )
     bar = None
     if colorbar:
-        top = height - _TITLE_INCHES
-        bottom = height - len(shape) * (panel_h + _TITLE_INCHES)
+        top = height - title_h
+        bottom = height - len(shape) * (panel_h + title_h)
         bar = box(left + panels_w + 0.15, bottom, 0.15, top - bottom)
     return figure, rows, bar
 
@@ -331,6 +333,7 @@ def heatmap_figure(
     scale = scale_maps([_to_map(heatmap)])
     height, width = rgb.shape[:2]
     inches = min(max(width / DEFAULT_DPI, _PANEL_INCHES), _MAX_PANEL_INCHES)
+    heading = caption_lines(title, inches, title=True) if title else []
     figure, rows, bar = _panel_figure(
         [1],
         height / width,
@@ -338,6 +341,7 @@ def heatmap_figure(
         labels=False,
         caption=figure_caption(scale, background),
         panel_inches=inches,
+        title_lines=max(1, len(heading)),
     )
     _draw_panel(
         rows[0][0],
@@ -349,8 +353,8 @@ def heatmap_figure(
         note=scale.notes[0],
         background=background,
     )
-    if title:
-        rows[0][0].set_title(title, fontsize=9, parse_math=False)
+    if heading:
+        rows[0][0].set_title("\n".join(heading), fontsize=9, parse_math=False)
     if bar is not None:
         _draw_colorbar(figure, bar, scale, cmap)
     return figure
