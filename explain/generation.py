@@ -24,9 +24,9 @@ from torch import Tensor
 from explain import engine
 from explain.api import Explainer
 from explain.engine import Request, require_causal_lm
+from explain.engine.session import Session
 from explain.errors import InputError, OptionError
 from explain.explanation import Explanation
-from explain.recorder import Recorder
 from explain.targets import Score
 from explain.text import is_raw_text
 
@@ -164,7 +164,7 @@ def generate(
     if pad is None:
         pad = int(end_ids[0]) if len(end_ids) else 0
     options = {"do_sample": False, **options}
-    with Recorder(adapter, differentiable=False):
+    with Session(adapter):
         sequences = model.generate(
             input_ids=prepared.arguments["input_ids"],
             attention_mask=mask,

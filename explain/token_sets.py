@@ -18,9 +18,9 @@ import torch
 from explain import engine
 from explain.architectures.base import Adapter, TokenSets
 from explain.engine import Position, Request, StartLayer
+from explain.engine.session import Session
 from explain.errors import OptionError
 from explain.explanation import Explanation
-from explain.recorder import Recorder
 from explain.targets import Score, Target
 
 __all__ = [
@@ -110,7 +110,7 @@ def generate_target(
         raise OptionError(f"{adapter.family}: generate_target is for encoder-decoder models")
     source = {k: v for k, v in dict(inputs).items() if not k.startswith("decoder_")}
     model = adapter.model
-    with Recorder(adapter, differentiable=False):
+    with Session(adapter):
         sequences = model.generate(**source, max_new_tokens=max_new_tokens, do_sample=False)
     eos = model.generation_config.eos_token_id
     eos_ids = torch.as_tensor([] if eos is None else eos, device=sequences.device).flatten()

@@ -15,7 +15,7 @@ import pytest
 import reference_hf as ref
 import torch
 
-import explain.tiny_lm as tiny_lm
+from explain.testing import tiny_lm
 from explain import Explainer, OptionError
 from explain.architectures.hf_causal_lm import HuggingFaceCausalLM, is_decoder_only_lm
 from explain.testing import ModelState

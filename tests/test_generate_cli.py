@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-import explain.tiny_lm as tiny_lm
+from explain.testing import tiny_lm
 from explain import Explainer
 from explain.cli import main
 from explain.generation import explain_generation

@@ -10,7 +10,7 @@ import reference_hf as ref
 import torch
 
 import explain.fused
-import explain.tiny_lm as tiny_lm
+from explain.testing import tiny_lm
 from explain import Explainer, InputError, OptionError, engine
 from explain.generation import Generation, explain_generation, generate, is_chat
 from explain.testing import ModelState

@@ -12,7 +12,7 @@ from torch import nn
 import reference_vit as ref_vit
 from explain import METHODS, Explainer, TargetError, UnsupportedModelError
 from explain.lrp import CHEFER, ORIGINAL, rules, tape_for
-from explain.recorder import Recorder
+from explain.engine.recorder import Recorder
 from explain.testing import ModelState, hook_counts, tiny_vit
 
 LRP_METHODS = ["transformer_attribution", "partial_lrp", "lrp"]

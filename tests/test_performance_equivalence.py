@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-import explain.recorder
+import explain.engine.recorder
 from explain import Explainer
 from explain.architectures import adapter_for
 from explain.errors import OptionError
@@ -125,7 +125,7 @@ def test_targets_share_one_backward_within_the_memory_budget(
         calls.append(kwargs.get("is_grads_batched", False))
         return grad(*args, **kwargs)
 
-    monkeypatch.setattr(explain.recorder, "BATCHED_GRADIENT_BYTES", budget)
+    monkeypatch.setattr(explain.engine.recorder, "BATCHED_GRADIENT_BYTES", budget)
     monkeypatch.setattr(torch.autograd, "grad", counting_grad)
     relevance = explainer.explain(images, target=classes).relevance
     assert calls == [True] * backward_calls

@@ -9,7 +9,7 @@ import reference_hf as ref
 import torch
 
 import explain.fused
-import explain.tiny_lm as tiny_lm
+from explain.testing import tiny_lm
 from explain import Explainer
 from explain.architectures.base import FusedAttentionSite
 from explain.rules.attention import rollout_step

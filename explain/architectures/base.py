@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
@@ -29,6 +30,7 @@ __all__ = [
     "FusedPath",
     "LanguageModel",
     "LrpWalk",
+    "ModuleHook",
     "Prepared",
     "TokenLayout",
     "TokenSet",
@@ -72,9 +74,15 @@ class AttentionSite:
     module the probabilities enter, such as a module that computes A @ V."""
 
 
+ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
+"""A forward hook (module, args, kwargs, output) -> None that only reads what it is given,
+or -> a replacement output equal in value whose gradient follows a rule (explain.lrp.attnlrp)."""
+
+
 @dataclass(frozen=True)
 class FlagSetting:
-    """An attribute the recorder sets for the duration of a call and then restores."""
+    """An attribute the session (explain.engine.session) sets for the duration of a call
+    and then restores."""
 
     owner: object
     name: str
@@ -122,6 +130,10 @@ class FusedPath:
 
     sites: Sequence[FusedAttentionSite]
     flags: Sequence[FlagSetting]
+    context: Callable[[], AbstractContextManager[Any]] | None = None
+    """What the path needs in place for the call besides its flags (an entry in a
+    library's registry that a flag names), entered before the flags are set and exited
+    after they are restored; None: nothing."""
 
 
 @dataclass(frozen=True)
