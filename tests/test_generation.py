@@ -11,10 +11,9 @@ import reference_hf as ref
 import torch
 
 import explain.fused
-from explain.testing import tiny_lm
 from explain import Explainer, InputError, OptionError, engine
 from explain.generation import Generation, explain_generation, generate, is_chat
-from explain.testing import ModelState
+from explain.testing import ModelState, tiny_lm
 
 PROMPTS = [[4, 14, 7, 33, 9], [4, 41], [4, 5, 17]]
 NEW = 4

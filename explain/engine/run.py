@@ -63,9 +63,10 @@ def _supported(kind: type[Plan], adapter: Adapter) -> list[str]:
     ]
 
 
-def supported_methods(adapter: Adapter) -> list[str]:
-    """The names of the methods that `adapter`'s model can be explained with."""
-    return _supported(plan_kind(adapter, Request()), adapter)
+def supported_methods(adapter: Adapter, request: Request | None = None) -> list[str]:
+    """The names of the methods that `adapter`'s model can be explained with, in calls of
+    `request`'s kind (a generation, when it has a `prompt_length`; default: any other)."""
+    return _supported(plan_kind(adapter, request or Request()), adapter)
 
 
 def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None) -> Explanation:
