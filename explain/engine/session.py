@@ -44,8 +44,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -163,8 +162,7 @@ class Session(contextlib.AbstractContextManager["Session"]):
         self.differentiable = differentiable
         self.fused = fused
         self._hooks = tuple(hooks)
-        self._undo: list[Callable[[], Any]] = []
-        self._stack = contextlib.ExitStack()
+        self._undo = contextlib.ExitStack()  # every change's undo, last change first
         self._held: frozenset[int] | None = None
 
     @property
@@ -187,14 +185,16 @@ class Session(contextlib.AbstractContextManager["Session"]):
         self._held = held
         try:
             self._fork_rng()
-            self._stack.enter_context(
+            self._undo.enter_context(
                 torch.enable_grad() if self.differentiable else torch.no_grad()
             )
             self._freeze(modules)
+            if self.fused is not None and self.fused.context is not None:
+                self._undo.enter_context(self.fused.context())
             self._set_flags(flags)
             for module, hook in self._hooks:
                 handle = module.register_forward_hook(hook, with_kwargs=True)
-                self._undo.append(handle.remove)
+                self._undo.callback(handle.remove)
         except BaseException:
             self._give_back()
             raise
@@ -205,9 +205,7 @@ class Session(contextlib.AbstractContextManager["Session"]):
 
     def _give_back(self) -> None:
         try:
-            while self._undo:
-                self._undo.pop()()
-            self._stack.close()
+            self._undo.close()
         finally:
             if self._held is not None:  # last: the next session finds everything restored
                 _HOLDINGS.release(self._held)
@@ -217,22 +215,22 @@ class Session(contextlib.AbstractContextManager["Session"]):
         devices = sorted(
             {p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"}
         )
-        self._stack.enter_context(torch.random.fork_rng(devices=devices))
+        self._undo.enter_context(torch.random.fork_rng(devices=devices))
 
     def _freeze(self, modules: list[nn.Module]) -> None:
         # Modes are saved and set per module: model.train(mode) would overwrite submodules
         # that the user had deliberately put in another mode.
         modes = [(module, module.training) for module in modules]
-        self._undo.append(lambda: [setattr(m, "training", mode) for m, mode in modes])
+        self._undo.callback(lambda: [setattr(m, "training", mode) for m, mode in modes])
         for module in modules:
             module.training = False
         flags = [(p, p.requires_grad) for p in self.model.parameters()]
-        self._undo.append(lambda: [p.requires_grad_(flag) for p, flag in flags])
+        self._undo.callback(lambda: [p.requires_grad_(flag) for p, flag in flags])
         for parameter, _ in flags:
             parameter.requires_grad_(False)
 
     def _set_flags(self, flags: Sequence[FlagSetting]) -> None:
         for setting in flags:
             old = getattr(setting.owner, setting.name)
-            self._undo.append(lambda s=setting, v=old: setattr(s.owner, s.name, v))
+            self._undo.callback(lambda s=setting, v=old: setattr(s.owner, s.name, v))
             setattr(setting.owner, setting.name, setting.value)
