@@ -29,7 +29,7 @@ __all__ = [
     "FusedAttentionSite",
     "FusedPath",
     "LanguageModel",
-    "LrpWalk",
+    "LazyImport",
     "ModuleHook",
     "Prepared",
     "TokenLayout",
@@ -230,18 +230,16 @@ class TokenSets(StrEnum):
 
 
 @dataclass(frozen=True)
-class LrpWalk:
-    """An adapter's LRP capability: the class (in explain.lrp) that records the forward
-    activations of the family's modules and propagates relevance through them, named by
-    module and class so that the adapter never imports the LRP engine.
-
-    The class is called as `cls(adapter, to_input=...)` and satisfies explain.lrp's `Tape`.
-    """
+class LazyImport:
+    """A function or class named by module and attribute, imported on first use: how an
+    adapter declares a capability that lives in explain.lrp (its LRP walk, where the
+    AttnLRP and CP-LRP rules attach) without ever importing that code."""
 
     module: str
     name: str
 
     def load(self) -> Callable[..., Any]:
+        """The named function or class."""
         return getattr(importlib.import_module(self.module), self.name)
 
 
@@ -273,10 +271,12 @@ class Adapter(ABC):
     """None for one token sequence; models with two token sets declare how they are
     explained (relevances {"image", "text"} or {"source", "target"})."""
 
-    lrp_walk: ClassVar[LrpWalk | None] = None
-    """The family's LRP walk, which the LRP methods need; None: they are refused."""
+    lrp_walk: ClassVar[LazyImport | None] = None
+    """The family's LRP walk, which the LRP methods need: a class in explain.lrp, called as
+    `cls(adapter, to_input=...)`, that satisfies explain.lrp's `Tape`; None: the LRP
+    methods are refused."""
 
-    rule_sites: ClassVar[LrpWalk | None] = None
+    rule_sites: ClassVar[LazyImport | None] = None
     """Where AttnLRP and CP-LRP attach in the family's modules: a function (in
     explain.lrp.attnlrp_sites) from the adapter to its `RuleSites`; None: they are refused."""
 
