@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from explain.errors import InputError
 from explain.finite import check_finite
-from explain.tokens import encode, is_raw_text, token_strings
+from explain.tokenizing import encode, is_raw_text, token_strings
 
 __all__ = [
     "Adapter",
@@ -342,7 +342,7 @@ class Adapter(ABC):
 
     def encode(self, inputs: object, tokenizer: Any) -> object:
         """`inputs` with raw texts (a string or a list of strings) tokenized by the
-        Explainer's `tokenizer` into a padded batch (explain.tokens.encode); anything else
+        Explainer's `tokenizer` into a padded batch (explain.tokenizing.encode); anything else
         as given. A family whose raw inputs look different overrides it."""
         if tokenizer is not None and is_raw_text(inputs):
             return encode(tokenizer, inputs)

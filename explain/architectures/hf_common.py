@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from explain.architectures.base import Adapter, AttentionSite, FlagSetting, LazyImport, TokenLayout
 from explain.errors import ExplainError, InputError, UnsupportedModelError
-from explain.tokens import is_raw_text
+from explain.tokenizing import is_raw_text
 
 __all__ = [
     "HuggingFaceAdapter",

@@ -41,7 +41,7 @@ from explain.architectures.base import (
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import prepare_text
 from explain.errors import ExplainError, InputError, UnsupportedModelError
-from explain.tokens import checked_texts, is_raw_text
+from explain.tokenizing import checked_texts, is_raw_text
 
 __all__ = ["ExplicitSelfAttention", "OpenClip"]
 
