@@ -29,11 +29,11 @@ from explain.engine.passes import (
     LrpWalkPass,
     Pass,
 )
-from explain.engine.request import Request, StartLayer
+from explain.engine.request import Request, StartLayer, integer_option
 from explain.errors import ExplainError, OptionError
 from explain.rules import METHODS, Method, RuleContext, Sink
 from explain.rules.fold import AttentionRows
-from explain.rules.registry import RowSink, integer_option
+from explain.rules.registry import RowSink
 from explain.targets import (
     Score,
     check_score,

@@ -20,10 +20,9 @@ from explain.engine.passes import (
     ForwardPass,
 )
 from explain.engine.plans.base import Plan
-from explain.engine.request import Request
+from explain.engine.request import Request, integer_option
 from explain.errors import InputError, OptionError
 from explain.rules import Method
-from explain.rules.registry import integer_option
 from explain.targets import select_scores
 
 __all__ = ["GenerationPlan", "require_causal_lm"]
