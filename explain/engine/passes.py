@@ -265,17 +265,19 @@ class LrpWalkPass(Pass):
                 "path, not the fused kernel; use attention_path='auto' or 'explicit'"
             )
 
+    def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
+        super().__init__(adapter, spec, plan, request)
+        self._to_input = Need.INPUT_RELEVANCE in spec.needs
+        self._walk = tape_for(adapter, to_input=self._to_input)
+
     @property
     def mapped(self) -> bool:
-        return self._to_input and self._in_input_space
+        return self._to_input and self._walk.in_input_space
 
     def run(self) -> tuple[Columns, PerColumn]:
-        spec, plan = self.spec, self.plan
+        spec, plan, walk, to_input = self.spec, self.plan, self._walk, self._to_input
         assert spec.lrp_rules is not None
         rules = RULE_SETS[spec.lrp_rules]
-        to_input = self._to_input = Need.INPUT_RELEVANCE in spec.needs
-        walk = tape_for(self.adapter, to_input=to_input)
-        self._in_input_space = walk.in_input_space
         first = plan.sink()
         track = first.layers if spec.needs_gradients else range(0)
         stop_layer = 0 if to_input or not first.layers else first.layers[0]
