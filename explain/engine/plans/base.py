@@ -181,7 +181,12 @@ class Plan:
     """
 
     passes: ClassVar[frozenset[type[Pass]]] = frozenset(
-        {ForwardPass, AttentionGradientPass, LrpWalkPass, EmbeddingGradientPass}
+        {
+            ForwardPass,
+            AttentionGradientPass,
+            LrpWalkPass,
+            EmbeddingGradientPass,
+        }
     )
     """The passes this kind of model can be explained through (explain.engine.passes)."""
 
