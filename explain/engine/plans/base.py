@@ -30,6 +30,7 @@ from explain.engine.passes import (
     Pass,
 )
 from explain.engine.request import Request, StartLayer, integer_option
+from explain.engine.session import Session
 from explain.errors import ExplainError, OptionError
 from explain.rules import METHODS, Method, RuleContext, Sink
 from explain.rules.fold import AttentionRows
@@ -225,7 +226,9 @@ class Plan:
 
     def _use(self, prepared: Prepared) -> None:
         self.prepared = prepared
-        self.sets = self.adapter.sets(prepared)
+        # A readout row may cost a forward of its own (an attention pooling head's).
+        with Session(self.adapter):
+            self.sets = self.adapter.sets(prepared)
 
     def choose_inputs(self) -> None:
         """Settle what the recorded forward runs on, once options are checked (a dual
