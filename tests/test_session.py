@@ -17,8 +17,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from explain import Explainer, ExplainError
-from explain.engine import NestedExplanationError
+from explain import Explainer, ExplainError, NestedExplanationError
 from explain.testing import ModelState, tiny_lm, tiny_vit
 
 IDS = {"input_ids": torch.tensor([[2, 7, 9, 3], [2, 5, 3, 0]])}

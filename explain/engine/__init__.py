@@ -19,11 +19,10 @@ from explain.engine.plans import (
 )
 from explain.engine.request import Request, StartLayer
 from explain.engine.run import check, explain, supported_methods, trace
-from explain.engine.session import NestedExplanationError, Session
+from explain.engine.session import Session
 
 __all__ = [
     "GenerationPlan",
-    "NestedExplanationError",
     "Plan",
     "Position",
     "Request",

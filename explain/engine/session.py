@@ -50,14 +50,9 @@ import torch
 from torch import nn
 
 from explain.architectures.base import Adapter, FlagSetting, FusedPath, ModuleHook
-from explain.errors import ExplainError
+from explain.errors import ExplainError, NestedExplanationError
 
-__all__ = ["NestedExplanationError", "Session"]
-
-
-class NestedExplanationError(ExplainError):
-    """An explanation started inside another one where it cannot run: on a model the same
-    thread is already explaining, or where waiting would deadlock with another thread."""
+__all__ = ["Session"]
 
 
 class _Holdings:
