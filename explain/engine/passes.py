@@ -38,9 +38,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from torch import Tensor
+from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, Prepared, TokenSet
+from explain.architectures.base import Adapter, ModuleHook, Prepared, TokenSet
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
@@ -170,9 +170,16 @@ class Pass(ABC):
             reads_attention=bool(self.spec.needs & {Need.ATTENTION, Need.ATTENTION_GRADIENTS}),
         )
 
-    def _session(self, *, differentiable: bool, fused: bool = False, **kwargs: Any) -> Session:
+    def _session(
+        self,
+        *,
+        differentiable: bool,
+        fused: bool = False,
+        hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+    ) -> Session:
+        """The session that borrows the model for this pass, on the chosen path."""
         path = self.adapter.fused_path() if fused else None
-        return Session(self.adapter, differentiable=differentiable, fused=path, **kwargs)
+        return Session(self.adapter, differentiable=differentiable, fused=path, hooks=hooks)
 
     @abstractmethod
     def run(self) -> tuple[Columns, PerColumn]:
