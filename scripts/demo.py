@@ -159,7 +159,7 @@ def generation_demo(out: Path) -> list[Path]:
 
     from explain.generation import explain_generation
     from explain.hub import quiet_transformers
-    from explain.tiny_lm import save_tiny_lm
+    from explain.testing.tiny_lm import save_tiny_lm
     from explain.viz.generation import generation_html
     from explain.viz.generation_figure import generation_figure
 

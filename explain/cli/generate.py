@@ -8,8 +8,8 @@ highlights its relevance over everything before it, and a PNG of the (generated 
 (token) relevance matrix.
 
 The model is a Hugging Face ...ForCausalLM folder (save_pretrained, with its tokenizer) or
-hub id; explain.tiny_lm.save_tiny_lm writes a tiny random one for trying the command
-offline.
+hub id; explain.testing.tiny_lm.save_tiny_lm writes a tiny random one for trying the
+command offline.
 """
 
 from __future__ import annotations
@@ -90,8 +90,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         description=__doc__,
         epilog='Example: explain generate "The capital of France is" --model ./my-llama '
         "--out answers (writes answers/generation.html and answers/generation.png). Offline, "
-        'explain.tiny_lm.save_tiny_lm("tiny-llama") saves a tiny random Llama folder to try '
-        "it on (README, Supported models).",
+        'explain.testing.tiny_lm.save_tiny_lm("tiny-llama") saves a tiny random Llama folder '
+        "to try it on (README, Supported models).",
     )
     parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
     add_model_arguments(

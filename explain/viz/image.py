@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -22,12 +22,11 @@ from explain.viz.scaling import DIVERGING, SEQUENTIAL, FigureScale, scale_maps
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from explain.explanation import Explanation
-
 __all__ = [
     "BACKGROUNDS",
     "DEFAULT_DPI",
     "MAPS_PER_ROW",
+    "Explained",
     "batch_figure",
     "caption_lines",
     "check_style",
@@ -41,6 +40,20 @@ __all__ = [
     "save_figure",
     "save_image",
 ]
+
+
+class Explained(Protocol):
+    """What a grid reads of an `explain.Explanation` (results import the pictures of
+    them, never the reverse): the explained classes, the logits (whether a class is the
+    prediction, or which rank it has) and the heatmaps."""
+
+    target: Tensor
+    logits: Tensor
+
+    def heatmap(
+        self, size: tuple[int, int] | int | None = None, *, normalize: bool = True
+    ) -> Tensor: ...
+
 
 DEFAULT_DPI = 150
 """Resolution of saved figures: sharp on screens and in documents, small on disk."""
@@ -440,7 +453,7 @@ def grid_figure(
 
 def explanation_grid(
     image: Tensor | np.ndarray,
-    explanations: Mapping[str, Explanation],
+    explanations: Mapping[str, Explained],
     *,
     sample: int = 0,
     class_names: Sequence[str] | None = None,
@@ -499,7 +512,7 @@ def explanation_grid(
 
 def batch_figure(
     pictures: Tensor | np.ndarray | Sequence[Tensor | np.ndarray],
-    explanations: Mapping[str, Explanation],
+    explanations: Mapping[str, Explained],
     *,
     class_names: Sequence[str] | None = None,
     labels: Sequence[int] | Tensor | None = None,
