@@ -99,7 +99,7 @@ def generation_figure(
     panel_w, panel_h = max(_CELL_INCHES * len(read), 2.5), max(_CELL_INCHES * count, 1.2)
     width = left + panel_w + 1.3
     heading = caption_lines(f"{title}: {method}" if title else method, width, title=True)
-    top = 0.3 + _TITLE_LINE_INCHES * len(heading) + _CHAR_INCHES * max(len(t) for t in read)
+    top = 0.55 + _TITLE_LINE_INCHES * len(heading) + _CHAR_INCHES * max(len(t) for t in read)
     rule = (
         "Each row scaled by its largest |relevance| without the readout token (hatched grey: "
         "the token the prediction is read out at, its own identity term, off the scale). "
@@ -108,7 +108,7 @@ def generation_figure(
     if signed:
         rule += " Red for, blue against."
     lines = caption_lines(rule, width)
-    bottom = 0.55 + _CAPTION_LINE_INCHES * len(lines)
+    bottom = 0.3 + _CAPTION_LINE_INCHES * len(lines)
     height = top + panel_h + bottom
     figure = Figure(figsize=(width, height))
     axis = figure.add_axes((left / width, bottom / height, panel_w / width, panel_h / height))
