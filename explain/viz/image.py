@@ -559,6 +559,7 @@ def batch_figure(
         colorbar=colorbar,
         labels=True,
         caption=figure_caption(scaled, background),
+        title_lines=1 if labels is None else 2,  # the label on a second line
     )
     for b, picture in enumerate(shown):
         _draw_panel(panels[0][b], picture, None, cmap, alpha)
