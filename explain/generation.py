@@ -55,11 +55,14 @@ class Generation:
         attention_mask: (B, T) 1 at real tokens; 0 at the prompts' padding and after
             each continuation's end token (the end token itself is real).
         prompt_length: P, the padded width of the prompts.
+        extra: the model's other inputs, as the prompts were given them (a
+            vision-language model's `pixel_values`).
     """
 
     input_ids: Tensor
     attention_mask: Tensor
     prompt_length: int
+    extra: Mapping[str, Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def generated(self) -> Tensor:
@@ -67,8 +70,8 @@ class Generation:
         return self.attention_mask[:, self.prompt_length :].bool()
 
     def inputs(self) -> dict[str, Tensor]:
-        """The whole sequences as a tokenized batch."""
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        """The whole sequences as a tokenized batch (with the model's other inputs)."""
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.extra}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,14 +145,28 @@ def generate(
     explainer: Explainer, prompt: Prompt, max_new_tokens: int = 20, **options: Any
 ) -> Generation:
     """Continue `prompt` with the model's own `generate` (greedy unless `options` say
-    otherwise, e.g. do_sample=True), leaving the model and the global RNG as found."""
+    otherwise, e.g. do_sample=True), leaving the model and the global RNG as found.
+
+    A vision-language model takes an image prompt (an image with a question, or a chat
+    with image entries) through its processor, the Explainer's tokenizer, or the
+    processor's output (explain.architectures.hf_vision_language)."""
     adapter = require_causal_lm(explainer.adapter)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise OptionError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if max_new_tokens < 1:
         raise OptionError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    encoded = prompt if isinstance(prompt, Mapping) else _tokenize(explainer.tokenizer, prompt)
+    if adapter.reads_images:
+        encoded = adapter.encode(prompt, explainer.tokenizer)
+    elif isinstance(prompt, Mapping):
+        encoded = prompt
+    else:
+        encoded = _tokenize(explainer.tokenizer, prompt)
     prepared = adapter.prepare(encoded)
+    extra = {
+        name: value
+        for name, value in prepared.arguments.items()
+        if name not in ("input_ids", "attention_mask", "position_ids")
+    }
     mask = prepared.arguments["attention_mask"]
     if not bool(mask[:, -1].all()):
         raise InputError(
@@ -170,6 +187,7 @@ def generate(
             attention_mask=mask,
             max_new_tokens=max_new_tokens,
             pad_token_id=pad,
+            **extra,
             **options,
         )
     prompt_length = mask.shape[1]
@@ -178,6 +196,7 @@ def generate(
         input_ids=sequences,
         attention_mask=torch.cat([mask, continuation], dim=1),
         prompt_length=prompt_length,
+        extra=extra,
     )
 
 

@@ -117,3 +117,4 @@ register_family(
     "hf_siglip_classifier", "explain.architectures.hf_vision", "HuggingFaceSiglipClassifier"
 )
 register_family("hf_siglip", "explain.architectures.hf_siglip", "HFSiglip")
+register_family("hf_llava", "explain.architectures.hf_llava", "HFLlava")

@@ -237,6 +237,10 @@ class Plan:
     trace_score: ClassVar[Score] = "probability"
     """The score `trace` differentiates when none is given."""
 
+    generates: ClassVar[bool] = False
+    """Whether the plan also explains generations (`Request.prompt_length`) itself; the
+    others leave them to `GenerationPlan`."""
+
     def __init__(
         self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any
     ) -> None:
@@ -351,6 +355,11 @@ class Plan:
         if columns.classes.dim() == 1:
             return per_column[0]
         return {name: torch.stack([c[name] for c in per_column], dim=1) for name in per_column[0]}
+
+    def settings(self) -> dict[str, Any]:
+        """What else the plan chose that should travel with the result
+        (`Explanation.settings`); none by default."""
+        return {}
 
     def tokens(self) -> list[list[str]] | None:
         """`Explanation.tokens`: the token strings of the explained texts."""
@@ -697,5 +706,7 @@ def supported_methods(adapter: Adapter) -> list[str]:
 def plan_for(adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any) -> Plan:
     """The plan for `adapter`'s kind of model (for a generation, when the request has a
     `prompt_length`), with the request's method and options checked against it."""
-    kind = PLANS[adapter.token_sets] if request.prompt_length is None else GenerationPlan
+    kind = PLANS[adapter.token_sets]
+    if request.prompt_length is not None and not kind.generates:
+        kind = GenerationPlan
     return kind(adapter, spec, request, tokenizer)

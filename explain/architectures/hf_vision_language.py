@@ -1,0 +1,403 @@
+"""What every Hugging Face vision-language model shares: a vision tower whose patch
+tokens become image tokens of a decoder-only language model, which answers in text.
+
+The model runs as one stack of blocks for the recorder: the tower's blocks that feed the
+language model (layers 0..V-1, stack "image") and then the language model's (V..V+L-1,
+stack "text"), so that one backward reaches both, the language model's blocks first.
+
+What differs per family is said by `ImageTokens`: how many image tokens each image puts
+into the text, and `merge`, which tower tokens each of them was made from (LLaVA: one
+tower token each; a pooling or merging projector: several). A relevance over the image
+tokens maps back onto the tower's tokens through `merge` (each image token's relevance
+shared out over the tower tokens it was made from), and onto the tower's patch grid by
+dropping its prefix tokens. The engine's plan for these models is explain.engine.image_text.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures.base import (
+    AttentionSite,
+    FlagSetting,
+    LanguageModel,
+    Prepared,
+    TokenLayout,
+    TokenSet,
+    TokenSets,
+    one_hot_rows,
+    validate_image_batch,
+)
+from explain.architectures.hf_common import (
+    attention_in,
+    eager_attention_flags,
+    find_blocks,
+    last_real_token,
+    positions_from_mask,
+    prepare_text,
+    probabilities_at,
+    recorded_output,
+)
+from explain.errors import InputError, UnsupportedModelError
+from explain.tokens import token_strings
+
+__all__ = ["ImageTokens", "VisionLanguageModel", "is_image_prompt", "photos"]
+
+
+@dataclass(frozen=True)
+class ImageTokens:
+    """How one image's tower tokens become image tokens of the text.
+
+    Attributes:
+        grid: (gh, gw) the tower's patch grid.
+        tower_prefix: tokens before the patches in the tower (a class token: 1).
+        merge: (n, tower_prefix + gh * gw): row j says which tower tokens image token j of
+            the text was made from, with weights that sum to 1 (one-hot for a projector
+            that maps token by token).
+    """
+
+    grid: tuple[int, int]
+    tower_prefix: int
+    merge: Tensor
+
+    @property
+    def per_image(self) -> int:
+        """Image tokens each image puts into the text."""
+        return self.merge.shape[0]
+
+    @property
+    def tower_tokens(self) -> int:
+        return self.tower_prefix + self.grid[0] * self.grid[1]
+
+    def to_tower(self, relevance: Tensor) -> Tensor:
+        """(..., n) relevance over one image's image tokens -> (..., tower tokens)."""
+        return relevance @ self.merge.to(relevance.dtype)
+
+    def to_grid(self, tower_relevance: Tensor) -> Tensor:
+        """(..., tower tokens) -> (..., gh, gw): the prefix tokens dropped."""
+        patches = tower_relevance[..., self.tower_prefix :]
+        return patches.reshape(*patches.shape[:-1], *self.grid)
+
+
+def is_image_prompt(inputs: object) -> bool:
+    """Whether `inputs` is an image prompt as people give one: a {"image", "text"}
+    mapping, or one chat (or several) whose messages hold {"type": "image"} entries."""
+    if isinstance(inputs, Mapping):
+        return "image" in inputs or "images" in inputs
+    return _chats(inputs) is not None
+
+
+def _chats(inputs: object) -> list[list[Mapping[str, Any]]] | None:
+    """`inputs` as a list of conversations, or None when it is not one or several chats."""
+    if not isinstance(inputs, Sequence) or isinstance(inputs, str) or not inputs:
+        return None
+    first = inputs[0]
+    conversations = [inputs] if isinstance(first, Mapping) else list(inputs)
+    for conversation in conversations:
+        if isinstance(conversation, str | Mapping) or not isinstance(conversation, Sequence):
+            return None
+        if not conversation or not all(
+            isinstance(m, Mapping) and {"role", "content"} <= set(m) for m in conversation
+        ):
+            return None
+    return conversations  # type: ignore[return-value]
+
+
+def _load_image(image: object) -> Any:
+    """A path, a PIL image or an (H, W, 3) array as a PIL RGB image."""
+    from pathlib import Path
+
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, str | Path):
+        try:
+            with Image.open(image) as opened:
+                return opened.convert("RGB")
+        except (OSError, UnidentifiedImageError) as error:
+            raise InputError(f"cannot read the image {str(image)!r}: {error}") from None
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    if isinstance(image, np.ndarray | Tensor):
+        array = np.asarray(image.detach().cpu() if isinstance(image, Tensor) else image)
+        if array.ndim != 3 or array.shape[-1] != 3:
+            raise InputError(f"an image array must be (H, W, 3), got {array.shape}")
+        if array.dtype != np.uint8:  # floats in [0, 1]
+            array = (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
+        return Image.fromarray(array)
+    raise InputError(
+        f"an image is a file path, a PIL image or an (H, W, 3) array; got {type(image).__name__}"
+    )
+
+
+def _with_images(conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A conversation with every image entry's image loaded (path, PIL or array -> PIL)."""
+    loaded = []
+    for message in conversation:
+        content = message["content"]
+        if not isinstance(content, str):
+            content = [
+                {**entry, "image": _load_image(entry["image"])}
+                if isinstance(entry, Mapping) and entry.get("type") == "image" and "image" in entry
+                else dict(entry)
+                for entry in content
+            ]
+        loaded.append({**message, "content": content})
+    return loaded
+
+
+def photos(inputs: object) -> list[Any]:
+    """The images of an image prompt, loaded as PIL images, in the order the processor
+    reads them (per conversation, in message order)."""
+    if isinstance(inputs, Mapping):
+        given = inputs.get("images", inputs.get("image"))
+        return [_load_image(i) for i in (given if isinstance(given, list | tuple) else [given])]
+    found = []
+    for conversation in _chats(inputs) or []:
+        for message in conversation:
+            if not isinstance(message["content"], str):
+                found += [
+                    _load_image(entry["image"])
+                    for entry in message["content"]
+                    if entry.get("type") == "image" and "image" in entry
+                ]
+    return found
+
+
+class VisionLanguageModel(LanguageModel):
+    """The adapter contract of a vision-language model (module docstring).
+
+    Subclasses give the tower and language-model stacks, the tower blocks the language
+    model reads, the image token id and the `ImageTokens` of their projector. Inputs are
+    the processor's output: `input_ids` with each image's run of image tokens,
+    `attention_mask` (left or right padding) and `pixel_values` (one row per image, in
+    the order the images appear); or, with the processor as the Explainer's tokenizer, an
+    image prompt (`is_image_prompt`).
+    """
+
+    token_sets: ClassVar[TokenSets | None] = TokenSets.IMAGE_TEXT
+    reads_images: ClassVar[bool] = True
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        tower, language = self.tower, self.language_model
+        record = recorded_output(language, "attentions")
+        vision_record = recorded_output(tower, "attentions")
+        if record is None or vision_record is None:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: its tower or language model does not name its "
+                "attention modules (_can_record_outputs)"
+            )
+        self._tower_blocks = find_blocks(tower)[: self.tower_depth(len(find_blocks(tower)))]
+        self._lm_blocks = find_blocks(language)
+        self._sites: list[AttentionSite] = []
+        for stack, blocks, rec in (
+            ("image", self._tower_blocks, vision_record),
+            ("text", self._lm_blocks, record),
+        ):
+            for block in blocks:
+                module = attention_in(block, rec)
+                if module is None:
+                    raise UnsupportedModelError(f"{type(block).__name__} has no attention module")
+                self._sites.append(
+                    AttentionSite(len(self._sites), module, probabilities_at(rec[1]), stack=stack)
+                )
+        self.vocab_size = language.get_input_embeddings().num_embeddings
+
+    # -- what a family says -------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def tower(self) -> nn.Module:
+        """The vision tower (a transformers vision model that records its outputs)."""
+
+    @property
+    @abstractmethod
+    def language_model(self) -> nn.Module:
+        """The decoder stack (a transformers text model that records its outputs)."""
+
+    @abstractmethod
+    def tower_depth(self, num_blocks: int) -> int:
+        """How many of the tower's `num_blocks` blocks feed the language model (a tower
+        read at an inner layer leaves the blocks after it out of the graph)."""
+
+    @property
+    @abstractmethod
+    def image_token_id(self) -> int: ...
+
+    @abstractmethod
+    def image_tokens(self, pixel_values: Tensor) -> ImageTokens:
+        """How each image of `pixel_values` becomes image tokens (the same for all)."""
+
+    # -- the stacks ---------------------------------------------------------------------
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return [*self._tower_blocks, *self._lm_blocks]
+
+    @property
+    def tower_layers(self) -> range:
+        """The model-wide layer numbers of the tower's blocks."""
+        return range(len(self._tower_blocks))
+
+    @property
+    def text_layers(self) -> range:
+        """The model-wide layer numbers of the language model's blocks."""
+        return range(len(self._tower_blocks), len(self._tower_blocks) + len(self._lm_blocks))
+
+    def attention_sites(self) -> Sequence[AttentionSite]:
+        return self._sites
+
+    def path_flags(self) -> Sequence[FlagSetting]:
+        return eager_attention_flags(self.model)
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def encode(self, inputs: object, tokenizer: Any) -> object:
+        """An image prompt (`is_image_prompt`) put through the processor (the Explainer's
+        tokenizer) and its chat template, left-padded; anything else as given."""
+        if not is_image_prompt(inputs):
+            return inputs
+        if tokenizer is None or not hasattr(tokenizer, "image_processor"):
+            raise InputError(
+                "an image prompt needs the model's processor: Explainer(model, "
+                "tokenizer=processor) (AutoProcessor.from_pretrained(...)), or pass the "
+                "processor's output (input_ids, attention_mask, pixel_values)"
+            )
+        if isinstance(inputs, Mapping):
+            texts = inputs.get("text", inputs.get("question"))
+            if texts is None:
+                raise InputError("an image prompt mapping needs 'image' and 'text'")
+            texts = [texts] if isinstance(texts, str) else list(texts)
+            conversations = [
+                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]}]
+                for t in texts
+            ]
+            images = photos(inputs)
+        else:
+            conversations = [_with_images(c) for c in _chats(inputs) or []]
+            images = photos(inputs)
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise InputError("this processor has no chat template: pass its output instead")
+        texts = [
+            tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
+            for c in conversations
+        ]
+        if not images:
+            raise InputError("the prompt holds no image: add a {'type': 'image'} entry")
+        encoded = tokenizer(
+            images=images, text=texts, padding=True, padding_side="left", return_tensors="pt"
+        )
+        return dict(encoded)
+
+    def prepare(self, inputs: object) -> Prepared:
+        if isinstance(inputs, Mapping) and "pixel_values" not in inputs:
+            raise InputError(
+                "a vision-language model is explained with its image: give pixel_values "
+                "(the processor's output), or an image prompt with the processor as the "
+                "Explainer's tokenizer"
+            )
+        arguments = prepare_text(
+            inputs,
+            max_tokens=1 << 62,
+            vocab_size=self.vocab_size,
+            device=self.parameter.device,
+            token_types=False,
+        )
+        assert isinstance(inputs, Mapping)
+        pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter)
+        ids, mask = arguments["input_ids"], arguments["attention_mask"]
+        tokens = self.image_tokens(pixels)
+        counts = ((ids == self.image_token_id) & mask.bool()).sum(dim=1)
+        per_sample = counts // tokens.per_image
+        if bool((counts % tokens.per_image != 0).any()) or bool(
+            (per_sample != per_sample[0]).any()
+        ):
+            raise InputError(
+                f"every text must hold the same number of images, each a run of "
+                f"{tokens.per_image} image tokens (id {self.image_token_id}); got "
+                f"{counts.tolist()} image tokens: use the model's processor"
+            )
+        if int(per_sample[0]) == 0:
+            raise InputError("the texts hold no image token: put the image in the prompt")
+        if int(per_sample.sum()) != pixels.shape[0]:
+            raise InputError(
+                f"the texts hold {int(per_sample.sum())} images but pixel_values "
+                f"{pixels.shape[0]}: one row of pixel_values per image"
+            )
+        arguments["pixel_values"] = pixels
+        arguments["position_ids"] = positions_from_mask(mask)
+        return Prepared(batch_size=ids.shape[0], layout=TokenLayout.text(mask), arguments=arguments)
+
+    def images_per_text(self, prepared: Prepared) -> int:
+        return prepared.arguments["pixel_values"].shape[0] // prepared.batch_size
+
+    def image_positions(self, prepared: Prepared) -> Tensor:
+        """(B, k * n): each text's image-token positions, image by image."""
+        ids, mask = prepared.arguments["input_ids"], prepared.arguments["attention_mask"]
+        is_image = (ids == self.image_token_id) & mask.bool()
+        order = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        count = int(is_image[0].sum())
+        # real image positions first, in order (stable sort keeps their order)
+        return torch.sort(torch.where(is_image, order, ids.shape[1] + order), dim=1).values[
+            :, :count
+        ]
+
+    def image_layout(self, prepared: Prepared) -> TokenLayout:
+        """The layout of the image set: the tower's patch grid on the processed image."""
+        pixels = prepared.arguments["pixel_values"]
+        tokens = self.image_tokens(pixels)
+        return TokenLayout.image(tokens.grid, tuple(pixels.shape[-2:]), num_prefix_tokens=0)
+
+    def sets(self, prepared: Prepared) -> Sequence[TokenSet]:
+        """The image set ("image", over the tower's blocks; its readout comes from the
+        language model's fold) and the text set ("text", read out at the last token)."""
+        image = TokenSet(
+            "image",
+            self.tower_layers,
+            self.image_layout(prepared),
+            torch.zeros(0, device=self.parameter.device),
+        )
+        text = TokenSet("text", self.text_layers, prepared.layout, self.readout(prepared))
+        return [image, text]
+
+    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
+        """Text: pads 0. Image: (..., k, tower tokens) -> (..., gh, gw), or (..., k, gh, gw)
+        with several images per text (the plan hands the image set over tower tokens)."""
+        if layout.modality == "text":
+            return layout.unpadded(token_relevance)
+        assert layout.grid is not None
+        gh, gw = layout.grid
+        patches = token_relevance[..., -gh * gw :]
+        grid = patches.reshape(*patches.shape[:-1], gh, gw)
+        return grid[..., 0, :, :] if grid.shape[-3] == 1 else grid
+
+    def token_strings(self, prepared: Prepared, tokenizer: Any) -> list[list[str]] | None:
+        text = getattr(tokenizer, "tokenizer", tokenizer)  # a processor holds its tokenizer
+        return token_strings(text, prepared.arguments["input_ids"])
+
+    # -- running ------------------------------------------------------------------------
+
+    def logits_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
+        keep = positions.unique()
+        logits = self.model(**prepared.arguments, use_cache=False, logits_to_keep=keep).logits
+        index = torch.searchsorted(keep, positions.contiguous())
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        return logits[rows, index]
+
+    def forward(self, prepared: Prepared) -> Tensor:
+        last = last_real_token(prepared.arguments["attention_mask"])
+        return self.logits_at(prepared, last[:, None])[:, 0]
+
+    def readout(self, prepared: Prepared) -> Tensor:
+        return self.readout_at(prepared, last_real_token(prepared.arguments["attention_mask"]))
+
+    def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
+        mask = prepared.arguments["attention_mask"]
+        return one_hot_rows(mask.shape[0], mask.shape[1], positions.to(mask.device), self.parameter)

@@ -1,0 +1,155 @@
+"""Tiny random vision-language models built from configs (no downloads), with processors
+built offline from local pieces: the tiny word-level tokenizer of explain.tiny_lm (its last
+word replaced by the image placeholder "<image>") and an image processor constructed from
+parameters.
+
+`tiny_llava` is a LLaVA: a CLIP (or SigLIP) vision tower read at its second-to-last
+layer, a two-layer projector, and a tiny Llama language model with grouped-query heads.
+Its processor resizes a photo's shorter side to 32 pixels and crops the centre square,
+so that a map on the model's 4 x 4 patch grid has to be carried back through the resize
+and the crop to lie on the photo.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from explain.tiny_lm import _COMMON, VOCAB, WORDS
+
+__all__ = [
+    "IMAGE_SIZE",
+    "IMAGE_TOKEN",
+    "PATCH_SIZE",
+    "VLM_CHAT_TEMPLATE",
+    "save_tiny_llava",
+    "tiny_llava",
+    "tiny_llava_processor",
+    "tiny_vlm_tokenizer",
+]
+
+IMAGE_SIZE = 32
+PATCH_SIZE = 8
+IMAGE_TOKEN = "<image>"
+IMAGE_TOKEN_ID = VOCAB - 1
+
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} "
+    "{% if m['content'] is string %}{{ m['content'] }} "
+    "{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image> {% else %}{{ c['text'] }} {% endif %}"
+    "{% endfor %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+"""A chat template whose messages hold text, or lists of {"type": "image"} and
+{"type": "text", "text": ...} entries, as the processors of LLaVA and its kin take them."""
+
+
+def tiny_vlm_tokenizer() -> Any:
+    """The tiny word-level tokenizer (explain.tiny_lm) with "<image>" as its last word
+    (id 59), a special token so that the processor's runs of placeholders split, and the
+    image chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "user", "assistant", "system", "<script>", "a&b"]
+    words += WORDS[len(words) : VOCAB - 1] + [IMAGE_TOKEN]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w8"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="w8",
+        padding_side="left",
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
+    )
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    return tokenizer
+
+
+def _vision_config(tower: str) -> Any:
+    import transformers as tf
+
+    common = dict(
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH_SIZE,
+        attn_implementation="sdpa",
+    )
+    if tower == "clip":
+        return tf.CLIPVisionConfig(**common, projection_dim=16)
+    if tower == "siglip":
+        return tf.SiglipVisionConfig(**common)
+    raise ValueError(f"tower must be 'clip' or 'siglip', got {tower!r}")
+
+
+def tiny_llava(tower: str = "clip", seed: int = 0, **overrides: Any) -> nn.Module:
+    """A small random `LlavaForConditionalGeneration`, in eval mode, sdpa attention.
+
+    `tower` is "clip" (a class token: the projector reads the patches, strategy "default")
+    or "siglip" (no class token, strategy "full"). The tower is read at its second-to-last
+    layer (`vision_feature_layer=-2`, as LLaVA 1.5), so its last block never reaches the
+    language model. `overrides` set config attributes (e.g. vision_feature_layer).
+    """
+    import transformers as tf
+
+    text = tf.LlamaConfig(**_COMMON)
+    config = tf.LlavaConfig(
+        vision_config=_vision_config(tower),
+        text_config=text,
+        image_token_id=IMAGE_TOKEN_ID,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default" if tower == "clip" else "full",
+        projector_hidden_act="gelu",
+        attn_implementation="sdpa",
+    )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tf.LlavaForConditionalGeneration(config)
+        with torch.no_grad():  # spread the embeddings: maps far from uniform
+            for name, parameter in model.named_parameters():
+                if "position_embedding" in name or "class_embedding" in name:
+                    parameter.normal_(0.0, 0.5)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 2
+    return model.eval()
+
+
+def tiny_llava_processor(tower: str = "clip") -> Any:
+    """The processor of `tiny_llava(tower)`: the tiny tokenizer with "<image>", and a CLIP
+    image processor that resizes the shorter side to 32 and crops the centre 32 x 32."""
+    import transformers as tf
+
+    images = tf.CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        do_center_crop=True,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    return tf.LlavaProcessor(
+        image_processor=images,
+        tokenizer=tiny_vlm_tokenizer(),
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default" if tower == "clip" else "full",
+        num_additional_image_tokens=1 if tower == "clip" else 0,
+        chat_template=VLM_CHAT_TEMPLATE,
+    )
+
+
+def save_tiny_llava(folder: Path, tower: str = "clip") -> Path:
+    """Save `tiny_llava(tower)` with its processor to `folder`: a model folder that
+    `load_model` and `explain generate --model` read like a downloaded checkpoint."""
+    tiny_llava(tower).save_pretrained(folder)
+    tiny_llava_processor(tower).save_pretrained(folder)
+    return folder
