@@ -122,7 +122,22 @@ def tiny_llava(tower: str = "clip", seed: int = 0, **overrides: Any) -> nn.Modul
                     parameter.normal_(0.0, 0.5)
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 2
-    return model.eval()
+    model.eval()
+    # LLaVA reads its tower's hidden states, for which transformers puts capturing hooks on
+    # the tower's modules at the first forward and keeps them: one forward here makes the
+    # tiny model look like any model that has run once.
+    ids = torch.tensor([[1] + [IMAGE_TOKEN_ID] * _image_tokens(model)])
+    with torch.no_grad():
+        model(input_ids=ids, pixel_values=torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE))
+    return model
+
+
+def _image_tokens(model: nn.Module) -> int:
+    """Image tokens per image of a tiny LLaVA: the tower's tokens (the patches, and a
+    CLIP tower's class token), less the first with strategy "default"."""
+    prefix = 1 if model.config.vision_config.model_type == "clip_vision_model" else 0
+    dropped = 1 if model.config.vision_feature_select_strategy == "default" else 0
+    return prefix + (IMAGE_SIZE // PATCH_SIZE) ** 2 - dropped
 
 
 def tiny_llava_processor(tower: str = "clip") -> Any:

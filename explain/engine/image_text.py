@@ -244,7 +244,9 @@ class ImageTextPlan(Plan):
                 context = RuleContext(row, tower_layout, depth, start)
                 return spec.sink(context, options)
 
-        return ImageTextSink(text_sink, text.layers.start, self.image_at, self.per_image, tower, image.layers)
+        return ImageTextSink(
+            text_sink, text.layers.start, self.image_at, self.per_image, tower, image.layers
+        )
 
     def forward_sinks(self) -> list[ColumnSink]:
         if not self.generation:

@@ -1,0 +1,292 @@
+"""Vision-language models (LLaVA): the next token and generated answers explained over the
+image and the prompt, at depths "lm" and "tower", against an independent computation.
+
+The reference runs a copy of the tiny model on transformers' eager path with
+`output_attentions=True` (the language model's maps, and the tower's in `image_outputs`),
+takes every map's gradient with autograd, and writes the rule out with whole matrices, in
+float64: `R = prod (I + mean_h (G * A)+)` over the language model, the readout row at the
+explained position, the image tokens' relevance placed on the tower's tokens, and for
+depth "tower" the same product over the tower's blocks read out by that row.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from explain import ExplainError, Explainer, InputError, OptionError
+from explain.generation import Generation, explain_generation, generate
+from explain.testing import ModelState
+from explain.tiny_vlm import IMAGE_TOKEN_ID, tiny_llava, tiny_llava_processor
+
+
+@pytest.fixture(scope="module", params=["clip", "siglip"])
+def tower(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def model(tower):
+    return tiny_llava(tower).double()
+
+
+@pytest.fixture(scope="module")
+def processor(tower):
+    return tiny_llava_processor(tower)
+
+
+def _photo(seed: int, size=(40, 60)) -> np.ndarray:
+    return (np.random.default_rng(seed).random((*size, 3)) * 255).astype(np.uint8)
+
+
+def _chat(photo, words: str):
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": photo}, {"type": "text", "text": words}],
+        }
+    ]
+
+
+def _inputs(processor, chats):
+    texts = [processor.apply_chat_template(c, add_generation_prompt=True) for c in chats]
+    images = [
+        entry["image"] for c in chats for entry in c[0]["content"] if entry["type"] == "image"
+    ]
+    encoded = processor(
+        images=images, text=texts, padding=True, padding_side="left", return_tensors="pt"
+    )
+    encoded = dict(encoded)
+    encoded["pixel_values"] = encoded["pixel_values"].double()
+    return encoded
+
+
+def _generic(attentions, gradients, readout):
+    """r @ prod_l (I + mean_h (G * A)+), whole matrices, first block first."""
+    tokens = readout.shape[-1]
+    fold = torch.eye(tokens, dtype=readout.dtype)
+    for attention, gradient in zip(attentions, gradients, strict=True):
+        block = (gradient * attention).clamp(min=0).mean(dim=0)
+        fold = fold + block @ fold
+    return readout @ fold
+
+
+def _rollout(attentions, readout):
+    tokens = readout.shape[-1]
+    fold = torch.eye(tokens, dtype=readout.dtype)
+    for attention in attentions:
+        block = attention.mean(dim=0) + torch.eye(tokens, dtype=readout.dtype)
+        fold = (block / block.sum(dim=-1, keepdim=True)) @ fold
+    return readout @ fold
+
+
+def reference(model, one, position, target, depth, method="generic"):
+    """One text (batch 1): (image grid (k, gh, gw), text (T,)) for the token `target` read
+    out at `position`, written out from eager maps and autograd."""
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    ids, mask = one["input_ids"], one["attention_mask"]
+    pixels = one["pixel_values"].clone().requires_grad_(True)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    out = eager(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        pixel_values=pixels,
+        output_attentions=True,
+        use_cache=False,
+    )
+    config = model.config
+    num_tower = len(out.image_outputs.attentions)
+    used = config.vision_feature_layer % (num_tower + 1)  # blocks 0..used-1 feed the text
+    text_maps = list(out.attentions)
+    tower_maps = list(out.image_outputs.attentions[:used])
+    score = out.logits[0, position, target]
+    grads = torch.autograd.grad(score, text_maps + tower_maps)
+    text_grads, tower_grads = grads[: len(text_maps)], grads[len(text_maps) :]
+    length = ids.shape[1]
+    readout = torch.zeros(length, dtype=torch.float64)
+    readout[position] = 1.0
+    seen = (torch.arange(length) <= position) & mask[0].bool()
+    if method == "generic":
+        text = _generic([a[0] for a in text_maps], [g[0] for g in text_grads], readout)
+    else:
+        text = _rollout([a[0] for a in text_maps], readout)
+    text = text * seen
+    is_image = ids[0] == IMAGE_TOKEN_ID
+    clip = config.vision_config.model_type == "clip_vision_model"
+    prefix = 1 if clip else 0
+    dropped = 1 if config.vision_feature_select_strategy == "default" else 0
+    images = pixels.shape[0]
+    per_image = text[is_image].reshape(images, -1)
+    tower_tokens = torch.zeros(images, per_image.shape[1] + dropped, dtype=torch.float64)
+    tower_tokens[:, dropped:] = per_image
+    if depth == "tower":
+        rows = []
+        for image in range(images):
+            maps = [a[image] for a in tower_maps]
+            if method == "generic":
+                rows.append(_generic(maps, [g[image] for g in tower_grads], tower_tokens[image]))
+            else:
+                rows.append(_rollout(maps, tower_tokens[image]))
+        tower_tokens = torch.stack(rows)
+    grid = int(round((tower_tokens.shape[1] - prefix) ** 0.5))
+    return tower_tokens[:, prefix:].reshape(images, grid, grid), text.masked_fill(is_image, 0.0)
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_the_next_token_equals_the_written_out_rule(model, processor, depth, method):
+    inputs = _inputs(processor, [_chat(_photo(0), "w12 w13 w14")])
+    result = Explainer(model).explain(inputs, method=method, depth=depth)
+    assert result.settings == {"depth": depth}
+    image, text = reference(
+        model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), depth, method
+    )
+    assert result.relevances["image"].shape == (1, 4, 4)
+    torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
+    assert result.relevance is result.relevances["image"]
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+def test_each_generated_token_equals_the_rule_on_its_prefix(model, processor, depth):
+    explainer = Explainer(model, tokenizer=processor)
+    # Prompts of one length: transformers' eager softmax runs in float32, where float64's
+    # mask value becomes -inf, so a left-padded float64 row is NaN (padding: next test).
+    chats = [_chat(_photo(0), "w12 w13 w14 w15"), _chat(_photo(1), "w20 w21 w22 w23")]
+    answer = explain_generation(explainer, chats, max_new_tokens=3, depth=depth)
+    generation, result = answer.generation, answer.explanation
+    batch, steps = generation.generated.shape
+    assert result.relevances["image"].shape == (batch, steps, 4, 4)
+    assert result.relevances["text"].shape == (batch, steps, generation.input_ids.shape[1])
+    width = generation.prompt_length
+    for row in range(batch):
+        real = generation.attention_mask[row].bool()
+        one = {
+            "input_ids": generation.input_ids[row : row + 1, real],
+            "attention_mask": generation.attention_mask[row : row + 1, real],
+            "pixel_values": generation.extra["pixel_values"][row : row + 1],
+        }
+        start = int((~real[:width]).sum())  # the prompt's left padding
+        for step in range(steps):
+            if not generation.generated[row, step]:
+                continue
+            position = width + step - 1 - start
+            token = int(generation.input_ids[row, width + step])
+            assert int(result.target[row, step]) == token
+            image, text = reference(model, one, position, token, depth)
+            torch.testing.assert_close(
+                result.relevances["image"][row, step], image[0], rtol=1e-9, atol=1e-12
+            )
+            got = result.relevances["text"][row, step][real]
+            torch.testing.assert_close(got, text, rtol=1e-9, atol=1e-12)
+            assert (result.relevances["text"][row, step][~real] == 0).all()
+
+
+@pytest.mark.parametrize("answer", [False, True])
+def test_a_left_padded_batch_equals_each_prompt_alone(tower, processor, answer):
+    model = tiny_llava(tower)  # float32: a left-padded float64 row is NaN (see above)
+    chats = [_chat(_photo(0), "w12 w13 w14 w15 w16"), _chat(_photo(1), "w20")]
+    explainer = Explainer(model, tokenizer=processor)
+
+    def run(prompt):
+        if not answer:
+            return explainer.explain(prompt, depth="tower")
+        return explain_generation(explainer, prompt, max_new_tokens=2, depth="tower").explanation
+
+    together = run(chats)
+    for row, chat in enumerate(chats):
+        alone = run(chat)
+        assert together.target[row].tolist() == alone.target[0].tolist()
+        close = dict(rtol=1e-5, atol=1e-6)
+        image = together.relevances["image"][row]
+        torch.testing.assert_close(image, alone.relevances["image"][0], **close)
+        text, single = together.relevances["text"][row], alone.relevances["text"][0]
+        length = single.shape[-1]
+        # the prompts are left-padded to one width; the answers (as long) follow them
+        pad = together.relevances["text"].shape[-1] - length
+        torch.testing.assert_close(text[..., pad:], single, **close)
+        assert (text[..., :pad] == 0).all()
+
+
+def test_two_images_in_one_prompt_get_one_map_each(model, processor):
+    chat = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": _photo(0)},
+                {"type": "text", "text": "w12"},
+                {"type": "image", "image": _photo(1)},
+                {"type": "text", "text": "w13"},
+            ],
+        }
+    ]
+    explainer = Explainer(model, tokenizer=processor)
+    inputs = explainer.adapter.encode(chat, processor)
+    inputs["pixel_values"] = inputs["pixel_values"].double()
+    for depth in ("lm", "tower"):
+        result = explainer.explain(inputs, depth=depth)
+        assert result.relevances["image"].shape == (1, 2, 4, 4)
+        image, _ = reference(
+            model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), depth
+        )
+        torch.testing.assert_close(result.relevances["image"][0], image, rtol=1e-9, atol=1e-12)
+
+
+def test_an_image_prompt_as_people_give_it(model, processor, tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "photo.png"
+    Image.fromarray(_photo(3)).save(path)
+    explainer = Explainer(model, tokenizer=processor)
+    by_path = explainer.explain({"image": str(path), "text": "w12 w13"})
+    by_array = explainer.explain(_chat(_photo(3), "w12 w13"))
+    torch.testing.assert_close(by_path.relevances["image"], by_array.relevances["image"])
+    assert by_path.tokens is not None and "<image>" in by_path.tokens[0]
+
+
+def test_no_side_effects_after_answers_and_failures(model, processor):
+    explainer = Explainer(model, tokenizer=processor)
+    before = ModelState.capture(model)
+    explain_generation(explainer, _chat(_photo(0), "w12"), max_new_tokens=2, depth="tower")
+    explainer.explain(_chat(_photo(0), "w12"), method="rollout", depth="tower")
+    with pytest.raises(ExplainError):
+        explainer.explain(_chat(_photo(0), "w12"), target=10**6)
+    assert before.differences(ModelState.capture(model)) == []
+
+
+def test_what_is_refused_says_why(model, processor):
+    explainer = Explainer(model, tokenizer=processor)
+    chat = _chat(_photo(0), "w12")
+    with pytest.raises(OptionError, match="depth must be one of lm, tower"):
+        explainer.explain(chat, depth="pixels")
+    with pytest.raises(OptionError, match="reads one fixed block"):
+        explainer.explain(chat, method="raw_attention", depth="tower")
+    for method in ("attnlrp", "cp_lrp", "transformer_attribution"):
+        with pytest.raises(OptionError, match="no rules for their projectors"):
+            explainer.explain(chat, method=method)
+    with pytest.raises(InputError, match="needs the model's processor"):
+        Explainer(model).explain(chat)
+    inputs = _inputs(processor, [chat])
+    with pytest.raises(InputError, match="explained with its image"):
+        explainer.explain({k: v for k, v in inputs.items() if k != "pixel_values"})
+    cut = dict(
+        inputs, input_ids=inputs["input_ids"].masked_fill(inputs["input_ids"] == IMAGE_TOKEN_ID, 9)
+    )
+    with pytest.raises(InputError, match="no image token"):
+        explainer.explain(cut)
+    with pytest.raises(InputError, match="pixel_values"):
+        explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"].repeat(2, 1, 1, 1)))
+
+
+def test_a_given_generation_is_explained_as_it_is(model, processor):
+    explainer = Explainer(model, tokenizer=processor)
+    made = generate(explainer, _chat(_photo(0), "w12"), max_new_tokens=2)
+    assert isinstance(made, Generation) and set(made.extra) == {"pixel_values"}
+    again = explain_generation(explainer, made)
+    assert again.generation is made
+    assert again.explanation.target.shape == made.generated.shape
