@@ -56,7 +56,7 @@ def tiny_vlm_tokenizer() -> Any:
     from transformers import PreTrainedTokenizerFast
 
     words = ["<pad>", "<s>", "</s>", "user", "assistant", "system", "<script>", "a&b"]
-    words += WORDS[len(words) : VOCAB - 1] + [IMAGE_TOKEN]
+    words += [*WORDS[len(words) : VOCAB - 1], IMAGE_TOKEN]
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w8"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from explain import ExplainError, Explainer, InputError, OptionError
+from explain import Explainer, ExplainError, InputError, OptionError
 from explain.generation import Generation, explain_generation, generate
 from explain.testing import ModelState
 from explain.tiny_vlm import IMAGE_TOKEN_ID, tiny_llava, tiny_llava_processor
@@ -133,7 +133,7 @@ def reference(model, one, position, target, depth, method="generic"):
             else:
                 rows.append(_rollout(maps, tower_tokens[image]))
         tower_tokens = torch.stack(rows)
-    grid = int(round((tower_tokens.shape[1] - prefix) ** 0.5))
+    grid = round((tower_tokens.shape[1] - prefix) ** 0.5)
     return tower_tokens[:, prefix:].reshape(images, grid, grid), text.masked_fill(is_image, 0.0)
 
 

@@ -34,8 +34,8 @@ from explain.architectures.base import Adapter, TokenLayout, TokenSets
 from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
 from explain.engine.plans import (
     PLANS,
-    ColumnSink,
     Columns,
+    ColumnSink,
     Plan,
     _per_set,
     resolve_start_layer,
