@@ -45,9 +45,10 @@ from explain.architectures.hf_common import (
     recorded_output,
 )
 from explain.errors import InputError, UnsupportedModelError
+from explain.image_prompts import encode_image_prompt, is_image_prompt
 from explain.tokens import token_strings
 
-__all__ = ["ImageTokens", "VisionLanguageModel", "is_image_prompt", "photos"]
+__all__ = ["ImageTokens", "VisionLanguageModel"]
 
 
 @dataclass(frozen=True)
@@ -83,91 +84,6 @@ class ImageTokens:
         """(..., tower tokens) -> (..., gh, gw): the prefix tokens dropped."""
         patches = tower_relevance[..., self.tower_prefix :]
         return patches.reshape(*patches.shape[:-1], *self.grid)
-
-
-def is_image_prompt(inputs: object) -> bool:
-    """Whether `inputs` is an image prompt as people give one: a {"image", "text"}
-    mapping, or one chat (or several) whose messages hold {"type": "image"} entries."""
-    if isinstance(inputs, Mapping):
-        return "image" in inputs or "images" in inputs
-    return _chats(inputs) is not None
-
-
-def _chats(inputs: object) -> list[list[Mapping[str, Any]]] | None:
-    """`inputs` as a list of conversations, or None when it is not one or several chats."""
-    if not isinstance(inputs, Sequence) or isinstance(inputs, str) or not inputs:
-        return None
-    first = inputs[0]
-    conversations = [inputs] if isinstance(first, Mapping) else list(inputs)
-    for conversation in conversations:
-        if isinstance(conversation, str | Mapping) or not isinstance(conversation, Sequence):
-            return None
-        if not conversation or not all(
-            isinstance(m, Mapping) and {"role", "content"} <= set(m) for m in conversation
-        ):
-            return None
-    return conversations  # type: ignore[return-value]
-
-
-def _load_image(image: object) -> Any:
-    """A path, a PIL image or an (H, W, 3) array as a PIL RGB image."""
-    from pathlib import Path
-
-    import numpy as np
-    from PIL import Image, UnidentifiedImageError
-
-    if isinstance(image, str | Path):
-        try:
-            with Image.open(image) as opened:
-                return opened.convert("RGB")
-        except (OSError, UnidentifiedImageError) as error:
-            raise InputError(f"cannot read the image {str(image)!r}: {error}") from None
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    if isinstance(image, np.ndarray | Tensor):
-        array = np.asarray(image.detach().cpu() if isinstance(image, Tensor) else image)
-        if array.ndim != 3 or array.shape[-1] != 3:
-            raise InputError(f"an image array must be (H, W, 3), got {array.shape}")
-        if array.dtype != np.uint8:  # floats in [0, 1]
-            array = (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
-        return Image.fromarray(array)
-    raise InputError(
-        f"an image is a file path, a PIL image or an (H, W, 3) array; got {type(image).__name__}"
-    )
-
-
-def _with_images(conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """A conversation with every image entry's image loaded (path, PIL or array -> PIL)."""
-    loaded = []
-    for message in conversation:
-        content = message["content"]
-        if not isinstance(content, str):
-            content = [
-                {**entry, "image": _load_image(entry["image"])}
-                if isinstance(entry, Mapping) and entry.get("type") == "image" and "image" in entry
-                else dict(entry)
-                for entry in content
-            ]
-        loaded.append({**message, "content": content})
-    return loaded
-
-
-def photos(inputs: object) -> list[Any]:
-    """The images of an image prompt, loaded as PIL images, in the order the processor
-    reads them (per conversation, in message order)."""
-    if isinstance(inputs, Mapping):
-        given = inputs.get("images", inputs.get("image"))
-        return [_load_image(i) for i in (given if isinstance(given, list | tuple) else [given])]
-    found = []
-    for conversation in _chats(inputs) or []:
-        for message in conversation:
-            if not isinstance(message["content"], str):
-                found += [
-                    _load_image(entry["image"])
-                    for entry in message["content"]
-                    if entry.get("type") == "image" and "image" in entry
-                ]
-    return found
 
 
 class VisionLanguageModel(LanguageModel):
@@ -260,41 +176,11 @@ class VisionLanguageModel(LanguageModel):
     # -- inputs -------------------------------------------------------------------------
 
     def encode(self, inputs: object, tokenizer: Any) -> object:
-        """An image prompt (`is_image_prompt`) put through the processor (the Explainer's
-        tokenizer) and its chat template, left-padded; anything else as given."""
+        """An image prompt (explain.image_prompts) put through the processor (the
+        Explainer's tokenizer) and its chat template, left-padded; anything else as given."""
         if not is_image_prompt(inputs):
             return inputs
-        if tokenizer is None or not hasattr(tokenizer, "image_processor"):
-            raise InputError(
-                "an image prompt needs the model's processor: Explainer(model, "
-                "tokenizer=processor) (AutoProcessor.from_pretrained(...)), or pass the "
-                "processor's output (input_ids, attention_mask, pixel_values)"
-            )
-        if isinstance(inputs, Mapping):
-            texts = inputs.get("text", inputs.get("question"))
-            if texts is None:
-                raise InputError("an image prompt mapping needs 'image' and 'text'")
-            texts = [texts] if isinstance(texts, str) else list(texts)
-            conversations = [
-                [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]}]
-                for t in texts
-            ]
-            images = photos(inputs)
-        else:
-            conversations = [_with_images(c) for c in _chats(inputs) or []]
-            images = photos(inputs)
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise InputError("this processor has no chat template: pass its output instead")
-        texts = [
-            tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
-            for c in conversations
-        ]
-        if not images:
-            raise InputError("the prompt holds no image: add a {'type': 'image'} entry")
-        encoded = tokenizer(
-            images=images, text=texts, padding=True, padding_side="left", return_tensors="pt"
-        )
-        return dict(encoded)
+        return encode_image_prompt(inputs, tokenizer)
 
     def prepare(self, inputs: object) -> Prepared:
         if isinstance(inputs, Mapping) and "pixel_values" not in inputs:
