@@ -290,3 +290,61 @@ def test_a_given_generation_is_explained_as_it_is(model, processor):
     again = explain_generation(explainer, made)
     assert again.generation is made
     assert again.explanation.target.shape == made.generated.shape
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_maps_go_back_onto_the_photo_with_resize_crop_and_padding_undone(pad):
+    # The processor's own pixels, drawn back with the geometry, are the photo again where
+    # the model saw it: a smooth ramp survives the resampling to within a few grey levels.
+    import transformers as tf
+
+    from explain.image_prompts import photo_preprocessing
+
+    kind = tf.LlavaImageProcessor if pad else tf.CLIPImageProcessor
+    images = kind(
+        size={"shortest_edge": 32},
+        crop_size={"height": 32, "width": 32},
+        image_mean=[0.0] * 3,
+        image_std=[1.0] * 3,
+        **({"do_pad": True, "background_color": (0, 0, 0)} if pad else {}),
+    )
+    rows, cols = np.meshgrid(np.linspace(0, 1, 48), np.linspace(0, 1, 80), indexing="ij")
+    ramp = (np.stack([rows, cols, rows * 0 + 0.5], axis=-1) * 255).round().astype(np.uint8)
+    pixels = images(images=ramp, return_tensors="pt")["pixel_values"][0].double()
+    geometry = photo_preprocessing(images)
+    back = geometry.to_original(pixels, (48, 80))
+    resized, (top, left) = geometry.placement((48, 80))
+    if pad:  # the whole photo is seen, letterboxed (the longer side fits)
+        assert top < 0 and left == 0
+        inner = (slice(6, -6), slice(6, -6))  # the edges blend with the padding
+    else:  # the centre square is seen, the sides cropped away
+        assert top == 0 and left > 0
+        inner = (slice(2, -2), slice(20, 60))
+        lowest = back[:2].amin(dim=(-2, -1), keepdim=True)  # bicubic wobbles the flat channel
+        assert (back[:2, :, :12] == lowest).all()
+    expected = torch.from_numpy(ramp / 255.0).permute(2, 0, 1)
+    torch.testing.assert_close(
+        back[:, inner[0], inner[1]], expected[:, inner[0], inner[1]].float(), atol=0.04, rtol=0
+    )  # 0.04: resampling, and the letterbox's offset rounded to whole resized pixels
+
+
+def test_the_generate_page_and_figure(tmp_path, capsys):
+    from PIL import Image
+
+    from explain.cli import main
+    from explain.tiny_vlm import save_tiny_llava
+
+    folder = save_tiny_llava(tmp_path / "llava")
+    Image.fromarray(_photo(5, (48, 72))).save(tmp_path / "photo.png")
+    page = tmp_path / "page.html"
+    argv = ["generate", "--image", str(tmp_path / "photo.png"), "a&b <script> w13"]
+    argv += ["--model", str(folder), "--max-new-tokens", "3", "--html", str(page)]
+    assert main([*argv, "--depth", "tower"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("answer:") and str(page) in out
+    text = page.read_text()
+    assert "a&amp;b" in text and "&lt;script&gt;" in text and "[image]" in text
+    assert text.count('class="word"') == 3 and "depth tower" in text
+    assert page.with_suffix(".png").stat().st_size > 0
+    assert main(["generate", "--depth", "tower", "w12", "--model", str(folder)]) == 2
+    assert "--depth is for vision-language models" in capsys.readouterr().err
