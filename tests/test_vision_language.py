@@ -313,7 +313,7 @@ def test_maps_go_back_onto_the_photo_with_resize_crop_and_padding_undone(pad):
     pixels = images(images=ramp, return_tensors="pt")["pixel_values"][0].double()
     geometry = photo_preprocessing(images)
     back = geometry.to_original(pixels, (48, 80))
-    resized, (top, left) = geometry.placement((48, 80))
+    _, (top, left) = geometry.placement((48, 80))
     if pad:  # the whole photo is seen, letterboxed (the longer side fits)
         assert top < 0 and left == 0
         inner = (slice(6, -6), slice(6, -6))  # the edges blend with the padding
