@@ -348,3 +348,24 @@ def test_the_generate_page_and_figure(tmp_path, capsys):
     assert page.with_suffix(".png").stat().st_size > 0
     assert main(["generate", "--depth", "tower", "w12", "--model", str(folder)]) == 2
     assert "--depth is for vision-language models" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(model, processor, method):
+    # The fused path recomputes each block's map by chunks of query rows (explain.fused):
+    # what long image-token sequences take. Llama's eager softmax is float32: 1e-6.
+    chats = [_chat(_photo(0), "w12 w13"), _chat(_photo(1), "w20 w21")]
+    made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
+    results = {
+        path: explain_generation(
+            Explainer(model, attention_path=path), made, method=method, depth="tower"
+        ).explanation
+        for path in ("explicit", "fused")
+    }
+    for name in ("image", "text"):
+        torch.testing.assert_close(
+            results["fused"].relevances[name],
+            results["explicit"].relevances[name],
+            rtol=1e-5,
+            atol=1e-9,
+        )

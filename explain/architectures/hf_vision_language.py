@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from explain.architectures.base import (
     AttentionSite,
     FlagSetting,
+    FusedPath,
     LanguageModel,
     Prepared,
     TokenLayout,
@@ -34,6 +35,7 @@ from explain.architectures.base import (
     one_hot_rows,
     validate_image_batch,
 )
+from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
     attention_in,
     eager_attention_flags,
@@ -172,6 +174,15 @@ class VisionLanguageModel(LanguageModel):
 
     def path_flags(self) -> Sequence[FlagSetting]:
         return eager_attention_flags(self.model)
+
+    def fused_path(self) -> FusedPath | None:
+        """sdpa for the tower and the language model alike, q, k, v seen through the
+        attention interface (hf_attention_probe), where every attention module
+        dispatches through it: long image-token sequences then fold by chunks of rows."""
+        modules = [site.module for site in self._sites]
+        if not dispatches_attention(self.model, modules):
+            return None
+        return probed_fused_path(modules, self.path_flags())
 
     # -- inputs -------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from explain.engine.request import Request
 from explain.errors import InputError, OptionError
 from explain.rules import LRP_NEEDS, Method, Need, RuleContext, Sink
 from explain.rules.fold import AttentionRows
-from explain.rules.registry import integer_option
+from explain.rules.registry import RowSink, integer_option
 from explain.targets import select_scores
 
 __all__ = ["DEPTHS", "Depth", "ImageTextPlan", "ImageTextSink"]
@@ -63,8 +63,6 @@ class ImageTextSink:
     nearer the score); forward-only methods see the tower first, whose blocks are kept
     until the language model's fold is done.
     """
-
-    takes_rows = False
 
     def __init__(
         self,
@@ -99,8 +97,21 @@ class ImageTextSink:
             return
         self._tower_sink().add(layer, attention, gradient)
 
+    @property
+    def takes_rows(self) -> bool:
+        """Whether the method's sinks fold a block by chunks of query rows (the fused
+        path's streaming): the tower's sink is the same method's."""
+        return bool(getattr(self._text, "takes_rows", False))
+
     def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
-        raise NotImplementedError("image-text sinks fold whole blocks (takes_rows is False)")
+        """A block by chunks of query rows. Streams run last block first, in the forward
+        as in the backward, so the language model's fold is done before the tower's."""
+        if layer >= self._offset:
+            cast(RowSink, self._text).add_rows(layer - self._offset, chunks)
+            self._pending -= 1
+        elif self._build_tower is not None:
+            assert self._pending == 0, "the tower's rows came before the text's fold"
+            cast(RowSink, self._tower_sink()).add_rows(layer, chunks)
 
     def _text_relevance(self) -> Tensor:
         if self._text_result is None:
