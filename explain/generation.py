@@ -23,6 +23,7 @@ from torch import Tensor
 
 from explain import engine
 from explain.api import Explainer
+from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.engine import Request, require_causal_lm
 from explain.errors import InputError, OptionError
 from explain.explanation import Explanation
@@ -181,6 +182,10 @@ def generate(
     if pad is None:
         pad = int(end_ids[0]) if len(end_ids) else 0
     options = {"do_sample": False, **options}
+    if isinstance(adapter, VisionLanguageModel):
+        # An image placeholder in the answer would be read as an image by the explained
+        # forward: the model may not write one.
+        options = {"suppress_tokens": [adapter.image_token_id], **options}
     with Recorder(adapter, differentiable=False):
         sequences = model.generate(
             input_ids=prepared.arguments["input_ids"],
@@ -191,6 +196,8 @@ def generate(
             **options,
         )
     prompt_length = mask.shape[1]
+    if isinstance(adapter, VisionLanguageModel):  # token types run along the answer too
+        extra = adapter.continued(extra, sequences.shape[1] - prompt_length)
     continuation = _end_mask(sequences, prompt_length, end_ids).to(mask.dtype)
     return Generation(
         input_ids=sequences,

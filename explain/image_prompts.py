@@ -111,12 +111,18 @@ def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:
     images = photos(inputs)
     if not images:
         raise InputError("the prompt holds no image: add a {'type': 'image'} entry")
-    if getattr(processor, "chat_template", None) is None:
-        raise InputError("this processor has no chat template: pass its output instead")
-    texts = [
-        processor.apply_chat_template(_without_images(c), add_generation_prompt=True)
-        for c in conversations
-    ]
+    if getattr(processor, "chat_template", None) is not None:
+        texts = [
+            processor.apply_chat_template(_without_images(c), add_generation_prompt=True)
+            for c in conversations
+        ]
+    elif isinstance(inputs, Mapping):  # a model prompted without a template (PaliGemma)
+        pass
+    else:
+        raise InputError(
+            "this processor has no chat template: give the image and the question as "
+            "{'image': ..., 'text': ...}, or the processor's output"
+        )
     if any(not text.strip() for text in texts):
         raise InputError("a prompt is empty: there is nothing to answer")
     encoded = processor(

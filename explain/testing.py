@@ -869,6 +869,30 @@ def _hf_llava() -> TinyCase:
     return TinyCase(tiny_llava(), batch, alone, {"text": lengths})
 
 
+def _hf_paligemma() -> TinyCase:
+    from explain.tiny_vlm import IMAGE_TOKEN_ID, tiny_paligemma
+
+    # 16 image tokens, then "<s> words", right-padded; all of it the bidirectional prefix
+    lengths = (22, 19)
+    words = _texts(tuple(n - 16 for n in lengths), (5, 40), first=1, last=2)
+    ids = torch.zeros(2, max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = torch.cat(
+            [torch.full((16,), IMAGE_TOKEN_ID), words[row, : length - 16]]
+        )
+    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    types = torch.zeros_like(ids)
+    images = _images(2, 32)
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    batch["pixel_values"] = images
+    alone = tuple(
+        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
+        | {"token_type_ids": types[i : i + 1, :n], "pixel_values": images[i : i + 1]}
+        for i, n in enumerate(lengths)
+    )
+    return TinyCase(tiny_paligemma(), batch, alone, {"text": lengths})
+
+
 def _custom_text() -> TinyCase:
     model, spec = tiny_custom_text()
     case = _text_case(model, (6, 4), first=1, last=2)
@@ -896,6 +920,7 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_siglip_classifier": lambda: _image_case(tiny_hf_vision("siglip"), 32),
     "hf_siglip": _hf_siglip,
     "hf_llava": _hf_llava,
+    "hf_paligemma": _hf_paligemma,
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
     **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},

@@ -28,6 +28,8 @@ __all__ = [
     "save_tiny_llava",
     "tiny_llava",
     "tiny_llava_processor",
+    "tiny_paligemma",
+    "tiny_paligemma_processor",
     "tiny_vlm_tokenizer",
 ]
 
@@ -160,6 +162,48 @@ def tiny_llava_processor(tower: str = "clip") -> Any:
         num_additional_image_tokens=1 if tower == "clip" else 0,
         chat_template=VLM_CHAT_TEMPLATE,
     )
+
+
+def tiny_paligemma(seed: int = 0) -> nn.Module:
+    """A small random `PaliGemmaForConditionalGeneration`, in eval mode, sdpa attention: a
+    SigLIP tower (4 x 4 patches), a linear projector and a tiny Gemma language model."""
+    import transformers as tf
+
+    text = tf.GemmaConfig(**_COMMON, head_dim=8)
+    config = tf.PaliGemmaConfig(
+        vision_config=_vision_config("siglip"),
+        text_config=text,
+        image_token_id=IMAGE_TOKEN_ID,
+        projection_dim=text.hidden_size,
+        attn_implementation="sdpa",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tf.PaliGemmaForConditionalGeneration(config)
+        with torch.no_grad():  # spread the embeddings: maps far from uniform
+            for name, parameter in model.named_parameters():
+                if "position_embedding" in name:
+                    parameter.normal_(0.0, 0.5)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 2
+    return model.eval()
+
+
+def tiny_paligemma_processor() -> Any:
+    """The processor of `tiny_paligemma`: the tiny tokenizer with "<image>" and a SigLIP
+    image processor that resizes to 32 x 32 (squashing the photo, as PaliGemma's does).
+    PaliGemma takes no chat template: the image and the question are given as they are."""
+    import transformers as tf
+
+    images = tf.SiglipImageProcessor(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    images.image_seq_length = (IMAGE_SIZE // PATCH_SIZE) ** 2
+    tokenizer = tiny_vlm_tokenizer()
+    tokenizer.chat_template = None
+    return tf.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer)
 
 
 def save_tiny_llava(folder: Path, tower: str = "clip") -> Path:

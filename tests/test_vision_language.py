@@ -19,30 +19,47 @@ import torch
 
 from explain import Explainer, ExplainError, InputError, OptionError
 from explain.generation import Generation, explain_generation, generate
+from explain.image_prompts import encode_image_prompt
 from explain.testing import ModelState
-from explain.tiny_vlm import IMAGE_TOKEN_ID, tiny_llava, tiny_llava_processor
+from explain.tiny_vlm import (
+    IMAGE_TOKEN_ID,
+    tiny_llava,
+    tiny_llava_processor,
+    tiny_paligemma,
+    tiny_paligemma_processor,
+)
+
+KINDS = {
+    "llava-clip": (lambda: tiny_llava("clip"), lambda: tiny_llava_processor("clip")),
+    "llava-siglip": (lambda: tiny_llava("siglip"), lambda: tiny_llava_processor("siglip")),
+    "paligemma": (tiny_paligemma, tiny_paligemma_processor),
+}
 
 
-@pytest.fixture(scope="module", params=["clip", "siglip"])
-def tower(request):
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def kind(request):
     return request.param
 
 
 @pytest.fixture(scope="module")
-def model(tower):
-    return tiny_llava(tower).double()
+def model(kind):
+    return KINDS[kind][0]().double()
 
 
 @pytest.fixture(scope="module")
-def processor(tower):
-    return tiny_llava_processor(tower)
+def processor(kind):
+    return KINDS[kind][1]()
 
 
 def _photo(seed: int, size=(40, 60)) -> np.ndarray:
     return (np.random.default_rng(seed).random((*size, 3)) * 255).astype(np.uint8)
 
 
-def _chat(photo, words: str):
+def _chat(processor, photo, words: str):
+    """The prompt as people give it: a chat where the processor has a template (LLaVA),
+    else the image and the question (PaliGemma)."""
+    if processor.chat_template is None:
+        return {"image": photo, "text": words}
     return [
         {
             "role": "user",
@@ -51,15 +68,15 @@ def _chat(photo, words: str):
     ]
 
 
-def _inputs(processor, chats):
-    texts = [processor.apply_chat_template(c, add_generation_prompt=True) for c in chats]
-    images = [
-        entry["image"] for c in chats for entry in c[0]["content"] if entry["type"] == "image"
-    ]
-    encoded = processor(
-        images=images, text=texts, padding=True, padding_side="left", return_tensors="pt"
-    )
-    encoded = dict(encoded)
+def _chats(processor, pairs):
+    """Several prompts: conversations, or one mapping of images and questions."""
+    if processor.chat_template is None:
+        return {"image": [p for p, _ in pairs], "text": [w for _, w in pairs]}
+    return [_chat(processor, photo, words) for photo, words in pairs]
+
+
+def _inputs(processor, prompt):
+    encoded = encode_image_prompt(prompt, processor)
     encoded["pixel_values"] = encoded["pixel_values"].double()
     return encoded
 
@@ -91,19 +108,30 @@ def reference(model, one, position, target, depth, method="generic"):
     ids, mask = one["input_ids"], one["attention_mask"]
     pixels = one["pixel_values"].clone().requires_grad_(True)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    # The tower on its own, its maps returned; its projected features put in place of the
+    # image tokens by hand; then the language model on those embeddings.
+    image = eager.model.get_image_features(pixel_values=pixels, output_attentions=True)
+    features = image.pooler_output
+    features = torch.cat(list(features)) if isinstance(features, list | tuple) else features
+    embeddings = eager.get_input_embeddings()(ids)
+    is_image = ids[0] == IMAGE_TOKEN_ID
+    embeddings = embeddings.clone()
+    embeddings[0, is_image] = features.reshape(-1, embeddings.shape[-1])
     out = eager(
-        input_ids=ids,
+        inputs_embeds=embeddings,
         attention_mask=mask,
         position_ids=positions,
-        pixel_values=pixels,
         output_attentions=True,
         use_cache=False,
+        **({"token_type_ids": one["token_type_ids"]} if "token_type_ids" in one else {}),
     )
     config = model.config
-    num_tower = len(out.image_outputs.attentions)
-    used = config.vision_feature_layer % (num_tower + 1)  # blocks 0..used-1 feed the text
+    num_tower = len(image.attentions)
+    llava = config.model_type == "llava"
+    # LLaVA reads hidden state h: blocks 0..h-1 feed the text; PaliGemma reads the last
+    used = config.vision_feature_layer % (num_tower + 1) if llava else num_tower
     text_maps = list(out.attentions)
-    tower_maps = list(out.image_outputs.attentions[:used])
+    tower_maps = list(image.attentions[:used])
     score = out.logits[0, position, target]
     grads = torch.autograd.grad(score, text_maps + tower_maps)
     text_grads, tower_grads = grads[: len(text_maps)], grads[len(text_maps) :]
@@ -116,10 +144,9 @@ def reference(model, one, position, target, depth, method="generic"):
     else:
         text = _rollout([a[0] for a in text_maps], readout)
     text = text * seen
-    is_image = ids[0] == IMAGE_TOKEN_ID
     clip = config.vision_config.model_type == "clip_vision_model"
     prefix = 1 if clip else 0
-    dropped = 1 if config.vision_feature_select_strategy == "default" else 0
+    dropped = 1 if llava and config.vision_feature_select_strategy == "default" else 0
     images = pixels.shape[0]
     per_image = text[is_image].reshape(images, -1)
     tower_tokens = torch.zeros(images, per_image.shape[1] + dropped, dtype=torch.float64)
@@ -140,7 +167,7 @@ def reference(model, one, position, target, depth, method="generic"):
 @pytest.mark.parametrize("depth", ["lm", "tower"])
 @pytest.mark.parametrize("method", ["generic", "rollout"])
 def test_the_next_token_equals_the_written_out_rule(model, processor, depth, method):
-    inputs = _inputs(processor, [_chat(_photo(0), "w12 w13 w14")])
+    inputs = _inputs(processor, _chat(processor, _photo(0), "w12 w13 w14"))
     result = Explainer(model).explain(inputs, method=method, depth=depth)
     assert result.settings == {"depth": depth}
     image, text = reference(
@@ -157,7 +184,7 @@ def test_each_generated_token_equals_the_rule_on_its_prefix(model, processor, de
     explainer = Explainer(model, tokenizer=processor)
     # Prompts of one length: transformers' eager softmax runs in float32, where float64's
     # mask value becomes -inf, so a left-padded float64 row is NaN (padding: next test).
-    chats = [_chat(_photo(0), "w12 w13 w14 w15"), _chat(_photo(1), "w20 w21 w22 w23")]
+    chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
     answer = explain_generation(explainer, chats, max_new_tokens=3, depth=depth)
     generation, result = answer.generation, answer.explanation
     batch, steps = generation.generated.shape
@@ -171,6 +198,8 @@ def test_each_generated_token_equals_the_rule_on_its_prefix(model, processor, de
             "attention_mask": generation.attention_mask[row : row + 1, real],
             "pixel_values": generation.extra["pixel_values"][row : row + 1],
         }
+        if "token_type_ids" in generation.extra:
+            one["token_type_ids"] = generation.extra["token_type_ids"][row : row + 1, real]
         start = int((~real[:width]).sum())  # the prompt's left padding
         for step in range(steps):
             if not generation.generated[row, step]:
@@ -188,9 +217,10 @@ def test_each_generated_token_equals_the_rule_on_its_prefix(model, processor, de
 
 
 @pytest.mark.parametrize("answer", [False, True])
-def test_a_left_padded_batch_equals_each_prompt_alone(tower, processor, answer):
-    model = tiny_llava(tower)  # float32: a left-padded float64 row is NaN (see above)
-    chats = [_chat(_photo(0), "w12 w13 w14 w15 w16"), _chat(_photo(1), "w20")]
+def test_a_left_padded_batch_equals_each_prompt_alone(kind, processor, answer):
+    model = KINDS[kind][0]()  # float32: a left-padded float64 row is NaN (see above)
+    pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
+    chats = _chats(processor, pairs)
     explainer = Explainer(model, tokenizer=processor)
 
     def run(prompt):
@@ -199,8 +229,8 @@ def test_a_left_padded_batch_equals_each_prompt_alone(tower, processor, answer):
         return explain_generation(explainer, prompt, max_new_tokens=2, depth="tower").explanation
 
     together = run(chats)
-    for row, chat in enumerate(chats):
-        alone = run(chat)
+    for row, (photo, words) in enumerate(pairs):
+        alone = run(_chat(processor, photo, words))
         assert together.target[row].tolist() == alone.target[0].tolist()
         close = dict(rtol=1e-5, atol=1e-6)
         image = together.relevances["image"][row]
@@ -214,6 +244,8 @@ def test_a_left_padded_batch_equals_each_prompt_alone(tower, processor, answer):
 
 
 def test_two_images_in_one_prompt_get_one_map_each(model, processor):
+    if processor.chat_template is None:
+        pytest.skip("the chat-less prompts (PaliGemma) ask one image per question here")
     chat = [
         {
             "role": "user",
@@ -244,7 +276,7 @@ def test_an_image_prompt_as_people_give_it(model, processor, tmp_path):
     Image.fromarray(_photo(3)).save(path)
     explainer = Explainer(model, tokenizer=processor)
     by_path = explainer.explain({"image": str(path), "text": "w12 w13"})
-    by_array = explainer.explain(_chat(_photo(3), "w12 w13"))
+    by_array = explainer.explain(_chat(processor, _photo(3), "w12 w13"))
     torch.testing.assert_close(by_path.relevances["image"], by_array.relevances["image"])
     assert by_path.tokens is not None and "<image>" in by_path.tokens[0]
 
@@ -252,16 +284,18 @@ def test_an_image_prompt_as_people_give_it(model, processor, tmp_path):
 def test_no_side_effects_after_answers_and_failures(model, processor):
     explainer = Explainer(model, tokenizer=processor)
     before = ModelState.capture(model)
-    explain_generation(explainer, _chat(_photo(0), "w12"), max_new_tokens=2, depth="tower")
-    explainer.explain(_chat(_photo(0), "w12"), method="rollout", depth="tower")
+    explain_generation(
+        explainer, _chat(processor, _photo(0), "w12"), max_new_tokens=2, depth="tower"
+    )
+    explainer.explain(_chat(processor, _photo(0), "w12"), method="rollout", depth="tower")
     with pytest.raises(ExplainError):
-        explainer.explain(_chat(_photo(0), "w12"), target=10**6)
+        explainer.explain(_chat(processor, _photo(0), "w12"), target=10**6)
     assert before.differences(ModelState.capture(model)) == []
 
 
 def test_what_is_refused_says_why(model, processor):
     explainer = Explainer(model, tokenizer=processor)
-    chat = _chat(_photo(0), "w12")
+    chat = _chat(processor, _photo(0), "w12")
     with pytest.raises(OptionError, match="depth must be one of lm, tower"):
         explainer.explain(chat, depth="pixels")
     with pytest.raises(OptionError, match="reads one fixed block"):
@@ -271,7 +305,7 @@ def test_what_is_refused_says_why(model, processor):
             explainer.explain(chat, method=method)
     with pytest.raises(InputError, match="needs the model's processor"):
         Explainer(model).explain(chat)
-    inputs = _inputs(processor, [chat])
+    inputs = _inputs(processor, chat)
     with pytest.raises(InputError, match="explained with its image"):
         explainer.explain({k: v for k, v in inputs.items() if k != "pixel_values"})
     cut = dict(
@@ -285,8 +319,12 @@ def test_what_is_refused_says_why(model, processor):
 
 def test_a_given_generation_is_explained_as_it_is(model, processor):
     explainer = Explainer(model, tokenizer=processor)
-    made = generate(explainer, _chat(_photo(0), "w12"), max_new_tokens=2)
-    assert isinstance(made, Generation) and set(made.extra) == {"pixel_values"}
+    made = generate(explainer, _chat(processor, _photo(0), "w12"), max_new_tokens=2)
+    assert isinstance(made, Generation) and "pixel_values" in made.extra
+    if "token_type_ids" in made.extra:  # PaliGemma: the answer's tokens are of type 1
+        types = made.extra["token_type_ids"]
+        assert types.shape == made.input_ids.shape
+        assert (types[:, made.prompt_length :] == 1).all()
     again = explain_generation(explainer, made)
     assert again.generation is made
     assert again.explanation.target.shape == made.generated.shape
@@ -354,7 +392,7 @@ def test_the_generate_page_and_figure(tmp_path, capsys):
 def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(model, processor, method):
     # The fused path recomputes each block's map by chunks of query rows (explain.fused):
     # what long image-token sequences take. Llama's eager softmax is float32: 1e-6.
-    chats = [_chat(_photo(0), "w12 w13"), _chat(_photo(1), "w20 w21")]
+    chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
     results = {
         path: explain_generation(

@@ -101,6 +101,9 @@ class VisionLanguageModel(LanguageModel):
 
     token_sets: ClassVar[TokenSets | None] = TokenSets.IMAGE_TEXT
     reads_images: ClassVar[bool] = True
+    token_types: ClassVar[bool] = False
+    """Whether the model takes `token_type_ids` (PaliGemma: 0 for the image-and-prompt
+    prefix, attended bidirectionally; 1 for the answer)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -205,7 +208,8 @@ class VisionLanguageModel(LanguageModel):
             max_tokens=1 << 62,
             vocab_size=self.vocab_size,
             device=self.parameter.device,
-            token_types=False,
+            token_types=self.token_types,
+            type_vocab_size=2,
         )
         assert isinstance(inputs, Mapping)
         pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter)
@@ -231,6 +235,12 @@ class VisionLanguageModel(LanguageModel):
         arguments["pixel_values"] = pixels
         arguments["position_ids"] = positions_from_mask(mask)
         return Prepared(batch_size=ids.shape[0], layout=TokenLayout.text(mask), arguments=arguments)
+
+    def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        """The model's other per-prompt inputs (`extra`: pixel values, token types) for the
+        prompts followed by `count` generated tokens; a family whose extra inputs run
+        along the tokens extends them as its generation does."""
+        return dict(extra)
 
     def images_per_text(self, prepared: Prepared) -> int:
         return prepared.arguments["pixel_values"].shape[0] // prepared.batch_size

@@ -64,15 +64,11 @@ def run(args: argparse.Namespace) -> int:
             f"{args.model} is a {loaded.modality} model"
         )
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-    chat = [
-        {
-            "role": "user",
-            "content": [{"type": "image", "image": photo}, {"type": "text", "text": args.prompt}],
-        }
-    ]
+    # through the processor's chat template as a user message, where it has one
+    prompt = {"image": photo, "text": args.prompt}
     found = explain_generation(
         explainer,
-        chat,
+        prompt,
         max_new_tokens=args.max_new_tokens,
         method=args.method,
         depth=args.depth or "lm",
