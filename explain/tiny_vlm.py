@@ -26,6 +26,7 @@ __all__ = [
     "PATCH_SIZE",
     "VLM_CHAT_TEMPLATE",
     "save_tiny_llava",
+    "tiny_gemma3",
     "tiny_llava",
     "tiny_llava_processor",
     "tiny_paligemma",
@@ -204,6 +205,45 @@ def tiny_paligemma_processor() -> Any:
     tokenizer = tiny_vlm_tokenizer()
     tokenizer.chat_template = None
     return tf.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer)
+
+
+BOI_TOKEN_ID, EOI_TOKEN_ID = VOCAB - 3, VOCAB - 2
+"""The tiny Gemma 3's begin- and end-of-image tokens (words w57 and w58)."""
+
+
+def tiny_gemma3(seed: int = 0) -> nn.Module:
+    """A small random `Gemma3ForConditionalGeneration`, in eval mode, sdpa attention: a
+    SigLIP tower (4 x 4 patches) pooled to 2 x 2 image tokens, and a tiny Gemma 3 language
+    model with sliding-window and full layers. Its inputs are "<s> BOI <image> x 4 EOI
+    words", token type 1 at the image tokens."""
+    import transformers as tf
+
+    text = tf.Gemma3TextConfig(
+        **_COMMON,
+        head_dim=8,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        query_pre_attn_scalar=8,
+    )
+    config = tf.Gemma3Config(
+        vision_config=_vision_config("siglip"),
+        text_config=text,
+        mm_tokens_per_image=4,
+        image_token_id=IMAGE_TOKEN_ID,
+        boi_token_id=BOI_TOKEN_ID,
+        eoi_token_id=EOI_TOKEN_ID,
+        attn_implementation="sdpa",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tf.Gemma3ForConditionalGeneration(config)
+        with torch.no_grad():  # spread: maps far from uniform, a projector that projects
+            for name, parameter in model.named_parameters():
+                if "position_embedding" in name or "mm_input_projection" in name:
+                    parameter.normal_(0.0, 0.5)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 2
+    return model.eval()
 
 
 def save_tiny_llava(folder: Path, tower: str = "clip") -> Path:

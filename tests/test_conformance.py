@@ -87,10 +87,16 @@ def _close(actual, expected, *, rtol=1e-9, atol=1e-12):
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
 
 
-FLOAT32_SOFTMAX = ("hf_siglip_classifier", "hf_causal_lm:", "hf_llava", "hf_paligemma")
+FLOAT32_SOFTMAX = (
+    "hf_siglip_classifier",
+    "hf_causal_lm:",
+    "hf_llava",
+    "hf_paligemma",
+    "hf_gemma3",
+)
 """Cases (by name prefix) whose eager attention takes its softmax in float32 whatever the
-model's dtype (transformers' SigLIP, Llama and its kin, in LLaVA and PaliGemma too): their explicit
-path is float32-exact only, the fused one float64."""
+model's dtype (transformers' SigLIP, Llama and its kin, also inside LLaVA, PaliGemma and
+Gemma 3): their explicit path is float32-exact only, the fused one float64."""
 
 
 def test_a_family_without_a_tiny_model_is_named():

@@ -22,7 +22,10 @@ from explain.generation import Generation, explain_generation, generate
 from explain.image_prompts import encode_image_prompt
 from explain.testing import ModelState
 from explain.tiny_vlm import (
+    BOI_TOKEN_ID,
+    EOI_TOKEN_ID,
     IMAGE_TOKEN_ID,
+    tiny_gemma3,
     tiny_llava,
     tiny_llava_processor,
     tiny_paligemma,
@@ -149,8 +152,15 @@ def reference(model, one, position, target, depth, method="generic"):
     dropped = 1 if llava and config.vision_feature_select_strategy == "default" else 0
     images = pixels.shape[0]
     per_image = text[is_image].reshape(images, -1)
-    tower_tokens = torch.zeros(images, per_image.shape[1] + dropped, dtype=torch.float64)
-    tower_tokens[:, dropped:] = per_image
+    if config.model_type == "gemma3":  # each pooled token shared out over its k x k patches
+        side = config.vision_config.image_size // config.vision_config.patch_size
+        pooled = round(per_image.shape[1] ** 0.5)
+        kernel = side // pooled
+        blocks = per_image.reshape(images, pooled, pooled) / kernel**2
+        tower_tokens = blocks.repeat_interleave(kernel, 1).repeat_interleave(kernel, 2).flatten(1)
+    else:
+        tower_tokens = torch.zeros(images, per_image.shape[1] + dropped, dtype=torch.float64)
+        tower_tokens[:, dropped:] = per_image
     if depth == "tower":
         rows = []
         for image in range(images):
@@ -407,3 +417,51 @@ def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(model, p
             rtol=1e-5,
             atol=1e-9,
         )
+
+
+def _gemma3_prompts(lengths):
+    """Gemma 3's processor output for texts of `lengths` words, written by hand (the tiny
+    tokenizer has no Gemma 3 processor): "<s> BOI <image> x 4 EOI words", left-padded,
+    token type 1 at the image tokens."""
+    generator = torch.Generator().manual_seed(3)
+    width = 7 + max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, count in enumerate(lengths):
+        words = torch.randint(5, 40, (count,), generator=generator)
+        head = torch.tensor([1, BOI_TOKEN_ID, *[IMAGE_TOKEN_ID] * 4, EOI_TOKEN_ID])
+        ids[row, width - 7 - count :] = torch.cat([head, words])
+    mask = (torch.arange(width)[None] >= width - 7 - torch.tensor(lengths)[:, None]).long()
+    pixels = torch.randn(len(lengths), 3, 32, 32, generator=generator, dtype=torch.float64)
+    types = (ids == IMAGE_TOKEN_ID).long()
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "pixel_values": pixels,
+        "token_type_ids": types,
+    }
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+def test_gemma3_pooled_image_tokens_go_back_over_their_patches(depth):
+    model = tiny_gemma3().double()
+    explainer = Explainer(model)
+    # next token (one prompt: float64 rows must not be left-padded, see above)
+    one = _gemma3_prompts((3,))
+    result = explainer.explain(one, depth=depth)
+    assert result.relevances["image"].shape == (1, 4, 4)  # the tower's grid, not the 2 x 2
+    image, text = reference(model, one, one["input_ids"].shape[1] - 1, int(result.target[0]), depth)
+    torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
+    # an answer: every generated token against the rule on its prefix
+    answer = explain_generation(explainer, one, max_new_tokens=3, depth=depth)
+    generation = answer.generation
+    assert (generation.extra["token_type_ids"][:, generation.prompt_length :] == 0).all()
+    for step in range(int(generation.generated[0].sum())):
+        end = generation.prompt_length + step
+        prefix = {name: value[:, :end] for name, value in generation.inputs().items()}
+        prefix["pixel_values"] = one["pixel_values"]
+        token = int(generation.input_ids[0, end])
+        image, text = reference(model, prefix, end - 1, token, depth)
+        got = answer.explanation.relevances
+        torch.testing.assert_close(got["image"][0, step], image[0], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(got["text"][0, step, :end], text, rtol=1e-9, atol=1e-12)

@@ -15,6 +15,7 @@ dropping its prefix tokens. The engine's plan for these models is explain.engine
 
 from __future__ import annotations
 
+import dataclasses
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -185,7 +186,14 @@ class VisionLanguageModel(LanguageModel):
         modules = [site.module for site in self._sites]
         if not dispatches_attention(self.model, modules):
             return None
-        return probed_fused_path(modules, self.path_flags())
+        path = probed_fused_path(modules, self.path_flags())
+        if not self.token_types:
+            return path
+        # Token types open bidirectional blocks (an image, a prefix) inside the causal
+        # text: the kernel then gets the whole mask, causality included, and the
+        # recomputation must add none of its own.
+        sites = [dataclasses.replace(site, causal=False) for site in path.sites]
+        return dataclasses.replace(path, sites=sites)
 
     # -- inputs -------------------------------------------------------------------------
 
@@ -202,6 +210,11 @@ class VisionLanguageModel(LanguageModel):
                 "a vision-language model is explained with its image: give pixel_values "
                 "(the processor's output), or an image prompt with the processor as the "
                 "Explainer's tokenizer"
+            )
+        if self.token_types and isinstance(inputs, Mapping) and "token_type_ids" not in inputs:
+            raise InputError(
+                f"{type(self.model).__name__} takes token_type_ids (which tokens attend "
+                "both ways): give the processor's whole output"
             )
         arguments = prepare_text(
             inputs,
