@@ -465,3 +465,24 @@ def test_gemma3_pooled_image_tokens_go_back_over_their_patches(depth):
         got = answer.explanation.relevances
         torch.testing.assert_close(got["image"][0, step], image[0], rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(got["text"][0, step, :end], text, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("Qwen2VLForConditionalGeneration", "unbatched sequence"),
+        ("Qwen2_5_VLForConditionalGeneration", "windowed attention"),
+        ("Idefics3ForConditionalGeneration", "tiles"),
+        ("SmolVLMForConditionalGeneration", "tiles"),
+    ],
+)
+def test_the_families_not_explained_yet_are_refused_with_why(name, why):
+    import transformers
+
+    from explain import UnsupportedModelError
+
+    cls = getattr(transformers, name)
+    with torch.device("meta"):  # the default configuration, without memory
+        model = cls(cls.config_class())
+    with pytest.raises(UnsupportedModelError, match=f"{name} is not supported yet: .*{why}"):
+        Explainer(model)
