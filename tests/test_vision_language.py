@@ -486,3 +486,22 @@ def test_the_families_not_explained_yet_are_refused_with_why(name, why):
         model = cls(cls.config_class())
     with pytest.raises(UnsupportedModelError, match=f"{name} is not supported yet: .*{why}"):
         Explainer(model)
+
+
+def test_a_hub_id_loads_the_model_with_its_processor(tmp_path, monkeypatch):
+    # The hub's own loading path, offline: a cache laid out as downloads leave it.
+    import huggingface_hub
+
+    from explain.loading import load_model
+    from explain.testing import cache_hub_repo
+    from explain.tiny_vlm import save_tiny_llava
+
+    cache = tmp_path / "cache"
+    cache_hub_repo(cache, "llava-hf/llava-1.5-7b-hf", save_tiny_llava(tmp_path / "llava"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = load_model("llava-hf/llava-1.5-7b-hf")
+    assert loaded.modality == "vision_language" and loaded.preprocessing is not None
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    result = explainer.explain({"image": _photo(0), "text": "w12 w13"}, depth="tower")
+    assert result.relevances["image"].shape == (1, 4, 4)

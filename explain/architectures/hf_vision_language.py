@@ -255,9 +255,6 @@ class VisionLanguageModel(LanguageModel):
         along the tokens extends them as its generation does."""
         return dict(extra)
 
-    def images_per_text(self, prepared: Prepared) -> int:
-        return prepared.arguments["pixel_values"].shape[0] // prepared.batch_size
-
     def image_positions(self, prepared: Prepared) -> Tensor:
         """(B, k * n): each text's image-token positions, image by image."""
         ids, mask = prepared.arguments["input_ids"], prepared.arguments["attention_mask"]
