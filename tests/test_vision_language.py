@@ -311,7 +311,7 @@ def test_what_is_refused_says_why(model, processor):
     with pytest.raises(OptionError, match="reads one fixed block"):
         explainer.explain(chat, method="raw_attention", depth="tower")
     for method in ("attnlrp", "cp_lrp", "transformer_attribution"):
-        with pytest.raises(OptionError, match="no rules for their projectors"):
+        with pytest.raises(OptionError, match="explained by the attention methods"):
             explainer.explain(chat, method=method)
     with pytest.raises(InputError, match="needs the model's processor"):
         Explainer(model).explain(chat)

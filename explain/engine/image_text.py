@@ -191,8 +191,10 @@ class ImageTextPlan(Plan):
     @classmethod
     def why_not(cls, spec: Method) -> str:
         return (
-            "vision-language models are explained by the attention methods; the LRP "
-            "methods (AttnLRP and CP-LRP too) have no rules for their projectors and towers"
+            "vision-language models are explained by the attention methods: the LRP walks "
+            "have no rules for their projectors and towers, and AttnLRP and CP-LRP read "
+            "Gradient x Input at an embedding module's output, while the image tokens enter "
+            "the language model after it (the model's forward scatters them in)"
         )
 
     def prepare(self, inputs: Any) -> None:
