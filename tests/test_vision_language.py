@@ -505,3 +505,21 @@ def test_a_hub_id_loads_the_model_with_its_processor(tmp_path, monkeypatch):
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     result = explainer.explain({"image": _photo(0), "text": "w12 w13"}, depth="tower")
     assert result.relevances["image"].shape == (1, 4, 4)
+
+
+@pytest.mark.parametrize("path", ["explicit", "fused"])
+def test_start_layers_per_set_choose_the_blocks_of_each_fold(model, processor, path):
+    # start_layer {"text": s, "image": s}: each fold from its own block; the fused path
+    # streams every block, those before a start included, and must skip them alike.
+    chat = _chat(processor, _photo(0), "w12 w13")
+    explainer = Explainer(model, tokenizer=processor, attention_path=path)
+    for method in ("generic", "rollout"):
+        late = explainer.explain(
+            chat, method=method, depth="tower", start_layer={"text": 2, "image": 1}
+        )
+        full = explainer.explain(chat, method=method, depth="tower")
+        assert not torch.allclose(late.relevances["image"], full.relevances["image"])
+        both = explainer.explain(chat, method=method, depth="tower", start_layer=1)
+        named = {"text": 1, "image": 1}
+        again = explainer.explain(chat, method=method, depth="tower", start_layer=named)
+        torch.testing.assert_close(both.relevances["image"], again.relevances["image"])

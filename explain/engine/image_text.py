@@ -81,18 +81,18 @@ class ImageTextSink:
         self._tower: Sink | None = None
         self._waiting: list[tuple[int, Tensor, Tensor | None]] = []
         self._text_result: Tensor | None = None
-        self._pending = len(text.layers)
+        self._awaited = set(text.layers)  # the text's blocks its fold has yet to see
         text_layers = [offset + layer for layer in text.layers]
         self.layers: list[int] = ([*tower_layers] if tower is not None else []) + text_layers
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
         if layer >= self._offset:
             self._text.add(layer - self._offset, attention, gradient)
-            self._pending -= 1
+            self._awaited.discard(layer - self._offset)
             return
         if self._build_tower is None:
             return
-        if self._pending > 0:  # the tower's blocks came first: keep them until the text's fold
+        if self._awaited:  # the tower's blocks came first: keep them until the text's fold
             self._waiting.append((layer, attention, gradient))
             return
         self._tower_sink().add(layer, attention, gradient)
@@ -108,9 +108,9 @@ class ImageTextSink:
         as in the backward, so the language model's fold is done before the tower's."""
         if layer >= self._offset:
             cast(RowSink, self._text).add_rows(layer - self._offset, chunks)
-            self._pending -= 1
+            self._awaited.discard(layer - self._offset)
         elif self._build_tower is not None:
-            assert self._pending == 0, "the tower's rows came before the text's fold"
+            assert not self._awaited, "the tower's rows came before the text's fold"
             cast(RowSink, self._tower_sink()).add_rows(layer, chunks)
 
     def _text_relevance(self) -> Tensor:
@@ -149,8 +149,8 @@ class ImageTextPlan(Plan):
     """The next token (no `Request.prompt_length`), or every generated token of an answer
     (with it, as `GenerationPlan`), of a vision-language model; see the module doc.
 
-    Options: `depth` ("lm" or "tower"). `start_layer` applies to the language model, or
-    per set: {"text": s, "image": s} (the tower).
+    Options: `depth` ("lm" or "tower"). `start_layer`, one for both folds or one per set
+    ({"text": s, "image": s}: the language model's, the tower's), as for dual encoders.
     """
 
     refusal = OptionError
