@@ -97,28 +97,34 @@ def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:
             "tokenizer=processor) (AutoProcessor.from_pretrained(...)), or pass the "
             "processor's output (input_ids, attention_mask, pixel_values)"
         )
+    images = photos(inputs)
+    if not images:
+        raise InputError("the prompt holds no image: add a {'type': 'image'} entry")
+    given: Any = images
     if isinstance(inputs, Mapping):
         texts = inputs.get("text", inputs.get("question"))
         if texts is None:
             raise InputError("an image prompt mapping needs 'image' and 'text'")
         texts = [texts] if isinstance(texts, str) else list(texts)
+        if len(images) % len(texts):
+            raise InputError(
+                f"{len(images)} images for {len(texts)} questions: give each question as "
+                "many images (in order: the first question's, then the next one's)"
+            )
+        each = len(images) // len(texts)  # several images per question: one map each
+        entries = [{"type": "image"}] * each
         conversations: list[list[Mapping[str, Any]]] = [
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": t}]}]
-            for t in texts
+            [{"role": "user", "content": [*entries, {"type": "text", "text": t}]}] for t in texts
         ]
+        given = [images[i * each : (i + 1) * each] for i in range(len(texts))]
     else:
         conversations = _chats(inputs) or []
-    images = photos(inputs)
-    if not images:
-        raise InputError("the prompt holds no image: add a {'type': 'image'} entry")
     if getattr(processor, "chat_template", None) is not None:
         texts = [
             processor.apply_chat_template(_without_images(c), add_generation_prompt=True)
             for c in conversations
         ]
-    elif isinstance(inputs, Mapping):  # a model prompted without a template (PaliGemma)
-        pass
-    else:
+    elif not isinstance(inputs, Mapping):  # a model prompted without a template: PaliGemma
         raise InputError(
             "this processor has no chat template: give the image and the question as "
             "{'image': ..., 'text': ...}, or the processor's output"
@@ -126,7 +132,7 @@ def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:
     if any(not text.strip() for text in texts):
         raise InputError("a prompt is empty: there is nothing to answer")
     encoded = processor(
-        images=images, text=texts, padding=True, padding_side="left", return_tensors="pt"
+        images=given, text=texts, padding=True, padding_side="left", return_tensors="pt"
     )
     return dict(encoded)
 

@@ -254,19 +254,19 @@ def test_a_left_padded_batch_equals_each_prompt_alone(kind, processor, answer):
 
 
 def test_two_images_in_one_prompt_get_one_map_each(model, processor):
-    if processor.chat_template is None:
-        pytest.skip("the chat-less prompts (PaliGemma) ask one image per question here")
-    chat = [
-        {
-            "role": "user",
-            "content": [
-                {"type": "image", "image": _photo(0)},
-                {"type": "text", "text": "w12"},
-                {"type": "image", "image": _photo(1)},
-                {"type": "text", "text": "w13"},
-            ],
-        }
-    ]
+    chat = {"image": [_photo(0), _photo(1)], "text": "w12 w13"}  # two images, one question
+    if processor.chat_template is not None:  # and as a chat, the images among the words
+        chat = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": _photo(0)},
+                    {"type": "text", "text": "w12"},
+                    {"type": "image", "image": _photo(1)},
+                    {"type": "text", "text": "w13"},
+                ],
+            }
+        ]
     explainer = Explainer(model, tokenizer=processor)
     inputs = explainer.adapter.encode(chat, processor)
     inputs["pixel_values"] = inputs["pixel_values"].double()
@@ -277,6 +277,10 @@ def test_two_images_in_one_prompt_get_one_map_each(model, processor):
             model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), depth
         )
         torch.testing.assert_close(result.relevances["image"][0], image, rtol=1e-9, atol=1e-12)
+    questions = {"image": [_photo(0), _photo(1), _photo(2), _photo(3)], "text": ["w12", "w13"]}
+    assert explainer.explain(questions).relevances["image"].shape == (2, 2, 4, 4)
+    with pytest.raises(InputError, match="3 images for 2 questions"):
+        explainer.explain({"image": questions["image"][:3], "text": ["w12", "w13"]})
 
 
 def test_an_image_prompt_as_people_give_it(model, processor, tmp_path):
