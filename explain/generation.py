@@ -10,6 +10,8 @@ and explains the token generated at P + g over everything before it, exactly wha
 next-token explanation of the prefix would give. The explanation runs on the engine
 (explain.engine, `Request.prompt_length` -> `GenerationPlan`): one batched backward
 serves all columns; forward-only methods fold every column from the same attention maps.
+A vision-language model's answer about an image is explained the same way, over the image
+and the prompt (explain.engine.image_text).
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ class Generation:
         attention_mask: (B, T) 1 at real tokens; 0 at the prompts' padding and after
             each continuation's end token (the end token itself is real).
         prompt_length: P, the padded width of the prompts.
-        extra: the model's other inputs, as the prompts were given them (a
-            vision-language model's `pixel_values`).
+        extra: the model's other inputs for the whole sequences (a vision-language
+            model's `pixel_values`, and its `token_type_ids` along prompt and answer).
     """
 
     input_ids: Tensor
