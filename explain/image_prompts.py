@@ -129,6 +129,9 @@ def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:
             "this processor has no chat template: give the image and the question as "
             "{'image': ..., 'text': ...}, or the processor's output"
         )
+    elif isinstance(getattr(processor, "image_token", None), str):
+        # the images' placeholders first, as such processors expect them (they warn else)
+        texts = [processor.image_token * each + text for text in texts]
     if any(not text.strip() for text in texts):
         raise InputError("a prompt is empty: there is nothing to answer")
     encoded = processor(
