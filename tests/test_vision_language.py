@@ -21,7 +21,7 @@ from explain import Explainer, ExplainError, InputError, OptionError
 from explain.generation import Generation, explain_generation, generate
 from explain.image_prompts import encode_image_prompt
 from explain.testing import ModelState
-from explain.tiny_vlm import (
+from explain.testing.tiny_vlm import (
     BOI_TOKEN_ID,
     EOI_TOKEN_ID,
     IMAGE_TOKEN_ID,
@@ -384,7 +384,7 @@ def test_the_generate_page_and_figure(tmp_path, capsys):
     from PIL import Image
 
     from explain.cli import main
-    from explain.tiny_vlm import save_tiny_llava
+    from explain.testing.tiny_vlm import save_tiny_llava
 
     folder = save_tiny_llava(tmp_path / "llava")
     Image.fromarray(_photo(5, (48, 72))).save(tmp_path / "photo.png")
@@ -498,7 +498,7 @@ def test_a_hub_id_loads_the_model_with_its_processor(tmp_path, monkeypatch):
 
     from explain.loading import load_model
     from explain.testing import cache_hub_repo
-    from explain.tiny_vlm import save_tiny_llava
+    from explain.testing.tiny_vlm import save_tiny_llava
 
     cache = tmp_path / "cache"
     cache_hub_repo(cache, "llava-hf/llava-1.5-7b-hf", save_tiny_llava(tmp_path / "llava"))

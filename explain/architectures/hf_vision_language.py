@@ -10,7 +10,7 @@ into the text, and `merge`, which tower tokens each of them was made from (LLaVA
 tower token each; a pooling or merging projector: several). A relevance over the image
 tokens maps back onto the tower's tokens through `merge` (each image token's relevance
 shared out over the tower tokens it was made from), and onto the tower's patch grid by
-dropping its prefix tokens. The engine's plan for these models is explain.engine.image_text.
+dropping its prefix tokens. The engine's plan for these models is explain.engine.plans.image_text.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from explain.architectures.hf_common import (
 )
 from explain.errors import InputError, UnsupportedModelError
 from explain.image_prompts import encode_image_prompt, is_image_prompt
-from explain.tokens import token_strings
+from explain.tokenizing import token_strings
 
 __all__ = ["ImageTokens", "VisionLanguageModel"]
 

@@ -3,7 +3,7 @@ which words of the question, each word of a vision-language model's answer rests
 
 The question and the photo go through the model's processor and chat template as one
 user message; the model answers greedily, and every word of the answer is explained from
-one forward pass (explain.generation, explain.engine.image_text) at the chosen depth.
+one forward pass (explain.generation, explain.engine.plans.image_text) at the chosen depth.
 Each map is drawn back on the photo with the processor's resize, crop and padding undone
 (explain.image_prompts). Two files are written atomically: the page (click a word: its
 map over the photo, the question's tokens coloured beside it) and a PNG of the answer's

@@ -1,5 +1,5 @@
 """Tiny random vision-language models built from configs (no downloads), with processors
-built offline from local pieces: the tiny word-level tokenizer of explain.tiny_lm (its last
+built offline from local pieces: the tiny word-level tokenizer of explain.testing.tiny_lm (its last
 word replaced by the image placeholder "<image>") and an image processor constructed from
 parameters.
 
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from explain.tiny_lm import _COMMON, VOCAB, WORDS
+from explain.testing.tiny_lm import _COMMON, VOCAB, WORDS
 
 __all__ = [
     "IMAGE_SIZE",
@@ -52,7 +52,7 @@ VLM_CHAT_TEMPLATE = (
 
 
 def tiny_vlm_tokenizer() -> Any:
-    """The tiny word-level tokenizer (explain.tiny_lm) with "<image>" as its last word
+    """The tiny word-level tokenizer (explain.testing.tiny_lm) with "<image>" as its last word
     (id 59), a special token so that the processor's runs of placeholders split, and the
     image chat template."""
     from tokenizers import Tokenizer, models, pre_tokenizers

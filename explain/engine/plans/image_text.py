@@ -30,21 +30,15 @@ from typing import Any, ClassVar, Literal, cast
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, TokenLayout, TokenSets
+from explain.architectures.base import Adapter, TokenLayout
 from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
-from explain.engine.plans import (
-    PLANS,
-    Columns,
-    ColumnSink,
-    Plan,
-    _per_set,
-    resolve_start_layer,
-)
-from explain.engine.request import Request
+from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, ForwardPass
+from explain.engine.plans.base import Plan, per_set, resolve_start_layer
+from explain.engine.request import Request, integer_option
 from explain.errors import InputError, OptionError
-from explain.rules import LRP_NEEDS, Method, Need, RuleContext, Sink
+from explain.rules import Method, RuleContext, Sink
 from explain.rules.fold import AttentionRows
-from explain.rules.registry import RowSink, integer_option
+from explain.rules.registry import RowSink
 from explain.targets import select_scores
 
 __all__ = ["DEPTHS", "Depth", "ImageTextPlan", "ImageTextSink"]
@@ -153,7 +147,13 @@ class ImageTextPlan(Plan):
     ({"text": s, "image": s}: the language model's, the tower's), as for dual encoders.
     """
 
-    refusal = OptionError
+    passes = frozenset({ForwardPass, AttentionGradientPass})
+    refused_because = (
+        "vision-language models are explained by the attention methods: the LRP walks "
+        "have no rules for their projectors and towers, and AttnLRP and CP-LRP read "
+        "Gradient x Input at an embedding module's output, while the image tokens enter "
+        "the language model after it (the model's forward scatters them in)"
+    )
     generates: ClassVar[bool] = True
 
     def __init__(
@@ -183,19 +183,6 @@ class ImageTextPlan(Plan):
                 "a generation explains the tokens it generated, so it takes no target; "
                 "leave target unset (or explain a prefix with Explainer.explain)"
             )
-
-    @classmethod
-    def supports(cls, adapter: Adapter, spec: Method) -> bool:
-        return not spec.needs & (LRP_NEEDS | {Need.EMBEDDING_GRADIENTS})
-
-    @classmethod
-    def why_not(cls, spec: Method) -> str:
-        return (
-            "vision-language models are explained by the attention methods: the LRP walks "
-            "have no rules for their projectors and towers, and AttnLRP and CP-LRP read "
-            "Gradient x Input at an embedding module's output, while the image tokens enter "
-            "the language model after it (the model's forward scatters them in)"
-        )
 
     def prepare(self, inputs: Any) -> None:
         super().prepare(inputs)
@@ -231,7 +218,7 @@ class ImageTextPlan(Plan):
             seen = torch.arange(layout.token_mask.shape[1], device=at.device) <= at
             readout = self.vlm.readout_at(self.prepared, at.expand(self.prepared.batch_size))
             layout = replace(layout, token_mask=layout.token_mask & seen)
-        starts = _per_set(self.request.start_layer, ["image", "text"])
+        starts = per_set(self.request.start_layer, ["image", "text"])
         options = dict(self.request.options)
         count = len(text.layers)
         text_sink = spec.sink(
@@ -287,6 +274,3 @@ class ImageTextPlan(Plan):
 
     def settings(self) -> dict[str, Any]:
         return {"depth": self.depth}
-
-
-PLANS[TokenSets.IMAGE_TEXT] = ImageTextPlan
