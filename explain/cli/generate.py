@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from explain.cli import image_answer
 from explain.cli.options import (
     add_model_arguments,
     add_out_argument,
@@ -39,6 +40,12 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz.generation import generation_html
     from explain.viz.generation_figure import generation_figure
 
+    # The page and the figure go into --out unless named (both kinds of answer).
+    args.html = args.html or args.out / "generation.html"
+    if args.image is not None:  # a vision-language model's answer about a photo
+        return image_answer.run(args)
+    if args.depth is not None:
+        raise InputError("--depth is for vision-language models, with --image")
     if not args.prompt.strip():
         raise InputError("the prompt is empty: there is nothing to continue")
     get_method(args.method)  # an unknown name fails before the model is loaded
@@ -67,13 +74,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {token!r:>16} <- " + ", ".join(repr(tokens[i]) for i in top))
     title = f"explain generate: {args.model}"
     page = generation_html(tokens, prompt_tokens, matrix, method=args.method, title=title)
-    html = args.html or args.out / "generation.html"
-    with atomic_write(html, "w") as handle:
+    with atomic_write(args.html, "w") as handle:
         handle.write(page)
-    png = args.png or html.with_suffix(".png")
+    png = args.png or args.html.with_suffix(".png")
     figure = generation_figure(matrix, tokens, prompt_tokens, method=args.method, title=title)
     save_figure(figure, png)
-    print(html)
+    print(args.html)
     print(png)
     if args.save:
         raw = args.out / f"generation.{args.save}"
@@ -91,14 +97,34 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog='Example: explain generate "The capital of France is" --model ./my-llama '
         "--out answers (writes answers/generation.html and answers/generation.png). Offline, "
         'explain.testing.tiny_lm.save_tiny_lm("tiny-llama") saves a tiny random Llama folder '
-        "to try it on (README, Supported models).",
+        "to try it on (README, Supported models). A photo: explain generate --image "
+        'photo.jpg "What is in the picture?" --model PATH',
     )
-    parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
+    parser.add_argument(
+        "prompt", metavar="PROMPT", help="the text to continue (with --image: the question)"
+    )
+    parser.add_argument(
+        "--image",
+        type=Path,
+        default=None,
+        metavar="PHOTO",
+        help="a photo to ask a vision-language model (LLaVA) about: the page shows each "
+        "answer word's map over the photo (explain.cli.image_answer)",
+    )
+    parser.add_argument(
+        "--depth",
+        choices=("lm", "tower"),
+        default=None,
+        help="with --image: read the image map off the language model ('lm', default) or "
+        "continue it through the vision tower ('tower')",
+    )
     add_model_arguments(
         parser,
         takes="a Hugging Face decoder-only language model with its tokenizer "
-        "(a ...ForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2 ...)",
-        examples="./my-llama (a save_pretrained folder), HuggingFaceTB/SmolLM2-135M, gpt2",
+        "(a ...ForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2 ...), or with --image "
+        "a vision-language model with its processor (LlavaForConditionalGeneration)",
+        examples="./my-llama (a save_pretrained folder), HuggingFaceTB/SmolLM2-135M, gpt2, "
+        "llava-hf/llava-1.5-7b-hf",
     )
     parser.add_argument(
         "--max-new-tokens",
