@@ -48,6 +48,7 @@ __all__ = [
     "tiny_eva",
     "tiny_hf_vision",
     "tiny_siglip",
+    "tiny_swin",
     "tiny_vit",
 ]
 
@@ -860,6 +861,50 @@ def _custom_vit() -> TinyCase:
     return TinyCase(model, case.batch, case.alone, case.lengths, spec)
 
 
+SWIN_KINDS = ("timm", "timm_v2", "hf", "hf_v2")
+"""The Swin implementations `tiny_swin` builds: timm's v1 and v2, transformers' v1 and v2."""
+
+
+def tiny_swin(kind: str = "timm", *, num_classes: int = 5, seed: int = 0) -> nn.Module:
+    """A small random Swin (`SWIN_KINDS`) on 32 x 32 images: 2 x 2 patches, windows of
+    4 x 4 tokens, three stages of two blocks on grids of 16, 8 and 4 tokens a side, so the
+    first two stages shift their windows and the last has one window, unshifted."""
+    if kind in ("timm", "timm_v2"):
+        from timm.models.swin_transformer import SwinTransformer
+        from timm.models.swin_transformer_v2 import SwinTransformerV2
+
+        cls = SwinTransformer if kind == "timm" else SwinTransformerV2
+        return _seeded(
+            lambda: cls(
+                img_size=32,
+                patch_size=2,
+                window_size=4,
+                embed_dim=8,
+                depths=(2, 2, 2),
+                num_heads=(1, 2, 2),
+                num_classes=num_classes,
+            ),
+            seed,
+        )
+    if kind in ("hf", "hf_v2"):
+        import transformers
+
+        prefix = "Swin" if kind == "hf" else "Swinv2"
+        config = getattr(transformers, f"{prefix}Config")(
+            image_size=32,
+            patch_size=2,
+            window_size=4,
+            embed_dim=8,
+            depths=[2, 2, 2],
+            num_heads=[1, 2, 2],
+            num_labels=num_classes,
+            initializer_range=0.3,
+        )
+        model_class = getattr(transformers, f"{prefix}ForImageClassification")
+        return _seeded(lambda: model_class(config), seed)
+    raise ValueError(f"unknown Swin kind {kind!r}; choose from {', '.join(SWIN_KINDS)}")
+
+
 TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "timm_vit": _timm_vit,
     "hf_text_encoder": _hf_text_encoder,
@@ -874,6 +919,10 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_beit": lambda: _image_case(tiny_hf_vision("beit"), 32),
     "hf_siglip_classifier": lambda: _image_case(tiny_hf_vision("siglip"), 32),
     "hf_siglip": _hf_siglip,
+    "timm_swin": lambda: _image_case(tiny_swin("timm"), 32),
+    "timm_swin:v2": lambda: _image_case(tiny_swin("timm_v2"), 32),
+    "hf_swin": lambda: _image_case(tiny_swin("hf"), 32),
+    "hf_swin:v2": lambda: _image_case(tiny_swin("hf_v2"), 32),
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
     **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},

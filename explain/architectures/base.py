@@ -268,6 +268,10 @@ class Adapter(ABC):
     """Where AttnLRP and CP-LRP attach in the family's modules: a function (in
     explain.lrp.attnlrp_sites) from the adapter to its `RuleSites`; None: they are refused."""
 
+    methods: ClassVar[frozenset[str] | None] = None
+    """None: every method the family's capabilities allow. A family whose attention only
+    some rules can fold (windowed attention, explain.architectures.windows) names them."""
+
     pooled_by_mean: bool = False
     """The output is a sentence embedding, the mean of the last hidden states over the
     real tokens (explain.text.similarity explains such encoders)."""

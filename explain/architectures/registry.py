@@ -117,3 +117,5 @@ register_family(
     "hf_siglip_classifier", "explain.architectures.hf_vision", "HuggingFaceSiglipClassifier"
 )
 register_family("hf_siglip", "explain.architectures.hf_siglip", "HFSiglip")
+register_family("timm_swin", "explain.architectures.timm_swin", "TimmSwin")
+register_family("hf_swin", "explain.architectures.hf_swin", "HuggingFaceSwin")

@@ -245,9 +245,12 @@ class Plan:
         self.request = request
         self.tokenizer = tokenizer
         if spec is not None and not self.supports(adapter, spec):
+            named = adapter.methods is not None and spec.name not in adapter.methods
+            why = "its attention is windowed, which not every rule folds" if named else None
             raise self.refusal(
                 f"method {spec.name!r} is not available for {adapter.family}: "
-                f"{self.why_not(spec)}; supported methods: " + ", ".join(self.methods(adapter))
+                f"{why or self.why_not(spec)}; supported methods: "
+                + ", ".join(self.methods(adapter))
             )
         default = "logit" if spec is not None else self.trace_score
         self.score: Score = resolve_score(spec, request.score, default)
@@ -259,7 +262,9 @@ class Plan:
     @classmethod
     def supports(cls, adapter: Adapter, spec: Method) -> bool:
         """Whether the method can run on this adapter (LRP needs the family's walk, AttnLRP
-        and CP-LRP where their rules attach)."""
+        and CP-LRP where their rules attach), among the family's own `Adapter.methods`."""
+        if adapter.methods is not None and spec.name not in adapter.methods:
+            return False
         if Need.EMBEDDING_GRADIENTS in spec.needs:
             return adapter.rule_sites is not None
         return not (spec.needs & LRP_NEEDS) or adapter.lrp_walk is not None
