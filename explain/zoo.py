@@ -79,6 +79,12 @@ ZOO: dict[str, ZooEntry] = {
             "scripts/train_minilm_sentiment.py",
         ),
         ZooEntry(
+            "shapes-swin",
+            "Swin Transformer (3 stages, windowed attention) naming the kinds of shape in "
+            "synthetic cluttered scenes (multi-label)",
+            "scripts/train_shapes_swin.py",
+        ),
+        ZooEntry(
             "shapes-clip",
             "CLIP (ViT 4 blocks, text 2 blocks) matching shapes scenes with their captions",
             "scripts/train_shapes_clip.py",
@@ -131,6 +137,12 @@ def _build_timm_vit(config: dict[str, Any]) -> nn.Module:
     return VisionTransformer(**config["timm"])
 
 
+def _build_timm_swin(config: dict[str, Any]) -> nn.Module:
+    from timm.models.swin_transformer import SwinTransformer
+
+    return SwinTransformer(**config["timm"])
+
+
 def _build_minilm_classifier(config: dict[str, Any]) -> nn.Module:
     """BertForSequenceClassification: the package's pretrained encoder plus a new head.
 
@@ -166,6 +178,7 @@ def _build_hf_clip(config: dict[str, Any]) -> nn.Module:
 
 _BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
     "timm_vit": _build_timm_vit,
+    "timm_swin": _build_timm_swin,
     "minilm_classifier": _build_minilm_classifier,
     "hf_clip": _build_hf_clip,
 }
