@@ -146,7 +146,8 @@ def test_relevance_is_conserved_through_the_merges():
     rollout's factors sum to 1) and every merge (the 2 x 2 split keeps totals)."""
     model = tiny_swin("timm").double()
     rollout = Explainer(model).explain(IMAGES, method="rollout")
-    torch.testing.assert_close(rollout.relevance.sum(dim=(1, 2)), torch.ones(2, dtype=torch.float64))
+    totals = rollout.relevance.sum(dim=(1, 2))
+    torch.testing.assert_close(totals, torch.ones(2, dtype=torch.float64))
 
 
 def test_a_wrong_image_size_and_discard_ratio_are_refused_with_what_to_do():

@@ -15,6 +15,7 @@ the adapters (explain.architectures.timm_swin, hf_swin) read it off the model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from explain.architectures.base import TokenLayout
 from explain.errors import InputError
@@ -80,7 +81,7 @@ def windowed_layout(
                 f"{block.window[0]}x{block.window[1]} windows do not tile (the model would "
                 "pad it); give an image whose size the model was built for"
             )
-    for index, (before, after) in enumerate(zip(blocks, blocks[1:], strict=False), start=1):
+    for index, (before, after) in enumerate(pairwise(blocks), start=1):
         if before.grid != after.grid and before.grid != (2 * after.grid[0], 2 * after.grid[1]):
             raise InputError(
                 f"{family}: the token grid goes from {before.grid} to {after.grid} before "

@@ -44,7 +44,8 @@ def generic(context: RuleContext) -> ReadoutFold | WindowedFold:
     """Chefer, Gur & Wolf ICCV 2021: R = prod (I + mean_h (G * A)+) over the blocks."""
     layers = range(context.start_layer, context.num_layers)
     if isinstance(context.layout, WindowedLayout):
-        return WindowedFold(context.readout, context.layout, layers, gradient_weighted, generic_step)
+        layout = context.layout
+        return WindowedFold(context.readout, layout, layers, gradient_weighted, generic_step)
     return ReadoutFold(context.readout, layers, gradient_weighted, generic_step, streamable=True)
 
 
