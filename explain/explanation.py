@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from explain.detections import Detections
 from explain.errors import ExplainError, InputError, OptionError
 from explain.export import read_payload, write_payload
 from explain.finite import check_finite
@@ -57,6 +58,8 @@ class Explanation:
         tokens: per sample, the token strings, when the Explainer has a tokenizer.
         settings: what else produced the relevance and should travel with it (e.g. the
             model, start_layer, method options); JSON-able values, saved by `save`.
+        detections: for a detector (DETR), the detection each column K explains (query,
+            label, score, box); None for every other model. Not saved by `save`.
     """
 
     relevance: Tensor
@@ -68,6 +71,7 @@ class Explanation:
     relevances: Mapping[str, Tensor] = field(default_factory=dict)
     tokens: list[list[str]] | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
+    detections: Detections | None = None
 
     def __post_init__(self) -> None:
         # Refused here, where every runner's result passes, so that no NaN is ever drawn

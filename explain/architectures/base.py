@@ -215,6 +215,9 @@ class TokenSets(StrEnum):
     ENCODER_DECODER = "encoder_decoder"
     """An encoder read by a decoder through cross-attention: the two-set rules of
     explain.rules.coattention, read out at a decoder position."""
+    DETECTION = "detection"
+    """A detector (DETR): an encoder over image tokens read by object queries through
+    cross-attention; each detection is explained at its query (explain.engine.detection)."""
 
 
 @dataclass(frozen=True)

@@ -119,3 +119,4 @@ register_family(
 register_family("hf_siglip", "explain.architectures.hf_siglip", "HFSiglip")
 register_family("timm_swin", "explain.architectures.timm_swin", "TimmSwin")
 register_family("hf_swin", "explain.architectures.hf_swin", "HuggingFaceSwin")
+register_family("hf_detr", "explain.architectures.hf_detr", "HuggingFaceDetr")

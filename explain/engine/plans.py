@@ -29,6 +29,7 @@ from torch import Tensor
 
 from explain.architectures.base import Adapter, LanguageModel, Prepared, TokenSet, TokenSets
 from explain.architectures.dual_encoder import DualEncoder
+from explain.detections import Detections
 from explain.engine.request import Request, StartLayer
 from explain.errors import (
     ExplainError,
@@ -356,6 +357,10 @@ class Plan:
         if columns.classes.dim() == 1:
             return per_column[0]
         return {name: torch.stack([c[name] for c in per_column], dim=1) for name in per_column[0]}
+
+    def detections(self) -> Detections | None:
+        """`Explanation.detections`: what a detector's columns explain; None elsewhere."""
+        return None
 
     def tokens(self) -> list[list[str]] | None:
         """`Explanation.tokens`: the token strings of the explained texts."""

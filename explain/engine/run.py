@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from explain.architectures.base import Adapter
+from explain.engine import detection  # noqa: F401  (registers the detection plan)
 from explain.engine.plans import Columns, Plan, plan_for
 from explain.engine.request import Request
 from explain.errors import OptionError, TargetError
@@ -81,6 +82,7 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         input_size=first.layout.input_size,
         relevances=relevances,
         tokens=plan.tokens(),
+        detections=plan.detections(),
     )
 
 
