@@ -466,6 +466,12 @@ def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
             tokenizer = transformers.AutoTokenizer.from_pretrained(repo, **options)
     id2label = getattr(config, "id2label", None) or {}
     classes = tuple(id2label[i] for i in sorted(id2label)) if id2label else None
+    if type(model).__name__.endswith("ForObjectDetection"):  # variable sizes, padded batches
+        with _failing_as(f"{name} holds a detector but no image processor"):
+            processor = transformers.AutoImageProcessor.from_pretrained(repo, **options)
+        return LoadedModel(
+            name=name, model=model, modality="image", classes=classes, image_processor=processor
+        )
     return LoadedModel(
         name=name,
         model=model,

@@ -102,12 +102,36 @@ def test_no_side_effects_and_clear_refusals(detr):
     explainer = Explainer(detr)
     before = ModelState.capture(detr)
     explainer.explain(IMAGES, queries=[1, 2])
-    with pytest.raises(TargetError, match="no detection scores above threshold 0.99"):
+    with pytest.raises(TargetError, match=r"no detection scores above threshold 0\.99"):
         explainer.explain(IMAGES, threshold=0.99)
     with pytest.raises(OptionError, match="no target"):
         explainer.explain(IMAGES, target=1)
-    with pytest.raises(OptionError, match="queries must be in 0..5"):
+    with pytest.raises(OptionError, match=r"queries must be in 0\.\.5"):
         explainer.explain(IMAGES, queries=6)
     with pytest.raises(OptionError, match="not available"):
         explainer.explain(IMAGES, method="rollout")
     assert before.differences(ModelState.capture(detr)) == []
+
+
+def test_explain_detect_writes_one_figure_per_image_with_its_detections(tmp_path, capsys):
+    import numpy as np
+    from PIL import Image
+    from transformers import DetrImageProcessor
+
+    from explain.cli import main
+
+    folder = tmp_path / "detr"
+    tiny_detr().save_pretrained(folder)
+    DetrImageProcessor(size={"shortest_edge": 64, "longest_edge": 96}).save_pretrained(folder)
+    pixels = (np.random.default_rng(0).random((70, 90, 3)) * 255).astype("uint8")
+    Image.fromarray(pixels).save(tmp_path / "photo.png")
+    out = tmp_path / "out"
+    status = main(
+        ["detect", str(tmp_path / "photo.png"), "--model", str(folder), "--out", str(out)]
+    )
+    assert status == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 6 and all("LABEL_0" in line and "box" in line for line in lines)
+    assert (out / "photo-detections.png").is_file()
+    assert main(["detect", str(tmp_path / "photo.png"), "--model", "zoo:shapes-vit"]) == 2
+    assert "explains object detectors" in capsys.readouterr().err

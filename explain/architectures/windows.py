@@ -22,9 +22,9 @@ from explain.errors import InputError
 
 __all__ = ["WINDOWED_METHODS", "WindowedBlock", "WindowedLayout", "windowed_layout"]
 
-WINDOWED_METHODS = frozenset({"generic", "rollout", "raw_attention"})
-"""The methods whose rules fold windowed attention (explain.rules.windowed): a windowed
-family's `Adapter.methods`."""
+WINDOWED_METHODS = frozenset({"generic", "rollout", "raw_attention", "random"})
+"""The methods whose rules fold windowed attention (explain.rules.windowed), and the
+random baseline: a windowed family's `Adapter.methods`."""
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def evaluate_model(
     offline: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Evaluate `methods` (default: every registered one) of `model` with `protocol`.
+    """Evaluate `methods` (default: every one the model supports) of `model` with `protocol`.
 
     Args:
         protocol: "perturbation", "segmentation", "class-specific" or "rationale".
@@ -100,9 +100,10 @@ def evaluate_model(
         device: where the model runs; default the (rank's) GPU if there is one.
         dtype, offline: as `load_model` takes them.
     """
+    from explain.architectures.registry import adapter_for
+    from explain.engine import supported_methods
     from explain.evaluation.datasets.zoo import heldout_dataset
     from explain.loading import load_model
-    from explain.rules import METHODS
 
     if protocol not in _MODALITY:
         raise OptionError(f"unknown protocol {protocol!r}; choose one of {', '.join(_MODALITY)}")
@@ -143,7 +144,7 @@ def evaluate_model(
     return run_evaluation(
         bound,
         dataset,
-        list(methods) if methods else sorted(METHODS),
+        list(methods) if methods else supported_methods(adapter_for(module)),
         Path(output),
         model_name=str(model),
         batch_size=batch_size,
