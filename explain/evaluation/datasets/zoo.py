@@ -1,10 +1,10 @@
 """The zoo models' own held-out sets, as evaluation examples with ground truth.
 
 - `shapes-vit` and `shapes-swin`: held-out scenes (never a training seed) that hold
-  exactly ONE object, so that top-1 accuracy against one label and one foreground mask are defined as on
-  ImageNet and ImageNet-segmentation. The label is that object's kind, the mask its pixels.
-  For the class-specific test: the held-out scenes that hold exactly TWO objects, each
-  scene once per object (`ShapesPairs`).
+  exactly ONE object, so that top-1 accuracy against one label and one foreground mask
+  are defined as on ImageNet and ImageNet-segmentation. The label is that object's
+  kind, the mask its pixels. For the class-specific test: the held-out scenes that
+  hold exactly TWO objects, each scene once per object (`ShapesPairs`).
 - `digits-vit`: the 400 held-out scikit-learn digits. They come without masks; the mask
   used here is DERIVED from the strokes: the pixels whose upsampled ink is at least 0.5.
 - `minilm-sentiment`: held-out sentences; the rationale is the words that decide the
