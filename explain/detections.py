@@ -30,8 +30,9 @@ class Detections:
         queries: (B, K) the decoder query of each detection.
         labels: (B, K) its class (the query's most probable real class), -1 in the
             columns past an image's last detection (there the relevance is 0).
-        scores: (B, K) the probability of that class (softmax over the classes and
-            "no object").
+        scores: (B, K) the probability of that class, as the model's post-processing
+            scores it (DETR: softmax over the classes and "no object"; Conditional DETR:
+            the class's sigmoid).
         boxes: (B, K, 4) the predicted box, (centre x, centre y, width, height) as
             fractions of the image before padding, as DETR predicts it.
         valid: (B, K) True where the column is a detection.

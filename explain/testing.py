@@ -906,15 +906,18 @@ def tiny_swin(kind: str = "timm", *, num_classes: int = 5, seed: int = 0) -> nn.
     raise ValueError(f"unknown Swin kind {kind!r}; choose from {', '.join(SWIN_KINDS)}")
 
 
-def tiny_detr(*, num_queries: int = 6, num_labels: int = 3, seed: int = 0) -> nn.Module:
-    """A small random DETR from a config: a timm ResNet-18 backbone with random weights
-    (`use_pretrained_backbone=False`), two encoder and two decoder blocks of width 16.
-    Its class head's bias favours class 0 (probability about 0.9), so that every query
-    is a detection at the default threshold and the conformance suite has detections to
-    explain."""
-    from transformers import DetrConfig, DetrForObjectDetection
+def tiny_detr(
+    *, conditional: bool = False, num_queries: int = 6, num_labels: int = 3, seed: int = 0
+) -> nn.Module:
+    """A small random DETR (or Conditional DETR) from a config: a timm ResNet-18 backbone
+    with random weights (`use_pretrained_backbone=False`), two encoder and two decoder
+    blocks of width 16. Its class head's bias favours class 0 (probability about 0.9), so
+    that every query is a detection at the default threshold and the conformance suite
+    has detections to explain."""
+    import transformers
 
-    config = DetrConfig(
+    prefix = "ConditionalDetr" if conditional else "Detr"
+    config = getattr(transformers, f"{prefix}Config")(
         backbone="resnet18",
         use_timm_backbone=True,
         use_pretrained_backbone=False,
@@ -928,7 +931,8 @@ def tiny_detr(*, num_queries: int = 6, num_labels: int = 3, seed: int = 0) -> nn
         num_queries=num_queries,
         num_labels=num_labels,
     )
-    model = _seeded(lambda: DetrForObjectDetection(config), seed)
+    model_class = getattr(transformers, f"{prefix}ForObjectDetection")
+    model = _seeded(lambda: model_class(config), seed)
     with torch.no_grad():
         model.class_labels_classifier.bias.zero_()
         model.class_labels_classifier.bias[0] = 3.0
@@ -954,6 +958,7 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_swin": lambda: _image_case(tiny_swin("hf"), 32),
     "hf_swin:v2": lambda: _image_case(tiny_swin("hf_v2"), 32),
     "hf_detr": lambda: _image_case(tiny_detr(), 64),
+    "hf_detr:conditional": lambda: _image_case(tiny_detr(conditional=True), 64),
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
     **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},

@@ -24,8 +24,9 @@ def detr():
     return tiny_detr().double()
 
 
-def _reference(model, images, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, K, N_image) image relevance and (B, K) labels of the detections at `queries`."""
+def _reference(model, images, queries: torch.Tensor, conditional: bool):
+    """(B, K, N_image) image relevance and (B, K) labels of the detections at `queries`:
+    each query's most probable class (DETR's last logit is "no object")."""
     config = model.config
     previous = config._attn_implementation
     config._attn_implementation = "eager"
@@ -34,7 +35,8 @@ def _reference(model, images, queries: torch.Tensor) -> tuple[torch.Tensor, torc
     finally:
         config._attn_implementation = previous
     maps = [*output.encoder_attentions, *output.decoder_attentions, *output.cross_attentions]
-    labels = output.logits[..., :-1].argmax(dim=-1).gather(1, queries)
+    classes = output.logits if conditional else output.logits[..., :-1]
+    labels = classes.argmax(dim=-1).gather(1, queries)
     encoder, decoder = len(output.encoder_attentions), len(output.decoder_attentions)
     relevance = torch.zeros(*queries.shape, maps[0].shape[-1], dtype=torch.float64)
     for k in range(queries.shape[1]):
@@ -50,10 +52,12 @@ def _reference(model, images, queries: torch.Tensor) -> tuple[torch.Tensor, torc
     return relevance, labels
 
 
-def test_each_detection_equals_the_float64_reference(detr):
+@pytest.mark.parametrize("conditional", [False, True], ids=["detr", "conditional_detr"])
+def test_each_detection_equals_the_float64_reference(conditional):
+    model = tiny_detr(conditional=conditional).double()
     queries = torch.tensor([[0, 3, 5], [2, 1, 4]])
-    result = Explainer(detr).explain(IMAGES, queries=queries)
-    expected, labels = _reference(detr, IMAGES, queries)
+    result = Explainer(model).explain(IMAGES, queries=queries)
+    expected, labels = _reference(model, IMAGES, queries, conditional)
     assert result.relevance.shape == (2, 3, 3, 2)  # 96 x 64 pixels, stride 32: 3 x 2 tokens
     torch.testing.assert_close(result.relevance.flatten(2), expected, rtol=1e-9, atol=1e-12)
     assert torch.equal(result.target, labels)

@@ -24,6 +24,7 @@ from explain.tokens import encode, is_raw_text, token_strings
 __all__ = [
     "Adapter",
     "AttentionSite",
+    "Detector",
     "FlagSetting",
     "FusedAttentionSite",
     "FusedPath",
@@ -397,6 +398,30 @@ class LanguageModel(Adapter):
     @abstractmethod
     def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
         """(B, T) readout rows, one-hot at each sample's position (B,)."""
+
+
+class Detector(Adapter):
+    """The contract of an object detector's adapter (DETR): queries read the image's
+    tokens, and each query predicts a box and class scores. A detection plan
+    (explain.engine.detection) chooses the detections from `class_probabilities` and
+    explains each at its query."""
+
+    token_sets = TokenSets.DETECTION
+
+    @property
+    @abstractmethod
+    def num_queries(self) -> int:
+        """The decoder's object queries."""
+
+    @abstractmethod
+    def detect(self, prepared: Prepared) -> tuple[Tensor, Tensor]:
+        """(class logits (B, Q, ...), boxes (B, Q, 4) as (centre x, centre y, width,
+        height) fractions of the unpadded image) of one forward."""
+
+    @abstractmethod
+    def class_probabilities(self, logits: Tensor) -> Tensor:
+        """(B, Q, classes): each real class's probability at each query, as the model's
+        own post-processing scores it."""
 
 
 def one_hot_rows(batch: int, num_tokens: int, positions: Tensor | int, parameter: Tensor) -> Tensor:

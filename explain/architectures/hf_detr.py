@@ -1,4 +1,5 @@
-"""Hugging Face DETR: `DetrForObjectDetection`, explained one detection at a time.
+"""Hugging Face DETR: `DetrForObjectDetection` and `ConditionalDetrForObjectDetection`,
+explained one detection at a time.
 
 Two token sets, as in ICCV 2021's Section 4: "image", the encoder's tokens (one per cell
 of the backbone's feature grid, row-major), and "queries", the decoder's object queries.
@@ -9,7 +10,11 @@ plan (explain.engine.detection) applies the encoder-decoder rules of
 explain.rules.coattention to them and reads each detection's query row out.
 
 DETR's attention is plain softmax attention, which transformers' eager function returns
-second from each attention module. Deformable DETR samples offsets instead and is
+second from each attention module; so is Conditional DETR's (its cross-attention
+concatenates a content and a spatial part of each query and key before the one softmax
+over the image tokens). DETR scores a query's classes with a softmax that includes "no
+object" (the last logit); Conditional DETR with one sigmoid per class and no "no object"
+(`class_probabilities`). Deformable DETR samples offsets instead of attending and is
 refused (explain.architectures.scope).
 """
 
@@ -23,13 +28,12 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures.base import (
-    Adapter,
     AttentionSite,
+    Detector,
     FlagSetting,
     Prepared,
     TokenLayout,
     TokenSet,
-    TokenSets,
     one_hot_rows,
     validate_image_batch,
 )
@@ -43,12 +47,17 @@ from explain.errors import InputError
 __all__ = ["HuggingFaceDetr"]
 
 
-class HuggingFaceDetr(Adapter):
-    family = "Hugging Face DetrForObjectDetection (per-detection maps, boxes and labels)"
-    token_sets = TokenSets.DETECTION
+class HuggingFaceDetr(Detector):
+    family = (
+        "Hugging Face DetrForObjectDetection and ConditionalDetrForObjectDetection "
+        "(per-detection maps, boxes and labels)"
+    )
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
+        self._conditional = is_transformers_class(
+            model, "conditional_detr", ("ConditionalDetrForObjectDetection",)
+        )
         detr = model.model
         self._encoder_blocks = list(detr.encoder.layers)
         self._decoder_blocks = list(detr.decoder.layers)
@@ -71,7 +80,11 @@ class HuggingFaceDetr(Adapter):
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
-        return is_transformers_class(model, "detr", ("DetrForObjectDetection",))
+        return is_transformers_class(
+            model, "detr", ("DetrForObjectDetection",)
+        ) or is_transformers_class(
+            model, "conditional_detr", ("ConditionalDetrForObjectDetection",)
+        )
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -127,11 +140,20 @@ class HuggingFaceDetr(Adapter):
         ]
 
     def forward(self, prepared: Prepared) -> Tensor:
-        """Class logits of every query, (B, queries, classes + 1): the last is "no object"."""
+        """Class logits of every query: (B, queries, classes + 1), the last "no object"
+        (DETR), or (B, queries, classes) (Conditional DETR)."""
         return self.detect(prepared)[0]
 
+    def class_probabilities(self, logits: Tensor) -> Tensor:
+        """(B, Q, classes) the probability of each real class at each query, as the
+        model's post-processing scores it: a softmax over the classes and "no object"
+        (DETR), or one sigmoid per class (Conditional DETR)."""
+        if self._conditional:
+            return logits.sigmoid()
+        return logits.softmax(dim=-1)[..., :-1]
+
     def detect(self, prepared: Prepared) -> tuple[Tensor, Tensor]:
-        """(logits (B, Q, C + 1), boxes (B, Q, 4)): the boxes as DETR predicts them,
+        """(logits (B, Q, C [+ 1]), boxes (B, Q, 4)): the boxes as DETR predicts them,
         (centre x, centre y, width, height) as fractions of the unpadded image."""
         output = self.model(**prepared.arguments)
         tokens = output.encoder_last_hidden_state.shape[1]

@@ -1,7 +1,8 @@
 """The plan of a detector (DETR): one column per detection, each read out at its query.
 
-A detection is a decoder query whose most probable real class (softmax over the classes
-and "no object") is above a threshold, or a query the caller names (option `queries`).
+A detection is a decoder query whose most probable real class (as the model scores it:
+softmax with "no object" for DETR, sigmoid for Conditional DETR) is above a threshold,
+or a query the caller names (option `queries`).
 Column k of an image is its k-th detection by score; its score is the logit of the
 detection's class at its query, so all detections of a batch are differentiated in one
 batched backward of the recorded forward. Every column is folded with the encoder-decoder
@@ -19,8 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, TokenSets
-from explain.architectures.hf_detr import HuggingFaceDetr
+from explain.architectures.base import Adapter, Detector, TokenSets
 from explain.detections import Detections
 from explain.engine.plans import PLANS, Columns, ColumnSink, Plan
 from explain.engine.request import Request
@@ -50,7 +50,7 @@ class DetectionPlan(Plan):
                 "explain the detections with Explainer.explain"
             )
         super().__init__(adapter, spec, request, tokenizer)
-        assert isinstance(adapter, HuggingFaceDetr)
+        assert isinstance(adapter, Detector)  # TokenSets.DETECTION is a Detector's
         self.detector = adapter
         options = dict(request.options)
         self.threshold = float(options.pop("threshold", DEFAULT_THRESHOLD))
@@ -97,8 +97,7 @@ class DetectionPlan(Plan):
         return TwoSetFold(roles, queries.layout.num_tokens, image.layout.num_tokens)
 
     def columns(self, output: Tensor) -> Columns:
-        probabilities = output.detach().softmax(dim=-1)[..., :-1]  # the last is "no object"
-        best, labels = probabilities.max(dim=-1)  # (B, Q)
+        best, labels = self.detector.class_probabilities(output.detach()).max(dim=-1)  # (B, Q)
         if self._queries is not None:
             chosen = _query_table(self._queries, *best.shape, best.device)
             valid = torch.ones_like(chosen, dtype=torch.bool)
