@@ -139,3 +139,27 @@ def test_explain_detect_writes_one_figure_per_image_with_its_detections(tmp_path
     assert (out / "photo-detections.png").is_file()
     assert main(["detect", str(tmp_path / "photo.png"), "--model", "zoo:shapes-vit"]) == 2
     assert "explains object detectors" in capsys.readouterr().err
+
+
+def test_a_hub_id_loads_with_its_image_processor(tmp_path, monkeypatch):
+    import huggingface_hub
+    from transformers import DetrImageProcessor
+
+    from explain.loading import load_model
+    from explain.testing import cache_hub_repo
+
+    folder = tmp_path / "saved"
+    tiny_detr().save_pretrained(folder)
+    DetrImageProcessor(size={"shortest_edge": 64, "longest_edge": 96}).save_pretrained(folder)
+    cache_hub_repo(tmp_path / "hub", "facebook/detr-resnet-50", folder)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = load_model("facebook/detr-resnet-50")
+    assert isinstance(loaded.image_processor, DetrImageProcessor)
+    assert loaded.preprocessing is None and loaded.modality == "image"
+    assert Explainer(loaded.model).explain(IMAGES.float(), queries=1).relevance.shape == (
+        2,
+        1,
+        3,
+        2,
+    )

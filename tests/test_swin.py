@@ -156,3 +156,27 @@ def test_a_wrong_image_size_and_discard_ratio_are_refused_with_what_to_do():
         explainer.explain(torch.randn(1, 3, 48, 48))
     with pytest.raises(OptionError, match="discard_ratio"):
         explainer.explain(torch.randn(1, 3, 32, 32), method="rollout", discard_ratio=0.5)
+
+
+def test_a_hub_id_loads_through_load_model_and_is_explained(tmp_path, monkeypatch):
+    """A Hugging Face Swin under its real repo id, from a cache laid out as downloads
+    leave it (offline), with its image processor."""
+    import huggingface_hub
+    from transformers import ViTImageProcessor
+
+    from explain.loading import load_model
+    from explain.testing import cache_hub_repo
+
+    folder = tmp_path / "saved"
+    saved = tiny_swin("hf")
+    saved.save_pretrained(folder)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(folder)
+    cache_hub_repo(tmp_path / "hub", "microsoft/swin-tiny-patch4-window7-224", folder)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = load_model("microsoft/swin-tiny-patch4-window7-224")
+    assert loaded.image_size == (32, 32)
+    images = torch.randn(2, 3, 32, 32)
+    result = Explainer(loaded.model).explain(images, target=[0, 1])
+    expected = Explainer(saved).explain(images, target=[0, 1])
+    torch.testing.assert_close(result.relevance, expected.relevance)
