@@ -26,8 +26,7 @@ __all__ = ["register"]
 
 def run(args: argparse.Namespace) -> int:
     from explain import Explainer
-    from explain.viz import save_figure
-    from explain.viz.detection import detection_figure
+    from explain.viz import detection_figure, save_figure
 
     loaded = load(args)
     processor = loaded.image_processor
