@@ -74,9 +74,12 @@ class HuggingFaceDetr(Detector):
                 )
             )
         self._sites = sites
-        # The backbone's output stride: DETR's ResNet halves the grid five times (four with
-        # the dilated last stage, the "DC5" models); each halving rounds up.
-        self._stride = 16 if getattr(model.config, "dilation", False) else 32
+        # The backbone's output stride, which timm backbones state; otherwise DETR's ResNet
+        # halves the grid five times (four with the dilated last stage, the "DC5" models).
+        # Each halving rounds up, so the grid is the image size over the stride, rounded up.
+        info = getattr(detr.backbone.model, "feature_info", None)
+        dilated = getattr(model.config, "dilation", False)
+        self._stride = int(info.reduction()[-1]) if info is not None else 16 if dilated else 32
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -162,8 +165,8 @@ class HuggingFaceDetr(Detector):
         if tokens != grid[0] * grid[1]:
             raise InputError(
                 f"the backbone made {tokens} feature tokens, not the {grid[0]}x{grid[1]} "
-                f"grid of an output stride of {self._stride}; explain supports DETR's "
-                "ResNet backbones (stride 32, or 16 with dilation)"
+                f"grid of an output stride of {self._stride}; explain supports backbones "
+                "whose every downsampling rounds up, as ResNets' do"
             )
         return output.logits, output.pred_boxes
 
