@@ -110,6 +110,8 @@ def test_no_side_effects_and_clear_refusals(detr):
         explainer.explain(IMAGES, threshold=0.99)
     with pytest.raises(OptionError, match="no target"):
         explainer.explain(IMAGES, target=1)
+    with pytest.raises(OptionError, match="class logit"):
+        explainer.explain(IMAGES, score="probability")
     with pytest.raises(OptionError, match=r"queries must be in 0\.\.5"):
         explainer.explain(IMAGES, queries=6)
     with pytest.raises(OptionError, match="not available"):

@@ -63,6 +63,10 @@ class DetectionPlan(Plan):
             raise OptionError(f"threshold must be in [0, 1), got {self.threshold}")
         if request.start_layer is not None:
             raise OptionError("detection relevance aggregates over every block: no start_layer")
+        if self.score != "logit":  # DETR's softmax includes "no object"; Conditional DETR's is none
+            raise OptionError(
+                f"a detection is explained by its class logit (score='logit'); got {self.score!r}"
+            )
         if request.target is not None:
             raise OptionError(
                 "a detection is explained for its own class, so it takes no target; choose "
