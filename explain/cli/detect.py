@@ -17,7 +17,7 @@ import torch
 from explain.cli.image import collect_images
 from explain.cli.options import add_model_arguments, add_out_argument, load
 from explain.detections import maps_on_images
-from explain.engine.detection import DEFAULT_THRESHOLD
+from explain.engine.plans import DEFAULT_THRESHOLD
 from explain.errors import OptionError, TargetError
 from explain.preprocessing import read_image
 

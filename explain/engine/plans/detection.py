@@ -20,9 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, Detector, TokenSets
+from explain.architectures.base import Adapter, Detector
 from explain.detections import Detections
-from explain.engine.plans import PLANS, Columns, ColumnSink, Plan
+from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink
+from explain.engine.plans.base import Plan
 from explain.engine.request import Request
 from explain.errors import OptionError, TargetError
 from explain.rules import Method
@@ -41,7 +42,9 @@ class DetectionPlan(Plan):
     indices to explain, whatever their scores). The target is implied: each detection's
     own class."""
 
-    refusal = OptionError
+    passes = frozenset({AttentionGradientPass})
+    methods = frozenset({"generic"})
+    refused_because = "detections are explained with the generic rule in its encoder-decoder form"
 
     def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
         if spec is None:
@@ -77,14 +80,6 @@ class DetectionPlan(Plan):
         self.valid: Tensor
         self._scores: Tensor
         self._labels: Tensor
-
-    @classmethod
-    def supports(cls, adapter: Adapter, spec: Method) -> bool:
-        return spec.name == "generic"
-
-    @classmethod
-    def why_not(cls, spec: Method) -> str:
-        return "detections are explained with the generic rule in its encoder-decoder form"
 
     def forward(self) -> Tensor:
         logits, boxes = self.detector.detect(self.prepared)
@@ -178,6 +173,3 @@ def _query_table(queries: Any, batch: int, count: int, device: torch.device) -> 
     if bool(((table < 0) | (table >= count)).any()):
         raise OptionError(f"queries must be in 0..{count - 1} (the model's queries)")
     return table
-
-
-PLANS[TokenSets.DETECTION] = DetectionPlan
