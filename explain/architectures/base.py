@@ -230,7 +230,7 @@ class TokenSets(StrEnum):
     explain.rules.coattention, read out at a decoder position."""
     DETECTION = "detection"
     """A detector (DETR): an encoder over image tokens read by object queries through
-    cross-attention; each detection is explained at its query (explain.engine.detection)."""
+    cross-attention; each detection is explained at its query (explain.engine.plans.detection)."""
 
 
 @dataclass(frozen=True)
@@ -415,7 +415,7 @@ class LanguageModel(Adapter):
 class Detector(Adapter):
     """The contract of an object detector's adapter (DETR): queries read the image's
     tokens, and each query predicts a box and class scores. A detection plan
-    (explain.engine.detection) chooses the detections from `class_probabilities` and
+    (explain.engine.plans.detection) chooses the detections from `class_probabilities` and
     explains each at its query."""
 
     token_sets = TokenSets.DETECTION

@@ -6,7 +6,7 @@ of the backbone's feature grid, row-major), and "queries", the decoder's object 
 Every encoder block has one self-attention site; every decoder block a self-attention
 site over the queries and then a cross-attention site (queries attend to the image
 tokens), numbered over the whole model in forward order, encoder first. The detection
-plan (explain.engine.detection) applies the encoder-decoder rules of
+plan (explain.engine.plans.detection) applies the encoder-decoder rules of
 explain.rules.coattention to them and reads each detection's query row out.
 
 DETR's attention is plain softmax attention, which transformers' eager function returns
