@@ -101,6 +101,7 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         relevances=relevances,
         tokens=plan.tokens(),
         detections=plan.detections(),
+        settings=plan.settings(),
     )
 
 

@@ -5,6 +5,8 @@
 - `EncoderDecoderPlan` (encoder_decoder.py): the token predicted at a decoder position;
 - `GenerationPlan` (generation.py): every generated token of a decoder-only language
   model, over the tokens before it;
+- `ImageTextPlan` (image_text.py): a vision-language model's next token or answer, over
+  the image and the prompt (it explains its generations itself);
 - `DetectionPlan` (detection.py): each detection of a detector (DETR) at its query.
 
 Each declares the passes it accepts (`Plan.passes`); `plan_kind` picks the plan of a
@@ -25,6 +27,7 @@ from explain.engine.plans.detection import DEFAULT_THRESHOLD, DetectionPlan
 from explain.engine.plans.dual_encoder import DualEncoderPlan
 from explain.engine.plans.encoder_decoder import EncoderDecoderPlan, Position
 from explain.engine.plans.generation import GenerationPlan, require_causal_lm
+from explain.engine.plans.image_text import ImageTextPlan
 from explain.engine.request import Request
 
 __all__ = [
@@ -34,6 +37,7 @@ __all__ = [
     "DualEncoderPlan",
     "EncoderDecoderPlan",
     "GenerationPlan",
+    "ImageTextPlan",
     "OneStack",
     "Plan",
     "Position",
@@ -49,11 +53,15 @@ PLANS: dict[TokenSets | None, type[Plan]] = {
     TokenSets.DUAL_ENCODER: DualEncoderPlan,
     TokenSets.ENCODER_DECODER: EncoderDecoderPlan,
     TokenSets.DETECTION: DetectionPlan,
+    TokenSets.IMAGE_TEXT: ImageTextPlan,
 }
 """The plan of each kind of model (`Adapter.token_sets`)."""
 
 
 def plan_kind(adapter: Adapter, request: Request) -> type[Plan]:
     """The plan for `adapter`'s kind of model; for a generation (a request with a
-    `prompt_length`), the generation plan."""
-    return PLANS[adapter.token_sets] if request.prompt_length is None else GenerationPlan
+    `prompt_length`), the generation plan, unless the kind's plan explains its own."""
+    kind = PLANS[adapter.token_sets]
+    if request.prompt_length is not None and not kind.generates:
+        return GenerationPlan
+    return kind
