@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from explain import Explainer
 from explain.cli import build_parser, main
-from explain.cli.image import parse_targets
+from explain.cli.image import parse_targets, unique_stems
 from explain.errors import TargetError
 from explain.io import load_images
 from explain.testing import tiny_vit
@@ -200,6 +200,23 @@ def test_same_file_names_in_two_folders_do_not_overwrite_each_other(capsys, tmp_
     }
 
 
+def test_output_names_are_unique_for_any_set_of_inputs(capsys, tmp_path, model_folder):
+    pixels = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    inputs = [tmp_path / name for name in ("a.png", "a.jpg", "a-2.png", "a.bmp")]
+    for path in inputs:
+        Image.fromarray(pixels).save(path)
+    assert unique_stems(inputs) == ["a", "a-3", "a-2", "a-4"]
+    assert unique_stems(inputs) == unique_stems(list(inputs))  # stable
+    out = tmp_path / "out"
+    status, _, _ = _run(
+        capsys, "image", *inputs, "--model", model_folder, "--target", "0", "--save", "npz",
+        "--out", out,
+    )  # fmt: skip
+    assert status == 0
+    assert len(list(out.glob("*.npz"))) == len(inputs)
+    assert len(list(out.glob("*.png"))) == len(inputs)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -226,6 +243,8 @@ def test_parse_targets(text, expected):
         ("circle,", CLASSES, "empty entry"),
         ("cat", None, "no class names; give a class index"),
         ("cat", ["cat", "cat"], "names several classes"),
+        ("²", CLASSES, "not a class of this model"),  # a digit to isdigit(), not to int()
+        ("1²", CLASSES, "not a class of this model"),
     ],
 )
 def test_parse_targets_errors(text, classes, message):

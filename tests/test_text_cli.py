@@ -79,7 +79,11 @@ def test_encoder_explains_similarity_with_the_pair(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--pair", "x"], "--pair TEXT is for sentence encoders"), (["--target", "joy"], "joy")],
+    [
+        (["--pair", "x"], "--pair TEXT is for sentence encoders"),
+        (["--target", "joy"], "joy"),
+        (["--target", "²"], "neither a class index nor a class name"),
+    ],
 )
 def test_bad_requests(classifier_folder, tmp_path, capsys, extra, message):
     page = tmp_path / "never.html"

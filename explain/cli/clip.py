@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from explain.api import Explainer
-    from explain.cli.image import collect_images
+    from explain.cli.image import collect_images, unique_stems
     from explain.preprocessing import read_image
     from explain.viz import check_style, save_figure
     from explain.viz.multimodal import clip_figure
@@ -65,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
     start = {"image": args.image_start_layer, "text": args.text_start_layer}
     start = {tower: layer for tower, layer in start.items() if layer is not None}
     every_text = torch.arange(len(args.text))
-    for path in tqdm(paths, unit="image", desc="explaining", file=sys.stderr):
+    stems = unique_stems(paths)
+    for path, stem in tqdm(
+        zip(paths, stems, strict=True), total=len(paths), unit="image", desc="explaining", file=sys.stderr
+    ):
         photo = read_image(path)
         pixels = preprocessing([photo])
         display = np.asarray(photo)  # the maps are drawn over the file at its resolution
@@ -84,11 +87,11 @@ def run(args: argparse.Namespace) -> int:
         figure = clip_figure(
             display, heatmaps, words, scores, labels=labels, cmap=args.cmap, alpha=args.alpha
         )
-        out = args.out / f"{Path(path).stem}_clip.png"
+        out = args.out / f"{stem}_clip.png"
         save_figure(figure, out)
         if args.save:
             settings = {"model": args.model, "input": str(path), "texts": list(args.text)}
-            raw = args.out / f"{Path(path).stem}_clip.{args.save}"
+            raw = args.out / f"{stem}_clip.{args.save}"
             dataclasses.replace(result, settings=settings).save(raw)
             print(raw)
         best = int(probabilities.argmax())

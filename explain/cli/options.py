@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ __all__ = [
     "add_save_option",
     "load",
     "opacity",
+    "parse_index",
     "positive_int",
 ]
 
@@ -122,3 +124,12 @@ def opacity(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
     return value
+
+
+_INDEX = re.compile(r"-?[0-9]+")
+
+
+def parse_index(text: str) -> int | None:
+    """`text` as a class index when it is one (ASCII digits, optionally negative), else
+    None: `str.isdigit` also accepts digits such as "²" that `int` cannot read."""
+    return int(text) if _INDEX.fullmatch(text) else None

@@ -24,7 +24,7 @@ from explain.cli.methods import (
     score_for,
     start_layer_for,
 )
-from explain.cli.options import add_model_arguments, add_save_option, load
+from explain.cli.options import add_model_arguments, add_save_option, load, parse_index
 from explain.errors import InputError, TargetError
 
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
@@ -39,8 +39,9 @@ def _target(text: str | None, classes: Sequence[str] | None) -> int | None:
     """--target as a class index: a number or a class name (case-insensitive)."""
     if text is None:
         return None
-    if text.lstrip("-").isdigit():
-        return int(text)
+    index = parse_index(text)
+    if index is not None:
+        return index
     names = [name.lower() for name in classes or ()]
     if text.lower() in names:
         return names.index(text.lower())
