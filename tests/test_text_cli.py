@@ -62,6 +62,35 @@ def test_classifier_prints_and_writes_escaped_html(classifier_folder, tmp_path, 
     assert not list(page.parent.glob("*.partial"))
 
 
+@pytest.mark.parametrize("color", ["never", "always"])
+def test_terminal_control_characters_in_class_names_are_shown_not_obeyed(
+    classifier_folder, tmp_path, capsys, color
+):
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(classifier_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"] = {"0": "neg\x1b]0;pwned\x07", "1": "pos\x1b[2J\u202e"}
+    (folder / "config.json").write_text(json.dumps(config))
+    for target in ("0", "1"):
+        assert (
+            main(["text", "Fine.", "--model", str(folder), "--target", target, "--color", color])
+            == 0
+        )
+        printed = capsys.readouterr().out
+        assert "\x07" not in printed and "\u202e" not in printed
+        assert "\x1b]" not in printed and "\x1b[2J" not in printed
+        assert "neg\\x1b]0;pwned\\x07" in printed or "pos\\x1b[2J\\u202e" in printed
+
+
+def test_printable_escapes_every_control_character():
+    from explain.viz.text import printable
+
+    assert printable("a\x1b[31mb\tc\u202ed é") == "a\\x1b[31mb\\tc\\u202ed é"
+
+
 def test_colour_output(classifier_folder, tmp_path, capsys):
     args = ["text", "Good.", "--model", str(classifier_folder), "--color", "always"]
     assert main([*args, "--html", str(tmp_path / "a.html")]) == 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 from explain.cli.options import (
     add_model_arguments,
@@ -67,7 +66,11 @@ def run(args: argparse.Namespace) -> int:
     every_text = torch.arange(len(args.text))
     stems = unique_stems(paths)
     for path, stem in tqdm(
-        zip(paths, stems, strict=True), total=len(paths), unit="image", desc="explaining", file=sys.stderr
+        zip(paths, stems, strict=True),
+        total=len(paths),
+        unit="image",
+        desc="explaining",
+        file=sys.stderr,
     ):
         photo = read_image(path)
         pixels = preprocessing([photo])

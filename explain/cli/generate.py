@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz import save_figure
     from explain.viz.generation import generation_html
     from explain.viz.multimodal import relevance_matrix_figure
+    from explain.viz.text import printable
 
     if not args.prompt.strip():
         raise InputError("the prompt is empty: there is nothing to continue")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = result.tokens[0][first : width + count]
     matrix = result.relevance[0, :count, first : width + count]
     ids = generation.input_ids[0, width : width + count].tolist()
-    print("continuation:", loaded.tokenizer.decode(ids, skip_special_tokens=True))
+    print("continuation:", printable(loaded.tokenizer.decode(ids, skip_special_tokens=True)))
     prompt_tokens = width - first
     generated = tokens[prompt_tokens:]
     for g, (token, row) in enumerate(zip(generated, matrix, strict=True)):

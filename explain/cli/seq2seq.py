@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.token_sets import generate_target
     from explain.viz import save_figure
     from explain.viz.multimodal import relevance_matrix_figure, source_text_figure
+    from explain.viz.text import printable
 
     if not args.source.strip():
         raise InputError("the source text is empty")
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     explained = tokenizer.convert_ids_to_tokens(decoder_ids)
     source_tokens = tokenizer.convert_ids_to_tokens(source["input_ids"][0].tolist())
     matrix = result.relevances["source"][0, : length - 1]
-    print("target:", tokenizer.decode(decoder_ids, skip_special_tokens=True))
+    print("target:", printable(tokenizer.decode(decoder_ids, skip_special_tokens=True)))
     for token, row in zip(explained, matrix, strict=True):
         top = row.topk(min(3, row.numel())).indices.tolist()
         print(f"  {token!r:>16} <- " + ", ".join(repr(source_tokens[i]) for i in top))

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.io import atomic_write
     from explain.rules.registry import display_values, scale_note
-    from explain.viz.text import document_html, note_html, to_html, to_terminal
+    from explain.viz.text import document_html, note_html, printable, to_html, to_terminal
 
     methods = parse_methods(args.method)
     loaded = load(args)
@@ -122,12 +122,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {note}")
             fragments.append(note_html(note))
         for title, (strings, scores) in zip(titles, rows, strict=True):
-            print(f"{title}:")
+            print(f"{printable(title)}:")
             if colour:
                 print(f"  {to_terminal(strings, scores)}")
             else:
                 pairs = zip(strings, scores, strict=True)
-                print("  " + " ".join(f"{s}({v:+.3g})" for s, v in pairs))
+                print("  " + " ".join(f"{printable(s)}({v:+.3g})" for s, v in pairs))
             fragments.append(to_html(strings, scores, title=title))
         if args.save:
             path = args.out / f"text_{method}.{args.save}"
