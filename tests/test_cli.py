@@ -401,6 +401,84 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, option, desti
     assert message in err
 
 
+@pytest.mark.parametrize(
+    ("command", "blocked", "message"),
+    [
+        (["image", "{images}", "--save", "npz"], "out/image0_generic.npz/", "--save"),
+        (["image", "{images}", "--grid"], "out/image1_grid.png/", "--grid"),
+        (["clip", "{images}", "--text", "a"], "out/image0_clip.png/", "--out"),
+        (
+            ["text", "a", "--save", "json", "--method", "generic,rollout"],
+            "out/text_rollout.json/",
+            "--save",
+        ),
+        (["generate", "a", "--html", "{tmp}/page.html"], "page.png/", "--html"),
+        (["generate", "a", "--png", "{tmp}/fig"], "fig/", "--png"),
+        (["generate", "a", "--save", "npz"], "out/generation.npz/", "--save"),
+        (["seq2seq", "a"], "out/seq2seq_source.png/", "--out"),
+        (["evaluate", "perturbation", "--output", "{tmp}/r.json"], "r.md/", "--output"),
+        (["evaluate", "perturbation", "--output", "{tmp}/r.json"], "r.png/", "--output"),
+        (["evaluate", "perturbation", "--output", "{tmp}/r.json"], "r.json.parts", "--output"),
+    ],
+)
+def test_every_planned_output_is_checked_before_any_work(
+    tmp_path, capsys, command, blocked, message
+):
+    """Each output a command names from its arguments: a folder where a file goes (or a
+    file where its work folder goes) is refused before the model is even looked for."""
+    _write_images(tmp_path / "images", 2)
+    blocker = tmp_path / blocked.rstrip("/")
+    if blocked.endswith("/"):
+        blocker.mkdir(parents=True)
+    else:
+        blocker.write_text("a file")
+    filled = [part.format(images=tmp_path / "images", tmp=tmp_path) for part in command]
+    argv = [*filled, "--model", "zoo:no-such-model"]
+    if command[0] != "evaluate":
+        argv += ["--out", tmp_path / "out"]
+    status, out, err = _run(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"explain: error: {message} ")
+    assert blocker.name in err
+
+
+def test_atomic_write_refuses_a_folder_with_a_clear_error(tmp_path):
+    from explain.errors import InputError
+    from explain.io import atomic_write
+
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="is a folder"), atomic_write(tmp_path / "taken"):
+        pass
+    with (
+        pytest.raises(InputError, match="a file is in the way"),
+        atomic_write(tmp_path / "file" / "x"),
+    ):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["evaluate", "perturbation", "--methods", ",", "--output", "r.json"],
+            "empty entry in --methods",
+        ),
+        (
+            ["evaluate", "perturbation", "--methods", "generic,", "--output", "r.json"],
+            "empty entry",
+        ),
+        (["image", "x.png", "--method", ","], "empty entry in --method"),
+        (["clip", "{image}", "--text", "a", "--text", " "], "a --text is empty"),
+    ],
+)
+def test_empty_entries_are_refused_not_read_as_every_method(tmp_path, capsys, argv, message):
+    _write_images(tmp_path / "images", 1)
+    filled = [part.format(image=tmp_path / "images" / "image0.png") for part in argv]
+    status, _, err = _run(capsys, *filled, "--model", "zoo:no-such-model")
+    assert status == 2 and message in err
+
+
 @pytest.mark.parametrize(("rank", "printed"), [("0", True), ("3", False)])
 def test_under_torchrun_only_rank_zero_reports_an_error(capsys, monkeypatch, rank, printed):
     """torchrun starts N copies that check the same arguments: one line, not N."""

@@ -14,16 +14,25 @@ from explain.io import check_writable
 
 __all__ = ["build_parser", "check_outputs", "main"]
 
-OUTPUTS = {"out": ("--out", True), "html": ("--html", False), "output": ("--output", False)}
+OUTPUTS = {
+    "out": ("--out", True),
+    "html": ("--html", False),
+    "png": ("--png", False),
+    "output": ("--output", False),
+}
 """The output options of the subcommands: argument name -> (option, whether a folder)."""
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Refuse output destinations that cannot be written, before any work (explain.io)."""
+    """Refuse output destinations that cannot be written, before any work (explain.io):
+    the output options, then every file a command can name from its arguments alone
+    (its `planned` outputs: --save files, figures next to a page, a results' table...)."""
     for name, (option, folder) in OUTPUTS.items():
         path = getattr(args, name, None)
         if path is not None:
             check_writable(path, folder=folder, option=option)
+    for planned in getattr(args, "planned", lambda _: [])(args):
+        check_writable(planned.path, folder=planned.folder, option=planned.option)
 
 
 # Subcommand modules, in the order `explain --help` lists them.

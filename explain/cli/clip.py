@@ -12,6 +12,7 @@ import dataclasses
 import sys
 
 from explain.cli.options import (
+    Planned,
     add_model_arguments,
     add_out_argument,
     add_save_option,
@@ -21,6 +22,18 @@ from explain.cli.options import (
 from explain.errors import InputError
 
 __all__ = ["register"]
+
+
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """Per image: its figure and its --save file."""
+    from explain.cli.image import collect_images, unique_stems
+
+    suffixes = ["png", *([args.save] if args.save else [])]
+    return [
+        Planned(args.out / f"{stem}_clip.{suffix}", "--save" if suffix == args.save else "--out")
+        for stem in unique_stems(collect_images(args.inputs))
+        for suffix in suffixes
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     check_style(args.cmap, args.alpha)
     if not args.text:
         raise InputError("give at least one --text to compare the images with")
+    if not all(text.strip() for text in args.text):
+        raise InputError("a --text is empty: give each prompt some words")
     paths = collect_images(args.inputs)
     loaded = load(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
@@ -143,4 +158,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_out_argument(parser)
     add_save_option(parser, "OUT/STEM_clip.FORMAT per image")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

@@ -15,6 +15,7 @@ import dataclasses
 from pathlib import Path
 
 from explain.cli.options import (
+    Planned,
     add_model_arguments,
     add_out_argument,
     add_save_option,
@@ -24,6 +25,14 @@ from explain.cli.options import (
 from explain.errors import InputError
 
 __all__ = ["register"]
+
+
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """The figure named after the page (without --png) and the --save file."""
+    files = [] if args.png else [Planned(args.html.with_suffix(".png"), "--html")]
+    if args.save:
+        files.append(Planned(args.out / f"generation.{args.save}", "--save"))
+    return files
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,4 +126,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_out_argument(parser)
     add_save_option(parser, "OUT/generation.FORMAT (every generated token's relevance)")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

@@ -29,6 +29,7 @@ from explain.cli.methods import (
     start_layer_for,
 )
 from explain.cli.options import (
+    Planned,
     add_model_arguments,
     add_out_argument,
     add_save_option,
@@ -176,6 +177,19 @@ def unique_stems(paths: Sequence[Path]) -> list[str]:
         taken.add(stem)
         stems.append(stem)
     return stems
+
+
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """Per input: the --save file of each method and the --grid figure."""
+    methods = parse_methods(args.method)
+    stems = unique_stems(collect_images(args.inputs))
+    files = [
+        Planned(args.out / f"{stem}_{method}.{args.save}", "--save")
+        for stem in stems
+        for method in (methods if args.save else ())
+    ]
+    files += [Planned(args.out / f"{stem}_grid.png", "--grid") for stem in stems if args.grid]
+    return files
 
 
 def run(args: argparse.Namespace) -> int:
@@ -360,4 +374,4 @@ def register(commands: argparse._SubParsersAction) -> None:
         "scaled on its own (stated on the figure)",
     )
     add_save_option(parser, "OUT/STEM_METHOD.FORMAT per image and method")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

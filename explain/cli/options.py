@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from explain.loading import DEVICES, DTYPES, load_model
 
 __all__ = [
     "MODEL_SPECS",
+    "Planned",
     "add_model_arguments",
     "add_out_argument",
     "add_save_option",
@@ -85,6 +87,17 @@ def _no_transformers_progress_bar() -> Iterator[None]:
     finally:
         if enabled:
             logging.enable_progress_bar()
+
+
+@dataclass(frozen=True)
+class Planned:
+    """An output a command will write, known from its arguments before any work:
+    `check_outputs` refuses it early if it cannot be written."""
+
+    path: Path
+    option: str
+    """The option the path comes from, for the message (e.g. "--save")."""
+    folder: bool = False
 
 
 def add_save_option(parser: argparse.ArgumentParser, what: str) -> None:

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 
 from explain.cli.options import (
+    Planned,
     add_model_arguments,
     add_out_argument,
     add_save_option,
@@ -21,6 +22,15 @@ from explain.cli.options import (
 from explain.errors import InputError
 
 __all__ = ["register"]
+
+
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """The two figures and the --save file."""
+    names = ["seq2seq_matrix.png", "seq2seq_source.png"]
+    files = [Planned(args.out / name, "--out") for name in names]
+    if args.save:
+        files.append(Planned(args.out / f"seq2seq.{args.save}", "--save"))
+    return files
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,4 +113,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_out_argument(parser)
     add_save_option(parser, "OUT/seq2seq.FORMAT")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

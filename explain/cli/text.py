@@ -24,7 +24,7 @@ from explain.cli.methods import (
     score_for,
     start_layer_for,
 )
-from explain.cli.options import add_model_arguments, add_save_option, load, parse_index
+from explain.cli.options import Planned, add_model_arguments, add_save_option, load, parse_index
 from explain.errors import InputError, TargetError
 
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
@@ -75,6 +75,16 @@ def _rows(
             kept = [i for i, token in enumerate(strings) if token not in special]
             rows.append(([strings[i] for i in kept], [float(scores[i]) for i in kept]))
     return rows
+
+
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """The --save file of each method."""
+    if not args.save:
+        return []
+    return [
+        Planned(args.out / f"text_{method}.{args.save}", "--save")
+        for method in parse_methods(args.method)
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -245,4 +255,4 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="folder of the --save file; default: %(default)s",
     )
     add_save_option(parser, "OUT/text_METHOD.FORMAT")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)
