@@ -667,8 +667,15 @@ def _decoder_positions(position: Position, lengths: Tensor) -> tuple[Tensor, Ten
         if isinstance(position, bool):
             raise OptionError("position must be an int, B ints, None or 'all', not a bool")
         try:
-            positions = torch.as_tensor(position, device=lengths.device).long().expand(batch)
-        except (TypeError, ValueError, RuntimeError):
+            positions = torch.as_tensor(position, device=lengths.device)
+            if (
+                positions.is_floating_point()
+                or positions.is_complex()
+                or positions.dtype == torch.bool
+            ):
+                raise TypeError("not integers")  # 1.5 would be read as 1
+            positions = positions.long().expand(batch)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
             raise OptionError(
                 f"position must be an int, B = {batch} ints, None or 'all'; got {position!r}"
             ) from None
