@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         device=None if args.device == "auto" else args.device,
         dtype=args.dtype,
         offline=args.offline,
+        allow_missing_weights=args.allow_missing_weights,
         progress=not args.quiet,
     )
     if not args.quiet and os.environ.get("RANK", "0") == "0":  # one table under torchrun

@@ -61,6 +61,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, takes: str) -> None:
         choices=tuple(DTYPES),
         help="the model's parameter type; default: the checkpoint's (float32)",
     )
+    group.add_argument(
+        "--allow-missing-weights",
+        action="store_true",
+        help="load a Hugging Face checkpoint that lacks some of the model's weights (they "
+        "are random); default: refused, naming them",
+    )
 
 
 def load(args: argparse.Namespace, **options: Any) -> LoadedModel:
@@ -69,7 +75,12 @@ def load(args: argparse.Namespace, **options: Any) -> LoadedModel:
     printed on every run."""
     with _no_transformers_progress_bar():
         return load_model(
-            args.model, offline=args.offline, device=args.device, dtype=args.dtype, **options
+            args.model,
+            offline=args.offline,
+            device=args.device,
+            dtype=args.dtype,
+            allow_missing_weights=args.allow_missing_weights,
+            **options,
         )
 
 

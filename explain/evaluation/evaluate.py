@@ -80,6 +80,7 @@ def evaluate_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     offline: bool = False,
+    allow_missing_weights: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Evaluate `methods` (default: every registered one) of `model` with `protocol`.
@@ -98,7 +99,7 @@ def evaluate_model(
             "10-90" (perturbation, class-specific).
         split: the ERASER split (rationale with `data`).
         device: where the model runs; default the (rank's) GPU if there is one.
-        dtype, offline: as `load_model` takes them.
+        dtype, offline, allow_missing_weights: as `load_model` takes them.
     """
     from explain.evaluation.datasets.zoo import heldout_dataset
     from explain.loading import load_model
@@ -106,7 +107,13 @@ def evaluate_model(
 
     if protocol not in _MODALITY:
         raise OptionError(f"unknown protocol {protocol!r}; choose one of {', '.join(_MODALITY)}")
-    loaded = load_model(model, device=_device(device), dtype=dtype, offline=offline)
+    loaded = load_model(
+        model,
+        device=_device(device),
+        dtype=dtype,
+        offline=offline,
+        allow_missing_weights=allow_missing_weights,
+    )
     if loaded.modality != _MODALITY[protocol]:
         raise OptionError(
             f"the {protocol} test is for {_MODALITY[protocol]} models; {model} is a "
