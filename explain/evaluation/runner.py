@@ -3,7 +3,10 @@
 The dataset is cut into chunks of `batch_size` examples (chunk i holds examples
 i * batch_size ...). Every finished (method, chunk) is stored as its own small JSON file in
 a work folder next to the output (`results.json.parts/`), so an interrupted run resumes
-where it stopped and never recomputes a finished chunk. Under torchrun, chunk i belongs to
+where it stopped and never recomputes a finished chunk. A stored chunk is trusted only if
+it carries the digest of the run's settings, its method and its range of examples, and
+its records have the protocol's keys, types and ranges (`EvaluationProtocol.fields`);
+any other (tampered, damaged, or copied from another run) is computed again. Under torchrun, chunk i belongs to
 rank i mod world size; the ranks' records are gathered on rank 0, which writes the results
 JSON (atomically) with a markdown table and a PNG of the curves next to it. Chunks are the
 same whatever the number of processes, so a sharded run gives exactly the numbers of a
