@@ -159,14 +159,12 @@ class Explanation:
         are not an explanation's (a method that is not a name, targets that do not match
         the batch, complex or unsigned relevance, ...), raises InputError naming what is
         wrong; nothing in the file is ever executed."""
-        header: dict[str, Any] = {}
 
-        def wanted(found: dict[str, Any]) -> list[str]:
-            header.update(_checked_header(found, path))
-            names = [f"relevances.{name}" for name in header["relevances"]]
+        def wanted(header: dict[str, Any]) -> list[str]:
+            names = [f"relevances.{name}" for name in _checked_header(header, path)["relevances"]]
             return ["relevance", "logits", "target", *names]
 
-        tensors, _ = read_payload(path, wanted)
+        tensors, header = read_payload(path, wanted)
         relevance, logits, target = _checked_tensors(tensors, header, path)
         relevances = {
             name: tensors.get(f"relevances.{name}", relevance) for name in header["relevances"]

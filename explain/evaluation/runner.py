@@ -6,11 +6,11 @@ a work folder next to the output (`results.json.parts/`), so an interrupted run 
 where it stopped and never recomputes a finished chunk. A stored chunk is trusted only if
 it carries the digest of the run's settings, its method and its range of examples, and
 its records have the protocol's keys, types and ranges (`EvaluationProtocol.fields`);
-any other (tampered, damaged, or copied from another run) is computed again. Under torchrun, chunk i belongs to
-rank i mod world size; the ranks' records are gathered on rank 0, which writes the results
-JSON (atomically) with a markdown table and a PNG of the curves next to it. Chunks are the
-same whatever the number of processes, so a sharded run gives exactly the numbers of a
-single-process run.
+any other (tampered, damaged, or copied from another run) is computed again. Under
+torchrun, chunk i belongs to rank i mod world size; the ranks' records are gathered on
+rank 0, which writes the results JSON (atomically) with a markdown table and a PNG of the
+curves next to it. Chunks are the same whatever the number of processes, so a sharded run
+gives exactly the numbers of a single-process run.
 
 Every number that ranks methods gets a bootstrap standard error, and the methods within
 noise of the best are named per number (explain.evaluation.bootstrap), from the same

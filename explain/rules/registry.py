@@ -172,7 +172,10 @@ class Method:
                 f"method {self.name!r} has no option {', '.join(map(repr, unknown))}; "
                 + (f"its options (with defaults): {known}" if known else "it takes no options")
             )
-        hints = typing.get_type_hints(self.build)
+        try:
+            hints = typing.get_type_hints(self.build) if options else {}
+        except (NameError, TypeError):  # a builder whose annotations cannot be resolved
+            hints = {}
         checked = {
             name: _checked_option(self.name, name, v, hints.get(name))
             for name, v in options.items()
