@@ -62,10 +62,9 @@ def test_classifier_prints_and_writes_escaped_html(classifier_folder, tmp_path, 
     assert not list(page.parent.glob("*.partial"))
 
 
-@pytest.mark.parametrize("color", ["never", "always"])
-def test_terminal_control_characters_in_class_names_are_shown_not_obeyed(
-    classifier_folder, tmp_path, capsys, color
-):
+@pytest.fixture
+def escaping_folder(classifier_folder, tmp_path):
+    """The classifier, its class names holding terminal escape sequences."""
     import json
     import shutil
 
@@ -74,15 +73,28 @@ def test_terminal_control_characters_in_class_names_are_shown_not_obeyed(
     config = json.loads((folder / "config.json").read_text())
     config["id2label"] = {"0": "neg\x1b]0;pwned\x07", "1": "pos\x1b[2J\u202e"}
     (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("color", ["never", "always"])
+def test_terminal_control_characters_in_class_names_are_shown_not_obeyed(
+    escaping_folder, capsys, color
+):
     for target in ("0", "1"):
-        assert (
-            main(["text", "Fine.", "--model", str(folder), "--target", target, "--color", color])
-            == 0
-        )
+        argv = ["text", "Fine.", "--model", str(escaping_folder), "--target", target]
+        assert main([*argv, "--color", color]) == 0
         printed = capsys.readouterr().out
         assert "\x07" not in printed and "\u202e" not in printed
         assert "\x1b]" not in printed and "\x1b[2J" not in printed
         assert "neg\\x1b]0;pwned\\x07" in printed or "pos\\x1b[2J\\u202e" in printed
+
+
+def test_error_lines_show_control_characters_in_user_text(escaping_folder, capsys):
+    argv = ["text", "Fine.", "--model", str(escaping_folder), "--target", "neutral"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the classes are neg\\x1b]0;pwned\\x07" in err  # listed, escaped
+    assert "\x1b" not in err and "\x07" not in err and err.count("\n") == 1
 
 
 def test_printable_escapes_every_control_character():

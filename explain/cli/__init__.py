@@ -11,6 +11,7 @@ from explain import __version__
 from explain.cli import clip, evaluate, generate, image, models, seq2seq, text
 from explain.errors import ExplainError
 from explain.io import check_writable
+from explain.viz.text import printable
 
 __all__ = ["build_parser", "check_outputs", "main"]
 
@@ -63,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_outputs(args)  # before any model is loaded or anything computed
         return args.run(args)
     except ExplainError as error:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"explain: error: {error}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # user text in it is shown, never obeyed
+            print(f"explain: error: {printable(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("explain: interrupted", file=sys.stderr)
