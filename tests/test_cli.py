@@ -401,6 +401,22 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, option, desti
     assert message in err
 
 
+def test_dollar_signs_in_class_names_do_not_break_the_grid(capsys, tmp_path, model_folder):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["classes"] = ["a $\\x$ b", "$5 note", "tabby, tabby cat"]
+    (folder / "config.json").write_text(json.dumps(config))
+    _write_images(tmp_path / "images", 1)
+    out = tmp_path / "out"
+    argv = ["image", tmp_path / "images", "--model", folder, "--target", "0,1", "--grid"]
+    status, _, err = _run(capsys, *argv, "--out", out)
+    assert status == 0, err
+    assert (out / "image0_grid.png").read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.parametrize(
     ("command", "blocked", "message"),
     [
