@@ -405,3 +405,25 @@ def test_a_long_title_wraps_within_the_panel(picture):
     lines = figure.axes[0].get_title().split("\n")
     assert len(lines) == 2 and " ".join(lines) == title
     assert all(len(line) * 0.072 <= 2.4 for line in lines)  # the panel's 2.4 inches
+
+
+MATH = r"a $\x$ b"  # mathtext cannot parse \x: drawn as math, the figure would not render
+
+
+def test_dollar_signs_in_user_text_are_drawn_as_written(picture, tmp_path):
+    from explain.viz.multimodal import clip_figure
+
+    image, heat = picture
+    figures = [
+        grid_figure(image, [[heat]], rows=[MATH], columns=[MATH]),
+        heatmap_figure(image, heat, title=MATH),
+        text_figure([[MATH, "$", "b"]], [[0.5, -1.0, 0.2]], labels=[MATH]),
+        clip_figure(image, [heat], [[MATH, "$"]], [[1.0, 0.5]], labels=[MATH]),
+    ]
+    for index, figure in enumerate(figures):
+        save_figure(figure, tmp_path / f"figure{index}.png")  # rendering parses any math
+        texts = [t.get_text() for t in figure.findobj(lambda a: hasattr(a, "get_text"))]
+        assert any(MATH in text for text in texts)
+    import matplotlib
+
+    assert matplotlib.rcParams["text.parse_math"]  # the user's own setting is left alone

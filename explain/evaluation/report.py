@@ -9,6 +9,7 @@ from typing import Any
 
 from explain.evaluation.protocol import Column
 from explain.io import atomic_write
+from explain.viz.literal import literal_text
 
 __all__ = ["markdown_table", "plot_results"]
 
@@ -97,6 +98,7 @@ def _plot_lines(axis, lines: list[tuple[str, list[float], list[float]]]) -> None
         )
 
 
+@literal_text
 def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Save the protocol's curves as a PNG (atomically): accuracy (perturbation) or the
     class probabilities (class-specific) against the removed fraction, token F1 against k

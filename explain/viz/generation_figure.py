@@ -24,6 +24,7 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.viz.image import _CAPTION_LINE_INCHES, _TITLE_LINE_INCHES, caption_lines
+from explain.viz.literal import literal_text
 from explain.viz.scaling import DIVERGING, SEQUENTIAL
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ def scale_generation_rows(matrix: np.ndarray, prompt_length: int) -> np.ndarray:
     return shown
 
 
+@literal_text
 def generation_figure(
     matrix: Tensor | np.ndarray,
     tokens: Sequence[str],
@@ -140,10 +142,7 @@ def generation_figure(
     axis.xaxis.set_label_position("top")
     axis.set_xlabel("token read (prompt | continuation)", fontsize=8)
     axis.set_ylabel("generated token explained", fontsize=8)
-    for text in axis.get_xticklabels() + axis.get_yticklabels():
-        text.set_parse_math(False)
-    figure.text(0.5, 1 - 0.08 / height, "\n".join(heading), ha="center", va="top", fontsize=9,
-                parse_math=False)  # fmt: skip
+    figure.text(0.5, 1 - 0.08 / height, "\n".join(heading), ha="center", va="top", fontsize=9)
     bar = figure.add_axes(
         ((left + panel_w + 0.25) / width, bottom / height, 0.12 / width, panel_h / height)
     )

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from explain.errors import ExplainError, InputError
 from explain.io import atomic_write
+from explain.viz.literal import literal_text
 from explain.viz.scaling import DIVERGING, SEQUENTIAL, FigureScale, scale_maps
 
 if TYPE_CHECKING:
@@ -325,6 +326,7 @@ def _draw_panel(
                   bbox=box)  # fmt: skip
 
 
+@literal_text
 def heatmap_figure(
     image: Tensor | np.ndarray,
     heatmap: Tensor | np.ndarray,
@@ -367,12 +369,13 @@ def heatmap_figure(
         background=background,
     )
     if heading:
-        rows[0][0].set_title("\n".join(heading), fontsize=9, parse_math=False)
+        rows[0][0].set_title("\n".join(heading), fontsize=9)
     if bar is not None:
         _draw_colorbar(figure, bar, scale, cmap)
     return figure
 
 
+@literal_text
 def grid_figure(
     image: Tensor | np.ndarray,
     heatmaps: Tensor | np.ndarray | Sequence[Sequence[Tensor | np.ndarray]],
@@ -429,7 +432,7 @@ def grid_figure(
                 _draw_panel(line[0], rgb, None, cmap, alpha)
                 if i == 0:
                     line[0].set_title("input", fontsize=9)
-            line[0].set_ylabel(label, fontsize=9, parse_math=False)
+            line[0].set_ylabel(label, fontsize=9)
             for j, column in enumerate(block):
                 k = i * len(columns) + column
                 axis = line[first + j]
@@ -445,12 +448,13 @@ def grid_figure(
                     mark_signed=mark,
                 )
                 if i == 0:
-                    axis.set_title(columns[column], fontsize=9, parse_math=False)
+                    axis.set_title(columns[column], fontsize=9)
     if bar is not None:
         _draw_colorbar(figure, bar, scaled, cmap)
     return figure
 
 
+@literal_text
 def explanation_grid(
     image: Tensor | np.ndarray,
     explanations: Mapping[str, Explained],
@@ -510,6 +514,7 @@ def explanation_grid(
     )
 
 
+@literal_text
 def batch_figure(
     pictures: Tensor | np.ndarray | Sequence[Tensor | np.ndarray],
     explanations: Mapping[str, Explained],
@@ -566,7 +571,7 @@ def batch_figure(
         title = class_label(int(first.target[b]), class_names, first.logits[b])
         if labels is not None:
             title += f"\nlabel: {_class_name(int(labels[b]), class_names)}"
-        panels[0][b].set_title(title, fontsize=8, parse_math=False)
+        panels[0][b].set_title(title, fontsize=8)
     panels[0][0].set_ylabel("input", fontsize=9)
     mark = len(scaled.keys()) > 1
     for row, name in enumerate(explanations, start=1):
@@ -583,7 +588,7 @@ def batch_figure(
                 background=background,
                 mark_signed=mark,
             )
-        panels[row][0].set_ylabel(name, fontsize=9, parse_math=False)
+        panels[row][0].set_ylabel(name, fontsize=9)
     if bar is not None:
         _draw_colorbar(figure, bar, scaled, cmap)
     return figure

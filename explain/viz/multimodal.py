@@ -30,6 +30,7 @@ from explain.viz.image import (
     check_style,
     figure_caption,
 )
+from explain.viz.literal import literal_text
 from explain.viz.scaling import SEQUENTIAL, scale_maps
 from explain.viz.text_figure import ink, text_figure
 
@@ -62,6 +63,7 @@ def _wrap(tokens: Sequence[str]) -> list[list[int]]:
     return lines
 
 
+@literal_text
 def clip_figure(
     image: Tensor | np.ndarray,
     heatmaps: Tensor | np.ndarray | Sequence[Tensor | np.ndarray],
@@ -173,6 +175,7 @@ def clip_figure(
     return figure
 
 
+@literal_text
 def relevance_matrix_figure(
     matrix: Tensor | np.ndarray,
     source_tokens: Sequence[str],
@@ -240,6 +243,7 @@ def relevance_matrix_figure(
     return figure
 
 
+@literal_text
 def source_text_figure(
     matrix: Tensor | np.ndarray,
     source_tokens: Sequence[str],
