@@ -68,7 +68,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     parser.add_argument("images", nargs="+", help="image files or folders")
-    add_model_arguments(parser, takes="an object detector (DETR: a folder or a hub id)")
+    add_model_arguments(
+        parser,
+        takes="an object detector (DETR: a folder or a hub id)",
+        examples="facebook/detr-resnet-50, ./my-detr",
+    )
     parser.add_argument(
         "--threshold",
         type=float,

@@ -32,9 +32,17 @@ from explain.errors import InputError
 __all__ = ["register"]
 
 
+def _page(args: argparse.Namespace) -> Path:
+    """The HTML page: --html, or generation.html in --out (the figure goes beside it)."""
+    return args.html or args.out / "generation.html"
+
+
 def planned(args: argparse.Namespace) -> list[Planned]:
-    """The figure named after the page (without --png) and the --save file."""
-    files = [] if args.png else [Planned(args.html.with_suffix(".png"), "--html")]
+    """The page when it goes into --out, the figure named after the page (without --png)
+    and the --save file."""
+    files = [] if args.html else [Planned(_page(args), "--out")]
+    if not args.png:
+        files.append(Planned(_page(args).with_suffix(".png"), "--html"))
     if args.save:
         files.append(Planned(args.out / f"generation.{args.save}", "--save"))
     return files
@@ -51,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz.text import printable
 
     # The page and the figure go into --out unless named (both kinds of answer).
-    args.html = args.html or args.out / "generation.html"
+    args.html = _page(args)
     if args.image is not None:  # a vision-language model's answer about a photo
         return image_answer.run(args)
     if args.depth is not None:
