@@ -151,9 +151,9 @@ def _generator():
 
 def test_shared_denominator_linear_conserves_relevance():
     g = _generator()
-    x = torch.randn(3, 5, 64, dtype=torch.float64, generator=g)  # wide: no Z1 or Z2 is 0
+    x = torch.randn(15, 64, dtype=torch.float64, generator=g)  # wide: no Z1 or Z2 is 0
     weight = torch.randn(8, 64, dtype=torch.float64, generator=g)
-    relevance = torch.rand(3, 5, 8, dtype=torch.float64, generator=g)
+    relevance = torch.rand(15, 8, dtype=torch.float64, generator=g)
     into = rules.linear_shared(x, weight, relevance)
     torch.testing.assert_close(into.sum(dim=-1), relevance.sum(dim=-1), rtol=1e-7, atol=0)
     # the separate-denominator rule of the original code does not conserve: it gives both
@@ -162,29 +162,62 @@ def test_shared_denominator_linear_conserves_relevance():
     torch.testing.assert_close(separate.sum(), 2 * relevance.sum(), rtol=1e-7, atol=0)
 
 
+def test_linear_rules_equal_the_written_out_formulas():
+    """The paired (positive, negative) batched products equal the rules written out."""
+    g = _generator()
+    x = torch.randn(15, 6, dtype=torch.float64, generator=g)
+    x[3] = x[3].clamp(min=0)  # a row with no negative part: Z- = 0 there
+    weight = torch.randn(4, 6, dtype=torch.float64, generator=g)
+    relevance = torch.randn(15, 4, dtype=torch.float64, generator=g)
+    xp, xn, wp, wn = x.clamp(min=0), x.clamp(max=0), weight.clamp(min=0), weight.clamp(max=0)
+    s = ref.sdiv(relevance, xp @ wp.T + xn @ wn.T)
+    shared = xp * (s @ wp) + xn * (s @ wn)
+    separate = xp * (ref.sdiv(relevance, xp @ wp.T) @ wp) + xn * (
+        ref.sdiv(relevance, xn @ wn.T) @ wn
+    )
+    torch.testing.assert_close(rules.linear_shared(x, weight, relevance), shared)
+    torch.testing.assert_close(rules.linear_separate(x, weight, relevance), separate)
+    # a float32 input walks exactly in float64
+    walked = rules.linear_separate(x.float(), weight.float(), relevance)
+    assert walked.dtype == torch.float64
+    torch.testing.assert_close(
+        walked, rules.linear_separate(x.float().double(), weight.float().double(), relevance)
+    )
+
+
 def test_rescaled_residual_conserves_each_samples_total():
     g = _generator()
-    a = torch.randn(3, 6, 4, dtype=torch.float64, generator=g)
-    b = torch.randn(3, 6, 4, dtype=torch.float64, generator=g)
-    relevance = torch.randn(3, 6, 4, dtype=torch.float64, generator=g)
-    relevance[1] *= 10  # samples with very different totals: sums must not mix
-    ra, rb = rules.residual_rescaled(a, b, relevance)
+    a = torch.randn(3 * 6, 4, dtype=torch.float64, generator=g)  # 3 samples of 6 rows
+    b = torch.randn(3 * 6, 4, dtype=torch.float64, generator=g)
+    relevance = torch.randn(3 * 6, 4, dtype=torch.float64, generator=g)
+    relevance[6:12] *= 10  # samples with very different totals: sums must not mix
+    denominator = rules.safe_denominator(a + b)
+    ra, rb = rules.residual_rescaled(a, b, relevance, denominator, 3)
     torch.testing.assert_close(
-        (ra + rb).flatten(1).sum(1), relevance.flatten(1).sum(1), rtol=1e-7, atol=0
+        (ra + rb).view(3, -1).sum(1), relevance.view(3, -1).sum(1), rtol=1e-7, atol=0
     )
     for i in range(3):  # per sample equals the same rule on that sample alone
-        alone = rules.residual_rescaled(a[i : i + 1], b[i : i + 1], relevance[i : i + 1])
-        torch.testing.assert_close(ra[i], alone[0][0], rtol=0, atol=0)
-        torch.testing.assert_close(rb[i], alone[1][0], rtol=0, atol=0)
+        rows = slice(6 * i, 6 * i + 6)
+        alone = rules.residual_rescaled(a[rows], b[rows], relevance[rows], denominator[rows], 1)
+        torch.testing.assert_close(ra[rows], alone[0], rtol=1e-15, atol=0)
+        torch.testing.assert_close(rb[rows], alone[1], rtol=1e-15, atol=0)
+        expected = ref.residual(a[rows], b[rows], relevance[rows], rescale=True)
+        torch.testing.assert_close(ra[rows], expected[0], rtol=1e-12, atol=0)
+        torch.testing.assert_close(rb[rows], expected[1], rtol=1e-12, atol=0)
 
 
 def test_attention_products_conserve_after_halving():
     g = _generator()
-    attention = torch.rand(2, 3, 5, 5, dtype=torch.float64, generator=g).softmax(-1)
-    values = torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=g)
-    relevance = torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=g)
-    of_a, of_v = rules.matmul(attention, values, relevance)
-    torch.testing.assert_close(of_a.sum() / 2 + of_v.sum() / 2, relevance.sum(), rtol=1e-7, atol=0)
+    query = torch.randn(6, 5, 4, dtype=torch.float64, generator=g)  # (B * H, N, d)
+    key = torch.randn(6, 5, 4, dtype=torch.float64, generator=g)
+    attention = (query @ key.transpose(1, 2)).softmax(-1)
+    values = torch.randn(6, 5, 4, dtype=torch.float64, generator=g)
+    relevance = torch.randn(6, 5, 4, dtype=torch.float64, generator=g)
+    of_a, (of_q, of_k, of_v) = rules.attention(
+        torch.stack([query, key, values]), attention, relevance, rules.residual_plain, samples=2
+    )
+    torch.testing.assert_close(of_a.sum() + of_v.sum(), relevance.sum(), rtol=1e-7, atol=0)
+    torch.testing.assert_close(of_q.sum() + of_k.sum(), of_a.sum(), rtol=1e-7, atol=0)
 
 
 def test_sdiv_is_the_reference_shift():
@@ -192,6 +225,7 @@ def test_sdiv_is_the_reference_shift():
     out = rules.sdiv(torch.ones_like(b), b)
     expected = [1 / (2 + 1e-9), 1 / (-3 + 1e-9), 0.0, 1 / (1e-12 + 1e-9)]
     torch.testing.assert_close(out, torch.tensor(expected, dtype=torch.float64), rtol=1e-15, atol=0)
+    torch.testing.assert_close(out, ref.sdiv(torch.ones_like(b), b), rtol=0, atol=0)
 
 
 def test_chefer_rules_conserve_relevance_through_every_block():

@@ -29,9 +29,9 @@ def type_name(module: nn.Module) -> str:
 
 
 def keep(store: dict[str, Tensor], key: str, pick: str = "output") -> ModuleHook:
-    """A forward hook that keeps, detached, the module's `pick`: "output", "input" (its
-    first positional input), "output0"/"output1" (an item of a tuple output), or
-    "mask" (its `attention_mask` keyword argument; None is not kept)."""
+    """A forward hook that keeps, detached from any graph, the module's `pick`: "output",
+    "input" (its first positional input), "output0"/"output1" (an item of a tuple
+    output), or "mask" (its `attention_mask` keyword argument; None is not kept)."""
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         if pick == "input":
@@ -44,7 +44,8 @@ def keep(store: dict[str, Tensor], key: str, pick: str = "output") -> ModuleHook
             value = out[int(pick[len("output") :])]
         else:
             value = out
-        store[key] = value.detach()
+        # only a differentiable forward's tensors carry a graph to leave behind
+        store[key] = value.detach() if value.requires_grad else value
 
     return hook
 
