@@ -240,11 +240,13 @@ def test_chefer_rules_conserve_relevance_through_every_block():
         explainer.adapter.forward(prepared)
     classes = torch.tensor([0, 2, 4])
     per_block = []
-    tokens = tape.propagate(classes, CHEFER, lambda layer, r: per_block.append(r.sum((1, 2, 3))))
+    tokens = tape.propagate(
+        classes, CHEFER, lambda layer, r: per_block.append(r.sum((1, 2, 3))), to_tokens=True
+    )
     ones = torch.ones(3, dtype=torch.float64)
     torch.testing.assert_close(tokens.sum((1, 2)), ones, rtol=1e-6, atol=0)
     assert len(per_block) == 3
-    original = tape.propagate(classes, ORIGINAL, lambda layer, r: None)
+    original = tape.propagate(classes, ORIGINAL, lambda layer, r: None, to_tokens=True)
     assert not torch.allclose(original.sum((1, 2)), ones)
 
 

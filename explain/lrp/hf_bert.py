@@ -152,14 +152,16 @@ class BertTape:
         *,
         stop_layer: int = 0,
         to_input: bool = False,
-    ) -> Tensor:
+        to_tokens: bool = False,
+    ) -> Tensor | None:
         """Relevance from 1.0 at each sample's class logit down to layer `stop_layer`.
 
         `on_attention(layer, relevance)` receives each layer's attention relevance RA_l
-        (B, H, N, N), last layer first. Returns the relevance of layer `stop_layer`'s input
-        (B, N, D); with `to_input`, that of the embedding output summed over D, (B, N).
-        All samples walk together; the walk runs in `rules.dtype` and hands back the
-        model's dtype (at least float32).
+        (B, H, N, N), last layer first. With `to_tokens` returns the relevance of layer
+        `stop_layer`'s input (B, N, D); with `to_input`, that of the embedding output
+        summed over D, (B, N); otherwise the walk ends once layer `stop_layer`'s RA is
+        delivered and returns None. All samples walk together; the walk runs in
+        `rules.dtype` and hands back the model's dtype (at least float32).
         """
         with torch.no_grad():
             tokens = self.head["tokens"]
@@ -178,7 +180,11 @@ class BertTape:
             samples, count, width = relevance.shape
             relevance = relevance.view(samples * count, width)
             for layer in range(len(self.layers) - 1, stop_layer - 1, -1):
-                relevance = self._layer(layer, relevance, rules, report, dtype, samples)
+                last = layer == stop_layer and not (to_input or to_tokens)
+                below = self._layer(layer, relevance, rules, report, dtype, samples, last=last)
+                if below is None:
+                    return None
+                relevance = below
             relevance = relevance.view(samples, count, width)
             return (relevance.sum(dim=-1) if to_input else relevance).to(result_dtype)
 
@@ -190,8 +196,11 @@ class BertTape:
         report: Callable[[int, Tensor], None],
         dtype: torch.dtype,
         samples: int,
-    ) -> Tensor:
-        """Relevance of layer `index`'s output rows -> of its input rows."""
+        *,
+        last: bool = False,
+    ) -> Tensor | None:
+        """Relevance of layer `index`'s output rows -> of its input rows; the `last`
+        layer of a walk only delivers its RA and returns None."""
         layer, store = self.layers[index], self.blocks[index]
         self_attention = layer.attention.self
         x, ao, attn_branch, mlp_branch = (
@@ -214,14 +223,23 @@ class BertTape:
         batch, heads, tokens, _ = store["attention"].shape
         head_dim = self_attention.attention_head_size
         groups = batch * heads
-        # (B, N, H * d) -> (B * H, N, d), as HF's view and transpose, q, k and v at once
-        qkv = torch.stack([store["q"], store["k"], store["v"]]).to(dtype)
-        qkv = qkv.view(3, batch, tokens, heads, head_dim).transpose(2, 3)
-        relevance_o = relevance_o.view(batch, tokens, heads, head_dim).transpose(1, 2)
+
+        def by_head(t: Tensor) -> Tensor:  # (..., B, N, H * d) -> (..., B * H, N, d), as HF
+            t = t.to(dtype).view(*t.shape[:-1], heads, head_dim).transpose(-3, -2)
+            return t.reshape(*t.shape[:-4], groups, tokens, head_dim)
+
+        probabilities = store["attention"].to(dtype).view(groups, tokens, tokens)
+        relevance_o = by_head(relevance_o.view(batch, tokens, -1))
+        if last:
+            of_attention, _ = rule.attention_probabilities(
+                probabilities, by_head(store["v"]), relevance_o
+            )
+            report(index, of_attention.view(batch, heads, tokens, tokens))
+            return None
         of_attention, of_heads = rule.attention(
-            qkv.reshape(3, groups, tokens, head_dim),
-            store["attention"].to(dtype).view(groups, tokens, tokens),
-            relevance_o.reshape(groups, tokens, head_dim),
+            by_head(torch.stack([store["q"], store["k"], store["v"]])),
+            probabilities,
+            relevance_o,
             rules.residual,
             samples=batch,
             scale=self_attention.scaling,

@@ -37,6 +37,7 @@ __all__ = [
     "RULE_SETS",
     "RuleSet",
     "attention",
+    "attention_probabilities",
     "branch",
     "conv_input_zb",
     "linear_separate",
@@ -57,16 +58,17 @@ LinearRule = Callable[[Tensor, Tensor, Tensor], Tensor]
 ResidualRule = Callable[[Tensor, Tensor, Tensor, Tensor, int], tuple[Tensor, Tensor]]
 
 
-def safe_denominator(denominator: Tensor) -> Tensor:
+def safe_denominator(denominator: Tensor, epsilon: float = EPSILON) -> Tensor:
     """What the reference's `safe_divide(a, b)` divides by: `b + 1e-9`, and +inf where
-    `b == 0`, so that those quotients are exactly 0 (`a / inf`).
+    `b == 0`, so that those quotients are exactly 0 (`a / inf`). For `2 b` with
+    `epsilon=2e-9` it is exactly twice that of b, halving the quotient for free.
 
     The reference's shift is a constant, not a sign-preserving guard; exact agreement with
     the published numbers depends on it. (Its second guard, for a b of exactly -1e-9
     whose shifted value is 0, is not kept: such a b gives a non-finite relevance, which
     the engine refuses; no activation in a real forward pass is exactly -1e-9.)
     """
-    return (denominator + EPSILON).masked_fill_(denominator == 0, math.inf)
+    return (denominator + epsilon).masked_fill_(denominator == 0, math.inf)
 
 
 def sdiv(numerator: Tensor, denominator: Tensor) -> Tensor:
@@ -136,13 +138,13 @@ def residual_rescaled(
     `samples` samples one after another along axis 0; every sum runs over one sample."""
     parts = torch.stack([a, b]) * (relevance / denominator)
     by_sample = parts.view(2, samples, -1)
-    sums = by_sample.sum(dim=2)  # (2, samples)
-    total = relevance.reshape(samples, -1).sum(dim=1)
+    sums = by_sample.sum(dim=2, keepdim=True)  # (2, samples, 1)
+    total = relevance.reshape(samples, -1).sum(dim=1, keepdim=True)
     magnitudes = sums.abs()
     # sdiv(|s|, |s_a| + |s_b|) * total, then sdiv(that, s): wherever a denominator is 0 so
     # is its numerator, and 0 / 1e-9 is already sdiv's 0, so the plain shift suffices.
     shares = magnitudes / (magnitudes.sum(dim=0) + EPSILON) * total
-    scaled = by_sample * (shares / (sums + EPSILON)).unsqueeze(2)
+    scaled = by_sample * (shares / (sums + EPSILON))
     return scaled.view(2, *a.shape).unbind(0)
 
 
@@ -154,6 +156,17 @@ def branch(x: Tensor, relevances: Sequence[Tensor], denominator: Tensor) -> Tens
     for relevance in relevances[1:]:
         total = total + relevance
     return x * (total / denominator)
+
+
+def attention_probabilities(
+    probabilities: Tensor, values: Tensor, relevance: Tensor
+) -> tuple[Tensor, Tensor]:
+    """LRP-0 of `A @ v` (heads as (B * H, N, d)), the probabilities' share halved: R_A,
+    and the quotient S whose product with A^T gives v's share (`attention`)."""
+    # The quotient is halved exactly by doubling its denominator (2 z + 2e-9).
+    doubled = torch.baddbmm(relevance, probabilities, values, beta=0, alpha=2)
+    s = relevance / safe_denominator(doubled, 2 * EPSILON)
+    return probabilities * torch.bmm(s, values.transpose(1, 2)), s
 
 
 def attention(
@@ -177,13 +190,12 @@ def attention(
     relevance after halving, and the stacked (R_q, R_k, R_v).
     """
     query, key, values = heads.unbind(0)
-    s = (relevance * 0.5) / safe_denominator(torch.bmm(probabilities, values))
-    of_attention = probabilities * torch.bmm(s, values.transpose(1, 2))
+    of_attention, s = attention_probabilities(probabilities, values, relevance)
     into_values = torch.bmm(probabilities.transpose(1, 2), s)
-    products = torch.bmm(query, key.transpose(1, 2))
+    products = torch.baddbmm(probabilities, query, key.transpose(1, 2), beta=0, alpha=2)
     of_scores = of_attention
     if scale is not None:
-        scores = products * scale
+        scores = products * (scale / 2)  # bit for bit (q k^T) * scale
         tokens = scores.shape[-1]
         grouped = scores.view(samples, -1, tokens, tokens)
         operand = (
@@ -194,7 +206,7 @@ def attention(
         of_scores, _ = residual(
             scores, operand, of_attention, safe_denominator(scores + operand), samples
         )
-    s = (of_scores * 0.5) / safe_denominator(products)
+    s = of_scores / safe_denominator(products, 2 * EPSILON)
     into_query = torch.bmm(s, key)
     into_keys = torch.bmm(s.transpose(1, 2), query)
     return of_attention, heads * torch.stack([into_query, into_keys, into_values])

@@ -151,14 +151,17 @@ class TimmVitTape:
         *,
         stop_layer: int = 0,
         to_input: bool = False,
-    ) -> Tensor:
+        to_tokens: bool = False,
+    ) -> Tensor | None:
         """Relevance from 1.0 at each sample's class logit down to block `stop_layer`.
 
         `on_attention(layer, relevance)` receives each block's attention relevance RA_l
-        (B, H, N, N), last block first. Returns the relevance of block `stop_layer`'s input
-        tokens (B, N, D); with `to_input` the walk continues to the pixels and returns
-        their relevance summed over channels, (B, H, W). All samples walk together; the
-        walk runs in `rules.dtype` and hands back the model's dtype (at least float32).
+        (B, H, N, N), last block first. With `to_input` the walk continues to the pixels
+        and returns their relevance summed over channels, (B, H, W); with `to_tokens` it
+        returns the relevance of block `stop_layer`'s input tokens (B, N, D); otherwise it
+        ends once block `stop_layer`'s RA is delivered and returns None. All samples walk
+        together; the walk runs in `rules.dtype` and hands back the model's dtype (at
+        least float32).
         """
         with torch.no_grad():
             tokens = self.head["tokens"]
@@ -174,9 +177,13 @@ class TimmVitTape:
             relevance = relevance.view(samples * count, width)
             output_denominator = None
             for layer in range(len(self.blocks) - 1, stop_layer - 1, -1):
-                relevance, output_denominator = self._block(
-                    layer, relevance, output_denominator, rules, report, dtype, samples
+                last = layer == stop_layer and not (to_input or to_tokens)
+                step = self._block(
+                    layer, relevance, output_denominator, rules, report, dtype, samples, last=last
                 )
+                if step is None:
+                    return None
+                relevance, output_denominator = step
             relevance = relevance.view(samples, count, width)
             below = self._to_pixels(relevance, dtype) if to_input else relevance
             return below.to(result_dtype)
@@ -229,9 +236,12 @@ class TimmVitTape:
         report: Callable[[int, Tensor], None],
         dtype: torch.dtype,
         samples: int,
-    ) -> tuple[Tensor, Tensor | None]:
+        *,
+        last: bool = False,
+    ) -> tuple[Tensor, Tensor | None] | None:
         """Relevance of block `layer`'s output rows -> of its input rows, in timm's Block
-        order: x_mid = x + attn branch; out = x_mid + mlp branch.
+        order: x_mid = x + attn branch; out = x_mid + mlp branch. The `last` block of a
+        walk only delivers its RA and returns None (nothing below it is wanted).
 
         Each residual sum is also a branch point (x_mid; the output is the next block's
         input x), so one safe denominator serves both, handed down from the block above
@@ -256,7 +266,11 @@ class TimmVitTape:
         # x_mid = x + drop_path1(ls1(attn(norm1(x))))
         sum_denominator = mid if shared else rule.safe_denominator(x.to(dtype) + b1)
         from_x, from_attn = rules.residual(x, b1, relevance, sum_denominator, samples)
-        into_attn = self._attention(layer, block.attn, store, from_attn, rules, report, dtype)
+        into_attn = self._attention(
+            layer, block.attn, store, from_attn, rules, report, dtype, last=last
+        )
+        if into_attn is None:
+            return None
         below = rule.safe_denominator(x.to(dtype))
         return rule.branch(x, [from_x, into_attn], below), below if shared else None
 
@@ -269,9 +283,12 @@ class TimmVitTape:
         rules: RuleSet,
         report: Callable[[int, Tensor], None],
         dtype: torch.dtype,
-    ) -> Tensor:
+        *,
+        last: bool = False,
+    ) -> Tensor | None:
         """timm Attention: proj, A @ v, softmax(q k^T * scale), qkv; returns the relevance
-        of the attention's input rows. Heads run as one batch of (B * H) matrices."""
+        of the attention's input rows (None for the `last` block, which stops at RA).
+        Heads run as one batch of (B * H) matrices."""
         batch, heads, tokens, _ = store["attention"].shape
         head_dim = attn.head_dim
         groups = batch * heads
@@ -284,6 +301,12 @@ class TimmVitTape:
         # timm: qkv(x).reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4), then q, k, v
         qkv = store["qkv"].view(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
         qkv = qkv.to(dtype).reshape(3, groups, tokens, head_dim)
+        if last:
+            of_attention, _ = rule.attention_probabilities(
+                by_head(store["attention"]), qkv[2], by_head(relevance)
+            )
+            report(layer, of_attention.view(batch, heads, tokens, tokens))
+            return None
         if "q" in store:  # normalised after qkv (qk_norm)
             qkv = torch.stack([by_head(store["q"]), by_head(store["k"]), qkv[2]])
 
