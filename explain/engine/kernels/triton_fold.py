@@ -39,10 +39,10 @@ __all__ = ["BLOCK_KEYS", "BLOCK_QUERIES", "readout_spread"]
 
 BLOCK_QUERIES = 64
 """Query rows per tile. 64 x 64 tiles of fp32 scores with head dims up to 128 fit the
-registers of 4 warps on sm80/sm90 (FlashAttention-2's backward uses the same shape)."""
+registers of 4 warps (8 above head dim 64) on sm80/sm90, as in FlashAttention-2's
+backward."""
 BLOCK_KEYS = 64
 """Keys per program: each program owns one tile of keys of one sample."""
-_WARPS = 4
 _STAGES = 2
 _LOG2_E = 1.4426950408889634
 _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -308,6 +308,9 @@ def readout_spread(
     precision = "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
     block_d = max(16, triton.next_power_of_2(head_dim))
     block_dv = max(16, triton.next_power_of_2(value_dim))
+    # q, k, v and dO tiles of 64 x 128 (and two 64 x 64 fp32 tiles) spill 4 warps'
+    # registers; FlashAttention-2's backward runs head dims above 64 on 8 warps too
+    warps = 4 if max(block_d, block_dv) <= 64 else 8
     mask = key_mask.to(torch.int8) if key_mask is not None else query.new_empty(1, 1)
 
     lse = torch.empty(batch, heads, tokens, dtype=torch.float32, device=query.device)
@@ -332,7 +335,7 @@ def readout_spread(
         BLOCK_M=BLOCK_QUERIES,
         BLOCK_N=BLOCK_KEYS,
         BLOCK_D=block_d,
-        num_warps=_WARPS,
+        num_warps=warps,
         num_stages=_STAGES,
     )
 
@@ -374,7 +377,7 @@ def readout_spread(
         BLOCK_N=BLOCK_KEYS,
         BLOCK_D=block_d,
         BLOCK_DV=block_dv,
-        num_warps=_WARPS,
+        num_warps=warps,
         num_stages=_STAGES,
     )
     return out
