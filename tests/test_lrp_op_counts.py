@@ -64,3 +64,21 @@ def test_op_count_does_not_grow_with_the_batch(method):
     assert _explain_ops(explainer, _images(2), method) == _explain_ops(
         explainer, _images(16), method
     )
+
+
+SYNCS = ("_local_scalar_dense", "nonzero", "item", "is_nonzero", "equal")
+
+
+def _syncs(explainer: Explainer, inputs, method: str) -> dict[str, int]:
+    explainer.explain(inputs, method=method, target=1)
+    ops = count_ops(lambda: explainer.explain(inputs, method=method, target=1)).ops
+    return {name: count for name, count in ops.items() if name.split(".")[0] in SYNCS}
+
+
+@pytest.mark.parametrize("method", LRP_METHODS)
+def test_the_walk_adds_no_host_sync(method):
+    """The LRP methods wait on the device exactly as often as `generic` (the engine's own
+    checks of targets and finiteness): the walk itself never does."""
+    explainer = Explainer(tiny_vit(depth=2, num_heads=2))
+    images = _images(2)
+    assert _syncs(explainer, images, method) == _syncs(explainer, images, "generic")
