@@ -102,6 +102,17 @@ def test_float32_close_to_float64_reference(method, relative):
         _assert_matches(result.relevance[b].double(), expected, relative)
 
 
+@pytest.mark.parametrize("method", LRP_METHODS)
+def test_normalised_queries_and_keys_match_reference(method):
+    """qk_norm: q and k are read where the norms leave them, not from qkv."""
+    model = tiny_vit(depth=2, num_heads=2, qk_norm=True).double()
+    images = _images(2, (32, 32), seed=4)
+    result = Explainer(model).explain(images, method=method, target=[0, 3])
+    for b, target in enumerate([0, 3]):
+        expected = _reference(model, images[b], method, target)
+        _assert_matches(result.relevance[b], expected, FLOAT64[method])
+
+
 @pytest.mark.parametrize("start", [1, 2, -1])
 def test_transformer_attribution_start_layer(start):
     model = tiny_vit(depth=3, num_heads=2).double()
