@@ -43,10 +43,6 @@ def hierarchical_family(model: nn.Module) -> str | None:
 
 
 _VISION_LANGUAGE_NOT_YET = {
-    "Qwen2VLForConditionalGeneration": (
-        "its vision tower runs every image's patches as one unbatched sequence (cu_seqlens) "
-        "whose 2 x 2 merge and multimodal rotary positions explain has no mapping for yet"
-    ),
     "Qwen2_5_VLForConditionalGeneration": (
         "its vision tower runs every image's patches as one unbatched sequence with "
         "windowed attention in most blocks, which explain has no mapping for yet"
@@ -84,7 +80,10 @@ def unsupported_model_message(model: nn.Module, families: Sequence[str]) -> str:
             "now."
         )
     elif (refusal := vision_language_refusal(model)) is not None:
-        reason = f"{refusal} The vision-language models explained are LLaVA, PaliGemma and Gemma 3."
+        reason = (
+            f"{refusal} The vision-language models explained are LLaVA, PaliGemma, "
+            "Gemma 3 and Qwen2-VL."
+        )
     else:
         reason = f"{name} is not a supported model."
     return (

@@ -24,6 +24,7 @@ __all__ = [
     "IMAGE_SIZE",
     "IMAGE_TOKEN",
     "PATCH_SIZE",
+    "QWEN2_VL_IMAGE_SIZE",
     "VLM_CHAT_TEMPLATE",
     "save_tiny_llava",
     "tiny_gemma3",
@@ -31,6 +32,8 @@ __all__ = [
     "tiny_llava_processor",
     "tiny_paligemma",
     "tiny_paligemma_processor",
+    "tiny_qwen2_vl",
+    "tiny_qwen2_vl_processor",
     "tiny_vlm_tokenizer",
 ]
 
@@ -252,3 +255,68 @@ def save_tiny_llava(folder: Path, tower: str = "clip") -> Path:
     tiny_llava(tower).save_pretrained(folder)
     tiny_llava_processor(tower).save_pretrained(folder)
     return folder
+
+
+QWEN2_VL_IMAGE_SIZE = (16 * 16 * 4, 32 * 64)
+"""The tiny Qwen2-VL processor's least and most pixels per photo: 4 to 8 merged 16-pixel
+blocks, so a 40 x 60 photo becomes 32 x 64 (a 4 x 8 patch grid, 2 x 4 image tokens)."""
+
+
+def tiny_qwen2_vl(seed: int = 0) -> nn.Module:
+    """A small random `Qwen2VLForConditionalGeneration`, in eval mode, sdpa attention: a
+    two-block tower over 8-pixel patches merged 2 x 2, and a tiny Qwen2 language model
+    with multimodal rotary positions (sections 2, 1, 1 of its 4 rotary frequencies)."""
+    import transformers as tf
+
+    text = tf.Qwen2VLTextConfig(
+        **_COMMON,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
+    )
+    vision = tf.Qwen2VLVisionConfig(
+        depth=2,
+        embed_dim=32,
+        hidden_size=32,
+        num_heads=2,
+        mlp_ratio=2,
+        patch_size=PATCH_SIZE,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+    )
+    config = tf.Qwen2VLConfig(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_id=IMAGE_TOKEN_ID,
+        video_token_id=VOCAB - 2,
+        vision_start_token_id=VOCAB - 3,
+        vision_end_token_id=VOCAB - 4,
+    )
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tf.Qwen2VLForConditionalGeneration(config)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 2
+    return model.eval()
+
+
+def tiny_qwen2_vl_processor() -> Any:
+    """The processor of `tiny_qwen2_vl`: the tiny tokenizer with "<image>" (each image
+    expands to its run of merged tokens) and Qwen2-VL's image processor, which resizes a
+    photo to whole 16-pixel blocks within `QWEN2_VL_IMAGE_SIZE` pixels (no crop)."""
+    import transformers as tf
+
+    least, most = QWEN2_VL_IMAGE_SIZE
+    geometry = dict(
+        size={"shortest_edge": least, "longest_edge": most},
+        patch_size=PATCH_SIZE,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    return tf.Qwen2VLProcessor(
+        image_processor=tf.Qwen2VLImageProcessor(**geometry),
+        video_processor=tf.Qwen2VLVideoProcessor(**geometry),
+        tokenizer=tiny_vlm_tokenizer(),
+        chat_template=VLM_CHAT_TEMPLATE,
+    )
