@@ -688,3 +688,25 @@ def test_qwen2_vl_no_side_effects_and_what_is_refused_says_why(qwen2_vl):
         explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"][:, :10]))
     with pytest.raises(InputError, match="patches but image_grid_thw"):
         explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"][:-4]))
+
+
+def test_qwen2_vl_maps_go_back_onto_the_whole_photo():
+    # Qwen2-VL resizes a 48 x 80 photo to 32 x 48 (whole 16-pixel blocks within its most
+    # pixels, the aspect squashed a little, nothing cropped):
+    # its own patches, put back in place and drawn back with the geometry, are the photo.
+    from explain.image_prompts import photo_preprocessing
+    from explain.testing.tiny_vlm import tiny_qwen2_vl_processor
+
+    images = tiny_qwen2_vl_processor().image_processor
+    images.image_mean, images.image_std = [0.0] * 3, [1.0] * 3
+    rows, cols = np.meshgrid(np.linspace(0, 1, 48), np.linspace(0, 1, 80), indexing="ij")
+    ramp = (np.stack([rows, cols, rows * 0 + 0.5], axis=-1) * 255).round().astype(np.uint8)
+    out = images(images=ramp, return_tensors="pt")
+    _, gh, gw = out["image_grid_thw"][0].tolist()
+    assert (gh, gw) == (4, 6)
+    # (block row, block col, row in block, col in block, channel, frame, pixel row, col)
+    patches = out["pixel_values"].reshape(gh // 2, gw // 2, 2, 2, 3, 2, 8, 8)[:, :, :, :, :, 0]
+    pixels = patches.permute(4, 0, 2, 5, 1, 3, 6).reshape(3, gh * 8, gw * 8).double()
+    back = photo_preprocessing(images).to_original(pixels, (48, 80))
+    expected = torch.from_numpy(ramp / 255.0).permute(2, 0, 1).float()
+    torch.testing.assert_close(back[:, 2:-2, 2:-2], expected[:, 2:-2, 2:-2], atol=0.04, rtol=0)
