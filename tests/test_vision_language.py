@@ -1,5 +1,6 @@
-"""Vision-language models (LLaVA, PaliGemma, Gemma 3, Qwen2-VL): the next token and generated answers explained over the
-image and the prompt, at depths "lm" and "tower", against an independent computation.
+"""Vision-language models (LLaVA, PaliGemma, Gemma 3, Qwen2-VL): the next token and
+generated answers explained over the image and the prompt, at depths "lm" and "tower",
+against an independent computation.
 
 The reference runs a copy of the tiny model on transformers' eager path with
 `output_attentions=True` (the language model's maps, and the tower's in `image_outputs`),
