@@ -142,7 +142,7 @@ def test_every_method_on_generations_is_finite_or_refused_up_front(family, metho
 VISION_LANGUAGE = [
     family
     for family in FAMILIES
-    if family in ("hf_llava", "hf_paligemma", "hf_gemma3", "hf_qwen2_vl")
+    if family in ("hf_llava", "hf_paligemma", "hf_gemma3", "hf_qwen2_vl", "hf_qwen2_5_vl")
 ]
 
 

@@ -477,7 +477,6 @@ def test_gemma3_pooled_image_tokens_go_back_over_their_patches(depth):
 @pytest.mark.parametrize(
     ("name", "why"),
     [
-        ("Qwen2_5_VLForConditionalGeneration", "windowed attention"),
         ("Idefics3ForConditionalGeneration", "tiles"),
         ("SmolVLMForConditionalGeneration", "tiles"),
     ],
@@ -534,11 +533,17 @@ def test_start_layers_per_set_choose_the_blocks_of_each_fold(model, processor, p
 # -- Qwen2-VL: merged 2 x 2 image tokens, multimodal rotary positions, depth "lm" -------------
 
 
+@pytest.fixture(scope="module", params=["2", "2.5"])
+def qwen_version(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def qwen2_vl():
+def qwen2_vl(qwen_version):
+    """Qwen2-VL ("2") or Qwen2.5-VL ("2.5", its windowed tower does not change depth "lm")."""
     from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
 
-    return tiny_qwen2_vl().double(), tiny_qwen2_vl_processor()
+    return tiny_qwen2_vl(version=qwen_version).double(), tiny_qwen2_vl_processor(qwen_version)
 
 
 def _qwen2_vl_reference(model, one, position, target, method="generic"):
@@ -621,10 +626,11 @@ def test_qwen2_vl_each_generated_token_equals_the_rule_on_its_prefix(qwen2_vl):
 
 
 @pytest.mark.parametrize("answer", [False, True])
-def test_qwen2_vl_a_left_padded_batch_equals_each_prompt_alone(answer):
+def test_qwen2_vl_a_left_padded_batch_equals_each_prompt_alone(qwen_version, answer):
     from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
 
-    model, processor = tiny_qwen2_vl(), tiny_qwen2_vl_processor()  # float32, see above
+    model = tiny_qwen2_vl(version=qwen_version)  # float32, see above
+    processor = tiny_qwen2_vl_processor(qwen_version)
     explainer = Explainer(model, tokenizer=processor)
     pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
 
@@ -680,7 +686,7 @@ def test_qwen2_vl_no_side_effects_and_what_is_refused_says_why(qwen2_vl):
         explainer.explain(chat, target=10**6)
     assert before.differences(ModelState.capture(model)) == []
     assert model.model.rope_deltas is deltas  # its positions were given, not cached
-    with pytest.raises(OptionError, match=r"not offered for Qwen2VL.*unbatched packed sequence"):
+    with pytest.raises(OptionError, match=r"not offered for Qwen2.*unbatched packed sequence"):
         explainer.explain(chat, depth="tower")
     inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
     with pytest.raises(InputError, match="image_grid_thw"):

@@ -43,10 +43,6 @@ def hierarchical_family(model: nn.Module) -> str | None:
 
 
 _VISION_LANGUAGE_NOT_YET = {
-    "Qwen2_5_VLForConditionalGeneration": (
-        "its vision tower runs every image's patches as one unbatched sequence with "
-        "windowed attention in most blocks, which explain has no mapping for yet"
-    ),
     "Idefics3ForConditionalGeneration": (
         "it splits each photo into tiles and a downscaled whole, each its own tower pass, "
         "and pixel-shuffles the tokens; explain does not map tiles back onto the photo yet"
@@ -82,7 +78,7 @@ def unsupported_model_message(model: nn.Module, families: Sequence[str]) -> str:
     elif (refusal := vision_language_refusal(model)) is not None:
         reason = (
             f"{refusal} The vision-language models explained are LLaVA, PaliGemma, "
-            "Gemma 3 and Qwen2-VL."
+            "Gemma 3, Qwen2-VL and Qwen2.5-VL."
         )
     else:
         reason = f"{name} is not a supported model."

@@ -683,7 +683,7 @@ def _hf_gemma3() -> TinyCase:
     return TinyCase(tiny_gemma3(), batch, alone, {"text": lengths})
 
 
-def _hf_qwen2_vl() -> TinyCase:
+def _hf_qwen2_vl(version: str = "2") -> TinyCase:
     from explain.testing.tiny_vlm import IMAGE_TOKEN_ID, tiny_qwen2_vl
 
     # "<s> user <image> x 4 words", right-padded: 32 x 32 images, 4 x 4 patches merged
@@ -707,7 +707,7 @@ def _hf_qwen2_vl() -> TinyCase:
         | {"pixel_values": patches[16 * i : 16 * (i + 1)], "image_grid_thw": grid[i : i + 1]}
         for i, n in enumerate(lengths)
     )
-    return TinyCase(tiny_qwen2_vl(), batch, alone, {"text": lengths})
+    return TinyCase(tiny_qwen2_vl(version=version), batch, alone, {"text": lengths})
 
 
 def _custom_text() -> TinyCase:
@@ -740,6 +740,7 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_paligemma": _hf_paligemma,
     "hf_gemma3": _hf_gemma3,
     "hf_qwen2_vl": _hf_qwen2_vl,
+    "hf_qwen2_5_vl": lambda: _hf_qwen2_vl("2.5"),
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
     **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},

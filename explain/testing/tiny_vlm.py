@@ -262,27 +262,35 @@ QWEN2_VL_IMAGE_SIZE = (16 * 16 * 4, 32 * 64)
 blocks, so a 40 x 60 photo becomes 32 x 64 (a 4 x 8 patch grid, 2 x 4 image tokens)."""
 
 
-def tiny_qwen2_vl(seed: int = 0) -> nn.Module:
-    """A small random `Qwen2VLForConditionalGeneration`, in eval mode, sdpa attention: a
-    two-block tower over 8-pixel patches merged 2 x 2, and a tiny Qwen2 language model
-    with multimodal rotary positions (sections 2, 1, 1 of its 4 rotary frequencies)."""
+def tiny_qwen2_vl(seed: int = 0, version: str = "2") -> nn.Module:
+    """A small random `Qwen2VLForConditionalGeneration` (`version` "2") or
+    `Qwen2_5_VLForConditionalGeneration` ("2.5"), in eval mode, sdpa attention: a
+    two-block tower over 8-pixel patches merged 2 x 2 (2.5: windows of 2 x 2 merged
+    blocks in its first block, full attention in its second), and a tiny Qwen2 language
+    model with multimodal rotary positions (sections 2, 1, 1 of its 4 rotary frequencies)."""
     import transformers as tf
 
-    text = tf.Qwen2VLTextConfig(
-        **_COMMON,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]},
-    )
-    vision = tf.Qwen2VLVisionConfig(
-        depth=2,
-        embed_dim=32,
-        hidden_size=32,
-        num_heads=2,
-        mlp_ratio=2,
-        patch_size=PATCH_SIZE,
-        temporal_patch_size=2,
-        spatial_merge_size=2,
-    )
-    config = tf.Qwen2VLConfig(
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
+    tower = dict(depth=2, num_heads=2, patch_size=PATCH_SIZE, temporal_patch_size=2)
+    tower["spatial_merge_size"] = 2
+    if version == "2":
+        text = tf.Qwen2VLTextConfig(**_COMMON, rope_parameters=rope)
+        vision = tf.Qwen2VLVisionConfig(**tower, embed_dim=32, hidden_size=32, mlp_ratio=2)
+        kind, build = tf.Qwen2VLConfig, tf.Qwen2VLForConditionalGeneration
+    elif version == "2.5":
+        text = tf.Qwen2_5_VLTextConfig(**_COMMON, rope_parameters=rope)
+        vision = tf.Qwen2_5_VLVisionConfig(
+            **tower,
+            hidden_size=32,
+            intermediate_size=37,
+            out_hidden_size=32,
+            window_size=4 * PATCH_SIZE,
+            fullatt_block_indexes=[1],
+        )
+        kind, build = tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration
+    else:
+        raise ValueError(f"version must be '2' or '2.5', got {version!r}")
+    config = kind(
         text_config=text.to_dict(),
         vision_config=vision.to_dict(),
         image_token_id=IMAGE_TOKEN_ID,
@@ -293,16 +301,17 @@ def tiny_qwen2_vl(seed: int = 0) -> nn.Module:
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = tf.Qwen2VLForConditionalGeneration(config)
+        model = build(config)
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 2
     return model.eval()
 
 
-def tiny_qwen2_vl_processor() -> Any:
-    """The processor of `tiny_qwen2_vl`: the tiny tokenizer with "<image>" (each image
-    expands to its run of merged tokens) and Qwen2-VL's image processor, which resizes a
-    photo to whole 16-pixel blocks within `QWEN2_VL_IMAGE_SIZE` pixels (no crop)."""
+def tiny_qwen2_vl_processor(version: str = "2") -> Any:
+    """The processor of `tiny_qwen2_vl(version=...)`: the tiny tokenizer with "<image>"
+    (each image expands to its run of merged tokens) and Qwen2-VL's image processor (both
+    versions use it), which resizes a photo to whole 16-pixel blocks within
+    `QWEN2_VL_IMAGE_SIZE` pixels (no crop)."""
     import transformers as tf
 
     least, most = QWEN2_VL_IMAGE_SIZE
@@ -314,7 +323,8 @@ def tiny_qwen2_vl_processor() -> Any:
         image_mean=[0.5, 0.5, 0.5],
         image_std=[0.5, 0.5, 0.5],
     )
-    return tf.Qwen2VLProcessor(
+    kind = tf.Qwen2_5_VLProcessor if version == "2.5" else tf.Qwen2VLProcessor
+    return kind(
         image_processor=tf.Qwen2VLImageProcessor(**geometry),
         video_processor=tf.Qwen2VLVideoProcessor(**geometry),
         tokenizer=tiny_vlm_tokenizer(),
