@@ -681,11 +681,12 @@ def test_qwen2_vl_no_side_effects_and_what_is_refused_says_why(qwen2_vl):
     explainer = Explainer(model, tokenizer=processor)
     chat = _chat(processor, _photo(0), "w12")
     before, deltas = ModelState.capture(model), model.model.rope_deltas
+    explain_generation(explainer, chat, max_new_tokens=2)
     explainer.explain(chat, method="rollout")
     with pytest.raises(ExplainError):
         explainer.explain(chat, target=10**6)
     assert before.differences(ModelState.capture(model)) == []
-    assert model.model.rope_deltas is deltas  # its positions were given, not cached
+    assert model.model.rope_deltas is deltas  # not left cached by generate, nor explain
     with pytest.raises(OptionError, match=r"not offered for Qwen2.*unbatched packed sequence"):
         explainer.explain(chat, depth="tower")
     inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])

@@ -16,7 +16,8 @@ folds do not read yet.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -138,6 +139,17 @@ class HFQwen2VL(VisionLanguageModel):
         prepared = super().prepare(inputs)
         prepared.arguments["mm_token_type_ids"] = self._modalities(prepared.arguments)
         return prepared
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """The model's `generate` caches the prompts' rotary offsets on it (`rope_deltas`),
+        which a later forward without input_ids would read: put back as found."""
+        inner = self.model.model
+        found = inner.rope_deltas
+        try:
+            yield
+        finally:
+            inner.rope_deltas = found
 
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         """The answer's tokens are text (modality 0); the image inputs stay as they are."""

@@ -15,9 +15,10 @@ dropping its prefix tokens. The engine's plan for these models is explain.engine
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -272,6 +273,12 @@ class VisionLanguageModel(LanguageModel):
         prompts followed by `count` generated tokens; a family whose extra inputs run
         along the tokens extends them as its generation does."""
         return dict(extra)
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """Around the model's own `generate`: what it leaves on the model, put back as
+        found (nothing here; a family whose generation caches state on the model says)."""
+        yield
 
     def image_positions(self, prepared: Prepared) -> Tensor:
         """(B, k * n): each text's image-token positions, image by image."""
