@@ -96,7 +96,10 @@ class VisionLanguageModel(LanguageModel):
     """The adapter contract of a vision-language model (module docstring).
 
     Subclasses give the tower and language-model stacks, the tower blocks the language
-    model reads, the image token id and the `ImageTokens` of their projector. Inputs are
+    model reads, the image token id and the `ImageTokens` of their projector; a family
+    whose image inputs or positions differ (Qwen2-VL: flattened patches with their grids,
+    multimodal rotary positions) says so in `image_arguments` and `position_ids`, and one
+    whose tower cannot be folded yet in `tower_refused`. Inputs are
     the processor's output: `input_ids` with each image's run of image tokens,
     `attention_mask` (left or right padding) and `pixel_values` (one row per image, in
     the order the images appear); or, with the processor as the Explainer's tokenizer, an
