@@ -541,8 +541,12 @@ def main() -> None:
             if tables[True]
             else long_section(old)
         )
+        text = with_long_section(report, long)
+        windowed = WINDOWED_SECTION.search(old)  # scripts/bench_swin.py's, kept as it is
+        if windowed and windowed.group(0) not in text:
+            text = text.rstrip("\n") + "\n\n" + windowed.group(0) + "\n"
         with atomic_write(args.out, "w") as handle:
-            handle.write(with_long_section(report, long))
+            handle.write(text)
     print(f"benchmark took {elapsed / 60:.1f} min")
 
 
@@ -555,6 +559,12 @@ def growth_row(case: Case, seconds: dict[str, list[float]], peaks: dict[str, int
     memory = f"{peaks['generic'] / peaks[FLOOR]:.2f}" if peaks.get(FLOOR) else "-"
     return f"| {title} | {case.tokens} | {time_ratio:.2f} | {memory} |"
 
+
+WINDOWED_SECTION = re.compile(
+    r"<!-- windowed attention: scripts/bench_swin.py -->.*?<!-- end of windowed attention -->",
+    re.DOTALL,
+)
+"""The Swin section, which scripts/bench_swin.py writes and this script keeps."""
 
 LONG_BEGIN = "<!-- long prompts: scripts/bench.py --cases long -->"
 LONG_END = "<!-- end of long prompts -->"
