@@ -718,3 +718,26 @@ def test_qwen2_vl_maps_go_back_onto_the_whole_photo():
     back = photo_preprocessing(images).to_original(pixels, (48, 80))
     expected = torch.from_numpy(ramp / 255.0).permute(2, 0, 1).float()
     torch.testing.assert_close(back[:, 2:-2, 2:-2], expected[:, 2:-2, 2:-2], atol=0.04, rtol=0)
+
+
+def test_qwen2_vl_loads_from_a_folder_and_draws_the_generate_page(tmp_path, capsys):
+    from PIL import Image
+
+    from explain.cli import main
+    from explain.loading import load_model
+    from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
+
+    folder = tmp_path / "qwen2-vl"
+    tiny_qwen2_vl().save_pretrained(folder)
+    tiny_qwen2_vl_processor().save_pretrained(folder)
+    loaded = load_model(str(folder))
+    assert loaded.modality == "vision_language" and loaded.preprocessing is not None
+    assert loaded.preprocessing.fit == "exact"  # the whole photo, resized per photo
+    Image.fromarray(_photo(5, (48, 72))).save(tmp_path / "photo.png")
+    page = tmp_path / "page.html"
+    argv = ["generate", "--image", str(tmp_path / "photo.png"), "w12 w13", "--model"]
+    assert main([*argv, str(folder), "--max-new-tokens", "2", "--html", str(page)]) == 0
+    assert str(page) in capsys.readouterr().out
+    assert page.read_text().count('class="word"') == 2 and "depth lm" in page.read_text()
+    assert main([*argv, str(folder), "--depth", "tower", "--html", str(page)]) == 2
+    assert "not offered for Qwen2VL" in capsys.readouterr().err
