@@ -20,7 +20,7 @@ blocks, and how the columns' results become one relevance per token set. The loo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal, Protocol, Union, cast
 
@@ -40,8 +40,7 @@ from explain.errors import (
 from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, METHODS, Method, Need, RuleContext, Sink
 from explain.rules.coattention import BlockRole, TwoSetFold
-from explain.rules.fold import AttentionRows
-from explain.rules.registry import RowSink, integer_option
+from explain.rules.registry import integer_option
 from explain.targets import (
     Score,
     Target,
@@ -90,16 +89,11 @@ class Columns:
 
 
 class ColumnSink(Protocol):
-    """What receives one column's blocks: a `SetSinks`, or a two-set fold. Where
-    `takes_rows`, it also folds a block by chunks of query rows (`add_rows`: the fused
-    path's streaming, explain.fused)."""
+    """What receives one column's blocks: a `SetSinks`, or a two-set fold."""
 
     layers: Sequence[int]
-    takes_rows: bool
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
-
-    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None: ...
 
     def result(self) -> Any: ...
 
@@ -171,6 +165,7 @@ class SetSinks:
 
     def __init__(self, sinks: dict[str, Sink], sets: Sequence[TokenSet]) -> None:
         self._sinks = sinks
+        self._sets = sets
         self._route = {
             token_set.layers[local]: (sinks[token_set.name], local)
             for token_set in sets
@@ -184,15 +179,10 @@ class SetSinks:
         sink, local = self._route[layer]
         sink.add(local, attention, gradient)
 
-    @property
-    def takes_rows(self) -> bool:
-        """Whether every set's sink can fold a block by chunks of query rows (the fused
-        path's streaming, explain.fused): each declares it (`RowSink.takes_rows`)."""
-        return all(getattr(sink, "takes_rows", False) for sink in self._sinks.values())
-
-    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
-        sink, local = self._route[layer]
-        cast(RowSink, sink).add_rows(local, chunks)  # every sink declared it (takes_rows)
+    def parts(self) -> list[tuple[Sequence[int], Sink]]:
+        """(the set's model-wide layers, its sink) per token set, in order: the streamed
+        fold (explain.engine.stream) stacks the columns' sinks set by set."""
+        return [(token_set.layers, self._sinks[token_set.name]) for token_set in self._sets]
 
     def add_input(self, relevance: Tensor) -> None:
         """The input relevance of full LRP (one-stack models: one sink)."""

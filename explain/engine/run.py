@@ -8,8 +8,13 @@ method needs (`Need`) chooses the pass through the model:
   map serves every target of an input (a generation's columns read out at different
   positions: each has its own sink, all filled from the same forward);
 - attention gradients: one forward, then the backward of every score column, all
-  columns in one vectorised backward, chunked to a memory budget
+  columns in one vectorised backward, chunked to the memory budget
   (`Recorder.backward_batched`), each column into its own sink;
+
+where every column's sink folds by spreads (generic, rollout), the columns are folded
+together block by block (explain.engine.spread), on the fused path from q, k, v and dO
+without N x N maps ("streamed"). The path (`choose_path`: the device, the memory budget,
+the length) is recorded in `Explanation.settings`;
 - LRP relevance: one forward that records the family's walk (`Adapter.lrp_walk`), the
   gradients as above when the method weights by them (kept per column until that
   column's walk has used them), then the walk once per column (a walk propagates one
@@ -25,7 +30,6 @@ has one column; a generation's columns are its generated positions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -34,15 +38,15 @@ from torch import Tensor
 from explain.architectures.base import Adapter
 from explain.engine.plans import Columns, Plan, plan_for
 from explain.engine.request import Request
+from explain.engine.spread import SpreadFold
 from explain.errors import OptionError, TargetError
 from explain.explanation import Explanation, Trace
-from explain.fused import use_fused_path
+from explain.fused import PathChoice, choose_path, default_memory_budget
 from explain.lrp import RULE_SETS, tape_for
 from explain.lrp.attnlrp import RuleCall, rule_hooks
 from explain.lrp.attnlrp_sites import rule_sites
 from explain.recorder import Recorder
 from explain.rules import LRP_NEEDS, Method, Need, get_method
-from explain.rules.fold import AttentionRows
 
 __all__ = ["explain", "trace"]
 
@@ -55,15 +59,20 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
     plan.prepare(inputs)
     plan.sink()  # bad options and start layers fail before any model work
     plan.choose_inputs()
-    fused = _fused(adapter, spec, plan, request)
+    budget = _memory_budget(adapter, request)
+    path = _path(adapter, spec, plan, request, budget)
+    fused = path == "fused"
+    streamed = False
     if spec.needs & LRP_NEEDS:
         columns, per_column, mapped = _lrp_pass(adapter, spec, plan)
     elif Need.EMBEDDING_GRADIENTS in spec.needs:
         columns, per_column, mapped = (*_embedding_gradient_pass(adapter, spec, plan, fused), False)
     elif Need.ATTENTION_GRADIENTS in spec.needs:
-        columns, per_column, mapped = (*_gradient_pass(adapter, plan, fused), False)
+        columns, per_column, streamed = _gradient_pass(adapter, plan, fused, budget)
+        mapped = False
     else:
-        columns, per_column, mapped = (*_forward_pass(adapter, plan, fused), False)
+        columns, per_column, streamed = _forward_pass(adapter, plan, fused, budget)
+        mapped = False
     layouts = {token_set.name: token_set.layout for token_set in plan.sets}
     if not mapped:  # onto the input: patch grids, text with pads 0
         per_column = [
@@ -81,6 +90,7 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         input_size=first.layout.input_size,
         relevances=relevances,
         tokens=plan.tokens(),
+        settings={"attention_path": "streamed" if streamed else path, "memory_budget": budget},
     )
 
 
@@ -90,8 +100,16 @@ def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None
     plan = plan_for(adapter, None, request, tokenizer)
     plan.prepare(inputs)
     plan.choose_inputs()
-    fused = use_fused_path(
-        adapter, plan.prepared.layout, needs_gradients=True, requested=request.attention_path
+    fused = (
+        choose_path(
+            adapter,
+            plan.prepared.layout,
+            batch=plan.prepared.batch_size,
+            needs_gradients=True,
+            requested=request.attention_path,
+            memory_budget=_memory_budget(adapter, request),
+        )
+        == "fused"
     )
     num_layers = adapter.num_layers
     attentions: dict[int, Tensor] = {}
@@ -119,21 +137,30 @@ def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None
         )
 
 
-def _fused(adapter: Adapter, spec: Method, plan: Plan, request: Request) -> bool:
-    """Whether the call runs on the fused attention path. The LRP walks read each block's
-    attention probabilities as the explicit path computes them: they refuse "fused"."""
+def _memory_budget(adapter: Adapter, request: Request) -> int:
+    """The call's memory budget in bytes: the request's, or the device's default."""
+    if request.memory_budget is not None:
+        return request.memory_budget
+    return default_memory_budget(adapter.parameter.device)
+
+
+def _path(adapter: Adapter, spec: Method, plan: Plan, request: Request, budget: int) -> PathChoice:
+    """The attention path of the call. The LRP walks read each block's attention
+    probabilities as the explicit path computes them: they refuse "fused"."""
     if spec.needs & LRP_NEEDS:
         if request.attention_path == "fused":
             raise OptionError(
                 f"method {spec.name!r} propagates relevance through the explicit attention "
                 "path, not the fused kernel; use attention_path='auto' or 'explicit'"
             )
-        return False
-    return use_fused_path(
+        return "explicit"
+    return choose_path(
         adapter,
         plan.prepared.layout,
+        batch=plan.prepared.batch_size,
         needs_gradients=spec.needs_gradients,
         requested=request.attention_path,
+        memory_budget=budget,
         reads_attention=bool(spec.needs & {Need.ATTENTION, Need.ATTENTION_GRADIENTS}),
     )
 
@@ -141,53 +168,62 @@ def _fused(adapter: Adapter, spec: Method, plan: Plan, request: Request) -> bool
 PerColumn = list[dict[str, Tensor]]
 
 
-def _forward_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, PerColumn]:
+def _forward_pass(
+    adapter: Adapter, plan: Plan, fused: bool, budget: int
+) -> tuple[Columns, PerColumn, bool]:
     """Class-agnostic methods: one forward under no_grad, no backward at all; one map
-    serves every target, unless the plan gives each column its own sink."""
+    serves every target, unless the plan gives each column its own sink. Returns also
+    whether the blocks were streamed (folded from q and k after the forward)."""
     sinks = plan.forward_sinks()
-    # On the fused path the blocks are folded by rows after the forward.
-    stream = fused and all(sink.takes_rows for sink in sinks)
+    spread = SpreadFold.of(sinks, budget)
+    stream = fused and spread is not None
 
     def add(layer: int, attention: Tensor) -> None:
+        if spread is not None:
+            spread.keep(layer, attention)
+            return
         for sink in sinks:
             sink.add(layer, attention, None)
-
-    def add_rows(layer: int, chunks: Iterable[AttentionRows]) -> None:
-        for sink in sinks:
-            sink.add_rows(layer, chunks)
 
     with Recorder(
         adapter, on_attention=add, differentiable=False, fused=fused, stream_forward=stream
     ) as recorder:
         columns = plan.columns(plan.forward())
-        if stream:
-            recorder.stream_attention(add_rows)
+        if spread is not None and stream:
+            recorder.stream_attention(spread.add)
+    if spread is not None:
+        spread.fold_kept()
+        spread.finish()
     results = [plan.read(k, sink) for k, sink in enumerate(sinks)]
-    return columns, results if len(sinks) > 1 else results * columns.scores.shape[1]
+    return columns, results if len(sinks) > 1 else results * columns.scores.shape[1], stream
 
 
-def _gradient_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, PerColumn]:
+def _gradient_pass(
+    adapter: Adapter, plan: Plan, fused: bool, budget: int
+) -> tuple[Columns, PerColumn, bool]:
     """One forward, then one backward of every score column (vectorised over columns,
-    chunked to the recorder's memory budget), folding blocks as their gradients arrive."""
+    chunked to the memory budget), folding blocks as their gradients arrive: all columns
+    at once where their sinks fold by spreads (explain.engine.spread), each column into
+    its own sink otherwise. Returns also whether the fused path streamed the blocks."""
     first = plan.sink()
     with Recorder(adapter, track=first.layers, fused=fused) as recorder:
         columns = plan.columns(plan.forward())
         count = columns.scores.shape[1]
         sinks = [first] + [plan.sink(k) for k in range(1, count)]
-        # On the fused path, sinks that fold by rows get each block by chunks of query rows.
-        stream = first.takes_rows
+        spread = SpreadFold.of(sinks, budget)
+        on_block = None if spread is None else spread.add
         if count == 1:
-            rows = first.add_rows if stream else None
-            recorder.backward(columns.scores[:, 0].sum(), first.add, on_rows=rows)
+            recorder.backward(columns.scores[:, 0].sum(), first.add, on_block=on_block)
         else:
             recorder.backward_batched(
                 columns.scores,
                 lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
-                on_rows=(lambda k, layer, chunks: sinks[k].add_rows(layer, chunks))
-                if stream
-                else None,
+                max_bytes=budget,
+                on_block=on_block,
             )
-    return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
+    if spread is not None:
+        spread.finish()
+    return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)], fused and bool(spread)
 
 
 def _lrp_pass(adapter: Adapter, spec: Method, plan: Plan) -> tuple[Columns, PerColumn, bool]:

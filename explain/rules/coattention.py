@@ -164,8 +164,6 @@ class TwoSetFold:
     rules run in forward order in `matrices()` once every block has arrived.
     """
 
-    takes_rows = False  # the two-set rules need whole maps (see explain.engine.plans)
-
     def __init__(
         self,
         roles: Sequence[BlockRole],
