@@ -38,9 +38,13 @@ def _generation(model, end: bool = False) -> Generation:
     return Generation(ids, mask, width)
 
 
-@pytest.mark.parametrize("method", ["generic", "rollout", "attention_gradcam", "raw_attention"])
+@pytest.mark.parametrize(
+    "method", ["generic", "rollout", "attention_gradcam", "raw_attention", "attnlrp", "cp_lrp"]
+)
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
 def test_every_generated_token_equals_the_next_token_explanation(family, method):
+    """Every method a generation takes, all columns from one forward and one batched
+    backward (or none), equals explaining each prefix with its next token."""
     model = _model(family)
     explainer = Explainer(model)
     generation = _generation(model, end=True)

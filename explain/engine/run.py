@@ -281,21 +281,29 @@ def _embedding_gradient_pass(
 ) -> tuple[Columns, PerColumn]:
     """AttnLRP and CP-LRP: one forward with the method's gradient rules hooked on the
     model's modules for the call, whose word- or patch-embedding output is the graph's
-    leaf; then per column one backward to it, embedding x gradient summed over the hidden
+    leaf; then one backward of every column to it, vectorised over the columns (a
+    generation's tokens, several classes), embedding x gradient summed over the hidden
     size. The rules hold on either attention path."""
     assert spec.gradient_rules is not None
     call = RuleCall()
     hooks = rule_hooks(adapter.model, rule_sites(adapter), spec.gradient_rules, call)  # type: ignore[arg-type]
-    first = plan.sink()
     with Recorder(adapter, module_hooks=hooks, leaf_at_blocks=False, fused=fused):
-        columns = plan.columns(adapter.forward(plan.prepared))
-        count = columns.scores.shape[1]
+        columns = plan.columns(plan.forward())
+        scores = columns.scores
+        count = scores.shape[1]
+        if count == 1:
+            gradients = torch.autograd.grad(scores[:, 0].sum(), call.tensor)[0][None]
+        else:
+            one_hot = torch.eye(count, dtype=scores.dtype, device=scores.device)[:, None, :]
+            (gradients,) = torch.autograd.grad(
+                scores,
+                call.tensor,
+                grad_outputs=one_hot.expand(count, *scores.shape),
+                is_grads_batched=True,
+            )
         per_column = []
         for k in range(count):
-            sink = first if k == 0 else plan.sink()
-            (gradient,) = torch.autograd.grad(
-                columns.scores[:, k].sum(), call.tensor, retain_graph=k < count - 1
-            )
-            sink.add_input(call.relevance(gradient, plan.prepared.layout))
+            sink = plan.sink(k)
+            sink.add_input(call.relevance(gradients[k], plan.prepared.layout))
             per_column.append(plan.read(k, sink))
     return columns, per_column
