@@ -74,10 +74,15 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         columns, per_column, streamed = _forward_pass(adapter, plan, fused, budget)
         mapped = False
     layouts = {token_set.name: token_set.layout for token_set in plan.sets}
-    if not mapped:  # onto the input: patch grids, text with pads 0
+    if not mapped:  # onto the input (patch grids, text with pads 0), all columns at once
+        mapped_sets = {
+            name: adapter.to_input_space(
+                torch.stack([column[name] for column in per_column], dim=1), layout
+            ).unbind(dim=1)
+            for name, layout in layouts.items()
+        }
         per_column = [
-            {name: adapter.to_input_space(r, layouts[name]) for name, r in column.items()}
-            for column in per_column
+            {name: mapped_sets[name][k] for name in per_column[k]} for k in range(len(per_column))
         ]
     relevances = {name: r.detach() for name, r in plan.finish(per_column, columns).items()}
     first = plan.sets[0]
@@ -209,7 +214,7 @@ def _gradient_pass(
     with Recorder(adapter, track=first.layers, fused=fused) as recorder:
         columns = plan.columns(plan.forward())
         count = columns.scores.shape[1]
-        sinks = [first] + [plan.sink(k) for k in range(1, count)]
+        sinks = [first, *plan.column_sinks(count)[1:]] if count > 1 else [first]
         spread = SpreadFold.of(sinks, budget)
         on_block = None if spread is None else spread.add
         if count == 1:
@@ -301,9 +306,9 @@ def _embedding_gradient_pass(
                 grad_outputs=one_hot.expand(count, *scores.shape),
                 is_grads_batched=True,
             )
+        relevances = call.relevance(gradients, plan.prepared.layout).unbind()
         per_column = []
-        for k in range(count):
-            sink = plan.sink(k)
-            sink.add_input(call.relevance(gradients[k], plan.prepared.layout))
+        for k, sink in enumerate(plan.column_sinks(count)):
+            sink.add_input(relevances[k])
             per_column.append(plan.read(k, sink))
     return columns, per_column
