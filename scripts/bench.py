@@ -920,9 +920,9 @@ What the rows measure:
   backward from the summed predicted logits to the first block's input. No explanation
   can cost less: every gradient method needs this forward and this backward.
 - **generic**, **rollout**: `Explainer(model).explain(inputs, method=...)`, the attention
-  path chosen automatically (`explain.fused.use_fused_path`: explicit below
-  {threshold} tokens on CPU, fused from there on and on CUDA; for forward-only methods
-  from {threshold} tokens on, on any device). `rollout` needs no backward at all.
+  path chosen automatically (`explain.fused.choose_path`, see "Which path" below:
+  on CPU explicit below {threshold} tokens where the maps fit the memory budget, fused
+  and streamed from there on). `rollout` needs no backward at all.
 - **attnlrp**, **cp_lrp**: the same for AttnLRP and CP-LRP (one forward under their
   gradient rules and one backward to the embeddings; they read no attention map, so
   "auto" keeps the model's fused kernel at every length, as the floor does).
@@ -1013,15 +1013,15 @@ the first {warm_up} tokens; the run took {minutes:.1f} minutes. The machine is s
 with other work, so the times carry its noise; the memory figures do not depend on it.
 One input per case, random weights. Rows as above: the floor (forward + input backward
 on the default sdpa path), `generic` on the path "auto" takes (the fused path from
-{threshold} tokens on, for adapters that have one: A and dA recomputed from q, k, v and
-dO and folded by chunks of query rows, explain.fused), and on the explicit path where
-its N x N maps fit in memory. The goal at 4096 tokens: generic within 1.5x the floor's
-memory and 2x its time. The cases may come from separate runs of this command (a run
-of some of them replaces their rows and tables and keeps the others'; this header is
-the last run's). What to expect: the memory ratio falls towards 1 as N grows, since the
-fold's chunks have a fixed size (explain.fused.STREAM_BYTES) while the floor's
-activations grow with N; the time over the floor is the streamed fold (A and dA
-recomputed by chunks, then folded), whose parts are measured below the tables.
+{threshold} tokens on, for adapters that have one: each block folded by
+`readout_spread`, A and dA recomputed from q, k, v and dO by chunks of query rows,
+explain.engine.kernels), and on the explicit path where its N x N maps fit in memory.
+The goal at 4096 tokens: generic within 1.5x the floor's memory and 2x its time. The
+cases may come from separate runs of this command (a run of some of them replaces their
+rows and tables and keeps the others'; this header is the last run's). What to expect:
+the memory ratio falls towards 1 as N grows, since on CPU the fold's chunks stay
+cache-sized (explain.engine.kernels.torch_fold.CPU_CHUNK_BYTES) while the floor's
+activations grow with N; the time over the floor is the streamed fold.
 
 How generic's cost over the floor grows with the prompt:
 
