@@ -920,7 +920,7 @@ What the rows measure:
   backward from the summed predicted logits to the first block's input. No explanation
   can cost less: every gradient method needs this forward and this backward.
 - **generic**, **rollout**: `Explainer(model).explain(inputs, method=...)`, the attention
-  path chosen automatically (`explain.fused.choose_path`, see "Which path" below:
+  path chosen automatically (`explain.fused.choose_path`, README "Attention paths":
   on CPU explicit below {threshold} tokens where the maps fit the memory budget, fused
   and streamed from there on). `rollout` needs no backward at all.
 - **attnlrp**, **cp_lrp**: the same for AttnLRP and CP-LRP (one forward under their
