@@ -33,7 +33,7 @@ class Explainer:
             records the path it took in `Explanation.settings["attention_path"]`.
         memory_budget: bytes the attention maps may take: "auto" keeps the explicit path
             only where its maps fit, and the fused path folds the blocks in chunks of
-            that size (docs/benchmarks.md, "Which path"). None: half the free memory of a
+            that size (README, "Attention paths"). None: half the free memory of a
             CUDA device, a quarter of the available RAM (at most 1 GiB) elsewhere.
         spec: for a transformer of your own (no supported family): its blocks, attention
             probabilities and readout, see `explain.TransformerSpec` and
@@ -85,7 +85,7 @@ class Explainer:
 
         Args:
             inputs: images (B, C, H, W), or a tokenizer's output for text models; with
-                a tokenizer, also a text or a list of texts (see explain.text.encode).
+                a tokenizer, also a text or a list of texts (see explain.tokenizing.encode).
             target: None (predicted class), an int, B ints, a (B, K) tensor of K classes
                 per input (the relevance gets a K axis), or a callable on the output.
             method: a name from `explain.METHODS`.

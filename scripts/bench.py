@@ -680,9 +680,8 @@ def cuda_checks(device: torch.device) -> list[str]:
     CPU in float32: a Markdown table of the largest differences relative to each map."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    import explain.tiny_lm as tiny_lm
     from explain.engine.kernels import readout_spread
-    from explain.testing import tiny_vit
+    from explain.testing import tiny_lm, tiny_vit
 
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 60, (2, 24), generator=generator)

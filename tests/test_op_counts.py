@@ -21,10 +21,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import explain.engine.kernels.torch_fold as torch_fold
-import explain.tiny_lm as tiny_lm
 from explain import Explainer
 from explain.generation import Generation, explain_generation
-from explain.testing import tiny_vit
+from explain.testing import tiny_lm, tiny_vit
 
 SYNCS = frozenset(
     {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "item", "_unique2", "unique_dim"}

@@ -10,7 +10,6 @@ import reference_hf as ref
 import torch
 
 import explain.engine.kernels.torch_fold as torch_fold
-import explain.tiny_lm as tiny_lm
 from explain import Explainer
 from explain.architectures.base import FusedAttentionSite
 from explain.engine.kernels import spread_maps
@@ -19,7 +18,7 @@ from explain.fused import FusedBlock
 from explain.rules.attention import ROLLOUT_SPREAD, rollout_step
 from explain.rules.fold import ColumnFolds, ReadoutFold
 from explain.rules.gradient import GENERIC_SPREAD, generic_step, gradient_weighted
-from explain.testing import tiny_vit
+from explain.testing import tiny_lm, tiny_vit
 
 TEXTS = [[2, 14, 7, 33, 9, 21, 3, 8, 11, 19], [2, 41, 3], [2, 5, 17, 28, 3, 6]]
 

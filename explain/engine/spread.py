@@ -13,16 +13,24 @@ on the columns nor on the heads. Every other sink takes whole maps, column by co
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from explain.engine.kernels import live_rows, readout_spread, spread_maps
-from explain.engine.plans import ColumnSink, SetSinks
 from explain.fused import FusedBlock, attention_gradient
+from explain.rules import Sink
 from explain.rules.fold import ColumnFolds, ReadoutFold
 
-__all__ = ["SpreadFold"]
+__all__ = ["PerSetSinks", "SpreadFold"]
+
+
+class PerSetSinks(Protocol):
+    """A column's sinks as explain.engine.passes.ColumnSink offers them: (the set's
+    model-wide layers, its sink) per token set; empty for a fold over several sets."""
+
+    def parts(self) -> list[tuple[Sequence[int], Sink]]: ...
 
 
 class SpreadFold:
@@ -43,12 +51,12 @@ class SpreadFold:
         self._kept: dict[int, Tensor] = {}
 
     @classmethod
-    def of(cls, sinks: Sequence[ColumnSink], max_bytes: int) -> SpreadFold | None:
+    def of(cls, sinks: Sequence[PerSetSinks], max_bytes: int) -> SpreadFold | None:
         """The fold of `sinks` (one per column), or None unless every column's sink is a
         readout fold per token set with a spread, alike across columns."""
-        if not all(isinstance(sink, SetSinks) for sink in sinks):
+        parts = [sink.parts() for sink in sinks]
+        if not all(parts):
             return None
-        parts = [sink.parts() for sink in sinks]  # type: ignore[attr-defined]
         folds = []
         for index, (layers, _) in enumerate(parts[0]):
             column_sinks = [column[index][1] for column in parts]

@@ -164,6 +164,11 @@ class TwoSetFold:
     rules run in forward order in `matrices()` once every block has arrived.
     """
 
+    def parts(self) -> list:
+        """Per-set sinks: none, the two sets fold together (explain.engine.passes'
+        ColumnSink); so the columns are folded one by one, from whole maps."""
+        return []
+
     def __init__(
         self,
         roles: Sequence[BlockRole],
