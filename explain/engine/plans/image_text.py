@@ -96,12 +96,8 @@ class ImageTextSink:
         its blocks arrive whole, column by column."""
         if self._build_tower is not None:
             return []
-        return [
-            (
-                range(self._offset, self._offset + len(self._text.layers) + self._text.layers[0]),
-                self._text,
-            )
-        ]
+        last = self._text.layers[-1] if len(self._text.layers) else -1
+        return [(range(self._offset, self._offset + last + 1), self._text)]
 
     def _text_relevance(self) -> Tensor:
         if self._text_result is None:
