@@ -14,6 +14,7 @@ from explain.engine import Request, StartLayer, check_tokenizer, resolve_start_l
 from explain.errors import OptionError
 from explain.explanation import Explanation, Trace
 from explain.fused import ATTENTION_PATHS, AttentionPath
+from explain.rules import get_method
 from explain.targets import Score, Target
 
 __all__ = ["Explainer", "explain", "resolve_start_layer"]
@@ -106,6 +107,7 @@ class Explainer:
         Returns:
             An `Explanation`; its tensors are detached and on the model's device.
         """
+        get_method(method)  # a name, checked before the inputs are
         request = Request(
             method=method,
             target=target,

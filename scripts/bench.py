@@ -803,6 +803,9 @@ def main() -> None:
             else long_section(old)
         )
         report = with_long_section(report, long)
+        windowed = WINDOWED_SECTION.search(old)  # scripts/bench_swin.py's, kept as it is
+        if windowed and windowed.group(0) not in report:
+            report = report.rstrip("\n") + "\n\n" + windowed.group(0) + "\n"
         if tables["gpu"]:
             checks = "\n".join(cuda_checks(device)) if device.type == "cuda" else CHECKS_PENDING
             gpu = GPU_REPORT.format(tables="\n".join(tables["gpu"]), checks=checks, **fields)
@@ -845,6 +848,12 @@ def with_gpu_section(text: str, section: str) -> str:
         return text.rstrip("\n") + "\n\n" + section + "\n"
     return text[:at] + section + "\n\n" + text[at:]
 
+
+WINDOWED_SECTION = re.compile(
+    r"<!-- windowed attention: scripts/bench_swin.py -->.*?<!-- end of windowed attention -->",
+    re.DOTALL,
+)
+"""The Swin section, which scripts/bench_swin.py writes and this script keeps."""
 
 LONG_BEGIN = "<!-- long prompts: scripts/bench.py --cases long -->"
 LONG_END = "<!-- end of long prompts -->"

@@ -236,3 +236,47 @@ def test_errors_say_what_to_do():
         generate(explainer, ref.padded_batch(PROMPTS, "left"), max_new_tokens=0)
     with pytest.raises(OptionError, match="decoder-only"):
         explain_generation(Explainer(ref.tiny_text_model("bert-classifier")), "w1")
+
+
+def test_generation_stops_at_the_models_last_position_with_a_note():
+    model = _model("gpt2")
+    limit = model.config.n_positions
+    explainer = Explainer(model)
+    prompt = {
+        "input_ids": torch.full((1, limit - 2), 5),
+        "attention_mask": torch.ones(1, limit - 2),
+    }
+    with pytest.warns(
+        UserWarning, match=f"generating at most 2 tokens, not 5: the model takes {limit}"
+    ):
+        result = explain_generation(explainer, prompt, max_new_tokens=5)
+    assert result.generation.input_ids.shape == (1, limit)
+    full = {"input_ids": torch.full((1, limit), 5), "attention_mask": torch.ones(1, limit)}
+    with pytest.raises(InputError, match="no room to generate"):
+        generate(explainer, full)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"num_return_sequences": 2}, OptionError, "one continuation per prompt"),
+        ({"bogus_option": 1}, OptionError, "unknown generation option 'bogus_option'"),
+        ({"input_ids": torch.ones(1, 2, dtype=torch.long)}, OptionError, "sets input_ids itself"),
+        ({"pad_token_id": 3}, OptionError, "sets pad_token_id itself"),
+        ({"do_sample": True, "temperature": -1.0}, OptionError, "bad generation options"),
+    ],
+)
+def test_bad_generation_options_are_clear_errors(options, error, message):
+    model = _model("llama")
+    before = ModelState.capture(model)
+    with pytest.raises(error, match=message):
+        generate(Explainer(model), ref.padded_batch(PROMPTS, "left"), max_new_tokens=2, **options)
+    assert before.differences(ModelState.capture(model)) == []
+
+
+@pytest.mark.parametrize("content", [None, 3, ["w10"]])
+def test_chat_messages_must_hold_text(content):
+    explainer = Explainer(_model("llama"), tokenizer=tiny_lm.tiny_tokenizer())
+    chat = [{"role": "user", "content": "w10"}, {"role": "assistant", "content": content}]
+    with pytest.raises(InputError, match="message 1 of conversation 0 has content"):
+        generate(explainer, chat, max_new_tokens=1)

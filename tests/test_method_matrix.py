@@ -5,7 +5,8 @@ The rows: every family's tiny model (explain.testing.TINY_MODELS, the `Transform
 models included), the generations of every decoder-only family, the answers of the
 vision-language families at both depths, and the routes of the
 two-token-set kinds (a dual encoder's pairs, K texts per image and a target callable; an
-encoder-decoder's last, chosen and every position). A raw exception anywhere fails, and
+encoder-decoder's last, chosen and every position; a detector's detections above a
+threshold and named queries). A raw exception anywhere fails, and
 so does a refusal after a forward, or a refusal of a method the engine lists as
 supported for the model (`engine.supported_methods`) and the reverse.
 """
@@ -75,6 +76,12 @@ def _routes(family: str) -> dict[str, dict[str, Any]]:
             "every position": {"position": "all"},
             "callable": {"target": lambda logits: logits[:, 3]},
         }
+    if family.startswith("hf_detr"):  # a detection's target is its own class
+        return {
+            "above the threshold": {},
+            "a lower threshold": {"threshold": 0.5},
+            "named queries": {"queries": torch.tensor([[0, 1], [2, 3]])},
+        }
     return {"default": {}, "callable": {"target": lambda logits: logits[:, 1]}}
 
 
@@ -93,6 +100,10 @@ _ROUTE_NAMES = {
         ("pairs", "one text each", "two texts each", "callable"),
     ),
     "hf_encoder_decoder": ("last position", "a position", "every position", "callable"),
+    **dict.fromkeys(
+        ("hf_detr", "hf_detr:conditional"),
+        ("above the threshold", "a lower threshold", "named queries"),
+    ),
 }
 
 

@@ -35,6 +35,8 @@ def _missing_link(spec: Method, kind: type[Plan], adapter: Adapter) -> Exception
     chosen = pass_for(spec)
     if chosen not in kind.passes or (kind.methods is not None and spec.name not in kind.methods):
         return kind.refusal(kind.refused_because)
+    if adapter.methods is not None and spec.name not in adapter.methods:
+        return UnsupportedModelError("its attention is windowed, which not every rule folds")
     missing = chosen.missing(adapter)
     if missing is not None:
         return UnsupportedModelError(missing)
@@ -103,6 +105,7 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         input_size=first.layout.input_size,
         relevances=relevances,
         tokens=plan.tokens(),
+        detections=plan.detections(),
         settings={**plan.settings(), **run.settings},
     )
 

@@ -7,9 +7,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from explain.architectures.windows import WindowedLayout
 from explain.errors import OptionError
 from explain.rules.fold import LastBlock, ReadoutFold, Spread, vecmat
 from explain.rules.registry import Need, RuleContext, first_block, register_method
+from explain.rules.windowed import WindowedFold
 
 __all__ = [
     "ROLLOUT_SPREAD",
@@ -66,13 +68,25 @@ s @ Abar and keeps s (a row of mean_h A sums to 1, or to 0 where every key is ma
 
 
 @register_method("raw_attention", needs={Need.ATTENTION}, class_specific=False)
-def raw_attention(context: RuleContext) -> LastBlock:
+def raw_attention(context: RuleContext) -> LastBlock | WindowedFold:
     """The readout row of the last block's head-averaged attention."""
     readout = context.readout
+    if isinstance(context.layout, WindowedLayout):  # the last block's windows, then the merges
+        last = range(context.num_layers - 1, context.num_layers)
+        return WindowedFold(readout, context.layout, last, _head_mean, _spread_only)
     return LastBlock(
         context.num_layers,
         lambda attention, gradient: vecmat(readout.to(attention.dtype), attention.mean(dim=1)),
     )
+
+
+def _head_mean(attention: Tensor, gradient: Tensor | None) -> Tensor:
+    return attention.mean(dim=1)
+
+
+def _spread_only(vector: Tensor, matrix: Tensor) -> Tensor:
+    """v @ M (explain.rules.fold.Step): no identity term."""
+    return vecmat(vector, matrix)
 
 
 @register_method(
@@ -80,7 +94,7 @@ def raw_attention(context: RuleContext) -> LastBlock:
 )
 def rollout(
     context: RuleContext, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
-) -> ReadoutFold:
+) -> ReadoutFold | WindowedFold:
     """Attention rollout (Abnar & Zuidema 2020): product of row-normalised (A + I)."""
     fuse_heads(context.readout.new_zeros(1, 1, 1, 1), head_fusion)  # validate early
     if not 0.0 <= discard_ratio < 1.0:
@@ -92,6 +106,14 @@ def rollout(
         return discard_lowest(fused, discard_ratio, protected) if discard_ratio else fused
 
     layers = range(context.start_layer, context.num_layers)
+    if isinstance(context.layout, WindowedLayout):
+        if discard_ratio:
+            raise OptionError(
+                "discard_ratio ranks each attention row over all of a block's tokens, but "
+                "a windowed model's (Swin) rows cover one window each; leave discard_ratio "
+                "at 0 for this model"
+            )
+        return WindowedFold(context.readout, context.layout, layers, block_matrix, rollout_step)
     # Only the head mean without discarding is a spread of A (explain.engine.kernels);
     # max, min and discarding need the block's whole map.
     spread = ROLLOUT_SPREAD if head_fusion == "mean" and not discard_ratio else None

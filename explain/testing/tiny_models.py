@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from explain.architectures.custom import TransformerSpec
 
 __all__ = [
+    "SWIN_KINDS",
     "TINY_MODELS",
     "HandWrittenTextEncoder",
     "HandWrittenViT",
@@ -31,9 +32,11 @@ __all__ = [
     "tiny_case",
     "tiny_custom_text",
     "tiny_custom_vit",
+    "tiny_detr",
     "tiny_eva",
     "tiny_hf_vision",
     "tiny_siglip",
+    "tiny_swin",
     "tiny_vit",
 ]
 
@@ -695,6 +698,83 @@ def _custom_vit() -> TinyCase:
     return TinyCase(model, case.batch, case.alone, case.lengths, spec)
 
 
+SWIN_KINDS = ("timm", "timm_v2", "hf", "hf_v2")
+"""The Swin implementations `tiny_swin` builds: timm's v1 and v2, transformers' v1 and v2."""
+
+
+def tiny_swin(kind: str = "timm", *, num_classes: int = 5, seed: int = 0) -> nn.Module:
+    """A small random Swin (`SWIN_KINDS`) on 32 x 32 images: 2 x 2 patches, windows of
+    4 x 4 tokens, three stages of two blocks on grids of 16, 8 and 4 tokens a side, so the
+    first two stages shift their windows and the last has one window, unshifted."""
+    if kind in ("timm", "timm_v2"):
+        from timm.models.swin_transformer import SwinTransformer
+        from timm.models.swin_transformer_v2 import SwinTransformerV2
+
+        cls = SwinTransformer if kind == "timm" else SwinTransformerV2
+        return _seeded(
+            lambda: cls(
+                img_size=32,
+                patch_size=2,
+                window_size=4,
+                embed_dim=8,
+                depths=(2, 2, 2),
+                num_heads=(1, 2, 2),
+                num_classes=num_classes,
+            ),
+            seed,
+        )
+    if kind in ("hf", "hf_v2"):
+        import transformers
+
+        prefix = "Swin" if kind == "hf" else "Swinv2"
+        config = getattr(transformers, f"{prefix}Config")(
+            image_size=32,
+            patch_size=2,
+            window_size=4,
+            embed_dim=8,
+            depths=[2, 2, 2],
+            num_heads=[1, 2, 2],
+            num_labels=num_classes,
+            initializer_range=0.3,
+        )
+        model_class = getattr(transformers, f"{prefix}ForImageClassification")
+        return _seeded(lambda: model_class(config), seed)
+    raise ValueError(f"unknown Swin kind {kind!r}; choose from {', '.join(SWIN_KINDS)}")
+
+
+def tiny_detr(
+    *, conditional: bool = False, num_queries: int = 6, num_labels: int = 3, seed: int = 0
+) -> nn.Module:
+    """A small random DETR (or Conditional DETR) from a config: a timm ResNet-18 backbone
+    with random weights (`use_pretrained_backbone=False`), two encoder and two decoder
+    blocks of width 16. Its class head's bias favours class 0 (probability about 0.9), so
+    that every query is a detection at the default threshold and the conformance suite
+    has detections to explain."""
+    import transformers
+
+    prefix = "ConditionalDetr" if conditional else "Detr"
+    config = getattr(transformers, f"{prefix}Config")(
+        backbone="resnet18",
+        use_timm_backbone=True,
+        use_pretrained_backbone=False,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        num_queries=num_queries,
+        num_labels=num_labels,
+    )
+    model_class = getattr(transformers, f"{prefix}ForObjectDetection")
+    model = _seeded(lambda: model_class(config), seed)
+    with torch.no_grad():
+        model.class_labels_classifier.bias.zero_()
+        model.class_labels_classifier.bias[0] = 3.0
+    return model
+
+
 TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "timm_vit": _timm_vit,
     "hf_text_encoder": _hf_text_encoder,
@@ -709,6 +789,12 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_beit": lambda: _image_case(tiny_hf_vision("beit"), 32),
     "hf_siglip_classifier": lambda: _image_case(tiny_hf_vision("siglip"), 32),
     "hf_siglip": _hf_siglip,
+    "timm_swin": lambda: _image_case(tiny_swin("timm"), 32),
+    "timm_swin:v2": lambda: _image_case(tiny_swin("timm_v2"), 32),
+    "hf_swin": lambda: _image_case(tiny_swin("hf"), 32),
+    "hf_swin:v2": lambda: _image_case(tiny_swin("hf_v2"), 32),
+    "hf_detr": lambda: _image_case(tiny_detr(), 64),
+    "hf_detr:conditional": lambda: _image_case(tiny_detr(conditional=True), 64),
     "hf_llava": _hf_llava,
     "hf_paligemma": _hf_paligemma,
     "hf_gemma3": _hf_gemma3,

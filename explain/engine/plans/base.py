@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from explain.architectures.base import Adapter, Prepared, TokenSet
+from explain.detections import Detections
 from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
@@ -299,6 +300,10 @@ class Plan:
         if columns.classes.dim() == 1:
             return per_column[0]
         return {name: torch.stack([c[name] for c in per_column], dim=1) for name in per_column[0]}
+
+    def detections(self) -> Detections | None:
+        """`Explanation.detections`: what a detector's columns explain; None elsewhere."""
+        return None
 
     def settings(self) -> dict[str, Any]:
         """What else the plan chose that should travel with the result
