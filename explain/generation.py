@@ -19,6 +19,7 @@ explained position by position (`position="all"`) like any encoder-decoder input
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import warnings
@@ -253,7 +254,8 @@ def generate(
         # An image placeholder in the answer would be read as an image by the explained
         # forward: the model may not write one.
         options = {"suppress_tokens": [adapter.image_token_id], **options}
-    with Session(adapter):
+    held = adapter.generating() if isinstance(adapter, VisionLanguageModel) else None
+    with Session(adapter), held or contextlib.nullcontext():
         try:
             sequences = model.generate(
                 input_ids=prepared.arguments["input_ids"],

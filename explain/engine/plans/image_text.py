@@ -164,6 +164,11 @@ class ImageTextPlan(Plan):
                 "token: trace a prefix of it with its next token as the target"
             )
         super().__init__(adapter, spec, replace(request, options=options), tokenizer)
+        if depth == "tower" and self.vlm.tower_refused is not None:
+            raise OptionError(
+                f"depth='tower' is not offered for {type(self.vlm.model).__name__}: "
+                f"{self.vlm.tower_refused}; use depth='lm'"
+            )
         if spec is not None and depth == "tower" and spec.default_start_layer is None:
             raise OptionError(
                 f"depth='tower' continues an aggregation over blocks through the tower's "
@@ -179,7 +184,7 @@ class ImageTextPlan(Plan):
     def prepare(self, inputs: Any) -> None:
         super().prepare(inputs)
         arguments = self.prepared.arguments
-        self.per_image = self.vlm.image_tokens(arguments["pixel_values"])
+        self.per_image = self.vlm.image_tokens(arguments)
         self.image_at = self.vlm.image_positions(self.prepared)
         if not self.generation:
             return
