@@ -589,7 +589,7 @@ def test_qwen2_vl_next_token_equals_the_written_out_rule(qwen2_vl, method):
     inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12 w13 w14")])
     assert inputs["image_grid_thw"].tolist() == [[1, 4, 8]]  # 40 x 60 -> 32 x 64 pixels
     result = Explainer(model).explain(inputs, method=method)
-    assert result.settings == {"depth": "lm"}
+    assert result.settings["depth"] == "lm"  # with the attention path and memory budget
     assert result.relevances["image"].shape == (1, 4, 8)
     image, text = _qwen2_vl_reference(
         model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), method
