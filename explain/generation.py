@@ -293,7 +293,7 @@ def explain_generation(
 
     Args:
         explainer: an Explainer of a decoder-only language model (with its tokenizer for
-            texts and chats); its attention_path applies.
+            texts and chats); its attention_path and memory_budget apply.
         prompt: see `Prompt`, or a `Generation` from `generate` to explain as it is.
         max_new_tokens: the most tokens to generate (ignored for a `Generation`).
         method, score, start_layer, options: as for `Explainer.explain`, under the same
@@ -310,6 +310,7 @@ def explain_generation(
         start_layer=start_layer,
         options=options,
         attention_path=explainer.attention_path,
+        memory_budget=explainer.memory_budget,
         prompt_length=generation.prompt_length,
     )
     explanation = engine.explain(adapter, generation.inputs(), request, explainer.tokenizer)

@@ -182,7 +182,7 @@ def reference(model, one, position, target, depth, method="generic"):
 def test_the_next_token_equals_the_written_out_rule(model, processor, depth, method):
     inputs = _inputs(processor, _chat(processor, _photo(0), "w12 w13 w14"))
     result = Explainer(model).explain(inputs, method=method, depth=depth)
-    assert result.settings == {"depth": depth}
+    assert result.settings["depth"] == depth  # with the attention path and memory budget
     image, text = reference(
         model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), depth, method
     )
@@ -405,18 +405,23 @@ def test_the_generate_page_and_figure(tmp_path, capsys):
     assert "--depth is for vision-language models" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("depth", ["lm", "tower"])
 @pytest.mark.parametrize("method", ["generic", "rollout"])
-def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(model, processor, method):
-    # The fused path recomputes each block's map by chunks of query rows (explain.fused):
-    # what long image-token sequences take. Llama's eager softmax is float32: 1e-6.
+def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
+    model, processor, method, depth
+):
+    # The fused path recomputes the blocks from q, k, v (explain.fused): with depth "lm"
+    # every answer token's fold at once, without maps (explain.engine.spread: "streamed"),
+    # with "tower" each block's whole map per token. Llama's eager softmax is float32.
     chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
     results = {
         path: explain_generation(
-            Explainer(model, attention_path=path), made, method=method, depth="tower"
+            Explainer(model, attention_path=path), made, method=method, depth=depth
         ).explanation
         for path in ("explicit", "fused")
     }
+    assert results["fused"].settings["attention_path"] == ("streamed" if depth == "lm" else "fused")
     for name in ("image", "text"):
         torch.testing.assert_close(
             results["fused"].relevances[name],
@@ -584,7 +589,7 @@ def test_qwen2_vl_next_token_equals_the_written_out_rule(qwen2_vl, method):
     inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12 w13 w14")])
     assert inputs["image_grid_thw"].tolist() == [[1, 4, 8]]  # 40 x 60 -> 32 x 64 pixels
     result = Explainer(model).explain(inputs, method=method)
-    assert result.settings == {"depth": "lm"}
+    assert result.settings["depth"] == "lm"  # with the attention path and memory budget
     assert result.relevances["image"].shape == (1, 4, 8)
     image, text = _qwen2_vl_reference(
         model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), method

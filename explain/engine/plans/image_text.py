@@ -23,7 +23,7 @@ Two depths (option `depth`, stated in `Explanation.settings`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Literal, cast
 
@@ -37,8 +37,6 @@ from explain.engine.plans.base import Plan, per_set, resolve_start_layer
 from explain.engine.request import Request, integer_option
 from explain.errors import InputError, OptionError
 from explain.rules import Method, RuleContext, Sink
-from explain.rules.fold import AttentionRows
-from explain.rules.registry import RowSink
 from explain.targets import select_scores
 
 __all__ = ["DEPTHS", "Depth", "ImageTextPlan", "ImageTextSink"]
@@ -91,21 +89,15 @@ class ImageTextSink:
             return
         self._tower_sink().add(layer, attention, gradient)
 
-    @property
-    def takes_rows(self) -> bool:
-        """Whether the method's sinks fold a block by chunks of query rows (the fused
-        path's streaming): the tower's sink is the same method's."""
-        return bool(getattr(self._text, "takes_rows", False))
-
-    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
-        """A block by chunks of query rows. Streams run last block first, in the forward
-        as in the backward, so the language model's fold is done before the tower's."""
-        if layer >= self._offset:
-            cast(RowSink, self._text).add_rows(layer - self._offset, chunks)
-            self._awaited.discard(layer - self._offset)
-        elif self._build_tower is not None:
-            assert not self._awaited, "the tower's rows came before the text's fold"
-            cast(RowSink, self._tower_sink()).add_rows(layer, chunks)
+    def parts(self) -> list[tuple[Sequence[int], Sink]]:
+        """For the fold of all columns at once (explain.engine.spread, `ColumnSink`): with
+        depth "lm", the language model's sink over its blocks by their model-wide numbers;
+        none with depth "tower", whose tower sink is built from the text fold's result, so
+        its blocks arrive whole, column by column."""
+        if self._build_tower is not None:
+            return []
+        last = self._text.layers[-1] if len(self._text.layers) else -1
+        return [(range(self._offset, self._offset + last + 1), self._text)]
 
     def _text_relevance(self) -> Tensor:
         if self._text_result is None:
