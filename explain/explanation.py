@@ -76,7 +76,10 @@ class Explanation:
     def __post_init__(self) -> None:
         # Refused here, where every runner's result passes, so that no NaN is ever drawn
         # (min-max normalisation would hide it as zeros, a colour scale show it as red).
-        for relevance in (self.relevance, *self.relevances.values()):
+        # Each tensor once: a single input's relevance is also its one entry of relevances,
+        # and every check waits for the device.
+        unique = {id(r): r for r in (self.relevance, *self.relevances.values())}
+        for relevance in unique.values():
             check_finite(
                 relevance,
                 f"the {self.method} relevance",

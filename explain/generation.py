@@ -19,6 +19,7 @@ explained position by position (`position="all"`) like any encoder-decoder input
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import warnings
@@ -253,7 +254,8 @@ def generate(
         # An image placeholder in the answer would be read as an image by the explained
         # forward: the model may not write one.
         options = {"suppress_tokens": [adapter.image_token_id], **options}
-    with Session(adapter):
+    held = adapter.generating() if isinstance(adapter, VisionLanguageModel) else None
+    with Session(adapter), held or contextlib.nullcontext():
         try:
             sequences = model.generate(
                 input_ids=prepared.arguments["input_ids"],
@@ -291,7 +293,7 @@ def explain_generation(
 
     Args:
         explainer: an Explainer of a decoder-only language model (with its tokenizer for
-            texts and chats); its attention_path applies.
+            texts and chats); its attention_path and memory_budget apply.
         prompt: see `Prompt`, or a `Generation` from `generate` to explain as it is.
         max_new_tokens: the most tokens to generate (ignored for a `Generation`).
         method, score, start_layer, options: as for `Explainer.explain`, under the same
@@ -308,6 +310,7 @@ def explain_generation(
         start_layer=start_layer,
         options=options,
         attention_path=explainer.attention_path,
+        memory_budget=explainer.memory_budget,
         prompt_length=generation.prompt_length,
     )
     explanation = engine.explain(adapter, generation.inputs(), request, explainer.tokenizer)

@@ -93,10 +93,13 @@ FLOAT32_SOFTMAX = (
     "hf_llava",
     "hf_paligemma",
     "hf_gemma3",
+    "hf_qwen2_vl",
+    "hf_qwen2_5_vl",
 )
 """Cases (by name prefix) whose eager attention takes its softmax in float32 whatever the
-model's dtype (transformers' SigLIP, Llama and its kin, also inside LLaVA, PaliGemma and
-Gemma 3): their explicit path is float32-exact only, the fused one float64."""
+model's dtype (transformers' SigLIP, Llama and its kin, also inside LLaVA, PaliGemma,
+Gemma 3, Qwen2-VL and Qwen2.5-VL): their explicit path is float32-exact only, the fused
+one float64."""
 
 
 def test_a_family_without_a_tiny_model_is_named():

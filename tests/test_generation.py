@@ -10,7 +10,6 @@ import pytest
 import reference_hf as ref
 import torch
 
-import explain.fused
 from explain import Explainer, InputError, OptionError, engine
 from explain.generation import Generation, explain_generation, generate, is_chat
 from explain.testing import ModelState, tiny_lm
@@ -161,15 +160,22 @@ def test_the_engines_option_rules_hold_for_generations():
 
 
 @pytest.mark.parametrize("method", ["generic", "rollout", "attnlrp"])
-def test_generations_on_the_fused_path(monkeypatch, method):
-    """sdpa (q, k, v seen through the attention interface), every block streamed to every
-    generated position's fold one query row at a time (from one batched backward, or after
-    the forward): equal to the explicit path's whole maps."""
+def test_generations_on_the_fused_path(method):
+    """sdpa (q, k, v seen through the attention interface), every block folded for all
+    generated positions at once, one query row at a time (a budget of 1 byte), from one
+    batched backward or after the forward: equal to the explicit path's whole maps. Qwen2's
+    sliding-window blocks are folded from their whole maps (their mask is more than keys
+    and causality), the others from q, k, v and dO. AttnLRP reads no map: fused, unstreamed."""
     model = _model("qwen2")
     generation = _generation(model, end=True)
-    monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)
-    fused = explain_generation(Explainer(model, attention_path="fused"), generation, method=method)
+    streamed = Explainer(model, attention_path="fused", memory_budget=1)
+    fused = explain_generation(streamed, generation, method=method)
+    taken = "fused" if method == "attnlrp" else "streamed"
+    assert fused.explanation.settings["attention_path"] == taken
     explicit = explain_generation(Explainer(model), generation, method=method)
+    assert explicit.explanation.settings["attention_path"] == (
+        "fused" if method == "attnlrp" else "explicit"
+    )
     torch.testing.assert_close(
         fused.explanation.relevance, explicit.explanation.relevance, rtol=1e-4, atol=1e-6
     )

@@ -284,7 +284,9 @@ def test_save_writes_the_raw_relevance(classifier_folder, tmp_path, capsys, fmt)
     direct = Explainer(model, tokenizer=tokenizer).explain(texts, target=1)
     torch.testing.assert_close(saved.relevance, direct.relevance)
     assert saved.tokens == direct.tokens and saved.target.tolist() == [1, 1]
-    assert saved.settings == {"model": str(classifier_folder), "texts": texts}
+    # The engine's settings (the attention path taken, the memory budget) travel along.
+    assert saved.settings == {"model": str(classifier_folder), "texts": texts, **direct.settings}
+    assert saved.settings["attention_path"] == "explicit"
 
 
 def test_encoder_save_keeps_both_sides(tmp_path, capsys):

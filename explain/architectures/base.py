@@ -417,7 +417,8 @@ class LanguageModel(Adapter):
 
     @abstractmethod
     def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
-        """(B, T) readout rows, one-hot at each sample's position (B,)."""
+        """(B, T) readout rows, one-hot at each sample's position (B,); or (B, P, T) for
+        P positions per sample (B, P), all columns of a generation at once."""
 
 
 class Detector(Adapter):

@@ -301,11 +301,17 @@ def prepare_text(
         raise InputError(
             f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(ids.shape)}"
         )
-    if not ((mask == 0) | (mask == 1)).all():
+    # Every check in one reduction: each read of a device tensor waits for the device.
+    # Pads are looked up in the embedding too (then masked), so every position counts.
+    outside = (ids < 0) | (ids >= vocab_size)
+    wrong_mask, empty, unknown = torch.stack(
+        [~((mask == 0) | (mask == 1)).all(), (mask.sum(dim=1) == 0).any(), outside.any()]
+    ).tolist()
+    if wrong_mask:
         raise InputError("attention_mask must hold 0 (padding) and 1 (real token) only")
-    empty = (mask.sum(dim=1) == 0).nonzero().flatten().tolist()
     if empty:
-        raise InputError(f"text {empty[0]} of the batch is empty (no real token in its mask)")
+        first = int((mask.sum(dim=1) == 0).nonzero()[0, 0])
+        raise InputError(f"text {first} of the batch is empty (no real token in its mask)")
     if length > max_tokens:
         longest = int(mask.sum(dim=1).max())
         raise InputError(
@@ -313,9 +319,7 @@ def prepare_text(
             f"takes at most {max_tokens}; shorten it or tokenize with truncation=True, "
             f"max_length={max_tokens}"
         )
-    # Pads are looked up in the embedding too (then masked), so every position counts.
-    outside = (ids < 0) | (ids >= vocab_size)
-    if outside.any():
+    if unknown:
         text, position = (int(i) for i in outside.nonzero()[0])
         where = "padding position" if mask[text, position] == 0 else "position"
         raise InputError(

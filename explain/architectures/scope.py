@@ -71,14 +71,6 @@ def refused_family(model: nn.Module) -> tuple[str, str] | None:
 
 
 _VISION_LANGUAGE_NOT_YET = {
-    "Qwen2VLForConditionalGeneration": (
-        "its vision tower runs every image's patches as one unbatched sequence (cu_seqlens) "
-        "whose 2 x 2 merge and multimodal rotary positions explain has no mapping for yet"
-    ),
-    "Qwen2_5_VLForConditionalGeneration": (
-        "its vision tower runs every image's patches as one unbatched sequence with "
-        "windowed attention in most blocks, which explain has no mapping for yet"
-    ),
     "Idefics3ForConditionalGeneration": (
         "it splits each photo into tiles and a downscaled whole, each its own tower pass, "
         "and pixel-shuffles the tokens; explain does not map tiles back onto the photo yet"
@@ -107,7 +99,10 @@ def unsupported_model_message(model: nn.Module, families: Sequence[str]) -> str:
     if refused is not None:
         reason = f"{name} is out of scope ({refused[0]}): {refused[1]}."
     elif (refusal := vision_language_refusal(model)) is not None:
-        reason = f"{refusal} The vision-language models explained are LLaVA, PaliGemma and Gemma 3."
+        reason = (
+            f"{refusal} The vision-language models explained are LLaVA, PaliGemma, "
+            "Gemma 3, Qwen2-VL and Qwen2.5-VL."
+        )
     else:
         reason = f"{name} is not a supported model."
     # What to do first, the long list of families last (one line: the CLI prints errors so).

@@ -6,11 +6,11 @@ from __future__ import annotations
 from torch import Tensor
 
 from explain.architectures.windows import WindowedLayout
-from explain.rules.fold import LastBlock, ReadoutFold, vecmat
+from explain.rules.fold import LastBlock, ReadoutFold, Spread, vecmat
 from explain.rules.registry import Need, RuleContext, first_block, register_method
 from explain.rules.windowed import WindowedFold
 
-__all__ = ["attention_gradcam", "generic", "generic_step", "gradient_weighted"]
+__all__ = ["GENERIC_SPREAD", "attention_gradcam", "generic", "generic_step", "gradient_weighted"]
 
 
 def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
@@ -28,10 +28,13 @@ def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
     return total.div_(heads)
 
 
-def generic_step(vector: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
-    """v @ (I + Abar) = v @ Abar + v, the readout row of R <- R + Abar @ R, by rows
-    (explain.rules.fold.Step): the rows spread v @ Abar and keep v."""
-    return vecmat(vector, matrix), vector
+def generic_step(vector: Tensor, matrix: Tensor) -> Tensor:
+    """v @ (I + Abar) = v @ Abar + v, the readout row of R <- R + Abar @ R."""
+    return vecmat(vector, matrix) + vector
+
+
+GENERIC_SPREAD = Spread("gradient", lambda vector, rowsum: (vector, vector))
+"""`generic_step` through the block's spread: v spreads v @ Abar and keeps v."""
 
 
 @register_method(
@@ -46,7 +49,9 @@ def generic(context: RuleContext) -> ReadoutFold | WindowedFold:
     if isinstance(context.layout, WindowedLayout):
         layout = context.layout
         return WindowedFold(context.readout, layout, layers, gradient_weighted, generic_step)
-    return ReadoutFold(context.readout, layers, gradient_weighted, generic_step, streamable=True)
+    return ReadoutFold(
+        context.readout, layers, gradient_weighted, generic_step, spread=GENERIC_SPREAD
+    )
 
 
 @register_method(

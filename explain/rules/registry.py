@@ -20,7 +20,6 @@ from torch import Tensor
 
 from explain.architectures.base import TokenLayout
 from explain.errors import OptionError, UnknownMethodError
-from explain.rules.fold import AttentionRows
 
 __all__ = [
     "LRP_NEEDS",
@@ -75,10 +74,7 @@ class RuleContext:
 
 
 class Sink(Protocol):
-    """Receives block records and produces token relevance (B, N) over all tokens.
-
-    A sink may also declare `takes_rows = True` and be a `RowSink`; one that does not say
-    is taken to need whole blocks."""
+    """Receives block records and produces token relevance (B, N) over all tokens."""
 
     layers: range
     """The blocks this sink needs, in forward order (empty for input-free baselines)."""
@@ -86,15 +82,6 @@ class Sink(Protocol):
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
 
     def result(self) -> Tensor: ...
-
-
-class RowSink(Sink, Protocol):
-    """A sink that can also fold a block by chunks of query rows (the fused path's
-    streaming, explain.fused), which it declares with `takes_rows = True`."""
-
-    takes_rows: bool
-
-    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None: ...
 
 
 class InputSink(Sink, Protocol):

@@ -72,8 +72,6 @@ class WindowedFold:
     has been, and the patch mergings between are undone on the way down.
     """
 
-    takes_rows = False  # a block arrives as its windows, never by rows of an (N, N) map
-
     def __init__(
         self,
         readout: Tensor,
@@ -104,8 +102,8 @@ class WindowedFold:
     def _fold(self, layer: int, matrix: Tensor) -> None:
         block = self._blocks[layer]
         self._descend(block.grid)
-        spread, kept = self._step(to_windows(self._vector.to(matrix.dtype), block), matrix)
-        self._vector = from_windows(spread + kept, block)
+        folded = self._step(to_windows(self._vector.to(matrix.dtype), block), matrix)
+        self._vector = from_windows(folded, block)
 
     def _descend(self, grid: tuple[int, int]) -> None:
         """Undo the patch mergings between the vector's grid and the larger `grid`."""

@@ -686,6 +686,33 @@ def _hf_gemma3() -> TinyCase:
     return TinyCase(tiny_gemma3(), batch, alone, {"text": lengths})
 
 
+def _hf_qwen2_vl(version: str = "2") -> TinyCase:
+    from explain.testing.tiny_vlm import IMAGE_TOKEN_ID, tiny_qwen2_vl
+
+    # "<s> user <image> x 4 words", right-padded: 32 x 32 images, 4 x 4 patches merged
+    # 2 x 2; flattened as the processor does: block by block, each patch 3 channels x 2
+    # frames x 8 x 8
+    lengths = (11, 9)
+    words = _texts(tuple(n - 4 for n in lengths), (5, 40), first=1, last=2)
+    ids = torch.zeros(2, max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        text = words[row, : length - 4]
+        ids[row, :length] = torch.cat([text[:2], torch.full((4,), IMAGE_TOKEN_ID), text[2:]])
+    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    # (image, channel, block row, row in block, pixel row, block col, col in block, pixel col)
+    patches = _images(2, 32).reshape(2, 3, 2, 2, 8, 2, 2, 8).permute(0, 2, 5, 3, 6, 1, 4, 7)
+    patches = patches.reshape(32, 3, 1, 8, 8).expand(-1, -1, 2, -1, -1).reshape(32, -1)
+    grid = torch.tensor([[1, 4, 4], [1, 4, 4]])
+    batch = {"input_ids": ids, "attention_mask": mask, "pixel_values": patches}
+    batch["image_grid_thw"] = grid
+    alone = tuple(
+        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
+        | {"pixel_values": patches[16 * i : 16 * (i + 1)], "image_grid_thw": grid[i : i + 1]}
+        for i, n in enumerate(lengths)
+    )
+    return TinyCase(tiny_qwen2_vl(version=version), batch, alone, {"text": lengths})
+
+
 def _custom_text() -> TinyCase:
     model, spec = tiny_custom_text()
     case = _text_case(model, (6, 4), first=1, last=2)
@@ -798,6 +825,8 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_llava": _hf_llava,
     "hf_paligemma": _hf_paligemma,
     "hf_gemma3": _hf_gemma3,
+    "hf_qwen2_vl": _hf_qwen2_vl,
+    "hf_qwen2_5_vl": lambda: _hf_qwen2_vl("2.5"),
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
     **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},
