@@ -15,9 +15,20 @@ from pathlib import Path
 from explain.cli.options import add_model_arguments, load
 from explain.errors import ExplainError, OptionError
 
-__all__ = ["register"]
+__all__ = ["listen_on", "register"]
 
 LOOPBACK = "127.0.0.1"
+
+
+def listen_on(host: str | None) -> tuple[str, str | None]:
+    """The address to listen on (`host`, by default the loopback address) and the warning
+    to print when it is reachable from other machines."""
+    if host is None or host in ("127.0.0.1", "localhost", "::1"):
+        return host or LOOPBACK, None
+    return host, (
+        f"listening on {host}: anyone who can reach this machine on that address can use "
+        "the model and read the files under DATA"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,13 +49,9 @@ def run(args: argparse.Namespace) -> int:
         raise ExplainError(f"{args.model} is a {workbench.kind} model; give it a text file")
     if workbench.kind in ("image", "clip") and data.kind == "texts":
         raise ExplainError(f"{args.model} is an {workbench.kind} model; give it a folder of images")
-    host = args.host or LOOPBACK
-    if args.host and args.host not in (LOOPBACK, "localhost", "::1"):
-        print(
-            f"explain serve: warning: listening on {args.host}: anyone who can reach this "
-            "machine can use the model and read the images under DATA",
-            file=sys.stderr,
-        )
+    host, warning = listen_on(args.host)
+    if warning:
+        print(f"explain serve: warning: {warning}", file=sys.stderr)
     try:
         sock = bind(host, args.port)
     except OSError as error:

@@ -50,7 +50,8 @@ def read_upload(data: bytes) -> Any:
             width, height = image.size
             if width * height > MAX_PIXELS:
                 raise UploadError(
-                    f"the image declares {width} x {height} pixels; at most {MAX_PIXELS:,}",
+                    f"the image declares {width} x {height} pixels: too many pixels (at most "
+                    f"{MAX_PIXELS:,})",
                     413,
                 )
             image.load()

@@ -158,14 +158,12 @@ class Workbench:
         suffix: str,
         settings: dict[str, Any],
     ) -> Path:
-        """The explanation of `classes` with `method` written by `Explanation.save` to a
-        file under the cache's exports folder (`suffix`: ".npz" or ".json")."""
+        """The explanation of `classes` (none: the predicted class) with `method`, written
+        by `Explanation.save` to a file under the cache's exports folder (`suffix`: ".npz"
+        or ".json")."""
         (method,) = _checked_methods([method])
-        if not classes:
-            raise InputError("give at least one class to export")
-        result = self.explainer.explain(
-            make_inputs(), target=torch.tensor([list(classes)]), method=method
-        )
+        target = torch.tensor([list(classes)]) if classes else None
+        result = self.explainer.explain(make_inputs(), target=target, method=method)
         result = _with_settings(result, {"model": self.spec, **settings})
         name = ResultCache.key(self.spec, method, list(classes), settings) + suffix
         path = self.cache.exports / name
