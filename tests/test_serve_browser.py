@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from serve_fixtures import chromium, serving, shapes_folder
+from serve_fixtures import chromium, serving
 
 from explain import Explainer, Explanation
 from explain.loading import load_model
 from explain.preprocessing import read_image
+from explain.serve.demo import scene_folder
 
 SCENES = 10
 
@@ -37,7 +38,10 @@ def shapes_vit():
 @pytest.fixture(scope="module")
 def image_server(tmp_path_factory, shapes_vit):
     root = tmp_path_factory.mktemp("serve-images")
-    data = shapes_folder(root / "data", SCENES)
+    data = scene_folder(root / "data", SCENES)
+    # One scene filed under a kind it does not hold: a mistake for the filter to find.
+    (data / "star").mkdir(exist_ok=True)
+    (data / "circle" / "scene_2.png").rename(data / "star" / "scene_2.png")
     with serving(shapes_vit, "zoo:shapes-vit", data, root / "cache") as server:
         server.data = data
         yield server
@@ -113,6 +117,7 @@ def test_gallery_fills_sorts_and_filters(browser, image_server):
 
     page.check("#mistakes")
     wrong = sorted(item["path"] for item in gallery["items"] if item["correct"] is False)
+    assert "star/scene_2.png" in wrong
     shown = page.eval_on_selector_all(".card", "cards => cards.map(c => c.dataset.path)")
     assert sorted(shown) == wrong
     assert all(page.eval_on_selector_all(".card", "cs => cs.map(c => c.matches('.wrong'))"))
@@ -307,7 +312,7 @@ def test_generation_view_click_a_word(browser, tmp_path):
 
 def test_clip_view_captions(browser, tmp_path):
     loaded = load_model("zoo:shapes-clip")
-    data = shapes_folder(tmp_path / "data", 2)
+    data = scene_folder(tmp_path / "data", 2)
     captions = ["a red circle", "a green triangle"]
     with serving(loaded, "zoo:shapes-clip", data, tmp_path / "cache") as server:
         page = open_page(browser, server.url)

@@ -19,12 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from serve_fixtures import request, serving, shapes_folder, wait_for_gallery
+from serve_fixtures import request, serving, wait_for_gallery
 
 from explain import Explainer
 from explain.loading import load_model
 from explain.preprocessing import read_image
 from explain.serve.data import read_data, resolve
+from explain.serve.demo import scene_folder
 from explain.serve.uploads import MAX_BYTES
 
 SECRET = b"not for the browser"
@@ -40,7 +41,7 @@ def setup(tmp_path_factory):
     """DATA with 3 labelled scenes, a symbolic link to a file outside it and one to a
     folder outside it; a secret next to DATA."""
     root = tmp_path_factory.mktemp("serve-security")
-    data = shapes_folder(root / "data", 3)
+    data = scene_folder(root / "data", 3)
     outside = root / "outside"
     outside.mkdir()
     (root / "secret.png").write_bytes(SECRET)
