@@ -24,7 +24,7 @@ from serve_fixtures import request, serving, wait_for_gallery
 from explain import Explainer
 from explain.loading import load_model
 from explain.preprocessing import read_image
-from explain.serve.data import read_data, resolve
+from explain.serve.data import OutsideDataError, read_data, resolve
 from explain.serve.demo import scene_folder
 from explain.serve.uploads import MAX_BYTES
 
@@ -46,6 +46,8 @@ def setup(tmp_path_factory):
     outside.mkdir()
     (root / "secret.png").write_bytes(SECRET)
     (outside / "secret.png").write_bytes(SECRET)
+    (data / "notes.txt").write_bytes(SECRET)  # under DATA, but not an image of the gallery
+    (data / "circle" / ".hidden.png").write_bytes(SECRET)
     (data / "link_out.png").symlink_to(root / "secret.png")
     (data / "linked_folder").symlink_to(outside, target_is_directory=True)
     return root, data
@@ -87,6 +89,8 @@ TRAVERSALS = [
     "circle\\..\\..\\secret.png",
     "C:/secret.png",
     "circle/%00.png",
+    "notes.txt",
+    "circle/.hidden.png",
 ]
 
 
@@ -106,6 +110,17 @@ def test_no_path_reaches_outside_data(server, setup, name):
     )
     assert status == 404, body
     error_of(status, body)
+
+
+def test_a_text_file_server_serves_no_files(setup, tmp_path):
+    root, _ = setup
+    sentences = root / "sentences.txt"
+    sentences.write_text("one sentence\n")
+    source = read_data(sentences)
+    assert source.kind == "texts" and source.root is None
+    for name in ("sentences.txt", "secret.png"):
+        with pytest.raises(OutsideDataError):
+            source.image_file(name)
 
 
 def test_resolve_refuses_what_the_server_refuses(setup):
@@ -373,9 +388,12 @@ def test_a_second_visit_uses_the_cache(setup, shapes_vit, tmp_path, monkeypatch)
     assert len(list((cache / "results").iterdir())) == stored + 2 * 3  # logits, map
 
 
-def test_the_command_prints_its_address_and_stops_on_ctrl_c(setup, tmp_path):
+def test_the_command_prints_its_address_writes_only_its_cache_and_stops_on_ctrl_c(setup, tmp_path):
     _, data = setup
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path.cwd())}
+    home = tmp_path / "home"  # the command writes nothing here: only under --cache
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MPL"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path.cwd()), HOME=str(home))
     command = [sys.executable, "-m", "explain.cli", "serve", str(data), "--model", "zoo:shapes-vit"]
     command += ["--port", "0", "--cache", str(tmp_path / "cache")]
     process = subprocess.Popen(
@@ -391,6 +409,7 @@ def test_the_command_prints_its_address_and_stops_on_ctrl_c(setup, tmp_path):
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
         assert "stopped" in process.stderr.read()
+        assert not any(home.iterdir())
     finally:
         process.kill()
         process.wait()

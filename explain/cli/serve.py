@@ -9,6 +9,7 @@ network, writes only under its cache folder (printed at start), and stops on Ctr
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -43,6 +44,9 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     data = read_data(args.data)
     cache = ResultCache(args.cache or default_cache_folder())
+    # matplotlib (the page's colormaps) makes its config folder on import: in the cache
+    # too, so that nothing is written outside the folder printed below.
+    os.environ.setdefault("MPLCONFIGDIR", str(cache.folder / "matplotlib"))
     loaded = load(args)
     workbench = Workbench(loaded, cache, args.model)
     if workbench.kind in ("text", "generation") and data.kind == "images":

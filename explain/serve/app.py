@@ -8,7 +8,7 @@ Routes (JSON unless said otherwise):
     GET  /api/gallery             the folder's images with their predictions so far
     GET  /api/sentences           the sentences of a text file
     GET  /api/view?item=ITEM      PNG: the image as the model sees it
-    GET  /api/file?path=PATH      a file of the folder, as it is
+    GET  /api/file?path=PATH      an image of the gallery, as it is
     POST /api/upload              an image as the request body -> its ITEM (upload/SHA)
     POST /api/explain/image       {item, methods, classes|top, rule}
     POST /api/explain/text        {text, methods, classes|top, rule}
@@ -16,14 +16,14 @@ Routes (JSON unless said otherwise):
     POST /api/explain/generation  {prompt, max_new_tokens, method}
     POST /api/export              {format: npz|json, method, classes, item|text} -> file
 
-Security: files are read only under DATA (explain.serve.data.resolve) or from the cache
-folder the server names at start; uploads are checked before decoding
-(explain.serve.uploads); POSTs must be JSON or carry the upload header, so another web
-site cannot post to the server through the browser (both need a CORS preflight, which is
-never granted); the Host header must name the loopback address unless the server was
-started on another host (no DNS rebinding). Errors are JSON `{"error": message}` with a
-4xx status; an unexpected failure is a 500 with a one-line message, its traceback only
-in the server's log.
+Security: the only files read are the gallery's images under DATA (DataSource.image_file)
+and uploads in the cache folder the server names at start; uploads are checked before
+decoding (explain.serve.uploads); POSTs must be JSON or carry the upload header, so
+another web site cannot post to the server through the browser (both need a CORS
+preflight, which is never granted); the Host header must name the loopback address unless
+the server was started on another host (no DNS rebinding). Errors are JSON
+`{"error": message}` with a 4xx status; an unexpected failure is a 500 with a one-line
+message, its traceback only in the server's log.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from starlette.routing import Route
 from explain.errors import ExplainError, InputError
 from explain.io import atomic_write
 from explain.preprocessing import read_image
-from explain.serve.data import DataSource, OutsideDataError, resolve
+from explain.serve.data import DataSource, OutsideDataError
 from explain.serve.gallery import GalleryPass
 from explain.serve.uploads import MAX_BYTES, UploadError, read_upload
 from explain.serve.workbench import DEFAULT_METHOD, Workbench
@@ -235,7 +235,7 @@ class _Handlers:
             if not path.is_file():
                 raise OutsideDataError(f"no such upload: {item}")
             return read_image(path), upload.group(1)
-        path = resolve(self.data.root, item)
+        path = self.data.image_file(item)
         return read_image(path), self.first_pass.file_hash(item)
 
     async def view(self, request: Request) -> Response:
@@ -244,7 +244,7 @@ class _Handlers:
         return Response(png, media_type="image/png", headers=_HEADERS)
 
     async def file(self, request: Request) -> Response:
-        path = resolve(self.data.root, request.query_params.get("path", ""))
+        path = self.data.image_file(request.query_params.get("path", ""))
         return FileResponse(path, headers=_HEADERS)
 
     async def upload(self, request: Request) -> Response:

@@ -27,7 +27,8 @@ def default_cache_folder() -> Path:
 
 class ResultCache:
     """JSON results under `folder`/results, uploads under `folder`/uploads and exports
-    under `folder`/exports; nothing is written anywhere else."""
+    under `folder`/exports (and, from `explain serve`, matplotlib's config folder under
+    `folder`/matplotlib); nothing is written anywhere else."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder).resolve()

@@ -3,13 +3,15 @@ and the one way a request names a file under that folder.
 
 A folder's images are the image files directly in it (no label) and those in its
 immediate subfolders, whose names are read as the images' labels (the ImageFolder layout).
-Requests name a file by its path relative to the folder; `resolve` refuses anything that
-would reach outside it (`..`, absolute paths, symbolic links that point out), so the
-server can only ever read files under DATA.
+Requests name an image by its path relative to the folder; only the gallery's images are
+served, and `resolve` also refuses anything that would reach outside the folder (`..`,
+absolute paths, symbolic links that point out), so the server can only ever read images
+under DATA.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -58,7 +60,7 @@ class DataSource:
 
     Attributes:
         kind: "images" (a folder), "texts" (a text file) or "none" (uploads only).
-        root: the folder (resolved), or the text file's folder; None for "none".
+        root: the folder (resolved, "images"); None otherwise: no file is served.
         images: the gallery, sorted by path ("images").
         sentences: the file's non-empty lines ("texts").
     """
@@ -72,6 +74,17 @@ class DataSource:
     def labelled(self) -> bool:
         """Whether any image has a label (class subfolders)."""
         return any(item.label is not None for item in self.images)
+
+    @functools.cached_property
+    def _listed(self) -> frozenset[str]:
+        return frozenset(item.path for item in self.images)
+
+    def image_file(self, relative: str) -> Path:
+        """The file of the gallery image `relative` names; OutsideDataError for any other
+        name, even of a file under the folder: the server serves the gallery, nothing else."""
+        if relative not in self._listed:
+            raise OutsideDataError(f"no such image in the gallery: {relative!r}")
+        return resolve(self.root, relative)
 
 
 def read_data(path: str | os.PathLike[str] | None) -> DataSource:
@@ -98,7 +111,7 @@ def read_data(path: str | os.PathLike[str] | None) -> DataSource:
             raise InputError(f"{given} holds no sentences (one per line)")
         if len(sentences) > MAX_SENTENCES:
             raise InputError(f"{given} holds {len(sentences)} sentences; at most {MAX_SENTENCES}")
-        return DataSource(kind="texts", root=given.resolve().parent, sentences=sentences)
+        return DataSource(kind="texts", sentences=sentences)
     raise InputError(f"no such folder or file: {given}")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from explain.errors import ExplainError
 from explain.preprocessing import read_image
-from explain.serve.data import DataSource, file_sha256, resolve
+from explain.serve.data import DataSource, file_sha256
 from explain.serve.workbench import Workbench
 
 __all__ = ["GalleryPass"]
@@ -51,7 +51,7 @@ class GalleryPass:
         with self._lock:
             known = self._hashes.get(path)
         if known is None:
-            known = file_sha256(resolve(self.data.root, path))
+            known = file_sha256(self.data.image_file(path))
             with self._lock:
                 self._hashes[path] = known
         return known
@@ -100,7 +100,7 @@ class GalleryPass:
         photos, readable = [], []
         for path, file_hash in batch:
             try:
-                photos.append(read_image(resolve(self.data.root, path)))
+                photos.append(read_image(self.data.image_file(path)))
                 readable.append((path, file_hash))
             except ExplainError as error:
                 self._record(path, {"error": str(error)})
