@@ -7,7 +7,7 @@ import contextlib
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +15,23 @@ import pytest
 
 
 @contextlib.contextmanager
-def serving(loaded: Any, spec: str, data: Path | None, cache: Path) -> Iterator[Any]:
+def serving(
+    loaded: Any,
+    spec: str,
+    data: Path | None,
+    cache: Path,
+    prepare: Callable[[Any], None] | None = None,
+) -> Iterator[Any]:
     """The app of `loaded` over `data` served from a thread; yields the BackgroundServer
-    (its `.url`, and `.workbench`)."""
+    (its `.url`, and `.workbench`). `prepare(workbench)` runs before the app starts."""
     from explain.serve import BackgroundServer, ResultCache, Workbench, build_app, read_data
 
     workbench = Workbench(loaded, ResultCache(cache), spec)
+    if prepare is not None:
+        prepare(workbench)
     app = build_app(workbench, read_data(data))
     with BackgroundServer(app) as server:
         server.workbench = workbench
-        server.app = app
         yield server
 
 

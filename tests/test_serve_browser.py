@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,34 @@ def test_gallery_fills_sorts_and_filters(browser, image_server):
     assert sorted(shown) == wrong
     assert all(page.eval_on_selector_all(".card", "cs => cs.map(c => c.matches('.wrong'))"))
     page.close()
+
+
+def test_the_first_pass_shows_its_progress_and_fills_the_gallery(browser, shapes_vit, tmp_path):
+    data = scene_folder(tmp_path / "data", 3)
+    release = threading.Event()
+
+    def held(workbench):
+        predict = workbench.predict_images
+
+        def wait_then_predict(*args):
+            assert release.wait(30)
+            return predict(*args)
+
+        workbench.predict_images = wait_then_predict
+
+    with serving(shapes_vit, "zoo:shapes-vit", data, tmp_path / "cache", held) as server:
+        page = open_page(browser, server.url)
+        page.wait_for_selector("#progress:not([hidden])")
+        assert page.inner_text("#progress-text") == "explaining the folder: 0 of 3"
+        assert page.locator(".card").count() == 3
+        assert page.locator(".card .verdict[data-confidence]").count() == 0
+        release.set()
+        page.wait_for_selector("#progress", state="hidden")
+        page.wait_for_function(
+            "document.querySelectorAll('.card .verdict[data-confidence]').length == 3"
+        )
+        settled(page)
+        page.close()
 
 
 def test_image_view_switch_hover_compare_and_export(browser, image_server, shapes_vit, tmp_path):

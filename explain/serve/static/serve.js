@@ -15,6 +15,7 @@ const state = {
   text: null, // the last explained text
   textAnswer: null,
   ticket: 0, // the latest image request: an older answer arriving late is dropped
+  cards: new Map(), // gallery path -> its card
 };
 
 const $ = (id) => document.getElementById(id);
@@ -265,34 +266,44 @@ function drawGallery() {
   if (sort === "confidence-desc") items.sort((a, b) => confidence(b) - confidence(a));
   if (sort === "confidence-asc") items.sort((a, b) => confidence(a) - confidence(b));
   const cards = items.map((item) => {
-    const card = document.createElement("figure");
-    card.className = "card";
-    card.dataset.path = item.path;
-    if (item.correct !== undefined) card.classList.add(item.correct ? "right" : "wrong");
-    const picture = document.createElement("img");
-    picture.src = `/api/view?item=${encodeURIComponent(item.path)}`;
-    picture.alt = item.path;
-    const caption = document.createElement("figcaption");
-    const name = document.createElement("div");
-    name.textContent = item.path;
-    const verdict = document.createElement("div");
-    verdict.className = "verdict";
+    const card = state.cards.get(item.path) || newCard(item.path);
+    const verdict = card.querySelector(".verdict");
+    card.classList.toggle("right", item.correct === true);
+    card.classList.toggle("wrong", item.correct === false);
     if (item.error) verdict.textContent = item.error;
     else if (item.prediction) {
       const mark = item.correct === undefined ? "" : item.correct ? " ✓" : ` ✗ (${item.label})`;
       verdict.textContent = `${item.prediction.name} ${(100 * item.prediction.confidence).toFixed(1)}%${mark}`;
       verdict.dataset.confidence = String(item.prediction.confidence);
     } else if (state.info.kind === "image") verdict.textContent = "…";
-    caption.append(name, verdict);
-    card.append(picture, caption);
-    card.addEventListener("click", () => open(item.path));
     return card;
   });
   $("gallery").replaceChildren(...cards);
   $("gallery-count").textContent = `${items.length} of ${state.gallery.items.length} images`;
 }
 
-function open(item) {
+// A gallery card, made once per image and kept: redrawing the gallery while the first
+// pass fills it moves cards around without reloading their pictures.
+function newCard(path) {
+  const card = document.createElement("figure");
+  card.className = "card";
+  card.dataset.path = path;
+  const picture = document.createElement("img");
+  picture.src = `/api/view?item=${encodeURIComponent(path)}`;
+  picture.alt = path;
+  const caption = document.createElement("figcaption");
+  const name = document.createElement("div");
+  name.textContent = path;
+  const verdict = document.createElement("div");
+  verdict.className = "verdict";
+  caption.append(name, verdict);
+  card.append(picture, caption);
+  card.addEventListener("click", () => openItem(path));
+  state.cards.set(path, card);
+  return card;
+}
+
+function openItem(item) {
   state.item = item;
   if (state.info.kind === "clip") {
     show("clip-view");
@@ -314,7 +325,7 @@ async function upload(file) {
     body: file,
   });
   const { item } = await response.json();
-  open(item);
+  openItem(item);
 }
 
 // --- one image -------------------------------------------------------------------------
