@@ -44,12 +44,12 @@ def main() -> None:
             page.wait_for_selector("#grid canvas")
             for method in ("attnlrp", "rollout"):
                 page.check(f"#methods input[value={method}]")
-                page.wait_for_selector(f"#grid tr[data-method={method}] canvas")
+                page.wait_for_selector(f"#grid canvas[data-method={method}]")
             page.fill("#top", "2")
             page.dispatch_event("#top", "change")
             page.wait_for_function("document.querySelectorAll('#grid canvas').length == 6")
             page.set_viewport_size({"width": 1100, "height": 960})
-            page.locator("#grid tr[data-method=generic] canvas").first.hover(
+            page.locator("#grid canvas[data-method=generic]").first.hover(
                 position={"x": 120, "y": 110}
             )
             page.screenshot(path=args.out / "serve-image.png")

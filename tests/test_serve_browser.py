@@ -157,13 +157,13 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
     page = open_page(browser, image_server.url)
     path = "circle/scene_0.png"
     page.click(f".card[data-path='{path}']")
-    page.wait_for_selector("#grid tr[data-method=generic] canvas")
+    page.wait_for_selector("#grid canvas[data-method=generic]")
     settled(page)
     photo = read_image(image_server.data / path)
-    first = "#grid tr[data-method=generic] canvas >> nth=0"
+    first = "#grid canvas[data-method=generic] >> nth=0"
     predicted = int(page.get_attribute(first, "data-class"))
     assert predicted == int(reference_logits(shapes_vit, photo).argmax())
-    before = canvas_pixels(page, "#grid tr[data-method=generic] canvas")
+    before = canvas_pixels(page, "#grid canvas[data-method=generic]")
 
     # Hover: the value shown is the engine's value for that patch.
     maps = reference(shapes_vit, photo, "generic", [predicted])
@@ -171,14 +171,23 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
     assert (row, column) == (int(40 / 224 * 8), int(150 / 224 * 8))
     torch.testing.assert_close(torch.tensor(value), maps[0, row, column])
 
+    # The top two classes: one column each, in the model's order.
+    page.fill("#top", "2")
+    page.dispatch_event("#top", "change")
+    page.wait_for_function("document.querySelectorAll('#grid canvas').length == 2")
+    settled(page)
+    shown = page.eval_on_selector_all("#grid canvas", "cs => cs.map(c => Number(c.dataset.class))")
+    assert shown == reference_logits(shapes_vit, photo).argsort(descending=True)[:2].tolist()
+
     # Switch the class by name: the map is redrawn for that class.
     other = 1 if predicted != 1 else 2
     name = shapes_vit.classes[other]
     page.select_option("#class", label=f"{name} ({other})")
     page.wait_for_selector(f"#grid canvas[data-class='{other}']")
     settled(page)
-    assert page.inner_text("#grid th >> nth=1").startswith(name)
-    after = canvas_pixels(page, "#grid tr[data-method=generic] canvas")
+    assert page.locator("#grid canvas").count() == 1
+    assert page.locator("#grid th", has_text=name).count() == 1
+    after = canvas_pixels(page, "#grid canvas[data-method=generic]")
     assert np.abs(after.astype(int) - before.astype(int)).max() > 30
     value, row, column = hover_value(page, first, "#hover", 100, 100)
     expected = reference(shapes_vit, photo, "generic", [other])[0, row, column]
@@ -186,13 +195,16 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
 
     # Compare two methods side by side under one stated normalisation.
     page.check("#methods input[value=rollout]")
-    page.wait_for_selector("#grid tr[data-method=rollout] canvas")
+    page.wait_for_selector("#grid canvas[data-method=rollout]")
     page.select_option("#rule", "shared")
     page.wait_for_function("document.querySelector('#caption').textContent.startsWith('One')")
     settled(page)
     assert "One scale for every map" in page.inner_text("#caption")
     assert page.locator("#keys .key").count() == 1
-    rollout = "#grid tr[data-method=rollout] canvas >> nth=0"
+    where = "cs => cs.map(c => c.getBoundingClientRect().y)"
+    tops = page.eval_on_selector_all("#grid canvas", where)
+    assert len(tops) == 2 and tops[0] == tops[1]  # side by side
+    rollout = "#grid canvas[data-method=rollout] >> nth=0"
     value, row, column = hover_value(page, rollout, "#hover", 60, 180)
     expected = reference(shapes_vit, photo, "rollout", [other])[0, row, column]
     torch.testing.assert_close(torch.tensor(value), expected)
@@ -202,7 +214,7 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
     with page.expect_download() as download:
         page.click("#export-png")
     picture = png_pixels(Path(download.value.path()).read_bytes())
-    assert picture.shape[0] > 400 and picture.shape[1] > 400  # two rows of 224-pixel maps
+    assert picture.shape[1] > 2 * 224  # two 224-pixel maps side by side, with labels
     assert picture[..., :3].std() > 20  # drawn, not blank
     for fmt in ("npz", "json"):
         with page.expect_download() as download:
@@ -246,10 +258,10 @@ def test_upload_by_drop_and_by_file_input(browser, image_server, shapes_vit, tmp
         }""",
         base64.b64encode(upload.read_bytes()).decode(),
     )
-    page.wait_for_selector("#grid tr[data-method=generic] canvas")
+    page.wait_for_selector("#grid canvas[data-method=generic]")
     settled(page)
     assert page.inner_text("#image-title").startswith("upload/")
-    canvas = "#grid tr[data-method=generic] canvas >> nth=0"
+    canvas = "#grid canvas[data-method=generic] >> nth=0"
     assert int(page.get_attribute(canvas, "data-class")) == predicted
     value, row, column = hover_value(page, canvas, "#hover", 30, 200)
     expected = reference(shapes_vit, photo, "generic", [predicted])[0, row, column]

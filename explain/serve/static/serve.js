@@ -298,7 +298,9 @@ function newCard(path) {
   verdict.className = "verdict";
   caption.append(name, verdict);
   card.append(picture, caption);
+  card.tabIndex = 0;
   card.addEventListener("click", () => openItem(path));
+  card.addEventListener("keydown", (event) => event.key === "Enter" && openItem(path));
   state.cards.set(path, card);
   return card;
 }
@@ -345,45 +347,60 @@ async function explainImage() {
   $("image-prediction").textContent = `predicted ${p.name} (${(100 * p.confidence).toFixed(1)}%)`;
   $("caption").textContent = answer.caption;
   drawKeys($("keys"), answer.keys);
-  const head = document.createElement("tr");
-  head.append(document.createElement("th"));
-  for (const column of answer.classes) {
-    const cell = document.createElement("th");
-    cell.textContent = `${column.name} (${(100 * column.confidence).toFixed(1)}%)`;
-    head.append(cell);
-  }
-  const rows = answer.methods.map((entry) => {
-    const row = document.createElement("tr");
-    row.dataset.method = entry.method;
-    const name = document.createElement("th");
-    name.textContent = entry.method;
-    row.append(name);
+  const cell = (entry, k) => {
+    const box = document.createElement("td");
+    box.dataset.method = entry.method;
     if (entry.error) {
-      const cell = document.createElement("td");
-      cell.colSpan = answer.classes.length;
-      cell.className = "error";
-      cell.textContent = entry.error;
-      row.append(cell);
-      return row;
+      box.className = "error";
+      box.textContent = entry.error;
+      return box;
     }
-    entry.maps.forEach((map, k) => {
-      const cell = document.createElement("td");
-      const label = `${entry.method} · ${answer.classes[k].name}`;
-      const canvas = mapCanvas(picture, map, label, $("hover"));
-      canvas.dataset.method = entry.method;
-      canvas.dataset.class = String(answer.classes[k].index);
-      cell.append(canvas);
-      if (map.note) {
-        const note = document.createElement("div");
-        note.className = "note";
-        note.textContent = map.note;
-        cell.append(note);
-      }
-      row.append(cell);
-    });
-    return row;
-  });
-  $("grid").replaceChildren(head, ...rows);
+    const map = entry.maps[k];
+    const column = answer.classes[k];
+    const canvas = mapCanvas(picture, map, `${entry.method} · ${column.name}`, $("hover"));
+    canvas.dataset.method = entry.method;
+    canvas.dataset.class = String(column.index);
+    box.append(canvas);
+    if (map.note) {
+      const note = document.createElement("div");
+      note.className = "note";
+      note.textContent = map.note;
+      box.append(note);
+    }
+    return box;
+  };
+  const heading = (text) => {
+    const head = document.createElement("th");
+    head.textContent = text;
+    return head;
+  };
+  const className = (column) => `${column.name} (${(100 * column.confidence).toFixed(1)}%)`;
+  const rows = [];
+  if (answer.classes.length === 1) {
+    // One class: the methods side by side, to compare them.
+    const [column] = answer.classes;
+    const head = document.createElement("tr");
+    const maps = document.createElement("tr");
+    head.append(heading(""), ...answer.methods.map((entry) => heading(entry.method)));
+    maps.append(heading(className(column)), ...answer.methods.map((entry) => cell(entry, 0)));
+    rows.push(head, maps);
+  } else {
+    // Methods (rows) x classes (columns).
+    const head = document.createElement("tr");
+    head.append(heading(""), ...answer.classes.map((column) => heading(className(column))));
+    rows.push(head);
+    for (const entry of answer.methods) {
+      const row = document.createElement("tr");
+      row.append(heading(entry.method));
+      if (entry.error) {
+        const error = cell(entry, 0);
+        error.colSpan = answer.classes.length;
+        row.append(error);
+      } else row.append(...answer.classes.map((_, k) => cell(entry, k)));
+      rows.push(row);
+    }
+  }
+  $("grid").replaceChildren(...rows);
 }
 
 function imageExportBody(format) {
@@ -458,19 +475,16 @@ function tokenRow(label, tokens, values, display, signed, readout) {
   return row;
 }
 
-function listSentences(list, onPick) {
-  fetch("/api/sentences")
-    .then((r) => r.json())
-    .then(({ sentences }) => {
-      list.replaceChildren(
-        ...sentences.map((sentence) => {
-          const entry = document.createElement("li");
-          entry.textContent = sentence;
-          entry.addEventListener("click", () => busy(onPick(sentence)));
-          return entry;
-        }),
-      );
-    });
+async function listSentences(list, onPick) {
+  const { sentences } = await (await call("/api/sentences")).json();
+  list.replaceChildren(
+    ...sentences.map((sentence) => {
+      const entry = document.createElement("li");
+      entry.textContent = sentence;
+      entry.addEventListener("click", () => busy(onPick(sentence)));
+      return entry;
+    }),
+  );
 }
 
 // --- generation ------------------------------------------------------------------------
@@ -598,12 +612,12 @@ async function start() {
         busy(exportFile(body, `text_${body.method}.${format}`));
       });
     }
-    if (state.info.data === "texts") listSentences($("sentences"), explainText);
+    if (state.info.data === "texts") await listSentences($("sentences"), explainText);
   } else {
     show("generation-view");
     methodSelect($("gen-method"));
     $("generate").addEventListener("click", () => busy(generate()));
-    if (state.info.data === "texts") listSentences($("gen-sentences"), generate);
+    if (state.info.data === "texts") await listSentences($("gen-sentences"), generate);
   }
   document.body.dataset.ready = "true";
 }
