@@ -52,7 +52,7 @@ def main() -> None:
             page.locator("#grid canvas[data-method=generic]").first.hover(
                 position={"x": 120, "y": 110}
             )
-            page.screenshot(path=args.out / "serve-image.png")
+            page.screenshot(path=args.out / "serve-image.png", full_page=True)
     for name in ("serve-gallery.png", "serve-image.png"):
         print(args.out / name)
 
