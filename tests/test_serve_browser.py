@@ -314,6 +314,24 @@ def test_text_view_token_relevance(browser, tmp_path):
             "rows => rows.map(r => r.querySelector('.token:nth-child(3)').style.backgroundColor)",
         )
         assert len(set(colours)) > 1
+
+        # Export: the view as PNG (tokens on their colours), the relevance as json.
+        with page.expect_download() as download:
+            page.click("#text-export-png")
+        picture = png_pixels(Path(download.value.path()).read_bytes())
+        assert picture[..., :3].std() > 20  # drawn, not blank
+        with page.expect_download() as download:
+            page.click("#text-export-json")
+        saved = tmp_path / download.value.suggested_filename
+        download.value.save_as(saved)
+        exported = Explanation.load(saved)
+        assert exported.method == "attnlrp"  # the first method ticked
+        both = result.logits.argsort(descending=True)[:, :2]
+        expected = Explainer(loaded.model, tokenizer=loaded.tokenizer).explain(
+            [text], target=both, method="attnlrp"
+        )
+        assert exported.tokens == expected.tokens and exported.target.tolist() == both.tolist()
+        torch.testing.assert_close(exported.relevance.float(), expected.relevance)
         page.close()
 
 

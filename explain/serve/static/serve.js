@@ -171,11 +171,11 @@ function download(blob, name) {
   setTimeout(() => URL.revokeObjectURL(link.href), 1000);
 }
 
-// What `container` shows (its canvases, and its labels and captions as text), laid out as
-// on the page, as one PNG download.
+// What `container` shows (its canvases, and its labels, tokens and captions as text),
+// laid out as on the page, as one PNG download.
 function exportSheet(container, name) {
   const canvases = [...container.querySelectorAll("canvas")];
-  if (!canvases.length) return say("nothing drawn to export yet");
+  if (!canvases.length && !container.querySelector(".token")) return say("nothing to export yet");
   const origin = container.getBoundingClientRect();
   const sheet = document.createElement("canvas");
   sheet.width = Math.ceil(origin.width);
@@ -600,6 +600,7 @@ async function start() {
       $(id).addEventListener("change", () => state.text && busy(explainText()));
     }
     $("explain-text").addEventListener("click", () => busy(explainText()));
+    $("text-export-png").addEventListener("click", () => exportSheet($("text-sheet"), "text_view.png"));
     for (const format of ["npz", "json"]) {
       $(`text-export-${format}`).addEventListener("click", () => {
         const methods = checkedMethods($("text-methods"));
@@ -617,6 +618,7 @@ async function start() {
     show("generation-view");
     methodSelect($("gen-method"));
     $("generate").addEventListener("click", () => busy(generate()));
+    $("gen-export-png").addEventListener("click", () => exportSheet($("gen-sheet"), "generation_view.png"));
     if (state.info.data === "texts") await listSentences($("gen-sentences"), generate);
   }
   document.body.dataset.ready = "true";
