@@ -366,6 +366,9 @@ def test_generation_view_click_a_word(browser, tmp_path):
             torch.testing.assert_close(
                 torch.tensor(shown), found.explanation.relevance[0, 1, index]
             )
+        with page.expect_download() as download:
+            page.click("#gen-export-png")
+        assert png_pixels(Path(download.value.path()).read_bytes())[..., :3].std() > 20
         page.close()
 
 
