@@ -11,6 +11,7 @@ caption states the rule.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 from collections.abc import Callable, Sequence
@@ -101,22 +102,10 @@ class Workbench:
         return buffer.getvalue()
 
     def predict_images(self, photos: Sequence[Any], hashes: Sequence[str]) -> list[dict]:
-        """Prediction and confidence of each image, from one batched explanation of the
-        predicted classes with DEFAULT_METHOD (whose maps are cached as well, so opening
-        an image of the gallery costs nothing)."""
+        """Prediction and confidence of each image (`hashes`: their content hashes)."""
         self._require("image")
-        result = self.explainer.explain(self.model_input(photos), method=DEFAULT_METHOD)
-        answers = []
-        for offset, file_hash in enumerate(hashes):
-            logits = result.logits[offset].float().cpu()
-            self.cache.put(self._logits_key(file_hash), logits.tolist())
-            predicted = int(result.target[offset])
-            self.cache.put(
-                self._map_key(DEFAULT_METHOD, file_hash, predicted),
-                result.relevance[offset].float().cpu().tolist(),
-            )
-            answers.append(self._prediction(logits))
-        return answers
+        logits = self._first_pass(self.model_input(photos), hashes)
+        return [self._prediction(row) for row in logits]
 
     def cached_prediction(self, file_hash: str) -> dict | None:
         """The prediction of a file whose logits are cached, else None."""
@@ -134,15 +123,9 @@ class Workbench:
     ) -> dict[str, Any]:
         """Methods x classes maps of one image (`classes`, or the `top` highest), raw and
         scaled together by `rule`, with the caption that states the rule."""
-        self._require("image", "clip")
-        if self.kind == "clip":
-            raise InputError("a CLIP model explains an image against captions; use /api/clip")
+        self._require("image")
         methods = _checked_methods(methods)
-        logits = self.cache.get(self._logits_key(file_hash))
-        if logits is None:
-            self.predict_images([photo], [file_hash])
-            logits = self.cache.get(self._logits_key(file_hash))
-        logits = torch.tensor(logits)
+        logits = self._logits(file_hash, lambda: self.model_input([photo]))
         columns = self._columns(logits, classes, top)
         grids = {
             method: self._maps(method, file_hash, columns, lambda: self.model_input([photo]))
@@ -185,16 +168,7 @@ class Workbench:
         text = _checked_text(text)
         methods = _checked_methods(methods)
         text_hash = hashlib.sha256(text.encode()).hexdigest()
-        logits = self.cache.get(self._logits_key(text_hash))
-        if logits is None:
-            result = self.explainer.explain([text], method=DEFAULT_METHOD)
-            logits = result.logits[0].float().cpu().tolist()
-            self.cache.put(self._logits_key(text_hash), logits)
-            self.cache.put(
-                self._map_key(DEFAULT_METHOD, text_hash, int(result.target[0])),
-                result.relevance[0].float().cpu().tolist(),
-            )
-        logits = torch.tensor(logits)
+        logits = self._logits(text_hash, lambda: [text])
         columns = self._columns(logits, classes, top)
         grids = {
             method: self._maps(method, text_hash, columns, lambda: [text]) for method in methods
@@ -279,7 +253,28 @@ class Workbench:
 
     def _require(self, *kinds: Kind) -> None:
         if self.kind not in kinds:
-            raise InputError(f"{self.spec} is a {self.kind} model; this view is for {kinds[0]}")
+            raise InputError(f"{self.spec} ({self.kind} model) has no {kinds[0]} view")
+
+    def _first_pass(self, inputs: Any, hashes: Sequence[str]) -> Tensor:
+        """(B, C) logits of a batch, from one explanation of the predicted classes with
+        DEFAULT_METHOD; the logits and those maps are cached under the inputs' `hashes`,
+        so that opening a gallery image (or a sentence again) costs nothing."""
+        result = self.explainer.explain(inputs, method=DEFAULT_METHOD)
+        logits = result.logits.float().cpu()
+        for offset, input_hash in enumerate(hashes):
+            self.cache.put(self._logits_key(input_hash), logits[offset].tolist())
+            self.cache.put(
+                self._map_key(DEFAULT_METHOD, input_hash, int(result.target[offset])),
+                result.relevance[offset].float().cpu().tolist(),
+            )
+        return logits
+
+    def _logits(self, input_hash: str, make_inputs: Callable[[], Any]) -> Tensor:
+        """(C,) logits of one input: cached, or from its first pass."""
+        cached = self.cache.get(self._logits_key(input_hash))
+        if cached is not None:
+            return torch.tensor(cached)
+        return self._first_pass(make_inputs(), [input_hash])[0]
 
     def _logits_key(self, input_hash: str) -> str:
         return ResultCache.key(self.spec, "logits", input_hash)
@@ -448,6 +443,4 @@ def _lut(name: str) -> list[list[int]]:
 
 
 def _with_settings(result: Explanation, settings: dict[str, Any]) -> Explanation:
-    import dataclasses
-
     return dataclasses.replace(result, settings={**result.settings, **settings})
