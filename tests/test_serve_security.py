@@ -422,3 +422,16 @@ def test_another_host_is_used_only_when_asked_and_then_warned_about():
     assert listen_on("localhost") == ("localhost", None)
     host, warning = listen_on("0.0.0.0")
     assert host == "0.0.0.0" and "anyone who can reach this machine" in warning
+
+
+def test_the_command_refuses_data_of_the_wrong_kind(setup, tmp_path, capsys):
+    from explain.cli import main
+
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("a sentence\n")
+    command = ["serve", str(sentences), "--model", "zoo:shapes-vit", "--port", "0"]
+    assert main([*command, "--cache", str(tmp_path / "cache")]) == 2
+    assert "give it a folder of images" in capsys.readouterr().err
+    _, data = setup
+    assert main(["serve", str(data / "nothing"), "--model", "zoo:shapes-vit"]) == 2
+    assert "no such folder or file" in capsys.readouterr().err
