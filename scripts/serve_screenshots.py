@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from playwright.sync_api import expect
+
 from explain.loading import load_model
 from explain.serve import BackgroundServer, ResultCache, Workbench, build_app, read_data
 from explain.serve.demo import headless_chromium, scene_folder
@@ -47,7 +49,7 @@ def main() -> None:
                 page.wait_for_selector(f"#grid canvas[data-method={method}]")
             page.fill("#top", "2")
             page.dispatch_event("#top", "change")
-            page.wait_for_function("document.querySelectorAll('#grid canvas').length == 6")
+            expect(page.locator("#grid canvas")).to_have_count(6)
             page.set_viewport_size({"width": 1100, "height": 960})
             page.locator("#grid canvas[data-method=generic]").first.hover(
                 position={"x": 120, "y": 110}

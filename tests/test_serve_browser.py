@@ -23,6 +23,7 @@ from explain.preprocessing import read_image
 from explain.serve.demo import scene_folder
 
 SCENES = 10
+expect = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'").expect
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,9 @@ def open_page(browser, url):
     page = browser.new_page()
     errors = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    # Console errors include the browser's own: a Content-Security-Policy violation, a
+    # failed request. The page runs under its real policy (no eval, no inline code).
+    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
     page.goto(url)
     page.wait_for_selector("body[data-ready=true]")
     page.errors = errors
@@ -96,9 +100,7 @@ def hover_value(page, canvas, readout, x, y):
 
 def test_gallery_fills_sorts_and_filters(browser, image_server):
     page = open_page(browser, image_server.url)
-    page.wait_for_function(
-        f"document.querySelectorAll('.card .verdict[data-confidence]').length == {SCENES}"
-    )
+    expect(page.locator(".card .verdict[data-confidence]")).to_have_count(SCENES)
     page.wait_for_selector("#progress", state="hidden")
     settled(page)
     gallery = json.loads(page.evaluate("fetch('/api/gallery').then(r => r.text())"))
@@ -146,9 +148,7 @@ def test_the_first_pass_shows_its_progress_and_fills_the_gallery(browser, shapes
         assert page.locator(".card .verdict[data-confidence]").count() == 0
         release.set()
         page.wait_for_selector("#progress", state="hidden")
-        page.wait_for_function(
-            "document.querySelectorAll('.card .verdict[data-confidence]').length == 3"
-        )
+        expect(page.locator(".card .verdict[data-confidence]")).to_have_count(3)
         settled(page)
         page.close()
 
@@ -174,7 +174,7 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
     # The top two classes: one column each, in the model's order.
     page.fill("#top", "2")
     page.dispatch_event("#top", "change")
-    page.wait_for_function("document.querySelectorAll('#grid canvas').length == 2")
+    expect(page.locator("#grid canvas")).to_have_count(2)
     settled(page)
     shown = page.eval_on_selector_all("#grid canvas", "cs => cs.map(c => Number(c.dataset.class))")
     assert shown == reference_logits(shapes_vit, photo).argsort(descending=True)[:2].tolist()
@@ -197,7 +197,7 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
     page.check("#methods input[value=rollout]")
     page.wait_for_selector("#grid canvas[data-method=rollout]")
     page.select_option("#rule", "shared")
-    page.wait_for_function("document.querySelector('#caption').textContent.startsWith('One')")
+    expect(page.locator("#caption")).to_contain_text("One scale for every map")
     settled(page)
     assert "One scale for every map" in page.inner_text("#caption")
     assert page.locator("#keys .key").count() == 1
@@ -305,9 +305,9 @@ def test_text_view_token_relevance(browser, tmp_path):
         # Both classes, two methods: one row each, coloured differently.
         page.fill("#text-top", "2")
         page.dispatch_event("#text-top", "change")
-        page.wait_for_function("document.querySelectorAll('#text-results .token-row').length == 2")
+        expect(page.locator("#text-results .token-row")).to_have_count(2)
         page.check("#text-methods input[value=attnlrp]")
-        page.wait_for_function("document.querySelectorAll('#text-results .token-row').length == 4")
+        expect(page.locator("#text-results .token-row")).to_have_count(4)
         settled(page)
         colours = page.eval_on_selector_all(
             "#text-results .token-row",

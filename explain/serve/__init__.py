@@ -11,8 +11,9 @@ Why Starlette and uvicorn: they are the core of FastAPI, which ML engineers alre
 models with, and together install in under 2 MB with a fraction of a second to import.
 Gradio, the demo tool ML users know best, brings some 200 MB of dependencies (pandas,
 FastAPI, ...) and seconds of import, and a map that reads its value under the pointer
-would be a custom component of its own anyway. The standard library's http.server has no thread pool for the model's slow
-calls, no streaming request limits, and its documentation warns it off servers.
+would be a custom component of its own anyway. The standard library's http.server has no
+thread pool for the model's slow calls, no streaming request limits, and its
+documentation warns it off servers.
 
 Needs the `serve` extra: pip install 'explain-transformers[serve]'.
 """

@@ -77,7 +77,6 @@ def headless_chromium(executable: str = CHROMIUM) -> Iterator[Any]:
                 headless=True,
                 args=list(CHROMIUM_ARGS),
                 accept_downloads=True,
-                bypass_csp=True,  # the page forbids eval; Playwright's waits need it
                 viewport={"width": 1280, "height": 900},
             )
             context.set_default_timeout(20_000)
