@@ -16,6 +16,7 @@ const state = {
   textAnswer: null,
   ticket: 0, // the latest image request: an older answer arriving late is dropped
   cards: new Map(), // gallery path -> its card
+  pending: 0, // requests in flight
 };
 
 const $ = (id) => document.getElementById(id);
@@ -53,12 +54,18 @@ async function post(url, body) {
   return response.json();
 }
 
+// Run `promise` with the page marked busy (while any request is in flight), its error
+// shown as the page's message.
 function busy(promise) {
+  state.pending += 1;
   document.body.classList.add("busy");
   say("");
   return promise
     .catch((error) => say(error.message))
-    .finally(() => document.body.classList.remove("busy"));
+    .finally(() => {
+      state.pending -= 1;
+      if (!state.pending) document.body.classList.remove("busy");
+    });
 }
 
 // --- colour ----------------------------------------------------------------------------
@@ -255,7 +262,7 @@ async function refreshGallery() {
   $("progress-text").textContent = `explaining the folder: ${done} of ${total}`;
   $("mistakes-label").hidden = !state.gallery.labelled;
   drawGallery();
-  if (done < total) setTimeout(refreshGallery, 400);
+  if (done < total) setTimeout(() => refreshGallery().catch((error) => say(error.message)), 400);
 }
 
 function drawGallery() {
