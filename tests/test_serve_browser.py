@@ -56,6 +56,14 @@ def open_page(browser, url):
     # Console errors include the browser's own: a Content-Security-Policy violation, a
     # failed request. The page runs under its real policy (no eval, no inline code).
     page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    # Offline: everything the page loads comes from the server (or is made in the page).
+    page.on(
+        "request",
+        lambda sent: (
+            sent.url.startswith((url, "data:", "blob:"))
+            or errors.append(f"request outside the server: {sent.url}")
+        ),
+    )
     page.goto(url)
     page.wait_for_selector("body[data-ready=true]")
     page.errors = errors
