@@ -435,3 +435,33 @@ def test_the_command_refuses_data_of_the_wrong_kind(setup, tmp_path, capsys):
     _, data = setup
     assert main(["serve", str(data / "nothing"), "--model", "zoo:shapes-vit"]) == 2
     assert "no such folder or file" in capsys.readouterr().err
+
+
+def test_a_single_label_gallery_is_right_when_the_top_class_is_the_label(tmp_path):
+    """digits-vit (softmax): right means the top class is the folder's label; the
+    confidence is that class's probability, as the model gives it."""
+    from PIL import Image
+
+    from explain.data import digits
+
+    loaded = load_model("zoo:digits-vit")
+    images, labels = digits.load("heldout")
+    data = tmp_path / "data"
+    for index in range(4):
+        label = int(labels[index]) if index else (int(labels[index]) + 1) % 10  # one mislabelled
+        (data / str(label)).mkdir(parents=True, exist_ok=True)
+        pixels = (images[index].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        Image.fromarray(pixels).save(data / str(label) / f"digit_{index}.png")
+    with serving(loaded, "zoo:digits-vit", data, tmp_path / "cache") as running:
+        gallery = wait_for_gallery(running.url)
+    explainer = Explainer(loaded.model)
+    for item in gallery["items"]:
+        photo = read_image(data / item["path"])
+        logits = explainer.explain(loaded.preprocessing([photo])).logits[0]
+        probabilities = logits.double().softmax(dim=-1)
+        top = int(logits.argmax())
+        assert item["prediction"]["index"] == top
+        assert item["prediction"]["confidence"] == pytest.approx(float(probabilities[top]))
+        assert item["prediction"]["present"] == [loaded.classes[top]]
+        assert item["correct"] == (loaded.classes[top] == item["label"])
+    assert [item["correct"] for item in gallery["items"]].count(False) >= 1
