@@ -60,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
         sock = bind(host, args.port)
     except OSError as error:
         raise OptionError(f"cannot listen on {host}:{args.port}: {error.strerror}") from None
-    app = build_app(workbench, data, allowed_hosts=["*"] if args.host else None)
+    # The Host header is checked against the loopback names (no DNS rebinding) unless
+    # the server listens elsewhere, where the user's own names for the machine must work.
+    local = host in (LOOPBACK, "localhost")
+    app = build_app(workbench, data, allowed_hosts=None if local else ["*"])
     print(f"explain serve: {args.model} ({workbench.kind}) on {address(sock)}", flush=True)
     print(f"explain serve: cache folder {cache.folder}", flush=True)
     print("explain serve: press Ctrl-C to stop", flush=True)

@@ -106,8 +106,8 @@ def build_app(
         Route("/api/explain/generation", handlers.explain_generation, methods=["POST"]),
         Route("/api/export", handlers.export, methods=["POST"]),
     ]
-    hosts = allowed_hosts or ["127.0.0.1", "localhost", "[::1]"]
-    app = Starlette(
+    hosts = allowed_hosts or ["127.0.0.1", "localhost"]
+    return Starlette(
         routes=routes,
         middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)],
         exception_handlers={
@@ -117,8 +117,6 @@ def build_app(
         },
         lifespan=lifespan,
     )
-    app.state.gallery = gallery
-    return app
 
 
 def _static_files() -> dict[str, Path]:
