@@ -76,25 +76,29 @@ class GalleryPass:
         }
 
     def _run(self) -> None:
-        predicts = self.workbench.kind == "image"
-        pending = []
-        for item in self.data.images:
+        images = self.data.images
+        for start in range(0, len(images), BATCH):  # batch by batch: the gallery fills
             if self._stop.is_set():
                 return
-            try:
-                file_hash = self.file_hash(item.path)
-            except (ExplainError, OSError) as error:
-                self._record(item.path, {"error": str(error)})
-                continue
-            cached = self.workbench.cached_prediction(file_hash) if predicts else None
-            if cached is not None or not predicts:
-                self._record(item.path, {"prediction": cached})
-            else:
-                pending.append((item.path, file_hash))
-        for start in range(0, len(pending), BATCH):
-            if self._stop.is_set():
-                return
-            self._predict(pending[start : start + BATCH])
+            pending = []
+            for item in images[start : start + BATCH]:
+                try:
+                    file_hash = self.file_hash(item.path)
+                except (ExplainError, OSError) as error:
+                    self._record(item.path, {"error": str(error)})
+                    continue
+                cached = self.workbench.cached_prediction(file_hash) if self._predicts else None
+                if cached is not None or not self._predicts:
+                    self._record(item.path, {"prediction": cached})
+                else:
+                    pending.append((item.path, file_hash))
+            if pending:
+                self._predict(pending)
+
+    @property
+    def _predicts(self) -> bool:
+        """Whether the model has predictions to show (a classifier, not CLIP)."""
+        return self.workbench.kind == "image"
 
     def _predict(self, batch: list[tuple[str, str]]) -> None:
         photos, readable = [], []
