@@ -416,4 +416,14 @@ def test_clip_view_captions(browser, tmp_path):
             for k in range(2)
         ]
         assert np.abs(images[0].astype(int) - images[1].astype(int)).max() > 30
+
+        # Export: the image and text relevance for every caption (Explanation.save).
+        with page.expect_download() as download:
+            page.click("#clip-export-npz")
+        saved = tmp_path / download.value.suggested_filename
+        download.value.save_as(saved)
+        exported = Explanation.load(saved)
+        assert exported.settings["captions"] == captions
+        torch.testing.assert_close(exported.relevance, result.relevance)
+        torch.testing.assert_close(exported.relevances["text"], result.relevances["text"])
         page.close()

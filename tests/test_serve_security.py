@@ -213,6 +213,7 @@ def test_a_good_upload_is_stored_in_the_cache_and_explained(server, shapes_vit):
     assert answer["prediction"]["index"] == int(logits.target[0])
 
 
+JSON = "application/json"
 BAD_REQUESTS = [
     ("api/explain/image", b"{not json", "application/json", 400, "not valid JSON"),
     ("api/explain/image", b"[1, 2]", "application/json", 400, "JSON object"),
@@ -245,6 +246,7 @@ BAD_REQUESTS = [
     ("api/explain/text", b'{"text": "a b"}', "application/json", 400, "image model"),
     ("api/export", b'{"format": "exe", "item": "I"}', "application/json", 400, "npz or json"),
     ("api/export", b'{"format": "npz"}', "application/json", 400, "names the `item`"),
+    ("api/export", b'{"format": "npz", "item": "I", "captions": ["a"]}', JSON, 400, "no clip view"),
 ]
 
 

@@ -14,7 +14,8 @@ Routes (JSON unless said otherwise):
     POST /api/explain/text        {text, methods, classes|top, rule}
     POST /api/explain/clip        {item, captions, method}
     POST /api/explain/generation  {prompt, max_new_tokens, method}
-    POST /api/export              {format: npz|json, method, classes, item|text} -> file
+    POST /api/export              {format: npz|json, method, classes, item|text} or
+                                  {format, method, item, captions} (CLIP) -> a file
 
 Security: the only files read are the gallery's images under DATA (DataSource.image_file)
 and uploads in the cache folder the server names at start; uploads are checked before
@@ -257,6 +258,8 @@ class _Handlers:
     def _store_upload(self, data: bytes) -> dict[str, Any]:
         import io
 
+        if self.workbench.kind not in ("image", "clip"):
+            raise InputError(f"{self.workbench.spec} takes no images")
         photo = read_upload(data)
         buffer = io.BytesIO()
         photo.save(buffer, format="PNG")  # stored re-encoded: only decoded pixels are kept
@@ -327,7 +330,16 @@ class _Handlers:
             raise HTTPException(400, f"format must be npz or json, got {fmt!r}")
         method = _field(body, "method", str, DEFAULT_METHOD)
         classes = _ints(body, "classes") or []
-        if "item" in body:
+        if "item" in body and "captions" in body:  # CLIP: the image against every caption
+            item = _field(body, "item", str)
+            captions = _strings(body, "captions")
+
+            def inputs() -> Any:
+                return self.workbench.clip_inputs(self._photo(item)[0], captions)
+
+            classes = list(range(len(captions)))
+            settings = {"input": item, "captions": captions}
+        elif "item" in body:
             item = _field(body, "item", str)
 
             def inputs() -> Any:

@@ -213,26 +213,21 @@ class Workbench:
     def explain_clip(self, photo: Any, captions: Sequence[str], method: str) -> dict[str, Any]:
         """The image's map and each caption's token relevance for every caption, with
         the zero-shot probability of each caption."""
-        self._require("clip")
-        captions = [_checked_text(c) for c in captions]
-        if not 1 <= len(captions) <= MAX_CAPTIONS:
-            raise InputError(f"give 1..{MAX_CAPTIONS} captions, one per line")
         (method,) = _checked_methods([method])
-        tokenizer = self.loaded.tokenizer
-        texts = tokenizer(list(captions), padding=True, return_tensors="pt")
+        inputs = self.clip_inputs(photo, captions)
+        captions = [c.strip() for c in captions]
         result = self.explainer.explain(
-            {**texts, "pixel_values": self.model_input([photo])},
-            target=torch.arange(len(captions))[None],
-            method=method,
+            inputs, target=torch.arange(len(captions))[None], method=method
         )
+        tokenizer = self.loaded.tokenizer
         special = set(tokenizer.all_special_ids)
         probabilities = result.logits.float().softmax(dim=-1)[0]
         image_maps = result.relevance[0].float().cpu().numpy()
         scaled = scale_maps(list(image_maps))
         answers = []
         for k, caption in enumerate(captions):
-            ids = texts["input_ids"][k].tolist()
-            mask = texts["attention_mask"][k].tolist()
+            ids = inputs["input_ids"][k].tolist()
+            mask = inputs["attention_mask"][k].tolist()
             kept = [
                 i for i, (t, m) in enumerate(zip(ids, mask, strict=True)) if m and t not in special
             ]
@@ -248,6 +243,15 @@ class Workbench:
                 }
             )
         return {"method": method, "captions": answers, "caption": scaled.caption()}
+
+    def clip_inputs(self, photo: Any, captions: Sequence[str]) -> dict[str, Tensor]:
+        """A CLIP model's inputs for one image and `captions` (checked)."""
+        self._require("clip")
+        captions = [_checked_text(c) for c in captions]
+        if not 1 <= len(captions) <= MAX_CAPTIONS:
+            raise InputError(f"give 1..{MAX_CAPTIONS} captions, one per line")
+        texts = self.loaded.tokenizer(captions, padding=True, return_tensors="pt")
+        return {**texts, "pixel_values": self.model_input([photo])}
 
     # --- shared ----------------------------------------------------------------------
 

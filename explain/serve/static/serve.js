@@ -542,8 +542,12 @@ async function generate(prompt) {
 
 // --- CLIP ------------------------------------------------------------------------------
 
+function captionLines() {
+  return $("captions").value.split("\n").map((c) => c.trim()).filter(Boolean);
+}
+
 async function explainClip() {
-  const captions = $("captions").value.split("\n").map((c) => c.trim()).filter(Boolean);
+  const captions = captionLines();
   const [answer, picture] = await Promise.all([
     post("/api/explain/clip", { item: state.item, captions, method: $("clip-method").value }),
     loadPicture(state.item),
@@ -598,6 +602,12 @@ async function start() {
     }
     $("explain-clip").addEventListener("click", () => busy(explainClip()));
     $("clip-export-png").addEventListener("click", () => exportSheet($("clip-sheet"), `${stem(state.item)}_clip.png`));
+    for (const format of ["npz", "json"]) {
+      $(`clip-export-${format}`).addEventListener("click", () => {
+        const body = { format, item: state.item, captions: captionLines(), method: $("clip-method").value };
+        busy(exportFile(body, `${stem(state.item)}_clip_${body.method}.${format}`));
+      });
+    }
     await refreshGallery();
   } else if (kind === "text") {
     show("text-view");
