@@ -70,7 +70,7 @@ class Explainer:
 
         Args:
             inputs: images (B, C, H, W), or a tokenizer's output for text models; with
-                a tokenizer, also a text or a list of texts (see explain.text.encode).
+                a tokenizer, also a text or a list of texts (see explain.tokenizing.encode).
             target: None (predicted class), an int, B ints, a (B, K) tensor of K classes
                 per input (the relevance gets a K axis), or a callable on the output.
             method: a name from `explain.METHODS`.

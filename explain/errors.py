@@ -8,6 +8,7 @@ __all__ = [
     "HubUnreachableError",
     "InputError",
     "ModelLoadError",
+    "NestedExplanationError",
     "OptionError",
     "RepoNotFoundError",
     "TargetError",
@@ -61,3 +62,9 @@ class UnknownMethodError(ExplainError, KeyError):
 
 class OptionError(ExplainError, ValueError):
     """A method option (start_layer, head_fusion, ...) has an invalid value."""
+
+
+class NestedExplanationError(ExplainError, RuntimeError):
+    """An explanation started inside another one where it cannot run: on a model the same
+    thread is already explaining, or where waiting for its model would deadlock with
+    another thread (explain.engine.session)."""

@@ -17,7 +17,7 @@ from explain.errors import ExplainError, InputError, OptionError
 from explain.export import read_payload, write_payload
 from explain.finite import check_finite
 from explain.normalize import normalize_per_sample
-from explain.rules.registry import display_values, scale_note
+from explain.rules.display import display_values, scale_note
 
 __all__ = ["Explanation", "Trace", "normalize_per_sample"]
 

@@ -1,4 +1,4 @@
-"""Explaining what a decoder-only language model generates.
+"""Generating text, and explaining what a decoder-only language model generates.
 
 `generate` runs the model's own `generate` on prompts (texts, a tokenized batch, or chat
 conversations put through the tokenizer's chat template) without leaving a trace on the
@@ -10,6 +10,9 @@ and explains the token generated at P + g over everything before it, exactly wha
 next-token explanation of the prefix would give. The explanation runs on the engine
 (explain.engine, `Request.prompt_length` -> `GenerationPlan`): one batched backward
 serves all columns; forward-only methods fold every column from the same attention maps.
+
+`generate_target` generates an encoder-decoder's target sequence for its sources, to be
+explained position by position (`position="all"`) like any encoder-decoder input.
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ from torch import Tensor
 
 from explain import engine
 from explain.api import Explainer
+from explain.architectures.base import TokenSets
 from explain.engine import Request, require_causal_lm
+from explain.engine.session import Session
 from explain.errors import InputError, OptionError
 from explain.explanation import Explanation
-from explain.recorder import Recorder
 from explain.targets import Score
-from explain.text import is_raw_text
+from explain.tokenizing import is_raw_text
 
 __all__ = [
     "Generation",
@@ -36,6 +40,7 @@ __all__ = [
     "Prompt",
     "explain_generation",
     "generate",
+    "generate_target",
     "is_chat",
 ]
 
@@ -164,7 +169,7 @@ def generate(
     if pad is None:
         pad = int(end_ids[0]) if len(end_ids) else 0
     options = {"do_sample": False, **options}
-    with Recorder(adapter, differentiable=False):
+    with Session(adapter):
         sequences = model.generate(
             input_ids=prepared.arguments["input_ids"],
             attention_mask=mask,
@@ -216,3 +221,29 @@ def explain_generation(
     )
     explanation = engine.explain(adapter, generation.inputs(), request, explainer.tokenizer)
     return GenerationExplanation(explanation=explanation, generation=generation)
+
+
+def generate_target(explainer: Explainer, inputs: Any, max_new_tokens: int = 20) -> dict[str, Any]:
+    """`inputs` with the decoder sequence the model generates for them (greedy): adds
+    decoder_input_ids and decoder_attention_mask (real up to the first end token).
+
+    Generation runs inside a recorder that computes nothing: the model is in eval mode,
+    the RNG is forked and everything is restored afterwards, as for an explanation.
+    """
+    adapter = explainer.adapter
+    if adapter.token_sets != TokenSets.ENCODER_DECODER:
+        raise OptionError(f"{adapter.family}: generate_target is for encoder-decoder models")
+    source = {k: v for k, v in dict(inputs).items() if not k.startswith("decoder_")}
+    model = adapter.model
+    with Session(adapter):
+        sequences = model.generate(**source, max_new_tokens=max_new_tokens, do_sample=False)
+    eos = model.generation_config.eos_token_id
+    eos_ids = torch.as_tensor([] if eos is None else eos, device=sequences.device).flatten()
+    is_end = torch.isin(sequences, eos_ids)
+    is_end[:, 0] = False  # the start token may share the end token's id (Marian, GPT-2)
+    after_end = (is_end.long().cumsum(dim=1) - is_end.long()) > 0
+    return {
+        **inputs,
+        "decoder_input_ids": sequences,
+        "decoder_attention_mask": (~after_end).long(),
+    }

@@ -1,6 +1,5 @@
 """Text explanations in words: adding sub-tokens up to words, and explaining the
-similarity of two texts under a sentence encoder (tokenizing lives in explain.tokens and
-is re-exported here).
+similarity of two texts under a sentence encoder (tokenizing is explain.tokenizing's).
 
 Word pieces are grouped into words by the tokenizers' own markers, so that no
 re-tokenization is needed: WordPiece marks a continuation with a leading "##", byte-level
@@ -21,17 +20,13 @@ from explain.api import Explainer
 from explain.errors import InputError, OptionError, UnsupportedModelError
 from explain.explanation import Explanation
 from explain.rules import get_method
-from explain.tokens import checked_texts, encode, is_raw_text, token_strings
+from explain.tokenizing import encode
 
 __all__ = [
     "SimilarityExplanation",
     "Word",
     "aligned_cosine",
-    "checked_texts",
-    "encode",
-    "is_raw_text",
     "similarity",
-    "token_strings",
     "word_relevance",
     "words",
 ]

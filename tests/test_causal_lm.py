@@ -15,10 +15,9 @@ import pytest
 import reference_hf as ref
 import torch
 
-import explain.tiny_lm as tiny_lm
 from explain import Explainer, OptionError
 from explain.architectures.hf_causal_lm import HuggingFaceCausalLM, is_decoder_only_lm
-from explain.testing import ModelState
+from explain.testing import ModelState, tiny_lm
 
 METHODS = ["raw_attention", "rollout", "generic", "attention_gradcam"]
 TEXTS = [[4, 14, 7, 33, 9, 21, 30], [4, 41, 30], [4, 5, 17, 28, 30]]

@@ -8,10 +8,10 @@ import re
 import pytest
 import torch
 
-import explain.tiny_lm as tiny_lm
 from explain import Explainer
 from explain.cli import main
 from explain.generation import explain_generation
+from explain.testing import tiny_lm
 from explain.viz.generation import generation_html
 
 PROMPT = "w10 w11 <script> a&b w12"

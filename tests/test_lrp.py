@@ -11,8 +11,9 @@ from torch import nn
 
 import reference_vit as ref_vit
 from explain import METHODS, Explainer, TargetError, UnsupportedModelError
+from explain.engine.recorder import Recorder
+from explain.engine.session import Session
 from explain.lrp import CHEFER, ORIGINAL, rules, tape_for
-from explain.recorder import Recorder
 from explain.testing import ModelState, hook_counts, tiny_vit
 
 LRP_METHODS = ["transformer_attribution", "partial_lrp", "lrp"]
@@ -202,7 +203,10 @@ def test_chefer_rules_conserve_relevance_through_every_block():
     explainer = Explainer(model)
     tape = tape_for(explainer.adapter, to_input=False)
     prepared = explainer.adapter.prepare(images)
-    with Recorder(explainer.adapter, differentiable=False, module_hooks=tape.hooks):
+    with (
+        Session(explainer.adapter) as session,
+        Recorder(session, module_hooks=tape.hooks),
+    ):
         explainer.adapter.forward(prepared)
     classes = torch.tensor([0, 2, 4])
     per_block = []

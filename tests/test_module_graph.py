@@ -110,3 +110,25 @@ def test_the_registry_imports_no_family():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _package_of(module: str, modules: dict[str, Path]) -> str:
+    """The package a module belongs to: `explain.pkg` for anything under explain/pkg/,
+    and the module itself for a top-level module (explain.targets)."""
+    parts = module.split(".")
+    if len(parts) > 2 or modules[module].name == "__init__.py":
+        return ".".join(parts[:2])
+    return module
+
+
+def test_the_package_graph_has_no_cycle():
+    """Packages import one way too: no module of a package imports a package (or
+    top-level module) that imports back into it, however indirectly."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        source = _package_of(name, modules)
+        targets = {_package_of(target, modules) for target in _imports(name, path, modules)}
+        graph.setdefault(source, set()).update(targets - {source})
+    cycle = _cycle(graph)
+    assert cycle is None, "package import cycle: " + " -> ".join(cycle)

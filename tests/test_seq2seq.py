@@ -17,8 +17,8 @@ import torch
 from reference_coattention import encoder_decoder, gradient_weighted
 
 from explain import Explainer, InputError, OptionError, TargetError
+from explain.generation import generate_target
 from explain.testing import ModelState
-from explain.token_sets import generate_target
 
 VOCAB = 40
 

@@ -9,13 +9,12 @@ import reference_hf as ref
 import torch
 
 import explain.fused
-import explain.tiny_lm as tiny_lm
 from explain import Explainer
 from explain.architectures.base import FusedAttentionSite
 from explain.rules.attention import rollout_step
 from explain.rules.fold import AttentionRows, ReadoutFold
 from explain.rules.gradient import generic_step, gradient_weighted
-from explain.testing import tiny_vit
+from explain.testing import tiny_lm, tiny_vit
 
 TEXTS = [[2, 14, 7, 33, 9, 21, 3, 8, 11, 19], [2, 41, 3], [2, 5, 17, 28, 3, 6]]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 from explain.errors import InputError
 from explain.finite import check_finite
-from explain.tokens import encode, is_raw_text, token_strings
+from explain.tokenizing import encode, is_raw_text, token_strings
 
 __all__ = [
     "Adapter",
@@ -28,7 +29,8 @@ __all__ = [
     "FusedAttentionSite",
     "FusedPath",
     "LanguageModel",
-    "LrpWalk",
+    "LazyImport",
+    "ModuleHook",
     "Prepared",
     "TokenLayout",
     "TokenSet",
@@ -72,9 +74,15 @@ class AttentionSite:
     module the probabilities enter, such as a module that computes A @ V."""
 
 
+ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
+"""A forward hook (module, args, kwargs, output) -> None that only reads what it is given,
+or -> a replacement output equal in value whose gradient follows a rule (explain.lrp.attnlrp)."""
+
+
 @dataclass(frozen=True)
 class FlagSetting:
-    """An attribute the recorder sets for the duration of a call and then restores."""
+    """An attribute the session (explain.engine.session) sets for the duration of a call
+    and then restores."""
 
     owner: object
     name: str
@@ -122,6 +130,10 @@ class FusedPath:
 
     sites: Sequence[FusedAttentionSite]
     flags: Sequence[FlagSetting]
+    context: Callable[[], AbstractContextManager[Any]] | None = None
+    """What the path needs in place for the call besides its flags (an entry in a
+    library's registry that a flag names), entered before the flags are set and exited
+    after they are restored; None: nothing."""
 
 
 @dataclass(frozen=True)
@@ -218,18 +230,16 @@ class TokenSets(StrEnum):
 
 
 @dataclass(frozen=True)
-class LrpWalk:
-    """An adapter's LRP capability: the class (in explain.lrp) that records the forward
-    activations of the family's modules and propagates relevance through them, named by
-    module and class so that the adapter never imports the LRP engine.
-
-    The class is called as `cls(adapter, to_input=...)` and satisfies explain.lrp's `Tape`.
-    """
+class LazyImport:
+    """A function or class named by module and attribute, imported on first use: how an
+    adapter declares a capability that lives in explain.lrp (its LRP walk, where the
+    AttnLRP and CP-LRP rules attach) without ever importing that code."""
 
     module: str
     name: str
 
     def load(self) -> Callable[..., Any]:
+        """The named function or class."""
         return getattr(importlib.import_module(self.module), self.name)
 
 
@@ -261,10 +271,12 @@ class Adapter(ABC):
     """None for one token sequence; models with two token sets declare how they are
     explained (relevances {"image", "text"} or {"source", "target"})."""
 
-    lrp_walk: ClassVar[LrpWalk | None] = None
-    """The family's LRP walk, which the LRP methods need; None: they are refused."""
+    lrp_walk: ClassVar[LazyImport | None] = None
+    """The family's LRP walk, which the LRP methods need: a class in explain.lrp, called as
+    `cls(adapter, to_input=...)`, that satisfies explain.lrp's `Tape`; None: the LRP
+    methods are refused."""
 
-    rule_sites: ClassVar[LrpWalk | None] = None
+    rule_sites: ClassVar[LazyImport | None] = None
     """Where AttnLRP and CP-LRP attach in the family's modules: a function (in
     explain.lrp.attnlrp_sites) from the adapter to its `RuleSites`; None: they are refused."""
 
@@ -330,7 +342,7 @@ class Adapter(ABC):
 
     def encode(self, inputs: object, tokenizer: Any) -> object:
         """`inputs` with raw texts (a string or a list of strings) tokenized by the
-        Explainer's `tokenizer` into a padded batch (explain.tokens.encode); anything else
+        Explainer's `tokenizer` into a padded batch (explain.tokenizing.encode); anything else
         as given. A family whose raw inputs look different overrides it."""
         if tokenizer is not None and is_raw_text(inputs):
             return encode(tokenizer, inputs)

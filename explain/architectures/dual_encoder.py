@@ -29,7 +29,7 @@ from explain.architectures.base import (
     TokenSets,
     one_hot_rows,
 )
-from explain.tokens import token_strings
+from explain.tokenizing import token_strings
 
 __all__ = ["DualEncoder"]
 

@@ -7,19 +7,24 @@ norms and head splitting, which every family does its own way inside its attenti
 module, with no submodule whose output is the final q or k. What all of them share is
 the call `attention_interface(module, query, key, value, attention_mask, scaling=...)`.
 So for the duration of a call the model's `_attn_implementation` names a wrapper of
-transformers' own sdpa function (registered once under `IMPLEMENTATION`, with sdpa's mask
-function), and the wrapper shows q * scaling, k and v (key/value heads repeated to the
-query heads), the mask and the kernel's output to small identity modules of the
-adapter's own (`Probes`, one set per attention module, never attached to the model). The
-recorder hooks those as it hooks a `FusedAttentionSite`'s modules (explain.fused), and
-the model computes exactly what its sdpa path computes.
+transformers' own sdpa function, registered in transformers' attention registries under
+`IMPLEMENTATION` (with sdpa's mask function) for the call only: the path's `context`,
+which the session enters before it sets the flag and leaves after restoring it (calls
+in parallel are counted, and the last one out removes the entries). The wrapper shows
+q * scaling, k and v (key/value heads repeated to the query heads), the mask and the
+kernel's output to small identity modules of the adapter's own (`Probes`, one set per
+attention module, never attached to the model). The recorder hooks those as it hooks a
+`FusedAttentionSite`'s modules (explain.fused), and the model computes exactly what its
+sdpa path computes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch import Tensor, nn
@@ -89,12 +94,35 @@ def _probed_sdpa(
     return probes.output(output), None
 
 
-def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+class _Registration:
+    """The wrapper's entries in transformers' attention registries, present while at least
+    one call needs them (the registries are process-wide: calls in parallel share them)."""
 
-    AttentionInterface.register(IMPLEMENTATION, _probed_sdpa)
-    AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._users = 0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        with self._guard:
+            if self._users == 0:
+                AttentionInterface.register(IMPLEMENTATION, _probed_sdpa)
+                AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+            self._users += 1
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._users -= 1
+                if self._users == 0:  # `register` has no inverse: remove the entries
+                    AttentionInterface._global_mapping.pop(IMPLEMENTATION, None)
+                    AttentionMaskInterface._global_mapping.pop(IMPLEMENTATION, None)
+
+
+_registered = _Registration()
 
 
 def dispatches_attention(model: nn.Module, attention: Sequence[nn.Module]) -> bool:
@@ -115,7 +143,6 @@ def dispatches_attention(model: nn.Module, attention: Sequence[nn.Module]) -> bo
 def probed_fused_path(attention: Sequence[nn.Module], flags: Sequence[FlagSetting]) -> FusedPath:
     """The fused path over `attention` (one module per block, in order): `flags` are the
     eager-path flags, whose attention implementation is turned into the wrapper's."""
-    _register()
     sites = []
     for layer, module in enumerate(attention):
         probes = _PROBES.get(module)
@@ -140,4 +167,4 @@ def probed_fused_path(attention: Sequence[nn.Module], flags: Sequence[FlagSettin
         FlagSetting(flag.owner, flag.name, IMPLEMENTATION) if flag.value == "eager" else flag
         for flag in flags
     ]
-    return FusedPath(sites=sites, flags=fused_flags)
+    return FusedPath(sites=sites, flags=fused_flags, context=_registered)

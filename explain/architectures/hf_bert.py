@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from explain.architectures.base import (
     FusedAttentionSite,
     FusedPath,
-    LrpWalk,
+    LazyImport,
     Prepared,
     TokenLayout,
     one_hot_rows,
@@ -77,7 +77,7 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
         "(ForSequenceClassification: CLS readout; bare Model: mean-pooled sentence encoder)"
     )
     reads_text = True
-    lrp_walk = LrpWalk("explain.lrp.hf_bert", "BertTape")
+    lrp_walk = LazyImport("explain.lrp.hf_bert", "BertTape")
 
     def __init__(self, model: nn.Module) -> None:
         self._package = _family_of(model) or "bert"

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, AttentionSite, FlagSetting, LrpWalk, TokenLayout
+from explain.architectures.base import Adapter, AttentionSite, FlagSetting, LazyImport, TokenLayout
 from explain.errors import ExplainError, InputError, UnsupportedModelError
-from explain.tokens import is_raw_text
+from explain.tokenizing import is_raw_text
 
 __all__ = [
     "HuggingFaceAdapter",
@@ -183,7 +183,7 @@ class HuggingFaceAdapter(Adapter):
     overrides `find_blocks`.
     """
 
-    rule_sites = LrpWalk("explain.lrp.attnlrp_sites", "hf_sites")
+    rule_sites = LazyImport("explain.lrp.attnlrp_sites", "hf_sites")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

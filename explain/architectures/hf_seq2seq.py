@@ -137,7 +137,7 @@ class HFEncoderDecoder(Adapter):
         if "decoder_input_ids" not in inputs:
             raise InputError(
                 "give the decoder's tokens as decoder_input_ids (the target text after the "
-                "decoder start token), or generate them: explain.token_sets.generate_target"
+                "decoder start token), or generate them: explain.generation.generate_target"
             )
         parameter = self.parameter
         device = parameter.device

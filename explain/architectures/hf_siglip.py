@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.attention_pool import gradient_free_eval
 from explain.architectures.base import Prepared
 from explain.architectures.hf_clip import HFClip
 from explain.architectures.hf_common import is_transformers_class
@@ -31,14 +30,12 @@ __all__ = ["HFSiglip", "attention_pool_readout"]
 def attention_pool_readout(vision: nn.Module, pixel_values: Tensor) -> Tensor:
     """(B, N) the SigLIP pooling head's attention from its probe to every token of the
     last hidden state, averaged over the head's heads: one extra forward of the vision
-    tower `vision` (a SiglipVisionModel), see `gradient_free_eval`."""
+    tower `vision` (a SiglipVisionModel), which the engine runs inside a session, as it
+    runs the explanation's own forward (explain.architectures.attention_pool)."""
     head = vision.head
-    with gradient_free_eval(vision, pixel_values.device):
-        hidden = vision(pixel_values=pixel_values).last_hidden_state
-        probe = head.probe.expand(hidden.shape[0], -1, -1)
-        _, weights = head.attention(
-            probe, hidden, hidden, need_weights=True, average_attn_weights=True
-        )
+    hidden = vision(pixel_values=pixel_values).last_hidden_state
+    probe = head.probe.expand(hidden.shape[0], -1, -1)
+    _, weights = head.attention(probe, hidden, hidden, need_weights=True, average_attn_weights=True)
     return weights[:, 0]
 
 

@@ -41,8 +41,7 @@ from explain.architectures.base import (
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import prepare_text
 from explain.errors import ExplainError, InputError, UnsupportedModelError
-from explain.fused import attention_probabilities
-from explain.tokens import checked_texts, is_raw_text
+from explain.tokenizing import checked_texts, is_raw_text
 
 __all__ = ["ExplicitSelfAttention", "OpenClip"]
 
@@ -88,8 +87,8 @@ class ExplicitSelfAttention(nn.Module):
         if key is not query or value is not query:
             raise ExplainError("open_clip cross-attention is not supported, only self-attention")
         # ResidualAttentionBlock passes no key_padding_mask and an additive float (N, N)
-        # mask or none, which broadcasts over batch and heads as attention_probabilities
-        # adds it; anything else would need nn.MultiheadAttention's other mask conventions.
+        # mask or none, which broadcasts over batch and heads; anything else would need
+        # nn.MultiheadAttention's other mask conventions.
         if key_padding_mask is not None or need_weights or is_causal:
             raise ExplainError(
                 "open_clip's attention was called with key_padding_mask, need_weights or "
@@ -103,7 +102,10 @@ class ExplicitSelfAttention(nn.Module):
         head_dim = width // heads
         qkv = F.linear(query, mha.in_proj_weight, mha.in_proj_bias)
         q, k, v = qkv.reshape(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-        probabilities = self.probabilities(attention_probabilities(q, k, head_dim**-0.5, attn_mask))
+        scores = (q * head_dim**-0.5) @ k.transpose(-2, -1)
+        if attn_mask is not None:
+            scores = scores + attn_mask
+        probabilities = self.probabilities(scores.softmax(dim=-1))
         output = (probabilities @ v).transpose(1, 2).reshape(batch, tokens, width)
         # F.linear, not out_proj(...): the module's own fused forward never calls out_proj.
         return F.linear(output, mha.out_proj.weight, mha.out_proj.bias), None

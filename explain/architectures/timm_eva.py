@@ -1,10 +1,11 @@
 """timm's Eva family: EVA and EVA-02 (rotary position embeddings, SwiGLU MLPs, sub-LN)
 and the DINOv3 checkpoints timm builds on it (rotary embeddings, register tokens).
 
-Eva's blocks are read like timm's ViT blocks (`TimmVisionTransformer`): the
+Eva's blocks are read like timm's ViT blocks (`TimmBlocks`): the
 probabilities are the output of `attn.attn_drop` on the explicit path, after the rotary
 embedding has been applied to q and k; the readout is the class token, the patch mean or
-the attention pooling head's probe attention. There is no fused path: the rotary
+the attention pooling head's probe attention. AttnLRP and CP-LRP attach where they do
+on timm's ViT blocks. There is no fused path: the rotary
 embedding is applied to q and k inside the attention's forward, so no module outputs
 the q and k that the fused kernel multiplies; `attention_path="fused"` is refused and
 "auto" runs the explicit path. The LRP methods have no rules for Eva's blocks.
@@ -14,22 +15,19 @@ from __future__ import annotations
 
 from torch import nn
 
-from explain.architectures.base import FusedPath
-from explain.architectures.timm_vit import TimmVisionTransformer, is_timm_class
+from explain.architectures.base import LazyImport
+from explain.architectures.timm_vit import TimmBlocks, is_timm_class
 
 __all__ = ["TimmEva"]
 
 
-class TimmEva(TimmVisionTransformer):
+class TimmEva(TimmBlocks):
     family = (
         "timm Eva (EVA, EVA-02 with rotary embeddings and SwiGLU, DINOv3 with register "
         "tokens; class-token, patch-mean or attention-pooling readout)"
     )
-    lrp_walk = None  # the LRP rules mirror timm's VisionTransformer blocks, not these
+    rule_sites = LazyImport("explain.lrp.attnlrp_sites", "timm_sites")
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
         return is_timm_class(model, "Eva")
-
-    def fused_path(self) -> FusedPath | None:
-        return None

@@ -21,7 +21,7 @@ from explain.architectures.base import (
     FlagSetting,
     FusedAttentionSite,
     FusedPath,
-    LrpWalk,
+    LazyImport,
     Prepared,
     TokenLayout,
     mean_rows,
@@ -30,7 +30,7 @@ from explain.architectures.base import (
 )
 from explain.errors import InputError, UnsupportedModelError
 
-__all__ = ["TimmVisionTransformer", "is_timm_class", "validate_image_batch"]
+__all__ = ["TimmBlocks", "TimmVisionTransformer", "is_timm_class", "validate_image_batch"]
 
 _POOLS = ("token", "avg")
 
@@ -42,14 +42,12 @@ def is_timm_class(model: nn.Module, name: str) -> bool:
     )
 
 
-class TimmVisionTransformer(Adapter):
-    family = (
-        "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens as in the "
-        "DINOv2 checkpoints, global-average pooling, attention pooling as in the SigLIP "
-        "checkpoints) and VisionTransformerDistilled"
-    )
-    lrp_walk = LrpWalk("explain.lrp.timm_vit", "TimmVitTape")
-    rule_sites = LrpWalk("explain.lrp.attnlrp_sites", "timm_sites")
+class TimmBlocks(Adapter):
+    """timm vision models built from timm's ViT blocks (`model.blocks`, each block's
+    `attn.attn_drop` seeing the probabilities on the explicit path, `fused_attn` the
+    switch): how VisionTransformer, Eva and Beit are read. The capabilities that depend
+    on more than the blocks (the fused path, the LRP walk, the AttnLRP sites) are each
+    family's own."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -73,10 +71,6 @@ class TimmVisionTransformer(Adapter):
                 )
         self.distilled = is_timm_class(model, "VisionTransformerDistilled")
         """A distilled DeiT: its eval-mode head averages the class and distillation heads."""
-
-    @classmethod
-    def matches(cls, model: nn.Module) -> bool:
-        return is_timm_class(model, "VisionTransformer")
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -105,28 +99,6 @@ class TimmVisionTransformer(Adapter):
             # Checkpointing would rerun every block in the backward and fire the hooks twice.
             flags.append(FlagSetting(self.model, "grad_checkpointing", False))
         return flags
-
-    def fused_path(self) -> FusedPath:
-        # timm's Attention: q, k = q_norm(q), k_norm(k); v is the third slice of qkv's
-        # output; the kernel's output (B, H, N, d) -> (B, N, H * d) enters attn.norm.
-        # The Explainer calls the model without an attention mask, so none is needed here.
-        sites = [
-            FusedAttentionSite(
-                layer=index,
-                query=block.attn.q_norm,
-                key=block.attn.k_norm,
-                value=block.attn.qkv,
-                values=partial(_timm_values, block.attn.num_heads, block.attn.head_dim),
-                output=block.attn.norm,
-                heads=partial(_timm_heads, block.attn.num_heads, block.attn.head_dim),
-                scale=float(block.attn.scale),
-            )
-            for index, block in enumerate(self.model.blocks)
-        ]
-        flags = [FlagSetting(block.attn, "fused_attn", True) for block in self.model.blocks]
-        if hasattr(self.model, "grad_checkpointing"):
-            flags.append(FlagSetting(self.model, "grad_checkpointing", False))
-        return FusedPath(sites=sites, flags=flags)
 
     def prepare(self, inputs: object) -> Prepared:
         patch_embed = self.model.patch_embed
@@ -172,6 +144,42 @@ class TimmVisionTransformer(Adapter):
             include = getattr(self.model, "pool_include_prefix", False)
             tokens = range(0 if include else layout.num_prefix_tokens, layout.num_tokens)
         return mean_rows(prepared.batch_size, layout.num_tokens, tokens, self.parameter)
+
+
+class TimmVisionTransformer(TimmBlocks):
+    family = (
+        "timm VisionTransformer (ViT, DeiT, DeiT III, augreg, register tokens as in the "
+        "DINOv2 checkpoints, global-average pooling, attention pooling as in the SigLIP "
+        "checkpoints) and VisionTransformerDistilled"
+    )
+    lrp_walk = LazyImport("explain.lrp.timm_vit", "TimmVitTape")
+    rule_sites = LazyImport("explain.lrp.attnlrp_sites", "timm_sites")
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return is_timm_class(model, "VisionTransformer")
+
+    def fused_path(self) -> FusedPath:
+        # timm's Attention: q, k = q_norm(q), k_norm(k); v is the third slice of qkv's
+        # output; the kernel's output (B, H, N, d) -> (B, N, H * d) enters attn.norm.
+        # The Explainer calls the model without an attention mask, so none is needed here.
+        sites = [
+            FusedAttentionSite(
+                layer=index,
+                query=block.attn.q_norm,
+                key=block.attn.k_norm,
+                value=block.attn.qkv,
+                values=partial(_timm_values, block.attn.num_heads, block.attn.head_dim),
+                output=block.attn.norm,
+                heads=partial(_timm_heads, block.attn.num_heads, block.attn.head_dim),
+                scale=float(block.attn.scale),
+            )
+            for index, block in enumerate(self.model.blocks)
+        ]
+        flags = [FlagSetting(block.attn, "fused_attn", True) for block in self.model.blocks]
+        if hasattr(self.model, "grad_checkpointing"):
+            flags.append(FlagSetting(self.model, "grad_checkpointing", False))
+        return FusedPath(sites=sites, flags=flags)
 
 
 def _timm_values(num_heads: int, head_dim: int, qkv: Tensor) -> Tensor:

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from explain.api import Explainer
-    from explain.token_sets import generate_target
+    from explain.generation import generate_target
     from explain.viz import save_figure
     from explain.viz.multimodal import relevance_matrix_figure, source_text_figure
 

@@ -79,7 +79,7 @@ def _rows(
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.io import atomic_write
-    from explain.rules.registry import display_values, scale_note
+    from explain.rules.display import display_values, scale_note
     from explain.viz.text import document_html, note_html, to_html, to_terminal
 
     methods = parse_methods(args.method)

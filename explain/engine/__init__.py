@@ -1,8 +1,11 @@
 """The engine: one run loop for every model kind and every method.
 
-`explain` and `trace` take an adapter and a `Request` and return an `Explanation` or a
-`Trace`; `Explainer.explain` and `Explainer.trace` are thin fronts over them. The plans
-(explain.engine.plans) say how each kind of model maps the request onto the loop.
+`explain` and `trace` (run.py) take an adapter and a `Request` and return an
+`Explanation` or a `Trace`; `Explainer.explain` and `Explainer.trace` are thin fronts over
+them. The session (session.py) borrows the model for a call, the recorder (recorder.py)
+records what it computes, the passes (passes.py) are the ways through the model a
+method's needs choose, and the plans (plans/) say how each kind of model maps the
+request onto them.
 """
 
 from explain.engine.plans import (
@@ -10,24 +13,24 @@ from explain.engine.plans import (
     Plan,
     Position,
     check_tokenizer,
-    plan_for,
     require_causal_lm,
     resolve_score,
     resolve_start_layer,
-    supported_methods,
 )
 from explain.engine.request import Request, StartLayer
-from explain.engine.run import explain, trace
+from explain.engine.run import check, explain, supported_methods, trace
+from explain.engine.session import Session
 
 __all__ = [
     "GenerationPlan",
     "Plan",
     "Position",
     "Request",
+    "Session",
     "StartLayer",
+    "check",
     "check_tokenizer",
     "explain",
-    "plan_for",
     "require_causal_lm",
     "resolve_score",
     "resolve_start_layer",

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from explain.errors import OptionError
 from explain.fused import AttentionPath
 from explain.targets import Score, Target
 
-__all__ = ["Request", "StartLayer"]
+__all__ = ["Request", "StartLayer", "integer_option"]
 
 StartLayer = int | Mapping[str, int] | None
 """The first block a method aggregates over: one for every token set, or one per set by
@@ -35,3 +37,15 @@ class Request:
     is explained, each read out at the position before it (explain.engine.plans
     `GenerationPlan`); the targets are the generated tokens themselves. None: any other
     call."""
+
+
+def integer_option(name: str, value: object) -> int:
+    """`value` as an int when it is integer-like (an int, a NumPy integer, a 0-d integer
+    tensor: anything with `__index__`), as targets are; OptionError for bools, floats and
+    anything else."""
+    if isinstance(value, bool):
+        raise OptionError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise OptionError(f"{name} must be an int, got {value!r}") from None

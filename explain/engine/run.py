@@ -1,71 +1,88 @@
 """The one run loop: a request and the adapter's plan -> an `Explanation` or a `Trace`.
 
 Every model kind (explain.engine.plans) and every method goes through `explain`; `trace`
-shares its plan, so it resolves inputs and targets exactly as `explain` does. What a
-method needs (`Need`) chooses the pass through the model:
-
-- attention only (or nothing): one forward under no_grad, no backward; a class-agnostic
-  map serves every target of an input (a generation's columns read out at different
-  positions: each has its own sink, all filled from the same forward);
-- attention gradients: one forward, then the backward of every score column, all
-  columns in one vectorised backward, chunked to a memory budget
-  (`Recorder.backward_batched`), each column into its own sink;
-- LRP relevance: one forward that records the family's walk (`Adapter.lrp_walk`), the
-  gradients as above when the method weights by them (kept per column until that
-  column's walk has used them), then the walk once per column (a walk propagates one
-  class per sample);
-- embedding gradients (AttnLRP, CP-LRP): one forward under the method's gradient rules
-  (explain.lrp.attnlrp, hooked where the family's `Adapter.rule_sites` say), then one
-  backward per column to the embeddings: Gradient x Input per token.
-
-Several targets per input are therefore always score columns of one forward; a dual
-encoder turns each explained (image, text) pair into a sample instead (its plan), so it
-has one column; a generation's columns are its generated positions.
+shares its plan, so it resolves inputs and targets exactly as `explain` does. Before any
+forward, `check` follows the chain method -> pass -> plan -> adapter once: the method's
+needs choose its pass (explain.engine.passes), the model's plan must accept that pass
+(and, where the plan's sinks are its own, the method), and the adapter must provide what
+the pass needs. A missing link is refused with an error that names it. The pass then runs
+the model through the plan, and the plan turns the columns' results into the relevances.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from explain.architectures.base import Adapter
-from explain.engine.plans import Columns, Plan, plan_for
+from explain.engine.passes import Pass, pass_for
+from explain.engine.plans import Plan, plan_kind
+from explain.engine.recorder import Recorder
 from explain.engine.request import Request
-from explain.errors import OptionError, TargetError
+from explain.engine.session import Session
+from explain.errors import TargetError, UnsupportedModelError
 from explain.explanation import Explanation, Trace
 from explain.fused import use_fused_path
-from explain.lrp import RULE_SETS, tape_for
-from explain.lrp.attnlrp import RuleCall, rule_hooks
-from explain.lrp.attnlrp_sites import rule_sites
-from explain.recorder import Recorder
-from explain.rules import LRP_NEEDS, Method, Need, get_method
-from explain.rules.fold import AttentionRows
+from explain.rules import METHODS, Method, get_method
 
-__all__ = ["explain", "trace"]
+__all__ = ["check", "explain", "supported_methods", "trace"]
+
+
+def _missing_link(spec: Method, kind: type[Plan], adapter: Adapter) -> Exception | None:
+    """The error for the first missing link of method -> pass -> plan -> adapter, or None."""
+    chosen = pass_for(spec)
+    if chosen not in kind.passes or (kind.methods is not None and spec.name not in kind.methods):
+        return kind.refusal(kind.refused_because)
+    missing = chosen.missing(adapter)
+    if missing is not None:
+        return UnsupportedModelError(missing)
+    return None
+
+
+def check(spec: Method, kind: type[Plan], adapter: Adapter, request: Request) -> type[Pass]:
+    """The pass that runs `spec` on `adapter` under plan `kind`, once every link of
+    method -> pass -> plan -> adapter holds; otherwise the error that names the missing
+    link and the methods that would run."""
+    error = _missing_link(spec, kind, adapter)
+    if error is not None:
+        supported = ", ".join(_supported(kind, adapter))
+        raise type(error)(
+            f"method {spec.name!r} is not available for {adapter.family}: {error}; "
+            f"supported methods: {supported}"
+        )
+    chosen = pass_for(spec)
+    chosen.check_request(spec, request)
+    return chosen
+
+
+def _supported(kind: type[Plan], adapter: Adapter) -> list[str]:
+    return [
+        name for name, spec in sorted(METHODS.items()) if _missing_link(spec, kind, adapter) is None
+    ]
+
+
+def supported_methods(adapter: Adapter, request: Request | None = None) -> list[str]:
+    """The names of the methods that `adapter`'s model can be explained with, in calls of
+    `request`'s kind (a generation, when it has a `prompt_length`; default: any other)."""
+    return _supported(plan_kind(adapter, request or Request()), adapter)
 
 
 def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None) -> Explanation:
     """Relevance of every input element for the request's targets (see `Explainer.explain`)."""
     assert request.method is not None
     spec = get_method(request.method)
-    plan = plan_for(adapter, spec, request, tokenizer)
+    kind = plan_kind(adapter, request)
+    chosen = check(spec, kind, adapter, request)
+    plan = kind(adapter, spec, request, tokenizer)
     plan.prepare(inputs)
     plan.sink()  # bad options and start layers fail before any model work
     plan.choose_inputs()
-    fused = _fused(adapter, spec, plan, request)
-    if spec.needs & LRP_NEEDS:
-        columns, per_column, mapped = _lrp_pass(adapter, spec, plan)
-    elif Need.EMBEDDING_GRADIENTS in spec.needs:
-        columns, per_column, mapped = (*_embedding_gradient_pass(adapter, spec, plan, fused), False)
-    elif Need.ATTENTION_GRADIENTS in spec.needs:
-        columns, per_column, mapped = (*_gradient_pass(adapter, plan, fused), False)
-    else:
-        columns, per_column, mapped = (*_forward_pass(adapter, plan, fused), False)
+    run = chosen(adapter, spec, plan, request)
+    columns, per_column = run.run()
     layouts = {token_set.name: token_set.layout for token_set in plan.sets}
-    if not mapped:  # onto the input: patch grids, text with pads 0
+    if not run.mapped:  # onto the input: patch grids, text with pads 0
         per_column = [
             {name: adapter.to_input_space(r, layouts[name]) for name, r in column.items()}
             for column in per_column
@@ -87,7 +104,7 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
 def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None) -> Trace:
     """Every block's attention and hidden states with their gradients for the score of
     the request's target (see `Explainer.trace`)."""
-    plan = plan_for(adapter, None, request, tokenizer)
+    plan = plan_kind(adapter, request)(adapter, None, request, tokenizer)
     plan.prepare(inputs)
     plan.choose_inputs()
     fused = use_fused_path(
@@ -95,7 +112,11 @@ def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None
     )
     num_layers = adapter.num_layers
     attentions: dict[int, Tensor] = {}
-    with Recorder(adapter, track=range(num_layers), hidden_states=True, fused=fused) as recorder:
+    path = adapter.fused_path() if fused else None
+    with (
+        Session(adapter, differentiable=True, fused=path) as session,
+        Recorder(session, track=range(num_layers), hidden_states=True) as recorder,
+    ):
         columns = plan.columns(plan.forward())
         if columns.scores.shape[1] != 1 or columns.classes.dim() != 1:
             raise TargetError("trace() explains one class per input; pass a (B,) target")
@@ -117,149 +138,3 @@ def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None
             target=columns.classes,
             score="custom" if columns.custom else plan.score,
         )
-
-
-def _fused(adapter: Adapter, spec: Method, plan: Plan, request: Request) -> bool:
-    """Whether the call runs on the fused attention path. The LRP walks read each block's
-    attention probabilities as the explicit path computes them: they refuse "fused"."""
-    if spec.needs & LRP_NEEDS:
-        if request.attention_path == "fused":
-            raise OptionError(
-                f"method {spec.name!r} propagates relevance through the explicit attention "
-                "path, not the fused kernel; use attention_path='auto' or 'explicit'"
-            )
-        return False
-    return use_fused_path(
-        adapter,
-        plan.prepared.layout,
-        needs_gradients=spec.needs_gradients,
-        requested=request.attention_path,
-        reads_attention=bool(spec.needs & {Need.ATTENTION, Need.ATTENTION_GRADIENTS}),
-    )
-
-
-PerColumn = list[dict[str, Tensor]]
-
-
-def _forward_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, PerColumn]:
-    """Class-agnostic methods: one forward under no_grad, no backward at all; one map
-    serves every target, unless the plan gives each column its own sink."""
-    sinks = plan.forward_sinks()
-    # On the fused path the blocks are folded by rows after the forward.
-    stream = fused and all(sink.takes_rows for sink in sinks)
-
-    def add(layer: int, attention: Tensor) -> None:
-        for sink in sinks:
-            sink.add(layer, attention, None)
-
-    def add_rows(layer: int, chunks: Iterable[AttentionRows]) -> None:
-        for sink in sinks:
-            sink.add_rows(layer, chunks)
-
-    with Recorder(
-        adapter, on_attention=add, differentiable=False, fused=fused, stream_forward=stream
-    ) as recorder:
-        columns = plan.columns(plan.forward())
-        if stream:
-            recorder.stream_attention(add_rows)
-    results = [plan.read(k, sink) for k, sink in enumerate(sinks)]
-    return columns, results if len(sinks) > 1 else results * columns.scores.shape[1]
-
-
-def _gradient_pass(adapter: Adapter, plan: Plan, fused: bool) -> tuple[Columns, PerColumn]:
-    """One forward, then one backward of every score column (vectorised over columns,
-    chunked to the recorder's memory budget), folding blocks as their gradients arrive."""
-    first = plan.sink()
-    with Recorder(adapter, track=first.layers, fused=fused) as recorder:
-        columns = plan.columns(plan.forward())
-        count = columns.scores.shape[1]
-        sinks = [first] + [plan.sink(k) for k in range(1, count)]
-        # On the fused path, sinks that fold by rows get each block by chunks of query rows.
-        stream = first.takes_rows
-        if count == 1:
-            rows = first.add_rows if stream else None
-            recorder.backward(columns.scores[:, 0].sum(), first.add, on_rows=rows)
-        else:
-            recorder.backward_batched(
-                columns.scores,
-                lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
-                on_rows=(lambda k, layer, chunks: sinks[k].add_rows(layer, chunks))
-                if stream
-                else None,
-            )
-    return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
-
-
-def _lrp_pass(adapter: Adapter, spec: Method, plan: Plan) -> tuple[Columns, PerColumn, bool]:
-    """The LRP methods: a recorded forward, the gradients the method weights by (batched
-    over columns as above), then the family's walk from each column's class logit.
-    Returns also whether the walk's result is already in input space (pixels)."""
-    assert spec.lrp_rules is not None
-    rules = RULE_SETS[spec.lrp_rules]
-    to_input = Need.INPUT_RELEVANCE in spec.needs
-    walk = tape_for(adapter, to_input=to_input)
-    first = plan.sink()
-    track = first.layers if spec.needs_gradients else range(0)
-    stop_layer = 0 if to_input or not first.layers else first.layers[0]
-    with Recorder(
-        adapter, track=track, differentiable=bool(track), module_hooks=walk.hooks
-    ) as recorder:
-        columns = plan.columns(plan.forward())
-        if columns.custom:
-            raise TargetError(
-                f"method {spec.name!r} propagates relevance from a class logit; give the "
-                "target as class indices, not a callable that returns scores"
-            )
-        count = columns.scores.shape[1]
-        gradients: list[dict[int, Tensor]] = [{} for _ in range(count)]
-        if track and count == 1:
-            recorder.backward(
-                columns.scores[:, 0].sum(),
-                lambda layer, attention, grad: gradients[0].__setitem__(layer, grad),
-            )
-        elif track:
-            recorder.backward_batched(
-                columns.scores,
-                lambda k, layer, attention, grad: gradients[k].__setitem__(layer, grad),
-            )
-        classes = columns.classes if columns.classes.dim() == 2 else columns.classes[:, None]
-        per_column = []
-        for k in range(count):
-            sink = first if k == 0 else plan.sink(k)
-
-            def deliver(layer: int, relevance: Tensor, sink: Any = sink, k: int = k) -> None:
-                if layer in sink.layers:
-                    sink.add(layer, relevance, gradients[k].pop(layer, None))
-
-            below = walk.propagate(
-                classes[:, k], rules, deliver, stop_layer=stop_layer, to_input=to_input
-            )
-            if to_input:
-                sink.add_input(below)
-            per_column.append(plan.read(k, sink))
-    return columns, per_column, to_input and walk.in_input_space
-
-
-def _embedding_gradient_pass(
-    adapter: Adapter, spec: Method, plan: Plan, fused: bool
-) -> tuple[Columns, PerColumn]:
-    """AttnLRP and CP-LRP: one forward with the method's gradient rules hooked on the
-    model's modules for the call, whose word- or patch-embedding output is the graph's
-    leaf; then per column one backward to it, embedding x gradient summed over the hidden
-    size. The rules hold on either attention path."""
-    assert spec.gradient_rules is not None
-    call = RuleCall()
-    hooks = rule_hooks(adapter.model, rule_sites(adapter), spec.gradient_rules, call)  # type: ignore[arg-type]
-    first = plan.sink()
-    with Recorder(adapter, module_hooks=hooks, leaf_at_blocks=False, fused=fused):
-        columns = plan.columns(adapter.forward(plan.prepared))
-        count = columns.scores.shape[1]
-        per_column = []
-        for k in range(count):
-            sink = first if k == 0 else plan.sink()
-            (gradient,) = torch.autograd.grad(
-                columns.scores[:, k].sum(), call.tensor, retain_graph=k < count - 1
-            )
-            sink.add_input(call.relevance(gradient, plan.prepared.layout))
-            per_column.append(plan.read(k, sink))
-    return columns, per_column

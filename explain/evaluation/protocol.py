@@ -17,9 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from explain.api import Explainer
+from explain.engine.session import Session
 from explain.errors import OptionError
 from explain.evaluation.datasets.base import ImageExample
-from explain.recorder import Recorder
 from explain.rules import get_method
 
 __all__ = [
@@ -176,7 +176,7 @@ class ImageProtocol(EvaluationProtocol):
         pieces = pixels.split(self.forward_batch or len(pixels))
         # The recorder (forward only) gives the eval mode, path flags and clean-up that
         # every other call on the model gets.
-        with Recorder(adapter, differentiable=False):
+        with Session(adapter):
             logits = [adapter.forward(adapter.prepare(self.normalize(piece))) for piece in pieces]
         return torch.cat(logits).cpu()
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from explain.architectures.base import ModuleHook
 from explain.architectures.hf_bert import HuggingFaceTextEncoder
 from explain.errors import UnsupportedModelError
 from explain.lrp import rules as rule
@@ -29,7 +30,6 @@ from explain.lrp.structure import (
     require_pass,
     type_name,
 )
-from explain.recorder import ModuleHook
 from explain.rules.fold import compute_dtype
 
 __all__ = ["BertTape"]

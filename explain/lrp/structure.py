@@ -9,9 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from explain.architectures.base import ModuleHook
 from explain.errors import UnsupportedModelError
 from explain.lrp.rules import passes_through
-from explain.recorder import ModuleHook
 
 __all__ = [
     "keep",

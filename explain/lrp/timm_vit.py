@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from explain.architectures.base import ModuleHook
 from explain.architectures.timm_vit import TimmVisionTransformer
 from explain.errors import UnsupportedModelError
 from explain.lrp import rules as rule
@@ -27,7 +28,6 @@ from explain.lrp.structure import (
     require_pass,
     type_name,
 )
-from explain.recorder import ModuleHook
 from explain.rules.fold import compute_dtype
 
 __all__ = ["TimmVitTape"]

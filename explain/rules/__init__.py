@@ -1,6 +1,12 @@
 """Relevance rules: pure functions over recorded blocks, registered by name."""
 
-from explain.rules import attention, attnlrp, baseline, gradient, lrp  # noqa: F401  (registers)
+from explain.rules import (  # noqa: F401  (registers the methods)
+    attention,
+    baseline,
+    gradient,
+    gradient_x_input,
+    lrp_based,
+)
 from explain.rules.registry import (
     LRP_NEEDS,
     METHODS,

@@ -9,13 +9,11 @@ given; they never see the model.
 from __future__ import annotations
 
 import inspect
-import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-import torch
 from torch import Tensor
 
 from explain.architectures.base import TokenLayout
@@ -30,25 +28,10 @@ __all__ = [
     "Need",
     "RuleContext",
     "Sink",
-    "display_values",
     "first_block",
     "get_method",
-    "integer_option",
     "register_method",
-    "scale_note",
 ]
-
-
-def integer_option(name: str, value: object) -> int:
-    """`value` as an int when it is integer-like (an int, a NumPy integer, a 0-d integer
-    tensor: anything with `__index__`), as targets are; OptionError for bools, floats and
-    anything else."""
-    if isinstance(value, bool):
-        raise OptionError(f"{name} must be an int, got {value!r}")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise OptionError(f"{name} must be an int, got {value!r}") from None
 
 
 def first_block(num_layers: int, modality: str) -> int:
@@ -57,10 +40,11 @@ def first_block(num_layers: int, modality: str) -> int:
 
 
 class Need(Enum):
-    """What a method needs from the model beyond its output: the engine runs the passes
-    that provide it (explain.engine), and a model family that cannot provide it refuses
-    the method. A new family of methods with another need is one more member here and one
-    more pass in the engine."""
+    """What a method needs from the model beyond its output: it chooses the pass that
+    runs the method (explain.engine.passes), which a kind of model's plan must accept and
+    its adapter provide, or the method is refused before any forward. A new family of
+    methods with another need is one more member here, one pass class and one entry in
+    each plan that accepts it."""
 
     ATTENTION = "attention maps from the forward pass"
     ATTENTION_GRADIENTS = "the gradient of the target score with respect to each attention map"
@@ -229,27 +213,6 @@ def register_method(
         return builder
 
     return decorate
-
-
-def display_values(method: str, relevance: Tensor, raw: bool = False) -> Tensor:
-    """Relevance (..., T) as it is shown to a reader: as computed, or, for a method with a
-    `scale_note` (unless `raw`), divided by each map's largest magnitude, so that it lies
-    in [-1, 1] with its signs and ratios kept."""
-    if raw or get_method(method).scale_note is None:
-        return relevance
-    largest = relevance.abs().amax(dim=-1, keepdim=True)
-    return relevance / largest.clamp(min=torch.finfo(relevance.dtype).tiny)
-
-
-def scale_note(method: str, raw: bool = False) -> str | None:
-    """The note to show next to `method`'s values: its `scale_note`, and how the values
-    are shown (normalised per map, or as computed with `raw`); None when the method's
-    values can be read as they are."""
-    note = get_method(method).scale_note
-    if note is None:
-        return None
-    shown = "as computed" if raw else "divided by each map's largest magnitude"
-    return f"{method}: {note}; values shown {shown}"
 
 
 def get_method(name: str) -> Method:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -22,10 +22,9 @@ from explain.viz.scaling import DIVERGING, SEQUENTIAL, FigureScale, scale_maps
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from explain.explanation import Explanation
-
 __all__ = [
     "DEFAULT_DPI",
+    "Explained",
     "batch_figure",
     "check_style",
     "explanation_grid",
@@ -35,6 +34,18 @@ __all__ = [
     "save_figure",
     "save_image",
 ]
+
+
+class Explained(Protocol):
+    """What a grid reads of an `explain.Explanation` (results import the pictures of
+    them, never the reverse): the explained classes and the heatmaps."""
+
+    target: Tensor
+
+    def heatmap(
+        self, size: tuple[int, int] | int | None = None, *, normalize: bool = True
+    ) -> Tensor: ...
+
 
 DEFAULT_DPI = 150
 """Resolution of saved figures: sharp on screens and in documents, small on disk."""
@@ -340,7 +351,7 @@ def grid_figure(
 
 def explanation_grid(
     image: Tensor | np.ndarray,
-    explanations: Mapping[str, Explanation],
+    explanations: Mapping[str, Explained],
     *,
     sample: int = 0,
     class_names: Sequence[str] | None = None,
@@ -393,7 +404,7 @@ def explanation_grid(
 
 def batch_figure(
     pictures: Tensor | np.ndarray | Sequence[Tensor | np.ndarray],
-    explanations: Mapping[str, Explanation],
+    explanations: Mapping[str, Explained],
     *,
     class_names: Sequence[str] | None = None,
     cmap: str | None = None,

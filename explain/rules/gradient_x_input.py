@@ -9,7 +9,7 @@ patch-embedding output; the sink (the one of full LRP) only holds what that pass
 
 from __future__ import annotations
 
-from explain.rules.lrp import InputRelevance
+from explain.rules.lrp_based import InputRelevance
 from explain.rules.registry import Need, RuleContext, register_method
 
 __all__ = ["attnlrp", "cp_lrp"]

@@ -1,21 +1,14 @@
-"""The recorder: the only code in `explain` that touches a model.
+"""The recorder: what the model computes, seen for one call.
 
-For the duration of one call it puts every module in eval mode, turns off parameter
-gradients, switches attention to the explicit path (the adapter names the flags), keeps
-each block's attention probabilities from the forward pass and receives their gradients in
-the backward pass through tensor hooks on the same tensors (Chefer et al.'s
-`save_attn_gradients`), and optionally does the same for hidden states. On exit, whether
-the call succeeded or not, every hook is removed and every flag, mode and
-`requires_grad` is put back. The global RNG state is forked so that nothing the model
-does inside the call can change the random numbers training will draw next.
-
-Threads: calls on one model are serialised. A recorder holds its model's lock from entry
-to exit, so two threads explaining the same model (through one Explainer or several) take
-turns and each saves and restores the state the user left, never the other call's. The
-locks live in a weak table outside the model: no attribute is written onto the user's
-modules, and a model's lock goes when the model does. Entering a recorder for a model the
-same thread is already explaining (an `explain` inside a target callable) is refused:
-explanations cannot be nested.
+Inside an active `Session` (explain.engine.session), which has borrowed the model (eval
+mode, no parameter gradients, the attention path's flags, the RNG forked, the lock), a
+recorder keeps each block's attention probabilities from the forward pass and receives
+their gradients in the backward pass through tensor hooks on the same tensors (Chefer et
+al.'s `save_attn_gradients`), optionally does the same for hidden states, and on the fused
+path recomputes attention and its gradient from q, k, v (explain.fused). It also registers
+the forward hooks that only read activations for a rule (the LRP walk's). On exit every
+hook it registered is removed and what it kept is dropped; the session then gives the
+model back.
 
 Memory: an attention map kept for its gradient is released as soon as its gradient has
 been delivered, so the backward pass never holds more than autograd itself does.
@@ -24,8 +17,6 @@ been delivered, so the backward pass never holds more than autograd itself does.
 from __future__ import annotations
 
 import contextlib
-import threading
-import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -33,7 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from explain.architectures.base import Adapter, FusedPath
+from explain.architectures.base import FusedPath, ModuleHook
+from explain.engine.session import Session
 from explain.errors import ExplainError, TargetError
 from explain.fused import FusedBlock
 from explain.rules.fold import AttentionRows
@@ -42,10 +34,10 @@ __all__ = [
     "BATCHED_GRADIENT_BYTES",
     "AttentionCallback",
     "GradientCallback",
-    "ModuleHook",
     "Recorder",
     "RowsCallback",
     "TargetRowsCallback",
+    "column_gradients",
 ]
 
 AttentionCallback = Callable[[int, Tensor], None]
@@ -53,10 +45,6 @@ AttentionCallback = Callable[[int, Tensor], None]
 
 GradientCallback = Callable[[int, Tensor, Tensor], None]
 """Receives (layer, attention, d score / d attention) in the backward pass."""
-
-ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
-"""A forward hook (module, args, kwargs, output) -> None that only reads what it is given,
-or -> a replacement output equal in value whose gradient follows a rule (explain.lrp.attnlrp)."""
 
 RowsCallback = Callable[[int, Iterable[AttentionRows]], None]
 """Fused path, streaming: receives (layer, the block's A and dA by chunks of query rows)
@@ -80,96 +68,48 @@ gradient is held for all targets of a chunk at once, so targets are taken in chu
 gradients fit in this many bytes (at least one target per chunk)."""
 
 
-class _ModelLock:
-    """A lock that knows which thread holds it, so that re-entry by that thread is an
-    error (a nested explanation) instead of a deadlock."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._owner: int | None = None
-
-    def acquire(self) -> None:
-        if self._owner == threading.get_ident():
-            raise ExplainError(
-                "explanations cannot be nested: this thread is already explaining this model "
-                "(was explain called inside a target callable?); compute what the target "
-                "needs before the call, or explain a separate copy of the model"
-            )
-        self._lock.acquire()
-        self._owner = threading.get_ident()
-
-    def release(self) -> None:
-        self._owner = None
-        self._lock.release()
-
-
-_MODEL_LOCKS: weakref.WeakKeyDictionary[nn.Module, _ModelLock] = weakref.WeakKeyDictionary()
-_MODEL_LOCKS_GUARD = threading.Lock()
-
-
-def _lock_of(model: nn.Module) -> _ModelLock:
-    """The lock that serialises every recorded call on `model` (made on first use)."""
-    with _MODEL_LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
-        if lock is None:
-            lock = _MODEL_LOCKS[model] = _ModelLock()
-        return lock
-
-
 class Recorder(contextlib.AbstractContextManager["Recorder"]):
-    """Instrument `adapter.model` for one explanation call.
+    """Record what `session`'s model computes, for one call.
 
     Args:
-        adapter: the model's architecture adapter.
+        session: the active session that has borrowed the model; its `fused` path, when
+            set, is recorded by recomputing each block's attention and its gradient from
+            q, k, v and the gradient of the attention output just in time
+            (explain.fused), instead of reading the explicit path's maps.
         on_attention: called with every block's attention in the forward pass.
         track: layers whose attention is kept for a gradient (their grad is requested).
         hidden_states: also keep hidden states (block 0 input, every block output) and
             their gradients.
-        differentiable: build an autograd graph (needed for any gradient); when False the
-            forward runs under `torch.no_grad()`.
-        fused: keep the fused attention kernel (the adapter's `fused_path()`) and recompute
-            each block's attention and its gradient from q, k, v and the gradient of the
-            attention output just in time (explain.fused), instead of switching to the
-            explicit path.
-        module_hooks: extra (module, forward hook) pairs, registered and removed with the
-            recorder's own hooks: how a rule that needs more than attention (the LRP
-            engine's activations) sees the forward pass without touching the model itself,
-            or modifies a gradient for the call (the Gradient x Input rules).
+        module_hooks: (module, forward hook) pairs that only read what they see,
+            registered and removed with the recorder's own hooks: how a rule that needs
+            more than attention (the LRP walk's activations) sees the forward pass.
         stream_forward: fused path, no gradient: keep every block's q, k (and mask), small,
             instead of handing its whole map to `on_attention` in the forward, so that
             `stream_attention` can fold the blocks last first by chunks of query rows.
-        leaf_at_blocks: make block 0's input a leaf of the graph (the backward stops at the
-            blocks). False when a module hook makes an earlier leaf, the embeddings whose
-            gradient the Gradient x Input rules read.
     """
 
     def __init__(
         self,
-        adapter: Adapter,
+        session: Session,
         *,
         on_attention: AttentionCallback | None = None,
         track: Collection[int] = (),
         hidden_states: bool = False,
-        differentiable: bool = True,
-        fused: bool = False,
         module_hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
         stream_forward: bool = False,
-        leaf_at_blocks: bool = True,
     ) -> None:
-        self.adapter = adapter
-        self._stream_forward = stream_forward and fused
-        self._leaf_at_blocks = leaf_at_blocks
+        if (track or hidden_states) and not session.differentiable:
+            raise ExplainError("recording gradients needs a differentiable Session")
+        self.session = session
+        self.adapter = session.adapter
+        self._fused: FusedPath | None = session.fused
+        self._stream_forward = stream_forward and self._fused is not None
         self._module_hooks = tuple(module_hooks)
-        self._fused: FusedPath | None = adapter.fused_path() if fused else None
-        if fused and self._fused is None:
-            raise ExplainError(f"{adapter.family}: this adapter has no fused attention path")
         self._fused_blocks: dict[int, FusedBlock] = {}
         self._fused_outputs: dict[int, Tensor] = {}  # fused path: the tracked tensors
-        self.model: nn.Module = adapter.model
         self._on_attention = on_attention
         self._track = frozenset(track)
         self._keep_hidden = hidden_states
-        self.differentiable = differentiable or hidden_states or bool(self._track)
         self.attentions: dict[int, Tensor] = {}
         self.hidden_states: list[Tensor] = []
         self.attention_grads: dict[int, Tensor] = {}
@@ -178,81 +118,34 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self._on_rows: RowsCallback | None = None
         self._retain_graph = False
         self._handles: list[RemovableHandle] = []
-        self._restore: list[Callable[[], None]] = []
-        self._stack = contextlib.ExitStack()
         self._active = False
-        self._lock: _ModelLock | None = None
 
     # -- context ---------------------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        if torch.is_inference_mode_enabled():
-            raise ExplainError(
-                "explanations need autograd, which torch.inference_mode() disables; call "
-                "explain outside inference_mode (torch.no_grad() is fine)"
-            )
+        if not self.session.active:
+            raise ExplainError("a Recorder records inside an active Session")
         if self._active:
             raise ExplainError("a Recorder cannot be entered twice")
-        lock = _lock_of(self.model)
-        lock.acquire()  # other threads' calls on this model wait; this thread's nesting fails
-        self._lock = lock
         self._active = True
         try:
-            self._fork_rng()
-            self._stack.enter_context(
-                torch.enable_grad() if self.differentiable else torch.no_grad()
-            )
-            self._freeze_model()
             self._install_hooks()
         except BaseException:
-            self._undo()
+            self._remove()
             raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._undo()
+        self._remove()
 
-    def _undo(self) -> None:
-        try:
-            for handle in self._handles:
-                handle.remove()
-            self._handles.clear()
-            while self._restore:
-                self._restore.pop()()
-            self.attentions.clear()
-            self._fused_blocks.clear()
-            self._fused_outputs.clear()
-            self._stack.close()
-        finally:
-            self._active = False
-            if self._lock is not None:  # last: the next call finds everything restored
-                self._lock.release()
-                self._lock = None
-
-    def _fork_rng(self) -> None:
-        devices = sorted(
-            {p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"}
-        )
-        self._stack.enter_context(torch.random.fork_rng(devices=devices))
-
-    def _freeze_model(self) -> None:
-        # Modes are saved and set per module: model.train(mode) would overwrite submodules
-        # that the user had deliberately put in another mode.
-        modes = [(module, module.training) for module in self.model.modules()]
-        self._restore.append(lambda: [setattr(m, "training", mode) for m, mode in modes])
-        for module, _ in modes:
-            module.training = False
-
-        flags = [(p, p.requires_grad) for p in self.model.parameters()]
-        self._restore.append(lambda: [p.requires_grad_(flag) for p, flag in flags])
-        for parameter, _ in flags:
-            parameter.requires_grad_(False)
-
-        path_flags = self._fused.flags if self._fused else self.adapter.path_flags()
-        for setting in path_flags:
-            old = getattr(setting.owner, setting.name)
-            self._restore.append(lambda s=setting, v=old: setattr(s.owner, s.name, v))
-            setattr(setting.owner, setting.name, setting.value)
+    def _remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.attentions.clear()
+        self._fused_blocks.clear()
+        self._fused_outputs.clear()
+        self._active = False
 
     def _install_hooks(self) -> None:
         for module, hook in self._module_hooks:
@@ -273,7 +166,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 )
             )
         blocks = _occurrences(range(self.adapter.num_layers), lambda i: self.adapter.blocks[i])
-        if self.differentiable and self._leaf_at_blocks:
+        if self.session.differentiable:
             first, indices = blocks[0]
             turn = _Rotation(indices)
             self._handles.append(
@@ -403,7 +296,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         gradient), last block first, each block released once it has been handed over.
         The chunks can be iterated more than once (several sinks), recomputed each time."""
         if not self._stream_forward:
-            raise ExplainError("stream_attention needs a Recorder(fused=True, stream_forward=True)")
+            raise ExplainError(
+                "stream_attention needs a Recorder(stream_forward=True) on the fused path"
+            )
         for layer in sorted(self._fused_blocks, reverse=True):
             block = self._fused_blocks[layer]
             on_rows(layer, _Replay(lambda b=block: b.rows(None)))
@@ -501,29 +396,12 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             raise ExplainError(f"no gradient can reach the attention of layers {sorted(missing)}")
         layers = sorted(self._track)
         tensors = [tracked[layer] for layer in layers]
-        per_target = sum(t.numel() * t.element_size() for t in tensors)
-        num_targets = scores.shape[1]
-        budget = BATCHED_GRADIENT_BYTES if max_bytes is None else max_bytes
-        chunk = max(1, min(num_targets, budget // max(per_target, 1)))
         # The tensor hooks still fire, inside autograd's vmap: they must neither call back
         # nor release anything there; the callbacks run below on the unbatched results.
         self._on_gradient = None
         self._retain_graph = True
         try:
-            for first in range(0, num_targets, chunk):
-                columns = range(first, min(num_targets, first + chunk))
-                grad_outputs = scores.new_zeros(len(columns), *scores.shape)
-                for row, column in enumerate(columns):
-                    grad_outputs[row, :, column] = 1.0
-                grads = list(
-                    torch.autograd.grad(
-                        scores,
-                        inputs=tensors,
-                        grad_outputs=grad_outputs,
-                        retain_graph=columns.stop < num_targets,
-                        is_grads_batched=True,
-                    )
-                )
+            for columns, grads in column_gradients(scores, tensors, max_bytes):
                 for position in reversed(range(len(layers))):
                     layer, grad = layers[position], grads[position]
                     grads[position] = None  # type: ignore[call-overload]  # free as we go
@@ -550,6 +428,41 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         for layer in sorted(tracked):
             earliest.setdefault(stacks.get(layer, "main"), tracked[layer])
         return list(earliest.values())
+
+
+def column_gradients(
+    scores: Tensor, inputs: Sequence[Tensor], max_bytes: int | None = None
+) -> Iterator[tuple[range, list[Tensor]]]:
+    """The gradients of every column k of the (B, K) `scores`, summed over the batch, with
+    respect to `inputs`: one vectorised backward (`is_grads_batched`) per chunk of
+    columns, sized so that the chunk's gradients fit in `max_bytes` (default
+    `BATCHED_GRADIENT_BYTES`; at least one column per chunk). Yields (the chunk's
+    columns, one (len(columns), *input.shape) gradient per input); the graph is kept
+    until the last chunk."""
+    per_column = sum(t.numel() * t.element_size() for t in inputs)
+    count = scores.shape[1]
+    budget = BATCHED_GRADIENT_BYTES if max_bytes is None else max_bytes
+    chunk = max(1, min(count, budget // max(per_column, 1)))
+    for first in range(0, count, chunk):
+        columns = range(first, min(count, first + chunk))
+        keep = columns.stop < count
+        if len(columns) == 1:  # one column: a plain backward, without autograd's vmap
+            grads = torch.autograd.grad(
+                scores[:, first].sum(), inputs=list(inputs), retain_graph=keep
+            )
+            yield columns, [grad[None] for grad in grads]
+            continue
+        grad_outputs = scores.new_zeros(len(columns), *scores.shape)
+        for row, column in enumerate(columns):
+            grad_outputs[row, :, column] = 1.0
+        grads = torch.autograd.grad(
+            scores,
+            inputs=list(inputs),
+            grad_outputs=grad_outputs,
+            retain_graph=keep,
+            is_grads_batched=True,
+        )
+        yield columns, list(grads)
 
 
 def _as_leaf(

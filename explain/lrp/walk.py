@@ -14,10 +14,9 @@ from typing import Protocol
 
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter
+from explain.architectures.base import Adapter, ModuleHook
 from explain.errors import UnsupportedModelError
 from explain.lrp.rules import RuleSet
-from explain.recorder import ModuleHook
 
 __all__ = ["Tape", "tape_for"]
 

@@ -1,0 +1,380 @@
+"""The passes through a model: how a method's needs (`Need`) are met.
+
+A pass is one way of running the model for a method: which forward, which backward, and
+what each column's sink receives. Each pass
+
+- serves some needs (`serves`): a method runs the first pass in `PASSES` that serves one
+  of its needs, and the forward pass when it needs nothing;
+- says what it needs of an adapter (`missing`), checked before any forward
+  (explain.engine.run.check);
+- reaches the model only through a plan (`PlanView`: `forward`, `columns`, `sink`,
+  `forward_sinks`, `read`), inside a `Session` that borrows the model and, where it
+  records, a `Recorder`. It never asks what kind of model it runs.
+
+Several targets per input are always score columns of one forward; a plan decides what a
+column is (a target, a dual encoder's pair, a generated position). The passes:
+
+- `ForwardPass` (attention only, or nothing): one forward under no_grad, no backward; a
+  class-agnostic map serves every column, unless the plan gives each its own sink;
+- `AttentionGradientPass`: one forward, then the backward of every score column, all
+  columns in one vectorised backward, chunked to a memory budget
+  (`Recorder.backward_batched`), each column into its own sink;
+- `LrpWalkPass`: one forward that records the family's walk (`Adapter.lrp_walk`), the
+  gradients as above when the method weights by them (kept per column until that
+  column's walk has used them), then the walk once per column (a walk propagates one
+  class per sample);
+- `EmbeddingGradientPass` (AttnLRP, CP-LRP): one forward under the method's gradient
+  rules (explain.lrp.attnlrp, hooked where the family's `Adapter.rule_sites` say), then
+  one batched backward of every column to the embeddings: Gradient x Input per token.
+
+A new kind of need is one `Need` member, one pass class here (added to `PASSES`) and one
+entry in the `passes` of each plan that accepts it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
+
+from torch import Tensor, nn
+
+from explain.architectures.base import Adapter, ModuleHook, Prepared, TokenSet
+from explain.engine.recorder import Recorder, column_gradients
+from explain.engine.request import Request
+from explain.engine.session import Session
+from explain.errors import OptionError, TargetError
+from explain.fused import use_fused_path
+from explain.lrp import RULE_SETS, tape_for
+from explain.lrp.attnlrp import RuleCall, rule_hooks
+from explain.lrp.attnlrp_sites import rule_sites
+from explain.rules import Method, Need
+from explain.rules.fold import AttentionRows
+
+__all__ = [
+    "PASSES",
+    "AttentionGradientPass",
+    "ColumnSink",
+    "Columns",
+    "EmbeddingGradientPass",
+    "ForwardPass",
+    "LrpWalkPass",
+    "Pass",
+    "PerColumn",
+    "PlanView",
+    "pass_for",
+]
+
+
+@dataclass(frozen=True)
+class Columns:
+    """What one forward pass explains: `scores` (B, K), column k differentiated (summed
+    over the batch) for target k; `classes` (B,) or (B, K), -1 where a callable chose the
+    score; `logits` for `Explanation.logits`; `custom` when a callable chose the scores."""
+
+    scores: Tensor
+    classes: Tensor
+    logits: Tensor
+    custom: bool = False
+
+
+class ColumnSink(Protocol):
+    """What receives one column's blocks: a plan's per-set sinks, or a two-set fold. Where
+    `takes_rows`, it also folds a block by chunks of query rows (`add_rows`: the fused
+    path's streaming, explain.fused); a method needing the input's relevance receives it
+    with `add_input`."""
+
+    layers: Sequence[int]
+    takes_rows: bool
+
+    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
+
+    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None: ...
+
+    def add_input(self, relevance: Tensor) -> None: ...
+
+    def result(self) -> Any: ...
+
+
+PerColumn = list[dict[str, Tensor]]
+"""Each column's token relevance by token set name."""
+
+
+class PlanView(Protocol):
+    """What a pass may use of a plan (explain.engine.plans): the only way it reaches the
+    model's inputs and outputs."""
+
+    prepared: Prepared
+    sets: Sequence[TokenSet]
+
+    def forward(self) -> Tensor:
+        """The forward pass whose output `columns` explains."""
+
+    def columns(self, output: Tensor) -> Columns:
+        """The score columns of the output."""
+
+    def sink(self, column: int = 0) -> ColumnSink:
+        """A fresh sink for one column."""
+
+    def forward_sinks(self) -> list[ColumnSink]:
+        """The sinks a forward-only method fills from one forward."""
+
+    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
+        """One column's token relevance per set, from its sink."""
+
+
+class Pass(ABC):
+    """One way through the model for a method (module docstring).
+
+    Args:
+        adapter: the model's adapter (for the session and the recorder, which borrow and
+            hook its model; inputs and outputs go through `plan`).
+        spec: the method.
+        plan: the call's plan, prepared.
+        request: the call's request (its attention path).
+    """
+
+    serves: ClassVar[frozenset[Need]]
+    """The needs this pass meets."""
+
+    def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
+        self.adapter = adapter
+        self.spec = spec
+        self.plan = plan
+        self.request = request
+
+    @classmethod
+    def missing(cls, adapter: Adapter) -> str | None:
+        """What `adapter` lacks for this pass, said for an error message; None: nothing."""
+        return None
+
+    @classmethod
+    def check_request(cls, spec: Method, request: Request) -> None:
+        """Refuse request options this pass cannot honour (before any forward); every
+        option is honoured unless a pass says otherwise."""
+        return None
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the results are already in input space (pixels): no adapter mapping."""
+        return False
+
+    def fused(self) -> bool:
+        """Whether the call keeps the fused attention kernel (explain.fused)."""
+        return use_fused_path(
+            self.adapter,
+            self.plan.prepared.layout,
+            needs_gradients=self.spec.needs_gradients,
+            requested=self.request.attention_path,
+            reads_attention=bool(self.spec.needs & {Need.ATTENTION, Need.ATTENTION_GRADIENTS}),
+        )
+
+    def _session(
+        self,
+        *,
+        differentiable: bool,
+        fused: bool = False,
+        hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+    ) -> Session:
+        """The session that borrows the model for this pass, on the chosen path."""
+        path = self.adapter.fused_path() if fused else None
+        return Session(self.adapter, differentiable=differentiable, fused=path, hooks=hooks)
+
+    @abstractmethod
+    def run(self) -> tuple[Columns, PerColumn]:
+        """Run the model: the columns explained and each column's token relevance."""
+
+
+class ForwardPass(Pass):
+    """Class-agnostic methods: one forward under no_grad, no backward at all; one map
+    serves every target, unless the plan gives each column its own sink."""
+
+    serves = frozenset({Need.ATTENTION})
+
+    def run(self) -> tuple[Columns, PerColumn]:
+        plan = self.plan
+        fused = self.fused()
+        sinks = plan.forward_sinks()
+        # On the fused path the blocks are folded by rows after the forward.
+        stream = fused and all(sink.takes_rows for sink in sinks)
+
+        def add(layer: int, attention: Tensor) -> None:
+            for sink in sinks:
+                sink.add(layer, attention, None)
+
+        def add_rows(layer: int, chunks: Iterable[AttentionRows]) -> None:
+            for sink in sinks:
+                sink.add_rows(layer, chunks)
+
+        with (
+            self._session(differentiable=False, fused=fused) as session,
+            Recorder(session, on_attention=add, stream_forward=stream) as recorder,
+        ):
+            columns = plan.columns(plan.forward())
+            if stream:
+                recorder.stream_attention(add_rows)
+        results = [plan.read(k, sink) for k, sink in enumerate(sinks)]
+        return columns, results if len(sinks) > 1 else results * columns.scores.shape[1]
+
+
+class AttentionGradientPass(Pass):
+    """One forward, then one backward of every score column (vectorised over columns,
+    chunked to the recorder's memory budget), folding blocks as their gradients arrive."""
+
+    serves = frozenset({Need.ATTENTION_GRADIENTS})
+
+    def run(self) -> tuple[Columns, PerColumn]:
+        plan = self.plan
+        first = plan.sink()
+        with (
+            self._session(differentiable=True, fused=self.fused()) as session,
+            Recorder(session, track=first.layers) as recorder,
+        ):
+            columns = plan.columns(plan.forward())
+            count = columns.scores.shape[1]
+            sinks = [first] + [plan.sink(k) for k in range(1, count)]
+            # On the fused path, sinks that fold by rows get each block by chunks of rows.
+            stream = first.takes_rows
+            if count == 1:
+                rows = first.add_rows if stream else None
+                recorder.backward(columns.scores[:, 0].sum(), first.add, on_rows=rows)
+            else:
+                recorder.backward_batched(
+                    columns.scores,
+                    lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
+                    on_rows=(lambda k, layer, chunks: sinks[k].add_rows(layer, chunks))
+                    if stream
+                    else None,
+                )
+        return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
+
+
+class LrpWalkPass(Pass):
+    """The LRP methods: a recorded forward, the gradients the method weights by (batched
+    over columns as above), then the family's walk from each column's class logit."""
+
+    serves = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
+
+    @classmethod
+    def missing(cls, adapter: Adapter) -> str | None:
+        if adapter.lrp_walk is None:
+            return "the LRP methods need relevance rules for the family's modules, which it lacks"
+        return None
+
+    @classmethod
+    def check_request(cls, spec: Method, request: Request) -> None:
+        # The walks read each block's attention probabilities as the explicit path
+        # computes them.
+        if request.attention_path == "fused":
+            raise OptionError(
+                f"method {spec.name!r} propagates relevance through the explicit attention "
+                "path, not the fused kernel; use attention_path='auto' or 'explicit'"
+            )
+
+    def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
+        super().__init__(adapter, spec, plan, request)
+        self._to_input = Need.INPUT_RELEVANCE in spec.needs
+        self._walk = tape_for(adapter, to_input=self._to_input)
+
+    @property
+    def mapped(self) -> bool:
+        return self._to_input and self._walk.in_input_space
+
+    def run(self) -> tuple[Columns, PerColumn]:
+        spec, plan, walk, to_input = self.spec, self.plan, self._walk, self._to_input
+        assert spec.lrp_rules is not None
+        rules = RULE_SETS[spec.lrp_rules]
+        first = plan.sink()
+        track = first.layers if spec.needs_gradients else range(0)
+        stop_layer = 0 if to_input or not first.layers else first.layers[0]
+        with (
+            self._session(differentiable=bool(track)) as session,
+            Recorder(session, track=track, module_hooks=walk.hooks) as recorder,
+        ):
+            columns = plan.columns(plan.forward())
+            if columns.custom:
+                raise TargetError(
+                    f"method {spec.name!r} propagates relevance from a class logit; give the "
+                    "target as class indices, not a callable that returns scores"
+                )
+            count = columns.scores.shape[1]
+            gradients: list[dict[int, Tensor]] = [{} for _ in range(count)]
+            if track and count == 1:
+                recorder.backward(
+                    columns.scores[:, 0].sum(),
+                    lambda layer, attention, grad: gradients[0].__setitem__(layer, grad),
+                )
+            elif track:
+                recorder.backward_batched(
+                    columns.scores,
+                    lambda k, layer, attention, grad: gradients[k].__setitem__(layer, grad),
+                )
+            classes = columns.classes if columns.classes.dim() == 2 else columns.classes[:, None]
+            per_column = []
+            for k in range(count):
+                sink = first if k == 0 else plan.sink(k)
+
+                def deliver(layer: int, relevance: Tensor, sink: Any = sink, k: int = k) -> None:
+                    if layer in sink.layers:
+                        sink.add(layer, relevance, gradients[k].pop(layer, None))
+
+                below = walk.propagate(
+                    classes[:, k], rules, deliver, stop_layer=stop_layer, to_input=to_input
+                )
+                if to_input:
+                    sink.add_input(below)
+                per_column.append(plan.read(k, sink))
+        return columns, per_column
+
+
+class EmbeddingGradientPass(Pass):
+    """AttnLRP and CP-LRP: one forward with the method's gradient rules hooked on the
+    model's modules for the call, whose word- or patch-embedding output is the graph's
+    leaf; then one batched backward of every column to it, embedding x gradient summed
+    over the hidden size, into each column's sink. The rules hold on either attention
+    path."""
+
+    serves = frozenset({Need.EMBEDDING_GRADIENTS})
+
+    @classmethod
+    def missing(cls, adapter: Adapter) -> str | None:
+        if adapter.rule_sites is None:
+            return "its family does not say where the rules of AttnLRP and CP-LRP attach"
+        return None
+
+    def run(self) -> tuple[Columns, PerColumn]:
+        spec, plan = self.spec, self.plan
+        assert spec.gradient_rules is not None
+        call = RuleCall()
+        hooks = rule_hooks(self.adapter.model, rule_sites(self.adapter), spec.gradient_rules, call)  # type: ignore[arg-type]
+        with self._session(differentiable=True, fused=self.fused(), hooks=hooks):
+            columns = plan.columns(plan.forward())
+            if not columns.scores.requires_grad:
+                raise TargetError(
+                    "the explained score does not depend on the model's embeddings: a target "
+                    "callable's scores must be computed from the model output it receives"
+                )
+            sinks = [plan.sink(k) for k in range(columns.scores.shape[1])]
+            for chunk, (gradients,) in column_gradients(columns.scores, [call.tensor]):
+                for row, k in enumerate(chunk):
+                    sinks[k].add_input(call.relevance(gradients[row], plan.prepared.layout))
+        return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
+
+
+PASSES: tuple[type[Pass], ...] = (
+    LrpWalkPass,
+    EmbeddingGradientPass,
+    AttentionGradientPass,
+    ForwardPass,
+)
+"""Every pass, in the order a method's needs choose one (`pass_for`)."""
+
+
+def pass_for(spec: Method) -> type[Pass]:
+    """The pass that runs `spec`: the first in `PASSES` serving one of its needs; the
+    forward pass for a method that needs nothing from the model beyond its output."""
+    for kind in PASSES:
+        if kind.serves & spec.needs:
+            return kind
+    return ForwardPass

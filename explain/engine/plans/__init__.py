@@ -1,0 +1,54 @@
+"""Plans: how each kind of model maps a request onto the engine's passes.
+
+- `OneStack` (base.py): one token sequence;
+- `DualEncoderPlan` (dual_encoder.py, CLIP): each explained (image, text) pair a sample;
+- `EncoderDecoderPlan` (encoder_decoder.py): the token predicted at a decoder position;
+- `GenerationPlan` (generation.py): every generated token of a decoder-only language
+  model, over the tokens before it.
+
+Each declares the passes it accepts (`Plan.passes`); `plan_kind` picks the plan of a
+model and request.
+"""
+
+from __future__ import annotations
+
+from explain.architectures.base import Adapter, TokenSets
+from explain.engine.plans.base import (
+    OneStack,
+    Plan,
+    check_tokenizer,
+    resolve_score,
+    resolve_start_layer,
+)
+from explain.engine.plans.dual_encoder import DualEncoderPlan
+from explain.engine.plans.encoder_decoder import EncoderDecoderPlan, Position
+from explain.engine.plans.generation import GenerationPlan, require_causal_lm
+from explain.engine.request import Request
+
+__all__ = [
+    "PLANS",
+    "DualEncoderPlan",
+    "EncoderDecoderPlan",
+    "GenerationPlan",
+    "OneStack",
+    "Plan",
+    "Position",
+    "check_tokenizer",
+    "plan_kind",
+    "require_causal_lm",
+    "resolve_score",
+    "resolve_start_layer",
+]
+
+PLANS: dict[TokenSets | None, type[Plan]] = {
+    None: OneStack,
+    TokenSets.DUAL_ENCODER: DualEncoderPlan,
+    TokenSets.ENCODER_DECODER: EncoderDecoderPlan,
+}
+"""The plan of each kind of model (`Adapter.token_sets`)."""
+
+
+def plan_kind(adapter: Adapter, request: Request) -> type[Plan]:
+    """The plan for `adapter`'s kind of model; for a generation (a request with a
+    `prompt_length`), the generation plan."""
+    return PLANS[adapter.token_sets] if request.prompt_length is None else GenerationPlan

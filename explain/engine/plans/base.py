@@ -1,0 +1,306 @@
+"""The plan of a single-stack model, and what every plan shares.
+
+A plan answers, for one kind of model (`Adapter.token_sets`), the questions a pass
+(explain.engine.passes) asks: which inputs the recorded forward runs on, which score
+columns one forward yields (one per explained target), which sink receives one column's
+blocks, and how the columns' results become one relevance per token set. It also
+declares which passes it accepts (`Plan.passes`), which explain.engine.run checks once,
+before any forward. The passes never ask what kind of model they run.
+
+`Plan` (`OneStack`): one token sequence. Column k is target k of every sample; sinks are
+the method's, over the set's blocks. It accepts every pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, cast
+
+import torch
+from torch import Tensor
+
+from explain.architectures.base import Adapter, Prepared, TokenSet
+from explain.engine.passes import (
+    AttentionGradientPass,
+    Columns,
+    ColumnSink,
+    EmbeddingGradientPass,
+    ForwardPass,
+    LrpWalkPass,
+    Pass,
+)
+from explain.engine.request import Request, StartLayer, integer_option
+from explain.engine.session import Session
+from explain.errors import ExplainError, OptionError
+from explain.rules import METHODS, Method, RuleContext, Sink
+from explain.rules.fold import AttentionRows
+from explain.rules.registry import RowSink
+from explain.targets import (
+    Score,
+    check_score,
+    require_explicit_target,
+    resolve_targets,
+    select_scores,
+)
+
+__all__ = [
+    "OneStack",
+    "Plan",
+    "SetSinks",
+    "check_tokenizer",
+    "custom_scores",
+    "no_class",
+    "resolve_score",
+    "resolve_start_layer",
+]
+
+
+def resolve_start_layer(spec: Method, start_layer: Any, num_layers: int, modality: str) -> int:
+    """The first block `spec` aggregates over in a stack of `num_layers` blocks: the given
+    `start_layer` (negative counts from the end), checked, or the method's default."""
+    if spec.default_start_layer is None:
+        if start_layer is not None:
+            raise OptionError(f"method {spec.name!r} reads a fixed block; it takes no start_layer")
+        return num_layers - 1
+    if start_layer is None:
+        return spec.default_start_layer(num_layers, modality)
+    start_layer = integer_option("start_layer", start_layer)
+    if not -num_layers <= start_layer < num_layers:
+        raise OptionError(
+            f"start_layer {start_layer} is out of range for a model with {num_layers} "
+            f"blocks (use 0..{num_layers - 1}, or negative values from the end)"
+        )
+    return start_layer % num_layers
+
+
+def resolve_score(spec: Method | None, score: Score | None, default: Score) -> Score:
+    """The score a call explains. Only the methods that differentiate a score (those that
+    need attention gradients) and `trace` take one; None there is `default`. The others
+    take none, as a method reading one fixed block takes no start_layer: a class-agnostic
+    map is the same for every score, and an LRP walk starts from the target's logit, so
+    a score given to them is refused, and they are recorded as explaining the logit."""
+    if spec is not None and not spec.needs_gradients:
+        if score is not None:
+            what = (
+                "propagates relevance from the target's logit"
+                if spec.class_specific
+                else "gives one map whatever the target"
+            )
+            takers = ", ".join(name for name, m in sorted(METHODS.items()) if m.needs_gradients)
+            raise OptionError(
+                f"method {spec.name!r} {what} and differentiates no score, so it takes no "
+                f"score; leave score unset (the methods that take one: {takers})"
+            )
+        return "logit"
+    score = default if score is None else score
+    check_score(score)
+    return score
+
+
+def check_tokenizer(adapter: Adapter, tokenizer: Any) -> None:
+    """Refuse a tokenizer for a model that reads no text: nothing would use it."""
+    if tokenizer is not None and not adapter.reads_text:
+        raise OptionError(
+            f"{type(adapter.model).__name__} reads no text, so it takes no tokenizer "
+            "(the tokenizer names and encodes texts); leave tokenizer unset"
+        )
+
+
+def custom_scores(score: Score | None) -> None:
+    """A target callable that returns scores has chosen what is explained itself: a
+    score given with it would be ignored, so it is refused."""
+    if score is not None:
+        raise OptionError(
+            f"the target callable returned the scores to explain, so score={score!r} would "
+            "change nothing; leave score unset, or have the callable return class indices"
+        )
+
+
+class SetSinks:
+    """One column's sinks, one per token set: routes the model-wide layers of each set to
+    its sink, renumbered from 0; `result()` is the token relevance by set name."""
+
+    def __init__(self, sinks: dict[str, Sink], sets: Sequence[TokenSet]) -> None:
+        self._sinks = sinks
+        self._route = {
+            token_set.layers[local]: (sinks[token_set.name], local)
+            for token_set in sets
+            for local in range(len(token_set.layers))
+        }
+        self.layers = sorted(
+            token_set.layers[local] for token_set in sets for local in sinks[token_set.name].layers
+        )
+
+    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
+        sink, local = self._route[layer]
+        sink.add(local, attention, gradient)
+
+    @property
+    def takes_rows(self) -> bool:
+        """Whether every set's sink can fold a block by chunks of query rows (the fused
+        path's streaming, explain.fused): each declares it (`RowSink.takes_rows`)."""
+        return all(getattr(sink, "takes_rows", False) for sink in self._sinks.values())
+
+    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
+        sink, local = self._route[layer]
+        cast(RowSink, sink).add_rows(local, chunks)  # every sink declared it (takes_rows)
+
+    def add_input(self, relevance: Tensor) -> None:
+        """The input relevance of full LRP (one-stack models: one sink)."""
+        (sink,) = self._sinks.values()
+        sink.add_input(relevance)  # type: ignore[attr-defined]  # an InputSink (Need)
+
+    def result(self) -> dict[str, Tensor]:
+        return {name: sink.result() for name, sink in self._sinks.items()}
+
+
+def _per_set(start_layer: StartLayer, names: Sequence[str]) -> dict[str, Any]:
+    if isinstance(start_layer, Mapping):
+        unknown = set(start_layer) - set(names)
+        if unknown:
+            raise OptionError(
+                f"start_layer names unknown token sets (towers) {sorted(unknown)}; the "
+                "sets are " + ", ".join(names)
+            )
+        return {name: start_layer.get(name) for name in names}
+    return dict.fromkeys(names, start_layer)
+
+
+def no_class(batch: int, device: torch.device) -> Tensor:
+    """Target placeholder (-1) when a callable chose the scores directly."""
+    return torch.full((batch,), -1, dtype=torch.long, device=device)
+
+
+class Plan:
+    """The plan of a single-stack model, and the base of the others (module docstring).
+
+    Args:
+        adapter: the model's adapter.
+        spec: the method, or None for a trace.
+        request: the call's request.
+        tokenizer: the Explainer's tokenizer, for raw texts and `Explanation.tokens`.
+    """
+
+    passes: ClassVar[frozenset[type[Pass]]] = frozenset(
+        {
+            ForwardPass,
+            AttentionGradientPass,
+            LrpWalkPass,
+            EmbeddingGradientPass,
+        }
+    )
+    """The passes this kind of model can be explained through (explain.engine.passes)."""
+
+    methods: ClassVar[frozenset[str] | None] = None
+    """The only methods this kind takes, where its sinks are its own rather than the
+    method's (an encoder-decoder's two-set fold); None: any method of an accepted pass."""
+
+    refused_because: ClassVar[str] = ""
+    """Why a pass (or method) this kind does not accept cannot run on it."""
+
+    refusal: ClassVar[type[ExplainError]] = OptionError
+    """The error that refuses such a method: the kind refuses it by design (an option)."""
+
+    trace_score: ClassVar[Score] = "probability"
+    """The score `trace` differentiates when none is given."""
+
+    def __init__(
+        self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any
+    ) -> None:
+        self.adapter = adapter
+        self.spec = spec
+        self.request = request
+        self.tokenizer = tokenizer
+        default = "logit" if spec is not None else self.trace_score
+        self.score: Score = resolve_score(spec, request.score, default)
+        self.prepared: Prepared
+        self.sets: Sequence[TokenSet]
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def prepare(self, inputs: Any) -> None:
+        """Validate the inputs (raw texts tokenized with the Explainer's tokenizer)."""
+        self._use(self.adapter.prepare(self.adapter.encode(inputs, self.tokenizer)))
+        class_specific = self.spec is None or self.spec.class_specific
+        require_explicit_target(self.request.target, self.adapter.feature_output, class_specific)
+
+    def _use(self, prepared: Prepared) -> None:
+        self.prepared = prepared
+        # A readout row may cost a forward of its own (an attention pooling head's).
+        with Session(self.adapter):
+            self.sets = self.adapter.sets(prepared)
+
+    def choose_inputs(self) -> None:
+        """Settle what the recorded forward runs on, once options are checked (a dual
+        encoder pairs images with texts here)."""
+
+    def forward(self) -> Tensor:
+        """The recorded forward: the model output whose `columns` are explained."""
+        return self.adapter.forward(self.prepared)
+
+    # -- sinks --------------------------------------------------------------------------
+
+    def sink(self, column: int = 0) -> ColumnSink:
+        """A fresh sink for column `column`: the method's sink for every token set, routed
+        (every column reads out the same rows, so `column` changes nothing here)."""
+        return self._set_sinks(self.sets)
+
+    def forward_sinks(self) -> list[ColumnSink]:
+        """The sinks a forward-only method fills during the forward: one, whose
+        class-agnostic map serves every column (target)."""
+        return [self.sink()]
+
+    def _set_sinks(self, sets: Sequence[TokenSet]) -> SetSinks:
+        assert self.spec is not None
+        spec = self.spec
+        starts = _per_set(self.request.start_layer, [s.name for s in sets])
+        sinks = {}
+        for token_set in sets:
+            count = len(token_set.layers)
+            given = starts[token_set.name]
+            if given is None and spec.default_start_layer is not None:
+                given = token_set.default_start_layer
+            context = RuleContext(
+                readout=token_set.readout,
+                layout=token_set.layout,
+                num_layers=count,
+                start_layer=resolve_start_layer(spec, given, count, token_set.layout.modality),
+            )
+            sinks[token_set.name] = spec.sink(context, dict(self.request.options))
+        return SetSinks(sinks, sets)
+
+    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
+        """Column `column`'s token relevance (B, N) per set, from its sink (the engine then
+        maps it onto the input)."""
+        return sink.result()
+
+    # -- scores -------------------------------------------------------------------------
+
+    def columns(self, output: Tensor) -> Columns:
+        """The score columns of the model output (B, C): one per target."""
+        classes, custom = resolve_targets(output, self.request.target)
+        if classes is None:
+            assert custom is not None
+            custom_scores(self.request.score)
+            return Columns(
+                custom[:, None], no_class(output.shape[0], output.device), output, custom=True
+            )
+        index = classes if classes.dim() == 2 else classes[:, None]
+        return Columns(select_scores(output, index, self.score), classes, output)
+
+    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
+        """The relevance per set from the columns' (each (B, ...) on the input): (B, ...),
+        or (B, K, ...) with K targets per input."""
+        if columns.classes.dim() == 1:
+            return per_column[0]
+        return {name: torch.stack([c[name] for c in per_column], dim=1) for name in per_column[0]}
+
+    def tokens(self) -> list[list[str]] | None:
+        """`Explanation.tokens`: the token strings of the explained texts."""
+        if self.tokenizer is None:
+            return None
+        return self.adapter.token_strings(self.prepared, self.tokenizer)
+
+
+OneStack = Plan
+"""A single-stack model's plan is the base plan."""

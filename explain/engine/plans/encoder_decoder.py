@@ -1,0 +1,171 @@
+"""The plan of an encoder-decoder: source and target relevance of the token predicted at
+a decoder position.
+
+Column p is the token predicted at decoder position p (option `position`); the sink is
+the two-set fold of explain.rules.coattention over every block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, Union
+
+import torch
+from torch import Tensor
+
+from explain.architectures.base import Adapter
+from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink
+from explain.engine.plans.base import Plan, custom_scores
+from explain.engine.request import Request
+from explain.errors import InputError, OptionError, TargetError
+from explain.rules import Method
+from explain.rules.coattention import BlockRole, TwoSetFold
+from explain.targets import Target, resolve_targets, select_scores
+
+__all__ = ["EncoderDecoderPlan", "Position"]
+
+Position = Union[None, int, Sequence[int], Tensor, Literal["all"]]
+"""Which decoder position an encoder-decoder explanation reads out (it explains the token
+predicted there, the next one): None = each sample's last real position, an int or B
+ints, or "all": every token of the decoder sequence after the start token, column j
+explaining token j + 1 from position j (by default as the target: the sequence's own
+tokens, which for a generated sequence are the tokens the model chose)."""
+
+
+class EncoderDecoderPlan(Plan):
+    """Source and target relevance of the token predicted at a decoder position.
+
+    One forward; one backward per explained position (batched over positions), each
+    folded with the encoder-decoder rules (explain.rules.coattention) over every block,
+    and read out at the position: relevances["source"] = R_qi[p] over the encoder tokens
+    (or the image patch grid), relevances["target"] = R_qq[p] over the decoder tokens.
+    Options: `position` (see `Position`). The target is a token id: None = the predicted
+    token (for position="all": the sequence's own next tokens), an int, B ints, a (B, P)
+    tensor with position="all", or a callable on the (B, vocabulary) logits.
+    """
+
+    passes = frozenset({AttentionGradientPass})
+    methods = frozenset({"generic"})
+    refused_because = (
+        "encoder-decoders are explained with the generic rule in its two-token-set form"
+    )
+
+    def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
+        super().__init__(adapter, spec, request, tokenizer)
+        options = dict(request.options)
+        self.position: Position = options.pop("position", None)
+        if options:
+            raise OptionError(
+                f"encoder-decoders take only the option 'position'; got {sorted(options)}"
+            )
+        if request.start_layer is not None:
+            raise OptionError(
+                "encoder-decoder relevance aggregates over every block: no start_layer"
+            )
+        self._every = isinstance(self.position, str)
+        self._target: Target = request.target
+
+    def prepare(self, inputs: Any) -> None:
+        super().prepare(inputs)
+        arguments = self.prepared.arguments
+        decoder_ids = arguments["decoder_input_ids"]
+        lengths = arguments["decoder_attention_mask"].sum(dim=1)
+        self.positions, self.valid = _decoder_positions(self.position, lengths)
+        target = self.request.target
+        if self._every and target is None:
+            target = decoder_ids.gather(1, self.positions + 1)
+        elif self._every and not callable(target):
+            target = torch.as_tensor(target, device=decoder_ids.device)
+            if target.dim() == 0:
+                target = target.expand_as(self.positions)
+            if target.shape != self.positions.shape:
+                raise TargetError(
+                    f"with position='all' give one target token per sample and position, "
+                    f"shape {tuple(self.positions.shape)}; got {tuple(target.shape)}"
+                )
+        if self._every and isinstance(target, Tensor):  # past a sequence's end: nothing
+            target = target.masked_fill(~self.valid, 0)
+        self._target = target
+
+    def sink(self, column: int = 0) -> TwoSetFold:
+        """The two-set fold over every block; each column reads it at its own position."""
+        roles = [
+            BlockRole(site.layer, "i" if site.stack == "source" else "q", site.kind)
+            for site in self.adapter.attention_sites()
+        ]
+        source, target = self.sets
+        return TwoSetFold(roles, target.layout.num_tokens, source.layout.num_tokens)
+
+    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
+        state = sink.result()
+        at = self.positions[:, column]
+        rows = torch.arange(at.shape[0], device=at.device)
+        return {"source": state.qi[rows, at], "target": state.qq[rows, at]}
+
+    def columns(self, output: Tensor) -> Columns:
+        rows = torch.arange(output.shape[0], device=self.positions.device)
+        scores, classes, logits = [], [], []
+        for column in range(self.positions.shape[1]):
+            at = self.positions[:, column]
+            column_logits = output[rows, at]
+            target = self._target
+            chosen = target[:, column] if self._every and isinstance(target, Tensor) else target
+            found, custom = resolve_targets(column_logits, chosen)
+            if found is not None and found.dim() == 2:
+                raise TargetError("one target token per explained position; got a (B, K) target")
+            if found is None:
+                assert custom is not None
+                custom_scores(self.request.score)
+                scores.append(custom)
+                classes.append(torch.full_like(at, -1))
+            else:
+                scores.append(select_scores(column_logits, found, self.score))
+                classes.append(found.to(at.device))
+            logits.append(column_logits)
+        explained = torch.stack(classes, dim=1).masked_fill(~self.valid, -1)
+        stacked = torch.stack(logits, dim=1)
+        if not self._every:  # one position: no position axis
+            explained, stacked = explained[:, 0], stacked[:, 0]
+        return Columns(torch.stack(scores, dim=1), explained, stacked, custom=classes[0][0] < 0)
+
+    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
+        result = {}
+        for name in ("source", "target"):
+            stacked = torch.stack([c[name] for c in per_column], dim=1)
+            keep = self.valid.reshape(*self.valid.shape, *(1,) * (stacked.dim() - 2))
+            result[name] = stacked * keep.to(stacked.dtype)  # past a sequence's end: 0
+        if not self._every:
+            result = {name: r[:, 0] for name, r in result.items()}
+        return result
+
+
+def _decoder_positions(position: Position, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, P) explained positions and (B, P) validity from each sample's decoder length."""
+    batch = lengths.shape[0]
+    if isinstance(position, str):
+        if position != "all":
+            raise OptionError(f"position must be an int, B ints, None or 'all'; got {position!r}")
+        width = int(lengths.max()) - 1
+        if width < 1:
+            raise InputError("position='all' needs decoder sequences of at least two tokens")
+        columns = torch.arange(width, device=lengths.device).expand(batch, width)
+        valid = columns < (lengths - 1)[:, None]
+        return torch.minimum(columns, (lengths - 1)[:, None]), valid
+    if position is None:
+        positions = lengths - 1
+    else:
+        if isinstance(position, bool):
+            raise OptionError("position must be an int, B ints, None or 'all', not a bool")
+        try:
+            positions = torch.as_tensor(position, device=lengths.device).long().expand(batch)
+        except (TypeError, ValueError, RuntimeError):
+            raise OptionError(
+                f"position must be an int, B = {batch} ints, None or 'all'; got {position!r}"
+            ) from None
+        positions = torch.where(positions < 0, positions + lengths, positions)
+        if bool(((positions < 0) | (positions >= lengths)).any()):
+            raise OptionError(
+                f"position {position!r} is outside a decoder sequence (real lengths "
+                f"{lengths.tolist()}); negative positions count from each sequence's end"
+            )
+    return positions[:, None], torch.ones(batch, 1, dtype=torch.bool, device=lengths.device)

@@ -1,0 +1,122 @@
+"""The plan of a decoder-only language model's generation (`Request.prompt_length`):
+column g is the token generated at P + g, read out at P + g - 1 over the tokens up to
+there; each column has its own sink, also for the forward-only methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from explain.architectures.base import Adapter, LanguageModel
+from explain.engine.passes import (
+    AttentionGradientPass,
+    Columns,
+    ColumnSink,
+    EmbeddingGradientPass,
+    ForwardPass,
+)
+from explain.engine.plans.base import Plan
+from explain.engine.request import Request, integer_option
+from explain.errors import InputError, OptionError
+from explain.rules import Method
+from explain.targets import select_scores
+
+__all__ = ["GenerationPlan", "require_causal_lm"]
+
+
+def require_causal_lm(adapter: Adapter) -> LanguageModel:
+    """`adapter` as a decoder-only language model's: only those generate text."""
+    if not isinstance(adapter, LanguageModel):
+        raise OptionError(
+            "generations are explained for decoder-only language models; "
+            f"{type(adapter.model).__name__} is a {adapter.family} model"
+        )
+    return adapter
+
+
+class GenerationPlan(Plan):
+    """Every generated token of a decoder-only language model, over the tokens before it.
+
+    The inputs are left-padded prompts of width P (`Request.prompt_length`) followed by
+    their continuations, the attention mask 0 past each continuation's end. One forward
+    over the whole sequences; column g explains the token generated at P + g, read out at
+    P + g - 1 with the tokens after that position hidden from its sink (`sink(g)`), which
+    is exactly a next-token explanation of the prefix before the token (methods that
+    average over the keys need the hiding). The gradient methods differentiate every
+    column in one batched backward; the forward-only methods fill one sink per column
+    from the same forward. The relevance is (B, G, T), 0 on the columns past a
+    continuation's end; the target, the generated tokens (-1 past the end), is implied.
+    """
+
+    passes = frozenset({ForwardPass, AttentionGradientPass, EmbeddingGradientPass})
+    refused_because = (
+        "a generation is explained at every generated position from one forward, and an "
+        "LRP walk propagates one position's logit per pass"
+    )
+
+    def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
+        self.lm = require_causal_lm(adapter)
+        if spec is None:
+            raise OptionError(
+                "trace() follows one score per input; a generation has one per generated "
+                "token: trace a prefix of it with its next token as the target"
+            )
+        super().__init__(adapter, spec, request, tokenizer)
+        if request.target is not None:
+            raise OptionError(
+                "a generation explains the tokens it generated, so it takes no target; "
+                "leave target unset (or explain a prefix with Explainer.explain)"
+            )
+
+    def prepare(self, inputs: Any) -> None:
+        super().prepare(inputs)
+        mask = self.prepared.arguments["attention_mask"]
+        width = integer_option("prompt_length", self.request.prompt_length)
+        if not 0 < width < mask.shape[1]:
+            raise InputError(
+                f"prompt_length {width} leaves no prompt or no generated token in sequences "
+                f"of {mask.shape[1]} tokens; it is the padded prompts' width"
+            )
+        self.width = width
+        self.valid = mask[:, width:].bool()  # (B, G): a real generated token
+        self.positions = torch.arange(self.valid.shape[1], device=mask.device) + width - 1
+
+    def forward(self) -> Tensor:
+        """(B, G, vocab): the logits each generated token was chosen from."""
+        return self.lm.logits_at(self.prepared, self.positions.expand(self.valid.shape[0], -1))
+
+    def sink(self, column: int = 0) -> ColumnSink:
+        """Column `column`'s sink: read out at its position, blind to the tokens after it."""
+        (text,) = self.sets
+        at = self.positions[column]
+        layout = text.layout
+        assert layout.token_mask is not None  # a text layout masks its pads
+        seen = torch.arange(layout.token_mask.shape[1], device=at.device) <= at
+        column_set = replace(
+            text,
+            readout=self.lm.readout_at(self.prepared, at.expand(self.prepared.batch_size)),
+            layout=replace(layout, token_mask=layout.token_mask & seen),
+        )
+        return self._set_sinks([column_set])
+
+    def forward_sinks(self) -> list[ColumnSink]:
+        """One sink per generated position: each reads out at its own row."""
+        return [self.sink(column) for column in range(len(self.positions))]
+
+    def columns(self, output: Tensor) -> Columns:
+        batch, count = self.valid.shape
+        generated = self.prepared.arguments["input_ids"][:, self.width :]
+        scores = select_scores(output.flatten(0, 1), generated.flatten(), self.score)
+        # Past a continuation's end there is nothing to explain: no gradient flows there.
+        scores = scores.reshape(batch, count) * self.valid
+        return Columns(scores, generated.masked_fill(~self.valid, -1), output)
+
+    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
+        keep = self.valid[..., None].to(per_column[0]["text"].dtype)
+        return {
+            name: torch.stack([c[name] for c in per_column], dim=1) * keep for name in per_column[0]
+        }

@@ -1,0 +1,138 @@
+"""The method x model-kind matrix: every method on every kind of model either computes
+finite relevance or is refused up front, before the model runs, with an `ExplainError`.
+
+The rows: every family's tiny model (explain.testing.TINY_MODELS, the `TransformerSpec`
+models included), the generations of every decoder-only family, and the routes of the
+two-token-set kinds (a dual encoder's pairs, K texts per image and a target callable; an
+encoder-decoder's last, chosen and every position). A raw exception anywhere fails, and
+so does a refusal after a forward, or a refusal of a method the engine lists as
+supported for the model (`engine.supported_methods`) and the reverse.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from explain import METHODS, Explainer, ExplainError
+from explain.engine import Request, supported_methods
+from explain.generation import Generation, explain_generation
+from explain.testing import TINY_MODELS, TinyCase, tiny_case
+
+FAMILIES = sorted(TINY_MODELS)
+METHOD_NAMES = sorted(METHODS)
+LANGUAGE_MODELS = [family for family in FAMILIES if family.startswith("hf_causal_lm")]
+
+
+@functools.cache
+def _built(family: str) -> TinyCase:
+    return tiny_case(family)
+
+
+def _case(family: str) -> TinyCase:
+    if family == "open_clip":
+        pytest.importorskip("open_clip")
+    return _built(family)
+
+
+def _finite_or_refused_up_front(
+    model: torch.nn.Module, supported: bool, call: Callable[[], Any]
+) -> None:
+    calls: list[int] = []  # one entry per forward of the model
+    handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    try:
+        try:
+            result = call()
+        except ExplainError:
+            assert not supported, "a method listed as supported was refused"
+            assert calls == [], "refused after the model ran: not up front"
+            return
+        assert supported, "a method not listed as supported ran"
+        for name, relevance in result.relevances.items():
+            assert torch.isfinite(relevance).all(), f"non-finite {name} relevance"
+    finally:
+        handle.remove()
+
+
+def _routes(family: str) -> dict[str, dict[str, Any]]:
+    """The ways a kind of model is explained beyond its default call, by name."""
+    if family in ("hf_clip", "open_clip", "hf_siglip"):
+        return {
+            "pairs": {},
+            "one text each": {"target": 1},
+            "two texts each": {"target": torch.tensor([[0, 1], [1, 0]])},
+            "callable": {"target": lambda logits: logits.argmin(dim=1)},
+        }
+    if family == "hf_encoder_decoder":
+        return {
+            "last position": {},
+            "a position": {"position": 1},
+            "every position": {"position": "all"},
+            "callable": {"target": lambda logits: logits[:, 3]},
+        }
+    return {"default": {}, "callable": {"target": lambda logits: logits[:, 1]}}
+
+
+def _matrix() -> list:
+    return [
+        pytest.param(family, route, method, id=f"{family}-{route}-{method}")
+        for family in FAMILIES
+        for route in _ROUTE_NAMES.get(family, ("default", "callable"))
+        for method in METHOD_NAMES
+    ]
+
+
+_ROUTE_NAMES = {
+    **dict.fromkeys(
+        ("hf_clip", "open_clip", "hf_siglip"),
+        ("pairs", "one text each", "two texts each", "callable"),
+    ),
+    "hf_encoder_decoder": ("last position", "a position", "every position", "callable"),
+}
+
+
+@pytest.mark.parametrize(("family", "route", "method"), _matrix())
+def test_every_method_on_every_kind_is_finite_or_refused_up_front(family, route, method):
+    case = _case(family)
+    explainer = Explainer(case.model, spec=case.spec)
+    options = _routes(family)[route]
+    inputs = case.batch
+    supported = method in supported_methods(explainer.adapter)
+    if route == "callable" and supported and METHODS[method].lrp_rules is not None:
+        # An LRP walk starts from a class logit: a callable's scores are refused, after
+        # the forward that computed them (the callable needs the output).
+        with pytest.raises(ExplainError, match="class indices"):
+            explainer.explain(inputs, method=method, **options)
+        return
+    _finite_or_refused_up_front(
+        case.model, supported, lambda: explainer.explain(inputs, method=method, **options)
+    )
+
+
+@functools.cache
+def _generation(family: str) -> Generation:
+    """Two left-padded prompts and a continuation each, the second one ending early."""
+    model = _case(family).model
+    ids = torch.tensor([[5, 9, 7, 11, 13, 17], [0, 6, 8, 12, 14, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 0]])
+    vocab = model.get_input_embeddings().num_embeddings
+    return Generation(ids % vocab, mask, prompt_length=3)
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+@pytest.mark.parametrize("family", LANGUAGE_MODELS)
+def test_every_method_on_generations_is_finite_or_refused_up_front(family, method):
+    case = _case(family)
+    explainer = Explainer(case.model)
+    generation = _generation(family)
+    request = Request(prompt_length=generation.prompt_length)
+    supported = method in supported_methods(explainer.adapter, request)
+    _finite_or_refused_up_front(
+        case.model,
+        supported,
+        lambda: explain_generation(explainer, generation, method=method).explanation,
+    )
