@@ -345,7 +345,7 @@ def test_text_view_token_relevance(browser, tmp_path):
 
 def test_generation_view_click_a_word(browser, tmp_path):
     from explain.generation import explain_generation
-    from explain.tiny_lm import save_tiny_lm
+    from explain.testing.tiny_lm import save_tiny_lm
 
     folder = save_tiny_lm(tmp_path / "tiny-llama", "llama")
     loaded = load_model(folder)
