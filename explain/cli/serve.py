@@ -50,9 +50,15 @@ def run(args: argparse.Namespace) -> int:
     loaded = load(args)
     workbench = Workbench(loaded, cache, args.model)
     if workbench.kind in ("text", "generation") and data.kind == "images":
-        raise ExplainError(f"{args.model} is a {workbench.kind} model; give it a text file")
+        raise ExplainError(
+            f"{args.model} ({workbench.kind} model) reads text: give it a text file of "
+            "sentences, not a folder of images"
+        )
     if workbench.kind in ("image", "clip") and data.kind == "texts":
-        raise ExplainError(f"{args.model} is an {workbench.kind} model; give it a folder of images")
+        raise ExplainError(
+            f"{args.model} ({workbench.kind} model) explains images: give it a folder of "
+            "images, not a text file"
+        )
     host, warning = listen_on(args.host)
     if warning:
         print(f"explain serve: warning: {warning}", file=sys.stderr)

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["BackgroundServer", "bind", "run"]
+__all__ = ["BackgroundServer", "address", "bind", "run"]
 
 
 def bind(host: str, port: int) -> socket.socket:
