@@ -467,3 +467,21 @@ def test_a_single_label_gallery_is_right_when_the_top_class_is_the_label(tmp_pat
         assert item["prediction"]["present"] == [loaded.classes[top]]
         assert item["correct"] == (loaded.classes[top] == item["label"])
     assert [item["correct"] for item in gallery["items"]].count(False) >= 1
+
+
+def test_results_of_an_overwritten_checkpoint_are_not_reused(tmp_path):
+    """A local model's cache key holds its files' sizes and times: a checkpoint saved
+    again at the same path gets fresh results."""
+    import time
+
+    from explain.serve.cache import model_identity
+    from explain.testing.tiny_lm import save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "model", "llama")
+    before = model_identity(str(folder))
+    assert before[0] == str(folder) and any(entry[0] == "config.json" for entry in before[1:])
+    assert model_identity(str(folder)) == before
+    time.sleep(0.01)
+    (folder / "config.json").write_text((folder / "config.json").read_text())
+    assert model_identity(str(folder)) != before
+    assert model_identity("zoo:shapes-vit") == ["zoo:shapes-vit"]

@@ -1,7 +1,7 @@
 """The one folder `explain serve` writes to: cached results, uploads and exports.
 
-Results are JSON files keyed by what produced them (the model, the method, the input
-file's SHA-256 and the class), so a second visit, or a restart on the same folder, reads
+Results are JSON files keyed by what produced them (the model, as `model_identity` names
+it, the method, the input file's SHA-256 and the class), so a second visit, or a restart on the same folder, reads
 them instead of recomputing. Every file is written atomically (explain.io.atomic_write):
 a crash leaves complete files or none.
 """
@@ -16,7 +16,23 @@ from typing import Any
 
 from explain.io import atomic_write
 
-__all__ = ["ResultCache", "default_cache_folder"]
+__all__ = ["ResultCache", "default_cache_folder", "model_identity"]
+
+
+def model_identity(spec: str) -> list[Any]:
+    """What names a model's results in the cache: its spec, and for a local folder or
+    file also each file's name, size and modification time, so that results computed
+    before a checkpoint was overwritten are never reused for the new one."""
+    path = Path(spec)
+    if not path.exists():
+        return [spec]  # a zoo name, a hub id (its revision in the spec) or a timm name
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    identity: list[Any] = [spec]
+    for file in files:
+        stat = file.stat()
+        name = file.relative_to(path).as_posix() if path.is_dir() else file.name
+        identity.append([name, stat.st_size, stat.st_mtime_ns])
+    return identity
 
 
 def default_cache_folder() -> Path:

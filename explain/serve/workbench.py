@@ -27,7 +27,7 @@ from explain.errors import ExplainError, InputError, TargetError
 from explain.explanation import Explanation
 from explain.loaded_model import LoadedModel
 from explain.rules import METHODS
-from explain.serve.cache import ResultCache
+from explain.serve.cache import ResultCache, model_identity
 from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL, scale_maps
 
 __all__ = ["DEFAULT_METHOD", "Workbench"]
@@ -49,7 +49,8 @@ class Workbench:
 
     Attributes:
         loaded: the model and how to feed it.
-        spec: the spec it was loaded from (part of every cache key).
+        spec: the spec it was loaded from (with its files' sizes and times, when it is a
+            local path, part of every cache key: explain.serve.cache.model_identity).
         kind: "image" (classifier), "text" (classifier), "generation" (a language model)
             or "clip" (an image-text dual encoder).
     """
@@ -58,6 +59,7 @@ class Workbench:
         self.loaded = loaded
         self.cache = cache
         self.spec = spec
+        self._identity = model_identity(spec)
         self.explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
         self.kind: Kind = _kind(loaded)
 
@@ -148,7 +150,7 @@ class Workbench:
         target = torch.tensor([list(classes)]) if classes else None
         result = self.explainer.explain(make_inputs(), target=target, method=method)
         result = _with_settings(result, {"model": self.spec, **settings})
-        name = ResultCache.key(self.spec, method, list(classes), settings) + suffix
+        name = ResultCache.key(self._identity, method, list(classes), settings) + suffix
         path = self.cache.exports / name
         result.save(path)
         return path
@@ -281,10 +283,10 @@ class Workbench:
         return self._first_pass(make_inputs(), [input_hash])[0]
 
     def _logits_key(self, input_hash: str) -> str:
-        return ResultCache.key(self.spec, "logits", input_hash)
+        return ResultCache.key(self._identity, "logits", input_hash)
 
     def _map_key(self, method: str, input_hash: str, column: int) -> str:
-        return ResultCache.key(self.spec, method, input_hash, column)
+        return ResultCache.key(self._identity, method, input_hash, column)
 
     def _prediction(self, logits: Tensor) -> dict[str, Any]:
         """The top class and its confidence, and the classes the model says are present:
