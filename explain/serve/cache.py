@@ -1,9 +1,9 @@
 """The one folder `explain serve` writes to: cached results, uploads and exports.
 
 Results are JSON files keyed by what produced them (the model, as `model_identity` names
-it, the method, the input file's SHA-256 and the class), so a second visit, or a restart on the same folder, reads
-them instead of recomputing. Every file is written atomically (explain.io.atomic_write):
-a crash leaves complete files or none.
+it, the method, the input file's SHA-256 and the class), so a second visit, or a restart
+on the same folder, reads them instead of recomputing. Every file is written atomically
+(explain.io.atomic_write): a crash leaves complete files or none.
 """
 
 from __future__ import annotations
