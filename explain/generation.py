@@ -10,6 +10,8 @@ and explains the token generated at P + g over everything before it, exactly wha
 next-token explanation of the prefix would give. The explanation runs on the engine
 (explain.engine, `Request.prompt_length` -> `GenerationPlan`): one batched backward
 serves all columns; forward-only methods fold every column from the same attention maps.
+A vision-language model's answer about an image is explained the same way, over the image
+and the prompt (explain.engine.plans.image_text).
 
 `generate_target` generates an encoder-decoder's target sequence for its sources, to be
 explained position by position (`position="all"`) like any encoder-decoder input.
@@ -27,6 +29,7 @@ from torch import Tensor
 from explain import engine
 from explain.api import Explainer
 from explain.architectures.base import TokenSets
+from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.engine import Request, require_causal_lm
 from explain.engine.session import Session
 from explain.errors import InputError, OptionError
@@ -60,11 +63,14 @@ class Generation:
         attention_mask: (B, T) 1 at real tokens; 0 at the prompts' padding and after
             each continuation's end token (the end token itself is real).
         prompt_length: P, the padded width of the prompts.
+        extra: the model's other inputs for the whole sequences (a vision-language
+            model's `pixel_values`, and its `token_type_ids` along prompt and answer).
     """
 
     input_ids: Tensor
     attention_mask: Tensor
     prompt_length: int
+    extra: Mapping[str, Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def generated(self) -> Tensor:
@@ -72,8 +78,8 @@ class Generation:
         return self.attention_mask[:, self.prompt_length :].bool()
 
     def inputs(self) -> dict[str, Tensor]:
-        """The whole sequences as a tokenized batch."""
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        """The whole sequences as a tokenized batch (with the model's other inputs)."""
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.extra}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,14 +153,28 @@ def generate(
     explainer: Explainer, prompt: Prompt, max_new_tokens: int = 20, **options: Any
 ) -> Generation:
     """Continue `prompt` with the model's own `generate` (greedy unless `options` say
-    otherwise, e.g. do_sample=True), leaving the model and the global RNG as found."""
+    otherwise, e.g. do_sample=True), leaving the model and the global RNG as found.
+
+    A vision-language model takes an image prompt (an image with a question, or a chat
+    with image entries) through its processor, the Explainer's tokenizer, or the
+    processor's output (explain.architectures.hf_vision_language)."""
     adapter = require_causal_lm(explainer.adapter)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise OptionError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if max_new_tokens < 1:
         raise OptionError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    encoded = prompt if isinstance(prompt, Mapping) else _tokenize(explainer.tokenizer, prompt)
+    if adapter.reads_images:
+        encoded = adapter.encode(prompt, explainer.tokenizer)
+    elif isinstance(prompt, Mapping):
+        encoded = prompt
+    else:
+        encoded = _tokenize(explainer.tokenizer, prompt)
     prepared = adapter.prepare(encoded)
+    extra = {
+        name: value
+        for name, value in prepared.arguments.items()
+        if name not in ("input_ids", "attention_mask", "position_ids")
+    }
     mask = prepared.arguments["attention_mask"]
     if not bool(mask[:, -1].all()):
         raise InputError(
@@ -169,20 +189,28 @@ def generate(
     if pad is None:
         pad = int(end_ids[0]) if len(end_ids) else 0
     options = {"do_sample": False, **options}
+    if isinstance(adapter, VisionLanguageModel):
+        # An image placeholder in the answer would be read as an image by the explained
+        # forward: the model may not write one.
+        options = {"suppress_tokens": [adapter.image_token_id], **options}
     with Session(adapter):
         sequences = model.generate(
             input_ids=prepared.arguments["input_ids"],
             attention_mask=mask,
             max_new_tokens=max_new_tokens,
             pad_token_id=pad,
+            **extra,
             **options,
         )
     prompt_length = mask.shape[1]
+    if isinstance(adapter, VisionLanguageModel):  # token types run along the answer too
+        extra = adapter.continued(extra, sequences.shape[1] - prompt_length)
     continuation = _end_mask(sequences, prompt_length, end_ids).to(mask.dtype)
     return Generation(
         input_ids=sequences,
         attention_mask=torch.cat([mask, continuation], dim=1),
         prompt_length=prompt_length,
+        extra=extra,
     )
 
 

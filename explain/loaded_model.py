@@ -25,19 +25,21 @@ class LoadedModel:
     Attributes:
         name: the spec it was loaded from.
         model: the torch module, in eval mode, on its device and in its dtype.
-        modality: what `Explainer.explain` takes as inputs: "image", "text", or
-            "image_text" for dual encoders such as CLIP (images and texts together).
+        modality: what `Explainer.explain` takes as inputs: "image", "text",
+            "image_text" for dual encoders such as CLIP (images and texts together), or
+            "vision_language" for models that answer in text about images (LLaVA).
         classes: the name of each output, in logit order (None when unknown).
         preprocessing: how a photo becomes the model's input and how a map on that input
             goes back onto the photo (image models).
-        tokenizer: a Hugging Face tokenizer (text models).
+        tokenizer: a Hugging Face tokenizer (text models); a vision-language model's
+            processor (its tokenizer, image processor and chat template).
         multi_label: True when each logit is an independent yes/no (sigmoid) decision.
         card: the model card, when there is one.
     """
 
     name: str
     model: nn.Module
-    modality: Literal["image", "text", "image_text"]
+    modality: Literal["image", "text", "image_text", "vision_language"]
     classes: tuple[str, ...] | None = None
     preprocessing: ImagePreprocessing | None = None
     tokenizer: Any = None

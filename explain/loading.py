@@ -53,6 +53,7 @@ from explain.hub import (
     is_repo_id,
     split_revision,
 )
+from explain.image_prompts import photo_preprocessing
 from explain.io import IMAGENET_MEAN, IMAGENET_STD
 from explain.loaded_model import LoadedModel
 from explain.preprocessing import ImagePreprocessing
@@ -293,12 +294,13 @@ def _require_supported_timm(config: dict[str, Any], name: str) -> None:
     _require_supported(skeleton, name)
 
 
-def _require_supported(model: nn.Module, name: str) -> None:
-    """UnsupportedModelError, naming the supported families, unless an adapter takes it."""
+def _require_supported(model: nn.Module, name: str) -> bool:
+    """UnsupportedModelError, naming the supported families, unless an adapter takes it;
+    whether that adapter reads image prompts (a vision-language model)."""
     from explain.architectures import adapter_for
 
     try:
-        adapter_for(model)
+        return adapter_for(model).reads_images
     except UnsupportedModelError as error:
         raise UnsupportedModelError(f"{name}: {error}") from None
 
@@ -443,7 +445,7 @@ def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
     cls = getattr(transformers, architectures[0], None) if architectures else None
     with torch.device("meta"):  # the family check costs no download and no memory
         skeleton = transformers.AutoModel.from_config(config) if cls is None else cls(config)
-    _require_supported(skeleton, name)
+    answers = _require_supported(skeleton, name)
     files = f" ({_weights_files(source)})" if local else ""
     try:
         with _failing_as(
@@ -460,6 +462,18 @@ def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
     # A dual encoder (CLIP and its kin) takes images and texts: it needs both preprocessings.
     dual = hasattr(model, "get_image_features") and hasattr(model, "get_text_features")
     image_input = dual or getattr(model, "main_input_name", "input_ids") == "pixel_values"
+    # A vision-language model (LLaVA and its kin) answers in text about images: its
+    # processor tokenizes, places the image tokens and prepares the pixels.
+    if answers:
+        with _failing_as(f"{name} is a vision-language model without its processor"):
+            processor = transformers.AutoProcessor.from_pretrained(repo, **options)
+        return LoadedModel(
+            name=name,
+            model=model,
+            modality="vision_language",
+            preprocessing=photo_preprocessing(processor),
+            tokenizer=processor,
+        )
     tokenizer = None
     if dual or not image_input:
         with _failing_as(f"{name} holds a text model but no tokenizer"):

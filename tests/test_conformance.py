@@ -87,10 +87,16 @@ def _close(actual, expected, *, rtol=1e-9, atol=1e-12):
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
 
 
-FLOAT32_SOFTMAX = ("hf_siglip_classifier", "hf_causal_lm:")
+FLOAT32_SOFTMAX = (
+    "hf_siglip_classifier",
+    "hf_causal_lm:",
+    "hf_llava",
+    "hf_paligemma",
+    "hf_gemma3",
+)
 """Cases (by name prefix) whose eager attention takes its softmax in float32 whatever the
-model's dtype (transformers' SigLIP, Llama and its kin): their explicit path is
-float32-exact only, the fused one float64."""
+model's dtype (transformers' SigLIP, Llama and its kin, also inside LLaVA, PaliGemma and
+Gemma 3): their explicit path is float32-exact only, the fused one float64."""
 
 
 def test_a_family_without_a_tiny_model_is_named():
@@ -179,7 +185,8 @@ def test_explicit_equals_fused_or_fused_is_refused(family, method):
     fused = _explain(family, method=method, attention_path="fused")
     explicit = _explain(family, method=method, attention_path="explicit")
     assert fused.target.tolist() == explicit.target.tolist()
-    tolerance = dict(rtol=1e-5, atol=1e-9) if family.startswith(FLOAT32_SOFTMAX) else {}
+    # float32 rounding: its epsilon (1.2e-7) on relevance of order 0.1
+    tolerance = dict(rtol=1e-5, atol=1e-8) if family.startswith(FLOAT32_SOFTMAX) else {}
     for name, relevance in explicit.relevances.items():
         _close(fused.relevances[name], relevance, **tolerance)
 

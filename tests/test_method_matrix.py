@@ -2,7 +2,8 @@
 finite relevance or is refused up front, before the model runs, with an `ExplainError`.
 
 The rows: every family's tiny model (explain.testing.TINY_MODELS, the `TransformerSpec`
-models included), the generations of every decoder-only family, and the routes of the
+models included), the generations of every decoder-only family, the answers of the
+vision-language families at both depths, and the routes of the
 two-token-set kinds (a dual encoder's pairs, K texts per image and a target callable; an
 encoder-decoder's last, chosen and every position). A raw exception anywhere fails, and
 so does a refusal after a forward, or a refusal of a method the engine lists as
@@ -136,3 +137,47 @@ def test_every_method_on_generations_is_finite_or_refused_up_front(family, metho
         supported,
         lambda: explain_generation(explainer, generation, method=method).explanation,
     )
+
+
+VISION_LANGUAGE = [
+    family for family in FAMILIES if family in ("hf_llava", "hf_paligemma", "hf_gemma3")
+]
+
+
+@functools.cache
+def _answer(family: str) -> Generation:
+    """The tiny case's prompts (right-padded: the matrix needs no left padding) with two
+    answer tokens each, the second answer ending early."""
+    batch = _case(family).batch
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    extra = {name: batch[name] for name in ("pixel_values", "token_type_ids") if name in batch}
+    answers = torch.tensor([[5, 6], [7, 0]])
+    if "token_type_ids" in extra:  # the answer is text (Gemma 3) or the suffix (PaliGemma)
+        kind = 0 if family == "hf_gemma3" else 1
+        extra["token_type_ids"] = torch.cat(
+            [extra["token_type_ids"], torch.full_like(answers, kind)], dim=1
+        )
+    return Generation(
+        torch.cat([ids, answers], dim=1),
+        torch.cat([mask, torch.tensor([[1, 1], [1, 0]])], dim=1),
+        prompt_length=ids.shape[1],
+        extra=extra,
+    )
+
+
+@pytest.mark.parametrize("method", METHOD_NAMES)
+@pytest.mark.parametrize("family", VISION_LANGUAGE)
+def test_every_method_on_answers_about_images_is_finite_or_refused_up_front(family, method):
+    case = _case(family)
+    explainer = Explainer(case.model)
+    answer = _answer(family)
+    request = Request(prompt_length=answer.prompt_length)
+    supported = method in supported_methods(explainer.adapter, request)
+    for depth in ("lm", "tower"):
+        _finite_or_refused_up_front(
+            case.model,
+            supported and (depth == "lm" or METHODS[method].default_start_layer is not None),
+            lambda depth=depth: (
+                explain_generation(explainer, answer, method=method, depth=depth).explanation
+            ),
+        )

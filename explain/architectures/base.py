@@ -224,6 +224,10 @@ class TokenSets(StrEnum):
     DUAL_ENCODER = "dual_encoder"
     """Two towers scored by the similarity of their outputs (CLIP): each (image, text)
     pair is explained as its own sample, each tower with the chosen method."""
+    IMAGE_TEXT = "image_text"
+    """A vision tower feeding image tokens into a decoder-only language model (LLaVA):
+    the language model's fold read at the image tokens, optionally continued through the
+    tower (explain.engine.plans.image_text); relevances {"image", "text"}."""
     ENCODER_DECODER = "encoder_decoder"
     """An encoder read by a decoder through cross-attention: the two-set rules of
     explain.rules.coattention, read out at a decoder position."""
@@ -288,6 +292,10 @@ class Adapter(ABC):
     """Whether the model reads text, so that an Explainer's tokenizer serves it (raw
     texts, `Explanation.tokens`); a tokenizer given for a model that reads none is
     refused rather than kept unused (explain.engine.check_tokenizer)."""
+
+    reads_images: ClassVar[bool] = False
+    """Whether `encode` takes image prompts (an image with a question, or a chat with
+    image entries) through the model's processor, the Explainer's tokenizer."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model

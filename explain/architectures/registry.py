@@ -117,3 +117,6 @@ register_family(
     "hf_siglip_classifier", "explain.architectures.hf_vision", "HuggingFaceSiglipClassifier"
 )
 register_family("hf_siglip", "explain.architectures.hf_siglip", "HFSiglip")
+register_family("hf_llava", "explain.architectures.hf_llava", "HFLlava")
+register_family("hf_paligemma", "explain.architectures.hf_paligemma", "HFPaliGemma")
+register_family("hf_gemma3", "explain.architectures.hf_gemma3", "HFGemma3")

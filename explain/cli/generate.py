@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from explain.cli import image_answer
 from explain.cli.options import (
     add_model_arguments,
     add_out_argument,
@@ -34,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz.generation import generation_html
     from explain.viz.multimodal import relevance_matrix_figure
 
+    if args.image is not None:  # a vision-language model's answer about a photo
+        return image_answer.run(args)
+    if args.depth is not None:
+        raise InputError("--depth is for vision-language models, with --image")
     if not args.prompt.strip():
         raise InputError("the prompt is empty: there is nothing to continue")
     loaded = load(args)
@@ -79,13 +84,32 @@ def register(commands: argparse._SubParsersAction) -> None:
         "generate",
         help="explain every token a language model generates",
         description=__doc__,
-        epilog='Example: explain generate "The capital of France is" --model PATH --html page.html',
+        epilog='Example: explain generate "The capital of France is" --model PATH --html '
+        'page.html; explain generate --image photo.jpg "What is in the picture?" --model PATH',
     )
-    parser.add_argument("prompt", metavar="PROMPT", help="the text to continue")
+    parser.add_argument(
+        "prompt", metavar="PROMPT", help="the text to continue (with --image: the question)"
+    )
+    parser.add_argument(
+        "--image",
+        type=Path,
+        default=None,
+        metavar="PHOTO",
+        help="a photo to ask a vision-language model (LLaVA) about: the page shows each "
+        "answer word's map over the photo (explain.cli.image_answer)",
+    )
+    parser.add_argument(
+        "--depth",
+        choices=("lm", "tower"),
+        default=None,
+        help="with --image: read the image map off the language model ('lm', default) or "
+        "continue it through the vision tower ('tower')",
+    )
     add_model_arguments(
         parser,
         takes="a Hugging Face decoder-only language model with its tokenizer "
-        "(a ...ForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2 ...)",
+        "(a ...ForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2 ...), or with --image "
+        "a vision-language model with its processor (LlavaForConditionalGeneration)",
     )
     parser.add_argument(
         "--max-new-tokens",

@@ -98,6 +98,7 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         input_size=first.layout.input_size,
         relevances=relevances,
         tokens=plan.tokens(),
+        settings=plan.settings(),
     )
 
 

@@ -5,6 +5,8 @@
   `TransformerSpec`, all random and built from configs;
 - `tiny_lm`: tiny decoder-only language models of every family and a word-level
   tokenizer with a chat template;
+- `tiny_vlm`: tiny vision-language models (LLaVA, PaliGemma, Gemma 3) and their
+  processors, built offline;
 - `model_state`: `ModelState`, a snapshot of everything an explanation promises not to
   change, and a comparison that names what changed;
 - `hub_cache`: a Hugging Face cache laid out exactly as downloads leave it, filled with

@@ -614,6 +614,75 @@ def _hf_siglip() -> TinyCase:
     return TinyCase(tiny_siglip(), {"pixel_values": images, "input_ids": ids}, alone, {})
 
 
+def _hf_llava() -> TinyCase:
+    from explain.testing.tiny_vlm import IMAGE_TOKEN_ID, tiny_llava
+
+    # "<s> user <image> x 16 words", right-padded: each text holds its image's 16 tokens
+    lengths = (23, 20)
+    words = _texts(tuple(n - 16 for n in lengths), (5, 40), first=1, last=2)
+    ids = torch.zeros(2, max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        text = words[row, : length - 16]
+        ids[row, :length] = torch.cat([text[:2], torch.full((16,), IMAGE_TOKEN_ID), text[2:]])
+    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    images = _images(2, 32)
+    batch = {"input_ids": ids, "attention_mask": mask, "pixel_values": images}
+    alone = tuple(
+        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
+        | {"pixel_values": images[i : i + 1]}
+        for i, n in enumerate(lengths)
+    )
+    return TinyCase(tiny_llava(), batch, alone, {"text": lengths})
+
+
+def _hf_paligemma() -> TinyCase:
+    from explain.testing.tiny_vlm import IMAGE_TOKEN_ID, tiny_paligemma
+
+    # 16 image tokens, then "<s> words", right-padded; all of it the bidirectional prefix
+    lengths = (22, 19)
+    words = _texts(tuple(n - 16 for n in lengths), (5, 40), first=1, last=2)
+    ids = torch.zeros(2, max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = torch.cat(
+            [torch.full((16,), IMAGE_TOKEN_ID), words[row, : length - 16]]
+        )
+    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    types = torch.zeros_like(ids)
+    images = _images(2, 32)
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    batch["pixel_values"] = images
+    alone = tuple(
+        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
+        | {"token_type_ids": types[i : i + 1, :n], "pixel_values": images[i : i + 1]}
+        for i, n in enumerate(lengths)
+    )
+    return TinyCase(tiny_paligemma(), batch, alone, {"text": lengths})
+
+
+def _hf_gemma3() -> TinyCase:
+    from explain.testing.tiny_vlm import BOI_TOKEN_ID, EOI_TOKEN_ID, IMAGE_TOKEN_ID, tiny_gemma3
+
+    # "<s> BOI <image> x 4 EOI words", right-padded; token type 1 at the image tokens
+    lengths = (11, 9)
+    words = _texts(tuple(n - 6 for n in lengths), (5, 40), first=1, last=2)
+    image = torch.tensor([BOI_TOKEN_ID, *[IMAGE_TOKEN_ID] * 4, EOI_TOKEN_ID])
+    ids = torch.zeros(2, max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        text = words[row, : length - 6]
+        ids[row, :length] = torch.cat([text[:1], image, text[1:]])
+    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    types = (ids == IMAGE_TOKEN_ID).long()
+    images = _images(2, 32)
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    batch["pixel_values"] = images
+    alone = tuple(
+        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
+        | {"token_type_ids": types[i : i + 1, :n], "pixel_values": images[i : i + 1]}
+        for i, n in enumerate(lengths)
+    )
+    return TinyCase(tiny_gemma3(), batch, alone, {"text": lengths})
+
+
 def _custom_text() -> TinyCase:
     model, spec = tiny_custom_text()
     case = _text_case(model, (6, 4), first=1, last=2)
@@ -640,6 +709,9 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_beit": lambda: _image_case(tiny_hf_vision("beit"), 32),
     "hf_siglip_classifier": lambda: _image_case(tiny_hf_vision("siglip"), 32),
     "hf_siglip": _hf_siglip,
+    "hf_llava": _hf_llava,
+    "hf_paligemma": _hf_paligemma,
+    "hf_gemma3": _hf_gemma3,
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
     **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},

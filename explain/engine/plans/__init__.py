@@ -4,7 +4,9 @@
 - `DualEncoderPlan` (dual_encoder.py, CLIP): each explained (image, text) pair a sample;
 - `EncoderDecoderPlan` (encoder_decoder.py): the token predicted at a decoder position;
 - `GenerationPlan` (generation.py): every generated token of a decoder-only language
-  model, over the tokens before it.
+  model, over the tokens before it;
+- `ImageTextPlan` (image_text.py): a vision-language model's next token or answer, over
+  the image and the prompt (it explains its generations itself).
 
 Each declares the passes it accepts (`Plan.passes`); `plan_kind` picks the plan of a
 model and request.
@@ -23,6 +25,7 @@ from explain.engine.plans.base import (
 from explain.engine.plans.dual_encoder import DualEncoderPlan
 from explain.engine.plans.encoder_decoder import EncoderDecoderPlan, Position
 from explain.engine.plans.generation import GenerationPlan, require_causal_lm
+from explain.engine.plans.image_text import ImageTextPlan
 from explain.engine.request import Request
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "DualEncoderPlan",
     "EncoderDecoderPlan",
     "GenerationPlan",
+    "ImageTextPlan",
     "OneStack",
     "Plan",
     "Position",
@@ -44,11 +48,15 @@ PLANS: dict[TokenSets | None, type[Plan]] = {
     None: OneStack,
     TokenSets.DUAL_ENCODER: DualEncoderPlan,
     TokenSets.ENCODER_DECODER: EncoderDecoderPlan,
+    TokenSets.IMAGE_TEXT: ImageTextPlan,
 }
 """The plan of each kind of model (`Adapter.token_sets`)."""
 
 
 def plan_kind(adapter: Adapter, request: Request) -> type[Plan]:
     """The plan for `adapter`'s kind of model; for a generation (a request with a
-    `prompt_length`), the generation plan."""
-    return PLANS[adapter.token_sets] if request.prompt_length is None else GenerationPlan
+    `prompt_length`), the generation plan, unless the kind's plan explains its own."""
+    kind = PLANS[adapter.token_sets]
+    if request.prompt_length is not None and not kind.generates:
+        return GenerationPlan
+    return kind

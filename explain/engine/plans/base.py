@@ -50,6 +50,7 @@ __all__ = [
     "check_tokenizer",
     "custom_scores",
     "no_class",
+    "per_set",
     "resolve_score",
     "resolve_start_layer",
 ]
@@ -154,7 +155,9 @@ class SetSinks:
         return {name: sink.result() for name, sink in self._sinks.items()}
 
 
-def _per_set(start_layer: StartLayer, names: Sequence[str]) -> dict[str, Any]:
+def per_set(start_layer: StartLayer, names: Sequence[str]) -> dict[str, Any]:
+    """`start_layer` for each token set by name: one for all, or a mapping by set name
+    (names it lacks get None, the default)."""
     if isinstance(start_layer, Mapping):
         unknown = set(start_layer) - set(names)
         if unknown:
@@ -203,6 +206,10 @@ class Plan:
 
     trace_score: ClassVar[Score] = "probability"
     """The score `trace` differentiates when none is given."""
+
+    generates: ClassVar[bool] = False
+    """Whether the plan also explains generations (`Request.prompt_length`) itself; the
+    others leave them to `GenerationPlan`."""
 
     def __init__(
         self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any
@@ -253,7 +260,7 @@ class Plan:
     def _set_sinks(self, sets: Sequence[TokenSet]) -> SetSinks:
         assert self.spec is not None
         spec = self.spec
-        starts = _per_set(self.request.start_layer, [s.name for s in sets])
+        starts = per_set(self.request.start_layer, [s.name for s in sets])
         sinks = {}
         for token_set in sets:
             count = len(token_set.layers)
@@ -294,6 +301,11 @@ class Plan:
         if columns.classes.dim() == 1:
             return per_column[0]
         return {name: torch.stack([c[name] for c in per_column], dim=1) for name in per_column[0]}
+
+    def settings(self) -> dict[str, Any]:
+        """What else the plan chose that should travel with the result
+        (`Explanation.settings`); none by default."""
+        return {}
 
     def tokens(self) -> list[list[str]] | None:
         """`Explanation.tokens`: the token strings of the explained texts."""

@@ -1,0 +1,70 @@
+"""Hugging Face `LlavaForConditionalGeneration`: a CLIP or SigLIP vision tower, read at
+one inner layer (or several, concatenated), a projector that maps each tower token to one
+image token, and a Llama, Mistral, Qwen2 or other decoder-only language model.
+
+The projector works token by token, so image token j of the text is tower token j (with
+strategy "default" the class token is dropped first: image token j is tower token j + 1).
+The tower's blocks after the deepest layer it is read at never reach the language model
+and are left out of the stack.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures.hf_common import is_transformers_class
+from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
+from explain.errors import UnsupportedModelError
+
+__all__ = ["HFLlava"]
+
+
+class HFLlava(VisionLanguageModel):
+    family = (
+        "Hugging Face LLaVA (LlavaForConditionalGeneration: CLIP or SigLIP tower, Llama, "
+        "Mistral or Qwen2 language model; the next token and generated answers, over the "
+        "image and the prompt)"
+    )
+
+    def __init__(self, model: nn.Module) -> None:
+        config = model.config
+        if getattr(config, "vision_feature_select_strategy", "default") not in ("default", "full"):
+            raise UnsupportedModelError(
+                f"LLaVA with vision_feature_select_strategy="
+                f"{config.vision_feature_select_strategy!r} is not supported ('default', 'full')"
+            )
+        super().__init__(model)
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return is_transformers_class(model, "llava", ("LlavaForConditionalGeneration",))
+
+    @property
+    def tower(self) -> nn.Module:
+        return self.model.model.vision_tower
+
+    @property
+    def language_model(self) -> nn.Module:
+        return self.model.model.language_model
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.model.config.image_token_id)
+
+    def tower_depth(self, num_blocks: int) -> int:
+        """Hidden state h (0: the embeddings, h: block h - 1's output) is read: blocks
+        0..h-1 feed the language model; with several layers, up to the deepest."""
+        layers = self.model.config.vision_feature_layer
+        layers = [layers] if isinstance(layers, int) else list(layers)
+        return max(layer % (num_blocks + 1) for layer in layers)
+
+    def image_tokens(self, pixel_values: Tensor) -> ImageTokens:
+        patch = self.tower.config.patch_size
+        grid = (pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch)
+        prefix = 1 if hasattr(self.tower.embeddings, "class_embedding") else 0
+        tower_tokens = prefix + grid[0] * grid[1]
+        # "default" drops the tower's first token (the class token where there is one)
+        dropped = 1 if self.model.config.vision_feature_select_strategy == "default" else 0
+        merge = torch.eye(tower_tokens, device=pixel_values.device)[dropped:]
+        return ImageTokens(grid=grid, tower_prefix=prefix, merge=merge)

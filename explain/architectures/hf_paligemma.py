@@ -1,0 +1,65 @@
+"""Hugging Face `PaliGemmaForConditionalGeneration`: a SigLIP vision tower read at its
+last layer, a linear projector that maps each tower token to one image token, and a Gemma
+language model that attends over the image-and-prompt prefix in both directions (token
+type 0) and over the answer causally (token type 1).
+
+The image tokens come first in the text, one per patch of the tower (SigLIP has no class
+token). Nothing in the prefix attends to the answer, so one forward over prompt and
+answer gives every answer token the maps a next-token explanation of its prefix would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures.hf_common import is_transformers_class
+from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
+
+__all__ = ["HFPaliGemma"]
+
+
+class HFPaliGemma(VisionLanguageModel):
+    family = (
+        "Hugging Face PaliGemma (PaliGemmaForConditionalGeneration: SigLIP tower, Gemma "
+        "language model with a bidirectional image-and-prompt prefix; the next token and "
+        "generated answers, over the image and the prompt)"
+    )
+    token_types = True
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return is_transformers_class(model, "paligemma", ("PaliGemmaForConditionalGeneration",))
+
+    @property
+    def tower(self) -> nn.Module:
+        return self.model.model.vision_tower
+
+    @property
+    def language_model(self) -> nn.Module:
+        return self.model.model.language_model
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.model.config.image_token_id)
+
+    def tower_depth(self, num_blocks: int) -> int:
+        return num_blocks  # read at its last hidden state
+
+    def image_tokens(self, pixel_values: Tensor) -> ImageTokens:
+        patch = self.tower.config.patch_size
+        grid = (pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch)
+        merge = torch.eye(grid[0] * grid[1], device=pixel_values.device)
+        return ImageTokens(grid=grid, tower_prefix=0, merge=merge)
+
+    def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        """The answer's tokens are of type 1 (causal), as PaliGemma's generation sets them."""
+        extended = dict(extra)
+        types = extra.get("token_type_ids")
+        if types is not None:
+            extended["token_type_ids"] = torch.cat(
+                [types, types.new_ones(types.shape[0], count)], 1
+            )
+        return extended

@@ -1,0 +1,320 @@
+"""What every Hugging Face vision-language model shares: a vision tower whose patch
+tokens become image tokens of a decoder-only language model, which answers in text.
+
+The model runs as one stack of blocks for the recorder: the tower's blocks that feed the
+language model (layers 0..V-1, stack "image") and then the language model's (V..V+L-1,
+stack "text"), so that one backward reaches both, the language model's blocks first.
+
+What differs per family is said by `ImageTokens`: how many image tokens each image puts
+into the text, and `merge`, which tower tokens each of them was made from (LLaVA: one
+tower token each; a pooling or merging projector: several). A relevance over the image
+tokens maps back onto the tower's tokens through `merge` (each image token's relevance
+shared out over the tower tokens it was made from), and onto the tower's patch grid by
+dropping its prefix tokens. The engine's plan for these models is explain.engine.plans.image_text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures.base import (
+    AttentionSite,
+    FlagSetting,
+    FusedPath,
+    LanguageModel,
+    Prepared,
+    TokenLayout,
+    TokenSet,
+    TokenSets,
+    one_hot_rows,
+    validate_image_batch,
+)
+from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
+from explain.architectures.hf_common import (
+    attention_in,
+    eager_attention_flags,
+    find_blocks,
+    last_real_token,
+    positions_from_mask,
+    prepare_text,
+    probabilities_at,
+    recorded_output,
+)
+from explain.errors import InputError, UnsupportedModelError
+from explain.image_prompts import encode_image_prompt, is_image_prompt
+from explain.tokenizing import token_strings
+
+__all__ = ["ImageTokens", "VisionLanguageModel"]
+
+
+@dataclass(frozen=True)
+class ImageTokens:
+    """How one image's tower tokens become image tokens of the text.
+
+    Attributes:
+        grid: (gh, gw) the tower's patch grid.
+        tower_prefix: tokens before the patches in the tower (a class token: 1).
+        merge: (n, tower_prefix + gh * gw): row j says which tower tokens image token j of
+            the text was made from, with weights that sum to 1 (one-hot for a projector
+            that maps token by token).
+    """
+
+    grid: tuple[int, int]
+    tower_prefix: int
+    merge: Tensor
+
+    @property
+    def per_image(self) -> int:
+        """Image tokens each image puts into the text."""
+        return self.merge.shape[0]
+
+    @property
+    def tower_tokens(self) -> int:
+        return self.tower_prefix + self.grid[0] * self.grid[1]
+
+    def to_tower(self, relevance: Tensor) -> Tensor:
+        """(..., n) relevance over one image's image tokens -> (..., tower tokens)."""
+        return relevance @ self.merge.to(relevance.dtype)
+
+    def to_grid(self, tower_relevance: Tensor) -> Tensor:
+        """(..., tower tokens) -> (..., gh, gw): the prefix tokens dropped."""
+        patches = tower_relevance[..., self.tower_prefix :]
+        return patches.reshape(*patches.shape[:-1], *self.grid)
+
+
+class VisionLanguageModel(LanguageModel):
+    """The adapter contract of a vision-language model (module docstring).
+
+    Subclasses give the tower and language-model stacks, the tower blocks the language
+    model reads, the image token id and the `ImageTokens` of their projector. Inputs are
+    the processor's output: `input_ids` with each image's run of image tokens,
+    `attention_mask` (left or right padding) and `pixel_values` (one row per image, in
+    the order the images appear); or, with the processor as the Explainer's tokenizer, an
+    image prompt (`is_image_prompt`).
+    """
+
+    token_sets: ClassVar[TokenSets | None] = TokenSets.IMAGE_TEXT
+    reads_images: ClassVar[bool] = True
+    token_types: ClassVar[bool] = False
+    """Whether the model takes `token_type_ids` (PaliGemma: 0 for the image-and-prompt
+    prefix, attended bidirectionally; 1 for the answer)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        tower, language = self.tower, self.language_model
+        record = recorded_output(language, "attentions")
+        vision_record = recorded_output(tower, "attentions")
+        if record is None or vision_record is None:
+            raise UnsupportedModelError(
+                f"{type(model).__name__}: its tower or language model does not name its "
+                "attention modules (_can_record_outputs)"
+            )
+        self._tower_blocks = find_blocks(tower)[: self.tower_depth(len(find_blocks(tower)))]
+        self._lm_blocks = find_blocks(language)
+        self._sites: list[AttentionSite] = []
+        for stack, blocks, rec in (
+            ("image", self._tower_blocks, vision_record),
+            ("text", self._lm_blocks, record),
+        ):
+            for block in blocks:
+                module = attention_in(block, rec)
+                if module is None:
+                    raise UnsupportedModelError(f"{type(block).__name__} has no attention module")
+                self._sites.append(
+                    AttentionSite(len(self._sites), module, probabilities_at(rec[1]), stack=stack)
+                )
+        self.vocab_size = language.get_input_embeddings().num_embeddings
+
+    # -- what a family says -------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def tower(self) -> nn.Module:
+        """The vision tower (a transformers vision model that records its outputs)."""
+
+    @property
+    @abstractmethod
+    def language_model(self) -> nn.Module:
+        """The decoder stack (a transformers text model that records its outputs)."""
+
+    @abstractmethod
+    def tower_depth(self, num_blocks: int) -> int:
+        """How many of the tower's `num_blocks` blocks feed the language model (a tower
+        read at an inner layer leaves the blocks after it out of the graph)."""
+
+    @property
+    @abstractmethod
+    def image_token_id(self) -> int: ...
+
+    @abstractmethod
+    def image_tokens(self, pixel_values: Tensor) -> ImageTokens:
+        """How each image of `pixel_values` becomes image tokens (the same for all)."""
+
+    # -- the stacks ---------------------------------------------------------------------
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return [*self._tower_blocks, *self._lm_blocks]
+
+    @property
+    def tower_layers(self) -> range:
+        """The model-wide layer numbers of the tower's blocks."""
+        return range(len(self._tower_blocks))
+
+    @property
+    def text_layers(self) -> range:
+        """The model-wide layer numbers of the language model's blocks."""
+        return range(len(self._tower_blocks), len(self._tower_blocks) + len(self._lm_blocks))
+
+    def attention_sites(self) -> Sequence[AttentionSite]:
+        return self._sites
+
+    def path_flags(self) -> Sequence[FlagSetting]:
+        return eager_attention_flags(self.model)
+
+    def fused_path(self) -> FusedPath | None:
+        """sdpa for the tower and the language model alike, q, k, v seen through the
+        attention interface (hf_attention_probe), where every attention module
+        dispatches through it: long image-token sequences then fold by chunks of rows."""
+        modules = [site.module for site in self._sites]
+        if not dispatches_attention(self.model, modules):
+            return None
+        path = probed_fused_path(modules, self.path_flags())
+        if not self.token_types:
+            return path
+        # Token types open bidirectional blocks (an image, a prefix) inside the causal
+        # text: the kernel then gets the whole mask, causality included, and the
+        # recomputation must add none of its own.
+        sites = [dataclasses.replace(site, causal=False) for site in path.sites]
+        return dataclasses.replace(path, sites=sites)
+
+    # -- inputs -------------------------------------------------------------------------
+
+    def encode(self, inputs: object, tokenizer: Any) -> object:
+        """An image prompt (explain.image_prompts) put through the processor (the
+        Explainer's tokenizer) and its chat template, left-padded; anything else as given."""
+        if not is_image_prompt(inputs):
+            return inputs
+        return encode_image_prompt(inputs, tokenizer)
+
+    def prepare(self, inputs: object) -> Prepared:
+        if isinstance(inputs, Mapping) and "pixel_values" not in inputs:
+            raise InputError(
+                "a vision-language model is explained with its image: give pixel_values "
+                "(the processor's output), or an image prompt with the processor as the "
+                "Explainer's tokenizer"
+            )
+        if self.token_types and isinstance(inputs, Mapping) and "token_type_ids" not in inputs:
+            raise InputError(
+                f"{type(self.model).__name__} takes token_type_ids (which tokens attend "
+                "both ways): give the processor's whole output"
+            )
+        arguments = prepare_text(
+            inputs,
+            max_tokens=1 << 62,
+            vocab_size=self.vocab_size,
+            device=self.parameter.device,
+            token_types=self.token_types,
+            type_vocab_size=2,
+        )
+        assert isinstance(inputs, Mapping)
+        pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter)
+        ids, mask = arguments["input_ids"], arguments["attention_mask"]
+        tokens = self.image_tokens(pixels)
+        counts = ((ids == self.image_token_id) & mask.bool()).sum(dim=1)
+        per_sample = counts // tokens.per_image
+        if bool((counts % tokens.per_image != 0).any()) or bool(
+            (per_sample != per_sample[0]).any()
+        ):
+            raise InputError(
+                f"every text must hold the same number of images, each a run of "
+                f"{tokens.per_image} image tokens (id {self.image_token_id}); got "
+                f"{counts.tolist()} image tokens: use the model's processor"
+            )
+        if int(per_sample[0]) == 0:
+            raise InputError("the texts hold no image token: put the image in the prompt")
+        if int(per_sample.sum()) != pixels.shape[0]:
+            raise InputError(
+                f"the texts hold {int(per_sample.sum())} images but pixel_values "
+                f"{pixels.shape[0]}: one row of pixel_values per image"
+            )
+        arguments["pixel_values"] = pixels
+        arguments["position_ids"] = positions_from_mask(mask)
+        return Prepared(batch_size=ids.shape[0], layout=TokenLayout.text(mask), arguments=arguments)
+
+    def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        """The model's other per-prompt inputs (`extra`: pixel values, token types) for the
+        prompts followed by `count` generated tokens; a family whose extra inputs run
+        along the tokens extends them as its generation does."""
+        return dict(extra)
+
+    def image_positions(self, prepared: Prepared) -> Tensor:
+        """(B, k * n): each text's image-token positions, image by image."""
+        ids, mask = prepared.arguments["input_ids"], prepared.arguments["attention_mask"]
+        is_image = (ids == self.image_token_id) & mask.bool()
+        order = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        count = int(is_image[0].sum())
+        # real image positions first, in order (stable sort keeps their order)
+        return torch.sort(torch.where(is_image, order, ids.shape[1] + order), dim=1).values[
+            :, :count
+        ]
+
+    def image_layout(self, prepared: Prepared) -> TokenLayout:
+        """The layout of the image set: the tower's patch grid on the processed image."""
+        pixels = prepared.arguments["pixel_values"]
+        tokens = self.image_tokens(pixels)
+        return TokenLayout.image(tokens.grid, tuple(pixels.shape[-2:]), num_prefix_tokens=0)
+
+    def sets(self, prepared: Prepared) -> Sequence[TokenSet]:
+        """The image set ("image", over the tower's blocks; its readout comes from the
+        language model's fold) and the text set ("text", read out at the last token)."""
+        image = TokenSet(
+            "image",
+            self.tower_layers,
+            self.image_layout(prepared),
+            torch.zeros(0, device=self.parameter.device),
+        )
+        text = TokenSet("text", self.text_layers, prepared.layout, self.readout(prepared))
+        return [image, text]
+
+    def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
+        """Text: pads 0. Image: (..., k, tower tokens) -> (..., gh, gw), or (..., k, gh, gw)
+        with several images per text (the plan hands the image set over tower tokens)."""
+        if layout.modality == "text":
+            return layout.unpadded(token_relevance)
+        assert layout.grid is not None
+        gh, gw = layout.grid
+        patches = token_relevance[..., -gh * gw :]
+        grid = patches.reshape(*patches.shape[:-1], gh, gw)
+        return grid[..., 0, :, :] if grid.shape[-3] == 1 else grid
+
+    def token_strings(self, prepared: Prepared, tokenizer: Any) -> list[list[str]] | None:
+        text = getattr(tokenizer, "tokenizer", tokenizer)  # a processor holds its tokenizer
+        return token_strings(text, prepared.arguments["input_ids"])
+
+    # -- running ------------------------------------------------------------------------
+
+    def logits_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
+        keep = positions.unique()
+        logits = self.model(**prepared.arguments, use_cache=False, logits_to_keep=keep).logits
+        index = torch.searchsorted(keep, positions.contiguous())
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
+        return logits[rows, index]
+
+    def forward(self, prepared: Prepared) -> Tensor:
+        last = last_real_token(prepared.arguments["attention_mask"])
+        return self.logits_at(prepared, last[:, None])[:, 0]
+
+    def readout(self, prepared: Prepared) -> Tensor:
+        return self.readout_at(prepared, last_real_token(prepared.arguments["attention_mask"]))
+
+    def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
+        mask = prepared.arguments["attention_mask"]
+        return one_hot_rows(mask.shape[0], mask.shape[1], positions.to(mask.device), self.parameter)

@@ -1,0 +1,119 @@
+"""`explain generate --image PHOTO "QUESTION" --model SPEC`: which part of the photo, and
+which words of the question, each word of a vision-language model's answer rests on.
+
+The question and the photo go through the model's processor and chat template as one
+user message; the model answers greedily, and every word of the answer is explained from
+one forward pass (explain.generation, explain.engine.plans.image_text) at the chosen depth.
+Each map is drawn back on the photo with the processor's resize, crop and padding undone
+(explain.image_prompts). Two files are written atomically: the page (click a word: its
+map over the photo, the question's tokens coloured beside it) and a PNG of the answer's
+words, each with its map.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from explain.cli.options import load
+from explain.errors import InputError
+
+__all__ = ["run"]
+
+
+def _question_tokens(
+    tokens: list[str], is_image: Tensor, text: Tensor, maps: Tensor
+) -> tuple[list[str], Tensor]:
+    """The question's tokens with every run of image tokens shown as one "[image]" token
+    carrying its map's sum; `text` (G, T) and `maps` (G, k, gh, gw) per answer word."""
+    shown: list[str] = []
+    columns: list[Tensor] = []
+    image = 0
+    for t, token in enumerate(tokens):
+        if bool(is_image[t]):
+            if t > 0 and bool(is_image[t - 1]):
+                continue
+            shown.append("[image]")
+            columns.append(maps[:, image].flatten(1).sum(dim=1))
+            image += 1
+        else:
+            shown.append(token)
+            columns.append(text[:, t])
+    return shown, torch.stack(columns, dim=1)
+
+
+def run(args: argparse.Namespace) -> int:
+    from explain.api import Explainer
+    from explain.generation import explain_generation
+    from explain.io import atomic_write
+    from explain.preprocessing import read_image
+    from explain.viz import save_figure
+    from explain.viz.image_answer import answer_figure, answer_html
+
+    if not args.prompt.strip():
+        raise InputError("the question is empty: there is nothing to answer")
+    photo = read_image(args.image)
+    loaded = load(args)
+    if loaded.modality != "vision_language" or loaded.preprocessing is None:
+        raise InputError(
+            f"--image needs a vision-language model with its processor (LLaVA); "
+            f"{args.model} is a {loaded.modality} model"
+        )
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    # through the processor's chat template as a user message, where it has one
+    prompt = {"image": photo, "text": args.prompt}
+    found = explain_generation(
+        explainer,
+        prompt,
+        max_new_tokens=args.max_new_tokens,
+        method=args.method,
+        depth=args.depth or "lm",
+    )
+    result, generation = found.explanation, found.generation
+    assert result.tokens is not None
+    width = generation.prompt_length
+    count = int(generation.generated[0].sum())
+    first = int((~generation.attention_mask[0, :width].bool()).sum())  # the prompt's pads
+    images = result.relevances["image"][0, :count]
+    images = images[:, None] if images.dim() == 3 else images  # (G, k, gh, gw)
+    on_photo = loaded.preprocessing.to_original(images[:, 0], (photo.height, photo.width))
+    ids = generation.input_ids[0]
+    is_image = ids[first:width] == explainer.adapter.image_token_id  # type: ignore[attr-defined]
+    tokens, relevance = _question_tokens(
+        result.tokens[0][first:width],
+        is_image,
+        result.relevances["text"][0, :count, first:width],
+        images,
+    )
+    words = result.tokens[0][width : width + count]
+    processor = loaded.tokenizer
+    print(
+        "answer:", processor.decode(ids[width : width + count].tolist(), skip_special_tokens=True)
+    )
+    title = f"explain generate: {args.model} ({result.method}, depth {result.settings['depth']})"
+    pixels = np.asarray(photo)
+    page = answer_html(
+        pixels,
+        on_photo,
+        tokens,
+        relevance,
+        words,
+        readout=len(tokens) - 1,
+        title=title,
+    )
+    with atomic_write(args.html, "w") as handle:
+        handle.write(page)
+    png = args.png or args.html.with_suffix(".png")
+    save_figure(answer_figure(pixels, on_photo, words), png)
+    print(args.html)
+    print(png)
+    if args.save:
+        raw = args.out / f"generation.{args.save}"
+        settings = {"model": args.model, "prompt": args.prompt, "image": str(args.image)}
+        dataclasses.replace(result, settings={**result.settings, **settings}).save(raw)
+        print(raw)
+    return 0

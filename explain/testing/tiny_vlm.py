@@ -1,0 +1,254 @@
+"""Tiny random vision-language models built from configs (no downloads), with processors
+built offline from local pieces: the tiny word-level tokenizer of explain.testing.tiny_lm (its last
+word replaced by the image placeholder "<image>") and an image processor constructed from
+parameters.
+
+`tiny_llava` is a LLaVA: a CLIP (or SigLIP) vision tower read at its second-to-last
+layer, a two-layer projector, and a tiny Llama language model with grouped-query heads.
+Its processor resizes a photo's shorter side to 32 pixels and crops the centre square,
+so that a map on the model's 4 x 4 patch grid has to be carried back through the resize
+and the crop to lie on the photo.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from explain.testing.tiny_lm import _COMMON, VOCAB, WORDS
+
+__all__ = [
+    "IMAGE_SIZE",
+    "IMAGE_TOKEN",
+    "PATCH_SIZE",
+    "VLM_CHAT_TEMPLATE",
+    "save_tiny_llava",
+    "tiny_gemma3",
+    "tiny_llava",
+    "tiny_llava_processor",
+    "tiny_paligemma",
+    "tiny_paligemma_processor",
+    "tiny_vlm_tokenizer",
+]
+
+IMAGE_SIZE = 32
+PATCH_SIZE = 8
+IMAGE_TOKEN = "<image>"
+IMAGE_TOKEN_ID = VOCAB - 1
+
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['role'] }} "
+    "{% if m['content'] is string %}{{ m['content'] }} "
+    "{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<image> {% else %}{{ c['text'] }} {% endif %}"
+    "{% endfor %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<s> assistant {% endif %}"
+)
+"""A chat template whose messages hold text, or lists of {"type": "image"} and
+{"type": "text", "text": ...} entries, as the processors of LLaVA and its kin take them."""
+
+
+def tiny_vlm_tokenizer() -> Any:
+    """The tiny word-level tokenizer (explain.testing.tiny_lm) with "<image>" as its last word
+    (id 59), a special token so that the processor's runs of placeholders split, and the
+    image chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "user", "assistant", "system", "<script>", "a&b"]
+    words += [*WORDS[len(words) : VOCAB - 1], IMAGE_TOKEN]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w8"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="w8",
+        padding_side="left",
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
+    )
+    tokenizer.chat_template = VLM_CHAT_TEMPLATE
+    return tokenizer
+
+
+def _vision_config(tower: str) -> Any:
+    import transformers as tf
+
+    common = dict(
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        image_size=IMAGE_SIZE,
+        patch_size=PATCH_SIZE,
+        attn_implementation="sdpa",
+    )
+    if tower == "clip":
+        return tf.CLIPVisionConfig(**common, projection_dim=16)
+    if tower == "siglip":
+        return tf.SiglipVisionConfig(**common)
+    raise ValueError(f"tower must be 'clip' or 'siglip', got {tower!r}")
+
+
+def tiny_llava(tower: str = "clip", seed: int = 0, **overrides: Any) -> nn.Module:
+    """A small random `LlavaForConditionalGeneration`, in eval mode, sdpa attention.
+
+    `tower` is "clip" (a class token: the projector reads the patches, strategy "default")
+    or "siglip" (no class token, strategy "full"). The tower is read at its second-to-last
+    layer (`vision_feature_layer=-2`, as LLaVA 1.5), so its last block never reaches the
+    language model. `overrides` set config attributes (e.g. vision_feature_layer).
+    """
+    import transformers as tf
+
+    text = tf.LlamaConfig(**_COMMON)
+    config = tf.LlavaConfig(
+        vision_config=_vision_config(tower),
+        text_config=text,
+        image_token_id=IMAGE_TOKEN_ID,
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default" if tower == "clip" else "full",
+        projector_hidden_act="gelu",
+        attn_implementation="sdpa",
+    )
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tf.LlavaForConditionalGeneration(config)
+        with torch.no_grad():  # spread the embeddings: maps far from uniform
+            for name, parameter in model.named_parameters():
+                if "position_embedding" in name or "class_embedding" in name:
+                    parameter.normal_(0.0, 0.5)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 2
+    model.eval()
+    # LLaVA reads its tower's hidden states, for which transformers puts capturing hooks on
+    # the tower's modules at the first forward and keeps them: one forward here makes the
+    # tiny model look like any model that has run once.
+    ids = torch.tensor([[1] + [IMAGE_TOKEN_ID] * _image_tokens(model)])
+    with torch.no_grad():
+        model(input_ids=ids, pixel_values=torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE))
+    return model
+
+
+def _image_tokens(model: nn.Module) -> int:
+    """Image tokens per image of a tiny LLaVA: the tower's tokens (the patches, and a
+    CLIP tower's class token), less the first with strategy "default"."""
+    prefix = 1 if model.config.vision_config.model_type == "clip_vision_model" else 0
+    dropped = 1 if model.config.vision_feature_select_strategy == "default" else 0
+    return prefix + (IMAGE_SIZE // PATCH_SIZE) ** 2 - dropped
+
+
+def tiny_llava_processor(tower: str = "clip") -> Any:
+    """The processor of `tiny_llava(tower)`: the tiny tokenizer with "<image>", and a CLIP
+    image processor that resizes the shorter side to 32 and crops the centre 32 x 32."""
+    import transformers as tf
+
+    images = tf.CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE},
+        crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        do_center_crop=True,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    return tf.LlavaProcessor(
+        image_processor=images,
+        tokenizer=tiny_vlm_tokenizer(),
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default" if tower == "clip" else "full",
+        num_additional_image_tokens=1 if tower == "clip" else 0,
+        chat_template=VLM_CHAT_TEMPLATE,
+    )
+
+
+def tiny_paligemma(seed: int = 0) -> nn.Module:
+    """A small random `PaliGemmaForConditionalGeneration`, in eval mode, sdpa attention: a
+    SigLIP tower (4 x 4 patches), a linear projector and a tiny Gemma language model."""
+    import transformers as tf
+
+    text = tf.GemmaConfig(**_COMMON, head_dim=8)
+    config = tf.PaliGemmaConfig(
+        vision_config=_vision_config("siglip"),
+        text_config=text,
+        image_token_id=IMAGE_TOKEN_ID,
+        projection_dim=text.hidden_size,
+        attn_implementation="sdpa",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tf.PaliGemmaForConditionalGeneration(config)
+        with torch.no_grad():  # spread the embeddings: maps far from uniform
+            for name, parameter in model.named_parameters():
+                if "position_embedding" in name:
+                    parameter.normal_(0.0, 0.5)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 2
+    return model.eval()
+
+
+def tiny_paligemma_processor() -> Any:
+    """The processor of `tiny_paligemma`: the tiny tokenizer with "<image>" and a SigLIP
+    image processor that resizes to 32 x 32 (squashing the photo, as PaliGemma's does).
+    PaliGemma takes no chat template: the image and the question are given as they are."""
+    import transformers as tf
+
+    images = tf.SiglipImageProcessor(
+        size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    images.image_seq_length = (IMAGE_SIZE // PATCH_SIZE) ** 2
+    tokenizer = tiny_vlm_tokenizer()
+    tokenizer.chat_template = None
+    return tf.PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer)
+
+
+BOI_TOKEN_ID, EOI_TOKEN_ID = VOCAB - 3, VOCAB - 2
+"""The tiny Gemma 3's begin- and end-of-image tokens (words w57 and w58)."""
+
+
+def tiny_gemma3(seed: int = 0) -> nn.Module:
+    """A small random `Gemma3ForConditionalGeneration`, in eval mode, sdpa attention: a
+    SigLIP tower (4 x 4 patches) pooled to 2 x 2 image tokens, and a tiny Gemma 3 language
+    model with sliding-window and full layers. Its inputs are "<s> BOI <image> x 4 EOI
+    words", token type 1 at the image tokens."""
+    import transformers as tf
+
+    text = tf.Gemma3TextConfig(
+        **_COMMON,
+        head_dim=8,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        query_pre_attn_scalar=8,
+    )
+    config = tf.Gemma3Config(
+        vision_config=_vision_config("siglip"),
+        text_config=text,
+        mm_tokens_per_image=4,
+        image_token_id=IMAGE_TOKEN_ID,
+        boi_token_id=BOI_TOKEN_ID,
+        eoi_token_id=EOI_TOKEN_ID,
+        attn_implementation="sdpa",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = tf.Gemma3ForConditionalGeneration(config)
+        with torch.no_grad():  # spread: maps far from uniform, a projector that projects
+            for name, parameter in model.named_parameters():
+                if "position_embedding" in name or "mm_input_projection" in name:
+                    parameter.normal_(0.0, 0.5)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 2
+    return model.eval()
+
+
+def save_tiny_llava(folder: Path, tower: str = "clip") -> Path:
+    """Save `tiny_llava(tower)` with its processor to `folder`: a model folder that
+    `load_model` and `explain generate --model` read like a downloaded checkpoint."""
+    tiny_llava(tower).save_pretrained(folder)
+    tiny_llava_processor(tower).save_pretrained(folder)
+    return folder

@@ -1,0 +1,187 @@
+"""A vision-language model's answer about a photo, as one static HTML page and one figure.
+
+The page: the photo, the question's tokens beside it and the answer's words below.
+Clicking a word of the answer shows its relevance map over the photo (drawn as an
+overlay, embedded as a PNG data address) and colours the question's tokens by their
+relevance for that word. It is self-contained (nothing fetched): tokens are escaped HTML,
+and each word's overlay and token colours are embedded as JSON that a few lines of
+inline script apply. Token colours are the diverging scale of explain.viz.text (red for,
+blue against), scaled per word by the largest magnitude among the question's tokens
+without the token the prediction is read out at (the identity term of the rules would
+swamp every other token; it is framed instead). A run of image tokens is shown as one
+"[image]" token carrying the sum of the image's map. The page opens on the first word,
+or on word g of the address `page.html#g`.
+
+The figure: the photo, then one panel per word with its map over the photo.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+from torch import Tensor
+
+from explain.errors import InputError
+from explain.viz.image import grid_figure, overlay
+from explain.viz.text import colour
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["answer_figure", "answer_html"]
+
+_SCRIPT = """
+const words = JSON.parse(document.getElementById("answer").textContent);
+function choose(g) {
+  const word = words[g];
+  document.getElementById("map").src = word.overlay;
+  document.getElementById("map").alt = "relevance of '" + word.word + "' over the photo";
+  document.querySelectorAll("span.tok").forEach((span, t) => {
+    span.style.backgroundColor = word.colours[t];
+    span.style.color = word.light[t] ? "white" : "";
+    span.title = word.values[t];
+    span.classList.toggle("readout", t === word.readout);
+  });
+  document.querySelectorAll("span.word").forEach(span =>
+    span.classList.toggle("chosen", Number(span.dataset.g) === g));
+  document.getElementById("status").textContent =
+    "relevance for the answer's word " + (g + 1) + " of " + words.length + ": " + word.word;
+}
+document.querySelectorAll("span.word").forEach(span =>
+  span.addEventListener("click", () => choose(Number(span.dataset.g))));
+const opened = Math.max(0, Math.min(words.length - 1, Number(location.hash.slice(1)) || 0));
+if (words.length) choose(opened);
+"""
+
+_STYLE = """
+body { font-family: sans-serif; max-width: 70em; margin: 2em auto; }
+div.pair { display: flex; gap: 2em; align-items: flex-start; }
+img#map { max-width: 28em; width: 100%; image-rendering: auto; border: 1px solid #ccc; }
+div.tokens { line-height: 2.2; flex: 1; }
+span.tok { padding: 2px 3px; border-radius: 3px; white-space: pre-wrap; }
+span.readout { outline: 2px solid #555; }
+p.answer { line-height: 2.4; font-size: 1.1em; }
+span.word { cursor: pointer; padding: 2px 4px; text-decoration: underline dotted; }
+span.chosen { outline: 2px solid black; border-radius: 3px; }
+p.legend { color: #555; line-height: 1.4; }
+"""
+
+
+def _png(array: np.ndarray) -> str:
+    """An (H, W, 3) [0, 1] array as a PNG data address."""
+    from PIL import Image
+
+    pixels = (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _photo(photo: np.ndarray) -> np.ndarray:
+    array = np.asarray(photo)
+    if array.ndim != 3 or array.shape[-1] != 3:
+        raise InputError(f"the photo must be (H, W, 3), got {array.shape}")
+    return array / 255.0 if array.dtype == np.uint8 else array.astype(np.float64)
+
+
+def _unit(heat: Tensor) -> np.ndarray:
+    """A map min-max scaled to [0, 1] (a constant map: 0)."""
+    values = heat.detach().cpu().double().numpy()
+    low, high = values.min(), values.max()
+    return (values - low) / (high - low) if high > low else np.zeros_like(values)
+
+
+def answer_html(
+    photo: np.ndarray,
+    maps: Tensor,
+    tokens: Sequence[str],
+    relevance: Tensor,
+    words: Sequence[str],
+    readout: int | None = None,
+    *,
+    title: str = "explain generate",
+) -> str:
+    """The page for one answer.
+
+    Args:
+        photo: (H, W, 3) the photo, uint8 or floats in [0, 1].
+        maps: (G, H, W) each answer word's relevance over the photo's pixels
+            (`ImagePreprocessing.to_original`).
+        tokens: the question's tokens as shown (image runs collapsed to "[image]").
+        relevance: (G, len(tokens)) each word's relevance over those tokens.
+        words: the G answer words.
+        readout: the index in `tokens` the first word is read out at (framed, and left
+            out of the colour scale); None when it is not among them.
+    """
+    picture = _photo(photo)
+    count = len(words)
+    if maps.dim() != 3 or maps.shape[0] != count or tuple(maps.shape[1:]) != picture.shape[:2]:
+        raise InputError(
+            f"maps must be (words, H, W) = ({count}, {picture.shape[0]}, {picture.shape[1]}), "
+            f"got {tuple(maps.shape)}"
+        )
+    if relevance.shape != (count, len(tokens)):
+        raise InputError(
+            f"relevance must be (words, tokens) = ({count}, {len(tokens)}), "
+            f"got {tuple(relevance.shape)}"
+        )
+    entries = []
+    for g in range(count):
+        row = [float(v) for v in relevance[g].detach().cpu().double()]
+        at = readout if g == 0 else None
+        scale = max((abs(v) for t, v in enumerate(row) if t != at), default=0.0)
+        shades = [
+            colour(v, scale) if t != at else colour(1.0 if v >= 0 else -1.0, 1.0)
+            for t, v in enumerate(row)
+        ]
+        entries.append(
+            {
+                "word": words[g],
+                "overlay": _png(overlay(picture, _unit(maps[g]))),
+                "colours": [f"rgb{shade}" for shade in shades],
+                "light": [scale > 0 and abs(v) > 0.6 * scale for v in row],
+                "values": [f"{v:.4g}" for v in row],
+                "readout": at if at is not None else -1,
+            }
+        )
+    # "<" escaped too: the JSON lives in a <script> element, which "</script>" would end.
+    data = json.dumps(entries).replace("<", "\\u003c")
+    spans = " ".join(f'<span class="tok">{html.escape(t)}</span>' for t in tokens)
+    answer = " ".join(
+        f'<span class="word" data-g="{g}">{html.escape(w)}</span>' for g, w in enumerate(words)
+    )
+    red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
+        f"<h2>{html.escape(title)}</h2>\n"
+        '<p class="legend">Click a word of the answer: its relevance is drawn over the photo '
+        "(brighter: more relevant; each map scaled to its own range) and the question's "
+        f'tokens are coloured by theirs, <span style="color: rgb{red}">red</span> for, '
+        f'<span style="color: rgb{blue}">blue</span> against, scaled by the largest '
+        "magnitude among them without the token the prediction is read out at (framed).</p>\n"
+        '<p id="status"></p>\n'
+        f'<div class="pair"><img id="map" src="{_png(picture)}" alt="the photo">'
+        f'<div class="tokens">{spans}</div></div>\n'
+        f'<p class="answer">answer: {answer}</p>\n'
+        f'<script type="application/json" id="answer">{data}</script>\n'
+        f"<script>{_SCRIPT}</script>\n"
+        "</body></html>\n"
+    )
+
+
+def answer_figure(photo: np.ndarray, maps: Tensor, words: Sequence[str]) -> Figure:
+    """The photo, then one panel per answer word with its (G, H, W) map over the photo,
+    each map scaled to its own range."""
+    if maps.dim() != 3 or maps.shape[0] != len(words) or not words:
+        raise InputError(
+            f"maps must be (words, H, W) for {len(words)} words, got {tuple(maps.shape)}"
+        )
+    heat = [m.detach().cpu().double().numpy() for m in maps]
+    return grid_figure(_photo(photo), [heat], rows=["answer"], columns=list(words))

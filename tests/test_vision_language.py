@@ -1,0 +1,529 @@
+"""Vision-language models (LLaVA): the next token and generated answers explained over the
+image and the prompt, at depths "lm" and "tower", against an independent computation.
+
+The reference runs a copy of the tiny model on transformers' eager path with
+`output_attentions=True` (the language model's maps, and the tower's in `image_outputs`),
+takes every map's gradient with autograd, and writes the rule out with whole matrices, in
+float64: `R = prod (I + mean_h (G * A)+)` over the language model, the readout row at the
+explained position, the image tokens' relevance placed on the tower's tokens, and for
+depth "tower" the same product over the tower's blocks read out by that row.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from explain import Explainer, ExplainError, InputError, OptionError
+from explain.generation import Generation, explain_generation, generate
+from explain.image_prompts import encode_image_prompt
+from explain.testing import ModelState
+from explain.testing.tiny_vlm import (
+    BOI_TOKEN_ID,
+    EOI_TOKEN_ID,
+    IMAGE_TOKEN_ID,
+    tiny_gemma3,
+    tiny_llava,
+    tiny_llava_processor,
+    tiny_paligemma,
+    tiny_paligemma_processor,
+)
+
+KINDS = {
+    "llava-clip": (lambda: tiny_llava("clip"), lambda: tiny_llava_processor("clip")),
+    "llava-siglip": (lambda: tiny_llava("siglip"), lambda: tiny_llava_processor("siglip")),
+    "paligemma": (tiny_paligemma, tiny_paligemma_processor),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def kind(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def model(kind):
+    return KINDS[kind][0]().double()
+
+
+@pytest.fixture(scope="module")
+def processor(kind):
+    return KINDS[kind][1]()
+
+
+def _photo(seed: int, size=(40, 60)) -> np.ndarray:
+    return (np.random.default_rng(seed).random((*size, 3)) * 255).astype(np.uint8)
+
+
+def _chat(processor, photo, words: str):
+    """The prompt as people give it: a chat where the processor has a template (LLaVA),
+    else the image and the question (PaliGemma)."""
+    if processor.chat_template is None:
+        return {"image": photo, "text": words}
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": photo}, {"type": "text", "text": words}],
+        }
+    ]
+
+
+def _chats(processor, pairs):
+    """Several prompts: conversations, or one mapping of images and questions."""
+    if processor.chat_template is None:
+        return {"image": [p for p, _ in pairs], "text": [w for _, w in pairs]}
+    return [_chat(processor, photo, words) for photo, words in pairs]
+
+
+def _inputs(processor, prompt):
+    encoded = encode_image_prompt(prompt, processor)
+    encoded["pixel_values"] = encoded["pixel_values"].double()
+    return encoded
+
+
+def _generic(attentions, gradients, readout):
+    """r @ prod_l (I + mean_h (G * A)+), whole matrices, first block first."""
+    tokens = readout.shape[-1]
+    fold = torch.eye(tokens, dtype=readout.dtype)
+    for attention, gradient in zip(attentions, gradients, strict=True):
+        block = (gradient * attention).clamp(min=0).mean(dim=0)
+        fold = fold + block @ fold
+    return readout @ fold
+
+
+def _rollout(attentions, readout):
+    tokens = readout.shape[-1]
+    fold = torch.eye(tokens, dtype=readout.dtype)
+    for attention in attentions:
+        block = attention.mean(dim=0) + torch.eye(tokens, dtype=readout.dtype)
+        fold = (block / block.sum(dim=-1, keepdim=True)) @ fold
+    return readout @ fold
+
+
+def reference(model, one, position, target, depth, method="generic"):
+    """One text (batch 1): (image grid (k, gh, gw), text (T,)) for the token `target` read
+    out at `position`, written out from eager maps and autograd."""
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    ids, mask = one["input_ids"], one["attention_mask"]
+    pixels = one["pixel_values"].clone().requires_grad_(True)
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    # The tower on its own, its maps returned; its projected features put in place of the
+    # image tokens by hand; then the language model on those embeddings.
+    image = eager.model.get_image_features(pixel_values=pixels, output_attentions=True)
+    features = image.pooler_output
+    features = torch.cat(list(features)) if isinstance(features, list | tuple) else features
+    embeddings = eager.get_input_embeddings()(ids)
+    is_image = ids[0] == IMAGE_TOKEN_ID
+    embeddings = embeddings.clone()
+    embeddings[0, is_image] = features.reshape(-1, embeddings.shape[-1])
+    out = eager(
+        inputs_embeds=embeddings,
+        attention_mask=mask,
+        position_ids=positions,
+        output_attentions=True,
+        use_cache=False,
+        **({"token_type_ids": one["token_type_ids"]} if "token_type_ids" in one else {}),
+    )
+    config = model.config
+    num_tower = len(image.attentions)
+    llava = config.model_type == "llava"
+    # LLaVA reads hidden state h: blocks 0..h-1 feed the text; PaliGemma reads the last
+    used = config.vision_feature_layer % (num_tower + 1) if llava else num_tower
+    text_maps = list(out.attentions)
+    tower_maps = list(image.attentions[:used])
+    score = out.logits[0, position, target]
+    grads = torch.autograd.grad(score, text_maps + tower_maps)
+    text_grads, tower_grads = grads[: len(text_maps)], grads[len(text_maps) :]
+    length = ids.shape[1]
+    readout = torch.zeros(length, dtype=torch.float64)
+    readout[position] = 1.0
+    seen = (torch.arange(length) <= position) & mask[0].bool()
+    if method == "generic":
+        text = _generic([a[0] for a in text_maps], [g[0] for g in text_grads], readout)
+    else:
+        text = _rollout([a[0] for a in text_maps], readout)
+    text = text * seen
+    clip = config.vision_config.model_type == "clip_vision_model"
+    prefix = 1 if clip else 0
+    dropped = 1 if llava and config.vision_feature_select_strategy == "default" else 0
+    images = pixels.shape[0]
+    per_image = text[is_image].reshape(images, -1)
+    if config.model_type == "gemma3":  # each pooled token shared out over its k x k patches
+        side = config.vision_config.image_size // config.vision_config.patch_size
+        pooled = round(per_image.shape[1] ** 0.5)
+        kernel = side // pooled
+        blocks = per_image.reshape(images, pooled, pooled) / kernel**2
+        tower_tokens = blocks.repeat_interleave(kernel, 1).repeat_interleave(kernel, 2).flatten(1)
+    else:
+        tower_tokens = torch.zeros(images, per_image.shape[1] + dropped, dtype=torch.float64)
+        tower_tokens[:, dropped:] = per_image
+    if depth == "tower":
+        rows = []
+        for image in range(images):
+            maps = [a[image] for a in tower_maps]
+            if method == "generic":
+                rows.append(_generic(maps, [g[image] for g in tower_grads], tower_tokens[image]))
+            else:
+                rows.append(_rollout(maps, tower_tokens[image]))
+        tower_tokens = torch.stack(rows)
+    grid = round((tower_tokens.shape[1] - prefix) ** 0.5)
+    return tower_tokens[:, prefix:].reshape(images, grid, grid), text.masked_fill(is_image, 0.0)
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_the_next_token_equals_the_written_out_rule(model, processor, depth, method):
+    inputs = _inputs(processor, _chat(processor, _photo(0), "w12 w13 w14"))
+    result = Explainer(model).explain(inputs, method=method, depth=depth)
+    assert result.settings == {"depth": depth}
+    image, text = reference(
+        model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), depth, method
+    )
+    assert result.relevances["image"].shape == (1, 4, 4)
+    torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
+    assert result.relevance is result.relevances["image"]
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+def test_each_generated_token_equals_the_rule_on_its_prefix(model, processor, depth):
+    explainer = Explainer(model, tokenizer=processor)
+    # Prompts of one length: transformers' eager softmax runs in float32, where float64's
+    # mask value becomes -inf, so a left-padded float64 row is NaN (padding: next test).
+    chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
+    answer = explain_generation(explainer, chats, max_new_tokens=3, depth=depth)
+    generation, result = answer.generation, answer.explanation
+    batch, steps = generation.generated.shape
+    assert result.relevances["image"].shape == (batch, steps, 4, 4)
+    assert result.relevances["text"].shape == (batch, steps, generation.input_ids.shape[1])
+    width = generation.prompt_length
+    for row in range(batch):
+        real = generation.attention_mask[row].bool()
+        one = {
+            "input_ids": generation.input_ids[row : row + 1, real],
+            "attention_mask": generation.attention_mask[row : row + 1, real],
+            "pixel_values": generation.extra["pixel_values"][row : row + 1],
+        }
+        if "token_type_ids" in generation.extra:
+            one["token_type_ids"] = generation.extra["token_type_ids"][row : row + 1, real]
+        start = int((~real[:width]).sum())  # the prompt's left padding
+        for step in range(steps):
+            if not generation.generated[row, step]:
+                continue
+            position = width + step - 1 - start
+            token = int(generation.input_ids[row, width + step])
+            assert int(result.target[row, step]) == token
+            image, text = reference(model, one, position, token, depth)
+            torch.testing.assert_close(
+                result.relevances["image"][row, step], image[0], rtol=1e-9, atol=1e-12
+            )
+            got = result.relevances["text"][row, step][real]
+            torch.testing.assert_close(got, text, rtol=1e-9, atol=1e-12)
+            assert (result.relevances["text"][row, step][~real] == 0).all()
+
+
+@pytest.mark.parametrize("answer", [False, True])
+def test_a_left_padded_batch_equals_each_prompt_alone(kind, processor, answer):
+    model = KINDS[kind][0]()  # float32: a left-padded float64 row is NaN (see above)
+    pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
+    chats = _chats(processor, pairs)
+    explainer = Explainer(model, tokenizer=processor)
+
+    def run(prompt):
+        if not answer:
+            return explainer.explain(prompt, depth="tower")
+        return explain_generation(explainer, prompt, max_new_tokens=2, depth="tower").explanation
+
+    together = run(chats)
+    for row, (photo, words) in enumerate(pairs):
+        alone = run(_chat(processor, photo, words))
+        assert together.target[row].tolist() == alone.target[0].tolist()
+        close = dict(rtol=1e-5, atol=1e-6)
+        image = together.relevances["image"][row]
+        torch.testing.assert_close(image, alone.relevances["image"][0], **close)
+        text, single = together.relevances["text"][row], alone.relevances["text"][0]
+        length = single.shape[-1]
+        # the prompts are left-padded to one width; the answers (as long) follow them
+        pad = together.relevances["text"].shape[-1] - length
+        torch.testing.assert_close(text[..., pad:], single, **close)
+        assert (text[..., :pad] == 0).all()
+
+
+def test_two_images_in_one_prompt_get_one_map_each(model, processor):
+    chat = {"image": [_photo(0), _photo(1)], "text": "w12 w13"}  # two images, one question
+    if processor.chat_template is not None:  # and as a chat, the images among the words
+        chat = [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": _photo(0)},
+                    {"type": "text", "text": "w12"},
+                    {"type": "image", "image": _photo(1)},
+                    {"type": "text", "text": "w13"},
+                ],
+            }
+        ]
+    explainer = Explainer(model, tokenizer=processor)
+    inputs = explainer.adapter.encode(chat, processor)
+    inputs["pixel_values"] = inputs["pixel_values"].double()
+    for depth in ("lm", "tower"):
+        result = explainer.explain(inputs, depth=depth)
+        assert result.relevances["image"].shape == (1, 2, 4, 4)
+        image, _ = reference(
+            model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), depth
+        )
+        torch.testing.assert_close(result.relevances["image"][0], image, rtol=1e-9, atol=1e-12)
+    questions = {"image": [_photo(0), _photo(1), _photo(2), _photo(3)], "text": ["w12", "w13"]}
+    assert explainer.explain(questions).relevances["image"].shape == (2, 2, 4, 4)
+    with pytest.raises(InputError, match="3 images for 2 questions"):
+        explainer.explain({"image": questions["image"][:3], "text": ["w12", "w13"]})
+
+
+def test_an_image_prompt_as_people_give_it(model, processor, tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "photo.png"
+    Image.fromarray(_photo(3)).save(path)
+    explainer = Explainer(model, tokenizer=processor)
+    by_path = explainer.explain({"image": str(path), "text": "w12 w13"})
+    by_array = explainer.explain(_chat(processor, _photo(3), "w12 w13"))
+    torch.testing.assert_close(by_path.relevances["image"], by_array.relevances["image"])
+    assert by_path.tokens is not None and "<image>" in by_path.tokens[0]
+
+
+def test_no_side_effects_after_answers_and_failures(model, processor):
+    explainer = Explainer(model, tokenizer=processor)
+    before = ModelState.capture(model)
+    explain_generation(
+        explainer, _chat(processor, _photo(0), "w12"), max_new_tokens=2, depth="tower"
+    )
+    explainer.explain(_chat(processor, _photo(0), "w12"), method="rollout", depth="tower")
+    with pytest.raises(ExplainError):
+        explainer.explain(_chat(processor, _photo(0), "w12"), target=10**6)
+    assert before.differences(ModelState.capture(model)) == []
+
+
+def test_what_is_refused_says_why(model, processor):
+    explainer = Explainer(model, tokenizer=processor)
+    chat = _chat(processor, _photo(0), "w12")
+    with pytest.raises(OptionError, match="depth must be one of lm, tower"):
+        explainer.explain(chat, depth="pixels")
+    with pytest.raises(OptionError, match="reads one fixed block"):
+        explainer.explain(chat, method="raw_attention", depth="tower")
+    for method in ("attnlrp", "cp_lrp", "transformer_attribution"):
+        with pytest.raises(OptionError, match="explained by the attention methods"):
+            explainer.explain(chat, method=method)
+    with pytest.raises(InputError, match="needs the model's processor"):
+        Explainer(model).explain(chat)
+    inputs = _inputs(processor, chat)
+    with pytest.raises(InputError, match="explained with its image"):
+        explainer.explain({k: v for k, v in inputs.items() if k != "pixel_values"})
+    cut = dict(
+        inputs, input_ids=inputs["input_ids"].masked_fill(inputs["input_ids"] == IMAGE_TOKEN_ID, 9)
+    )
+    with pytest.raises(InputError, match="no image token"):
+        explainer.explain(cut)
+    with pytest.raises(InputError, match="pixel_values"):
+        explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"].repeat(2, 1, 1, 1)))
+
+
+def test_a_given_generation_is_explained_as_it_is(model, processor):
+    explainer = Explainer(model, tokenizer=processor)
+    made = generate(explainer, _chat(processor, _photo(0), "w12"), max_new_tokens=2)
+    assert isinstance(made, Generation) and "pixel_values" in made.extra
+    if "token_type_ids" in made.extra:  # PaliGemma: the answer's tokens are of type 1
+        types = made.extra["token_type_ids"]
+        assert types.shape == made.input_ids.shape
+        assert (types[:, made.prompt_length :] == 1).all()
+    again = explain_generation(explainer, made)
+    assert again.generation is made
+    assert again.explanation.target.shape == made.generated.shape
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_maps_go_back_onto_the_photo_with_resize_crop_and_padding_undone(pad):
+    # The processor's own pixels, drawn back with the geometry, are the photo again where
+    # the model saw it: a smooth ramp survives the resampling to within a few grey levels.
+    import transformers as tf
+
+    from explain.image_prompts import photo_preprocessing
+
+    kind = tf.LlavaImageProcessor if pad else tf.CLIPImageProcessor
+    images = kind(
+        size={"shortest_edge": 32},
+        crop_size={"height": 32, "width": 32},
+        image_mean=[0.0] * 3,
+        image_std=[1.0] * 3,
+        **({"do_pad": True, "background_color": (0, 0, 0)} if pad else {}),
+    )
+    rows, cols = np.meshgrid(np.linspace(0, 1, 48), np.linspace(0, 1, 80), indexing="ij")
+    ramp = (np.stack([rows, cols, rows * 0 + 0.5], axis=-1) * 255).round().astype(np.uint8)
+    pixels = images(images=ramp, return_tensors="pt")["pixel_values"][0].double()
+    geometry = photo_preprocessing(images)
+    back = geometry.to_original(pixels, (48, 80))
+    _, (top, left) = geometry.placement((48, 80))
+    if pad:  # the whole photo is seen, letterboxed (the longer side fits)
+        assert top < 0 and left == 0
+        inner = (slice(6, -6), slice(6, -6))  # the edges blend with the padding
+    else:  # the centre square is seen, the sides cropped away
+        assert top == 0 and left > 0
+        inner = (slice(2, -2), slice(20, 60))
+        lowest = back[:2].amin(dim=(-2, -1), keepdim=True)  # bicubic wobbles the flat channel
+        assert (back[:2, :, :12] == lowest).all()
+    expected = torch.from_numpy(ramp / 255.0).permute(2, 0, 1)
+    torch.testing.assert_close(
+        back[:, inner[0], inner[1]], expected[:, inner[0], inner[1]].float(), atol=0.04, rtol=0
+    )  # 0.04: resampling, and the letterbox's offset rounded to whole resized pixels
+
+
+def test_the_generate_page_and_figure(tmp_path, capsys):
+    from PIL import Image
+
+    from explain.cli import main
+    from explain.testing.tiny_vlm import save_tiny_llava
+
+    folder = save_tiny_llava(tmp_path / "llava")
+    Image.fromarray(_photo(5, (48, 72))).save(tmp_path / "photo.png")
+    page = tmp_path / "page.html"
+    argv = ["generate", "--image", str(tmp_path / "photo.png"), "a&b <script> w13"]
+    argv += ["--model", str(folder), "--max-new-tokens", "3", "--html", str(page)]
+    assert main([*argv, "--depth", "tower"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("answer:") and str(page) in out
+    text = page.read_text()
+    assert "a&amp;b" in text and "&lt;script&gt;" in text and "[image]" in text
+    assert text.count('class="word"') == 3 and "depth tower" in text
+    assert page.with_suffix(".png").stat().st_size > 0
+    assert main(["generate", "--depth", "tower", "w12", "--model", str(folder)]) == 2
+    assert "--depth is for vision-language models" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(model, processor, method):
+    # The fused path recomputes each block's map by chunks of query rows (explain.fused):
+    # what long image-token sequences take. Llama's eager softmax is float32: 1e-6.
+    chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
+    made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
+    results = {
+        path: explain_generation(
+            Explainer(model, attention_path=path), made, method=method, depth="tower"
+        ).explanation
+        for path in ("explicit", "fused")
+    }
+    for name in ("image", "text"):
+        torch.testing.assert_close(
+            results["fused"].relevances[name],
+            results["explicit"].relevances[name],
+            rtol=1e-5,
+            atol=1e-9,
+        )
+
+
+def _gemma3_prompts(lengths):
+    """Gemma 3's processor output for texts of `lengths` words, written by hand (the tiny
+    tokenizer has no Gemma 3 processor): "<s> BOI <image> x 4 EOI words", left-padded,
+    token type 1 at the image tokens."""
+    generator = torch.Generator().manual_seed(3)
+    width = 7 + max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, count in enumerate(lengths):
+        words = torch.randint(5, 40, (count,), generator=generator)
+        head = torch.tensor([1, BOI_TOKEN_ID, *[IMAGE_TOKEN_ID] * 4, EOI_TOKEN_ID])
+        ids[row, width - 7 - count :] = torch.cat([head, words])
+    mask = (torch.arange(width)[None] >= width - 7 - torch.tensor(lengths)[:, None]).long()
+    pixels = torch.randn(len(lengths), 3, 32, 32, generator=generator, dtype=torch.float64)
+    types = (ids == IMAGE_TOKEN_ID).long()
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "pixel_values": pixels,
+        "token_type_ids": types,
+    }
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+def test_gemma3_pooled_image_tokens_go_back_over_their_patches(depth):
+    model = tiny_gemma3().double()
+    explainer = Explainer(model)
+    # next token (one prompt: float64 rows must not be left-padded, see above)
+    one = _gemma3_prompts((3,))
+    result = explainer.explain(one, depth=depth)
+    assert result.relevances["image"].shape == (1, 4, 4)  # the tower's grid, not the 2 x 2
+    image, text = reference(model, one, one["input_ids"].shape[1] - 1, int(result.target[0]), depth)
+    torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
+    # an answer: every generated token against the rule on its prefix
+    answer = explain_generation(explainer, one, max_new_tokens=3, depth=depth)
+    generation = answer.generation
+    assert (generation.extra["token_type_ids"][:, generation.prompt_length :] == 0).all()
+    for step in range(int(generation.generated[0].sum())):
+        end = generation.prompt_length + step
+        prefix = {name: value[:, :end] for name, value in generation.inputs().items()}
+        prefix["pixel_values"] = one["pixel_values"]
+        token = int(generation.input_ids[0, end])
+        image, text = reference(model, prefix, end - 1, token, depth)
+        got = answer.explanation.relevances
+        torch.testing.assert_close(got["image"][0, step], image[0], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(got["text"][0, step, :end], text, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("Qwen2VLForConditionalGeneration", "unbatched sequence"),
+        ("Qwen2_5_VLForConditionalGeneration", "windowed attention"),
+        ("Idefics3ForConditionalGeneration", "tiles"),
+        ("SmolVLMForConditionalGeneration", "tiles"),
+    ],
+)
+def test_the_families_not_explained_yet_are_refused_with_why(name, why):
+    import transformers
+
+    from explain import UnsupportedModelError
+
+    cls = getattr(transformers, name)
+    with torch.device("meta"):  # the default configuration, without memory
+        model = cls(cls.config_class())
+    with pytest.raises(UnsupportedModelError, match=f"{name} is not supported yet: .*{why}"):
+        Explainer(model)
+
+
+def test_a_hub_id_loads_the_model_with_its_processor(tmp_path, monkeypatch):
+    # The hub's own loading path, offline: a cache laid out as downloads leave it.
+    import huggingface_hub
+
+    from explain.loading import load_model
+    from explain.testing import cache_hub_repo
+    from explain.testing.tiny_vlm import save_tiny_llava
+
+    cache = tmp_path / "cache"
+    cache_hub_repo(cache, "llava-hf/llava-1.5-7b-hf", save_tiny_llava(tmp_path / "llava"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    loaded = load_model("llava-hf/llava-1.5-7b-hf")
+    assert loaded.modality == "vision_language" and loaded.preprocessing is not None
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    result = explainer.explain({"image": _photo(0), "text": "w12 w13"}, depth="tower")
+    assert result.relevances["image"].shape == (1, 4, 4)
+
+
+@pytest.mark.parametrize("path", ["explicit", "fused"])
+def test_start_layers_per_set_choose_the_blocks_of_each_fold(model, processor, path):
+    # start_layer {"text": s, "image": s}: each fold from its own block; the fused path
+    # streams every block, those before a start included, and must skip them alike.
+    chat = _chat(processor, _photo(0), "w12 w13")
+    explainer = Explainer(model, tokenizer=processor, attention_path=path)
+    for method in ("generic", "rollout"):
+        late = explainer.explain(
+            chat, method=method, depth="tower", start_layer={"text": 2, "image": 1}
+        )
+        full = explainer.explain(chat, method=method, depth="tower")
+        assert not torch.allclose(late.relevances["image"], full.relevances["image"])
+        both = explainer.explain(chat, method=method, depth="tower", start_layer=1)
+        named = {"text": 1, "image": 1}
+        again = explainer.explain(chat, method=method, depth="tower", start_layer=named)
+        torch.testing.assert_close(both.relevances["image"], again.relevances["image"])
