@@ -21,7 +21,7 @@ import pytest
 import torch
 from serve_fixtures import request, serving, wait_for_gallery
 
-from explain import Explainer
+from explain import Explainer, InputError
 from explain.loading import load_model
 from explain.preprocessing import read_image
 from explain.serve.data import OutsideDataError, read_data, resolve
@@ -485,3 +485,18 @@ def test_results_of_an_overwritten_checkpoint_are_not_reused(tmp_path):
     (folder / "config.json").write_text((folder / "config.json").read_text())
     assert model_identity(str(folder)) != before
     assert model_identity("zoo:shapes-vit") == ["zoo:shapes-vit"]
+
+
+def test_a_vision_language_model_is_refused_with_the_command_that_explains_it(tmp_path):
+    from explain.loaded_model import LoadedModel
+    from explain.serve import ResultCache, Workbench
+    from explain.testing.tiny_vlm import tiny_llava, tiny_vlm_tokenizer
+
+    loaded = LoadedModel(
+        name="tiny-llava",
+        model=tiny_llava(),
+        modality="vision_language",
+        tokenizer=tiny_vlm_tokenizer(),
+    )
+    with pytest.raises(InputError, match="explain generate --image"):
+        Workbench(loaded, ResultCache(tmp_path / "cache"), "tiny-llava")

@@ -397,6 +397,11 @@ def _keys(scaled: Any) -> list[dict[str, Any]]:
 
 
 def _kind(loaded: LoadedModel) -> Kind:
+    if loaded.modality == "vision_language":
+        raise InputError(
+            f"{loaded.name} answers questions about images; explain serve has no view for "
+            'that yet: use `explain generate --image PHOTO "QUESTION"`'
+        )
     if loaded.modality == "image_text":
         return "clip"
     if loaded.modality == "image":
