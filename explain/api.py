@@ -14,6 +14,7 @@ from explain.engine import Request, StartLayer, check_tokenizer, resolve_start_l
 from explain.errors import OptionError
 from explain.explanation import Explanation, Trace
 from explain.fused import ATTENTION_PATHS, AttentionPath
+from explain.rules import get_method
 from explain.targets import Score, Target
 
 __all__ = ["Explainer", "explain", "resolve_start_layer"]
@@ -29,7 +30,12 @@ class Explainer:
             (and that encodes raw texts); a model that reads no text refuses one.
         attention_path: "auto" (default) keeps the fused attention kernel where that is
             faster and recomputes each block's attention from q, k, v (explain.fused);
-            "explicit" or "fused" force one path. Both give the same numbers.
+            "explicit" or "fused" force one path. Both give the same numbers. Each result
+            records the path it took in `Explanation.settings["attention_path"]`.
+        memory_budget: bytes the attention maps may take: "auto" keeps the explicit path
+            only where its maps fit, and the fused path folds the blocks in chunks of
+            that size (README, "Attention paths"). None: half the free memory of a
+            CUDA device, a quarter of the available RAM (at most 1 GiB) elsewhere.
         spec: for a transformer of your own (no supported family): its blocks, attention
             probabilities and readout, see `explain.TransformerSpec` and
             docs/custom-models.md.
@@ -44,6 +50,7 @@ class Explainer:
         *,
         tokenizer: Any = None,
         attention_path: AttentionPath = "auto",
+        memory_budget: int | None = None,
         spec: TransformerSpec | None = None,
     ) -> None:
         if attention_path not in ATTENTION_PATHS:
@@ -56,6 +63,15 @@ class Explainer:
         check_tokenizer(self.adapter, tokenizer)
         self.tokenizer = tokenizer
         self.attention_path: AttentionPath = attention_path
+        if memory_budget is not None and (
+            isinstance(memory_budget, bool)
+            or not isinstance(memory_budget, int)
+            or memory_budget <= 0
+        ):
+            raise OptionError(
+                f"memory_budget must be a positive number of bytes; got {memory_budget!r}"
+            )
+        self.memory_budget = memory_budget
 
     def explain(
         self,
@@ -91,6 +107,7 @@ class Explainer:
         Returns:
             An `Explanation`; its tensors are detached and on the model's device.
         """
+        get_method(method)  # a name, checked before the inputs are
         request = Request(
             method=method,
             target=target,
@@ -98,6 +115,7 @@ class Explainer:
             start_layer=start_layer,
             options=options,
             attention_path=self.attention_path,
+            memory_budget=self.memory_budget,
         )
         return engine.explain(self.adapter, inputs, request, self.tokenizer)
 
@@ -113,15 +131,18 @@ class Explainer:
         last real decoder position), and so does the Explainer's attention_path.
         """
         request = Request(
-            method=None, target=target, score=score, attention_path=self.attention_path
+            method=None,
+            target=target,
+            score=score,
+            attention_path=self.attention_path,
+            memory_budget=self.memory_budget,
         )
         return engine.trace(self.adapter, inputs, request, self.tokenizer)
 
 
 def explain(model: nn.Module, inputs: Any, **kwargs: Any) -> Explanation:
-    """One-shot form of `Explainer(model).explain(inputs, **kwargs)` (`tokenizer`, `spec`
-    and `attention_path` go to the Explainer)."""
-    settings = {
-        name: kwargs.pop(name) for name in ("tokenizer", "spec", "attention_path") if name in kwargs
-    }
+    """One-shot form of `Explainer(model).explain(inputs, **kwargs)` (`tokenizer`, `spec`,
+    `attention_path` and `memory_budget` go to the Explainer)."""
+    names = ("tokenizer", "spec", "attention_path", "memory_budget")
+    settings = {name: kwargs.pop(name) for name in names if name in kwargs}
     return Explainer(model, **settings).explain(inputs, **kwargs)

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from explain.detections import Detections
 from explain.errors import ExplainError, InputError, OptionError
 from explain.export import read_payload, write_payload
 from explain.finite import check_finite
@@ -57,6 +58,8 @@ class Explanation:
         tokens: per sample, the token strings, when the Explainer has a tokenizer.
         settings: what else produced the relevance and should travel with it (e.g. the
             model, start_layer, method options); JSON-able values, saved by `save`.
+        detections: for a detector (DETR), the detection each column K explains (query,
+            label, score, box); None for every other model. Not saved by `save`.
     """
 
     relevance: Tensor
@@ -68,11 +71,15 @@ class Explanation:
     relevances: Mapping[str, Tensor] = field(default_factory=dict)
     tokens: list[list[str]] | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
+    detections: Detections | None = None
 
     def __post_init__(self) -> None:
         # Refused here, where every runner's result passes, so that no NaN is ever drawn
         # (min-max normalisation would hide it as zeros, a colour scale show it as red).
-        for relevance in (self.relevance, *self.relevances.values()):
+        # Each tensor once: a single input's relevance is also its one entry of relevances,
+        # and every check waits for the device.
+        unique = {id(r): r for r in (self.relevance, *self.relevances.values())}
+        for relevance in unique.values():
             check_finite(
                 relevance,
                 f"the {self.method} relevance",
@@ -153,19 +160,29 @@ class Explanation:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Explanation:
-        """Read an explanation written by `save` (or `explain ... --save`); CPU tensors."""
-        tensors, header = read_payload(path)
-        if header.get("format") != "explain.Explanation":
-            raise InputError(f"{path} holds no explanation written by Explanation.save")
-        relevance = tensors["relevance"]
+        """Read an explanation written by `save` (or `explain ... --save`); CPU tensors.
+
+        Only the explanation's own tensors are read. A damaged file, or one whose contents
+        are not an explanation's (a method that is not a name, targets that do not match
+        the batch, complex or unsigned relevance, ...), raises InputError naming what is
+        wrong; nothing in the file is ever executed."""
+
+        def wanted(header: dict[str, Any]) -> list[str]:
+            names = [f"relevances.{name}" for name in _checked_header(header, path)["relevances"]]
+            return ["relevance", "logits", "target", *names]
+
+        tensors, header = read_payload(path, wanted)
+        relevance, logits, target = _checked_tensors(tensors, header, path)
         relevances = {
             name: tensors.get(f"relevances.{name}", relevance) for name in header["relevances"]
         }
+        for name, tensor in relevances.items():
+            _check_relevance(tensor, f"relevances[{name!r}]", len(logits), path)
         size = header["input_size"]
         return cls(
             relevance=relevance,
-            logits=tensors["logits"],
-            target=tensors["target"].long(),
+            logits=logits,
+            target=target.long(),
             method=header["method"],
             score=header["score"],
             input_size=tuple(size) if size is not None else None,
@@ -216,3 +233,78 @@ class Trace:
     logits: Tensor
     target: Tensor
     score: str
+
+
+def _damaged(path: str | os.PathLike[str], what: str) -> InputError:
+    return InputError(
+        f"{path} holds no valid explanation: {what}; write one with Explanation.save or --save"
+    )
+
+
+def _checked_header(header: dict[str, Any], path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The header of a saved explanation, every field of the type `save` writes."""
+    if header.get("format") != "explain.Explanation":
+        raise InputError(f"{path} holds no explanation written by Explanation.save")
+    if header.get("version") != 1:
+        raise _damaged(path, f"format version {header.get('version')!r}; this reads version 1")
+    for key in ("method", "score"):
+        if not isinstance(header.get(key), str):
+            raise _damaged(path, f"{key} is {header.get(key)!r}, not a name")
+    size = header.get("input_size")
+    sizes = isinstance(size, list) and len(size) == 2
+    # `type(v) is int`: a bool is not a size.
+    if size is not None and not (sizes and all(type(v) is int and v > 0 for v in size)):
+        raise _damaged(path, f"input_size is {size!r}, not a (height, width) pair")
+    names = header.get("relevances")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise _damaged(path, "relevances is not a list of modality names")
+    tokens = header.get("tokens")
+    if tokens is not None and not (
+        isinstance(tokens, list)
+        and all(isinstance(row, list) and all(isinstance(t, str) for t in row) for row in tokens)
+    ):
+        raise _damaged(path, "tokens is not a list of token strings per sample")
+    if not isinstance(header.get("settings"), dict):
+        raise _damaged(path, "settings is not a JSON object")
+    return header
+
+
+def _check_relevance(tensor: Tensor, name: str, batch: int, path: str | os.PathLike[str]) -> None:
+    if not (tensor.is_floating_point() and not tensor.is_complex()):
+        raise _damaged(path, f"{name} is {tensor.dtype}, not real floating point")
+    if tensor.dim() < 2 or tensor.shape[0] != batch:
+        raise _damaged(
+            path, f"{name} has shape {tuple(tensor.shape)}; the logits hold {batch} samples"
+        )
+
+
+def _checked_tensors(
+    tensors: Mapping[str, Tensor], header: Mapping[str, Any], path: str | os.PathLike[str]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(relevance, logits, target), their types and shapes checked against each other."""
+    missing = [name for name in ("relevance", "logits", "target") if name not in tensors]
+    if missing:
+        raise _damaged(path, f"it has no {' or '.join(missing)}")
+    relevance, logits, target = tensors["relevance"], tensors["logits"], tensors["target"]
+    if not logits.is_floating_point() or logits.dim() < 2:
+        shape = tuple(logits.shape)
+        raise _damaged(path, f"logits are {logits.dtype} of shape {shape}, not (B, ..., C) floats")
+    batch, classes = logits.shape[0], logits.shape[-1]
+    _check_relevance(relevance, "relevance", batch, path)
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise _damaged(path, f"target is {target.dtype}, not integers")
+    if target.dim() not in (1, 2) or target.shape[0] != batch:
+        raise _damaged(
+            path, f"target has shape {tuple(target.shape)}; the logits hold {batch} samples"
+        )
+    if target.dtype == torch.uint64 or not bool(((target >= -1) & (target < classes)).all()):
+        raise _damaged(path, f"target holds classes outside -1..{classes - 1}")
+    if target.dim() == 2 and (relevance.dim() < 3 or relevance.shape[1] != target.shape[1]):
+        raise _damaged(
+            path,
+            f"relevance {tuple(relevance.shape)} has no axis for the {target.shape[1]} targets",
+        )
+    tokens = header["tokens"]
+    if tokens is not None and len(tokens) != batch:
+        raise _damaged(path, f"tokens hold {len(tokens)} samples; the logits {batch}")
+    return relevance, logits, target

@@ -10,83 +10,72 @@ keeps for its own backward anyway:
     dA = dO v^T                          dO = d score / d (A v), the kernel's output
 
 This is what the explicit path computes too, so both paths give the same numbers to
-float32 precision. Whether the fused path pays is decided by `use_fused_path`, from the
-measurements in docs/benchmarks.md.
+float32 precision. Which path a call takes is decided by `choose_path`, from the device,
+a memory budget and the measurements in docs/benchmarks.md.
 
-Streaming: a fold needs only the readout row v, and `v @ (I + Abar)` is a sum over the
-rows of Abar, so a sink that can take rows (`add_rows`) receives each block as chunks of
-query rows instead (`FusedBlock.rows`), A and dA recomputed chunk by chunk from q, k, v
-and dO as flash attention does: a block then never holds more than a chunk x N slice of
-its maps (`STREAM_BYTES`), and the fold's memory grows with N instead of N^2.
+Streaming: a fold needs only the readout row v, and `v @ (I + Abar)` needs only the
+spread `v @ Abar`, which explain.engine.kernels computes from q, k, v and dO without any
+N x N map (explain.engine.stream). A block hands it its tensors and its mask as a key
+mask (`FusedBlock.key_mask`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from explain.architectures.base import Adapter, FusedAttentionSite, TokenLayout
 from explain.errors import OptionError
-from explain.rules.fold import AttentionRows
 
 __all__ = [
     "ATTENTION_PATHS",
     "CPU_FUSED_MIN_TOKENS",
-    "STREAM_BYTES",
+    "CPU_MEMORY_BUDGET",
     "AttentionPath",
     "FusedBlock",
+    "PathChoice",
     "attention_gradient",
+    "attention_heads",
     "attention_probabilities",
-    "use_fused_path",
+    "choose_path",
+    "default_memory_budget",
+    "explicit_map_bytes",
 ]
 
 AttentionPath = Literal["auto", "explicit", "fused"]
 ATTENTION_PATHS: tuple[str, ...] = ("auto", "explicit", "fused")
 
 CPU_FUSED_MIN_TOKENS = 384
-"""On CPU the fused path is chosen from this many tokens on (for forward-only methods on
-every device). Below it the explicit path is faster, because recomputing A and dA repeats
-work that the explicit backward does once (ViT-B/16 at 197 tokens); above it the explicit
-path's N x N tensors per block and head dominate (see docs/benchmarks.md)."""
+"""On CPU the fused path is chosen from this many tokens on (`choose_path`). Below it the
+explicit path is faster, because recomputing A and dA repeats work that the explicit
+backward does once (ViT-B/16 at 197 tokens); above it the explicit path's N x N tensors
+per block and head dominate (see docs/benchmarks.md)."""
 
 
-STREAM_BYTES = 4 << 20
-"""Size of one (B, H, rows, N) chunk of a block's maps when they are streamed: a chunk has
-as many query rows as fit (at least one). The fold holds a few tensors of this size at a
-time, which keeps it far below the forward + backward's own memory at long sequences,
-while chunks stay large enough that the per-chunk overhead does not show in the time."""
+CPU_MEMORY_BUDGET = 1 << 30
+"""The largest default memory budget off CUDA (`default_memory_budget`)."""
 
 
 def attention_probabilities(
-    query: Tensor,
-    key: Tensor,
-    scale: float,
-    mask: Tensor | None = None,
-    *,
-    causal_from: int | None = None,
+    query: Tensor, key: Tensor, scale: float, mask: Tensor | None = None, *, causal: bool = False
 ) -> Tensor:
     """softmax(q k^T * scale + mask) over the keys, as the explicit paths compute it. A bool
-    mask is True where a query may attend; a float mask is added to the scores. A query
-    that may attend nowhere (a left pad under a causal mask) gets a row of zeros, as the
-    sdpa kernel gives it, instead of the NaN of a softmax over nothing.
-
-    `causal_from`: the queries are the positions causal_from, causal_from + 1, ... and
-    attend to no later key (the caller leaves out the keys after the last query). Only
-    the trailing square of the scores has such keys, so that causal mask is applied there
-    alone: a c x c mask instead of c x N, the largest cost of streamed chunks after the
-    products and the softmax (docs/benchmarks.md, Long prompts). Every query then sees
-    its own key, so no row is empty on its account."""
-    # In place where the tensor is our own: streamed chunks then hold two of their size at
-    # most (the scores and the probabilities), not four.
-    scores = (query * scale) @ key.transpose(-2, -1)
-    if causal_from is not None:
-        size = query.shape[-2]
+    mask is True where a query may attend; a float mask is added to the scores; `causal`
+    also hides every key after the query's own position. A query that may attend nowhere
+    (a left pad under a causal mask) gets a row of zeros, as the sdpa kernel gives it,
+    instead of the NaN of a softmax over nothing."""
+    scores = (query * scale) @ key.transpose(-2, -1)  # our own tensor: masked in place
+    if causal:
+        size = scores.shape[-1]
         later = torch.ones(size, size, dtype=torch.bool, device=scores.device).triu_(1)
-        scores[..., causal_from : causal_from + size].masked_fill_(later, float("-inf"))
+        if mask is not None and mask.dtype == torch.bool:
+            mask = mask & ~later  # joined, so that a row the two leave empty is seen empty
+        else:
+            scores.masked_fill_(later, float("-inf"))
     if mask is None:
         return scores.softmax(dim=-1)
     if mask.dtype != torch.bool:
@@ -131,106 +120,87 @@ class FusedBlock:
         """Drop the references once nothing will ask for this block again."""
         self.query = self.key = self.value = self.mask = None
 
-    def probabilities(self) -> Tensor:
-        """The block's (B, H, N, N) attention probabilities, outside autograd."""
-        if self.query is None or self.key is None:
-            raise RuntimeError(f"block {self.site.layer}: q or k was not seen in the forward")
-        tokens = self.query.shape[-2]
-        with torch.no_grad():
-            mask, causal_from = self._mask(slice(0, tokens), self.key.shape[-2])
-            return attention_probabilities(
-                self.query, self.key, self.site.scale, mask, causal_from=causal_from
-            )
-
-    def _mask(self, rows: slice, keys: int) -> tuple[Tensor | None, int | None]:
-        """The mask of query `rows` over the first `keys` keys, and `causal_from` for
-        `attention_probabilities`. Without a model mask a causal site's mask is left to
-        `causal_from` (applied to the chunk's diagonal square alone); with one, the causal
-        mask is joined to the model's, sliced, so that a row the two leave empty (a left
-        pad) is seen as empty."""
-        mask = self.mask
-        if mask is None:
-            return None, rows.start if self.site.causal else None
-        if mask.dim() >= 2 and mask.shape[-2] > 1:
-            mask = mask[..., rows, :]
-        if mask.shape[-1] > 1:
-            mask = mask[..., :keys]
-        if not self.site.causal:
-            return mask, None
-        assert self.query is not None
-        device = self.query.device
-        causal = torch.arange(keys, device=device) <= torch.arange(
-            rows.start, rows.stop, device=device
-        ).unsqueeze(-1)
-        if mask.dtype == torch.bool:
-            return mask & causal, None
-        return mask.masked_fill(~causal, float("-inf")), None
-
-    def probabilities_grad(self, output_grad: Tensor) -> Tensor:
-        """dA (B, H, N, N) from the gradient of the attention output as it enters the
-        block's output module, (B, N, H * d)."""
-        if self.value is None:
-            raise RuntimeError(f"block {self.site.layer}: v was not seen in the forward")
-        with torch.no_grad():
-            return attention_gradient(self.site.heads(output_grad), self.value)
-
-    def rows(
-        self, output_grad: Tensor | None, max_bytes: int | None = None
-    ) -> Iterator[AttentionRows]:
-        """The block's A and dA by chunks of query rows (each (B, H, rows, N), at most
-        `max_bytes`, default `STREAM_BYTES`), each computed only when it is asked for, from
-        q, k, v, the mask and dO (outside autograd); without `output_grad`, A alone."""
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k and v (B, H, N, d) as the kernel saw them."""
         if self.query is None or self.key is None or self.value is None:
             raise RuntimeError(f"block {self.site.layer}: q, k or v was not seen in the forward")
-        query, key, value = self.query, self.key, self.value
-        gradient = None if output_grad is None else self.site.heads(output_grad)
-        batch, heads, tokens, _ = query.shape
-        row_bytes = batch * heads * key.shape[-2] * max(query.element_size(), 4)
-        step = max(1, (STREAM_BYTES if max_bytes is None else max_bytes) // row_bytes)
-        for first in range(0, tokens, step):
-            rows = slice(first, min(tokens, first + step))
-            # Causal rows see no key after the chunk's last row: those columns are left out.
-            keys = rows.stop if self.site.causal else key.shape[-2]
-            mask, causal_from = self._mask(rows, keys)
-            with torch.no_grad():
-                attention = attention_probabilities(
-                    query[:, :, rows],
-                    key[:, :, :keys],
-                    self.site.scale,
-                    mask,
-                    causal_from=causal_from,
-                )
-                attention_grad = (
-                    None
-                    if gradient is None
-                    else attention_gradient(gradient[:, :, rows], value[:, :, :keys])
-                )
-            yield AttentionRows(rows=rows, attention=attention, gradient=attention_grad)
-            del attention, attention_grad  # the consumer's references are the last ones
+        return self.query, self.key, self.value
+
+    def probabilities(self) -> Tensor:
+        """The block's (B, H, N, N) attention probabilities, outside autograd."""
+        query, key, _ = self.tensors()
+        with torch.no_grad():
+            return attention_probabilities(
+                query, key, self.site.scale, self.mask, causal=self.site.causal
+            )
+
+    def output_grads(self, output_grads: Tensor) -> Tensor:
+        """dO per head (C, B, H, N, d) from the gradients of the attention output for C
+        score columns, (C, B, ...) as the output enters the block's output module."""
+        heads = self.site.heads(output_grads.flatten(0, 1))
+        return heads.unflatten(0, output_grads.shape[:2])
+
+    def probabilities_grad(self, output_grad: Tensor) -> Tensor:
+        """dA (B, H, N, N) from the gradient of the attention output of one column."""
+        _, _, value = self.tensors()
+        with torch.no_grad():
+            return attention_gradient(self.output_grads(output_grad[None])[0], value)
+
+    def key_mask(self) -> tuple[Tensor | None, Tensor | None]:
+        """The block's mask as explain.engine.kernels takes it: (B, Nk) bool, True where a
+        key may be attended (None: every key), together with the site's causality, and a
+        0-d bool tensor that says whether the two are the whole mask (None: surely so).
+        They are not where the mask hides other keys of other rows (a sliding window) or
+        adds a bias; the caller then folds the block from its whole map. Reading that
+        tensor waits for the device, so a caller reads it once per distinct mask."""
+        mask = self.mask
+        if mask is None:
+            return None, None
+        exact = None
+        if mask.dtype != torch.bool:  # additive: 0 where attended, a huge negative where not
+            allowed = mask > torch.finfo(mask.dtype).min / 2
+            exact = ((mask == 0) | ~allowed).all()  # no bias
+            mask = allowed
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # as sdpa broadcasts
+        query, _, _ = self.tensors()
+        keys = mask.any(dim=2).any(dim=1).expand(query.shape[0], mask.shape[-1])
+        if mask.shape[1] == mask.shape[2] == 1 and not self.site.causal:
+            return keys, exact  # a key mask already
+        candidate = keys[:, None, None, :]
+        if self.site.causal:
+            size = mask.shape[-1]
+            causal = torch.ones(size, size, dtype=torch.bool, device=mask.device).tril_()
+            candidate, mask = candidate & causal, mask & causal
+        same = (candidate == mask).all()
+        return keys, same if exact is None else same & exact
 
 
-def use_fused_path(
+PathChoice = Literal["explicit", "fused"]
+
+
+def choose_path(
     adapter: Adapter,
     layout: TokenLayout,
     *,
+    batch: int,
     needs_gradients: bool,
     requested: AttentionPath,
+    memory_budget: int,
     reads_attention: bool = True,
-) -> bool:
-    """Whether a call runs on the fused path.
+) -> PathChoice:
+    """The attention path a call runs on (docs/benchmarks.md, "Which path").
 
     "explicit" and "fused" are obeyed ("fused" needs an adapter that supports it).
     "auto" takes the fused path wherever the adapter supports it for a method that reads
     no attention map (`reads_attention=False`: AttnLRP and CP-LRP, whose rules sit on
     the projections), since then the model's own kernel is the cheaper forward and
-    backward at any length. For a method that reads the maps it takes the fused path
-    where that pays: from `CPU_FUSED_MIN_TOKENS` tokens on, and for gradient methods
-    also on CUDA at any length (where the fused kernels are much faster and the explicit
-    path's N x N tensors cost the most memory). A forward-only method (rollout, raw
-    attention) computes every A either way; from that length on, folding A by chunks of
-    query rows is the faster and holds one chunk instead of a block's maps (rollout on a
-    narrow Llama at 4096 tokens: 0.66 s and 56 MiB against 2.99 s and 845 MiB; at 256
-    tokens the explicit path is 10% faster).
+    backward at any length. For a method that reads the maps it keeps the explicit path
+    while the maps fit `memory_budget` (`explicit_map_bytes`), and on CPU also only below
+    `CPU_FUSED_MIN_TOKENS` tokens: on CUDA the explicit maps are one batched kernel per
+    product and the fastest path wherever they fit; on CPU recomputing A (and dA) by
+    chunks is faster from that length on (rollout on a narrow Llama at 4096 tokens: 0.66
+    s and 56 MiB against 2.99 s and 845 MiB; at 256 tokens the explicit path is 10%
+    faster). Beyond, the fused path streams each block's fold (explain.engine.stream).
     """
     if requested not in ATTENTION_PATHS:
         raise OptionError(
@@ -243,11 +213,58 @@ def use_fused_path(
                 f"attention_path='fused' is not available for {type(adapter.model).__name__}"
                 " (its adapter has no fused path); use 'auto' or 'explicit'"
             )
-        return True
+        return "fused"
     if requested == "explicit" or not supported:
-        return False
+        return "explicit"
     if not reads_attention:
-        return True
-    if needs_gradients and adapter.parameter.device.type == "cuda":
-        return True
-    return layout.num_tokens >= CPU_FUSED_MIN_TOKENS
+        return "fused"
+    fits = explicit_map_bytes(adapter, layout, batch, needs_gradients) <= memory_budget
+    if adapter.parameter.device.type == "cuda":
+        return "explicit" if fits else "fused"
+    return "explicit" if fits and layout.num_tokens < CPU_FUSED_MIN_TOKENS else "fused"
+
+
+def explicit_map_bytes(
+    adapter: Adapter, layout: TokenLayout, batch: int, needs_gradients: bool
+) -> int:
+    """What the explicit path's maps hold at most: every block's A (B, H, N, N) in the
+    model's dtype, kept from the forward until its gradient has been used, and for
+    gradient methods one dA and the rule's float32 temporaries of the same size."""
+    heads = attention_heads(adapter.model)
+    entries = batch * heads * layout.num_tokens**2
+    size = adapter.parameter.element_size()
+    kept = adapter.num_layers * entries * size
+    return kept + (entries * (size + 8) if needs_gradients else 0)
+
+
+def attention_heads(model: nn.Module) -> int:
+    """The number of attention heads of `model` (the largest a module or the config
+    names; 1 if none does), for the explicit path's memory estimate."""
+    found = [1]
+    config = getattr(model, "config", None)
+    configs = [config, getattr(config, "text_config", None), getattr(config, "vision_config", None)]
+    for each in configs:
+        heads = getattr(each, "num_attention_heads", None)
+        if isinstance(heads, int):
+            found.append(heads)
+    for module in model.modules():
+        for name in ("num_heads", "num_attention_heads"):
+            heads = getattr(module, name, None)
+            if isinstance(heads, int):
+                found.append(heads)
+    return max(found)
+
+
+def default_memory_budget(device: torch.device) -> int:
+    """The memory budget of a call that states none: half the free memory of a CUDA
+    device (read once per call); on other devices a quarter of the available RAM, at most
+    `CPU_MEMORY_BUDGET` (a CPU is shared by other work, and its streamed fold gains
+    little from chunks larger than that)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 2
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return CPU_MEMORY_BUDGET
+    return max(min(available // 4, CPU_MEMORY_BUDGET), 64 << 20)

@@ -19,8 +19,11 @@ explained position by position (`position="all"`) like any encoder-decoder input
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+import inspect
+import warnings
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -119,6 +122,7 @@ def _tokenize(tokenizer: Any, prompt: Prompt) -> dict[str, Tensor]:
             )
         first = prompt[0]  # type: ignore[index]
         conversations = [prompt] if isinstance(first, Mapping) else list(prompt)  # type: ignore[arg-type]
+        _check_messages(conversations)
         prompt = [
             tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
             for c in conversations
@@ -140,6 +144,48 @@ def _tokenize(tokenizer: Any, prompt: Prompt) -> dict[str, Tensor]:
         return_tensors="pt",
     )
     return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+def _check_messages(conversations: Sequence[Sequence[Message]]) -> None:
+    """Every message's role and content are text (a template would print None as "None")."""
+    for c, conversation in enumerate(conversations):
+        for m, message in enumerate(conversation):
+            for key in ("role", "content"):
+                if not isinstance(message[key], str):
+                    raise InputError(
+                        f"message {m} of conversation {c} has {key} {message[key]!r}; the "
+                        f"{key} of a chat message is text"
+                    )
+
+
+_SET_HERE = ("input_ids", "inputs", "attention_mask", "max_new_tokens", "pad_token_id")
+"""`model.generate` arguments that `generate` gives itself."""
+
+
+def _check_options(model: Any, options: Mapping[str, Any], inputs: Collection[str]) -> None:
+    """Refuse generation options that would fail inside transformers or change what a
+    Generation holds: one continuation per prompt, from the prompt as given (`inputs`:
+    the model inputs besides the ids and mask that the prompt brings, e.g. pixels)."""
+    given = sorted(set(options) & {*_SET_HERE, *inputs})
+    if given:
+        raise OptionError(
+            f"generate sets {', '.join(given)} itself: pass the prompt as `prompt` and the "
+            "length as `max_new_tokens`"
+        )
+    if options.get("num_return_sequences", 1) != 1:
+        raise OptionError(
+            "generate makes one continuation per prompt (num_return_sequences=1); to get "
+            "several, repeat the prompt in the batch with do_sample=True"
+        )
+    known = set(model.generation_config.to_dict()) | set(
+        inspect.signature(model.generate).parameters
+    )
+    unknown = sorted(key for key in options if key not in known)
+    if unknown:
+        raise OptionError(
+            f"unknown generation option {', '.join(map(repr, unknown))}; generate takes the "
+            "options of transformers' GenerationConfig (do_sample, temperature, top_k, ...)"
+        )
 
 
 def _end_mask(sequences: Tensor, prompt_length: int, end_ids: Tensor) -> Tensor:
@@ -182,6 +228,21 @@ def generate(
             "them on the left: tokenizer(texts, padding=True, padding_side='left')"
         )
     model = adapter.model
+    _check_options(model, options, extra)
+    limit = getattr(adapter, "max_tokens", None)
+    if limit is not None and mask.shape[1] + max_new_tokens > limit:
+        room = limit - mask.shape[1]
+        if room < 1:
+            raise InputError(
+                f"the prompt fills the model's {limit} positions: there is no room to "
+                "generate; shorten it"
+            )
+        warnings.warn(
+            f"generating at most {room} tokens, not {max_new_tokens}: the model takes "
+            f"{limit} positions and the prompt uses {mask.shape[1]}",
+            stacklevel=2,
+        )
+        max_new_tokens = room
     config = model.generation_config
     end = config.eos_token_id
     end_ids = torch.as_tensor([] if end is None else end, device=mask.device).flatten()
@@ -193,15 +254,19 @@ def generate(
         # An image placeholder in the answer would be read as an image by the explained
         # forward: the model may not write one.
         options = {"suppress_tokens": [adapter.image_token_id], **options}
-    with Session(adapter):
-        sequences = model.generate(
-            input_ids=prepared.arguments["input_ids"],
-            attention_mask=mask,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=pad,
-            **extra,
-            **options,
-        )
+    held = adapter.generating() if isinstance(adapter, VisionLanguageModel) else None
+    with Session(adapter), held or contextlib.nullcontext():
+        try:
+            sequences = model.generate(
+                input_ids=prepared.arguments["input_ids"],
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad,
+                **extra,
+                **options,
+            )
+        except ValueError as error:  # transformers' own check of the options' values
+            raise OptionError(f"bad generation options {dict(options)}: {error}") from None
     prompt_length = mask.shape[1]
     if isinstance(adapter, VisionLanguageModel):  # token types run along the answer too
         extra = adapter.continued(extra, sequences.shape[1] - prompt_length)
@@ -228,7 +293,7 @@ def explain_generation(
 
     Args:
         explainer: an Explainer of a decoder-only language model (with its tokenizer for
-            texts and chats); its attention_path applies.
+            texts and chats); its attention_path and memory_budget apply.
         prompt: see `Prompt`, or a `Generation` from `generate` to explain as it is.
         max_new_tokens: the most tokens to generate (ignored for a `Generation`).
         method, score, start_layer, options: as for `Explainer.explain`, under the same
@@ -245,6 +310,7 @@ def explain_generation(
         start_layer=start_layer,
         options=options,
         attention_path=explainer.attention_path,
+        memory_budget=explainer.memory_budget,
         prompt_length=generation.prompt_length,
     )
     explanation = engine.explain(adapter, generation.inputs(), request, explainer.tokenizer)

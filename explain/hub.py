@@ -13,6 +13,8 @@ import contextlib
 import json
 import os
 import re
+import socket
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +25,7 @@ __all__ = [
     "env_offline",
     "fetch_config",
     "hub_errors",
+    "hub_reachable",
     "hub_session",
     "is_repo_id",
     "split_revision",
@@ -81,15 +84,47 @@ def _cache() -> str:
     return constants.HF_HUB_CACHE
 
 
+_PROXIES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+PROBE_SECONDS = 3.0
+"""How long `hub_reachable` waits for the Hub to answer a connection."""
+
+
+def hub_reachable(timeout: float = PROBE_SECONDS) -> bool:
+    """Whether a connection to the Hub's endpoint opens within `timeout` seconds (its name
+    resolved and a TCP handshake made). Without network this fails at once, where the hub
+    client retries for about 25 s before it gives up. True when a proxy is configured: the
+    client goes through it, so a direct connection would say nothing."""
+    from huggingface_hub import constants
+
+    if any(os.environ.get(name) for name in _PROXIES):
+        return True
+    endpoint = urllib.parse.urlsplit(constants.ENDPOINT)
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        with socket.create_connection((endpoint.hostname, port), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 @contextlib.contextmanager
 def hub_errors(spec: str, repo: str, offline: bool) -> Iterator[None]:
     """Turn the hub client's errors inside the block into ModelLoadErrors that say which
-    thing happened (no network, offline, no such repo, gated repo) and what to do."""
-    from huggingface_hub import errors
+    thing happened (no network, offline, no such repo, gated repo) and what to do.
+
+    When not `offline` and the Hub cannot be reached (`hub_reachable`), the block runs
+    from the cache only: what is cached loads at once, and what is not fails at once
+    with the no-network error instead of after the client's retries."""
+    from huggingface_hub import constants, errors
 
     name, revision = split_revision(repo)
+    before = constants.HF_HUB_OFFLINE
+    if not (before or offline) and not hub_reachable():
+        constants.HF_HUB_OFFLINE = True
     try:
         yield
+    except errors.HFValidationError as error:
+        raise ModelLoadError(f"{spec!r:.100} is no Hub repo id: {error}") from None
     except errors.GatedRepoError:
         raise GatedRepoError(
             f"{name} is a gated repository: accept its terms at https://huggingface.co/{name} "
@@ -119,6 +154,8 @@ def hub_errors(spec: str, repo: str, offline: bool) -> Iterator[None]:
         ) from None
     except errors.EntryNotFoundError as error:
         raise ModelLoadError(f"{name} lacks a file its model needs: {error}") from None
+    finally:
+        constants.HF_HUB_OFFLINE = before
 
 
 def fetch_config(repo: str) -> dict[str, Any]:

@@ -161,9 +161,29 @@ def photo_preprocessing(processor: Any) -> ImagePreprocessing:
     """Where the model's input lies on a photo, from a vision-language processor's image
     processor: its resize and centre crop (`ImagePreprocessing.from_processor`), and
     LLaVA's `do_pad`, which pads the photo to a square before resizing (so the whole
-    photo is seen, letterboxed: the "longer" fit)."""
+    photo is seen, letterboxed: the "longer" fit).
+
+    Qwen2-VL's processor resizes each photo to whole blocks of `patch_size * merge_size`
+    pixels near its own size, cropping nothing: the model's input is the whole photo,
+    squashed by less than a block, so a map over it is stretched over the photo (the
+    "exact" fit; `size` is then one block, as the input's size varies per photo)."""
     images = getattr(processor, "image_processor", processor)
+    if _resizes_each_photo(images):
+        block = int(images.patch_size) * int(images.merge_size)
+        return ImagePreprocessing(
+            size=(block, block),
+            mean=tuple(float(m) for m in images.image_mean),
+            std=tuple(float(s) for s in images.image_std),
+            fit="exact",
+        )
     found = ImagePreprocessing.from_processor(images)
     if getattr(images, "do_pad", False):
         found = dataclasses.replace(found, resize=found.size, fit="longer")
     return found
+
+
+def _resizes_each_photo(images: Any) -> bool:
+    """Whether an image processor resizes each photo to whole merged blocks of patches near
+    its own size (Qwen2-VL's and Qwen2.5-VL's: `merge_size`, and pixel counts as sizes)."""
+    size = getattr(images, "size", None) or {}
+    return hasattr(images, "merge_size") and "longest_edge" in size and "height" not in size

@@ -37,7 +37,14 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
     exception the temporary file is removed and `path` is untouched.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_dir():  # a last guard: commands check their outputs before any work
+        raise InputError(f"{target} is a folder; cannot write a file there")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(
+            f"{target} cannot be written: a file is in the way of its folder"
+        ) from None
     descriptor, temporary = tempfile.mkstemp(
         dir=target.parent, prefix=f".{target.name}.", suffix=".partial"
     )

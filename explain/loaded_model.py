@@ -35,6 +35,9 @@ class LoadedModel:
             processor (its tokenizer, image processor and chat template).
         multi_label: True when each logit is an independent yes/no (sigmoid) decision.
         card: the model card, when there is one.
+        image_processor: an object detector's own Hugging Face image processor (it
+            resizes each image and pads the batch, so there is no fixed `preprocessing`);
+            None for every other model.
     """
 
     name: str
@@ -45,6 +48,7 @@ class LoadedModel:
     tokenizer: Any = None
     multi_label: bool = False
     card: Path | None = None
+    image_processor: Any = None
 
     @property
     def image_size(self) -> tuple[int, int] | None:

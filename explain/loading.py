@@ -81,6 +81,7 @@ def load_model(
     offline: bool = False,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
+    allow_missing_weights: bool = False,
 ) -> LoadedModel:
     """Load the model `spec` names (see the module docstring) in eval mode.
 
@@ -94,11 +95,16 @@ def load_model(
             environment sets HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE).
         device: where the model (and so every explanation of it) runs: "cpu", "cuda",
             "cuda:1", "mps", or "auto" (a GPU when there is one).
-        dtype: "float32", "bfloat16", "float16" (or a torch dtype); None keeps the
-            checkpoint's float32.
+        dtype: "float32", "bfloat16", "float16" (or a floating torch dtype); None keeps
+            the checkpoint's float32.
+        allow_missing_weights: load a Hugging Face checkpoint that lacks some of the
+            model's weights (transformers initialises them at random). By default such a
+            checkpoint is refused, naming the missing weights: a classifier whose head is
+            random explains nothing.
 
     Raises:
-        ModelLoadError: unknown spec, missing or unreadable files; its subclasses
+        ModelLoadError: unknown spec, missing or unreadable files, a config that describes
+            no model, weights missing from a checkpoint; its subclasses
             HubUnreachableError (offline or no network, and not cached),
             RepoNotFoundError (no such repo or revision) and GatedRepoError (the repo
             needs its terms accepted and a token).
@@ -119,7 +125,9 @@ def load_model(
         loaded = load_zoo_model(text[len(ZOO_PREFIX) :])
     else:
         with hub_session(offline):
-            loaded = _load_spec(text, weights, architecture, pretrained, offline)
+            loaded = _load_spec(
+                text, weights, architecture, pretrained, offline, allow_missing_weights
+            )
     loaded.model.to(device=target_device, dtype=target_dtype)
     return loaded
 
@@ -151,9 +159,14 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:
+        raise OptionError(
+            f"dtype {dtype} is not a floating point type: a model's weights take one of "
+            f"{', '.join(DTYPES)} (or torch.float64)"
+        )
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise OptionError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     return DTYPES[dtype]
 
@@ -164,23 +177,43 @@ def _load_spec(
     architecture: str | None,
     pretrained: bool,
     offline: bool,
+    allow_missing: bool,
 ) -> LoadedModel:
     """Every spec but `zoo:`, inside the hub session."""
     if text.startswith(HUB_PREFIX):
         repo = text[len(HUB_PREFIX) :]
+        if not is_repo_id(repo):
+            raise ModelLoadError(
+                f"{_shown(text)} names no Hub repository: write hf-hub:org/name, e.g. "
+                "hf-hub:timm/vit_small_patch16_224.augreg_in21k_ft_in1k"
+            )
         with hub_errors(text, repo, offline):
             return _load_timm_hub(repo, name=text)
     path = Path(text).expanduser()
-    if path.is_dir():
-        return _load_folder(path)
-    if path.is_file() or path.suffix in _WEIGHT_SUFFIXES:
+    if _is(path.is_dir):
+        return _load_folder(path, allow_missing)
+    if _is(path.is_file) or path.suffix in _WEIGHT_SUFFIXES:
         return _load_timm_file(path, architecture)
     if is_repo_id(text):
         with hub_errors(text, text, offline):
-            return _load_repo(text)
+            return _load_repo(text, allow_missing)
     if not _is_timm_name(text) and is_repo_id(text, bare=True):
-        return _load_bare_repo(text, offline)
+        return _load_bare_repo(text, offline, allow_missing)
     return _load_timm_name(text, weights, pretrained, offline)
+
+
+def _is(test: Any) -> bool:
+    """A path test (`Path.is_dir`, ...), False where the system cannot even look the name
+    up (a name too long for a path is no file, and maybe something else)."""
+    try:
+        return bool(test())
+    except OSError:
+        return False
+
+
+def _shown(name: str) -> str:
+    """A spec as error messages quote it: at most 80 characters."""
+    return repr(name) if len(name) <= 80 else f"{name[:77]!r}... ({len(name)} characters)"
 
 
 def _is_timm_name(name: str) -> bool:
@@ -191,18 +224,18 @@ def _is_timm_name(name: str) -> bool:
 
 def _unknown_spec(name: str) -> str:
     return (
-        f"{name!r} is not a zoo model (zoo:NAME), an existing file or folder, a timm model "
+        f"{_shown(name)} is not a zoo model (zoo:NAME), an existing file or folder, a timm model "
         "name, hf-hub:org/name or a Hugging Face repo id org/name; `explain models` lists "
         "the zoo"
     )
 
 
-def _load_bare_repo(name: str, offline: bool) -> LoadedModel:
+def _load_bare_repo(name: str, offline: bool, allow_missing: bool) -> LoadedModel:
     """A Hub id without an organisation (`gpt2`): the Hub's, when it has one; otherwise the
     error says it is none of the spec kinds, and why the Hub was no help."""
     try:
         with hub_errors(name, name, offline):
-            return _load_repo(name)
+            return _load_repo(name, allow_missing)
     except RepoNotFoundError as error:
         raise ModelLoadError(f"{_unknown_spec(name)}; as a Hub repo id: {error}") from None
     except HubUnreachableError as error:
@@ -230,7 +263,7 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {' '.join(str(error).split())}"
 
 
-def _load_folder(folder: Path) -> LoadedModel:
+def _load_folder(folder: Path, allow_missing: bool) -> LoadedModel:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(
@@ -251,20 +284,20 @@ def _load_folder(folder: Path) -> LoadedModel:
         _require_supported_timm(config, str(folder))
         return _load_timm(f"local-dir:{folder}", name=str(folder))
     if "model_type" in config:
-        return _load_hugging_face(folder, name=str(folder))
+        return _load_hugging_face(folder, name=str(folder), allow_missing=allow_missing)
     raise ModelLoadError(
         f"{config_path} names no model: expected `model_type` (Hugging Face), "
         "`architecture` (timm) or `family` (zoo)"
     )
 
 
-def _load_repo(repo: str) -> LoadedModel:
+def _load_repo(repo: str, allow_missing: bool) -> LoadedModel:
     """A Hub repo id: its config.json says whether timm or transformers made it."""
     config = fetch_config(repo)
     if "architecture" in config:
         return _load_timm_hub(repo, name=repo, config=config)
     if "model_type" in config:
-        return _load_hugging_face(repo, name=repo)
+        return _load_hugging_face(repo, name=repo, allow_missing=allow_missing)
     raise ModelLoadError(
         f"{repo} is neither a transformers model (no `model_type` in its config.json) nor a "
         "timm model (no `architecture`)"
@@ -284,13 +317,23 @@ def _require_supported_timm(config: dict[str, Any], name: str) -> None:
     import timm
 
     architecture = config["architecture"]
+    model_args = config.get("model_args", {})
+    if not isinstance(architecture, str) or not isinstance(model_args, dict):
+        raise ModelLoadError(
+            f"{name}'s config is not a timm config: `architecture` must be a model name and "
+            f"`model_args` an object of keyword arguments, got {architecture!r:.60} and "
+            f"{model_args!r:.60}"
+        )
     if not timm.is_model(architecture):
         raise ModelLoadError(
             f"{name} is a timm {architecture}, which this timm ({timm.__version__}) does not "
             "know: upgrade timm (`pip install -U timm`)"
         )
-    with torch.device("meta"):
-        skeleton = timm.create_model(architecture, pretrained=False, **config.get("model_args", {}))
+    with (
+        _failing_as(f"{name}'s config describes no model that can be built", TypeError),
+        torch.device("meta"),
+    ):
+        skeleton = timm.create_model(architecture, pretrained=False, **model_args)
     _require_supported(skeleton, name)
 
 
@@ -430,20 +473,31 @@ def _weights_files(folder: Path) -> str:
     return ", ".join(names) if names else "no weights file"
 
 
-def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
+def _load_hugging_face(source: str | Path, *, name: str, allow_missing: bool) -> LoadedModel:
     """`from_pretrained` of the architecture the config names, from a folder or a Hub repo
-    `org/name[@revision]`; its tokenizer, class names and image processor with it."""
+    `org/name[@revision]`; its tokenizer, class names and image processor with it. A
+    checkpoint without some of the model's weights is refused unless `allow_missing`."""
     import transformers
     from safetensors import SafetensorError
 
     local = isinstance(source, Path)
     repo, revision = (source, None) if local else split_revision(source)
     options: dict[str, Any] = {"revision": revision, "local_files_only": local}
-    with _failing_as(f"cannot read the Hugging Face config of {name}"):
+    with _failing_as(f"cannot read the Hugging Face config of {name}", AttributeError, TypeError):
         config = transformers.AutoConfig.from_pretrained(repo, **options)
-    architectures = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, architectures[0], None) if architectures else None
-    with torch.device("meta"):  # the family check costs no download and no memory
+    cls = _model_class(config, name)
+    # The family check costs no download and no memory; it also builds the model the
+    # config describes, so a config that describes none (0 heads, ...) fails here.
+    with (
+        _failing_as(
+            f"the Hugging Face config of {name} describes no model that can be built",
+            TypeError,
+            ArithmeticError,
+            RuntimeError,
+            AttributeError,
+        ),
+        torch.device("meta"),
+    ):
         skeleton = transformers.AutoModel.from_config(config) if cls is None else cls(config)
     answers = _require_supported(skeleton, name)
     files = f" ({_weights_files(source)})" if local else ""
@@ -451,13 +505,25 @@ def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
         with _failing_as(
             f"cannot load the Hugging Face model {name}{files}", RuntimeError, SafetensorError
         ):
-            model = (cls or transformers.AutoModel).from_pretrained(repo, **options)
+            model, loading = (cls or transformers.AutoModel).from_pretrained(
+                repo, output_loading_info=True, **options
+            )
     except pickle.UnpicklingError:
         raise ModelLoadError(
             f"cannot load the Hugging Face model {name}:{files} holds more than plain tensors, "
             "which explain never unpickles (torch.load with weights_only); save the weights "
             "with safetensors from a copy you trust"
         ) from None
+    missing = sorted(loading.get("missing_keys") or ())
+    if missing and not allow_missing:
+        shown = ", ".join(missing[:8]) + (
+            f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        )
+        raise ModelLoadError(
+            f"{name} lacks {len(missing)} of the model's weights ({shown}), which would be "
+            "random: load a checkpoint trained for this architecture, or, to explain it "
+            "anyway, allow_missing_weights=True (CLI: --allow-missing-weights)"
+        )
     model.eval()
     # A dual encoder (CLIP and its kin) takes images and texts: it needs both preprocessings.
     dual = hasattr(model, "get_image_features") and hasattr(model, "get_text_features")
@@ -478,8 +544,13 @@ def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
     if dual or not image_input:
         with _failing_as(f"{name} holds a text model but no tokenizer"):
             tokenizer = transformers.AutoTokenizer.from_pretrained(repo, **options)
-    id2label = getattr(config, "id2label", None) or {}
-    classes = tuple(id2label[i] for i in sorted(id2label)) if id2label else None
+    classes = _class_names(config, name)
+    if type(model).__name__.endswith("ForObjectDetection"):  # variable sizes, padded batches
+        with _failing_as(f"{name} holds a detector but no image processor"):
+            processor = transformers.AutoImageProcessor.from_pretrained(repo, **options)
+        return LoadedModel(
+            name=name, model=model, modality="image", classes=classes, image_processor=processor
+        )
     return LoadedModel(
         name=name,
         model=model,
@@ -490,6 +561,50 @@ def _load_hugging_face(source: str | Path, *, name: str) -> LoadedModel:
         else None,
         tokenizer=tokenizer,
     )
+
+
+def _model_class(config: Any, name: str) -> type | None:
+    """The transformers class the config's `architectures` names; None (AutoModel) when
+    it names none, an Auto class, or one this transformers does not have."""
+    import transformers
+
+    architectures = getattr(config, "architectures", None) or []
+    if not isinstance(architectures, list | tuple) or not all(
+        isinstance(a, str) for a in architectures
+    ):
+        raise ModelLoadError(
+            f"the config of {name} lists architectures {architectures!r:.80}; expected the "
+            'names of transformers model classes (e.g. ["BertForSequenceClassification"])'
+        )
+    if not architectures or architectures[0].startswith("Auto"):
+        return None
+    found = getattr(transformers, architectures[0], None)
+    if found is None:
+        return None
+    if not (isinstance(found, type) and issubclass(found, transformers.PreTrainedModel)):
+        raise ModelLoadError(
+            f"the config of {name} names architecture {architectures[0]!r}, which is not a "
+            "transformers model class"
+        )
+    return found
+
+
+def _class_names(config: Any, name: str) -> tuple[str, ...] | None:
+    """The class names of the config's `id2label` (class index -> name), in index order."""
+    id2label = getattr(config, "id2label", None) or {}
+    if not isinstance(id2label, dict) or not all(
+        isinstance(i, int) and isinstance(label, str) for i, label in id2label.items()
+    ):
+        raise ModelLoadError(
+            f"the config of {name} has id2label {id2label!r:.80}; expected an object of class "
+            'indices and names, e.g. {"0": "negative", "1": "positive"}'
+        )
+    if sorted(id2label) != list(range(len(id2label))):
+        raise ModelLoadError(
+            f"the config of {name} names classes {sorted(id2label)[:10]} in id2label; "
+            "expected 0, 1, ... without gaps"
+        )
+    return tuple(id2label[i] for i in sorted(id2label)) if id2label else None
 
 
 def _hugging_face_preprocessing(

@@ -11,6 +11,7 @@ trained and evaluated with.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from explain.errors import InputError, ModelLoadError
+from explain.errors import InputError, ModelLoadError, OptionError
 from explain.normalize import normalize_per_sample
 
 __all__ = ["ImagePreprocessing", "read_image"]
@@ -39,8 +40,29 @@ def read_image(path: str | os.PathLike[str]) -> Any:
             return image.convert("RGB")
     except FileNotFoundError:
         raise InputError(f"image file not found: {path}") from None
+    except Image.DecompressionBombError as error:
+        raise InputError(
+            f"{path} is too large to read safely ({error}); if you trust the file, raise "
+            "PIL.Image.MAX_IMAGE_PIXELS before explaining it"
+        ) from None
     except (UnidentifiedImageError, OSError) as error:
         raise InputError(f"cannot read {path} as an image: {error}") from None
+
+
+def _positive_pair(pair: object) -> bool:
+    return (
+        isinstance(pair, tuple | list)
+        and len(pair) == 2
+        and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in pair)
+    )
+
+
+def _finite_numbers(values: object) -> bool:
+    return (
+        isinstance(values, tuple | list)
+        and len(values) > 0
+        and all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values)
+    )
 
 
 @dataclass(frozen=True)
@@ -69,6 +91,20 @@ class ImagePreprocessing:
     fit: Literal["exact", "shorter", "longer"] = "exact"
     interpolation: str = "bicubic"
     transform: Callable[[Any], Tensor] | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Checked where a model card or config enters: a size of "big" or a std of 0 would
+        # otherwise surface as a PIL error or as infinite pixels on the first image.
+        for name in ("size", "resize"):
+            pair = getattr(self, name)
+            if not (name == "resize" and pair is None) and not _positive_pair(pair):
+                raise OptionError(f"image {name} must be two positive ints (H, W), got {pair!r}")
+        for name in ("mean", "std"):
+            values = getattr(self, name)
+            if not _finite_numbers(values):
+                raise OptionError(f"image {name} must be a finite number per channel: {values!r}")
+        if any(v <= 0 for v in self.std):
+            raise OptionError(f"image std must be positive per channel, got {self.std!r}")
 
     @classmethod
     def from_timm(cls, config: Mapping[str, Any]) -> ImagePreprocessing:

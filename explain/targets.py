@@ -7,7 +7,7 @@ scores, and nothing in an eval-mode transformer couples samples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Literal, Union
 
 import torch
@@ -56,6 +56,10 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
             raise TargetError(
                 f"a target callable must return a tensor, got {type(chosen).__name__}"
             )
+        if chosen.is_complex():
+            raise TargetError(
+                f"a target callable must return real scores or class indices, got {chosen.dtype}"
+            )
         if chosen.is_floating_point():
             if chosen.shape != (batch,):
                 raise TargetError(
@@ -70,13 +74,19 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
     if isinstance(target, bool):
         raise TargetError("target must be a class index, not a bool")
     if isinstance(target, int):
+        _check_class(target, num_classes)  # before torch meets an int beyond 64 bits
         classes = torch.full((batch,), target, dtype=torch.long, device=output.device)
     else:
+        if isinstance(target, Set | Mapping):  # no order: which class goes with which input?
+            raise TargetError(
+                f"target must be an int, a sequence or a tensor of class indices, or a "
+                f"callable; got a {type(target).__name__}"
+            )
         try:
             classes = torch.as_tensor(target, device=output.device)
-        except (TypeError, ValueError) as error:
+        except (TypeError, ValueError, RuntimeError, OverflowError) as error:
             raise TargetError(f"cannot read target {target!r} as class indices: {error}") from None
-        if classes.is_floating_point() or classes.dtype == torch.bool:
+        if classes.is_floating_point() or classes.is_complex() or classes.dtype == torch.bool:
             raise TargetError(f"target class indices must be integers, got {classes.dtype}")
         classes = classes.long()
         if classes.dim() == 0:
@@ -90,12 +100,16 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
             raise TargetError("a (B, K) target needs at least one class per input (K >= 1)")
     out_of_range = (classes < 0) | (classes >= num_classes)
     if out_of_range.any():
-        bad = classes[out_of_range][0].item()
+        _check_class(classes[out_of_range][0].item(), num_classes)
+    return classes, None
+
+
+def _check_class(index: int, num_classes: int) -> None:
+    if not 0 <= index < num_classes:
         raise TargetError(
-            f"target class {bad} is out of range: the model has {num_classes} classes "
+            f"target class {index} is out of range: the model has {num_classes} classes "
             f"(0..{num_classes - 1})"
         )
-    return classes, None
 
 
 def require_explicit_target(

@@ -79,6 +79,12 @@ ZOO: dict[str, ZooEntry] = {
             "scripts/train_minilm_sentiment.py",
         ),
         ZooEntry(
+            "shapes-swin",
+            "Swin Transformer (3 stages, windowed attention) naming the kinds of shape in "
+            "synthetic cluttered scenes (multi-label)",
+            "scripts/train_shapes_swin.py",
+        ),
+        ZooEntry(
             "shapes-clip",
             "CLIP (ViT 4 blocks, text 2 blocks) matching shapes scenes with their captions",
             "scripts/train_shapes_clip.py",
@@ -131,6 +137,12 @@ def _build_timm_vit(config: dict[str, Any]) -> nn.Module:
     return VisionTransformer(**config["timm"])
 
 
+def _build_timm_swin(config: dict[str, Any]) -> nn.Module:
+    from timm.models.swin_transformer import SwinTransformer
+
+    return SwinTransformer(**config["timm"])
+
+
 def _build_minilm_classifier(config: dict[str, Any]) -> nn.Module:
     """BertForSequenceClassification: the package's pretrained encoder plus a new head.
 
@@ -166,6 +178,7 @@ def _build_hf_clip(config: dict[str, Any]) -> nn.Module:
 
 _BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
     "timm_vit": _build_timm_vit,
+    "timm_swin": _build_timm_swin,
     "minilm_classifier": _build_minilm_classifier,
     "hf_clip": _build_hf_clip,
 }
@@ -293,6 +306,20 @@ def load_zoo_model(name: str) -> LoadedModel:
     return load_zoo_folder(zoo_root() / name, spec=f"zoo:{name}")
 
 
+def _check_classes(model: nn.Module, classes: Any) -> None:
+    """The card's class names: strings, one per output of the model's head (timm's
+    `num_classes`, a transformers head's `num_labels`) where it has one."""
+    if classes is None:
+        return
+    if not isinstance(classes, list) or not all(isinstance(name, str) for name in classes):
+        raise ValueError(f"classes must be a list of names, got {classes!r:.80}")
+    outputs = getattr(model, "num_classes", None) or getattr(model, "num_labels", None)
+    if isinstance(outputs, int) and classes and len(classes) != outputs:
+        raise ValueError(
+            f"the config names {len(classes)} classes but the model's head has {outputs} outputs"
+        )
+
+
 def load_zoo_folder(folder: Path, *, spec: str | None = None) -> LoadedModel:
     """Load a model from a folder laid out like the zoo's (e.g. a training script's --out)."""
     config = read_config(folder)
@@ -301,6 +328,7 @@ def load_zoo_folder(folder: Path, *, spec: str | None = None) -> LoadedModel:
     model = build_model(config)
     _install(model, weights, config.get("trained"), weights_path)
     model.eval()
+    _check_classes(model, config.get("classes"))
     preprocessing = config.get("preprocessing")
     return LoadedModel(
         name=spec or str(folder),

@@ -32,8 +32,17 @@ path's streaming fold (explain.fused) is what keeps generic near the floor. Thei
 replace the "Long prompts" section of `--out` and leave the rest of the file as it is
 (and a run of the other cases keeps that section).
 
+GPU (`--device cuda --cases gpu`, GPU_CASES): ViT-B/16 at batch 64 in float32 and
+bfloat16 (generic, rollout, attnlrp, transformer_attribution and the papers' loop),
+Llama-1B shapes in bfloat16 at 4k, 16k and 32k tokens (generic, rollout, attnlrp), and a
+generation of 64 tokens after a 1,024-token prompt against its own floor (one forward and
+one 64-column batched backward), each against the floor of the same run; then every
+method on tiny models (ViT, BERT, Llama) and `readout_spread` itself on CUDA against the
+CPU. Its tables replace the "GPU" section of `--out`.
+
     python scripts/bench.py [--rounds 3] [--cases vit,bert128,bert512] [--out docs/benchmarks.md]
     python scripts/bench.py --cases long --rounds 2 --out docs/benchmarks.md
+    python scripts/bench.py --device cuda --cases gpu --out docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -58,7 +67,8 @@ from tqdm import tqdm
 
 from explain import Explainer
 from explain.architectures import adapter_for
-from explain.fused import CPU_FUSED_MIN_TOKENS, use_fused_path
+from explain.fused import CPU_FUSED_MIN_TOKENS, choose_path, default_memory_budget
+from explain.generation import Generation, explain_generation
 from explain.io import atomic_write
 
 FLOOR = "floor (forward + input backward)"
@@ -74,11 +84,20 @@ class Case:
     batch: int
     tokens: int
     model: str = "bert-base"
-    """"vit", "bert-base", "bert-narrow" or "llama-narrow"."""
+    """"vit", "bert-base", "bert-narrow", "llama-narrow" or "llama-1b"."""
+    dtype: str = "float32"
+    generated: int = 0
+    """A generation: this many of the tokens are generated after the prompt."""
+    gpu: bool = False
+    """One of the GPU cases (GPU_CASES), reported in the GPU section."""
 
     @property
     def long(self) -> bool:
         return self.model.endswith("-narrow")
+
+    @property
+    def section(self) -> str:
+        return "gpu" if self.gpu else "long" if self.long else "cpu"
 
 
 CASES = {
@@ -98,6 +117,46 @@ for _model, _title in NARROW.items():
         CASES[_name] = Case(_name, f"{_title}, {_tokens} tokens", 1, _tokens, model=_model)
 DEFAULT_CASES = ("vit", "bert128", "bert512")
 LONG_CASES = tuple(name for name, case in CASES.items() if case.long)
+GPU_CASES = {
+    "vit-gpu-fp32": Case("vit-gpu-fp32", "ViT-B/16, 224 x 224, float32", 64, 197, "vit", gpu=True),
+    "vit-gpu-bf16": Case(
+        "vit-gpu-bf16", "ViT-B/16, 224 x 224, bfloat16", 64, 197, "vit", "bfloat16", gpu=True
+    ),
+    **{
+        f"llama-1b-{k}k": Case(
+            f"llama-1b-{k}k",
+            f"Llama-1B shapes, bfloat16, {k}k tokens",
+            1,
+            k * 1024,
+            "llama-1b",
+            "bfloat16",
+            gpu=True,
+        )
+        for k in (4, 16, 32)
+    },
+    "generation": Case(
+        "generation",
+        "Llama-1B shapes, bfloat16, 1,024-token prompt + 64 generated tokens",
+        1,
+        1024 + 64,
+        "llama-1b",
+        "bfloat16",
+        generated=64,
+        gpu=True,
+    ),
+}
+CASES.update(GPU_CASES)
+LLAMA_1B = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=128256,
+    tie_word_embeddings=True,
+    rope_theta=500000.0,
+)
+"""Llama 3.2 1B's shapes (random weights)."""
 
 WARM_UP_TOKENS = 512
 """Long prompts warm up on this many tokens: a full-length warm-up call would take minutes
@@ -113,7 +172,17 @@ def build(case: Case, device: torch.device) -> tuple[torch.nn.Module, Any]:
     generator = torch.Generator().manual_seed(0)
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        if case.model == "vit":
+        if case.model == "llama-1b":
+            from transformers import LlamaConfig, LlamaForCausalLM
+
+            config = LlamaConfig(
+                **LLAMA_1B, max_position_embeddings=case.tokens, attn_implementation="sdpa"
+            )
+            with torch.device(device):  # initialised where it runs: no 5 GB copy
+                model = LlamaForCausalLM(config)
+            ids = torch.randint(5, 128000, (case.batch, case.tokens), generator=generator)
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        elif case.model == "vit":
             import timm
 
             model = timm.create_model("vit_base_patch16_224", pretrained=False)
@@ -132,7 +201,9 @@ def build(case: Case, device: torch.device) -> tuple[torch.nn.Module, Any]:
             )
             ids[:, 0] = 101  # [CLS]
             inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    model = model.eval().to(device)
+    model = model.eval().to(device=device, dtype=getattr(torch, case.dtype))
+    if isinstance(inputs, torch.Tensor):
+        inputs = inputs.to(getattr(torch, case.dtype))
     inputs = (
         inputs.to(device)
         if isinstance(inputs, torch.Tensor)
@@ -216,6 +287,55 @@ def method(
     return lambda: explainer.explain(inputs, method=name, **kw)
 
 
+def generation_floor(model: torch.nn.Module, inputs: Any, width: int) -> Callable[[], None]:
+    """A generation's floor: one forward, then one backward of every generated token's
+    logit to the first block's input, batched over the tokens (`is_grads_batched`)."""
+    adapter = adapter_for(model)
+    prepared = adapter.prepare(inputs)
+    ids = inputs["input_ids"]
+    positions = torch.arange(width - 1, ids.shape[1] - 1, device=ids.device)
+    leaf: list[torch.Tensor] = []
+
+    def make_leaf(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        hidden = args[0].detach().requires_grad_(True) if args else None
+        if hidden is None:
+            key = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+            hidden = kwargs[key].detach().requires_grad_(True)
+            kwargs = {**kwargs, key: hidden}
+        else:
+            args = (hidden, *args[1:])
+        leaf.append(hidden)
+        return args, kwargs
+
+    def run() -> None:
+        flags = [(p, p.requires_grad) for p in model.parameters()]
+        handle = adapter.blocks[0].register_forward_pre_hook(make_leaf, with_kwargs=True)
+        try:
+            for parameter, _ in flags:
+                parameter.requires_grad_(False)
+            leaf.clear()
+            logits = adapter.logits_at(prepared, positions.expand(ids.shape[0], -1))
+            scores = logits.gather(-1, ids[:, width:, None])[..., 0]  # (B, G)
+            count = scores.shape[1]
+            one_hot = torch.eye(count, dtype=scores.dtype, device=scores.device)[:, None, :]
+            torch.autograd.grad(
+                scores, leaf[0], one_hot.expand(count, *scores.shape), is_grads_batched=True
+            )
+        finally:
+            handle.remove()
+            for parameter, flag in flags:
+                parameter.requires_grad_(flag)
+
+    return run
+
+
+def generation_method(model: torch.nn.Module, inputs: Any, width: int, name: str):
+    """`explain_generation` of the inputs' last tokens after a prompt of `width`."""
+    explainer = Explainer(model)
+    generation = Generation(inputs["input_ids"], inputs["attention_mask"], width)
+    return lambda: explain_generation(explainer, generation, method=name)
+
+
 def reference_loop(model: torch.nn.Module, inputs: Any, batch: int) -> Callable[[], None]:
     """The papers' generic-rule code, one input at a time (see the module docstring)."""
     adapter = adapter_for(model)
@@ -245,7 +365,7 @@ def reference_loop(model: torch.nn.Module, inputs: Any, batch: int) -> Callable[
             for handle in handles:
                 handle.remove()
         tokens = attentions[0].shape[-1]
-        relevance = torch.eye(tokens, device=output.device)
+        relevance = torch.eye(tokens, device=output.device, dtype=attentions[0].dtype)
         for layer in range(adapter.num_layers):
             cam = (grads[layer] * attentions[layer]).clamp(min=0).mean(dim=1)[0]
             relevance = relevance + cam @ relevance
@@ -287,6 +407,8 @@ def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Varia
     """Every timed variant of one case, the floor first."""
     if case.long:
         return long_variants(case, model, inputs)
+    if case.gpu:
+        return gpu_variants(case, model, inputs)
     few = min(SCALED_INPUTS, case.batch)
     some = rows_of(inputs, slice(0, few))
     found = {
@@ -300,9 +422,7 @@ def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Varia
     adapter = adapter_for(model)
     if adapter.fused_path() is not None:
         # Only the path that "auto" does not take: the "generic" row already times the other.
-        layout = adapter.prepare(rows_of(inputs, slice(0, 1))).layout
-        auto = use_fused_path(adapter, layout, needs_gradients=True, requested="auto")
-        other = "explicit" if auto else "fused"
+        other = "fused" if auto_path(model, inputs) == "explicit" else "explicit"
         found[f"generic, {other} path"] = Variant(
             method(model, inputs, "generic", other), case.batch
         )
@@ -314,11 +434,45 @@ def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Varia
     return found
 
 
+def auto_path(model: torch.nn.Module, inputs: Any) -> str:
+    """The path "auto" takes for `generic` on these inputs."""
+    adapter = adapter_for(model)
+    prepared = adapter.prepare(inputs)
+    return choose_path(
+        adapter,
+        prepared.layout,
+        batch=prepared.batch_size,
+        needs_gradients=True,
+        requested="auto",
+        memory_budget=default_memory_budget(adapter.parameter.device),
+    )
+
+
+def gpu_variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Variant]:
+    """The GPU cases' rows (GPU_CASES), the floor first."""
+    if case.generated:
+        width = case.tokens - case.generated
+        return {
+            FLOOR: Variant(generation_floor(model, inputs, width), case.batch),
+            **{
+                name: Variant(generation_method(model, inputs, width, name), case.batch)
+                for name in ("generic", "rollout", "attnlrp")
+            },
+        }
+    names = ["generic", "rollout", "attnlrp"]
+    if case.model == "vit":
+        names.append("transformer_attribution")
+    found = {FLOOR: Variant(floor(model, inputs), case.batch)}
+    found.update({name: Variant(method(model, inputs, name), case.batch) for name in names})
+    if case.model == "vit":
+        few = min(SCALED_INPUTS, case.batch)
+        found[REFERENCE] = Variant(reference_loop(model, rows_of(inputs, slice(0, few)), few), few)
+    return found
+
+
 def long_variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Variant]:
     """Floor, generic on the path "auto" takes and on the other one, where they fit."""
-    adapter = adapter_for(model)
-    layout = adapter.prepare(inputs).layout
-    fused = use_fused_path(adapter, layout, needs_gradients=True, requested="auto")
+    fused = auto_path(model, inputs) == "fused"
     fits = explicit_bytes(case) <= EXPLICIT_BYTES
     found = {FLOOR: Variant(floor(model, inputs), case.batch)}
     if fused or fits:
@@ -344,9 +498,10 @@ def run_case(
     """
     model, inputs = build(case, device)
     calls = variants(case, model, inputs)
-    if case.long:  # one input already; a short prefix warms up without minutes of work
-        short = dataclasses.replace(case, tokens=WARM_UP_TOKENS)
-        warm_up = variants(short, model, {k: v[:, :WARM_UP_TOKENS] for k, v in inputs.items()})
+    if case.long or case.model == "llama-1b":  # a short prefix warms up in seconds
+        short = dataclasses.replace(case, tokens=WARM_UP_TOKENS + case.generated)
+        prefix = {k: v[:, -short.tokens :] for k, v in inputs.items()}
+        warm_up = variants(short, model, prefix)
     else:
         one = rows_of(inputs, slice(0, 1))
         warm_up = variants(dataclasses.replace(case, batch=1), model, one)
@@ -482,12 +637,117 @@ def targets(
         ]
         if peaks.get(FLOOR):
             found.append(("generic memory / floor", peaks["generic"] / peaks[FLOOR], 1.3, True))
+    if case.gpu:
+        found += gpu_targets(case, medians, peaks, speedup)
     if case.name == "bert512":
         found += [
             ("generic time / floor", medians["generic"] / floor_time, 1.3, True),
             ("rollout time / floor", medians["rollout"] / floor_time, 1.3, True),
         ]
     return found
+
+
+def gpu_targets(
+    case: Case, medians: dict[str, float], peaks: dict[str, float], speedup: float | None
+) -> list[tuple[str, float, float, bool]]:
+    """The issue's GPU goals (H200) that apply to `case`."""
+    time = {name: value / medians[FLOOR] for name, value in medians.items()}
+    memory = {name: value / peaks[FLOOR] for name, value in peaks.items() if peaks.get(FLOOR)}
+    found: list[tuple[str, float, float, bool]] = []
+    if case.name == "vit-gpu-bf16":
+        found.append(("generic time / floor", time["generic"], 1.3, True))
+        found.append(
+            ("transformer_attribution time / floor", time["transformer_attribution"], 2.0, True)
+        )
+    if case.name == "vit-gpu-fp32" and speedup is not None:
+        found.append(("speed-up over the reference loop", speedup, 10.0, False))
+    if case.model == "llama-1b" and not case.generated:
+        found.append(("generic time / floor", time["generic"], 1.5, True))
+        if "generic" in memory:
+            found.append(
+                ("generic memory above the weights / floor's", memory["generic"], 1.5, True)
+            )
+    if case.generated:
+        found += [
+            (f"{name} time / floor", time[name], 1.5, True)
+            for name in ("generic", "rollout", "attnlrp")
+        ]
+    return found
+
+
+def cuda_checks(device: torch.device) -> list[str]:
+    """Every method on tiny models, and `readout_spread` itself, on `device` against the
+    CPU in float32: a Markdown table of the largest differences relative to each map."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from explain.engine.kernels import readout_spread
+    from explain.testing import tiny_lm, tiny_vit
+
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 60, (2, 24), generator=generator)
+    text = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    text["attention_mask"][1, 18:] = 0
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        bert = BertForSequenceClassification(
+            BertConfig(
+                hidden_size=32,
+                num_hidden_layers=3,
+                num_attention_heads=2,
+                intermediate_size=37,
+                vocab_size=100,
+                num_labels=3,
+                attn_implementation="sdpa",
+            )
+        )
+    models = {
+        "tiny ViT": (tiny_vit(), torch.randn(2, 3, 32, 32, generator=generator)),
+        "tiny BERT": (bert.eval(), text),
+        "tiny Llama": (tiny_lm.tiny_causal_lm("llama"), text),
+    }
+    lines = [
+        "| model | method | largest difference / largest value | verdict (1e-4) |",
+        "|---|---|---:|---|",
+    ]
+
+    def row(model: str, name: str, difference: float) -> None:
+        verdict = "equal" if difference <= 1e-4 else "DIFFERENT"
+        lines.append(f"| {model} | {name} | {difference:.1e} | {verdict} |")
+
+    def on(value: Any, where: torch.device) -> Any:
+        if isinstance(value, torch.Tensor):
+            return value.to(where)
+        return {key: item.to(where) for key, item in value.items()}
+
+    for title, (model, inputs) in models.items():
+        for name in ("generic", "rollout", "attnlrp", "transformer_attribution"):
+            try:
+                expected = Explainer(model).explain(inputs, method=name).relevance
+            except Exception:
+                continue
+            moved = model.to(device)
+            found = Explainer(moved).explain(on(inputs, device), method=name).relevance.cpu()
+            model.to("cpu")
+            scale = expected.abs().max().clamp(min=1e-30)
+            row(title, name, float((found - expected).abs().max() / scale))
+    # The kernel: causal, a padded key, grouped-query heads (4 query heads, 2 kv heads).
+    query = torch.randn(2, 4, 300, 16, generator=generator)
+    key, value = (torch.randn(2, 2, 300, 16, generator=generator) for _ in range(2))
+    vector = torch.rand(3, 2, 300, generator=generator)
+    grad = torch.randn(3, 2, 4, 300, 16, generator=generator)
+    keys = torch.ones(2, 300, dtype=torch.bool)
+    keys[1, :7] = False  # left padding
+    tensors = (vector, query, key, value, grad)
+    options = dict(scale=0.25, causal=True, mode="gradient")
+    expected = readout_spread(*tensors, key_mask=keys, **options)  # type: ignore[arg-type]
+    found = readout_spread(
+        *(t.to(device) for t in tensors),
+        key_mask=keys.to(device),
+        **options,  # type: ignore[arg-type]
+    ).cpu()
+    difference = (found - expected).abs().max() / expected.abs().max()
+    row("readout_spread (causal, padded, grouped-query)", "gradient", float(difference))
+    return lines
 
 
 def main() -> None:
@@ -506,11 +766,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write the report here (Markdown)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    names = LONG_CASES if args.cases == "long" else tuple(args.cases.split(","))
+    groups = {"long": LONG_CASES, "gpu": tuple(GPU_CASES)}
+    names = groups.get(args.cases) or tuple(args.cases.split(","))
 
     started = time.perf_counter()
     header = machine()
-    tables: dict[bool, list[str]] = {False: [], True: []}  # by Case.long
+    tables: dict[str, list[str]] = {"cpu": [], "long": [], "gpu": []}  # by Case.section
     growth: list[str] = []
     for name in names:
         case = CASES[name]
@@ -518,7 +779,7 @@ def main() -> None:
             case = dataclasses.replace(case, batch=args.batch)
         seconds, peaks, inputs = run_case(case, args.rounds, device, memory=not args.no_memory)
         section = table(case, seconds, peaks, inputs)
-        tables[case.long] += section
+        tables[case.section] += section
         if case.long:
             growth.append(growth_row(case, seconds, peaks))
         print("\n".join(section), flush=True)
@@ -535,14 +796,24 @@ def main() -> None:
     )
     if args.out:
         old = args.out.read_text() if args.out.exists() else ""
-        report = REPORT.format(tables="\n".join(tables[False]), **fields) if tables[False] else old
+        report = REPORT.format(tables="\n".join(tables["cpu"]), **fields) if tables["cpu"] else old
         long = (
-            LONG_REPORT.format(tables="\n".join(tables[True]), growth="\n".join(growth), **fields)
-            if tables[True]
+            LONG_REPORT.format(tables="\n".join(tables["long"]), growth="\n".join(growth), **fields)
+            if tables["long"]
             else long_section(old)
         )
+        report = with_long_section(report, long)
+        windowed = WINDOWED_SECTION.search(old)  # scripts/bench_swin.py's, kept as it is
+        if windowed and windowed.group(0) not in report:
+            report = report.rstrip("\n") + "\n\n" + windowed.group(0) + "\n"
+        if tables["gpu"]:
+            checks = "\n".join(cuda_checks(device)) if device.type == "cuda" else CHECKS_PENDING
+            gpu = GPU_REPORT.format(tables="\n".join(tables["gpu"]), checks=checks, **fields)
+            report = with_gpu_section(report, gpu)
         with atomic_write(args.out, "w") as handle:
-            handle.write(with_long_section(report, long))
+            handle.write(
+                with_gpu_section(report, GPU_PENDING) if not gpu_section(report) else report
+            )
     print(f"benchmark took {elapsed / 60:.1f} min")
 
 
@@ -555,6 +826,34 @@ def growth_row(case: Case, seconds: dict[str, list[float]], peaks: dict[str, int
     memory = f"{peaks['generic'] / peaks[FLOOR]:.2f}" if peaks.get(FLOOR) else "-"
     return f"| {title} | {case.tokens} | {time_ratio:.2f} | {memory} |"
 
+
+GPU_BEGIN = "<!-- gpu: scripts/bench.py --device cuda --cases gpu -->"
+GPU_END = "<!-- end of gpu -->"
+
+
+def gpu_section(text: str) -> str:
+    """The GPU section of a report (markers included), or "" when it has none."""
+    begin, end = text.find(GPU_BEGIN), text.find(GPU_END)
+    return text[begin : end + len(GPU_END)] if 0 <= begin < end else ""
+
+
+def with_gpu_section(text: str, section: str) -> str:
+    """`text` with its GPU section replaced by `section` (inserted before the long-prompt
+    section, or appended, if it had none)."""
+    old = gpu_section(text)
+    if old:
+        return text.replace(old, section)
+    at = text.find(LONG_BEGIN)
+    if at < 0:
+        return text.rstrip("\n") + "\n\n" + section + "\n"
+    return text[:at] + section + "\n\n" + text[at:]
+
+
+WINDOWED_SECTION = re.compile(
+    r"<!-- windowed attention: scripts/bench_swin.py -->.*?<!-- end of windowed attention -->",
+    re.DOTALL,
+)
+"""The Swin section, which scripts/bench_swin.py writes and this script keeps."""
 
 LONG_BEGIN = "<!-- long prompts: scripts/bench.py --cases long -->"
 LONG_END = "<!-- end of long prompts -->"
@@ -629,9 +928,9 @@ What the rows measure:
   backward from the summed predicted logits to the first block's input. No explanation
   can cost less: every gradient method needs this forward and this backward.
 - **generic**, **rollout**: `Explainer(model).explain(inputs, method=...)`, the attention
-  path chosen automatically (`explain.fused.use_fused_path`: explicit below
-  {threshold} tokens on CPU, fused from there on and on CUDA; for forward-only methods
-  from {threshold} tokens on, on any device). `rollout` needs no backward at all.
+  path chosen automatically (`explain.fused.choose_path`, README "Attention paths":
+  on CPU explicit below {threshold} tokens where the maps fit the memory budget, fused
+  and streamed from there on). `rollout` needs no backward at all.
 - **attnlrp**, **cp_lrp**: the same for AttnLRP and CP-LRP (one forward under their
   gradient rules and one backward to the embeddings; they read no attention map, so
   "auto" keeps the model's fused kernel at every length, as the floor does).
@@ -651,11 +950,65 @@ What the rows measure:
   call, which is why it is not measured on the timed calls). It includes the reference
   loop's parameter gradients (the size of the model) and torch's own allocator overhead.
 
+{tables}"""
+
+GPU_COMMAND = "python scripts/bench.py --device cuda --cases gpu --out docs/benchmarks.md"
+
+GPU_INTRO = """\
+On an NVIDIA GPU every dispatched operation is a kernel launch, so the engine keeps the
+explicit maps wherever they fit the memory budget (half the free device memory by
+default), folds every column at once (explain.engine.spread) and streams only beyond the
+budget, through `readout_spread` (explain.engine.kernels). Cases: ViT-B/16 at batch 64 in
+float32 and bfloat16, Llama-1B shapes (16 blocks, width 2048, 32 heads, 8 key-value
+heads) in bfloat16 at 4k, 16k and 32k tokens, and a generation of 64 tokens after a
+1,024-token prompt, whose floor is one forward and one 64-column batched backward. Peak
+memory is `torch.cuda.max_memory_allocated` above what was allocated before the call
+(the weights). Goals: ViT bf16 generic at most 1.3x the floor, transformer_attribution
+at most 2x, fp32 generic at least 10x faster than the papers' loop; Llama generic at
+most 1.5x the floor's time and memory; the generation at most 1.5x its floor."""
+
+GPU_REPORT = (
+    GPU_BEGIN
+    + """
+## GPU
+
+Generated by `"""
+    + GPU_COMMAND
+    + """` on {date}, {device}: {machine}.
+Medians of {rounds} interleaved rounds after a warm-up round; the run took {minutes:.1f}
+minutes. """
+    + GPU_INTRO
+    + """
+
 {tables}
-GPU figures are pending: no GPU was available in the session that wrote this benchmark.
-On CUDA the script measures `torch.cuda.max_memory_allocated` instead of resident memory
-(`python scripts/bench.py --device cuda`).
+Correctness on CUDA: each result against the CPU's, float32.
+
+{checks}
 """
+    + GPU_END
+)
+
+CHECKS_PENDING = "Not run: the run had no CUDA device."
+
+GPU_PENDING = (
+    GPU_BEGIN
+    + """
+## GPU
+
+The GPU figures are pending: no GPU was lent to the sessions that wrote this page. The
+CPU op-count tests (tests/test_op_counts.py) stand in for kernel launches meanwhile.
+The command that produces this section on an NVIDIA GPU (about 10 minutes on an H200):
+
+    """
+    + GPU_COMMAND
+    + """
+
+"""
+    + GPU_INTRO
+    + """
+"""
+    + GPU_END
+)
 
 
 LONG_REPORT = """\
@@ -668,15 +1021,15 @@ the first {warm_up} tokens; the run took {minutes:.1f} minutes. The machine is s
 with other work, so the times carry its noise; the memory figures do not depend on it.
 One input per case, random weights. Rows as above: the floor (forward + input backward
 on the default sdpa path), `generic` on the path "auto" takes (the fused path from
-{threshold} tokens on, for adapters that have one: A and dA recomputed from q, k, v and
-dO and folded by chunks of query rows, explain.fused), and on the explicit path where
-its N x N maps fit in memory. The goal at 4096 tokens: generic within 1.5x the floor's
-memory and 2x its time. The cases may come from separate runs of this command (a run
-of some of them replaces their rows and tables and keeps the others'; this header is
-the last run's). What to expect: the memory ratio falls towards 1 as N grows, since the
-fold's chunks have a fixed size (explain.fused.STREAM_BYTES) while the floor's
-activations grow with N; the time over the floor is the streamed fold (A and dA
-recomputed by chunks, then folded), whose parts are measured below the tables.
+{threshold} tokens on, for adapters that have one: each block folded by
+`readout_spread`, A and dA recomputed from q, k, v and dO by chunks of query rows,
+explain.engine.kernels), and on the explicit path where its N x N maps fit in memory.
+The goal at 4096 tokens: generic within 1.5x the floor's memory and 2x its time. The
+cases may come from separate runs of this command (a run of some of them replaces their
+rows and tables and keeps the others'; this header is the last run's). What to expect:
+the memory ratio falls towards 1 as N grows, since on CPU the fold's chunks stay
+cache-sized (explain.engine.kernels.torch_fold.CPU_CHUNK_BYTES) while the floor's
+activations grow with N; the time over the floor is the streamed fold.
 
 How generic's cost over the floor grows with the prompt:
 

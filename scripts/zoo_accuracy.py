@@ -23,6 +23,7 @@ BEGIN = "<!-- heldout-accuracy: written by scripts/zoo_accuracy.py -->"
 END = "<!-- /heldout-accuracy -->"
 HEADLINE = {
     "shapes-vit": "every kind's present/absent decision right (the exact set of kinds)",
+    "shapes-swin": "every kind's present/absent decision right (the exact set of kinds)",
     "digits-vit": "top-1",
     "minilm-sentiment": "top-1",
     "shapes-clip": "zero-shot: the closest of the 41 set captions names exactly its kinds",

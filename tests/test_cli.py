@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from explain import Explainer
 from explain.cli import build_parser, main
-from explain.cli.image import parse_targets
+from explain.cli.image import parse_targets, unique_stems
 from explain.errors import TargetError
 from explain.io import load_images
 from explain.testing import tiny_vit
@@ -200,6 +200,23 @@ def test_same_file_names_in_two_folders_do_not_overwrite_each_other(capsys, tmp_
     }
 
 
+def test_output_names_are_unique_for_any_set_of_inputs(capsys, tmp_path, model_folder):
+    pixels = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    inputs = [tmp_path / name for name in ("a.png", "a.jpg", "a-2.png", "a.bmp")]
+    for path in inputs:
+        Image.fromarray(pixels).save(path)
+    assert unique_stems(inputs) == ["a", "a-3", "a-2", "a-4"]
+    assert unique_stems(inputs) == unique_stems(list(inputs))  # stable
+    out = tmp_path / "out"
+    status, _, _ = _run(
+        capsys, "image", *inputs, "--model", model_folder, "--target", "0", "--save", "npz",
+        "--out", out,
+    )  # fmt: skip
+    assert status == 0
+    assert len(list(out.glob("*.npz"))) == len(inputs)
+    assert len(list(out.glob("*.png"))) == len(inputs)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -226,6 +243,8 @@ def test_parse_targets(text, expected):
         ("circle,", CLASSES, "empty entry"),
         ("cat", None, "no class names; give a class index"),
         ("cat", ["cat", "cat"], "names several classes"),
+        ("²", CLASSES, "not a class of this model"),  # a digit to isdigit(), not to int()
+        ("1²", CLASSES, "not a class of this model"),
     ],
 )
 def test_parse_targets_errors(text, classes, message):
@@ -380,6 +399,100 @@ def test_unwritable_outputs_fail_before_any_work(tmp_path, capsys, option, desti
     assert status == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith(f"explain: error: {option} ")
     assert message in err
+
+
+def test_dollar_signs_in_class_names_do_not_break_the_grid(capsys, tmp_path, model_folder):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(model_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["classes"] = ["a $\\x$ b", "$5 note", "tabby, tabby cat"]
+    (folder / "config.json").write_text(json.dumps(config))
+    _write_images(tmp_path / "images", 1)
+    out = tmp_path / "out"
+    argv = ["image", tmp_path / "images", "--model", folder, "--target", "0,1", "--grid"]
+    status, _, err = _run(capsys, *argv, "--out", out)
+    assert status == 0, err
+    assert (out / "image0_grid.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("command", "blocked", "message"),
+    [
+        (["image", "{images}", "--save", "npz"], "out/image0_generic.npz/", "--save"),
+        (["image", "{images}", "--grid"], "out/image1_grid.png/", "--grid"),
+        (["clip", "{images}", "--text", "a"], "out/image0_clip.png/", "--out"),
+        (
+            ["text", "a", "--save", "json", "--method", "generic,rollout"],
+            "out/text_rollout.json/",
+            "--save",
+        ),
+        (["generate", "a", "--html", "{tmp}/page.html"], "page.png/", "--html"),
+        (["generate", "a", "--png", "{tmp}/fig"], "fig/", "--png"),
+        (["generate", "a", "--save", "npz"], "out/generation.npz/", "--save"),
+        (["seq2seq", "a"], "out/seq2seq_source.png/", "--out"),
+        (["evaluate", "perturbation", "--output", "{tmp}/r.json"], "r.md/", "--output"),
+        (["evaluate", "perturbation", "--output", "{tmp}/r.json"], "r.png/", "--output"),
+        (["evaluate", "perturbation", "--output", "{tmp}/r.json"], "r.json.parts", "--output"),
+    ],
+)
+def test_every_planned_output_is_checked_before_any_work(
+    tmp_path, capsys, command, blocked, message
+):
+    """Each output a command names from its arguments: a folder where a file goes (or a
+    file where its work folder goes) is refused before the model is even looked for."""
+    _write_images(tmp_path / "images", 2)
+    blocker = tmp_path / blocked.rstrip("/")
+    if blocked.endswith("/"):
+        blocker.mkdir(parents=True)
+    else:
+        blocker.write_text("a file")
+    filled = [part.format(images=tmp_path / "images", tmp=tmp_path) for part in command]
+    argv = [*filled, "--model", "zoo:no-such-model"]
+    if command[0] != "evaluate":
+        argv += ["--out", tmp_path / "out"]
+    status, out, err = _run(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith(f"explain: error: {message} ")
+    assert blocker.name in err
+
+
+def test_atomic_write_refuses_a_folder_with_a_clear_error(tmp_path):
+    from explain.errors import InputError
+    from explain.io import atomic_write
+
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="is a folder"), atomic_write(tmp_path / "taken"):
+        pass
+    with (
+        pytest.raises(InputError, match="a file is in the way"),
+        atomic_write(tmp_path / "file" / "x"),
+    ):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["evaluate", "perturbation", "--methods", ",", "--output", "r.json"],
+            "empty entry in --methods",
+        ),
+        (
+            ["evaluate", "perturbation", "--methods", "generic,", "--output", "r.json"],
+            "empty entry",
+        ),
+        (["image", "x.png", "--method", ","], "empty entry in --method"),
+        (["clip", "{image}", "--text", "a", "--text", " "], "a --text is empty"),
+    ],
+)
+def test_empty_entries_are_refused_not_read_as_every_method(tmp_path, capsys, argv, message):
+    _write_images(tmp_path / "images", 1)
+    filled = [part.format(image=tmp_path / "images" / "image0.png") for part in argv]
+    status, _, err = _run(capsys, *filled, "--model", "zoo:no-such-model")
+    assert status == 2 and message in err
 
 
 @pytest.mark.parametrize(("rank", "printed"), [("0", True), ("3", False)])

@@ -93,10 +93,13 @@ FLOAT32_SOFTMAX = (
     "hf_llava",
     "hf_paligemma",
     "hf_gemma3",
+    "hf_qwen2_vl",
+    "hf_qwen2_5_vl",
 )
 """Cases (by name prefix) whose eager attention takes its softmax in float32 whatever the
-model's dtype (transformers' SigLIP, Llama and its kin, also inside LLaVA, PaliGemma and
-Gemma 3): their explicit path is float32-exact only, the fused one float64."""
+model's dtype (transformers' SigLIP, Llama and its kin, also inside LLaVA, PaliGemma,
+Gemma 3, Qwen2-VL and Qwen2.5-VL): their explicit path is float32-exact only, the fused
+one float64."""
 
 
 def test_a_family_without_a_tiny_model_is_named():
@@ -131,7 +134,7 @@ def test_a_batch_equals_each_input_alone(family, method):
     for index, alone in enumerate(case.alone):
         single = _explain(family, alone, method=method)
         if not pairs:  # a dual encoder's target indexes the texts of its own batch
-            assert together.target[index] == single.target[0]
+            assert torch.equal(together.target[index], single.target[0])
         for name, relevance in together.relevances.items():
             real = case.lengths.get(name, (None, None))[index]
             _close(relevance[index][..., :real], single.relevances[name][0][..., :real])
@@ -166,6 +169,18 @@ def test_k_targets_equal_k_separate_calls(family, method):
             for name, relevance in every.relevances.items():
                 _close(relevance[:, position], one.relevances[name])
         return
+    if _adapter(case).token_sets == TokenSets.DETECTION:
+        # A detection is explained for its own class; several are several queries.
+        with pytest.raises(OptionError, match="no target"):
+            _explain(family, method=method, target=torch.tensor([[0, 1], [1, 0]]))
+        queries = torch.tensor([[0, 1], [1, 0]])
+        both = _explain(family, method=method, queries=queries)
+        for k in range(queries.shape[1]):
+            one = _explain(family, method=method, queries=queries[:, k])
+            assert both.target[:, k].tolist() == one.target[:, 0].tolist()
+            for name, relevance in both.relevances.items():
+                _close(relevance[:, k], one.relevances[name][:, 0])
+        return
     classes = torch.tensor([[0, 1], [1, 0]])
     both = _explain(family, method=method, target=classes)
     for k in range(classes.shape[1]):
@@ -194,6 +209,10 @@ def test_explicit_equals_fused_or_fused_is_refused(family, method):
 @pytest.mark.parametrize("family", _family_params())
 def test_trace_explains_the_default_target_of_explain(family):
     case = _case(family)
+    if _adapter(case).token_sets == TokenSets.DETECTION:  # one score per detection
+        with pytest.raises(OptionError, match="one score per input"):
+            Explainer(case.model).trace(case.batch)
+        return
     explained = _explain(family)
     traced = Explainer(case.model, spec=case.spec).trace(case.batch, score="logit")
     assert traced.target.tolist() == explained.target.tolist()

@@ -200,6 +200,27 @@ def test_spec_mistakes_get_errors_that_say_what_to_do():
         Explainer(model, spec=spec).explain(images, method="transformer_attribution")
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(patch_size=0), "patch_size must be a positive int"),
+        (dict(patch_size=(8, 0)), "patch_size must be a positive int"),
+        (dict(patch_size=(8, 8, 8)), "patch_size must be a positive int"),
+        (dict(patch_size=8.0), "patch_size must be a positive int"),
+        (dict(patch_size=True), "patch_size must be a positive int"),
+        (dict(blocks=None), "blocks must be a dotted name"),
+        (dict(blocks=3), "blocks must be a dotted name"),
+        (dict(attention=None), "attention must name the module"),
+        (dict(prefix_tokens="1"), "prefix_tokens must be an int"),
+    ],
+)
+def test_spec_fields_of_the_wrong_kind_are_clear_errors(change, message):
+    model, spec = tiny_custom_vit()
+    bad = TransformerSpec(**{**vars(spec), **change})
+    with pytest.raises(ExplainError, match=message):
+        Explainer(model, spec=bad)
+
+
 def test_unsupported_models_point_to_the_spec():
     with pytest.raises(UnsupportedModelError, match="TransformerSpec"):
         Explainer(HandWrittenViT())

@@ -121,7 +121,7 @@ def test_results_carry_standard_errors_and_ties_that_the_records_reproduce(model
     auc = {}
     for method in methods:
         parts = sorted((work_folder(output) / method).iterdir())
-        records = concatenate_records([json.loads(p.read_text()) for p in parts])
+        records = concatenate_records([json.loads(p.read_text())["records"] for p in parts])
         # The positive AUC of every draw, computed here with numpy from the hits.
         hits = np.array(records["positive_predicted"], dtype=float)[indices]  # (R, n, F)
         correct = np.array(records["correct"], dtype=float)[indices]  # (R, n)

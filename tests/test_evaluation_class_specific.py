@@ -15,6 +15,7 @@ from explain.evaluation import FRACTIONS, ClassSpecificTest
 from explain.evaluation.datasets import ImageExample, TwoObjectExample
 from explain.evaluation.datasets.zoo import ShapesPairs, heldout_dataset
 from explain.evaluation.evaluate import real_dataset
+from explain.evaluation.protocol import records_problem
 from explain.testing import ModelState
 from explain.zoo import WEIGHTS, zoo_root
 
@@ -76,6 +77,7 @@ def test_records_match_a_plain_loop_reference(model, pairs, method):
     protocol = ClassSpecificTest(model, MEAN, STD, multi_label=True, forward_batch=7)
     examples = [pairs[i] for i in range(4)]
     records = protocol.evaluate(method, examples)
+    assert records_problem(records, ClassSpecificTest.fields, len(examples)) is None
     for row, example in enumerate(examples):
         expected = reference_records(model, example, method)
         for key in ("positive", "negative", "other_positive"):

@@ -11,6 +11,7 @@ from explain import Explainer
 from explain.errors import InputError
 from explain.evaluation import FRACTIONS, PerturbationTest, SegmentationTest
 from explain.evaluation.datasets import ImageExample
+from explain.evaluation.protocol import records_problem
 from explain.testing import ModelState
 
 
@@ -63,6 +64,7 @@ def test_perturbation_records_match_a_plain_loop_reference(model, squares, metho
     wrong = ImageExample(image=other.image, label=black)
     examples = [squares[0], squares[1], wrong]
     records = protocol.evaluate(method, examples)
+    assert records_problem(records, PerturbationTest.fields, len(examples)) is None
     for row, example in enumerate(examples):
         for curve in ("positive_predicted", "negative_predicted"):
             expected = reference_hits(model, example, method, None, curve.startswith("positive"))
@@ -123,6 +125,7 @@ def test_segmentation_records_match_the_explainer_maps(model, squares):
     protocol = SegmentationTest(model, MEAN, STD)
     example = squares[3]
     records = protocol.evaluate("generic", [example])
+    assert records_problem(records, SegmentationTest.fields, 1) is None
     heatmap = Explainer(model).explain(normalise(example.image)[None]).heatmap()[0]
     foreground = heatmap > heatmap.mean()
     truth = example.mask.bool()

@@ -9,6 +9,7 @@ import torch
 from explain import Explainer
 from explain.evaluation import TOP_K, RationaleTest
 from explain.evaluation.datasets.zoo import SentimentHeldout
+from explain.evaluation.protocol import records_problem
 from explain.testing import ModelState
 
 
@@ -55,6 +56,7 @@ def test_token_f1_matches_a_word_by_word_reference(minilm, method):
     protocol = RationaleTest(model, tokenizer)
     examples = [SentimentHeldout(length=3)[i] for i in range(3)]
     records = protocol.evaluate(method, examples)  # a padded batch of three
+    assert records_problem(records, RationaleTest.fields, len(examples)) is None
     for row, example in zip(records["f1"], examples, strict=True):
         assert row == pytest.approx(reference_f1(model, tokenizer, example, method), abs=1e-6)
     summary = protocol.summarize(records)

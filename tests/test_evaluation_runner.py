@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -131,6 +132,93 @@ def test_resume_after_an_interruption_gives_the_same_json(model, tmp_path):
     )
     assert second.calls == [("generic", 2), ("rollout", 2), ("generic", 1), ("rollout", 1)]
     assert output.read_text() == uninterrupted.read_text()
+
+
+def _tamper_positive_curve(chunk):
+    chunk["records"]["positive_predicted"][0][0] = 424962
+    return chunk
+
+
+def _records(change):
+    def tamper(chunk):
+        change(chunk["records"])
+        return chunk
+
+    return tamper
+
+
+TAMPERED_CHUNKS = {
+    "out of range": _tamper_positive_curve,
+    "NaN": lambda chunk: json.loads(json.dumps(chunk).replace('"correct": [1', '"correct": [NaN')),
+    "string": _records(lambda r: r["label"].__setitem__(0, "3")),
+    "null": _records(lambda r: r["predicted"].__setitem__(1, None)),
+    "bool": _records(lambda r: r["correct"].__setitem__(0, True)),
+    "missing key": _records(lambda r: r.pop("negative_target")),
+    "extra key": _records(lambda r: r.__setitem__("bonus", [0, 0])),
+    "short curve": _records(lambda r: r["negative_predicted"][0].pop()),
+    "short column": _records(lambda r: r["label"].pop()),
+    "other run": lambda chunk: {**chunk, "run": "0" * 64},
+    "other range": lambda chunk: {**chunk, "examples": [0, 1]},
+    "old format": lambda chunk: chunk["records"],
+    "not an object": lambda chunk: [chunk],
+    "deep": lambda chunk: json.loads("[" * 100 + "]" * 100),
+}
+
+
+@pytest.fixture(scope="module")
+def finished_run(model, tmp_path_factory):
+    """A finished rollout run over 4 examples in chunks of 2: (its output, its results)."""
+    output = tmp_path_factory.mktemp("finished") / "r.json"
+    protocol = PerturbationTest(model, MEAN, STD)
+    run_evaluation(protocol, SquaresDataset(4), ["rollout"], output, **RUN)
+    return output, output.read_text()
+
+
+RUN = dict(model_name="tiny", batch_size=2, progress=False)
+
+
+@pytest.mark.parametrize("damage", sorted(TAMPERED_CHUNKS))
+def test_chunks_that_cannot_be_trusted_are_not_reused(finished_run, tmp_path, damage, capsys):
+    from explain.evaluation.runner import _stored_chunk
+
+    finished, _ = finished_run
+    original = work_folder(finished) / "rollout" / "00000000-00000002.json"
+    stored = json.loads(original.read_text())
+    label = {key: stored[key] for key in ("run", "method", "examples")}
+    fields = PerturbationTest.fields
+    chunk = tmp_path / "chunk.json"
+    chunk.write_text(original.read_text())
+    assert _stored_chunk(chunk, label, fields, 2) == stored["records"]
+    changed = TAMPERED_CHUNKS[damage](copy.deepcopy(stored))
+    chunk.write_text(changed if isinstance(changed, str) else json.dumps(changed))
+    assert _stored_chunk(chunk, label, fields, 2) is None
+    assert "is damaged" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["out of range", "NaN", "string"])
+def test_resume_recomputes_an_untrusted_chunk_only(model, tmp_path, finished_run, damage):
+    """Tampered numbers once gave a positive AUC of 424962.5 and flipped the ranking."""
+    finished, reference = finished_run
+    output = tmp_path / "r.json"
+    shutil.copytree(work_folder(finished), work_folder(output))
+    chunk = work_folder(output) / "rollout" / "00000000-00000002.json"
+    text = chunk.read_text()
+    changed = TAMPERED_CHUNKS[damage](json.loads(text))
+    chunk.write_text(changed if isinstance(changed, str) else json.dumps(changed))
+    protocol = CountingTest(model, MEAN, STD)
+    run_evaluation(protocol, SquaresDataset(4), ["rollout"], output, **RUN)
+    assert protocol.calls == [("rollout", 2)]  # that chunk only, computed again
+    assert output.read_text() == reference
+    assert json.loads(chunk.read_text()) == json.loads(text)
+
+
+def test_results_are_standard_json_even_for_numbers_that_are_not_finite(tmp_path):
+    from explain.evaluation.runner import _finite
+
+    results = {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf"), "e": 2}}
+    assert json.dumps(_finite(results), allow_nan=False) == (
+        '{"a": null, "b": [1.0, null], "c": {"d": null, "e": 2}}'
+    )
 
 
 def test_a_method_that_fails_is_skipped_with_its_reason(model, tmp_path):

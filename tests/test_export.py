@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 
 from explain import Explainer, Explanation
-from explain.errors import ExplainError
+from explain.errors import ExplainError, InputError, OptionError
 from explain.testing import tiny_vit
 
 
@@ -115,4 +115,123 @@ def test_load_errors_say_what_to_do(tmp_path, name, content, message):
 def test_save_refuses_an_unknown_format(tmp_path):
     with pytest.raises(ExplainError, match="suffixes"):
         _text_like().save(tmp_path / "result.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _tampered(tmp_path, suffix, header=None, tensors=None):
+    """A saved `_text_like` explanation with header fields or tensors replaced."""
+    from explain.export import write_payload
+
+    original = _text_like()
+    path = tmp_path / f"tampered.{suffix}"
+    write_payload(
+        path, {**original._tensors(), **(tensors or {})}, {**original._header(), **(header or {})}
+    )
+    return path
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors", "json"])
+@pytest.mark.parametrize(
+    ("header", "tensors", "message"),
+    [
+        ({"method": 123}, None, "method is 123, not a name"),
+        ({"score": None}, None, "score is None"),
+        ({"input_size": [0, 4]}, None, "input_size"),
+        ({"input_size": [True, 4]}, None, "input_size"),
+        ({"tokens": [["a"], [1]]}, None, "tokens is not a list of token strings"),
+        ({"tokens": [["a"]]}, None, "tokens hold 1 samples; the logits 2"),
+        ({"relevances": "text"}, None, "relevances is not a list"),
+        ({"settings": [1]}, None, "settings is not a JSON object"),
+        ({"version": 7}, None, "format version 7"),
+        (None, {"target": torch.tensor([1, 0, 1])}, r"target has shape \(3,\)"),
+        (None, {"target": torch.tensor([1, 5])}, r"target holds classes outside -1\.\.1"),
+        (None, {"target": torch.tensor([1.0, 0.0])}, "target is torch.float32, not integers"),
+        (None, {"relevance": torch.ones(2, 4, dtype=torch.complex64)}, "not real floating"),
+        (None, {"relevance": torch.ones(2, 4, dtype=torch.int32)}, "not real floating"),
+        (None, {"relevance": torch.ones(2, 4, dtype=torch.uint64)}, "not real floating"),
+        (None, {"relevance": torch.ones(3, 4)}, r"relevance has shape \(3, 4\)"),
+        (None, {"logits": torch.ones(2)}, r"logits are torch.float32 of shape \(2,\)"),
+        (None, {"relevances.image": torch.ones(1, 4, 4)}, r"relevances\['image'\] has shape"),
+    ],
+)
+def test_load_refuses_contents_that_are_not_an_explanations(
+    tmp_path, suffix, header, tensors, message
+):
+    complex_values = tensors is not None and any(t.is_complex() for t in tensors.values())
+    if suffix == "json" and complex_values:
+        pytest.skip("JSON has no complex numbers: such a file cannot be written")
+    path = _tampered(tmp_path, suffix, header, tensors)
+    with pytest.raises(InputError, match=message):
+        Explanation.load(path)
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors", "json"])
+@pytest.mark.parametrize("damage", ["cut in half", "cut by one byte", "first bytes", "zeros"])
+def test_damaged_files_raise_one_clear_error(tmp_path, suffix, damage):
+    path = tmp_path / f"r.{suffix}"
+    _text_like().save(path)
+    data = path.read_bytes()
+    damaged = {
+        "cut in half": data[: len(data) // 2],
+        "cut by one byte": data[:-1] if suffix != "json" else data[:-3],
+        "first bytes": data[:7],
+        "zeros": bytes(len(data)),
+    }[damage]
+    path.write_bytes(damaged)
+    with pytest.raises(InputError, match=r"damaged|no valid explanation|no explanation"):
+        Explanation.load(path)
+
+
+def test_missing_tensors_and_deep_nesting_are_clear_errors(tmp_path):
+    from explain.export import write_payload
+
+    original = _text_like()
+    path = tmp_path / "r.safetensors"
+    tensors = original._tensors()
+    del tensors["relevance"]
+    write_payload(path, tensors, original._header())
+    with pytest.raises(InputError, match="it has no relevance"):
+        Explanation.load(path)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(InputError, match="nests too deeply"):
+        Explanation.load(deep)
+
+
+def test_npz_reads_only_its_own_members_and_checks_sizes_before_inflating(tmp_path):
+    import tracemalloc
+    import zipfile
+
+    path = tmp_path / "r.npz"
+    original = _text_like()
+    original.save(path)
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("extra.npy", bytes(256 * 2**20))  # 256 MiB of zeros, ~250 KB stored
+        archive.writestr("also_not_npy.npy", b"not an array")
+    assert path.stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        _assert_same(Explanation.load(path), original)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20  # the extra member was never inflated
+    # A member of its own whose zip entry claims more than its array header says.
+    bomb = tmp_path / "bomb.npz"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename == "relevance.npy":
+                data += bytes(256 * 2**20)
+            out.writestr(info.filename, data)
+    with pytest.raises(InputError, match="relevance declares"):
+        Explanation.load(bomb)
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors", "json"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), {1, 2}, object()])
+def test_settings_that_json_cannot_hold_are_refused_before_writing(tmp_path, suffix, value):
+    result = Explanation(**{**vars(_text_like()), "settings": {"ratio": value}})
+    with pytest.raises(OptionError, match="cannot be written as JSON"):
+        result.save(tmp_path / f"r.{suffix}")
     assert list(tmp_path.iterdir()) == []

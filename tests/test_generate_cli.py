@@ -117,3 +117,18 @@ def test_a_saved_tiny_model_reloads_its_tokenizer_or_says_why_not(tmp_path):
     # transformers reads Qwen2 folders with Qwen2's own tokenizer, whatever they say.
     with pytest.raises(ValueError, match=r"Qwen2Tokenizer.*save another family"):
         tiny_lm.save_tiny_lm(tmp_path / "qwen2", "qwen2")
+
+
+def test_a_png_under_a_missing_folder_is_written_there(folder, tmp_path, capsys):
+    png = tmp_path / "figures" / "new" / "matrix.png"
+    argv = ["generate", "w10 w11", "--model", str(folder), "--max-new-tokens", "2"]
+    assert main([*argv, "--html", str(tmp_path / "page.html"), "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_png_that_is_a_folder_is_refused_before_the_page_is_written(folder, tmp_path, capsys):
+    argv = ["generate", "w10", "--model", str(folder), "--html", str(tmp_path / "p.html")]
+    assert main([*argv, "--png", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--png" in err and "is a folder" in err
+    assert not (tmp_path / "p.html").exists()  # refused before anything was written

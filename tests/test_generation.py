@@ -10,7 +10,6 @@ import pytest
 import reference_hf as ref
 import torch
 
-import explain.fused
 from explain import Explainer, InputError, OptionError, engine
 from explain.generation import Generation, explain_generation, generate, is_chat
 from explain.testing import ModelState, tiny_lm
@@ -161,15 +160,22 @@ def test_the_engines_option_rules_hold_for_generations():
 
 
 @pytest.mark.parametrize("method", ["generic", "rollout", "attnlrp"])
-def test_generations_on_the_fused_path(monkeypatch, method):
-    """sdpa (q, k, v seen through the attention interface), every block streamed to every
-    generated position's fold one query row at a time (from one batched backward, or after
-    the forward): equal to the explicit path's whole maps."""
+def test_generations_on_the_fused_path(method):
+    """sdpa (q, k, v seen through the attention interface), every block folded for all
+    generated positions at once, one query row at a time (a budget of 1 byte), from one
+    batched backward or after the forward: equal to the explicit path's whole maps. Qwen2's
+    sliding-window blocks are folded from their whole maps (their mask is more than keys
+    and causality), the others from q, k, v and dO. AttnLRP reads no map: fused, unstreamed."""
     model = _model("qwen2")
     generation = _generation(model, end=True)
-    monkeypatch.setattr(explain.fused, "STREAM_BYTES", 1)
-    fused = explain_generation(Explainer(model, attention_path="fused"), generation, method=method)
+    streamed = Explainer(model, attention_path="fused", memory_budget=1)
+    fused = explain_generation(streamed, generation, method=method)
+    taken = "fused" if method == "attnlrp" else "streamed"
+    assert fused.explanation.settings["attention_path"] == taken
     explicit = explain_generation(Explainer(model), generation, method=method)
+    assert explicit.explanation.settings["attention_path"] == (
+        "fused" if method == "attnlrp" else "explicit"
+    )
     torch.testing.assert_close(
         fused.explanation.relevance, explicit.explanation.relevance, rtol=1e-4, atol=1e-6
     )
@@ -230,3 +236,47 @@ def test_errors_say_what_to_do():
         generate(explainer, ref.padded_batch(PROMPTS, "left"), max_new_tokens=0)
     with pytest.raises(OptionError, match="decoder-only"):
         explain_generation(Explainer(ref.tiny_text_model("bert-classifier")), "w1")
+
+
+def test_generation_stops_at_the_models_last_position_with_a_note():
+    model = _model("gpt2")
+    limit = model.config.n_positions
+    explainer = Explainer(model)
+    prompt = {
+        "input_ids": torch.full((1, limit - 2), 5),
+        "attention_mask": torch.ones(1, limit - 2),
+    }
+    with pytest.warns(
+        UserWarning, match=f"generating at most 2 tokens, not 5: the model takes {limit}"
+    ):
+        result = explain_generation(explainer, prompt, max_new_tokens=5)
+    assert result.generation.input_ids.shape == (1, limit)
+    full = {"input_ids": torch.full((1, limit), 5), "attention_mask": torch.ones(1, limit)}
+    with pytest.raises(InputError, match="no room to generate"):
+        generate(explainer, full)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"num_return_sequences": 2}, OptionError, "one continuation per prompt"),
+        ({"bogus_option": 1}, OptionError, "unknown generation option 'bogus_option'"),
+        ({"input_ids": torch.ones(1, 2, dtype=torch.long)}, OptionError, "sets input_ids itself"),
+        ({"pad_token_id": 3}, OptionError, "sets pad_token_id itself"),
+        ({"do_sample": True, "temperature": -1.0}, OptionError, "bad generation options"),
+    ],
+)
+def test_bad_generation_options_are_clear_errors(options, error, message):
+    model = _model("llama")
+    before = ModelState.capture(model)
+    with pytest.raises(error, match=message):
+        generate(Explainer(model), ref.padded_batch(PROMPTS, "left"), max_new_tokens=2, **options)
+    assert before.differences(ModelState.capture(model)) == []
+
+
+@pytest.mark.parametrize("content", [None, 3, ["w10"]])
+def test_chat_messages_must_hold_text(content):
+    explainer = Explainer(_model("llama"), tokenizer=tiny_lm.tiny_tokenizer())
+    chat = [{"role": "user", "content": "w10"}, {"role": "assistant", "content": content}]
+    with pytest.raises(InputError, match="message 1 of conversation 0 has content"):
+        generate(explainer, chat, max_new_tokens=1)

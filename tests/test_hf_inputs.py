@@ -46,6 +46,10 @@ BAD_INPUTS = {
         f"too long: {ref.MAX_POSITIONS + 1} tokens.*at most {ref.MAX_POSITIONS}",
     ),
     "outside vocabulary": ({"input_ids": torch.tensor([[2, ref.VOCAB, 3]])}, "vocabulary"),
+    "outside vocabulary at a pad": (
+        {"input_ids": torch.tensor([[2, 5, -100]]), "attention_mask": torch.tensor([[1, 1, 0]])},
+        "token id -100 at padding position 2 of text 0 is outside the model's vocabulary",
+    ),
     "left padding for CLS": (
         {"input_ids": torch.tensor([[0, 2, 3]]), "attention_mask": torch.tensor([[0, 1, 1]])},
         "padding_side = 'right'",
@@ -61,6 +65,26 @@ def test_bad_text_input_is_refused_clearly(case):
     with pytest.raises(InputError, match=message):
         Explainer(model).explain(inputs)
     assert before.differences(ModelState.capture(model)) == []
+
+
+def test_narrow_integer_ids_are_compared_as_the_numbers_they_hold():
+    """A uint8 id of 200 is inside a 30522-token vocabulary: compared in uint8, 30522 would
+    wrap to 58 and refuse it."""
+    from explain.architectures.hf_common import prepare_text
+
+    for dtype in (torch.uint8, torch.int8, torch.int16, torch.int32):
+        ids = torch.tensor([[2, 100, 3]], dtype=dtype)
+        found = prepare_text(
+            {"input_ids": ids}, max_tokens=8, vocab_size=30522, device=torch.device("cpu"),
+            token_types=False,
+        )  # fmt: skip
+        assert found["input_ids"].dtype == torch.long
+        assert found["input_ids"].tolist() == [[2, 100, 3]]
+    wide = prepare_text(
+        {"input_ids": torch.tensor([[200]], dtype=torch.uint8)}, max_tokens=8, vocab_size=30522,
+        device=torch.device("cpu"), token_types=False,
+    )  # fmt: skip
+    assert wide["input_ids"].tolist() == [[200]]
 
 
 def test_roberta_limit_counts_its_position_offset():

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import explain.hub
 from explain import Explainer
 from explain.errors import (
     GatedRepoError,
@@ -171,8 +172,45 @@ def test_no_such_repository_and_no_network_are_told_apart(hub, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("explain.hub.hub_reachable", lambda: True)  # the client's own failure
     with pytest.raises(HubUnreachableError, match=r"cannot reach the Hugging Face Hub.*network"):
         load_model("someone/model")
+
+
+@pytest.fixture
+def no_network(filled, monkeypatch):
+    """The filled cache, online mode, and a network on which no name resolves (as without
+    one): every lookup is counted."""
+    import socket
+
+    cache, _ = filled
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", *explain.hub._PROXIES):
+        monkeypatch.delenv(name, raising=False)
+    lookups = []
+
+    def unresolvable(host, *args, **kwargs):
+        lookups.append(host)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unresolvable)
+    return lookups
+
+
+def test_without_network_a_hub_name_fails_at_once_and_cached_ones_load(no_network):
+    """The hub client retries a failed lookup for about 25 s; one probe tells at once."""
+    with pytest.raises(HubUnreachableError, match=r"cannot reach the Hugging Face Hub.*network"):
+        load_model("someone/not-cached-model")
+    assert no_network == ["huggingface.co"]  # the probe, and no retry after it
+    assert load_model(HUB_SPECS["text"]).classes == ("NEGATIVE", "POSITIVE")  # from the cache
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False  # restored after each call
+
+
+def test_behind_a_proxy_the_hub_is_not_probed(monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setattr("socket.create_connection", lambda *a, **k: pytest.fail("probed"))
+    assert explain.hub.hub_reachable()
 
 
 def test_unsupported_architecture_names_the_families_before_any_weights(hub, filled, tmp_path):

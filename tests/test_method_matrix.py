@@ -5,7 +5,8 @@ The rows: every family's tiny model (explain.testing.TINY_MODELS, the `Transform
 models included), the generations of every decoder-only family, the answers of the
 vision-language families at both depths, and the routes of the
 two-token-set kinds (a dual encoder's pairs, K texts per image and a target callable; an
-encoder-decoder's last, chosen and every position). A raw exception anywhere fails, and
+encoder-decoder's last, chosen and every position; a detector's detections above a
+threshold and named queries). A raw exception anywhere fails, and
 so does a refusal after a forward, or a refusal of a method the engine lists as
 supported for the model (`engine.supported_methods`) and the reverse.
 """
@@ -75,6 +76,12 @@ def _routes(family: str) -> dict[str, dict[str, Any]]:
             "every position": {"position": "all"},
             "callable": {"target": lambda logits: logits[:, 3]},
         }
+    if family.startswith("hf_detr"):  # a detection's target is its own class
+        return {
+            "above the threshold": {},
+            "a lower threshold": {"threshold": 0.5},
+            "named queries": {"queries": torch.tensor([[0, 1], [2, 3]])},
+        }
     return {"default": {}, "callable": {"target": lambda logits: logits[:, 1]}}
 
 
@@ -93,6 +100,10 @@ _ROUTE_NAMES = {
         ("pairs", "one text each", "two texts each", "callable"),
     ),
     "hf_encoder_decoder": ("last position", "a position", "every position", "callable"),
+    **dict.fromkeys(
+        ("hf_detr", "hf_detr:conditional"),
+        ("above the threshold", "a lower threshold", "named queries"),
+    ),
 }
 
 
@@ -140,7 +151,9 @@ def test_every_method_on_generations_is_finite_or_refused_up_front(family, metho
 
 
 VISION_LANGUAGE = [
-    family for family in FAMILIES if family in ("hf_llava", "hf_paligemma", "hf_gemma3")
+    family
+    for family in FAMILIES
+    if family in ("hf_llava", "hf_paligemma", "hf_gemma3", "hf_qwen2_vl", "hf_qwen2_5_vl")
 ]
 
 
@@ -150,7 +163,8 @@ def _answer(family: str) -> Generation:
     answer tokens each, the second answer ending early."""
     batch = _case(family).batch
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    extra = {name: batch[name] for name in ("pixel_values", "token_type_ids") if name in batch}
+    images = ("pixel_values", "image_grid_thw", "token_type_ids")
+    extra = {name: batch[name] for name in images if name in batch}
     answers = torch.tensor([[5, 6], [7, 0]])
     if "token_type_ids" in extra:  # the answer is text (Gemma 3) or the suffix (PaliGemma)
         kind = 0 if family == "hf_gemma3" else 1
@@ -173,10 +187,12 @@ def test_every_method_on_answers_about_images_is_finite_or_refused_up_front(fami
     answer = _answer(family)
     request = Request(prompt_length=answer.prompt_length)
     supported = method in supported_methods(explainer.adapter, request)
+    tower = explainer.adapter.tower_refused is None  # type: ignore[attr-defined]
     for depth in ("lm", "tower"):
+        folds_tower = tower and METHODS[method].default_start_layer is not None
         _finite_or_refused_up_front(
             case.model,
-            supported and (depth == "lm" or METHODS[method].default_start_layer is not None),
+            supported and (depth == "lm" or folds_tower),
             lambda depth=depth: (
                 explain_generation(explainer, answer, method=method, depth=depth).explanation
             ),

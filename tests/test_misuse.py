@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
-from explain import Explainer, OptionError, TargetError
+from explain import Explainer, OptionError, TargetError, UnknownMethodError
 from explain.testing import ModelState
 
 
@@ -57,3 +59,56 @@ def test_unknown_options_list_the_methods_options(vit, images):
         Explainer(vit).explain(images, foo=1)
     with pytest.raises(OptionError, match=r"no option 'fusion'.*seed=0"):
         Explainer(vit).explain(images, method="random", fusion="max")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"target": 2**70}, TargetError, "target class 1180591620717411303424 is out of range"),
+        ({"target": -(2**70)}, TargetError, "is out of range"),
+        ({"target": [2**70, 1]}, TargetError, "cannot read target"),
+        ({"target": {1, 2}}, TargetError, "got a set"),
+        ({"target": {0: 1, 1: 2}}, TargetError, "got a dict"),
+        ({"target": torch.tensor([1 + 0j, 2 + 0j])}, TargetError, "integers, got torch.complex64"),
+        ({"method": None}, UnknownMethodError, "method must be a method name"),
+        ({"method": ["generic"]}, UnknownMethodError, "method must be a method name"),
+        (
+            {"method": "rollout", "discard_ratio": "0.5"},
+            OptionError,
+            "discard_ratio of 'rollout' must be a number",
+        ),
+        (
+            {"method": "rollout", "head_fusion": 1},
+            OptionError,
+            "head_fusion of 'rollout' must be one of",
+        ),
+        ({"method": "random", "seed": "x"}, OptionError, "seed of 'random' must be an int"),
+        ({"method": "random", "seed": 1.5}, OptionError, "seed of 'random' must be an int"),
+        ({"method": "random", "seed": 2**70}, OptionError, "seed of 'random' must be an int"),
+        ({"method": "random", "seed": True}, OptionError, "seed of 'random' must be an int"),
+    ],
+)
+def test_options_of_the_wrong_type_are_clear_errors(vit, images, options, error, message):
+    before = ModelState.capture(vit)
+    with pytest.raises(error, match=re.escape(message) if "(" in message else message):
+        Explainer(vit).explain(images, **options)
+    assert before.differences(ModelState.capture(vit)) == []
+
+
+def test_options_of_the_right_kind_are_accepted_in_any_integer_or_real_type(vit, images):
+    explainer = Explainer(vit)
+    expected = explainer.explain(images, method="random", seed=3).relevance
+    assert torch.equal(
+        explainer.explain(images, method="random", seed=np.int64(3)).relevance, expected
+    )
+    ratio = explainer.explain(images, method="rollout", discard_ratio=0.5).relevance
+    for same in (np.float32(0.5), 0.5):
+        found = explainer.explain(images, method="rollout", discard_ratio=same).relevance
+        torch.testing.assert_close(found, ratio)
+
+
+def test_a_target_callable_returning_complex_scores_is_refused(vit, images):
+    with pytest.raises(TargetError, match=r"real scores or class indices, got torch\.complex64"):
+        Explainer(vit).explain(
+            images, target=lambda logits: torch.complex(logits[:, 0], logits[:, 0])
+        )

@@ -12,15 +12,15 @@ Timings are never asserted here; they are in scripts/bench.py and docs/benchmark
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-import explain.engine.recorder
 from explain import Explainer
 from explain.architectures import adapter_for
 from explain.errors import OptionError
-from explain.fused import CPU_FUSED_MIN_TOKENS, use_fused_path
+from explain.fused import CPU_FUSED_MIN_TOKENS, choose_path, explicit_map_bytes
 from explain.testing import ModelState, tiny_vit
 
 PATHS = ("explicit", "fused")
@@ -116,9 +116,9 @@ def test_targets_share_one_backward_within_the_memory_budget(
 ):
     """One vectorised backward for all targets; with a tiny budget, one plain backward
     per target (a chunk of one column needs no vectorising)."""
-    explainer = Explainer(vit, attention_path=path)
     classes = torch.tensor([[0, 1, 2, 3], [4, 3, 2, 1]])
-    expected = explainer.explain(images, target=classes).relevance
+    expected = Explainer(vit, attention_path=path).explain(images, target=classes).relevance
+    explainer = Explainer(vit, attention_path=path, memory_budget=budget)
     calls = []
     grad = torch.autograd.grad
 
@@ -126,7 +126,6 @@ def test_targets_share_one_backward_within_the_memory_budget(
         calls.append(kwargs.get("is_grads_batched", False))
         return grad(*args, **kwargs)
 
-    monkeypatch.setattr(explain.engine.recorder, "BATCHED_GRADIENT_BYTES", budget)
     monkeypatch.setattr(torch.autograd, "grad", counting_grad)
     relevance = explainer.explain(images, target=classes).relevance
     assert calls == backward_calls
@@ -160,7 +159,7 @@ def test_fused_path_failure_restores_everything(images):
     assert before.differences(ModelState.capture(model)) == []
 
 
-def test_auto_chooses_the_path_from_sequence_length_and_method():
+def test_auto_chooses_the_path_from_device_length_budget_and_method(monkeypatch):
     short = adapter_for(tiny_vit())  # 17 tokens
     patches = (math.isqrt(CPU_FUSED_MIN_TOKENS) + 1) * 8  # square grid side, patch 8
     long_model = tiny_vit(img_size=patches, dynamic_img_size=True)
@@ -169,24 +168,43 @@ def test_auto_chooses_the_path_from_sequence_length_and_method():
     long_layout = long.prepare(torch.zeros(1, 3, patches, patches)).layout
     assert short_layout.num_tokens < CPU_FUSED_MIN_TOKENS <= long_layout.num_tokens
 
-    def choose(adapter, layout, gradients=True, requested="auto", reads_attention=True):
-        return use_fused_path(
-            adapter,
-            layout,
-            needs_gradients=gradients,
-            requested=requested,
-            reads_attention=reads_attention,
+    def choose(
+        adapter, layout, gradients=True, requested="auto", reads_attention=True, budget=1 << 30
+    ):
+        return (
+            choose_path(
+                adapter,
+                layout,
+                batch=2,
+                needs_gradients=gradients,
+                requested=requested,
+                memory_budget=budget,
+                reads_attention=reads_attention,
+            )
+            == "fused"
         )
 
     assert not choose(short, short_layout)
     assert choose(long, long_layout)
-    assert choose(long, long_layout, gradients=False)  # forward-only: streamed by rows
+    assert choose(long, long_layout, gradients=False)  # forward-only: streamed
     assert not choose(short, short_layout, gradients=False)
     assert choose(short, short_layout, requested="fused")
     assert not choose(long, long_layout, requested="explicit")
     # AttnLRP / CP-LRP read no map: the model's own kernel at any length, unless told.
     assert choose(short, short_layout, reads_attention=False)
     assert not choose(short, short_layout, reads_attention=False, requested="explicit")
+    # Maps beyond the budget stream even when short: 3 blocks, 2 samples, 2 heads, 17^2
+    # entries of 4 bytes, and for gradients one dA and 8 bytes of temporaries per entry.
+    entries = 2 * 2 * 17 * 17
+    maps = explicit_map_bytes(short, short_layout, 2, needs_gradients=True)
+    assert maps == 3 * entries * 4 + entries * 12
+    assert not choose(short, short_layout, budget=maps)
+    assert choose(short, short_layout, budget=maps - 1)
+    # On CUDA the explicit maps are taken at any length where they fit the budget.
+    on_cuda = SimpleNamespace(device=torch.device("cuda"), element_size=lambda: 4)
+    monkeypatch.setattr(type(long), "parameter", property(lambda self: on_cuda))
+    assert not choose(long, long_layout, budget=1 << 40)
+    assert choose(long, long_layout, budget=1 << 10)
 
 
 def test_attention_path_errors():
@@ -197,11 +215,22 @@ def test_attention_path_errors():
     layout = adapter.prepare(torch.zeros(1, 3, 32, 32)).layout
     adapter.fused_path = lambda: None  # an adapter without the capability
     with pytest.raises(OptionError, match="has no fused path"):
-        use_fused_path(adapter, layout, needs_gradients=True, requested="fused")
-    assert not use_fused_path(adapter, layout, needs_gradients=True, requested="auto")
-    assert not use_fused_path(
-        adapter, layout, needs_gradients=True, requested="auto", reads_attention=False
-    )
+        choose_path(
+            adapter, layout, batch=1, needs_gradients=True, requested="fused", memory_budget=1
+        )
+    for reads_attention in (True, False):
+        path = choose_path(
+            adapter,
+            layout,
+            batch=1,
+            needs_gradients=True,
+            requested="auto",
+            memory_budget=1,
+            reads_attention=reads_attention,
+        )
+        assert path == "explicit"
+    with pytest.raises(OptionError, match="memory_budget must be a positive number"):
+        Explainer(model, memory_budget=0)
 
 
 def _tiny_text_models():

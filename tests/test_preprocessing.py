@@ -137,3 +137,38 @@ def test_exact_resize_matches_load_images_and_explanation_heatmap(tmp_path):
     )
     upsampled = F.interpolate(relevance, size=PHOTO_SIZE, mode="bilinear", align_corners=False)
     torch.testing.assert_close(preprocessing.to_original(relevance, PHOTO_SIZE), upsampled)
+
+
+def test_an_image_over_pils_decompression_bomb_limit_is_a_clear_error(tmp_path, monkeypatch):
+    from PIL import Image as PILImage
+
+    from explain.errors import InputError
+    from explain.preprocessing import read_image
+
+    path = tmp_path / "large.png"
+    PILImage.new("RGB", (64, 64)).save(path)
+    monkeypatch.setattr(PILImage, "MAX_IMAGE_PIXELS", 100)  # 4096 pixels: over twice the limit
+    with pytest.raises(
+        InputError, match=r"large\.png is too large to read safely.*MAX_IMAGE_PIXELS"
+    ):
+        read_image(path)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(size=(0, 32)), "size must be two positive ints"),
+        (dict(size=("b", "ig")), "size must be two positive ints"),
+        (dict(size=(32, 32), resize=(32,)), "resize must be two positive ints"),
+        (dict(std=(0.5, 0.0, 0.5)), "std must be positive"),
+        (dict(mean=(0.5, float("nan"), 0.5)), "mean must be a finite number"),
+        (dict(mean=()), "mean must be a finite number"),
+    ],
+)
+def test_preprocessing_settings_are_checked_where_they_enter(fields, message):
+    from explain.errors import OptionError
+    from explain.preprocessing import ImagePreprocessing
+
+    settings = {"size": (32, 32), "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), **fields}
+    with pytest.raises(OptionError, match=message):
+        ImagePreprocessing(**settings)

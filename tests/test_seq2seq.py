@@ -371,6 +371,9 @@ def test_errors_are_clear():
         explainer.explain(inputs, position=3)
     with pytest.raises(OptionError, match="position"):
         explainer.explain(inputs, positon=1)
+    for position in (1.5, torch.tensor([1.0, 1.0, 1.0]), 2**70, True):
+        with pytest.raises(OptionError, match="position must be an int"):
+            explainer.explain(inputs, position=position)
     with pytest.raises(InputError, match="2 sources but 3 decoder"):
         explainer.explain({**inputs, "input_ids": inputs["input_ids"][:2], "attention_mask": None})
 

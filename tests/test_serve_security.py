@@ -500,3 +500,15 @@ def test_a_vision_language_model_is_refused_with_the_command_that_explains_it(tm
     )
     with pytest.raises(InputError, match="explain generate --image"):
         Workbench(loaded, ResultCache(tmp_path / "cache"), "tiny-llava")
+
+
+def test_an_object_detector_is_refused_with_the_command_that_explains_it(tmp_path):
+    """A detector comes with its own image processor (variable sizes, padded batches),
+    which the gallery's views do not draw."""
+    from explain.loaded_model import LoadedModel
+    from explain.serve import ResultCache, Workbench
+    from explain.testing import tiny_vit
+
+    loaded = LoadedModel(name="detector", model=tiny_vit(), modality="image", image_processor=1)
+    with pytest.raises(InputError, match="explain detect"):
+        Workbench(loaded, ResultCache(tmp_path / "cache"), "detector")

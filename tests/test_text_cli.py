@@ -62,6 +62,47 @@ def test_classifier_prints_and_writes_escaped_html(classifier_folder, tmp_path, 
     assert not list(page.parent.glob("*.partial"))
 
 
+@pytest.fixture
+def escaping_folder(classifier_folder, tmp_path):
+    """The classifier, its class names holding terminal escape sequences."""
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(classifier_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"] = {"0": "neg\x1b]0;pwned\x07", "1": "pos\x1b[2J\u202e"}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("color", ["never", "always"])
+def test_terminal_control_characters_in_class_names_are_shown_not_obeyed(
+    escaping_folder, capsys, color
+):
+    for target in ("0", "1"):
+        argv = ["text", "Fine.", "--model", str(escaping_folder), "--target", target]
+        assert main([*argv, "--color", color]) == 0
+        printed = capsys.readouterr().out
+        assert "\x07" not in printed and "\u202e" not in printed
+        assert "\x1b]" not in printed and "\x1b[2J" not in printed
+        assert "neg\\x1b]0;pwned\\x07" in printed or "pos\\x1b[2J\\u202e" in printed
+
+
+def test_error_lines_show_control_characters_in_user_text(escaping_folder, capsys):
+    argv = ["text", "Fine.", "--model", str(escaping_folder), "--target", "neutral"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the classes are neg\\x1b]0;pwned\\x07" in err  # listed, escaped
+    assert "\x1b" not in err and "\x07" not in err and err.count("\n") == 1
+
+
+def test_printable_escapes_every_control_character():
+    from explain.viz.text import printable
+
+    assert printable("a\x1b[31mb\tc\u202ed é") == "a\\x1b[31mb\\tc\\u202ed é"
+
+
 def test_colour_output(classifier_folder, tmp_path, capsys):
     args = ["text", "Good.", "--model", str(classifier_folder), "--color", "always"]
     assert main([*args, "--html", str(tmp_path / "a.html")]) == 0
@@ -79,7 +120,11 @@ def test_encoder_explains_similarity_with_the_pair(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["--pair", "x"], "--pair TEXT is for sentence encoders"), (["--target", "joy"], "joy")],
+    [
+        (["--pair", "x"], "--pair TEXT is for sentence encoders"),
+        (["--target", "joy"], "joy"),
+        (["--target", "²"], "neither a class index nor a class name"),
+    ],
 )
 def test_bad_requests(classifier_folder, tmp_path, capsys, extra, message):
     page = tmp_path / "never.html"
@@ -234,7 +279,9 @@ def test_save_writes_the_raw_relevance(classifier_folder, tmp_path, capsys, fmt)
     direct = Explainer(model, tokenizer=tokenizer).explain(texts, target=1)
     torch.testing.assert_close(saved.relevance, direct.relevance)
     assert saved.tokens == direct.tokens and saved.target.tolist() == [1, 1]
-    assert saved.settings == {"model": str(classifier_folder), "texts": texts}
+    # The engine's settings (the attention path taken, the memory budget) travel along.
+    assert saved.settings == {"model": str(classifier_folder), "texts": texts, **direct.settings}
+    assert saved.settings["attention_path"] == "explicit"
 
 
 def test_encoder_save_keeps_both_sides(tmp_path, capsys):

@@ -60,7 +60,7 @@ def test_skip_and_scale_exclude_special_tokens():
 def test_terminal_colours_and_sanitises():
     line = to_terminal(["hi", "\x1b[2Jevil"], [1.0, -0.5])
     assert "\x1b[48;2;178;24;43m" in line
-    assert "\x1b[2J" not in line and "?[2Jevil" in line
+    assert "\x1b[2J" not in line and "\\x1b[2Jevil" in line  # shown, not obeyed
 
 
 def test_too_few_scores_is_an_error():

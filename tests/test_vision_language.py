@@ -1,12 +1,15 @@
-"""Vision-language models (LLaVA): the next token and generated answers explained over the
-image and the prompt, at depths "lm" and "tower", against an independent computation.
+"""Vision-language models (LLaVA, PaliGemma, Gemma 3, Qwen2-VL): the next token and
+generated answers explained over the image and the prompt, at depths "lm" and "tower",
+against an independent computation.
 
 The reference runs a copy of the tiny model on transformers' eager path with
 `output_attentions=True` (the language model's maps, and the tower's in `image_outputs`),
 takes every map's gradient with autograd, and writes the rule out with whole matrices, in
 float64: `R = prod (I + mean_h (G * A)+)` over the language model, the readout row at the
 explained position, the image tokens' relevance placed on the tower's tokens, and for
-depth "tower" the same product over the tower's blocks read out by that row.
+depth "tower" the same product over the tower's blocks read out by that row. Qwen2-VL's
+reference is the model's own forward (its rotary positions, its merger), each merged
+token spread by hand over its 2 x 2 patches.
 """
 
 from __future__ import annotations
@@ -179,7 +182,7 @@ def reference(model, one, position, target, depth, method="generic"):
 def test_the_next_token_equals_the_written_out_rule(model, processor, depth, method):
     inputs = _inputs(processor, _chat(processor, _photo(0), "w12 w13 w14"))
     result = Explainer(model).explain(inputs, method=method, depth=depth)
-    assert result.settings == {"depth": depth}
+    assert result.settings["depth"] == depth  # with the attention path and memory budget
     image, text = reference(
         model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), depth, method
     )
@@ -402,18 +405,23 @@ def test_the_generate_page_and_figure(tmp_path, capsys):
     assert "--depth is for vision-language models" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("depth", ["lm", "tower"])
 @pytest.mark.parametrize("method", ["generic", "rollout"])
-def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(model, processor, method):
-    # The fused path recomputes each block's map by chunks of query rows (explain.fused):
-    # what long image-token sequences take. Llama's eager softmax is float32: 1e-6.
+def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
+    model, processor, method, depth
+):
+    # The fused path recomputes the blocks from q, k, v (explain.fused): with depth "lm"
+    # every answer token's fold at once, without maps (explain.engine.spread: "streamed"),
+    # with "tower" each block's whole map per token. Llama's eager softmax is float32.
     chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
     results = {
         path: explain_generation(
-            Explainer(model, attention_path=path), made, method=method, depth="tower"
+            Explainer(model, attention_path=path), made, method=method, depth=depth
         ).explanation
         for path in ("explicit", "fused")
     }
+    assert results["fused"].settings["attention_path"] == ("streamed" if depth == "lm" else "fused")
     for name in ("image", "text"):
         torch.testing.assert_close(
             results["fused"].relevances[name],
@@ -474,8 +482,6 @@ def test_gemma3_pooled_image_tokens_go_back_over_their_patches(depth):
 @pytest.mark.parametrize(
     ("name", "why"),
     [
-        ("Qwen2VLForConditionalGeneration", "unbatched sequence"),
-        ("Qwen2_5_VLForConditionalGeneration", "windowed attention"),
         ("Idefics3ForConditionalGeneration", "tiles"),
         ("SmolVLMForConditionalGeneration", "tiles"),
     ],
@@ -527,3 +533,216 @@ def test_start_layers_per_set_choose_the_blocks_of_each_fold(model, processor, p
         named = {"text": 1, "image": 1}
         again = explainer.explain(chat, method=method, depth="tower", start_layer=named)
         torch.testing.assert_close(both.relevances["image"], again.relevances["image"])
+
+
+# -- Qwen2-VL: merged 2 x 2 image tokens, multimodal rotary positions, depth "lm" -------------
+
+
+@pytest.fixture(scope="module", params=["2", "2.5"])
+def qwen_version(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl(qwen_version):
+    """Qwen2-VL ("2") or Qwen2.5-VL ("2.5", its windowed tower does not change depth "lm")."""
+    from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
+
+    return tiny_qwen2_vl(version=qwen_version).double(), tiny_qwen2_vl_processor(qwen_version)
+
+
+def _qwen2_vl_reference(model, one, position, target, method="generic"):
+    """One text: (image maps (k, gh, gw), text (T,)) for `target` read out at `position`,
+    from the eager model's own forward (its rotary positions, its merger) with
+    `output_attentions`, autograd, and the rule written out; each merged token's relevance
+    spread by hand over its 2 x 2 patches."""
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    out = eager(**one, output_attentions=True, use_cache=False)
+    maps = list(out.attentions)
+    grads = torch.autograd.grad(out.logits[0, position, target], maps)
+    ids, mask = one["input_ids"], one["attention_mask"]
+    length = ids.shape[1]
+    readout = torch.zeros(length, dtype=torch.float64)
+    readout[position] = 1.0
+    if method == "generic":
+        text = _generic([a[0] for a in maps], [g[0] for g in grads], readout)
+    else:
+        text = _rollout([a[0] for a in maps], readout)
+    text = text * ((torch.arange(length) <= position) & mask[0].bool())
+    is_image = ids[0] == IMAGE_TOKEN_ID
+    images, gh, gw = len(one["image_grid_thw"]), *one["image_grid_thw"][0, 1:].tolist()
+    merged = text[is_image].reshape(images, gh // 2, gw // 2) / 4
+    grid = merged.repeat_interleave(2, 1).repeat_interleave(2, 2)
+    return grid, text.masked_fill(is_image, 0.0)
+
+
+def _qwen2_vl_inputs(processor, pairs):
+    encoded = encode_image_prompt(_chats(processor, pairs), processor)
+    encoded["pixel_values"] = encoded["pixel_values"].double()
+    return dict(encoded)
+
+
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_qwen2_vl_next_token_equals_the_written_out_rule(qwen2_vl, method):
+    model, processor = qwen2_vl
+    inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12 w13 w14")])
+    assert inputs["image_grid_thw"].tolist() == [[1, 4, 8]]  # 40 x 60 -> 32 x 64 pixels
+    result = Explainer(model).explain(inputs, method=method)
+    assert result.settings["depth"] == "lm"  # with the attention path and memory budget
+    assert result.relevances["image"].shape == (1, 4, 8)
+    image, text = _qwen2_vl_reference(
+        model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), method
+    )
+    torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
+
+
+def test_qwen2_vl_each_generated_token_equals_the_rule_on_its_prefix(qwen2_vl):
+    model, processor = qwen2_vl
+    explainer = Explainer(model, tokenizer=processor)
+    chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
+    answer = explain_generation(explainer, chats, max_new_tokens=3)
+    generation, result = answer.generation, answer.explanation
+    batch, steps = generation.generated.shape
+    assert result.relevances["image"].shape == (batch, steps, 4, 8)
+    types = generation.extra["mm_token_type_ids"]
+    assert types.shape == generation.input_ids.shape
+    assert (types[:, generation.prompt_length :] == 0).all()  # the answer is text
+    width = generation.prompt_length
+    for row in range(batch):
+        for step in range(steps):
+            if not generation.generated[row, step]:
+                continue
+            end = width + step
+            one = {
+                "input_ids": generation.input_ids[row : row + 1, :end],
+                "attention_mask": generation.attention_mask[row : row + 1, :end],
+                "mm_token_type_ids": types[row : row + 1, :end],
+                "pixel_values": generation.extra["pixel_values"].reshape(batch, -1, 384)[row],
+                "image_grid_thw": generation.extra["image_grid_thw"][row : row + 1],
+            }
+            token = int(generation.input_ids[row, end])
+            assert int(result.target[row, step]) == token
+            image, text = _qwen2_vl_reference(model, one, end - 1, token)
+            got = result.relevances
+            torch.testing.assert_close(got["image"][row, step], image[0], rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(got["text"][row, step, :end], text, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("answer", [False, True])
+def test_qwen2_vl_a_left_padded_batch_equals_each_prompt_alone(qwen_version, answer):
+    from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
+
+    model = tiny_qwen2_vl(version=qwen_version)  # float32, see above
+    processor = tiny_qwen2_vl_processor(qwen_version)
+    explainer = Explainer(model, tokenizer=processor)
+    pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
+
+    def run(prompt):
+        if not answer:
+            return explainer.explain(prompt)
+        return explain_generation(explainer, prompt, max_new_tokens=2).explanation
+
+    together = run(_chats(processor, pairs))
+    for row, (photo, words) in enumerate(pairs):
+        alone = run(_chat(processor, photo, words))
+        assert together.target[row].tolist() == alone.target[0].tolist()
+        close = dict(rtol=1e-5, atol=1e-6)
+        image = together.relevances["image"][row]
+        torch.testing.assert_close(image, alone.relevances["image"][0], **close)
+        text, single = together.relevances["text"][row], alone.relevances["text"][0]
+        pad = text.shape[-1] - single.shape[-1]
+        torch.testing.assert_close(text[..., pad:], single, **close)
+        assert (text[..., :pad] == 0).all()
+
+
+def test_qwen2_vl_two_images_in_one_prompt_get_one_map_each(qwen2_vl):
+    model, processor = qwen2_vl
+    chat = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": _photo(0)},
+                {"type": "text", "text": "w12"},
+                {"type": "image", "image": _photo(1)},
+                {"type": "text", "text": "w13"},
+            ],
+        }
+    ]
+    explainer = Explainer(model, tokenizer=processor)
+    inputs = dict(explainer.adapter.encode(chat, processor))
+    inputs["pixel_values"] = inputs["pixel_values"].double()
+    result = explainer.explain(inputs)
+    assert result.relevances["image"].shape == (1, 2, 4, 8)
+    image, _ = _qwen2_vl_reference(
+        model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0])
+    )
+    torch.testing.assert_close(result.relevances["image"][0], image, rtol=1e-9, atol=1e-12)
+
+
+def test_qwen2_vl_no_side_effects_and_what_is_refused_says_why(qwen2_vl):
+    model, processor = qwen2_vl
+    explainer = Explainer(model, tokenizer=processor)
+    chat = _chat(processor, _photo(0), "w12")
+    before, deltas = ModelState.capture(model), model.model.rope_deltas
+    explain_generation(explainer, chat, max_new_tokens=2)
+    explainer.explain(chat, method="rollout")
+    with pytest.raises(ExplainError):
+        explainer.explain(chat, target=10**6)
+    assert before.differences(ModelState.capture(model)) == []
+    assert model.model.rope_deltas is deltas  # not left cached by generate, nor explain
+    with pytest.raises(OptionError, match=r"not offered for Qwen2.*unbatched packed sequence"):
+        explainer.explain(chat, depth="tower")
+    inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
+    with pytest.raises(InputError, match="image_grid_thw"):
+        explainer.explain({k: v for k, v in inputs.items() if k != "image_grid_thw"})
+    with pytest.raises(InputError, match="flattened patches"):
+        explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"][:, :10]))
+    with pytest.raises(InputError, match="patches but image_grid_thw"):
+        explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"][:-4]))
+
+
+def test_qwen2_vl_maps_go_back_onto_the_whole_photo():
+    # Qwen2-VL resizes a 48 x 80 photo to 32 x 48 (whole 16-pixel blocks within its most
+    # pixels, the aspect squashed a little, nothing cropped):
+    # its own patches, put back in place and drawn back with the geometry, are the photo.
+    from explain.image_prompts import photo_preprocessing
+    from explain.testing.tiny_vlm import tiny_qwen2_vl_processor
+
+    images = tiny_qwen2_vl_processor().image_processor
+    images.image_mean, images.image_std = [0.0] * 3, [1.0] * 3
+    rows, cols = np.meshgrid(np.linspace(0, 1, 48), np.linspace(0, 1, 80), indexing="ij")
+    ramp = (np.stack([rows, cols, rows * 0 + 0.5], axis=-1) * 255).round().astype(np.uint8)
+    out = images(images=ramp, return_tensors="pt")
+    _, gh, gw = out["image_grid_thw"][0].tolist()
+    assert (gh, gw) == (4, 6)
+    # (block row, block col, row in block, col in block, channel, frame, pixel row, col)
+    patches = out["pixel_values"].reshape(gh // 2, gw // 2, 2, 2, 3, 2, 8, 8)[:, :, :, :, :, 0]
+    pixels = patches.permute(4, 0, 2, 5, 1, 3, 6).reshape(3, gh * 8, gw * 8).double()
+    back = photo_preprocessing(images).to_original(pixels, (48, 80))
+    expected = torch.from_numpy(ramp / 255.0).permute(2, 0, 1).float()
+    torch.testing.assert_close(back[:, 2:-2, 2:-2], expected[:, 2:-2, 2:-2], atol=0.04, rtol=0)
+
+
+def test_qwen2_vl_loads_from_a_folder_and_draws_the_generate_page(tmp_path, capsys):
+    from PIL import Image
+
+    from explain.cli import main
+    from explain.loading import load_model
+    from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
+
+    folder = tmp_path / "qwen2-vl"
+    tiny_qwen2_vl().save_pretrained(folder)
+    tiny_qwen2_vl_processor().save_pretrained(folder)
+    loaded = load_model(str(folder))
+    assert loaded.modality == "vision_language" and loaded.preprocessing is not None
+    assert loaded.preprocessing.fit == "exact"  # the whole photo, resized per photo
+    Image.fromarray(_photo(5, (48, 72))).save(tmp_path / "photo.png")
+    page = tmp_path / "page.html"
+    argv = ["generate", "--image", str(tmp_path / "photo.png"), "w12 w13", "--model"]
+    assert main([*argv, str(folder), "--max-new-tokens", "2", "--html", str(page)]) == 0
+    assert str(page) in capsys.readouterr().out
+    assert page.read_text().count('class="word"') == 2 and "depth lm" in page.read_text()
+    assert main([*argv, str(folder), "--depth", "tower", "--html", str(page)]) == 2
+    assert "not offered for Qwen2VL" in capsys.readouterr().err

@@ -314,3 +314,25 @@ def test_grid_with_signed_and_unsigned_maps_has_both_keys(picture):
     keys = figure.axes[3:]
     assert [axis.get_ylabel() for axis in keys] == ["each map's own range", "signed maps"]
     assert "for signed maps by the largest |relevance|" in _caption(figure)
+
+
+MATH = r"a $\x$ b"  # mathtext cannot parse \x: drawn as math, the figure would not render
+
+
+def test_dollar_signs_in_user_text_are_drawn_as_written(picture, tmp_path):
+    from explain.viz.multimodal import clip_figure
+
+    image, heat = picture
+    figures = [
+        grid_figure(image, [[heat]], rows=[MATH], columns=[MATH]),
+        heatmap_figure(image, heat, title=MATH),
+        text_figure([[MATH, "$", "b"]], [[0.5, -1.0, 0.2]], labels=[MATH]),
+        clip_figure(image, [heat], [[MATH, "$"]], [[1.0, 0.5]], labels=[MATH]),
+    ]
+    for index, figure in enumerate(figures):
+        save_figure(figure, tmp_path / f"figure{index}.png")  # rendering parses any math
+        texts = [t.get_text() for t in figure.findobj(lambda a: hasattr(a, "get_text"))]
+        assert any(MATH in text for text in texts)
+    import matplotlib
+
+    assert matplotlib.rcParams["text.parse_math"]  # the user's own setting is left alone

@@ -25,6 +25,7 @@ from explain.tokenizing import encode, is_raw_text, token_strings
 __all__ = [
     "Adapter",
     "AttentionSite",
+    "Detector",
     "FlagSetting",
     "FusedAttentionSite",
     "FusedPath",
@@ -231,6 +232,9 @@ class TokenSets(StrEnum):
     ENCODER_DECODER = "encoder_decoder"
     """An encoder read by a decoder through cross-attention: the two-set rules of
     explain.rules.coattention, read out at a decoder position."""
+    DETECTION = "detection"
+    """A detector (DETR): an encoder over image tokens read by object queries through
+    cross-attention; each detection is explained at its query (explain.engine.plans.detection)."""
 
 
 @dataclass(frozen=True)
@@ -283,6 +287,10 @@ class Adapter(ABC):
     rule_sites: ClassVar[LazyImport | None] = None
     """Where AttnLRP and CP-LRP attach in the family's modules: a function (in
     explain.lrp.attnlrp_sites) from the adapter to its `RuleSites`; None: they are refused."""
+
+    methods: ClassVar[frozenset[str] | None] = None
+    """None: every method the family's capabilities allow. A family whose attention only
+    some rules can fold (windowed attention, explain.architectures.windows) names them."""
 
     pooled_by_mean: bool = False
     """The output is a sentence embedding, the mean of the last hidden states over the
@@ -409,7 +417,32 @@ class LanguageModel(Adapter):
 
     @abstractmethod
     def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
-        """(B, T) readout rows, one-hot at each sample's position (B,)."""
+        """(B, T) readout rows, one-hot at each sample's position (B,); or (B, P, T) for
+        P positions per sample (B, P), all columns of a generation at once."""
+
+
+class Detector(Adapter):
+    """The contract of an object detector's adapter (DETR): queries read the image's
+    tokens, and each query predicts a box and class scores. A detection plan
+    (explain.engine.plans.detection) chooses the detections from `class_probabilities` and
+    explains each at its query."""
+
+    token_sets = TokenSets.DETECTION
+
+    @property
+    @abstractmethod
+    def num_queries(self) -> int:
+        """The decoder's object queries."""
+
+    @abstractmethod
+    def detect(self, prepared: Prepared) -> tuple[Tensor, Tensor]:
+        """(class logits (B, Q, ...), boxes (B, Q, 4) as (centre x, centre y, width,
+        height) fractions of the unpadded image) of one forward."""
+
+    @abstractmethod
+    def class_probabilities(self, logits: Tensor) -> Tensor:
+        """(B, Q, classes): each real class's probability at each query, as the model's
+        own post-processing scores it."""
 
 
 def one_hot_rows(batch: int, num_tokens: int, positions: Tensor | int, parameter: Tensor) -> Tensor:

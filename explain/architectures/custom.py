@@ -115,8 +115,21 @@ class CustomTransformer(Adapter):
             raise ExplainError(
                 f"probabilities must be 'output' or 'input', got {spec.probabilities!r}"
             )
-        if spec.prefix_tokens < 0:
-            raise ExplainError(f"prefix_tokens must be >= 0, got {spec.prefix_tokens}")
+        if isinstance(spec.prefix_tokens, bool) or not (
+            isinstance(spec.prefix_tokens, int) and spec.prefix_tokens >= 0
+        ):
+            raise ExplainError(f"prefix_tokens must be an int >= 0, got {spec.prefix_tokens!r}")
+        _check_patch_size(spec.patch_size)
+        if isinstance(spec.blocks, nn.Module) or not isinstance(spec.blocks, str | Sequence):
+            raise ExplainError(
+                "blocks must be a dotted name or pattern (e.g. 'blocks', 'layers.*') or a list "
+                f"of the model's block modules, got {spec.blocks!r:.80}"
+            )
+        if not isinstance(spec.attention, str) or not spec.attention:
+            raise ExplainError(
+                "attention must name the module inside each block that holds the attention "
+                f"probabilities (e.g. 'attn.attn_drop'), got {spec.attention!r:.80}"
+            )
         self.spec = spec
         self.reads_text = spec.patch_size is None  # a patch size says: an image model
         self._blocks = _resolve_blocks(model, spec.blocks)
@@ -292,6 +305,21 @@ class CustomTransformer(Adapter):
             return layout.patch_grid(token_relevance)
         assert layout.token_mask is not None
         return mask_padding(token_relevance, layout.token_mask)
+
+
+def _check_patch_size(patch_size: object) -> None:
+    """None (a text model), a positive int, or a (height, width) pair of positive ints."""
+    if patch_size is None:
+        return
+    pair = isinstance(patch_size, tuple | list)
+    sizes = tuple(patch_size) if pair else (patch_size,)
+    if len(sizes) != (2 if pair else 1) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes
+    ):
+        raise ExplainError(
+            f"patch_size must be a positive int or a (height, width) pair of them (None for "
+            f"a text model), got {patch_size!r}"
+        )
 
 
 def _resolve_blocks(model: nn.Module, blocks: str | Sequence[nn.Module]) -> list[nn.Module]:

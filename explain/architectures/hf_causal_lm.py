@@ -27,7 +27,6 @@ from explain.architectures.base import (
     LanguageModel,
     Prepared,
     TokenLayout,
-    one_hot_rows,
 )
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
@@ -117,8 +116,10 @@ class HuggingFaceCausalLM(HuggingFaceAdapter, LanguageModel):
         else:
             logits = self.model(**prepared.arguments, use_cache=False).logits
             index = positions
-        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
-        return logits[rows, index]
+        # A gather, not advanced indexing: its backward is one scatter per column of a
+        # batched backward instead of an index_put and its helpers.
+        index = index.to(logits.device)[..., None].expand(-1, -1, logits.shape[-1])
+        return logits.gather(1, index)
 
     def forward(self, prepared: Prepared) -> Tensor:
         last = last_real_token(prepared.arguments["attention_mask"])
@@ -129,9 +130,11 @@ class HuggingFaceCausalLM(HuggingFaceAdapter, LanguageModel):
         return self.readout_at(prepared, last_real_token(mask))
 
     def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
-        """(B, T) readout rows, one-hot at each sample's explained position (B,)."""
+        """(B, T) readout rows, one-hot at each sample's explained position (B,); or
+        (B, P, T) for P positions per sample (B, P)."""
         mask = prepared.arguments["attention_mask"]
-        return one_hot_rows(mask.shape[0], mask.shape[1], positions.to(mask.device), self.parameter)
+        tokens = torch.arange(mask.shape[1], device=mask.device)
+        return (tokens == positions.to(mask.device)[..., None]).to(self.parameter.dtype)
 
     def fused_path(self) -> FusedPath | None:
         """sdpa, with q, k, v seen through the attention interface (hf_attention_probe),

@@ -250,7 +250,8 @@ def _as_integer_tensor(name: str, value: object, *, flags: bool = False) -> Tens
         )
     if tensor.dim() != 2:
         raise InputError(f"{name} must have shape (B, T), got {tuple(tensor.shape)}")
-    return tensor
+    # int64 before any comparison: in uint8, a vocabulary size of 30522 would read as 58.
+    return tensor.long()
 
 
 def prepare_text(
@@ -300,11 +301,17 @@ def prepare_text(
         raise InputError(
             f"attention_mask has shape {tuple(mask.shape)} but input_ids {tuple(ids.shape)}"
         )
-    if not ((mask == 0) | (mask == 1)).all():
+    # Every check in one reduction: each read of a device tensor waits for the device.
+    # Pads are looked up in the embedding too (then masked), so every position counts.
+    outside = (ids < 0) | (ids >= vocab_size)
+    wrong_mask, empty, unknown = torch.stack(
+        [~((mask == 0) | (mask == 1)).all(), (mask.sum(dim=1) == 0).any(), outside.any()]
+    ).tolist()
+    if wrong_mask:
         raise InputError("attention_mask must hold 0 (padding) and 1 (real token) only")
-    empty = (mask.sum(dim=1) == 0).nonzero().flatten().tolist()
     if empty:
-        raise InputError(f"text {empty[0]} of the batch is empty (no real token in its mask)")
+        first = int((mask.sum(dim=1) == 0).nonzero()[0, 0])
+        raise InputError(f"text {first} of the batch is empty (no real token in its mask)")
     if length > max_tokens:
         longest = int(mask.sum(dim=1).max())
         raise InputError(
@@ -312,12 +319,13 @@ def prepare_text(
             f"takes at most {max_tokens}; shorten it or tokenize with truncation=True, "
             f"max_length={max_tokens}"
         )
-    real = mask.bool()
-    if ((ids < 0) | (ids >= vocab_size))[real].any():
-        bad = int(ids[real & ((ids < 0) | (ids >= vocab_size))][0])
+    if unknown:
+        text, position = (int(i) for i in outside.nonzero()[0])
+        where = "padding position" if mask[text, position] == 0 else "position"
         raise InputError(
-            f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1}); "
-            "was the text tokenized with this model's tokenizer?"
+            f"token id {int(ids[text, position])} at {where} {position} of text {text} is "
+            f"outside the model's vocabulary (0..{vocab_size - 1}); was the text tokenized "
+            "with this model's tokenizer (pads: its pad_token_id)?"
         )
     arguments = {"input_ids": ids.long().to(device), "attention_mask": mask.long().to(device)}
     types = inputs.get("token_type_ids")

@@ -50,7 +50,8 @@ class HFGemma3(VisionLanguageModel):
     def tower_depth(self, num_blocks: int) -> int:
         return num_blocks  # read at its last hidden state
 
-    def image_tokens(self, pixel_values: Tensor) -> ImageTokens:
+    def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
+        pixel_values = arguments["pixel_values"]
         patch = self.tower.config.patch_size
         side = pixel_values.shape[-1] // patch  # the projector pools a square grid
         pooled = round(self.model.config.mm_tokens_per_image**0.5)
@@ -60,7 +61,8 @@ class HFGemma3(VisionLanguageModel):
         block = (rows[:, None] * pooled + rows[None, :]).flatten()  # patch -> its token
         tokens = torch.arange(pooled * pooled, device=pixel_values.device)
         merge = (tokens[:, None] == block[None, :]).to(torch.float32) / kernel**2
-        return ImageTokens(grid=(side, side), tower_prefix=0, merge=merge)
+        size = (pixel_values.shape[-2], pixel_values.shape[-1])
+        return ImageTokens(grid=(side, side), tower_prefix=0, merge=merge, input_size=size)
 
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         """The answer's tokens are text, of type 0."""

@@ -10,6 +10,8 @@ and are left out of the stack.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import Tensor, nn
 
@@ -59,7 +61,8 @@ class HFLlava(VisionLanguageModel):
         layers = [layers] if isinstance(layers, int) else list(layers)
         return max(layer % (num_blocks + 1) for layer in layers)
 
-    def image_tokens(self, pixel_values: Tensor) -> ImageTokens:
+    def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
+        pixel_values = arguments["pixel_values"]
         patch = self.tower.config.patch_size
         grid = (pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch)
         prefix = 1 if hasattr(self.tower.embeddings, "class_embedding") else 0
@@ -67,4 +70,5 @@ class HFLlava(VisionLanguageModel):
         # "default" drops the tower's first token (the class token where there is one)
         dropped = 1 if self.model.config.vision_feature_select_strategy == "default" else 0
         merge = torch.eye(tower_tokens, device=pixel_values.device)[dropped:]
-        return ImageTokens(grid=grid, tower_prefix=prefix, merge=merge)
+        size = (pixel_values.shape[-2], pixel_values.shape[-1])
+        return ImageTokens(grid=grid, tower_prefix=prefix, merge=merge, input_size=size)

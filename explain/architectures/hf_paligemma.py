@@ -48,11 +48,13 @@ class HFPaliGemma(VisionLanguageModel):
     def tower_depth(self, num_blocks: int) -> int:
         return num_blocks  # read at its last hidden state
 
-    def image_tokens(self, pixel_values: Tensor) -> ImageTokens:
+    def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
+        pixel_values = arguments["pixel_values"]
         patch = self.tower.config.patch_size
         grid = (pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch)
         merge = torch.eye(grid[0] * grid[1], device=pixel_values.device)
-        return ImageTokens(grid=grid, tower_prefix=0, merge=merge)
+        size = (pixel_values.shape[-2], pixel_values.shape[-1])
+        return ImageTokens(grid=grid, tower_prefix=0, merge=merge, input_size=size)
 
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         """The answer's tokens are of type 1 (causal), as PaliGemma's generation sets them."""

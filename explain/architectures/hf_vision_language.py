@@ -15,9 +15,10 @@ dropping its prefix tokens. The engine's plan for these models is explain.engine
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -64,11 +65,13 @@ class ImageTokens:
         merge: (n, tower_prefix + gh * gw): row j says which tower tokens image token j of
             the text was made from, with weights that sum to 1 (one-hot for a projector
             that maps token by token).
+        input_size: (H, W) pixels of the processed image the grid lies on.
     """
 
     grid: tuple[int, int]
     tower_prefix: int
     merge: Tensor
+    input_size: tuple[int, int]
 
     @property
     def per_image(self) -> int:
@@ -93,7 +96,10 @@ class VisionLanguageModel(LanguageModel):
     """The adapter contract of a vision-language model (module docstring).
 
     Subclasses give the tower and language-model stacks, the tower blocks the language
-    model reads, the image token id and the `ImageTokens` of their projector. Inputs are
+    model reads, the image token id and the `ImageTokens` of their projector; a family
+    whose image inputs or positions differ (Qwen2-VL: flattened patches with their grids,
+    multimodal rotary positions) says so in `image_arguments` and `position_ids`, and one
+    whose tower cannot be folded yet in `tower_refused`. Inputs are
     the processor's output: `input_ids` with each image's run of image tokens,
     `attention_mask` (left or right padding) and `pixel_values` (one row per image, in
     the order the images appear); or, with the processor as the Explainer's tokenizer, an
@@ -105,6 +111,9 @@ class VisionLanguageModel(LanguageModel):
     token_types: ClassVar[bool] = False
     """Whether the model takes `token_type_ids` (PaliGemma: 0 for the image-and-prompt
     prefix, attended bidirectionally; 1 for the answer)."""
+    tower_refused: ClassVar[str | None] = None
+    """Why depth "tower" is not offered for the family (its tower's blocks are then left
+    out of the stack), or None."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -116,7 +125,8 @@ class VisionLanguageModel(LanguageModel):
                 f"{type(model).__name__}: its tower or language model does not name its "
                 "attention modules (_can_record_outputs)"
             )
-        self._tower_blocks = find_blocks(tower)[: self.tower_depth(len(find_blocks(tower)))]
+        used = 0 if self.tower_refused else self.tower_depth(len(find_blocks(tower)))
+        self._tower_blocks = find_blocks(tower)[:used]
         self._lm_blocks = find_blocks(language)
         self._sites: list[AttentionSite] = []
         for stack, blocks, rec in (
@@ -154,8 +164,20 @@ class VisionLanguageModel(LanguageModel):
     def image_token_id(self) -> int: ...
 
     @abstractmethod
-    def image_tokens(self, pixel_values: Tensor) -> ImageTokens:
-        """How each image of `pixel_values` becomes image tokens (the same for all)."""
+    def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
+        """How each image of the prepared model `arguments` (their `image_arguments`)
+        becomes image tokens (the same for all)."""
+
+    def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
+        """The model's image inputs from the processor's output, validated, and how many
+        images they hold: here `pixel_values`, one (3, H, W) row per image."""
+        pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter)
+        return {"pixel_values": pixels}, pixels.shape[0]
+
+    def position_ids(self, arguments: Mapping[str, Tensor]) -> Tensor:
+        """The language model's positions: each text's real tokens counted from 0 (left
+        padding skipped)."""
+        return positions_from_mask(arguments["attention_mask"])
 
     # -- the stacks ---------------------------------------------------------------------
 
@@ -225,9 +247,10 @@ class VisionLanguageModel(LanguageModel):
             type_vocab_size=2,
         )
         assert isinstance(inputs, Mapping)
-        pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter)
+        images, count = self.image_arguments(inputs)
+        arguments.update(images)
         ids, mask = arguments["input_ids"], arguments["attention_mask"]
-        tokens = self.image_tokens(pixels)
+        tokens = self.image_tokens(arguments)
         counts = ((ids == self.image_token_id) & mask.bool()).sum(dim=1)
         per_sample = counts // tokens.per_image
         if bool((counts % tokens.per_image != 0).any()) or bool(
@@ -240,13 +263,12 @@ class VisionLanguageModel(LanguageModel):
             )
         if int(per_sample[0]) == 0:
             raise InputError("the texts hold no image token: put the image in the prompt")
-        if int(per_sample.sum()) != pixels.shape[0]:
+        if int(per_sample.sum()) != count:
             raise InputError(
                 f"the texts hold {int(per_sample.sum())} images but pixel_values "
-                f"{pixels.shape[0]}: one row of pixel_values per image"
+                f"{count}: one row of pixel_values per image"
             )
-        arguments["pixel_values"] = pixels
-        arguments["position_ids"] = positions_from_mask(mask)
+        arguments["position_ids"] = self.position_ids(arguments)
         return Prepared(batch_size=ids.shape[0], layout=TokenLayout.text(mask), arguments=arguments)
 
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
@@ -254,6 +276,12 @@ class VisionLanguageModel(LanguageModel):
         prompts followed by `count` generated tokens; a family whose extra inputs run
         along the tokens extends them as its generation does."""
         return dict(extra)
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """Around the model's own `generate`: what it leaves on the model, put back as
+        found (nothing here; a family whose generation caches state on the model says)."""
+        yield
 
     def image_positions(self, prepared: Prepared) -> Tensor:
         """(B, k * n): each text's image-token positions, image by image."""
@@ -268,9 +296,8 @@ class VisionLanguageModel(LanguageModel):
 
     def image_layout(self, prepared: Prepared) -> TokenLayout:
         """The layout of the image set: the tower's patch grid on the processed image."""
-        pixels = prepared.arguments["pixel_values"]
-        tokens = self.image_tokens(pixels)
-        return TokenLayout.image(tokens.grid, tuple(pixels.shape[-2:]), num_prefix_tokens=0)
+        tokens = self.image_tokens(prepared.arguments)
+        return TokenLayout.image(tokens.grid, tokens.input_size, num_prefix_tokens=0)
 
     def sets(self, prepared: Prepared) -> Sequence[TokenSet]:
         """The image set ("image", over the tower's blocks; its readout comes from the

@@ -117,6 +117,11 @@ register_family(
     "hf_siglip_classifier", "explain.architectures.hf_vision", "HuggingFaceSiglipClassifier"
 )
 register_family("hf_siglip", "explain.architectures.hf_siglip", "HFSiglip")
+register_family("timm_swin", "explain.architectures.timm_swin", "TimmSwin")
+register_family("hf_swin", "explain.architectures.hf_swin", "HuggingFaceSwin")
+register_family("hf_detr", "explain.architectures.hf_detr", "HuggingFaceDetr")
 register_family("hf_llava", "explain.architectures.hf_llava", "HFLlava")
 register_family("hf_paligemma", "explain.architectures.hf_paligemma", "HFPaliGemma")
 register_family("hf_gemma3", "explain.architectures.hf_gemma3", "HFGemma3")
+register_family("hf_qwen2_vl", "explain.architectures.hf_qwen2_vl", "HFQwen2VL")
+register_family("hf_qwen2_5_vl", "explain.architectures.hf_qwen2_5_vl", "HFQwen2_5VL")

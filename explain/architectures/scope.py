@@ -1,6 +1,7 @@
-"""What `explain` says about a model no adapter takes: hierarchical vision transformers
-are out of scope, some vision-language families are not explained yet (each with why);
-anything else can be described with a TransformerSpec."""
+"""What `explain` says about a model no adapter takes: vision transformers whose tokens
+mix outside attention maps (CvT, PVT, MaxViT, deformable attention) are out of scope, and
+some vision-language families are not explained yet, each with why; anything else can be
+described with a TransformerSpec."""
 
 from __future__ import annotations
 
@@ -8,49 +9,68 @@ from collections.abc import Sequence
 
 from torch import nn
 
-__all__ = ["hierarchical_family", "unsupported_model_message", "vision_language_refusal"]
+__all__ = ["refused_family", "unsupported_model_message", "vision_language_refusal"]
 
-_HIERARCHICAL = (
-    "swin",
-    "cvt",
-    "pvt",
-    "pyramidvisiontransformer",
-    "maxvit",
-    "maxxvit",
-    "twins",
-    "hiera",
-    "levit",
-    "mobilevit",
-    "focalnet",
-    "dinat",
-    "efficientformer",
-    "poolformer",
-    "multiscalevit",
-    "nest",
+_WHY: tuple[tuple[tuple[str, ...], str], ...] = (
+    (
+        ("cvt",),
+        "its attention projects queries, keys and values with depthwise convolutions, so "
+        "each attention row mixes a neighbourhood of tokens that no rule on the attention "
+        "map alone accounts for",
+    ),
+    (
+        ("pvt", "pyramidvisiontransformer"),
+        "its spatial-reduction attention reads keys from a pooled (or convolved) grid "
+        "coarser than the queries, so its maps are not square and no token-to-token fold "
+        "runs through them",
+    ),
+    (
+        ("maxvit", "maxxvit"),
+        "its blocks interleave convolutions (MBConv) with window and grid attention, and "
+        "the convolutions mix tokens outside any attention map",
+    ),
+    (
+        ("deformable",),  # transformers' DeformableDetr*
+        "its deformable attention samples a few learned offsets per query instead of a "
+        "softmax over keys, so it has no attention map to fold",
+    ),
+    (
+        (
+            "swintransformerv2cr",
+            "twins",
+            "hiera",
+            "levit",
+            "mobilevit",
+            "focalnet",
+            "dinat",
+            "efficientformer",
+            "poolformer",
+            "multiscalevit",
+            "nest",
+        ),
+        "its stages pool, convolve or attend across tokens in ways no explain rule folds "
+        "(explain folds windowed attention only as Swin does it)",
+    ),
 )
-"""Class-name prefixes (lowercase) of timm and transformers models whose stages pool or
-window the tokens."""
+"""Class-name prefixes (lowercase) of timm and transformers models that explain refuses,
+with why: each mixes tokens in a way that the attention rules cannot see."""
 
 
-def hierarchical_family(model: nn.Module) -> str | None:
-    """The name of the timm or transformers hierarchical vision transformer class `model`
-    is, or None."""
+def refused_family(model: nn.Module) -> tuple[str, str] | None:
+    """(class name, why it is refused) when `model` is a timm or transformers model whose
+    tokens mix outside plain or Swin-windowed attention (`_WHY`), or None."""
     for cls in type(model).__mro__:
         library = cls.__module__.split(".")[0]
-        if library in ("timm", "transformers") and cls.__name__.lower().startswith(_HIERARCHICAL):
-            return cls.__name__
+        if library not in ("timm", "transformers"):
+            continue
+        name = cls.__name__.lower()
+        for prefixes, why in _WHY:
+            if name.startswith(prefixes):
+                return cls.__name__, why
     return None
 
 
 _VISION_LANGUAGE_NOT_YET = {
-    "Qwen2VLForConditionalGeneration": (
-        "its vision tower runs every image's patches as one unbatched sequence (cu_seqlens) "
-        "whose 2 x 2 merge and multimodal rotary positions explain has no mapping for yet"
-    ),
-    "Qwen2_5_VLForConditionalGeneration": (
-        "its vision tower runs every image's patches as one unbatched sequence with "
-        "windowed attention in most blocks, which explain has no mapping for yet"
-    ),
     "Idefics3ForConditionalGeneration": (
         "it splits each photo into tiles and a downscaled whole, each its own tower pass, "
         "and pixel-shuffles the tokens; explain does not map tiles back onto the photo yet"
@@ -75,16 +95,14 @@ def unsupported_model_message(model: nn.Module, families: Sequence[str]) -> str:
     """The UnsupportedModelError message for `model`: why, the supported families, and the
     way to explain a transformer of one's own."""
     name = f"{type(model).__module__}.{type(model).__qualname__}"
-    hierarchical = hierarchical_family(model)
-    if hierarchical is not None:
-        reason = (
-            f"{name} is a hierarchical vision transformer ({hierarchical}: its stages "
-            "window or pool the tokens, so no single token set runs through every block, "
-            "which the attention methods need); hierarchical models are out of scope for "
-            "now."
-        )
+    refused = refused_family(model)
+    if refused is not None:
+        reason = f"{name} is out of scope ({refused[0]}): {refused[1]}."
     elif (refusal := vision_language_refusal(model)) is not None:
-        reason = f"{refusal} The vision-language models explained are LLaVA, PaliGemma and Gemma 3."
+        reason = (
+            f"{refusal} The vision-language models explained are LLaVA, PaliGemma, "
+            "Gemma 3, Qwen2-VL and Qwen2.5-VL."
+        )
     else:
         reason = f"{name} is not a supported model."
     return (

@@ -8,26 +8,36 @@ import sys
 from collections.abc import Sequence
 
 from explain import __version__
-from explain.cli import clip, evaluate, generate, image, models, seq2seq, serve, text
+from explain.cli import clip, detect, evaluate, generate, image, models, seq2seq, serve, text
 from explain.errors import ExplainError
 from explain.io import check_writable
+from explain.viz.text import printable
 
 __all__ = ["build_parser", "check_outputs", "main"]
 
-OUTPUTS = {"out": ("--out", True), "html": ("--html", False), "output": ("--output", False)}
+OUTPUTS = {
+    "out": ("--out", True),
+    "html": ("--html", False),
+    "png": ("--png", False),
+    "output": ("--output", False),
+}
 """The output options of the subcommands: argument name -> (option, whether a folder)."""
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Refuse output destinations that cannot be written, before any work (explain.io)."""
+    """Refuse output destinations that cannot be written, before any work (explain.io):
+    the output options, then every file a command can name from its arguments alone
+    (its `planned` outputs: --save files, figures next to a page, a results' table...)."""
     for name, (option, folder) in OUTPUTS.items():
         path = getattr(args, name, None)
         if path is not None:
             check_writable(path, folder=folder, option=option)
+    for planned in getattr(args, "planned", lambda _: [])(args):
+        check_writable(planned.path, folder=planned.folder, option=planned.option)
 
 
 # Subcommand modules, in the order `explain --help` lists them.
-COMMANDS = [clip, evaluate, generate, image, models, seq2seq, serve, text]
+COMMANDS = [clip, detect, evaluate, generate, image, models, seq2seq, serve, text]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_outputs(args)  # before any model is loaded or anything computed
         return args.run(args)
     except ExplainError as error:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"explain: error: {error}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # user text in it is shown, never obeyed
+            print(f"explain: error: {printable(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("explain: interrupted", file=sys.stderr)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from pathlib import Path
 
 from explain.cli.options import (
+    Planned,
     add_model_arguments,
     add_out_argument,
     add_save_option,
@@ -24,13 +24,25 @@ from explain.errors import InputError
 __all__ = ["register"]
 
 
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """Per image: its figure and its --save file."""
+    from explain.cli.image import collect_images, unique_stems
+
+    suffixes = ["png", *([args.save] if args.save else [])]
+    return [
+        Planned(args.out / f"{stem}_clip.{suffix}", "--save" if suffix == args.save else "--out")
+        for stem in unique_stems(collect_images(args.inputs))
+        for suffix in suffixes
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
     from tqdm import tqdm
 
     from explain.api import Explainer
-    from explain.cli.image import collect_images
+    from explain.cli.image import collect_images, unique_stems
     from explain.preprocessing import read_image
     from explain.viz import check_style, save_figure
     from explain.viz.multimodal import clip_figure
@@ -38,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     check_style(args.cmap, args.alpha)
     if not args.text:
         raise InputError("give at least one --text to compare the images with")
+    if not all(text.strip() for text in args.text):
+        raise InputError("a --text is empty: give each prompt some words")
     paths = collect_images(args.inputs)
     loaded = load(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
@@ -65,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
     start = {"image": args.image_start_layer, "text": args.text_start_layer}
     start = {tower: layer for tower, layer in start.items() if layer is not None}
     every_text = torch.arange(len(args.text))
-    for path in tqdm(paths, unit="image", desc="explaining", file=sys.stderr):
+    stems = unique_stems(paths)
+    for path, stem in tqdm(
+        zip(paths, stems, strict=True),
+        total=len(paths),
+        unit="image",
+        desc="explaining",
+        file=sys.stderr,
+    ):
         photo = read_image(path)
         pixels = preprocessing([photo])
         display = np.asarray(photo)  # the maps are drawn over the file at its resolution
@@ -84,11 +105,11 @@ def run(args: argparse.Namespace) -> int:
         figure = clip_figure(
             display, heatmaps, words, scores, labels=labels, cmap=args.cmap, alpha=args.alpha
         )
-        out = args.out / f"{Path(path).stem}_clip.png"
+        out = args.out / f"{stem}_clip.png"
         save_figure(figure, out)
         if args.save:
             settings = {"model": args.model, "input": str(path), "texts": list(args.text)}
-            raw = args.out / f"{Path(path).stem}_clip.{args.save}"
+            raw = args.out / f"{stem}_clip.{args.save}"
             dataclasses.replace(result, settings=settings).save(raw)
             print(raw)
         best = int(probabilities.argmax())
@@ -137,4 +158,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_out_argument(parser)
     add_save_option(parser, "OUT/STEM_clip.FORMAT per image")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

@@ -19,16 +19,30 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
-from explain.cli.options import add_model_arguments
+from explain.cli.options import Planned, add_model_arguments
 
 __all__ = ["register"]
 
 
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """The table, the curves and the work folder next to OUTPUT."""
+    from explain.evaluation.runner import work_folder
+
+    output = Path(args.output)
+    return [
+        Planned(output.with_suffix(".md"), "--output"),
+        Planned(output.with_suffix(".png"), "--output"),
+        Planned(work_folder(output), "--output", folder=True),
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
+    from explain.cli.methods import parse_methods
     from explain.evaluation.evaluate import evaluate_model
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    methods = None if args.methods is None else parse_methods(args.methods, "--methods")
     results = evaluate_model(
         args.protocol,
         args.model,
@@ -43,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         device=None if args.device == "auto" else args.device,
         dtype=args.dtype,
         offline=args.offline,
+        allow_missing_weights=args.allow_missing_weights,
         progress=not args.quiet,
     )
     if not args.quiet and os.environ.get("RANK", "0") == "0":  # one table under torchrun
@@ -92,4 +107,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--output", required=True, help="the results JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

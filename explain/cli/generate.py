@@ -16,6 +16,7 @@ from pathlib import Path
 
 from explain.cli import image_answer
 from explain.cli.options import (
+    Planned,
     add_model_arguments,
     add_out_argument,
     add_save_option,
@@ -27,6 +28,14 @@ from explain.errors import InputError
 __all__ = ["register"]
 
 
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """The figure named after the page (without --png) and the --save file."""
+    files = [] if args.png else [Planned(args.html.with_suffix(".png"), "--html")]
+    if args.save:
+        files.append(Planned(args.out / f"generation.{args.save}", "--save"))
+    return files
+
+
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.generation import explain_generation
@@ -34,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz import save_figure
     from explain.viz.generation import generation_html
     from explain.viz.multimodal import relevance_matrix_figure
+    from explain.viz.text import printable
 
     if args.image is not None:  # a vision-language model's answer about a photo
         return image_answer.run(args)
@@ -57,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = result.tokens[0][first : width + count]
     matrix = result.relevance[0, :count, first : width + count]
     ids = generation.input_ids[0, width : width + count].tolist()
-    print("continuation:", loaded.tokenizer.decode(ids, skip_special_tokens=True))
+    print("continuation:", printable(loaded.tokenizer.decode(ids, skip_special_tokens=True)))
     prompt_tokens = width - first
     generated = tokens[prompt_tokens:]
     for g, (token, row) in enumerate(zip(generated, matrix, strict=True)):
@@ -140,4 +150,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_out_argument(parser)
     add_save_option(parser, "OUT/generation.FORMAT (every generated token's relevance)")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

@@ -29,11 +29,13 @@ from explain.cli.methods import (
     start_layer_for,
 )
 from explain.cli.options import (
+    Planned,
     add_model_arguments,
     add_out_argument,
     add_save_option,
     load,
     opacity,
+    parse_index,
     positive_int,
 )
 from explain.errors import InputError, TargetError
@@ -45,6 +47,7 @@ __all__ = [
     "collect_images",
     "parse_targets",
     "register",
+    "unique_stems",
 ]
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -94,8 +97,7 @@ def parse_targets(
                     f"--target {item}: the model has {num_classes} classes (top1..top{num_classes})"
                 )
             columns.append(("top", rank))
-        elif item.lstrip("-").isdigit():
-            index = int(item)
+        elif (index := parse_index(item)) is not None:
             if not 0 <= index < num_classes:
                 raise TargetError(
                     f"--target {index} is out of range: the model has {num_classes} classes "
@@ -159,15 +161,35 @@ def _file_label(index: int, class_names: Sequence[str] | None) -> str:
     return str(index)
 
 
-def _unique_stems(paths: Sequence[Path]) -> list[str]:
-    """File stems, with -2, -3, ... appended where two inputs share a name."""
-    seen: dict[str, int] = {}
+def unique_stems(paths: Sequence[Path]) -> list[str]:
+    """One output stem per input, unique whatever the inputs (and the same for the same
+    inputs): a file's own stem, or for the second, third, ... file of a stem the first free
+    `STEM-N` (N = 2, 3, ...) that is neither taken nor another input's own stem, so that
+    `a.png a.jpg a-2.png` give a, a-3 and a-2."""
+    own = {path.stem for path in paths}
+    taken: set[str] = set()
     stems = []
     for path in paths:
-        count = seen.get(path.stem, 0) + 1
-        seen[path.stem] = count
-        stems.append(path.stem if count == 1 else f"{path.stem}-{count}")
+        stem, count = path.stem, 1
+        while stem in taken or (count > 1 and stem in own):
+            count += 1
+            stem = f"{path.stem}-{count}"
+        taken.add(stem)
+        stems.append(stem)
     return stems
+
+
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """Per input: the --save file of each method and the --grid figure."""
+    methods = parse_methods(args.method)
+    stems = unique_stems(collect_images(args.inputs))
+    files = [
+        Planned(args.out / f"{stem}_{method}.{args.save}", "--save")
+        for stem in stems
+        for method in (methods if args.save else ())
+    ]
+    files += [Planned(args.out / f"{stem}_grid.png", "--grid") for stem in stems if args.grid]
+    return files
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
         }
         for method in methods
     }
-    stems = _unique_stems(paths)
+    stems = unique_stems(paths)
     written: list[Path] = []
     with tqdm(total=len(paths), unit="image", desc="explaining", file=sys.stderr) as bar:
         for start in range(0, len(paths), args.batch_size):
@@ -352,4 +374,4 @@ def register(commands: argparse._SubParsersAction) -> None:
         "scaled on its own (stated on the figure)",
     )
     add_save_option(parser, "OUT/STEM_METHOD.FORMAT per image and method")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

@@ -39,14 +39,18 @@ def add_method_arguments(parser: argparse.ArgumentParser, **target: Any) -> None
     )
 
 
-def parse_methods(text: str) -> list[str]:
-    """`--method`: `all` (every registered method) or comma-separated names, each checked
-    before any model is loaded; a name given twice is explained once."""
+def parse_methods(text: str, option: str = "--method") -> list[str]:
+    """`--method` (or `option`): `all` (every registered method) or comma-separated names,
+    each checked before any model is loaded; a name given twice is explained once, and an
+    empty entry (`generic,`, `,`) is refused rather than read as "every method"."""
+    from explain.errors import OptionError
     from explain.rules import METHODS, get_method
 
     if text.strip() == "all":
         return sorted(METHODS)
     names = [part.strip() for part in text.split(",")]
+    if not all(names):
+        raise OptionError(f"empty entry in {option} {text!r}: give method names, or `all`")
     for name in names:
         get_method(name)  # unknown names fail before the model is loaded
     return list(dict.fromkeys(names))

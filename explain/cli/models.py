@@ -23,7 +23,8 @@ def run(args: argparse.Namespace) -> int:
     for family in supported_families():
         print(f"  {family}")
     print(f"  {CustomTransformer.family}")
-    print("  (out of scope: hierarchical vision transformers such as Swin, CvT, PVT, MaxViT)")
+    print("  (out of scope: CvT, PVT, MaxViT and deformable attention, whose tokens mix outside")
+    print("   attention maps; Swin is served above)")
     print("Methods (--method):")
     for name in sorted(METHODS):
         print(f"  {name:24s} {METHODS[name].summary}")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +17,13 @@ from explain.loading import DEVICES, DTYPES, load_model
 
 __all__ = [
     "MODEL_SPECS",
+    "Planned",
     "add_model_arguments",
     "add_out_argument",
     "add_save_option",
     "load",
     "opacity",
+    "parse_index",
     "positive_int",
 ]
 
@@ -57,6 +61,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, takes: str) -> None:
         choices=tuple(DTYPES),
         help="the model's parameter type; default: the checkpoint's (float32)",
     )
+    group.add_argument(
+        "--allow-missing-weights",
+        action="store_true",
+        help="load a Hugging Face checkpoint that lacks some of the model's weights (they "
+        "are random); default: refused, naming them",
+    )
 
 
 def load(args: argparse.Namespace, **options: Any) -> LoadedModel:
@@ -65,7 +75,12 @@ def load(args: argparse.Namespace, **options: Any) -> LoadedModel:
     printed on every run."""
     with _no_transformers_progress_bar():
         return load_model(
-            args.model, offline=args.offline, device=args.device, dtype=args.dtype, **options
+            args.model,
+            offline=args.offline,
+            device=args.device,
+            dtype=args.dtype,
+            allow_missing_weights=args.allow_missing_weights,
+            **options,
         )
 
 
@@ -83,6 +98,17 @@ def _no_transformers_progress_bar() -> Iterator[None]:
     finally:
         if enabled:
             logging.enable_progress_bar()
+
+
+@dataclass(frozen=True)
+class Planned:
+    """An output a command will write, known from its arguments before any work:
+    `check_outputs` refuses it early if it cannot be written."""
+
+    path: Path
+    option: str
+    """The option the path comes from, for the message (e.g. "--save")."""
+    folder: bool = False
 
 
 def add_save_option(parser: argparse.ArgumentParser, what: str) -> None:
@@ -122,3 +148,12 @@ def opacity(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
     return value
+
+
+_INDEX = re.compile(r"-?[0-9]+")
+
+
+def parse_index(text: str) -> int | None:
+    """`text` as a class index when it is one (ASCII digits, optionally negative), else
+    None: `str.isdigit` also accepts digits such as "²" that `int` cannot read."""
+    return int(text) if _INDEX.fullmatch(text) else None

@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 
 from explain.cli.options import (
+    Planned,
     add_model_arguments,
     add_out_argument,
     add_save_option,
@@ -23,6 +24,15 @@ from explain.errors import InputError
 __all__ = ["register"]
 
 
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """The two figures and the --save file."""
+    names = ["seq2seq_matrix.png", "seq2seq_source.png"]
+    files = [Planned(args.out / name, "--out") for name in names]
+    if args.save:
+        files.append(Planned(args.out / f"seq2seq.{args.save}", "--save"))
+    return files
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -30,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.generation import generate_target
     from explain.viz import save_figure
     from explain.viz.multimodal import relevance_matrix_figure, source_text_figure
+    from explain.viz.text import printable
 
     if not args.source.strip():
         raise InputError("the source text is empty")
@@ -58,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     explained = tokenizer.convert_ids_to_tokens(decoder_ids)
     source_tokens = tokenizer.convert_ids_to_tokens(source["input_ids"][0].tolist())
     matrix = result.relevances["source"][0, : length - 1]
-    print("target:", tokenizer.decode(decoder_ids, skip_special_tokens=True))
+    print("target:", printable(tokenizer.decode(decoder_ids, skip_special_tokens=True)))
     for token, row in zip(explained, matrix, strict=True):
         top = row.topk(min(3, row.numel())).indices.tolist()
         print(f"  {token!r:>16} <- " + ", ".join(repr(source_tokens[i]) for i in top))
@@ -102,4 +113,4 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     add_out_argument(parser)
     add_save_option(parser, "OUT/seq2seq.FORMAT")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

@@ -24,7 +24,7 @@ from explain.cli.methods import (
     score_for,
     start_layer_for,
 )
-from explain.cli.options import add_model_arguments, add_save_option, load
+from explain.cli.options import Planned, add_model_arguments, add_save_option, load, parse_index
 from explain.errors import InputError, TargetError
 
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
@@ -39,8 +39,9 @@ def _target(text: str | None, classes: Sequence[str] | None) -> int | None:
     """--target as a class index: a number or a class name (case-insensitive)."""
     if text is None:
         return None
-    if text.lstrip("-").isdigit():
-        return int(text)
+    index = parse_index(text)
+    if index is not None:
+        return index
     names = [name.lower() for name in classes or ()]
     if text.lower() in names:
         return names.index(text.lower())
@@ -76,11 +77,21 @@ def _rows(
     return rows
 
 
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """The --save file of each method."""
+    if not args.save:
+        return []
+    return [
+        Planned(args.out / f"text_{method}.{args.save}", "--save")
+        for method in parse_methods(args.method)
+    ]
+
+
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.io import atomic_write
     from explain.rules.display import display_values, scale_note
-    from explain.viz.text import document_html, note_html, to_html, to_terminal
+    from explain.viz.text import document_html, note_html, printable, to_html, to_terminal
 
     methods = parse_methods(args.method)
     loaded = load(args)
@@ -121,12 +132,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {note}")
             fragments.append(note_html(note))
         for title, (strings, scores) in zip(titles, rows, strict=True):
-            print(f"{title}:")
+            print(f"{printable(title)}:")
             if colour:
                 print(f"  {to_terminal(strings, scores)}")
             else:
                 pairs = zip(strings, scores, strict=True)
-                print("  " + " ".join(f"{s}({v:+.3g})" for s, v in pairs))
+                print("  " + " ".join(f"{printable(s)}({v:+.3g})" for s, v in pairs))
             fragments.append(to_html(strings, scores, title=title))
         if args.save:
             path = args.out / f"text_{method}.{args.save}"
@@ -244,4 +255,4 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="folder of the --save file; default: %(default)s",
     )
     add_save_option(parser, "OUT/text_METHOD.FORMAT")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

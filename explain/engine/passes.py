@@ -17,7 +17,7 @@ column is (a target, a dual encoder's pair, a generated position). The passes:
 - `ForwardPass` (attention only, or nothing): one forward under no_grad, no backward; a
   class-agnostic map serves every column, unless the plan gives each its own sink;
 - `AttentionGradientPass`: one forward, then the backward of every score column, all
-  columns in one vectorised backward, chunked to a memory budget
+  columns in one vectorised backward, chunked to the memory budget
   (`Recorder.backward_batched`), each column into its own sink;
 - `LrpWalkPass`: one forward that records the family's walk (`Adapter.lrp_walk`), the
   gradients as above when the method weights by them (kept per column until that
@@ -27,6 +27,12 @@ column is (a target, a dual encoder's pair, a generated position). The passes:
   rules (explain.lrp.attnlrp, hooked where the family's `Adapter.rule_sites` say), then
   one batched backward of every column to the embeddings: Gradient x Input per token.
 
+Where every column's sink folds by spreads (generic, head-mean rollout), the forward
+and attention-gradient passes fold all columns together block by block
+(explain.engine.spread), on the fused path from q, k, v and dO without N x N maps
+("streamed"). The path (`explain.fused.choose_path`: the device, the memory budget, the
+length) is recorded in `Explanation.settings` (`Pass.settings`).
+
 A new kind of need is one `Need` member, one pass class here (added to `PASSES`) and one
 entry in the `passes` of each plan that accepts it.
 """
@@ -34,7 +40,7 @@ entry in the `passes` of each plan that accepts it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -44,13 +50,13 @@ from explain.architectures.base import Adapter, ModuleHook, Prepared, TokenSet
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
+from explain.engine.spread import SpreadFold
 from explain.errors import OptionError, TargetError
-from explain.fused import use_fused_path
+from explain.fused import PathChoice, choose_path, default_memory_budget
 from explain.lrp import RULE_SETS, tape_for
 from explain.lrp.attnlrp import RuleCall, rule_hooks
 from explain.lrp.attnlrp_sites import rule_sites
-from explain.rules import Method, Need
-from explain.rules.fold import AttentionRows
+from explain.rules import Method, Need, Sink
 
 __all__ = [
     "PASSES",
@@ -80,17 +86,17 @@ class Columns:
 
 
 class ColumnSink(Protocol):
-    """What receives one column's blocks: a plan's per-set sinks, or a two-set fold. Where
-    `takes_rows`, it also folds a block by chunks of query rows (`add_rows`: the fused
-    path's streaming, explain.fused); a method needing the input's relevance receives it
+    """What receives one column's blocks: a plan's per-set sinks, or a two-set fold. Its
+    `parts()` are (the set's model-wide layers, the set's sink) per token set, which the
+    fold of all columns at once stacks set by set (explain.engine.spread); empty for a
+    fold over several sets at once. A method needing the input's relevance receives it
     with `add_input`."""
 
     layers: Sequence[int]
-    takes_rows: bool
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
 
-    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None: ...
+    def parts(self) -> list[tuple[Sequence[int], Sink]]: ...
 
     def add_input(self, relevance: Tensor) -> None: ...
 
@@ -120,6 +126,9 @@ class PlanView(Protocol):
     def forward_sinks(self) -> list[ColumnSink]:
         """The sinks a forward-only method fills from one forward."""
 
+    def column_sinks(self, count: int) -> list[ColumnSink]:
+        """Fresh sinks for columns 0 .. count - 1."""
+
     def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
         """One column's token relevance per set, from its sink."""
 
@@ -143,6 +152,19 @@ class Pass(ABC):
         self.spec = spec
         self.plan = plan
         self.request = request
+        self.memory_budget = (
+            default_memory_budget(adapter.parameter.device)
+            if request.memory_budget is None
+            else request.memory_budget
+        )
+        self.taken: str = "explicit"
+        """The attention path the run took: "explicit", "fused" or "streamed" (the fused
+        path with every block folded from q, k, v and dO, explain.engine.spread)."""
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """What `Explanation.settings` records of the run: its path and memory budget."""
+        return {"attention_path": self.taken, "memory_budget": self.memory_budget}
 
     @classmethod
     def missing(cls, adapter: Adapter) -> str | None:
@@ -161,14 +183,19 @@ class Pass(ABC):
         return False
 
     def fused(self) -> bool:
-        """Whether the call keeps the fused attention kernel (explain.fused)."""
-        return use_fused_path(
+        """Whether the call keeps the fused attention kernel (explain.fused.choose_path),
+        noted in `taken`."""
+        path: PathChoice = choose_path(
             self.adapter,
             self.plan.prepared.layout,
+            batch=self.plan.prepared.batch_size,
             needs_gradients=self.spec.needs_gradients,
             requested=self.request.attention_path,
+            memory_budget=self.memory_budget,
             reads_attention=bool(self.spec.needs & {Need.ATTENTION, Need.ATTENTION_GRADIENTS}),
         )
+        self.taken = path
+        return path == "fused"
 
     def _session(
         self,
@@ -196,57 +223,67 @@ class ForwardPass(Pass):
         plan = self.plan
         fused = self.fused()
         sinks = plan.forward_sinks()
-        # On the fused path the blocks are folded by rows after the forward.
-        stream = fused and all(sink.takes_rows for sink in sinks)
+        spread = SpreadFold.of(sinks, self.memory_budget)
+        # On the fused path the blocks are folded from q and k after the forward.
+        stream = fused and spread is not None
 
         def add(layer: int, attention: Tensor) -> None:
+            if spread is not None:
+                spread.keep(layer, attention)
+                return
             for sink in sinks:
                 sink.add(layer, attention, None)
-
-        def add_rows(layer: int, chunks: Iterable[AttentionRows]) -> None:
-            for sink in sinks:
-                sink.add_rows(layer, chunks)
 
         with (
             self._session(differentiable=False, fused=fused) as session,
             Recorder(session, on_attention=add, stream_forward=stream) as recorder,
         ):
             columns = plan.columns(plan.forward())
-            if stream:
-                recorder.stream_attention(add_rows)
+            if spread is not None and stream:
+                recorder.stream_attention(spread.add)
+        if spread is not None:
+            spread.fold_kept()
+            spread.finish()
+        if stream:
+            self.taken = "streamed"
         results = [plan.read(k, sink) for k, sink in enumerate(sinks)]
         return columns, results if len(sinks) > 1 else results * columns.scores.shape[1]
 
 
 class AttentionGradientPass(Pass):
     """One forward, then one backward of every score column (vectorised over columns,
-    chunked to the recorder's memory budget), folding blocks as their gradients arrive."""
+    chunked to the memory budget), folding blocks as their gradients arrive: all columns
+    at once where their sinks fold by spreads (explain.engine.spread), each column into
+    its own sink otherwise."""
 
     serves = frozenset({Need.ATTENTION_GRADIENTS})
 
     def run(self) -> tuple[Columns, PerColumn]:
         plan = self.plan
         first = plan.sink()
+        fused = self.fused()
         with (
-            self._session(differentiable=True, fused=self.fused()) as session,
+            self._session(differentiable=True, fused=fused) as session,
             Recorder(session, track=first.layers) as recorder,
         ):
             columns = plan.columns(plan.forward())
             count = columns.scores.shape[1]
-            sinks = [first] + [plan.sink(k) for k in range(1, count)]
-            # On the fused path, sinks that fold by rows get each block by chunks of rows.
-            stream = first.takes_rows
+            sinks = [first, *plan.column_sinks(count)[1:]] if count > 1 else [first]
+            spread = SpreadFold.of(sinks, self.memory_budget)
+            on_block = None if spread is None else spread.add
             if count == 1:
-                rows = first.add_rows if stream else None
-                recorder.backward(columns.scores[:, 0].sum(), first.add, on_rows=rows)
+                recorder.backward(columns.scores[:, 0].sum(), first.add, on_block=on_block)
             else:
                 recorder.backward_batched(
                     columns.scores,
                     lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
-                    on_rows=(lambda k, layer, chunks: sinks[k].add_rows(layer, chunks))
-                    if stream
-                    else None,
+                    max_bytes=self.memory_budget,
+                    on_block=on_block,
                 )
+        if spread is not None:
+            spread.finish()
+            if fused:
+                self.taken = "streamed"
         return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
 
 
@@ -355,10 +392,14 @@ class EmbeddingGradientPass(Pass):
                     "the explained score does not depend on the model's embeddings: a target "
                     "callable's scores must be computed from the model output it receives"
                 )
-            sinks = [plan.sink(k) for k in range(columns.scores.shape[1])]
-            for chunk, (gradients,) in column_gradients(columns.scores, [call.tensor]):
+            sinks = plan.column_sinks(columns.scores.shape[1])
+            for chunk, (gradients,) in column_gradients(
+                columns.scores, [call.tensor], self.memory_budget
+            ):
+                # Every column of the chunk at once: (C, B, N), then one per sink.
+                relevances = call.relevance(gradients, plan.prepared.layout).unbind()
                 for row, k in enumerate(chunk):
-                    sinks[k].add_input(call.relevance(gradients[row], plan.prepared.layout))
+                    sinks[k].add_input(relevances[row])
         return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
 
 

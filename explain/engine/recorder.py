@@ -28,15 +28,13 @@ from explain.architectures.base import FusedPath, ModuleHook
 from explain.engine.session import Session
 from explain.errors import ExplainError, TargetError
 from explain.fused import FusedBlock
-from explain.rules.fold import AttentionRows
 
 __all__ = [
     "BATCHED_GRADIENT_BYTES",
     "AttentionCallback",
+    "BlockCallback",
     "GradientCallback",
     "Recorder",
-    "RowsCallback",
-    "TargetRowsCallback",
     "column_gradients",
 ]
 
@@ -46,9 +44,13 @@ AttentionCallback = Callable[[int, Tensor], None]
 GradientCallback = Callable[[int, Tensor, Tensor], None]
 """Receives (layer, attention, d score / d attention) in the backward pass."""
 
-RowsCallback = Callable[[int, Iterable[AttentionRows]], None]
-"""Fused path, streaming: receives (layer, the block's A and dA by chunks of query rows)
-instead of whole maps (explain.fused.FusedBlock.rows); dA is None without a backward."""
+BlockCallback = Callable[[int, slice, "FusedBlock | Tensor", Tensor | None], None]
+"""Receives (layer, the score columns, the block's record, its gradient for every one of
+those columns) for a fold batched over columns (explain.engine.spread). The record is the
+attention (B, H, N, N) on the explicit path, with dA (C, B, H, N, N); on the fused path
+it is the block itself (q, k, v and mask), with dO per head (C, B, H, N, d), so that no
+N x N map need ever be built. The gradient is None without a backward; the columns are
+a chunk of a batched backward's, or all of them (slice(None))."""
 
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
@@ -58,9 +60,6 @@ _SCORE_WITHOUT_GRAPH = (
     "scores must be computed from the model output it receives (not detached, not from "
     ".item() or a tensor made elsewhere)"
 )
-
-TargetRowsCallback = Callable[[int, int, Iterator[AttentionRows]], None]
-"""Fused path, streaming: receives (score column k, layer, A and dA_k by chunks of rows)."""
 
 BATCHED_GRADIENT_BYTES = 1 << 30
 """Memory bound of one batched backward over several targets: every tracked tensor's
@@ -85,7 +84,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             more than attention (the LRP walk's activations) sees the forward pass.
         stream_forward: fused path, no gradient: keep every block's q, k (and mask), small,
             instead of handing its whole map to `on_attention` in the forward, so that
-            `stream_attention` can fold the blocks last first by chunks of query rows.
+            `stream_attention` can hand the blocks over last first, folded without maps.
     """
 
     def __init__(
@@ -115,7 +114,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self.attention_grads: dict[int, Tensor] = {}
         self.hidden_state_grads: dict[int, Tensor] = {}
         self._on_gradient: GradientCallback | None = None
-        self._on_rows: RowsCallback | None = None
+        self._on_block: BlockCallback | None = None
         self._retain_graph = False
         self._handles: list[RemovableHandle] = []
         self._active = False
@@ -264,8 +263,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self.hidden_state_grads[index] = grad
 
     def _deliver(self, layer: int, grad: Tensor) -> None:
-        if self._on_rows is not None and self._fused is not None:
-            self._on_rows(layer, self._fused_blocks[layer].rows(grad))
+        if self._on_block is not None:
+            record, gradient = self._record(layer, grad[None])
+            self._on_block(layer, slice(0, 1), record, gradient)
         elif self._on_gradient is not None:
             self._on_gradient(layer, self._attention(layer), self._attention_grad(layer, grad))
         if not self._retain_graph:
@@ -284,6 +284,14 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             return grad
         return self._fused_blocks[layer].probabilities_grad(grad)
 
+    def _record(self, layer: int, grads: Tensor) -> tuple[FusedBlock | Tensor, Tensor]:
+        """A tracked layer's record and gradients for a `BlockCallback`, from the
+        gradients of its tracked tensor for several columns (C, ...)."""
+        if self._fused is None:
+            return self.attentions[layer], grads
+        block = self._fused_blocks[layer]
+        return block, block.output_grads(grads)
+
     def _release(self, layer: int) -> None:
         if self._fused is None:
             del self.attentions[layer]
@@ -291,17 +299,16 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             del self._fused_outputs[layer]
             self._fused_blocks[layer].release()
 
-    def stream_attention(self, on_rows: RowsCallback) -> None:
-        """After a `stream_forward` forward: every block's A by chunks of query rows (no
-        gradient), last block first, each block released once it has been handed over.
-        The chunks can be iterated more than once (several sinks), recomputed each time."""
+    def stream_attention(self, on_block: BlockCallback) -> None:
+        """After a `stream_forward` forward: every block (no gradient) to `on_block`, last
+        block first, each released once it has been handed over."""
         if not self._stream_forward:
             raise ExplainError(
                 "stream_attention needs a Recorder(stream_forward=True) on the fused path"
             )
         for layer in sorted(self._fused_blocks, reverse=True):
             block = self._fused_blocks[layer]
-            on_rows(layer, _Replay(lambda b=block: b.rows(None)))
+            on_block(layer, slice(None), block, None)
             block.release()
 
     # -- backward ---------------------------------------------------------------------------
@@ -313,7 +320,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         *,
         retain_graph: bool = False,
         keep_gradients: bool = False,
-        on_rows: RowsCallback | None = None,
+        on_block: BlockCallback | None = None,
     ) -> None:
         """Differentiate the scalar `score` with respect to the tracked tensors only.
 
@@ -324,9 +331,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         the attention maps for another backward (several targets over one forward);
         `keep_gradients` stores every gradient in `attention_grads` and
         `hidden_state_grads` (for `trace`) instead of letting each go once it is used.
-        On the fused path, `on_rows` (when given, and not with `keep_gradients`) receives
-        every block by chunks of query rows instead of `on_gradient` whole maps, so that
-        no N x N map of a block is ever held whole (explain.fused, streaming).
+        `on_block` (when given, and not with `keep_gradients`) receives every block's
+        record instead of `on_gradient` (`BlockCallback`): on the fused path no N x N map
+        of a block is then ever built.
         """
         if not self._active:
             raise ExplainError("Recorder.backward must be called inside the recorder context")
@@ -344,13 +351,15 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             if on_gradient is not None:
                 on_gradient(layer, attention, grad)
 
-        def deliver_rows(layer: int, chunks: Iterator[AttentionRows]) -> None:
+        def deliver_block(
+            layer: int, columns: slice, record: FusedBlock | Tensor, gradient: Tensor | None
+        ) -> None:
             delivered.add(layer)
-            assert on_rows is not None
-            on_rows(layer, chunks)
+            assert on_block is not None
+            on_block(layer, columns, record, gradient)
 
         self._on_gradient = deliver
-        self._on_rows = deliver_rows if on_rows is not None and not keep_gradients else None
+        self._on_block = deliver_block if on_block is not None and not keep_gradients else None
         self._retain_graph = retain_graph
         self.attention_grads.clear()
         self.hidden_state_grads.clear()
@@ -360,7 +369,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             )
         finally:
             self._on_gradient = None
-            self._on_rows = None
+            self._on_block = None
         if all(grad is None for grad in grads):
             raise TargetError(_SCORE_WITHOUT_GRAPH)
         if delivered != self._track:
@@ -374,7 +383,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         on_gradient: TargetGradientCallback,
         *,
         max_bytes: int | None = None,
-        on_rows: TargetRowsCallback | None = None,
+        on_block: BlockCallback | None = None,
     ) -> None:
         """Differentiate every column k of the (B, K) `scores`, summed over the batch.
 
@@ -382,9 +391,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         (`is_grads_batched`) per chunk of targets, sized so that the chunk's gradients of
         the tracked tensors fit in `max_bytes` (default `BATCHED_GRADIENT_BYTES`).
         `on_gradient(k, layer, attention, grad)` is called for every target and tracked
-        layer, last block first, as in `backward`; on the fused path `on_rows(k, layer,
-        chunks)`, when given, instead receives them by chunks of query rows (A recomputed
-        for every target, so that no N x N map is ever held whole).
+        layer, last block first, as in `backward`; `on_block`, when given, instead receives
+        every block once per chunk of targets with the gradients of all of them
+        (`BlockCallback`), for a fold batched over columns.
         """
         if not self._active:
             raise ExplainError("Recorder.backward_batched must be called inside the context")
@@ -405,9 +414,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 for position in reversed(range(len(layers))):
                     layer, grad = layers[position], grads[position]
                     grads[position] = None  # type: ignore[call-overload]  # free as we go
-                    if on_rows is not None and self._fused is not None:
-                        for row, column in enumerate(columns):
-                            on_rows(column, layer, self._fused_blocks[layer].rows(grad[row]))
+                    if on_block is not None:
+                        record, gradient = self._record(layer, grad)
+                        on_block(layer, slice(columns.start, columns.stop), record, gradient)
                         continue
                     attention = self._attention(layer)
                     for row, column in enumerate(columns):
@@ -452,9 +461,11 @@ def column_gradients(
             )
             yield columns, [grad[None] for grad in grads]
             continue
-        grad_outputs = scores.new_zeros(len(columns), *scores.shape)
-        for row, column in enumerate(columns):
-            grad_outputs[row, :, column] = 1.0
+        # Row r of the batch of cotangents is one-hot at column first + r.
+        one_hot = torch.eye(count, dtype=scores.dtype, device=scores.device)
+        grad_outputs = one_hot[columns.start : columns.stop, None, :].expand(
+            len(columns), *scores.shape
+        )
         grads = torch.autograd.grad(
             scores,
             inputs=list(inputs),
@@ -476,16 +487,6 @@ def _as_leaf(
     key = next(k for k, v in kwargs.items() if isinstance(v, Tensor))
     hidden = kwargs[key].detach().requires_grad_(True)
     return args, {**kwargs, key: hidden}, hidden
-
-
-class _Replay(Iterable[AttentionRows]):
-    """Chunks that are computed anew by every iteration over them."""
-
-    def __init__(self, chunks: Callable[[], Iterator[AttentionRows]]) -> None:
-        self._chunks = chunks
-
-    def __iter__(self) -> Iterator[AttentionRows]:
-        return self._chunks()
 
 
 class _Rotation:

@@ -31,6 +31,10 @@ class Request:
     start_layer: StartLayer = None
     options: Mapping[str, Any] = field(default_factory=dict)
     attention_path: AttentionPath = "auto"
+    memory_budget: int | None = None
+    """Bytes the attention maps may take (explain.fused.choose_path: the explicit path
+    where its maps fit, the streamed fold's chunks); None: the device's default
+    (explain.fused.default_memory_budget)."""
     prompt_length: int | None = None
     """A generation (explain.generation): the inputs are prompts of this padded width
     followed by decoder-only language-model continuations, and every continuation token

@@ -24,7 +24,7 @@ from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.errors import TargetError, UnsupportedModelError
 from explain.explanation import Explanation, Trace
-from explain.fused import use_fused_path
+from explain.fused import choose_path, default_memory_budget
 from explain.rules import METHODS, Method, get_method
 
 __all__ = ["check", "explain", "supported_methods", "trace"]
@@ -35,6 +35,8 @@ def _missing_link(spec: Method, kind: type[Plan], adapter: Adapter) -> Exception
     chosen = pass_for(spec)
     if chosen not in kind.passes or (kind.methods is not None and spec.name not in kind.methods):
         return kind.refusal(kind.refused_because)
+    if adapter.methods is not None and spec.name not in adapter.methods:
+        return UnsupportedModelError("its attention is windowed, which not every rule folds")
     missing = chosen.missing(adapter)
     if missing is not None:
         return UnsupportedModelError(missing)
@@ -82,10 +84,15 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
     run = chosen(adapter, spec, plan, request)
     columns, per_column = run.run()
     layouts = {token_set.name: token_set.layout for token_set in plan.sets}
-    if not run.mapped:  # onto the input: patch grids, text with pads 0
+    if not run.mapped:  # onto the input (patch grids, text with pads 0), all columns at once
+        mapped = {
+            name: adapter.to_input_space(
+                torch.stack([column[name] for column in per_column], dim=1), layout
+            ).unbind(dim=1)
+            for name, layout in layouts.items()
+        }
         per_column = [
-            {name: adapter.to_input_space(r, layouts[name]) for name, r in column.items()}
-            for column in per_column
+            {name: mapped[name][k] for name in per_column[k]} for k in range(len(per_column))
         ]
     relevances = {name: r.detach() for name, r in plan.finish(per_column, columns).items()}
     first = plan.sets[0]
@@ -98,7 +105,8 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         input_size=first.layout.input_size,
         relevances=relevances,
         tokens=plan.tokens(),
-        settings=plan.settings(),
+        detections=plan.detections(),
+        settings={**plan.settings(), **run.settings},
     )
 
 
@@ -108,8 +116,19 @@ def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None
     plan = plan_kind(adapter, request)(adapter, None, request, tokenizer)
     plan.prepare(inputs)
     plan.choose_inputs()
-    fused = use_fused_path(
-        adapter, plan.prepared.layout, needs_gradients=True, requested=request.attention_path
+    budget = request.memory_budget
+    fused = (
+        choose_path(
+            adapter,
+            plan.prepared.layout,
+            batch=plan.prepared.batch_size,
+            needs_gradients=True,
+            requested=request.attention_path,
+            memory_budget=default_memory_budget(adapter.parameter.device)
+            if budget is None
+            else budget,
+        )
+        == "fused"
     )
     num_layers = adapter.num_layers
     attentions: dict[int, Tensor] = {}

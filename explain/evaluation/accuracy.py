@@ -130,6 +130,7 @@ def _shapes_clip_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[
 
 _HELDOUT: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]] = {
     "shapes-vit": (_shapes_accuracy, 2000),
+    "shapes-swin": (_shapes_accuracy, 2000),
     "digits-vit": (_digits_accuracy, 400),
     "minilm-sentiment": (_sentiment_accuracy, 1000),
     "shapes-clip": (_shapes_clip_accuracy, 1000),

@@ -43,12 +43,14 @@ from explain.evaluation.perturbation import (
 )
 from explain.evaluation.protocol import (
     Column,
+    Field,
     ImageProtocol,
     Records,
     as_terms,
     method_options,
 )
 from explain.evaluation.segmentation import (
+    SEGMENTATION_FIELDS,
     counts_to_records,
     segmentation_counts,
     segmentation_from_sums,
@@ -56,6 +58,9 @@ from explain.evaluation.segmentation import (
 )
 
 __all__ = ["ClassSpecificTest"]
+
+_CURVES = {"positive": "target", "negative": "target", "other_positive": "other"}
+"""Each tracked curve, and whose probability it starts from at x = 0."""
 
 
 class ClassSpecificTest(ImageProtocol):
@@ -101,6 +106,16 @@ class ClassSpecificTest(ImageProtocol):
             f"AUC of the class's mean probability: {AUC_RANGES[self.auc_range]} "
             f"(auc_range {self.auc_range})."
         )
+
+    fields: ClassVar[Mapping[str, Field]] = {
+        "label": Field(int, low=0),
+        "other_label": Field(int, low=0),
+        "target_probability": Field(float, 0.0, 1.0),
+        "other_probability": Field(float, 0.0, 1.0),
+        **{curve: Field(float, 0.0, 1.0, width=len(FRACTIONS)) for curve in _CURVES},
+        **SEGMENTATION_FIELDS,
+        "denser_on_target": Field(int, 0, 1),
+    }
 
     def probabilities(self, logits: Tensor) -> Tensor:
         """(M, classes) probabilities: sigmoid per class or softmax over the classes."""
@@ -183,10 +198,6 @@ class ClassSpecificTest(ImageProtocol):
             **self.totals(sums, count),
             "curves": curves,
         }
-
-
-_CURVES = {"positive": "target", "negative": "target", "other_positive": "other"}
-"""Each tracked curve, and whose probability it starts from at x = 0."""
 
 
 def _curve(sums: Mapping[str, Tensor], curve: str, count: int) -> list[Tensor]:

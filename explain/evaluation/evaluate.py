@@ -80,9 +80,10 @@ def evaluate_model(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     offline: bool = False,
+    allow_missing_weights: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Evaluate `methods` (default: every registered one) of `model` with `protocol`.
+    """Evaluate `methods` (default: every one the model supports) of `model` with `protocol`.
 
     Args:
         protocol: "perturbation", "segmentation", "class-specific" or "rationale".
@@ -98,15 +99,22 @@ def evaluate_model(
             "10-90" (perturbation, class-specific).
         split: the ERASER split (rationale with `data`).
         device: where the model runs; default the (rank's) GPU if there is one.
-        dtype, offline: as `load_model` takes them.
+        dtype, offline, allow_missing_weights: as `load_model` takes them.
     """
+    from explain.architectures.registry import adapter_for
+    from explain.engine import supported_methods
     from explain.evaluation.datasets.zoo import heldout_dataset
     from explain.loading import load_model
-    from explain.rules import METHODS
 
     if protocol not in _MODALITY:
         raise OptionError(f"unknown protocol {protocol!r}; choose one of {', '.join(_MODALITY)}")
-    loaded = load_model(model, device=_device(device), dtype=dtype, offline=offline)
+    loaded = load_model(
+        model,
+        device=_device(device),
+        dtype=dtype,
+        offline=offline,
+        allow_missing_weights=allow_missing_weights,
+    )
     if loaded.modality != _MODALITY[protocol]:
         raise OptionError(
             f"the {protocol} test is for {_MODALITY[protocol]} models; {model} is a "
@@ -143,7 +151,7 @@ def evaluate_model(
     return run_evaluation(
         bound,
         dataset,
-        list(methods) if methods else sorted(METHODS),
+        list(methods) if methods else supported_methods(adapter_for(module)),
         Path(output),
         model_name=str(model),
         batch_size=batch_size,

@@ -28,6 +28,7 @@ from explain.errors import OptionError
 from explain.evaluation.datasets.base import ImageExample
 from explain.evaluation.protocol import (
     Column,
+    Field,
     ImageProtocol,
     Records,
     as_terms,
@@ -154,6 +155,13 @@ class PerturbationTest(ImageProtocol):
         "negative_auc_predicted": Column("negative AUC, predicted", "higher"),
         "positive_auc_target": Column("positive AUC, target", "lower"),
         "negative_auc_target": Column("negative AUC, target", "higher"),
+    }
+
+    fields: ClassVar[Mapping[str, Field]] = {
+        "label": Field(int, low=0),
+        "predicted": Field(int, low=0),
+        "correct": Field(int, 0, 1),
+        **{curve: Field(int, 0, 1, width=len(FRACTIONS)) for curve in CURVES},
     }
 
     def scale(self) -> str:

@@ -8,6 +8,7 @@ run exactly equal to a single run however the chunks were spread over processes.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,11 +26,13 @@ from explain.rules import get_method
 __all__ = [
     "Column",
     "EvaluationProtocol",
+    "Field",
     "ImageProtocol",
     "Records",
     "as_terms",
     "concatenate_records",
     "method_options",
+    "records_problem",
 ]
 
 Records = dict[str, list[Any]]
@@ -55,6 +58,56 @@ class Column:
         """The header with an arrow that says which way is better."""
         arrow = {"higher": " ↑", "lower": " ↓", None: ""}[self.better]
         return self.header + arrow
+
+
+@dataclass(frozen=True)
+class Field:
+    """One column of per-example records as a protocol writes it: what a stored chunk
+    must hold to be trusted when a run resumes.
+
+    Attributes:
+        kind: int (booleans as 0/1 included) or float (ints accepted), never bool or None.
+        low, high: the range every value lies in (inclusive); floats must be finite.
+        width: None for one number per example, else a list of that many numbers.
+    """
+
+    kind: type[int] | type[float]
+    low: float = -math.inf
+    high: float = math.inf
+    width: int | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with one example's `value`, or None."""
+        values = [value] if self.width is None else value
+        if self.width is not None and not (isinstance(value, list) and len(value) == self.width):
+            return f"{value!r:.60} is not a list of {self.width} numbers"
+        for number in values:
+            kinds = (int,) if self.kind is int else (int, float)
+            if isinstance(number, bool) or not isinstance(number, kinds):
+                return f"{number!r:.60} is not {'an int' if self.kind is int else 'a number'}"
+            if not (math.isfinite(number) and self.low <= number <= self.high):
+                return f"{number!r} is outside {self.low}..{self.high}"
+        return None
+
+
+def records_problem(records: Any, fields: Mapping[str, Field], count: int) -> str | None:
+    """What is wrong with `records` as the records of `count` examples with `fields`
+    (missing or extra keys, a column of another length, a value of the wrong type or out
+    of range), or None when they could have been written by the protocol."""
+    if not isinstance(records, dict):
+        return f"the records are a {type(records).__name__}, not a JSON object"
+    if set(records) != set(fields):
+        missing, extra = sorted(set(fields) - set(records)), sorted(set(records) - set(fields))
+        return f"keys missing: {missing}, unexpected: {extra}"
+    for key, field in fields.items():
+        column = records[key]
+        if not isinstance(column, list) or len(column) != count:
+            return f"{key} is not a list of {count} values"
+        for value in column:
+            problem = field.problem(value)
+            if problem is not None:
+                return f"{key}: {problem}"
+    return None
 
 
 def as_terms(values: Sequence[Any]) -> Tensor:
@@ -122,6 +175,10 @@ class EvaluationProtocol(ABC):
 
     columns: ClassVar[Mapping[str, Column]]
     """Summary keys shown in the markdown table, with their columns."""
+
+    fields: ClassVar[Mapping[str, Field]]
+    """Every key of the records `evaluate` returns, with the type and range of its values
+    (stored chunks are checked against them before a resumed run trusts them)."""
 
     def settings(self) -> dict[str, Any]:
         """Everything besides the model and data that changes the records (for resuming)."""

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from explain.errors import InputError, OptionError
 from explain.evaluation.datasets.base import TextExample
-from explain.evaluation.protocol import Column, EvaluationProtocol, Records, method_options
+from explain.evaluation.protocol import Column, EvaluationProtocol, Field, Records, method_options
 
 __all__ = ["TOP_K", "RationaleTest", "rationale_scores", "word_scores"]
 
@@ -100,6 +100,12 @@ class RationaleTest(EvaluationProtocol):
     columns: ClassVar[Mapping[str, Column]] = {
         "accuracy": Column("accuracy"),
         **{f"token_f1@{k}": Column(f"token F1 @{k}", "higher") for k in _RANKED_K},
+    }
+
+    fields: ClassVar[Mapping[str, Field]] = {
+        "label": Field(int, low=0),
+        "predicted": Field(int, low=0),
+        **{key: Field(float, 0.0, 1.0, width=len(TOP_K)) for key in ("precision", "recall", "f1")},
     }
 
     def settings(self) -> dict[str, Any]:

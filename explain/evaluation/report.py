@@ -9,6 +9,7 @@ from typing import Any
 
 from explain.evaluation.protocol import Column
 from explain.io import atomic_write
+from explain.viz.literal import literal_text
 
 __all__ = ["markdown_table", "plot_results"]
 
@@ -66,6 +67,7 @@ _BESIDE = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.02, 1.
 """Legend placement: outside the axes, to their right."""
 
 
+@literal_text
 def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Save the protocol's curves as a PNG (atomically): accuracy (perturbation) or the
     class probabilities (class-specific) against the removed fraction, token F1 against k

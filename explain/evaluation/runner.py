@@ -3,11 +3,14 @@
 The dataset is cut into chunks of `batch_size` examples (chunk i holds examples
 i * batch_size ...). Every finished (method, chunk) is stored as its own small JSON file in
 a work folder next to the output (`results.json.parts/`), so an interrupted run resumes
-where it stopped and never recomputes a finished chunk. Under torchrun, chunk i belongs to
-rank i mod world size; the ranks' records are gathered on rank 0, which writes the results
-JSON (atomically) with a markdown table and a PNG of the curves next to it. Chunks are the
-same whatever the number of processes, so a sharded run gives exactly the numbers of a
-single-process run.
+where it stopped and never recomputes a finished chunk. A stored chunk is trusted only if
+it carries the digest of the run's settings, its method and its range of examples, and
+its records have the protocol's keys, types and ranges (`EvaluationProtocol.fields`);
+any other (tampered, damaged, or copied from another run) is computed again. Under
+torchrun, chunk i belongs to rank i mod world size; the ranks' records are gathered on
+rank 0, which writes the results JSON (atomically) with a markdown table and a PNG of the
+curves next to it. Chunks are the same whatever the number of processes, so a sharded run
+gives exactly the numbers of a single-process run.
 
 Every number that ranks methods gets a bootstrap standard error, and the methods within
 noise of the best are named per number (explain.evaluation.bootstrap), from the same
@@ -18,8 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,13 @@ from explain.evaluation.bootstrap import (
     tied_with_best,
 )
 from explain.evaluation.distributed import Group, process_group
-from explain.evaluation.protocol import EvaluationProtocol, Records, concatenate_records
+from explain.evaluation.protocol import (
+    EvaluationProtocol,
+    Field,
+    Records,
+    concatenate_records,
+    records_problem,
+)
 from explain.evaluation.report import markdown_table, plot_results
 from explain.io import atomic_write
 from explain.rules import get_method
@@ -95,20 +105,19 @@ def run_evaluation(
     name = getattr(dataset, "name", type(dataset).__name__)
     output = Path(output)
     work = work_folder(output)
-    _check_fingerprint(
-        work,
-        {
-            "protocol": protocol.name,
-            "model": model_name,
-            "weights": weights_digest(protocol.explainer.model),
-            "dataset": name,
-            "batch_size": batch_size,
-            "settings": protocol.settings(),
-        },
-    )
+    fingerprint = {
+        "protocol": protocol.name,
+        "model": model_name,
+        "weights": weights_digest(protocol.explainer.model),
+        "dataset": name,
+        "batch_size": batch_size,
+        "settings": protocol.settings(),
+    }
+    _check_fingerprint(work, fingerprint)
+    run = _run_digest(fingerprint)
     chunks = [(start, min(start + batch_size, count)) for start in range(0, count, batch_size)]
     with process_group() as group:
-        done, failed = _run_chunks(protocol, dataset, methods, chunks, work, group, progress)
+        done, failed = _run_chunks(protocol, dataset, methods, chunks, work, run, group, progress)
         gathered = group.gather((done, failed))
         results = None
         if group.is_main:
@@ -147,12 +156,19 @@ def _check_fingerprint(work: Path, fingerprint: dict[str, Any]) -> None:
         json.dump(fingerprint, handle, indent=1)
 
 
+def _run_digest(fingerprint: dict[str, Any]) -> str:
+    """SHA-256 of a run's settings, stored in each of its chunks: a chunk copied from
+    another run's folder is not taken for one of this run's."""
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+
+
 def _run_chunks(
     protocol: EvaluationProtocol,
     dataset: Sequence[Any],
     methods: Sequence[str],
     chunks: list[tuple[int, int]],
     work: Path,
+    run: str,
     group: Group,
     progress: bool,
 ) -> tuple[dict[tuple[str, int], Records], dict[str, str]]:
@@ -172,7 +188,8 @@ def _run_chunks(
             examples = None
             for method in methods:
                 path = work / method / f"{start:08d}-{stop:08d}.json"
-                stored = _stored_chunk(path, stop - start)
+                label = {"run": run, "method": method, "examples": [start, stop]}
+                stored = _stored_chunk(path, label, protocol.fields, stop - start)
                 if stored is not None:
                     done[method, index] = stored
                 elif method not in failed:
@@ -185,29 +202,41 @@ def _run_chunks(
                         print(f"explain: {method} skipped: {failed[method]}", file=sys.stderr)
                     else:
                         with atomic_write(path, "w") as handle:
-                            json.dump(records, handle)
+                            json.dump({**label, "records": records}, handle, allow_nan=False)
                         done[method, index] = records
                 bar.update(1)
     return done, failed
 
 
-def _stored_chunk(path: Path, examples: int) -> Records | None:
-    """The finished chunk at `path`, or None when there is none yet or it is damaged (cut
-    short, not JSON, or not one record per example), in which case it is recomputed."""
+def _stored_chunk(
+    path: Path, label: dict[str, Any], fields: Mapping[str, Field], examples: int
+) -> Records | None:
+    """The finished chunk at `path`, or None when there is none yet or it cannot be
+    trusted, in which case it is recomputed: cut short or not JSON, written by another run
+    (its `label` of run digest, method and example range differs), or records that the
+    protocol could not have written (keys, lengths, types and ranges: `fields`)."""
     if not path.exists():
         return None
     try:
-        records = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        records = None
-    if (
-        isinstance(records, dict)
-        and records
-        and all(isinstance(v, list) and len(v) == examples for v in records.values())
-    ):
-        return records
-    print(f"explain: {path} is damaged; computing that chunk again", file=sys.stderr)
+        stored = json.loads(path.read_text(), parse_constant=_no_constant)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        problem = f"it is not JSON ({type(error).__name__})"
+    else:
+        if not isinstance(stored, dict) or set(stored) != {*label, "records"}:
+            problem = "it is not a chunk of this version of explain"
+        elif any(stored[key] != value for key, value in label.items()):
+            problem = "it belongs to another run, method or range of examples"
+        else:
+            problem = records_problem(stored["records"], fields, examples)
+            if problem is None:
+                return stored["records"]
+    print(f"explain: {path} is damaged ({problem}); computing that chunk again", file=sys.stderr)
     return None
+
+
+def _no_constant(name: str) -> None:
+    """json's hook for NaN and Infinity, which no chunk holds: refuse the file."""
+    raise ValueError(f"{name} in a chunk")
 
 
 def _merge(
@@ -248,10 +277,22 @@ def _merge(
 
 def _write(results: dict[str, Any], output: Path, protocol: EvaluationProtocol) -> None:
     with atomic_write(output, "w") as handle:
-        json.dump(results, handle, indent=1)
+        # Standard JSON: a number that is not finite (none should be) is written as null.
+        json.dump(_finite(results), handle, indent=1, allow_nan=False)
     title = f"# {results['protocol']}: {results['model']} on {results['dataset']}\n\n"
     table = markdown_table(results, protocol.columns)
     with atomic_write(output.with_suffix(".md"), "w") as handle:
         handle.write(title + f"n = {results['n']}\n\n" + table)
     if results["results"]:
         plot_results(results, output.with_suffix(".png"))
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is not finite replaced by None (JSON's null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value

@@ -22,6 +22,7 @@ from explain.errors import InputError
 from explain.evaluation.datasets.base import ImageExample
 from explain.evaluation.protocol import (
     Column,
+    Field,
     ImageProtocol,
     Records,
     as_terms,
@@ -29,6 +30,7 @@ from explain.evaluation.protocol import (
 )
 
 __all__ = [
+    "SEGMENTATION_FIELDS",
     "SegmentationCounts",
     "SegmentationTest",
     "average_precision",
@@ -145,6 +147,16 @@ def segmentation_from_sums(sums: Mapping[str, Tensor], count: int) -> dict[str, 
     }
 
 
+SEGMENTATION_FIELDS: Mapping[str, Field] = {
+    "correct": Field(int, low=0),
+    "labelled": Field(int, low=0),
+    "intersection": Field(int, low=0, width=2),
+    "union": Field(int, low=0, width=2),
+    "average_precision": Field(float, 0.0, 1.0),
+}
+"""The records `counts_to_records` writes, per image."""
+
+
 def counts_to_records(counts: Sequence[SegmentationCounts]) -> Records:
     """Per-example records (JSON-able columns) of the images' counts."""
     return {
@@ -168,6 +180,12 @@ class SegmentationTest(ImageProtocol):
         "pixel_accuracy": Column("pixel accuracy", "higher"),
         "miou": Column("mIoU", "higher"),
         "map": Column("mAP", "higher"),
+    }
+
+    fields: ClassVar[Mapping[str, Field]] = {
+        "label": Field(int, low=-1),  # -1: not known (gtsegs_ijcv.mat)
+        "predicted": Field(int, low=0),
+        **SEGMENTATION_FIELDS,
     }
 
     def evaluate(self, method: str, examples: Sequence[ImageExample], *, seed: int = 0) -> Records:

@@ -159,15 +159,18 @@ class RuleCall:
 
     def relevance(self, gradient: Tensor, layout: TokenLayout) -> Tensor:
         """(B, N) relevance over the layout's tokens: embedding x gradient summed over the
-        hidden size. Image embeddings hold the patches only; the prefix tokens, which do
-        not come from the image, get 0."""
+        hidden size; (C, B, N) from the gradients of C score columns at once (C, B, ...).
+        Image embeddings hold the patches only; the prefix tokens, which do not come from
+        the image, get 0."""
         embeddings = self.tensor
+        columns = gradient.dim() - embeddings.dim()  # 0, or 1 for a column axis
+        axis = self.embedding_axis if self.embedding_axis < 0 else self.embedding_axis + columns
         dtype = embeddings.dtype if embeddings.dtype == torch.float64 else torch.float32
-        relevance = (embeddings.to(dtype) * gradient.to(dtype)).sum(dim=self.embedding_axis)
-        relevance = relevance.reshape(relevance.shape[0], -1)
+        relevance = (embeddings.to(dtype) * gradient.to(dtype)).sum(dim=axis)
+        relevance = relevance.flatten(columns + 1)
         if layout.num_prefix_tokens:
-            prefix = relevance.new_zeros(relevance.shape[0], layout.num_prefix_tokens)
-            relevance = torch.cat([prefix, relevance], dim=1)
+            prefix = relevance.new_zeros(*relevance.shape[:-1], layout.num_prefix_tokens)
+            relevance = torch.cat([prefix, relevance], dim=-1)
         return relevance
 
 

@@ -7,11 +7,20 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from explain.architectures.windows import WindowedLayout
 from explain.errors import OptionError
-from explain.rules.fold import LastBlock, ReadoutFold, vecmat
+from explain.rules.fold import LastBlock, ReadoutFold, Spread, vecmat
 from explain.rules.registry import Need, RuleContext, first_block, register_method
+from explain.rules.windowed import WindowedFold
 
-__all__ = ["discard_lowest", "fuse_heads", "raw_attention", "rollout", "rollout_step"]
+__all__ = [
+    "ROLLOUT_SPREAD",
+    "discard_lowest",
+    "fuse_heads",
+    "raw_attention",
+    "rollout",
+    "rollout_step",
+]
 
 HeadFusion = Literal["mean", "max", "min"]
 
@@ -42,21 +51,42 @@ def discard_lowest(matrix: Tensor, ratio: float, protected: Tensor) -> Tensor:
     return matrix.scatter(-1, lowest, 0.0)
 
 
-def rollout_step(vector: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
-    """v @ (M + I) / rowsum(M + I), without building I, by rows (explain.rules.fold.Step):
-    with s = v / rowsum, the rows spread s @ M and keep s."""
+def rollout_step(vector: Tensor, matrix: Tensor) -> Tensor:
+    """v @ ((M + I) / rowsum(M + I)), without building I: with s = v / rowsum, s @ M + s."""
     scaled = vector / (matrix.sum(dim=-1) + 1.0)
-    return vecmat(scaled, matrix), scaled
+    return vecmat(scaled, matrix) + scaled
+
+
+def _rollout_split(vector: Tensor, rowsum: Tensor | None) -> tuple[Tensor, Tensor]:
+    scaled = vector / 2.0 if rowsum is None else vector / (rowsum.to(vector.dtype) + 1.0)
+    return scaled, scaled
+
+
+ROLLOUT_SPREAD = Spread("attention", _rollout_split)
+"""`rollout_step` with head-mean fusion through the block's spread: s = v / rowsum spreads
+s @ Abar and keeps s (a row of mean_h A sums to 1, or to 0 where every key is masked)."""
 
 
 @register_method("raw_attention", needs={Need.ATTENTION}, class_specific=False)
-def raw_attention(context: RuleContext) -> LastBlock:
+def raw_attention(context: RuleContext) -> LastBlock | WindowedFold:
     """The readout row of the last block's head-averaged attention."""
     readout = context.readout
+    if isinstance(context.layout, WindowedLayout):  # the last block's windows, then the merges
+        last = range(context.num_layers - 1, context.num_layers)
+        return WindowedFold(readout, context.layout, last, _head_mean, _spread_only)
     return LastBlock(
         context.num_layers,
         lambda attention, gradient: vecmat(readout.to(attention.dtype), attention.mean(dim=1)),
     )
+
+
+def _head_mean(attention: Tensor, gradient: Tensor | None) -> Tensor:
+    return attention.mean(dim=1)
+
+
+def _spread_only(vector: Tensor, matrix: Tensor) -> Tensor:
+    """v @ M (explain.rules.fold.Step): no identity term."""
+    return vecmat(vector, matrix)
 
 
 @register_method(
@@ -64,7 +94,7 @@ def raw_attention(context: RuleContext) -> LastBlock:
 )
 def rollout(
     context: RuleContext, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
-) -> ReadoutFold:
+) -> ReadoutFold | WindowedFold:
     """Attention rollout (Abnar & Zuidema 2020): product of row-normalised (A + I)."""
     fuse_heads(context.readout.new_zeros(1, 1, 1, 1), head_fusion)  # validate early
     if not 0.0 <= discard_ratio < 1.0:
@@ -76,9 +106,15 @@ def rollout(
         return discard_lowest(fused, discard_ratio, protected) if discard_ratio else fused
 
     layers = range(context.start_layer, context.num_layers)
-    # Fused heads are row-wise; discarding ranks whole rows but protects the diagonal,
-    # which a chunk of rows does not know where to find: with discard_ratio the block is
-    # joined before it is folded.
-    return ReadoutFold(
-        context.readout, layers, block_matrix, rollout_step, streamable=not discard_ratio
-    )
+    if isinstance(context.layout, WindowedLayout):
+        if discard_ratio:
+            raise OptionError(
+                "discard_ratio ranks each attention row over all of a block's tokens, but "
+                "a windowed model's (Swin) rows cover one window each; leave discard_ratio "
+                "at 0 for this model"
+            )
+        return WindowedFold(context.readout, context.layout, layers, block_matrix, rollout_step)
+    # Only the head mean without discarding is a spread of A (explain.engine.kernels);
+    # max, min and discarding need the block's whole map.
+    spread = ROLLOUT_SPREAD if head_fusion == "mean" and not discard_ratio else None
+    return ReadoutFold(context.readout, layers, block_matrix, rollout_step, spread=spread)

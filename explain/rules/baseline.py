@@ -15,8 +15,8 @@ class RandomRelevance:
 
     layers = range(0)
 
-    def __init__(self, readout: Tensor, seed: int):
-        self._shape = readout.shape
+    def __init__(self, readout: Tensor, num_tokens: int, seed: int):
+        self._shape = (readout.shape[0], num_tokens)
         self._device = readout.device
         self._dtype = readout.dtype if readout.dtype == torch.float64 else torch.float32
         self._seed = seed
@@ -33,4 +33,5 @@ class RandomRelevance:
 @register_method("random", needs=(), class_specific=False)
 def random(context: RuleContext, seed: int = 0) -> RandomRelevance:
     """Uniform random relevance, reproducible for a seed and a batch (a chance baseline)."""
-    return RandomRelevance(context.readout, seed)
+    # Over the layout's tokens: a windowed model reads out fewer tokens than its input has.
+    return RandomRelevance(context.readout, context.layout.num_tokens, seed)

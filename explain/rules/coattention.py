@@ -164,7 +164,10 @@ class TwoSetFold:
     rules run in forward order in `matrices()` once every block has arrived.
     """
 
-    takes_rows = False  # the two-set rules need whole maps (see explain.engine.plans)
+    def parts(self) -> list:
+        """Per-set sinks: none, the two sets fold together (explain.engine.passes'
+        ColumnSink); so the columns are folded one by one, from whole maps."""
+        return []
 
     def __init__(
         self,

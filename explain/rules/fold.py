@@ -6,37 +6,49 @@ s: O(L N^2) per sample instead of O(L N^3). Block matrices may arrive in any ord
 one is folded as soon as every later block has been, so in the backward pass (last block
 first) every block is folded and freed on arrival.
 
-Every step is a sum over the rows of M_l (`Step`), so a block can also arrive as chunks
-of query rows (`ReadoutFold.add_rows`, explain.fused's streaming): the fold then never
-holds more than one chunk of the block's N x N matrix.
+A fold whose block matrix is a head mean of the attention (rollout) or of `(dA * A)+`
+(generic) can also be folded without any block matrix (`Spread`): its step is written
+through the block's spread `u @ Abar`, which explain.engine.kernels computes from q, k,
+v and dO without N x N maps. `ColumnFolds` stacks the folds of several columns (classes,
+generated tokens) into one (C, B, N) fold, so that one spread per block serves them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["AttentionRows", "LastBlock", "ReadoutFold", "Step", "compute_dtype", "vecmat"]
+__all__ = [
+    "ColumnFolds",
+    "LastBlock",
+    "ReadoutFold",
+    "Spread",
+    "Step",
+    "compute_dtype",
+    "vecmat",
+]
 
 BlockMatrix = Callable[[Tensor, Tensor | None], Tensor]
-Step = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
-"""One factor of the fold, by rows: (v_rows (B, c), M_rows (B, c, N)) -> (what the rows
-spread over all tokens (B, N), what they keep on their own tokens (B, c)). The new row
-vector is the sum of every chunk's spread plus, at each chunk's rows, what it keeps."""
+Step = Callable[[Tensor, Tensor], Tensor]
+"""One factor of the fold: (v (B, N), M_l (B, N, N)) -> the new row vector (B, N)."""
 
 
 @dataclass(frozen=True)
-class AttentionRows:
-    """Query rows `rows` of one block's attention (B, H, c, K) and its gradient, over the
-    first K <= N keys (the later keys are masked for these rows: causal attention)."""
+class Spread:
+    """A fold step written through the block's spread (module docstring).
 
-    rows: slice
-    attention: Tensor
-    gradient: Tensor | None
+    `mode` names Abar for explain.engine.kernels.readout_spread ("gradient": mean_h
+    (dA * A)+, "attention": mean_h A). `split(v, rowsum)` -> (u, kept): the new row vector
+    is `kept + u @ Abar`. `rowsum` (B, N) is Abar's row sums where the step needs them
+    (rollout's normalisation; only for mode "attention", where a row sums to 1 unless
+    every key of it is masked), None where every row sums to 1."""
+
+    mode: Literal["gradient", "attention"]
+    split: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]]
 
 
 def compute_dtype(tensor: Tensor) -> torch.dtype:
@@ -53,11 +65,9 @@ class ReadoutFold:
     """Fold `readout @ M_{last} ... M_{first}` over blocks `layers`.
 
     `block_matrix(attention, gradient)` reduces one block's records to its (B, N, N)
-    matrix (or a chunk of its rows to those rows); `step` applies one factor to the row
-    vector (see `Step`).
+    matrix; `step` applies one factor to the row vector. `spread`, where the method has
+    one, folds the same step without block matrices (`Spread`, `ColumnFolds`).
     """
-
-    takes_rows = True  # a RowSink: add_rows folds a block by chunks of query rows
 
     def __init__(
         self,
@@ -66,74 +76,83 @@ class ReadoutFold:
         block_matrix: BlockMatrix,
         step: Step,
         *,
-        streamable: bool = False,
+        spread: Spread | None = None,
     ):
         self.layers = layers
-        self.streamable = streamable
-        """Whether `block_matrix` works row by row (a chunk of rows -> those rows); off
-        unless the method says so, since a matrix normalised as a whole would silently
-        fold wrong by rows."""
+        self.spread = spread
         self._block_matrix = block_matrix
         self._step = step
         self._vector = readout.to(compute_dtype(readout))
         self._next = layers[-1] if len(layers) else None
         self._pending: dict[int, Tensor] = {}
 
-    def _matrix(self, attention: Tensor, gradient: Tensor | None) -> Tensor:
-        dtype = compute_dtype(attention)
-        gradient = gradient.to(dtype) if gradient is not None else None
-        return self._block_matrix(attention.to(dtype), gradient)
-
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
         if layer not in self.layers:
             return
-        self._pending[layer] = self._matrix(attention, gradient)
-        self._fold_pending()
-
-    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
-        """A block by chunks of query rows. Folded chunk by chunk when every later block
-        has been folded (the backward's order); otherwise, or when the block matrix is
-        not row-wise (`streamable` False), the chunks are joined and kept as by `add`."""
-        if layer not in self.layers:
-            return
-        tokens = self._vector.shape[-1]
-        if layer != self._next or not self.streamable:
-            matrices = [self._matrix(c.attention, c.gradient) for c in chunks]
-            widths = [tokens - m.shape[-1] for m in matrices]  # masked keys: zeros
-            padded = [F.pad(m, (0, w)) if w else m for m, w in zip(matrices, widths, strict=True)]
-            self._pending[layer] = torch.cat(padded, dim=1)
-            self._fold_pending()
-            return
-        vector = self._vector
-        folded: Tensor | None = None
-        for chunk in chunks:
-            matrix = self._matrix(chunk.attention, chunk.gradient)
-            vector = vector.to(matrix.dtype)
-            if folded is None:
-                folded = torch.zeros_like(vector)
-            spread, kept = self._step(vector[:, chunk.rows], matrix)
-            folded[:, : spread.shape[-1]] += spread
-            folded[:, chunk.rows] += kept
-        assert folded is not None, "a block arrived without rows"
-        self._vector = folded
-        self._advance()
-        self._fold_pending()
-
-    def _fold_pending(self) -> None:
+        dtype = compute_dtype(attention)
+        gradient = gradient.to(dtype) if gradient is not None else None
+        self._pending[layer] = self._block_matrix(attention.to(dtype), gradient)
         while self._next is not None and self._next in self._pending:
             matrix = self._pending.pop(self._next)
-            spread, kept = self._step(self._vector.to(matrix.dtype), matrix)
-            self._vector = spread + kept
-            self._advance()
-
-    def _advance(self) -> None:
-        assert self._next is not None
-        self._next = self._next - 1 if self._next > self.layers[0] else None
+            self._vector = self._step(self._vector.to(matrix.dtype), matrix)
+            self._next = self._next - 1 if self._next > self.layers[0] else None
 
     def result(self) -> Tensor:
         if self._next is not None:
             raise RuntimeError(f"block {self._next} never arrived; cannot finish the fold")
         return self._vector
+
+
+class ColumnFolds:
+    """The readout folds of C columns (one `ReadoutFold` each, the same method and blocks)
+    folded together as one (C, B, N) row vector, block by block through spreads: the
+    cost of a block does not grow with the number of columns beyond the spread itself.
+
+    `fold(layer, columns, spread, rowsum)` folds block `layer` for the columns `columns`
+    (a chunk of the batched backward, or all of them), with `spread(u)` -> u @ Abar for
+    the (c, B, N) rows u; blocks arrive last first for each chunk of columns. `finish()`
+    hands every column's row vector back to its fold, whose `result()` then reads it.
+    """
+
+    def __init__(self, folds: Sequence[ReadoutFold]) -> None:
+        first = folds[0]
+        if first.spread is None or any(
+            f.spread != first.spread or f.layers != first.layers for f in folds
+        ):
+            raise ValueError("ColumnFolds needs folds of one method over the same blocks")
+        self.layers = first.layers
+        self.mode = first.spread.mode
+        self._split = first.spread.split
+        self._folds = folds
+        self._vector = torch.stack([fold._vector for fold in folds])
+        self._next: dict[int, int | None] = {}  # first column of a chunk -> its next block
+
+    def fold(
+        self,
+        layer: int,
+        columns: slice,
+        spread: Callable[[Tensor], Tensor],
+        rowsum: Tensor | None,
+    ) -> None:
+        if layer not in self.layers:
+            return
+        start = columns.start or 0
+        expected = self.expects(columns)
+        if layer != expected:
+            raise RuntimeError(f"block {layer} arrived before block {expected} was folded")
+        spread_rows, kept = self._split(self._vector[columns], rowsum)
+        self._vector[columns] = kept + spread(spread_rows).to(kept.dtype)
+        self._next[start] = layer - 1 if layer > self.layers[0] else None
+
+    def expects(self, columns: slice) -> int | None:
+        """The block that `columns` fold next (None: every block is folded)."""
+        return self._next.get(columns.start or 0, self.layers[-1])
+
+    def finish(self) -> None:
+        if any(nxt is not None for nxt in self._next.values()) or not self._next:
+            raise RuntimeError("a block never arrived; cannot finish the folds")
+        for fold, vector in zip(self._folds, self._vector.unbind(), strict=True):
+            fold._vector, fold._next = vector, None
 
 
 class LastBlock:

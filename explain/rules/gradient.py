@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from explain.rules.fold import LastBlock, ReadoutFold, vecmat
+from explain.architectures.windows import WindowedLayout
+from explain.rules.fold import LastBlock, ReadoutFold, Spread, vecmat
 from explain.rules.registry import Need, RuleContext, first_block, register_method
+from explain.rules.windowed import WindowedFold
 
-__all__ = ["attention_gradcam", "generic", "generic_step", "gradient_weighted"]
+__all__ = ["GENERIC_SPREAD", "attention_gradcam", "generic", "generic_step", "gradient_weighted"]
 
 
 def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
@@ -26,10 +28,13 @@ def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
     return total.div_(heads)
 
 
-def generic_step(vector: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
-    """v @ (I + Abar) = v @ Abar + v, the readout row of R <- R + Abar @ R, by rows
-    (explain.rules.fold.Step): the rows spread v @ Abar and keep v."""
-    return vecmat(vector, matrix), vector
+def generic_step(vector: Tensor, matrix: Tensor) -> Tensor:
+    """v @ (I + Abar) = v @ Abar + v, the readout row of R <- R + Abar @ R."""
+    return vecmat(vector, matrix) + vector
+
+
+GENERIC_SPREAD = Spread("gradient", lambda vector, rowsum: (vector, vector))
+"""`generic_step` through the block's spread: v spreads v @ Abar and keeps v."""
 
 
 @register_method(
@@ -38,10 +43,15 @@ def generic_step(vector: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
     class_specific=True,
     default_start_layer=first_block,
 )
-def generic(context: RuleContext) -> ReadoutFold:
+def generic(context: RuleContext) -> ReadoutFold | WindowedFold:
     """Chefer, Gur & Wolf ICCV 2021: R = prod (I + mean_h (G * A)+) over the blocks."""
     layers = range(context.start_layer, context.num_layers)
-    return ReadoutFold(context.readout, layers, gradient_weighted, generic_step, streamable=True)
+    if isinstance(context.layout, WindowedLayout):
+        layout = context.layout
+        return WindowedFold(context.readout, layout, layers, gradient_weighted, generic_step)
+    return ReadoutFold(
+        context.readout, layers, gradient_weighted, generic_step, spread=GENERIC_SPREAD
+    )
 
 
 @register_method(

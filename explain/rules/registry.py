@@ -9,6 +9,8 @@ given; they never see the model.
 from __future__ import annotations
 
 import inspect
+import numbers
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -18,7 +20,6 @@ from torch import Tensor
 
 from explain.architectures.base import TokenLayout
 from explain.errors import OptionError, UnknownMethodError
-from explain.rules.fold import AttentionRows
 
 __all__ = [
     "LRP_NEEDS",
@@ -73,10 +74,7 @@ class RuleContext:
 
 
 class Sink(Protocol):
-    """Receives block records and produces token relevance (B, N) over all tokens.
-
-    A sink may also declare `takes_rows = True` and be a `RowSink`; one that does not say
-    is taken to need whole blocks."""
+    """Receives block records and produces token relevance (B, N) over all tokens."""
 
     layers: range
     """The blocks this sink needs, in forward order (empty for input-free baselines)."""
@@ -84,15 +82,6 @@ class Sink(Protocol):
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
 
     def result(self) -> Tensor: ...
-
-
-class RowSink(Sink, Protocol):
-    """A sink that can also fold a block by chunks of query rows (the fused path's
-    streaming, explain.fused), which it declares with `takes_rows = True`."""
-
-    takes_rows: bool
-
-    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None: ...
 
 
 class InputSink(Sink, Protocol):
@@ -154,7 +143,40 @@ class Method:
                 f"method {self.name!r} has no option {', '.join(map(repr, unknown))}; "
                 + (f"its options (with defaults): {known}" if known else "it takes no options")
             )
-        return self.build(context, **options)
+        try:
+            hints = typing.get_type_hints(self.build) if options else {}
+        except (NameError, TypeError):  # a builder whose annotations cannot be resolved
+            hints = {}
+        checked = {
+            name: _checked_option(self.name, name, v, hints.get(name))
+            for name, v in options.items()
+        }
+        return self.build(context, **checked)
+
+
+def _checked_option(method: str, name: str, value: Any, declared: Any) -> Any:
+    """An option value as the builder declares it (numpy and other integer or real types
+    as a Python int or float), or OptionError for one of another kind (an int, a number,
+    a bool or one of a Literal's values), before the maths meets it."""
+    if declared is bool:
+        fits = isinstance(value, bool)
+        kind = "True or False"
+    elif declared is int:
+        fits = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        fits = fits and -(2**63) <= int(value) < 2**63
+        kind = "an int (64-bit)"
+    elif declared is float:
+        fits = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        kind = "a number"
+    elif typing.get_origin(declared) is typing.Literal:
+        choices = typing.get_args(declared)
+        fits = isinstance(value, str) and value in choices
+        kind = "one of " + ", ".join(map(repr, choices))
+    else:
+        return value
+    if not fits:
+        raise OptionError(f"option {name} of {method!r} must be {kind}, got {value!r}")
+    return int(value) if declared is int else float(value) if declared is float else value
 
 
 METHODS: dict[str, Method] = {}
@@ -217,6 +239,11 @@ def register_method(
 
 def get_method(name: str) -> Method:
     """The registered method `name`, or an error listing the known ones."""
+    if not isinstance(name, str):
+        raise UnknownMethodError(
+            f"method must be a method name (a str), got {name!r}; known methods: "
+            f"{', '.join(sorted(METHODS))}"
+        )
     try:
         return METHODS[name]
     except KeyError:

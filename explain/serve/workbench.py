@@ -402,6 +402,11 @@ def _kind(loaded: LoadedModel) -> Kind:
             f"{loaded.name} answers questions about images; explain serve has no view for "
             'that yet: use `explain generate --image PHOTO "QUESTION"`'
         )
+    if loaded.image_processor is not None:
+        raise InputError(
+            f"{loaded.name} is an object detector; explain serve has no view for detections "
+            "yet: use `explain detect`"
+        )
     if loaded.modality == "image_text":
         return "clip"
     if loaded.modality == "image":

@@ -16,6 +16,7 @@
 from explain.testing.hub_cache import HUB_SPECS, cache_hub_repo, fill_hub_cache
 from explain.testing.model_state import ModelState, hook_counts
 from explain.testing.tiny_models import (
+    SWIN_KINDS,
     TINY_MODELS,
     HandWrittenTextEncoder,
     HandWrittenViT,
@@ -24,14 +25,17 @@ from explain.testing.tiny_models import (
     tiny_case,
     tiny_custom_text,
     tiny_custom_vit,
+    tiny_detr,
     tiny_eva,
     tiny_hf_vision,
     tiny_siglip,
+    tiny_swin,
     tiny_vit,
 )
 
 __all__ = [
     "HUB_SPECS",
+    "SWIN_KINDS",
     "TINY_MODELS",
     "HandWrittenTextEncoder",
     "HandWrittenViT",
@@ -44,8 +48,10 @@ __all__ = [
     "tiny_case",
     "tiny_custom_text",
     "tiny_custom_vit",
+    "tiny_detr",
     "tiny_eva",
     "tiny_hf_vision",
     "tiny_siglip",
+    "tiny_swin",
     "tiny_vit",
 ]

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from explain.architectures.custom import TransformerSpec
 
 __all__ = [
+    "SWIN_KINDS",
     "TINY_MODELS",
     "HandWrittenTextEncoder",
     "HandWrittenViT",
@@ -31,9 +32,11 @@ __all__ = [
     "tiny_case",
     "tiny_custom_text",
     "tiny_custom_vit",
+    "tiny_detr",
     "tiny_eva",
     "tiny_hf_vision",
     "tiny_siglip",
+    "tiny_swin",
     "tiny_vit",
 ]
 
@@ -683,6 +686,33 @@ def _hf_gemma3() -> TinyCase:
     return TinyCase(tiny_gemma3(), batch, alone, {"text": lengths})
 
 
+def _hf_qwen2_vl(version: str = "2") -> TinyCase:
+    from explain.testing.tiny_vlm import IMAGE_TOKEN_ID, tiny_qwen2_vl
+
+    # "<s> user <image> x 4 words", right-padded: 32 x 32 images, 4 x 4 patches merged
+    # 2 x 2; flattened as the processor does: block by block, each patch 3 channels x 2
+    # frames x 8 x 8
+    lengths = (11, 9)
+    words = _texts(tuple(n - 4 for n in lengths), (5, 40), first=1, last=2)
+    ids = torch.zeros(2, max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        text = words[row, : length - 4]
+        ids[row, :length] = torch.cat([text[:2], torch.full((4,), IMAGE_TOKEN_ID), text[2:]])
+    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    # (image, channel, block row, row in block, pixel row, block col, col in block, pixel col)
+    patches = _images(2, 32).reshape(2, 3, 2, 2, 8, 2, 2, 8).permute(0, 2, 5, 3, 6, 1, 4, 7)
+    patches = patches.reshape(32, 3, 1, 8, 8).expand(-1, -1, 2, -1, -1).reshape(32, -1)
+    grid = torch.tensor([[1, 4, 4], [1, 4, 4]])
+    batch = {"input_ids": ids, "attention_mask": mask, "pixel_values": patches}
+    batch["image_grid_thw"] = grid
+    alone = tuple(
+        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
+        | {"pixel_values": patches[16 * i : 16 * (i + 1)], "image_grid_thw": grid[i : i + 1]}
+        for i, n in enumerate(lengths)
+    )
+    return TinyCase(tiny_qwen2_vl(version=version), batch, alone, {"text": lengths})
+
+
 def _custom_text() -> TinyCase:
     model, spec = tiny_custom_text()
     case = _text_case(model, (6, 4), first=1, last=2)
@@ -693,6 +723,83 @@ def _custom_vit() -> TinyCase:
     model, spec = tiny_custom_vit()
     case = _image_case(model, 32)
     return TinyCase(model, case.batch, case.alone, case.lengths, spec)
+
+
+SWIN_KINDS = ("timm", "timm_v2", "hf", "hf_v2")
+"""The Swin implementations `tiny_swin` builds: timm's v1 and v2, transformers' v1 and v2."""
+
+
+def tiny_swin(kind: str = "timm", *, num_classes: int = 5, seed: int = 0) -> nn.Module:
+    """A small random Swin (`SWIN_KINDS`) on 32 x 32 images: 2 x 2 patches, windows of
+    4 x 4 tokens, three stages of two blocks on grids of 16, 8 and 4 tokens a side, so the
+    first two stages shift their windows and the last has one window, unshifted."""
+    if kind in ("timm", "timm_v2"):
+        from timm.models.swin_transformer import SwinTransformer
+        from timm.models.swin_transformer_v2 import SwinTransformerV2
+
+        cls = SwinTransformer if kind == "timm" else SwinTransformerV2
+        return _seeded(
+            lambda: cls(
+                img_size=32,
+                patch_size=2,
+                window_size=4,
+                embed_dim=8,
+                depths=(2, 2, 2),
+                num_heads=(1, 2, 2),
+                num_classes=num_classes,
+            ),
+            seed,
+        )
+    if kind in ("hf", "hf_v2"):
+        import transformers
+
+        prefix = "Swin" if kind == "hf" else "Swinv2"
+        config = getattr(transformers, f"{prefix}Config")(
+            image_size=32,
+            patch_size=2,
+            window_size=4,
+            embed_dim=8,
+            depths=[2, 2, 2],
+            num_heads=[1, 2, 2],
+            num_labels=num_classes,
+            initializer_range=0.3,
+        )
+        model_class = getattr(transformers, f"{prefix}ForImageClassification")
+        return _seeded(lambda: model_class(config), seed)
+    raise ValueError(f"unknown Swin kind {kind!r}; choose from {', '.join(SWIN_KINDS)}")
+
+
+def tiny_detr(
+    *, conditional: bool = False, num_queries: int = 6, num_labels: int = 3, seed: int = 0
+) -> nn.Module:
+    """A small random DETR (or Conditional DETR) from a config: a timm ResNet-18 backbone
+    with random weights (`use_pretrained_backbone=False`), two encoder and two decoder
+    blocks of width 16. Its class head's bias favours class 0 (probability about 0.9), so
+    that every query is a detection at the default threshold and the conformance suite
+    has detections to explain."""
+    import transformers
+
+    prefix = "ConditionalDetr" if conditional else "Detr"
+    config = getattr(transformers, f"{prefix}Config")(
+        backbone="resnet18",
+        use_timm_backbone=True,
+        use_pretrained_backbone=False,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        num_queries=num_queries,
+        num_labels=num_labels,
+    )
+    model_class = getattr(transformers, f"{prefix}ForObjectDetection")
+    model = _seeded(lambda: model_class(config), seed)
+    with torch.no_grad():
+        model.class_labels_classifier.bias.zero_()
+        model.class_labels_classifier.bias[0] = 3.0
+    return model
 
 
 TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
@@ -709,9 +816,17 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_beit": lambda: _image_case(tiny_hf_vision("beit"), 32),
     "hf_siglip_classifier": lambda: _image_case(tiny_hf_vision("siglip"), 32),
     "hf_siglip": _hf_siglip,
+    "timm_swin": lambda: _image_case(tiny_swin("timm"), 32),
+    "timm_swin:v2": lambda: _image_case(tiny_swin("timm_v2"), 32),
+    "hf_swin": lambda: _image_case(tiny_swin("hf"), 32),
+    "hf_swin:v2": lambda: _image_case(tiny_swin("hf_v2"), 32),
+    "hf_detr": lambda: _image_case(tiny_detr(), 64),
+    "hf_detr:conditional": lambda: _image_case(tiny_detr(conditional=True), 64),
     "hf_llava": _hf_llava,
     "hf_paligemma": _hf_paligemma,
     "hf_gemma3": _hf_gemma3,
+    "hf_qwen2_vl": _hf_qwen2_vl,
+    "hf_qwen2_5_vl": lambda: _hf_qwen2_vl("2.5"),
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
     **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},

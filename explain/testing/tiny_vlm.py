@@ -24,6 +24,7 @@ __all__ = [
     "IMAGE_SIZE",
     "IMAGE_TOKEN",
     "PATCH_SIZE",
+    "QWEN2_VL_IMAGE_SIZE",
     "VLM_CHAT_TEMPLATE",
     "save_tiny_llava",
     "tiny_gemma3",
@@ -31,6 +32,8 @@ __all__ = [
     "tiny_llava_processor",
     "tiny_paligemma",
     "tiny_paligemma_processor",
+    "tiny_qwen2_vl",
+    "tiny_qwen2_vl_processor",
     "tiny_vlm_tokenizer",
 ]
 
@@ -252,3 +255,78 @@ def save_tiny_llava(folder: Path, tower: str = "clip") -> Path:
     tiny_llava(tower).save_pretrained(folder)
     tiny_llava_processor(tower).save_pretrained(folder)
     return folder
+
+
+QWEN2_VL_IMAGE_SIZE = (16 * 16 * 4, 32 * 64)
+"""The tiny Qwen2-VL processor's least and most pixels per photo: 4 to 8 merged 16-pixel
+blocks, so a 40 x 60 photo becomes 32 x 64 (a 4 x 8 patch grid, 2 x 4 image tokens)."""
+
+
+def tiny_qwen2_vl(seed: int = 0, version: str = "2") -> nn.Module:
+    """A small random `Qwen2VLForConditionalGeneration` (`version` "2") or
+    `Qwen2_5_VLForConditionalGeneration` ("2.5"), in eval mode, sdpa attention: a
+    two-block tower over 8-pixel patches merged 2 x 2 (2.5: windows of 2 x 2 merged
+    blocks in its first block, full attention in its second), and a tiny Qwen2 language
+    model with multimodal rotary positions (sections 2, 1, 1 of its 4 rotary frequencies)."""
+    import transformers as tf
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
+    tower = dict(depth=2, num_heads=2, patch_size=PATCH_SIZE, temporal_patch_size=2)
+    tower["spatial_merge_size"] = 2
+    if version == "2":
+        text = tf.Qwen2VLTextConfig(**_COMMON, rope_parameters=rope)
+        vision = tf.Qwen2VLVisionConfig(**tower, embed_dim=32, hidden_size=32, mlp_ratio=2)
+        kind, build = tf.Qwen2VLConfig, tf.Qwen2VLForConditionalGeneration
+    elif version == "2.5":
+        text = tf.Qwen2_5_VLTextConfig(**_COMMON, rope_parameters=rope)
+        vision = tf.Qwen2_5_VLVisionConfig(
+            **tower,
+            hidden_size=32,
+            intermediate_size=37,
+            out_hidden_size=32,
+            window_size=4 * PATCH_SIZE,
+            fullatt_block_indexes=[1],
+        )
+        kind, build = tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration
+    else:
+        raise ValueError(f"version must be '2' or '2.5', got {version!r}")
+    config = kind(
+        text_config=text.to_dict(),
+        vision_config=vision.to_dict(),
+        image_token_id=IMAGE_TOKEN_ID,
+        video_token_id=VOCAB - 2,
+        vision_start_token_id=VOCAB - 3,
+        vision_end_token_id=VOCAB - 4,
+    )
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = build(config)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 2
+    return model.eval()
+
+
+def tiny_qwen2_vl_processor(version: str = "2") -> Any:
+    """The processor of `tiny_qwen2_vl(version=...)`: the tiny tokenizer with "<image>"
+    (each image expands to its run of merged tokens) and Qwen2-VL's image processor (both
+    versions use it), which resizes a photo to whole 16-pixel blocks within
+    `QWEN2_VL_IMAGE_SIZE` pixels (no crop)."""
+    import transformers as tf
+
+    least, most = QWEN2_VL_IMAGE_SIZE
+    geometry = dict(
+        size={"shortest_edge": least, "longest_edge": most},
+        patch_size=PATCH_SIZE,
+        temporal_patch_size=2,
+        merge_size=2,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    kind = tf.Qwen2_5_VLProcessor if version == "2.5" else tf.Qwen2VLProcessor
+    return kind(
+        image_processor=tf.Qwen2VLImageProcessor(**geometry),
+        video_processor=tf.Qwen2VLVideoProcessor(**geometry),
+        tokenizer=tiny_vlm_tokenizer(),
+        chat_template=VLM_CHAT_TEMPLATE,
+    )

@@ -3,6 +3,7 @@
 matplotlib is imported only when something is drawn.
 """
 
+from explain.viz.detection import detection_figure
 from explain.viz.image import (
     DEFAULT_DPI,
     batch_figure,
@@ -20,6 +21,7 @@ __all__ = [
     "DEFAULT_DPI",
     "batch_figure",
     "check_style",
+    "detection_figure",
     "explanation_grid",
     "grid_figure",
     "heatmap_figure",

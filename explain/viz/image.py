@@ -17,6 +17,7 @@ from torch import Tensor
 
 from explain.errors import ExplainError, InputError
 from explain.io import atomic_write
+from explain.viz.literal import literal_text
 from explain.viz.scaling import DIVERGING, SEQUENTIAL, FigureScale, scale_maps
 
 if TYPE_CHECKING:
@@ -258,6 +259,7 @@ def _draw_panel(
         )
 
 
+@literal_text
 def heatmap_figure(
     image: Tensor | np.ndarray,
     heatmap: Tensor | np.ndarray,
@@ -288,6 +290,7 @@ def heatmap_figure(
     return figure
 
 
+@literal_text
 def grid_figure(
     image: Tensor | np.ndarray,
     heatmaps: Tensor | np.ndarray | Sequence[Sequence[Tensor | np.ndarray]],
@@ -349,6 +352,7 @@ def grid_figure(
     return figure
 
 
+@literal_text
 def explanation_grid(
     image: Tensor | np.ndarray,
     explanations: Mapping[str, Explained],
@@ -402,6 +406,7 @@ def explanation_grid(
     )
 
 
+@literal_text
 def batch_figure(
     pictures: Tensor | np.ndarray | Sequence[Tensor | np.ndarray],
     explanations: Mapping[str, Explained],

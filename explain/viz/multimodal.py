@@ -20,6 +20,7 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.viz.image import _draw_colorbar, _draw_panel, _to_hwc, _to_map, check_style
+from explain.viz.literal import literal_text
 from explain.viz.scaling import scale_maps
 from explain.viz.text_figure import text_figure
 
@@ -52,6 +53,7 @@ def _wrap(tokens: Sequence[str]) -> list[list[int]]:
     return lines
 
 
+@literal_text
 def clip_figure(
     image: Tensor | np.ndarray,
     heatmaps: Tensor | np.ndarray | Sequence[Tensor | np.ndarray],
@@ -149,6 +151,7 @@ def clip_figure(
     return figure
 
 
+@literal_text
 def relevance_matrix_figure(
     matrix: Tensor | np.ndarray,
     source_tokens: Sequence[str],
@@ -199,6 +202,7 @@ def relevance_matrix_figure(
     return figure
 
 
+@literal_text
 def source_text_figure(
     matrix: Tensor | np.ndarray,
     source_tokens: Sequence[str],

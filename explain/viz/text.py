@@ -18,10 +18,17 @@ from torch import Tensor
 
 from explain.errors import InputError
 
-__all__ = ["colour", "document_html", "note_html", "to_html", "to_terminal"]
+__all__ = ["colour", "document_html", "note_html", "printable", "to_html", "to_terminal"]
 
 _RED = (178, 24, 43)
 _BLUE = (33, 102, 172)
+
+
+def printable(text: str) -> str:
+    """`text` safe to print to a terminal: every control or other non-printable character
+    (escape sequences that would move the cursor, recolour or retitle the terminal) is
+    shown as its Python escape, e.g. `\\x1b`, instead of acting."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def colour(score: float, scale: float) -> tuple[int, int, int]:
@@ -133,6 +140,6 @@ def to_terminal(
     pieces = []
     for token, value in shown:
         red, green, blue = colour(value, scale)
-        printable = "".join(ch if ch.isprintable() else "?" for ch in token)  # no escapes
-        pieces.append(f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;0;0;0m{printable}\x1b[0m")
+        shown_token = printable(token)  # only our own escape sequences act
+        pieces.append(f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;0;0;0m{shown_token}\x1b[0m")
     return " ".join(pieces) + ("  (every relevance is 0)" if scale == 0 else "")

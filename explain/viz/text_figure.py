@@ -15,6 +15,7 @@ import numpy as np
 from torch import Tensor
 
 from explain.errors import InputError
+from explain.viz.literal import literal_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -43,6 +44,7 @@ def _layout(tokens: Sequence[str], line_width: int) -> list[tuple[int, int]]:
     return places
 
 
+@literal_text
 def text_figure(
     tokens: Sequence[Sequence[str]],
     scores: Sequence[Sequence[float]] | Tensor,

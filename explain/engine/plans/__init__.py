@@ -6,7 +6,8 @@
 - `GenerationPlan` (generation.py): every generated token of a decoder-only language
   model, over the tokens before it;
 - `ImageTextPlan` (image_text.py): a vision-language model's next token or answer, over
-  the image and the prompt (it explains its generations itself).
+  the image and the prompt (it explains its generations itself);
+- `DetectionPlan` (detection.py): each detection of a detector (DETR) at its query.
 
 Each declares the passes it accepts (`Plan.passes`); `plan_kind` picks the plan of a
 model and request.
@@ -22,6 +23,7 @@ from explain.engine.plans.base import (
     resolve_score,
     resolve_start_layer,
 )
+from explain.engine.plans.detection import DEFAULT_THRESHOLD, DetectionPlan
 from explain.engine.plans.dual_encoder import DualEncoderPlan
 from explain.engine.plans.encoder_decoder import EncoderDecoderPlan, Position
 from explain.engine.plans.generation import GenerationPlan, require_causal_lm
@@ -29,7 +31,9 @@ from explain.engine.plans.image_text import ImageTextPlan
 from explain.engine.request import Request
 
 __all__ = [
+    "DEFAULT_THRESHOLD",
     "PLANS",
+    "DetectionPlan",
     "DualEncoderPlan",
     "EncoderDecoderPlan",
     "GenerationPlan",
@@ -48,6 +52,7 @@ PLANS: dict[TokenSets | None, type[Plan]] = {
     None: OneStack,
     TokenSets.DUAL_ENCODER: DualEncoderPlan,
     TokenSets.ENCODER_DECODER: EncoderDecoderPlan,
+    TokenSets.DETECTION: DetectionPlan,
     TokenSets.IMAGE_TEXT: ImageTextPlan,
 }
 """The plan of each kind of model (`Adapter.token_sets`)."""

@@ -13,13 +13,14 @@ the method's, over the set's blocks. It accepts every pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from explain.architectures.base import Adapter, Prepared, TokenSet
+from explain.detections import Detections
 from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
@@ -33,8 +34,6 @@ from explain.engine.request import Request, StartLayer, integer_option
 from explain.engine.session import Session
 from explain.errors import ExplainError, OptionError
 from explain.rules import METHODS, Method, RuleContext, Sink
-from explain.rules.fold import AttentionRows
-from explain.rules.registry import RowSink
 from explain.targets import (
     Score,
     check_score,
@@ -123,6 +122,7 @@ class SetSinks:
 
     def __init__(self, sinks: dict[str, Sink], sets: Sequence[TokenSet]) -> None:
         self._sinks = sinks
+        self._sets = sets
         self._route = {
             token_set.layers[local]: (sinks[token_set.name], local)
             for token_set in sets
@@ -136,15 +136,10 @@ class SetSinks:
         sink, local = self._route[layer]
         sink.add(local, attention, gradient)
 
-    @property
-    def takes_rows(self) -> bool:
-        """Whether every set's sink can fold a block by chunks of query rows (the fused
-        path's streaming, explain.fused): each declares it (`RowSink.takes_rows`)."""
-        return all(getattr(sink, "takes_rows", False) for sink in self._sinks.values())
-
-    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
-        sink, local = self._route[layer]
-        cast(RowSink, sink).add_rows(local, chunks)  # every sink declared it (takes_rows)
+    def parts(self) -> list[tuple[Sequence[int], Sink]]:
+        """(the set's model-wide layers, its sink) per token set, in order: the fold of all
+        columns at once (explain.engine.spread) stacks the columns' sinks set by set."""
+        return [(token_set.layers, self._sinks[token_set.name]) for token_set in self._sets]
 
     def add_input(self, relevance: Tensor) -> None:
         """The input relevance of full LRP (one-stack models: one sink)."""
@@ -257,6 +252,10 @@ class Plan:
         class-agnostic map serves every column (target)."""
         return [self.sink()]
 
+    def column_sinks(self, count: int) -> list[ColumnSink]:
+        """Fresh sinks for columns 0 .. count - 1 (`sink`)."""
+        return [self.sink(column) for column in range(count)]
+
     def _set_sinks(self, sets: Sequence[TokenSet]) -> SetSinks:
         assert self.spec is not None
         spec = self.spec
@@ -301,6 +300,10 @@ class Plan:
         if columns.classes.dim() == 1:
             return per_column[0]
         return {name: torch.stack([c[name] for c in per_column], dim=1) for name in per_column[0]}
+
+    def detections(self) -> Detections | None:
+        """`Explanation.detections`: what a detector's columns explain; None elsewhere."""
+        return None
 
     def settings(self) -> dict[str, Any]:
         """What else the plan chose that should travel with the result

@@ -157,8 +157,11 @@ def _decoder_positions(position: Position, lengths: Tensor) -> tuple[Tensor, Ten
         if isinstance(position, bool):
             raise OptionError("position must be an int, B ints, None or 'all', not a bool")
         try:
-            positions = torch.as_tensor(position, device=lengths.device).long().expand(batch)
-        except (TypeError, ValueError, RuntimeError):
+            positions = torch.as_tensor(position, device=lengths.device)
+            if not _integers(positions):
+                raise TypeError("not integers")  # 1.5 would be read as 1
+            positions = positions.long().expand(batch)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
             raise OptionError(
                 f"position must be an int, B = {batch} ints, None or 'all'; got {position!r}"
             ) from None
@@ -169,3 +172,7 @@ def _decoder_positions(position: Position, lengths: Tensor) -> tuple[Tensor, Ten
                 f"{lengths.tolist()}); negative positions count from each sequence's end"
             )
     return positions[:, None], torch.ones(batch, 1, dtype=torch.bool, device=lengths.device)
+
+
+def _integers(tensor: Tensor) -> bool:
+    return not (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool)

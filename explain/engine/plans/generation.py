@@ -91,21 +91,32 @@ class GenerationPlan(Plan):
 
     def sink(self, column: int = 0) -> ColumnSink:
         """Column `column`'s sink: read out at its position, blind to the tokens after it."""
-        (text,) = self.sets
-        at = self.positions[column]
-        layout = text.layout
-        assert layout.token_mask is not None  # a text layout masks its pads
-        seen = torch.arange(layout.token_mask.shape[1], device=at.device) <= at
-        column_set = replace(
-            text,
-            readout=self.lm.readout_at(self.prepared, at.expand(self.prepared.batch_size)),
-            layout=replace(layout, token_mask=layout.token_mask & seen),
-        )
-        return self._set_sinks([column_set])
+        return self._column_sinks(range(column, column + 1))[0]
+
+    def column_sinks(self, count: int) -> list[ColumnSink]:
+        return self._column_sinks(range(count))
 
     def forward_sinks(self) -> list[ColumnSink]:
         """One sink per generated position: each reads out at its own row."""
-        return [self.sink(column) for column in range(len(self.positions))]
+        return self.column_sinks(len(self.positions))
+
+    def _column_sinks(self, columns: range) -> list[ColumnSink]:
+        """The sinks of `columns`, their readout rows and token masks made at once (a
+        generation's cost must not grow with its tokens beyond its batched backward)."""
+        (text,) = self.sets
+        layout = text.layout
+        assert layout.token_mask is not None  # a text layout masks its pads
+        at = self.positions[columns.start : columns.stop]
+        batch = self.prepared.batch_size
+        readouts = self.lm.readout_at(self.prepared, at.expand(batch, -1)).transpose(0, 1)
+        tokens = torch.arange(layout.token_mask.shape[1], device=at.device)
+        seen = layout.token_mask[None] & (tokens <= at[:, None])[:, None, :]  # (P, B, T)
+        return [
+            self._set_sinks(
+                [replace(text, readout=readout, layout=replace(layout, token_mask=mask))]
+            )
+            for readout, mask in zip(readouts.unbind(), seen.unbind(), strict=True)
+        ]
 
     def columns(self, output: Tensor) -> Columns:
         batch, count = self.valid.shape

@@ -23,7 +23,7 @@ Two depths (option `depth`, stated in `Explanation.settings`):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar, Literal, cast
 
@@ -37,8 +37,6 @@ from explain.engine.plans.base import Plan, per_set, resolve_start_layer
 from explain.engine.request import Request, integer_option
 from explain.errors import InputError, OptionError
 from explain.rules import Method, RuleContext, Sink
-from explain.rules.fold import AttentionRows
-from explain.rules.registry import RowSink
 from explain.targets import select_scores
 
 __all__ = ["DEPTHS", "Depth", "ImageTextPlan", "ImageTextSink"]
@@ -91,21 +89,15 @@ class ImageTextSink:
             return
         self._tower_sink().add(layer, attention, gradient)
 
-    @property
-    def takes_rows(self) -> bool:
-        """Whether the method's sinks fold a block by chunks of query rows (the fused
-        path's streaming): the tower's sink is the same method's."""
-        return bool(getattr(self._text, "takes_rows", False))
-
-    def add_rows(self, layer: int, chunks: Iterable[AttentionRows]) -> None:
-        """A block by chunks of query rows. Streams run last block first, in the forward
-        as in the backward, so the language model's fold is done before the tower's."""
-        if layer >= self._offset:
-            cast(RowSink, self._text).add_rows(layer - self._offset, chunks)
-            self._awaited.discard(layer - self._offset)
-        elif self._build_tower is not None:
-            assert not self._awaited, "the tower's rows came before the text's fold"
-            cast(RowSink, self._tower_sink()).add_rows(layer, chunks)
+    def parts(self) -> list[tuple[Sequence[int], Sink]]:
+        """For the fold of all columns at once (explain.engine.spread, `ColumnSink`): with
+        depth "lm", the language model's sink over its blocks by their model-wide numbers;
+        none with depth "tower", whose tower sink is built from the text fold's result, so
+        its blocks arrive whole, column by column."""
+        if self._build_tower is not None:
+            return []
+        last = self._text.layers[-1] if len(self._text.layers) else -1
+        return [(range(self._offset, self._offset + last + 1), self._text)]
 
     def _text_relevance(self) -> Tensor:
         if self._text_result is None:
@@ -172,6 +164,11 @@ class ImageTextPlan(Plan):
                 "token: trace a prefix of it with its next token as the target"
             )
         super().__init__(adapter, spec, replace(request, options=options), tokenizer)
+        if depth == "tower" and self.vlm.tower_refused is not None:
+            raise OptionError(
+                f"depth='tower' is not offered for {type(self.vlm.model).__name__}: "
+                f"{self.vlm.tower_refused}; use depth='lm'"
+            )
         if spec is not None and depth == "tower" and spec.default_start_layer is None:
             raise OptionError(
                 f"depth='tower' continues an aggregation over blocks through the tower's "
@@ -187,7 +184,7 @@ class ImageTextPlan(Plan):
     def prepare(self, inputs: Any) -> None:
         super().prepare(inputs)
         arguments = self.prepared.arguments
-        self.per_image = self.vlm.image_tokens(arguments["pixel_values"])
+        self.per_image = self.vlm.image_tokens(arguments)
         self.image_at = self.vlm.image_positions(self.prepared)
         if not self.generation:
             return

@@ -1,10 +1,10 @@
 """The zoo models' own held-out sets, as evaluation examples with ground truth.
 
-- `shapes-vit`: held-out scenes (never a training seed) that hold exactly ONE object, so
-  that top-1 accuracy against one label and one foreground mask are defined as on
-  ImageNet and ImageNet-segmentation. The label is that object's kind, the mask its pixels.
-  For the class-specific test: the held-out scenes that hold exactly TWO objects, each
-  scene once per object (`ShapesPairs`).
+- `shapes-vit` and `shapes-swin`: held-out scenes (never a training seed) that hold
+  exactly ONE object, so that top-1 accuracy against one label and one foreground mask
+  are defined as on ImageNet and ImageNet-segmentation. The label is that object's
+  kind, the mask its pixels. For the class-specific test: the held-out scenes that
+  hold exactly TWO objects, each scene once per object (`ShapesPairs`).
 - `digits-vit`: the 400 held-out scikit-learn digits. They come without masks; the mask
   used here is DERIVED from the strokes: the pixels whose upsampled ink is at least 0.5.
 - `minilm-sentiment`: held-out sentences; the rationale is the words that decide the
@@ -170,6 +170,7 @@ class SentimentHeldout:
 
 HELDOUT: dict[str, Callable[[tuple[int, int] | None], EvaluationDataset]] = {
     "shapes-vit": lambda size: ShapesHeldout(size=size[0] if size else 64),
+    "shapes-swin": lambda size: ShapesHeldout(size=size[0] if size else 64),
     "digits-vit": lambda size: DigitsHeldout(size=size[0] if size else 32),
     "minilm-sentiment": lambda size: SentimentHeldout(),
 }
@@ -177,6 +178,7 @@ HELDOUT: dict[str, Callable[[tuple[int, int] | None], EvaluationDataset]] = {
 
 TWO_OBJECTS: dict[str, Callable[[tuple[int, int] | None], EvaluationDataset]] = {
     "shapes-vit": lambda size: ShapesPairs(size=size[0] if size else 64),
+    "shapes-swin": lambda size: ShapesPairs(size=size[0] if size else 64),
 }
 """Zoo model name -> its held-out two-object set (the class-specific test)."""
 

@@ -1,0 +1,162 @@
+"""Hugging Face `Qwen2VLForConditionalGeneration`: a ViT tower over 14-pixel (here any
+`patch_size`) patches of a photo resized to whole 2 x 2 blocks of patches, a merger that
+makes one image token of each 2 x 2 block, and a Qwen2 language model with multimodal
+rotary positions (an image token's position is its row and column on the merged grid).
+
+The processor hands the patches over flattened, `pixel_values` (N, 3 * t * p * p) with
+`image_grid_thw` (k, 3) = (1, h, w) per image, each image's patches ordered block by
+block: image token j of the text is block j of the (h / 2, w / 2) merged grid, raster
+order. Its relevance is shared out equally over the block's 4 patches (`ImageTokens.merge`,
+weights 1/4) onto the (h, w) patch grid, which covers the whole resized photo.
+
+Depth "tower" is refused: the tower runs every image's patches as one unbatched packed
+sequence (attention within each image by cu_seqlens), whose maps the recorder's batched
+folds do not read yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures.base import Prepared
+from explain.architectures.hf_common import is_transformers_class
+from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
+from explain.errors import InputError
+from explain.finite import check_finite
+
+__all__ = ["HFQwen2VL"]
+
+
+class HFQwen2VL(VisionLanguageModel):
+    family = (
+        "Hugging Face Qwen2-VL (Qwen2VLForConditionalGeneration: 2 x 2 merged patches, "
+        "multimodal rotary positions; the next token and generated answers, over the image "
+        "and the prompt; depth 'lm')"
+    )
+    tower_refused: ClassVar[str | None] = (
+        "its vision tower runs every image's patches as one unbatched packed sequence "
+        "(cu_seqlens), whose maps the tower's fold does not read yet"
+    )
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return is_transformers_class(model, "qwen2_vl", ("Qwen2VLForConditionalGeneration",))
+
+    @property
+    def tower(self) -> nn.Module:
+        return self.model.model.visual
+
+    @property
+    def language_model(self) -> nn.Module:
+        return self.model.model.language_model
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.model.config.image_token_id)
+
+    def tower_depth(self, num_blocks: int) -> int:
+        return num_blocks  # the merger reads the last block
+
+    @property
+    def _merge_size(self) -> int:
+        return int(self.tower.config.spatial_merge_size)
+
+    def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
+        """`pixel_values` (N, 3 * t * p * p) flattened patches and `image_grid_thw` (k, 3),
+        every image one frame on one grid of whole 2 x 2 blocks."""
+        if inputs.get("pixel_values_videos") is not None:
+            raise InputError(f"{type(self.model).__name__}: videos are not explained, images are")
+        grid = inputs.get("image_grid_thw")
+        pixels = inputs["pixel_values"]
+        if not isinstance(grid, Tensor) or grid.dim() != 2 or grid.shape[1] != 3:
+            raise InputError(
+                "Qwen2-VL takes image_grid_thw (k, 3) with its pixel_values: give the "
+                "processor's whole output"
+            )
+        config = self.tower.config
+        width = config.in_channels * config.temporal_patch_size * config.patch_size**2
+        if not isinstance(pixels, Tensor) or pixels.dim() != 2 or pixels.shape[1] != width:
+            shape = tuple(pixels.shape) if isinstance(pixels, Tensor) else type(pixels).__name__
+            raise InputError(
+                f"Qwen2-VL takes pixel_values of flattened patches (N, {width}), got {shape}: "
+                "give the processor's output"
+            )
+        if not pixels.is_floating_point():
+            raise InputError(f"pixel_values must be floating point, got {pixels.dtype}")
+        grid = grid.to(device=self.parameter.device, dtype=torch.long)
+        if len(grid) == 0 or bool((grid[:, 0] != 1).any()) or bool((grid != grid[0]).any()):
+            raise InputError(
+                f"every image must be one frame on the same patch grid (one photo size), got "
+                f"image_grid_thw {grid.tolist()}: resize the photos alike"
+            )
+        if int(grid.prod(dim=1).sum()) != pixels.shape[0]:
+            raise InputError(
+                f"pixel_values holds {pixels.shape[0]} patches but image_grid_thw says "
+                f"{int(grid.prod(dim=1).sum())}"
+            )
+        pixels = pixels.to(device=self.parameter.device, dtype=self.parameter.dtype)
+        check_finite(pixels, "the pixel values", "give the processor's normalised patches")
+        return {"pixel_values": pixels, "image_grid_thw": grid}, len(grid)
+
+    def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
+        _, h, w = (int(n) for n in arguments["image_grid_thw"][0])
+        m = self._merge_size
+        device = arguments["image_grid_thw"].device
+        # merge[j, patch]: 1 / m^2 where the raster patch lies in merged block j
+        rows = torch.arange(h, device=device) // m
+        cols = torch.arange(w, device=device) // m
+        block = (rows[:, None] * (w // m) + cols[None, :]).flatten()
+        tokens = torch.arange((h // m) * (w // m), device=device)
+        merge = (tokens[:, None] == block[None, :]).to(torch.float32) / m**2
+        patch = int(self.tower.config.patch_size)
+        size = (h * patch, w * patch)
+        return ImageTokens(grid=(h, w), tower_prefix=0, merge=merge, input_size=size)
+
+    def _modalities(self, arguments: Mapping[str, Tensor]) -> Tensor:
+        """mm_token_type_ids: 1 at the image tokens, 0 at text."""
+        ids, mask = arguments["input_ids"], arguments["attention_mask"]
+        return ((ids == self.image_token_id) & mask.bool()).to(torch.int32)
+
+    def position_ids(self, arguments: Mapping[str, Tensor]) -> Tensor:
+        """(3, B, T) multimodal rotary positions, as the model computes them (left padding
+        skipped), given to it so that its forward keeps no rope_deltas of ours."""
+        positions, _ = self.model.model.get_rope_index(
+            arguments["input_ids"],
+            mm_token_type_ids=self._modalities(arguments),
+            image_grid_thw=arguments["image_grid_thw"],
+            attention_mask=arguments["attention_mask"],
+        )
+        return positions
+
+    def prepare(self, inputs: object) -> Prepared:
+        """As every vision-language model, with `mm_token_type_ids` for the model's own
+        generation, which computes its positions from them."""
+        prepared = super().prepare(inputs)
+        prepared.arguments["mm_token_type_ids"] = self._modalities(prepared.arguments)
+        return prepared
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """The model's `generate` caches the prompts' rotary offsets on it (`rope_deltas`),
+        which a later forward without input_ids would read: put back as found."""
+        inner = self.model.model
+        found = inner.rope_deltas
+        try:
+            yield
+        finally:
+            inner.rope_deltas = found
+
+    def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
+        """The answer's tokens are text (modality 0); the image inputs stay as they are."""
+        extended = dict(extra)
+        types = extra.get("mm_token_type_ids")
+        if types is not None:
+            extended["mm_token_type_ids"] = torch.cat(
+                [types, types.new_zeros(types.shape[0], count)], 1
+            )
+        return extended

@@ -1,0 +1,74 @@
+"""The fused long-sequence fold: one block's step of a readout fold without N x N maps.
+
+`readout_spread` computes, for the readout rows of C columns (classes, generated tokens),
+`v @ Abar` with Abar the head mean of a block's attention A (rollout, raw attention) or
+of `(dA * A)+` (Chefer et al.'s generic rule), recomputing A and dA from q, k, v and the
+gradient dO of the attention output instead of reading stored maps. The identity term,
+rollout's row normalisation and the order of the blocks stay with the fold that calls it
+(explain.rules.fold).
+
+Implementations: `torch_fold` (plain PyTorch, every device: chunks of query rows sized by
+a memory budget, batched over columns, samples and heads). A Triton kernel for CUDA
+(`triton_fold`, FlashAttention-2-backward style) plugs in here with the same signature.
+`spread_maps` is the same spread from whole maps (the explicit path), `live_rows` the
+rows a key mask leaves something to attend.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from explain.engine.kernels.torch_fold import SpreadMode, live_rows, spread_maps
+from explain.engine.kernels.torch_fold import readout_spread as _torch_readout_spread
+
+__all__ = ["DEFAULT_MAX_BYTES", "SpreadMode", "live_rows", "readout_spread", "spread_maps"]
+
+DEFAULT_MAX_BYTES = 256 << 20
+"""Temporaries of the PyTorch implementation when the caller states no budget."""
+
+
+def readout_spread(
+    vector: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    output_grad: Tensor | None,
+    *,
+    scale: float,
+    causal: bool,
+    key_mask: Tensor | None,
+    mode: SpreadMode,
+    max_bytes: int | None = None,
+) -> Tensor:
+    """(C, B, N) float32: out[c, b, :] = vector[c, b, :] @ Abar[c, b].
+
+    Args:
+        vector: (C, B, N) readout rows, one per column.
+        query: (B, Hq, N, D), the block's q as its attention kernel saw it (after rotary
+            embeddings and the like).
+        key: (B, Hk, Nk, D) with Hq % Hk == 0 (grouped-query attention: head h reads kv
+            head h // (Hq // Hk)).
+        value: (B, Hk, Nk, Dv).
+        output_grad: (C, B, Hq, N, Dv), d score_c / d (attention output per head, before
+            the output projection); None for mode "attention".
+        scale: the factor of q k^T inside the softmax.
+        causal: query i attends keys j <= i only (then Nk == N).
+        key_mask: (B, Nk) bool, True where a key may be attended; None = every key. A
+            query row with no key it may attend is a row of zeros, as sdpa gives it.
+        mode: "gradient": Abar[c] = mean_h (dA_c * A)+ with dA_c = output_grad_c v^T;
+            "attention": Abar = mean_h A, the same for every column.
+        max_bytes: memory budget of the temporaries (PyTorch implementation; a kernel
+            that tiles on chip needs none); None: `DEFAULT_MAX_BYTES`.
+    """
+    return _torch_readout_spread(
+        vector,
+        query,
+        key,
+        value,
+        output_grad,
+        scale=scale,
+        causal=causal,
+        key_mask=key_mask,
+        mode=mode,
+        max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
+    )

@@ -1,0 +1,171 @@
+"""`readout_spread` in plain PyTorch: the fold's kernel on CPU and on every device without
+the Triton one (explain.engine.kernels).
+
+Every block's step of a readout fold needs `v @ Abar` for the C readout rows v of the
+call's columns, where Abar is the head mean of the attention (rollout) or of
+`(dA * A)+` (generic). The N x N maps are recomputed from q, k, v and dO by chunks of
+query rows, as FlashAttention's backward recomputes them, so that no map of a block is
+ever held whole. The chunks are sized by a memory budget: each holds the scores, the
+probabilities and one dA per column for its rows. Everything else is batched: the
+columns, the samples and the heads go through each product at once, so the number of
+dispatched operations depends on the number of chunks only (one when the maps fit the
+budget), never on the batch, the columns or the number of heads, and nothing waits for
+the device (no `.item()`, no data-dependent shapes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "CPU_CHUNK_BYTES",
+    "SpreadMode",
+    "live_rows",
+    "readout_spread",
+    "row_chunks",
+    "spread_maps",
+]
+
+SpreadMode = Literal["gradient", "attention"]
+
+CPU_CHUNK_BYTES = 4 << 20
+"""On CPU a chunk's temporaries stay under this size whatever the budget: chunks that fit
+the caches are faster than large ones, which spend their time on fresh pages (a narrow
+Llama block at 8192 tokens: 0.7 s with 4 MiB chunks, 10 s with 1 GiB ones). On a GPU the
+budget alone sizes the chunks, since there each chunk costs kernel launches."""
+
+
+def readout_spread(
+    vector: Tensor,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    output_grad: Tensor | None,
+    *,
+    scale: float,
+    causal: bool,
+    key_mask: Tensor | None,
+    mode: SpreadMode,
+    max_bytes: int,
+) -> Tensor:
+    """out[c, b] = vector[c, b] @ Abar[c, b] (see explain.engine.kernels.readout_spread),
+    in float32, or float64 when `vector` is (exactness tests), with at most about
+    `max_bytes` of temporaries at a time (on CPU at most `CPU_CHUNK_BYTES`)."""
+    columns, batch, tokens = vector.shape
+    heads, kv_heads, keys = query.shape[1], key.shape[1], key.shape[-2]
+    if heads % kv_heads or (causal and keys != tokens) or query.shape[-2] != tokens:
+        raise ValueError(
+            f"readout_spread: query {tuple(query.shape)} and key {tuple(key.shape)} do not "
+            f"fit readout rows over {tokens} tokens (causal={causal})"
+        )
+    gradient = mode == "gradient"
+    if gradient and output_grad is None:
+        raise ValueError("readout_spread: mode='gradient' needs output_grad")
+    dtype = torch.float64 if vector.dtype == torch.float64 else torch.float32
+    size = torch.finfo(dtype).bits // 8
+    groups = heads // kv_heads
+    keys_t = key.to(dtype).transpose(-2, -1)  # (B, Hk, D, Nk)
+    values_t = value.to(dtype).transpose(-2, -1) if gradient else None
+    vector = vector.to(dtype)
+    # A row whose every key is masked is a row of zeros (as sdpa gives it), not NaN.
+    blocked = None if key_mask is None else ~key_mask[:, None, None, :]
+    live = live_rows(key_mask, causal)
+    dead = None if live is None else ~live[:, None, :, None]  # (B, 1, N or 1, 1)
+    out = vector.new_zeros(columns, batch, keys)
+    # Per query row and key: the scores, the probabilities and one dA per column.
+    per_entry = batch * heads * size * ((2 + columns) if gradient else 2)
+    if query.device.type == "cpu":
+        max_bytes = min(max_bytes, CPU_CHUNK_BYTES)
+    for start, stop in row_chunks(tokens, keys, per_entry, max_bytes, causal=causal):
+        width = stop if causal else keys  # causal rows see no key after the chunk's last row
+        rows = stop - start
+        q = query[:, :, start:stop].to(dtype) * scale
+        q = q.reshape(batch, kv_heads, groups * rows, -1)  # head h reads kv head h // groups
+        scores = (q @ keys_t[..., :width]).view(batch, heads, rows, width)
+        if causal:
+            later = torch.ones(rows, width, dtype=torch.bool, device=q.device).triu_(start + 1)
+            scores.masked_fill_(later, float("-inf"))
+        if blocked is not None:
+            scores.masked_fill_(blocked[..., :width], float("-inf"))
+        attention = scores.softmax(dim=-1)
+        del scores
+        if dead is not None:
+            attention.masked_fill_(dead[:, :, start:stop] if causal else dead, 0.0)
+        if gradient:
+            assert output_grad is not None and values_t is not None
+            grad_rows = output_grad[..., start:stop, :].to(dtype)
+            grad_rows = grad_rows.reshape(columns, batch, kv_heads, groups * rows, -1)
+            weights = (grad_rows @ values_t[..., :width]).view(columns, batch, heads, rows, width)
+            spread = _weighted_spread(vector[..., start:stop], weights.mul_(attention).clamp_(0))
+        else:
+            spread = _attention_spread(vector[..., start:stop], attention)
+        out[..., :width] += spread
+    return out.div_(heads)
+
+
+def spread_maps(vector: Tensor, attention: Tensor, attention_grad: Tensor | None) -> Tensor:
+    """The same spread from whole maps: A (B, H, N, Nk) and dA (C, B, H, N, Nk), None for
+    mode "attention" -> (C, B, Nk). For the explicit path, and for a block whose mask is
+    not a key mask with or without causality (a sliding window, a bias)."""
+    dtype = torch.float64 if vector.dtype == torch.float64 else torch.float32
+    vector, attention = vector.to(dtype), attention.to(dtype)
+    if attention_grad is None:
+        spread = _attention_spread(vector, attention)
+    else:  # not in place: dA may be autograd's own gradient
+        spread = _weighted_spread(vector, (attention_grad.to(dtype) * attention).clamp_(min=0))
+    return spread.div_(attention.shape[1])
+
+
+def live_rows(key_mask: Tensor | None, causal: bool) -> Tensor | None:
+    """(B, N) bool, or (B, 1) without causality: the query rows that may attend some key
+    under `key_mask` (B, Nk) (None: every row). The others are rows of zeros."""
+    if key_mask is None:
+        return None
+    return key_mask.cumsum(dim=-1) > 0 if causal else key_mask.any(dim=-1, keepdim=True)
+
+
+def _weighted_spread(rows: Tensor, weights: Tensor) -> Tensor:
+    """sum over heads h and query rows i of rows[c, b, i] * weights[c, b, h, i, :]: (C, B,
+    K) from (C, B, r) and (C, B, H, r, K). The head mean's division is the caller's."""
+    columns, batch, count = rows.shape
+    heads, width = weights.shape[2], weights.shape[-1]
+    flat = rows[:, :, None, :].expand(columns, batch, heads, count)
+    flat = flat.reshape(columns * batch, 1, heads * count)
+    out = torch.bmm(flat, weights.reshape(columns * batch, heads * count, width))
+    return out.view(columns, batch, width)
+
+
+def _attention_spread(rows: Tensor, attention: Tensor) -> Tensor:
+    """The same with one map for every column: (C, B, r) and (B, H, r, K) -> (C, B, K)."""
+    columns, batch, count = rows.shape
+    heads, width = attention.shape[1], attention.shape[-1]
+    flat = rows.transpose(0, 1)[:, :, None, :].expand(batch, columns, heads, count)
+    flat = flat.reshape(batch, columns, heads * count)
+    out = torch.bmm(flat, attention.reshape(batch, heads * count, width))  # (B, C, K)
+    return out.transpose(0, 1)
+
+
+def row_chunks(
+    tokens: int, keys: int, per_entry: int, max_bytes: int, *, causal: bool
+) -> list[tuple[int, int]]:
+    """Query-row ranges [start, stop) whose (rows x keys) temporaries, `per_entry` bytes
+    per entry, fit `max_bytes` (at least one row each). Causal rows reach only the keys up
+    to the chunk's last row, so their chunks hold rows * stop entries: later chunks are
+    shorter and every chunk uses the budget alike. Plain arithmetic: no tensor is read."""
+    budget = max(1, max_bytes // per_entry)  # entries per chunk
+    if not causal:
+        step = max(1, budget // keys)
+        return [(start, min(tokens, start + step)) for start in range(0, tokens, step)]
+    chunks = []
+    start = 0
+    while start < tokens:
+        # The largest r with r * (start + r) <= budget.
+        rows = int((math.sqrt(start * start + 4 * budget) - start) / 2)
+        stop = min(tokens, start + max(1, rows))
+        chunks.append((start, stop))
+        start = stop
+    return chunks

@@ -1,0 +1,149 @@
+"""The fold of every score column at once, block by block, through spreads.
+
+A call explains C columns (classes of one input, the generated tokens of a generation),
+and each column's sink folds its own readout row. Where every column's sink is a readout
+fold whose step is a spread of the block (generic, rollout with head means: see
+explain.rules.fold.Spread), `SpreadFold` stacks them into one (C, B, N) fold per token
+set and folds each block once for all columns: from the recorded maps on the explicit
+path (`spread_maps`), from q, k, v and dO on the fused path (`readout_spread`, without
+any N x N map). The number of operations per block then depends neither on the batch nor
+on the columns nor on the heads. Every other sink takes whole maps, column by column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from explain.engine.kernels import live_rows, readout_spread, spread_maps
+from explain.fused import FusedBlock, attention_gradient
+from explain.rules import Sink
+from explain.rules.fold import ColumnFolds, ReadoutFold
+
+__all__ = ["PerSetSinks", "SpreadFold"]
+
+
+class PerSetSinks(Protocol):
+    """A column's sinks as explain.engine.passes.ColumnSink offers them: (the set's
+    model-wide layers, its sink) per token set; empty for a fold over several sets."""
+
+    def parts(self) -> list[tuple[Sequence[int], Sink]]: ...
+
+
+class SpreadFold:
+    """The columns' folds as one (`of` builds it, or says that the sinks cannot be).
+
+    `add(layer, columns, record, gradient)` is a `explain.recorder.BlockCallback`;
+    `finish()` hands each column's row vector back to its sink for `result()`.
+    `max_bytes` bounds the temporaries of a fused block's spread.
+    """
+
+    def __init__(self, folds: list[tuple[Sequence[int], ColumnFolds]], max_bytes: int) -> None:
+        self._folds = [stack for _, stack in folds]
+        self._route = {
+            layers[local]: (stack, local) for layers, stack in folds for local in stack.layers
+        }
+        self._max_bytes = max_bytes
+        self._masks: dict[int, tuple[Tensor, Tensor | None, bool]] = {}
+        self._kept: dict[int, Tensor] = {}
+
+    @classmethod
+    def of(cls, sinks: Sequence[PerSetSinks], max_bytes: int) -> SpreadFold | None:
+        """The fold of `sinks` (one per column), or None unless every column's sink is a
+        readout fold per token set with a spread, alike across columns."""
+        parts = [sink.parts() for sink in sinks]
+        if not all(parts):
+            return None
+        folds = []
+        for index, (layers, _) in enumerate(parts[0]):
+            column_sinks = [column[index][1] for column in parts]
+            if not all(isinstance(s, ReadoutFold) and s.spread for s in column_sinks):
+                return None
+            try:
+                folds.append((layers, ColumnFolds(column_sinks)))  # type: ignore[arg-type]
+            except ValueError:  # methods or blocks differ between columns
+                return None
+        return cls(folds, max_bytes)
+
+    def add(
+        self, layer: int, columns: slice, record: FusedBlock | Tensor, gradient: Tensor | None
+    ) -> None:
+        """Fold block `layer` for `columns` from its record (`BlockCallback`)."""
+        route = self._route.get(layer)
+        if route is None:
+            return
+        stack, local = route
+        grad = gradient if stack.mode == "gradient" else None
+        if isinstance(record, Tensor):
+            self._add_maps(stack, local, columns, record, grad)
+            return
+        key_mask, exact = self._key_mask(record)
+        query, key, value = record.tensors()
+        if not exact:  # the mask is more than keys and causality: fold the whole map
+            maps = None if grad is None else attention_gradient(grad, value[None])
+            self._add_maps(stack, local, columns, record.probabilities(), maps)
+            return
+        live = live_rows(key_mask, record.site.causal)
+        stack.fold(
+            local,
+            columns,
+            lambda rows: readout_spread(
+                rows,
+                query,
+                key,
+                value,
+                grad,
+                scale=record.site.scale,
+                causal=record.site.causal,
+                key_mask=key_mask,
+                mode=stack.mode,
+                max_bytes=self._max_bytes,
+            ),
+            None if live is None or stack.mode == "gradient" else live.expand(query.shape[0], -1),
+        )
+
+    def keep(self, layer: int, attention: Tensor) -> None:
+        """A forward-only method's block from the explicit forward, which hands the blocks
+        first to last: its head mean is kept until `fold_kept`, after the forward."""
+        if layer in self._route:
+            self._kept[layer] = attention.mean(dim=1, keepdim=True)
+
+    def fold_kept(self) -> None:
+        """Fold the kept blocks, last first (`keep`)."""
+        for layer in sorted(self._kept, reverse=True):
+            self.add(layer, slice(None), self._kept.pop(layer), None)
+
+    def _add_maps(
+        self,
+        stack: ColumnFolds,
+        local: int,
+        columns: slice,
+        attention: Tensor,
+        attention_grad: Tensor | None,
+    ) -> None:
+        rowsum = None
+        if stack.mode == "attention":  # Abar's row sums, for rollout's normalisation
+            dtype = torch.float64 if attention.dtype == torch.float64 else torch.float32
+            rowsum = attention.sum(dim=-1, dtype=dtype).mean(dim=1)
+        stack.fold(
+            local, columns, lambda rows: spread_maps(rows, attention, attention_grad), rowsum
+        )
+
+    def _key_mask(self, block: FusedBlock) -> tuple[Tensor | None, bool]:
+        """The block's key mask and whether it is the whole mask, read once per mask
+        tensor (blocks share theirs): the only wait for the device a block can cost."""
+        mask = block.mask
+        if mask is None:
+            return None, True
+        cached = self._masks.get(id(mask))
+        if cached is None or cached[0] is not mask:
+            keys, exact = block.key_mask()
+            cached = self._masks[id(mask)] = (mask, keys, exact is None or bool(exact))
+        return cached[1], cached[2]
+
+    def finish(self) -> None:
+        for stack in self._folds:
+            stack.finish()

@@ -1,0 +1,172 @@
+"""Dispatched operations stand in for GPU kernel launches (issue 22): counted on CPU with a
+`TorchDispatchMode`, so that CI guards what a GPU would pay per call without one.
+
+Each explanation's count must not grow with the batch (2 vs 16: within 20%), with the
+sequence (1,024 to 8,192 tokens: at most 1.5x) or with the generated tokens (8 to 32: at
+most 1.5x), must stay within 3x the floor's count for `generic` (one forward plus one
+input-gradient backward of the same model on the same inputs), and may wait for the
+device (a sync) at most 8 times per call. The streamed fold's chunks are sized as on a
+GPU here: by the memory budget alone, without the CPU's cache-sized cap
+(explain.engine.kernels.torch_fold.CPU_CHUNK_BYTES), since it is the GPU's launches the
+counts stand for.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import explain.engine.kernels.torch_fold as torch_fold
+from explain import Explainer
+from explain.generation import Generation, explain_generation
+from explain.testing import tiny_lm, tiny_vit
+
+SYNCS = frozenset(
+    {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "item", "_unique2", "unique_dim"}
+)
+"""Operations whose result the host reads: each waits for the device."""
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every ATen operation dispatched inside it, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+    @property
+    def syncs(self) -> int:
+        return sum(self.ops[name] for name in SYNCS)
+
+
+def _count(call) -> OpCounter:
+    with OpCounter() as counter:
+        call()
+    return counter
+
+
+@pytest.fixture(autouse=True)
+def gpu_chunks(monkeypatch):
+    monkeypatch.setattr(torch_fold, "CPU_CHUNK_BYTES", 1 << 62)
+
+
+def test_the_counter_sees_operations_and_syncs():
+    counter = _count(lambda: (torch.ones(3) + 1).sum().item())
+    assert counter.ops["add"] == 1 and counter.syncs == 1
+
+
+@functools.cache
+def _vit():
+    return tiny_vit(img_size=112, depth=4, num_heads=2)  # 197 tokens, as ViT-B/16
+
+
+def _vit_floor(images):
+    """One forward and one input-gradient backward of the target logit."""
+    inputs = images.clone().requires_grad_()
+    torch.autograd.grad(_vit()(inputs)[:, 0].sum(), inputs)
+
+
+@pytest.mark.parametrize("path", ["explicit", "fused"])
+@pytest.mark.parametrize("method", ["generic", "rollout", "attnlrp"])
+def test_vit_counts_do_not_grow_with_the_batch(path, method):
+    counts = []
+    for batch in (2, 16):
+        images = torch.randn(batch, 3, 112, 112, generator=torch.Generator().manual_seed(0))
+        explainer = Explainer(_vit(), attention_path=path)
+        counter = _count(lambda e=explainer, x=images: e.explain(x, target=0, method=method))
+        counts.append(counter.total)
+        assert counter.syncs <= 8, counter.ops
+        if method == "generic":
+            floor = _count(lambda x=images: _vit_floor(x)).total
+            assert counter.total <= 3 * floor, (counter.total, floor)
+    assert abs(counts[1] - counts[0]) <= 0.2 * counts[0], counts
+
+
+def _narrow_llama():
+    return tiny_lm.tiny_causal_lm(
+        "llama",
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+    )
+
+
+def _lm_floor(model, ids):
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
+    logits = model(inputs_embeds=embeddings).logits
+    torch.autograd.grad(logits[:, -1, 0].sum(), embeddings)
+
+
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_long_sequences_cost_launches_like_short_ones(method):
+    """1,024 and 8,192 tokens of a narrow Llama on the streamed path (the auto path on CPU
+    from 384 tokens), 256 MiB of maps at a time."""
+    model = _narrow_llama()
+    explainer = Explainer(model, memory_budget=256 << 20)
+    target = 0 if method == "generic" else None
+    counts = []
+    for tokens in (1024, 8192):
+        ids = torch.randint(
+            3, tiny_lm.VOCAB, (1, tokens), generator=torch.Generator().manual_seed(0)
+        )
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        with OpCounter() as counter:
+            result = explainer.explain(inputs, method=method, target=target)
+        assert result.settings["attention_path"] == "streamed"
+        assert counter.syncs <= 8, counter.ops
+        counts.append(counter.total)
+        if method == "generic":
+            floor = _count(lambda i=ids: _lm_floor(model, i)).total
+            assert counter.total <= 3 * floor, (counter.total, floor)
+    assert counts[1] <= 1.5 * counts[0], counts
+
+
+def _generation_floor(model, ids, width):
+    """One forward and one backward of every generated token's logit to the input
+    embeddings, batched over the tokens (`is_grads_batched`)."""
+    embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
+    logits = model(inputs_embeds=embeddings).logits[:, width - 1 : -1]
+    scores = logits.gather(-1, ids[:, width:, None])[..., 0]  # (B, G)
+    count = scores.shape[1]
+    one_hot = torch.eye(count)[:, None, :].expand(count, *scores.shape)
+    torch.autograd.grad(scores, embeddings, grad_outputs=one_hot, is_grads_batched=True)
+
+
+@pytest.mark.parametrize("method", ["generic", "rollout", "raw_attention", "attnlrp", "cp_lrp"])
+def test_generations_cost_launches_like_one_token(method):
+    """A 256-token prompt with 8 and with 32 generated tokens: every column from one
+    forward and (but for the forward-only methods) one backward batched over the
+    columns. Each costs at most 1.5x the floor's count (one forward, one backward of
+    every token to the embeddings, batched), and each further token at most 1.5x what it
+    adds to the floor. The floor itself grows about 1.45x from 8 to 32 tokens here, since
+    PyTorch's batched backward runs some kernels once per column (CPU sdpa's backward,
+    silu's): so generic (1.43x), rollout and AttnLRP also grow less than 1.5x, and
+    CP-LRP, whose count stays near the floor's, about 1.55x."""
+    model = _narrow_llama()
+    explainer = Explainer(model)
+    counts, floors = [], []
+    for new in (8, 32):
+        ids = torch.randint(
+            3, tiny_lm.VOCAB, (2, 256 + new), generator=torch.Generator().manual_seed(0)
+        )
+        generation = Generation(ids, torch.ones_like(ids), prompt_length=256)
+        counter = _count(lambda g=generation: explain_generation(explainer, g, method=method))
+        assert counter.syncs <= 8, counter.ops
+        floors.append(_count(lambda i=ids: _generation_floor(model, i, 256)).total)
+        counts.append(counter.total)
+        assert counter.total <= 1.5 * floors[-1], (counter.total, floors[-1])
+    assert counts[1] - counts[0] <= 1.5 * (floors[1] - floors[0]), (counts, floors)
