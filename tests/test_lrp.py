@@ -3,6 +3,8 @@ the rules keep the promises METHODS.md makes for them (conservation, per-sample 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import reference_lrp as ref
 import torch
@@ -49,7 +51,7 @@ def _assert_matches(actual, expected, relative):
     torch.testing.assert_close(actual, expected, rtol=relative, atol=relative * scale)
 
 
-# Full LRP's separate denominators meet near-zero sums, where rounding differences between
+# Full LRP's plain residual splits meet near-zero sums, where rounding differences between
 # closed-form and autograd vector-Jacobian products grow to ~1e-10 of the map's maximum.
 FLOAT64 = {"transformer_attribution": 1e-10, "partial_lrp": 1e-10, "lrp": 1e-9}
 
@@ -86,7 +88,8 @@ def test_float64_single_sample_matches_reference(method):
 
 @pytest.mark.parametrize(
     ("method", "relative"),
-    # full LRP's separate denominators amplify float32 rounding where they are small
+    # full LRP's plain residual splits amplify the float32 forward's rounding where the
+    # sums nearly cancel (docs/methods.md, "Precision")
     [("transformer_attribution", 1e-5), ("partial_lrp", 1e-5), ("lrp", 1e-3)],
 )
 def test_float32_close_to_float64_reference(method, relative):
@@ -98,6 +101,17 @@ def test_float32_close_to_float64_reference(method, relative):
     for b in range(2):
         expected = _reference(reference_model, images[b].double(), method, 2)
         _assert_matches(result.relevance[b].double(), expected, relative)
+
+
+@pytest.mark.parametrize("method", LRP_METHODS)
+def test_normalised_queries_and_keys_match_reference(method):
+    """qk_norm: q and k are read where the norms leave them, not from qkv."""
+    model = tiny_vit(depth=2, num_heads=2, qk_norm=True).double()
+    images = _images(2, (32, 32), seed=4)
+    result = Explainer(model).explain(images, method=method, target=[0, 3])
+    for b, target in enumerate([0, 3]):
+        expected = _reference(model, images[b], method, target)
+        _assert_matches(result.relevance[b], expected, FLOAT64[method])
 
 
 @pytest.mark.parametrize("start", [1, 2, -1])
@@ -152,9 +166,9 @@ def _generator():
 
 def test_shared_denominator_linear_conserves_relevance():
     g = _generator()
-    x = torch.randn(3, 5, 64, dtype=torch.float64, generator=g)  # wide: no Z1 or Z2 is 0
+    x = torch.randn(15, 64, dtype=torch.float64, generator=g)  # wide: no Z1 or Z2 is 0
     weight = torch.randn(8, 64, dtype=torch.float64, generator=g)
-    relevance = torch.rand(3, 5, 8, dtype=torch.float64, generator=g)
+    relevance = torch.rand(15, 8, dtype=torch.float64, generator=g)
     into = rules.linear_shared(x, weight, relevance)
     torch.testing.assert_close(into.sum(dim=-1), relevance.sum(dim=-1), rtol=1e-7, atol=0)
     # the separate-denominator rule of the original code does not conserve: it gives both
@@ -163,29 +177,62 @@ def test_shared_denominator_linear_conserves_relevance():
     torch.testing.assert_close(separate.sum(), 2 * relevance.sum(), rtol=1e-7, atol=0)
 
 
+def test_linear_rules_equal_the_written_out_formulas():
+    """The paired (positive, negative) batched products equal the rules written out."""
+    g = _generator()
+    x = torch.randn(15, 6, dtype=torch.float64, generator=g)
+    x[3] = x[3].clamp(min=0)  # a row with no negative part: Z- = 0 there
+    weight = torch.randn(4, 6, dtype=torch.float64, generator=g)
+    relevance = torch.randn(15, 4, dtype=torch.float64, generator=g)
+    xp, xn, wp, wn = x.clamp(min=0), x.clamp(max=0), weight.clamp(min=0), weight.clamp(max=0)
+    s = ref.sdiv(relevance, xp @ wp.T + xn @ wn.T)
+    shared = xp * (s @ wp) + xn * (s @ wn)
+    separate = xp * (ref.sdiv(relevance, xp @ wp.T) @ wp) + xn * (
+        ref.sdiv(relevance, xn @ wn.T) @ wn
+    )
+    torch.testing.assert_close(rules.linear_shared(x, weight, relevance), shared)
+    torch.testing.assert_close(rules.linear_separate(x, weight, relevance), separate)
+    # a float32 input walks exactly in float64
+    walked = rules.linear_separate(x.float(), weight.float(), relevance)
+    assert walked.dtype == torch.float64
+    torch.testing.assert_close(
+        walked, rules.linear_separate(x.float().double(), weight.float().double(), relevance)
+    )
+
+
 def test_rescaled_residual_conserves_each_samples_total():
     g = _generator()
-    a = torch.randn(3, 6, 4, dtype=torch.float64, generator=g)
-    b = torch.randn(3, 6, 4, dtype=torch.float64, generator=g)
-    relevance = torch.randn(3, 6, 4, dtype=torch.float64, generator=g)
-    relevance[1] *= 10  # samples with very different totals: sums must not mix
-    ra, rb = rules.residual_rescaled(a, b, relevance)
+    a = torch.randn(3 * 6, 4, dtype=torch.float64, generator=g)  # 3 samples of 6 rows
+    b = torch.randn(3 * 6, 4, dtype=torch.float64, generator=g)
+    relevance = torch.randn(3 * 6, 4, dtype=torch.float64, generator=g)
+    relevance[6:12] *= 10  # samples with very different totals: sums must not mix
+    denominator = rules.safe_denominator(a + b)
+    ra, rb = rules.residual_rescaled(a, b, relevance, denominator, 3)
     torch.testing.assert_close(
-        (ra + rb).flatten(1).sum(1), relevance.flatten(1).sum(1), rtol=1e-7, atol=0
+        (ra + rb).view(3, -1).sum(1), relevance.view(3, -1).sum(1), rtol=1e-7, atol=0
     )
     for i in range(3):  # per sample equals the same rule on that sample alone
-        alone = rules.residual_rescaled(a[i : i + 1], b[i : i + 1], relevance[i : i + 1])
-        torch.testing.assert_close(ra[i], alone[0][0], rtol=0, atol=0)
-        torch.testing.assert_close(rb[i], alone[1][0], rtol=0, atol=0)
+        rows = slice(6 * i, 6 * i + 6)
+        alone = rules.residual_rescaled(a[rows], b[rows], relevance[rows], denominator[rows], 1)
+        torch.testing.assert_close(ra[rows], alone[0], rtol=1e-15, atol=0)
+        torch.testing.assert_close(rb[rows], alone[1], rtol=1e-15, atol=0)
+        expected = ref.residual(a[rows], b[rows], relevance[rows], rescale=True)
+        torch.testing.assert_close(ra[rows], expected[0], rtol=1e-12, atol=0)
+        torch.testing.assert_close(rb[rows], expected[1], rtol=1e-12, atol=0)
 
 
 def test_attention_products_conserve_after_halving():
     g = _generator()
-    attention = torch.rand(2, 3, 5, 5, dtype=torch.float64, generator=g).softmax(-1)
-    values = torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=g)
-    relevance = torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=g)
-    of_a, of_v = rules.matmul(attention, values, relevance)
-    torch.testing.assert_close(of_a.sum() / 2 + of_v.sum() / 2, relevance.sum(), rtol=1e-7, atol=0)
+    query = torch.randn(6, 5, 4, dtype=torch.float64, generator=g)  # (B * H, N, d)
+    key = torch.randn(6, 5, 4, dtype=torch.float64, generator=g)
+    attention = (query @ key.transpose(1, 2)).softmax(-1)
+    values = torch.randn(6, 5, 4, dtype=torch.float64, generator=g)
+    relevance = torch.randn(6, 5, 4, dtype=torch.float64, generator=g)
+    of_a, (of_q, of_k, of_v) = rules.attention(
+        torch.stack([query, key, values]), attention, relevance, rules.residual_plain, samples=2
+    )
+    torch.testing.assert_close(of_a.sum() + of_v.sum(), relevance.sum(), rtol=1e-7, atol=0)
+    torch.testing.assert_close(of_q.sum() + of_k.sum(), of_a.sum(), rtol=1e-7, atol=0)
 
 
 def test_sdiv_is_the_reference_shift():
@@ -193,6 +240,7 @@ def test_sdiv_is_the_reference_shift():
     out = rules.sdiv(torch.ones_like(b), b)
     expected = [1 / (2 + 1e-9), 1 / (-3 + 1e-9), 0.0, 1 / (1e-12 + 1e-9)]
     torch.testing.assert_close(out, torch.tensor(expected, dtype=torch.float64), rtol=1e-15, atol=0)
+    torch.testing.assert_close(out, ref.sdiv(torch.ones_like(b), b), rtol=0, atol=0)
 
 
 def test_chefer_rules_conserve_relevance_through_every_block():
@@ -210,12 +258,66 @@ def test_chefer_rules_conserve_relevance_through_every_block():
         explainer.adapter.forward(prepared)
     classes = torch.tensor([0, 2, 4])
     per_block = []
-    tokens = tape.propagate(classes, CHEFER, lambda layer, r: per_block.append(r.sum((1, 2, 3))))
+    tokens = tape.propagate(
+        classes, CHEFER, lambda layer, r: per_block.append(r.sum((1, 2, 3))), to_tokens=True
+    )
     ones = torch.ones(3, dtype=torch.float64)
     torch.testing.assert_close(tokens.sum((1, 2)), ones, rtol=1e-6, atol=0)
     assert len(per_block) == 3
-    original = tape.propagate(classes, ORIGINAL, lambda layer, r: None)
+    original = tape.propagate(classes, ORIGINAL, lambda layer, r: None, to_tokens=True)
     assert not torch.allclose(original.sum((1, 2)), ones)
+
+
+def recorded_tape(model, inputs, *, to_input=True):
+    """A model's LRP tape after one recorded forward."""
+    explainer = Explainer(model)
+    tape = tape_for(explainer.adapter, to_input=to_input)
+    prepared = explainer.adapter.prepare(inputs)
+    with Session(explainer.adapter) as session, Recorder(session, module_hooks=tape.hooks):
+        explainer.adapter.forward(prepared)
+    return tape
+
+
+def cast_tape(tape, model64):
+    """`tape`'s recorded activations, cast to float64, on a float64 copy of its model."""
+    explainer = Explainer(model64)
+    copy = tape_for(explainer.adapter, to_input=True)
+    for name in ("blocks", "head", "embedding"):
+        stores = getattr(tape, name, None)
+        if stores is None:
+            continue
+        targets = getattr(copy, name)
+        pairs = (
+            zip(stores, targets, strict=True) if isinstance(stores, list) else [(stores, targets)]
+        )
+        for store, target in pairs:
+            target.update({key: value.double() for key, value in store.items()})
+    return copy
+
+
+def walk_in_float64_matches(tape, tape64, classes):
+    """Full LRP (original rules) on a float32 tape equals the same walk over the same
+    activations cast to float64: the walk adds no rounding of its own."""
+    found, found64 = {}, {}
+    below = tape.propagate(classes, ORIGINAL, found.__setitem__, to_input=True)
+    below64 = tape64.propagate(classes, ORIGINAL, found64.__setitem__, to_input=True)
+    assert below.dtype == torch.float32 and below64.dtype == torch.float64
+    scale = below64.abs().max().item()
+    torch.testing.assert_close(below.double(), below64, rtol=0, atol=1e-6 * scale)
+    for layer, relevance in found64.items():
+        scale = relevance.abs().max().item()
+        torch.testing.assert_close(found[layer].double(), relevance, rtol=0, atol=1e-6 * scale)
+
+
+def test_full_lrp_walks_float32_activations_in_float64():
+    """Issue 24: the original rules' plain residual splits and attention products divide by
+    sums that nearly cancel; a float32 walk added its own rounding there (~6e-6 of the
+    map's maximum here), the float64 walk none beyond the float32 result's."""
+    model = tiny_vit(depth=4, num_heads=2)
+    images = _images(3, (32, 32), dtype=torch.float32, seed=3)
+    tape = recorded_tape(model, images)
+    tape64 = cast_tape(tape, copy.deepcopy(model).double())
+    walk_in_float64_matches(tape, tape64, torch.tensor([0, 2, 4]))
 
 
 # -- promises ------------------------------------------------------------------------------

@@ -152,83 +152,108 @@ class BertTape:
         *,
         stop_layer: int = 0,
         to_input: bool = False,
-    ) -> Tensor:
+        to_tokens: bool = False,
+    ) -> Tensor | None:
         """Relevance from 1.0 at each sample's class logit down to layer `stop_layer`.
 
         `on_attention(layer, relevance)` receives each layer's attention relevance RA_l
-        (B, H, N, N), last layer first. Returns the relevance of layer `stop_layer`'s input
-        (B, N, D); with `to_input`, that of the embedding output summed over D, (B, N).
+        (B, H, N, N), last layer first. With `to_tokens` returns the relevance of layer
+        `stop_layer`'s input (B, N, D); with `to_input`, that of the embedding output
+        summed over D, (B, N); otherwise the walk ends once layer `stop_layer`'s RA is
+        delivered and returns None. All samples walk together; the walk runs in
+        `rules.dtype` and hands back the model's dtype (at least float32).
         """
         with torch.no_grad():
             tokens = self.head["tokens"]
-            dtype = compute_dtype(tokens)
+            result_dtype = compute_dtype(tokens)
+            dtype = rules.dtype(tokens)
+
+            def report(layer: int, relevance: Tensor) -> None:
+                on_attention(layer, relevance.to(result_dtype))
+
             relevance = logit_relevance(self.head["logits"], classes, dtype)
             model = self.model
             # classifier, dropout, pooler tanh (pass), pooler dense, first token (LRP-0)
-            relevance = self._linear(model.classifier, self.head["pooled"], relevance, rules)
-            relevance = self._linear(model.bert.pooler.dense, self.head["first"], relevance, rules)
-            first = torch.zeros(1, dtype=torch.long, device=tokens.device)
-            relevance = rule.select_tokens(tokens.to(dtype), first, relevance[:, None])
+            relevance = rules.linear(self.head["pooled"], model.classifier.weight, relevance)
+            relevance = rules.linear(self.head["first"], model.bert.pooler.dense.weight, relevance)
+            relevance = rule.select_tokens(tokens.to(dtype), 0, relevance)
+            samples, count, width = relevance.shape
+            relevance = relevance.view(samples * count, width)
             for layer in range(len(self.layers) - 1, stop_layer - 1, -1):
-                relevance = self._layer(layer, relevance, rules, on_attention, dtype)
-            return relevance.sum(dim=-1) if to_input else relevance
-
-    @staticmethod
-    def _linear(module: nn.Module, x: Tensor, relevance: Tensor, rules: RuleSet) -> Tensor:
-        return rules.linear(
-            x.to(relevance.dtype), module.weight.detach().to(relevance.dtype), relevance
-        )
+                last = layer == stop_layer and not (to_input or to_tokens)
+                below = self._layer(layer, relevance, rules, report, dtype, samples, last=last)
+                if below is None:
+                    return None
+                relevance = below
+            relevance = relevance.view(samples, count, width)
+            return (relevance.sum(dim=-1) if to_input else relevance).to(result_dtype)
 
     def _layer(
         self,
         index: int,
         relevance: Tensor,
         rules: RuleSet,
-        on_attention: Callable[[int, Tensor], None],
+        report: Callable[[int, Tensor], None],
         dtype: torch.dtype,
-    ) -> Tensor:
-        layer = self.layers[index]
-        store = {key: value.to(dtype) for key, value in self.blocks[index].items()}
+        samples: int,
+        *,
+        last: bool = False,
+    ) -> Tensor | None:
+        """Relevance of layer `index`'s output rows -> of its input rows; the `last`
+        layer of a walk only delivers its RA and returns None."""
+        layer, store = self.layers[index], self.blocks[index]
         self_attention = layer.attention.self
+        x, ao, attn_branch, mlp_branch = (
+            store[name].flatten(0, -2) for name in ("x", "ao", "attn_branch", "mlp_branch")
+        )
 
         # BertOutput: LN(dense(inter) + ao); LN passes.
-        from_branch, from_ao = rules.residual(store["mlp_branch"], store["ao"], relevance)
-        inter = self._linear(layer.output.dense, store["inter"], from_branch, rules)
-        into_ff = self._linear(layer.intermediate.dense, store["ao"], inter, rules)
-        relevance = rule.branch(store["ao"], [into_ff, from_ao])
+        total = rule.safe_denominator(mlp_branch.to(dtype) + ao)
+        from_branch, from_ao = rules.residual(mlp_branch, ao, relevance, total, samples)
+        inter = rules.linear(store["inter"].flatten(0, -2), layer.output.dense.weight, from_branch)
+        into_ff = rules.linear(ao, layer.intermediate.dense.weight, inter)
+        relevance = rule.branch(ao, [into_ff, from_ao], rule.safe_denominator(ao.to(dtype)))
 
         # BertSelfOutput: LN(dense(o) + x).
-        from_attn, from_x = rules.residual(store["attn_branch"], store["x"], relevance)
-        relevance_o = self._linear(layer.attention.output.dense, store["o"], from_attn, rules)
-        batch, tokens, _ = store["o"].shape
-        heads = self_attention.num_attention_heads
+        total = rule.safe_denominator(attn_branch.to(dtype) + x)
+        from_attn, from_x = rules.residual(attn_branch, x, relevance, total, samples)
+        dense = layer.attention.output.dense.weight
+        relevance_o = rules.linear(store["o"].flatten(0, -2), dense, from_attn)
+
+        batch, heads, tokens, _ = store["attention"].shape
         head_dim = self_attention.attention_head_size
+        groups = batch * heads
 
-        def split(t: Tensor) -> Tensor:  # (B, N, H * d) -> (B, H, N, d), as HF's view
-            return t.reshape(batch, tokens, heads, head_dim).transpose(1, 2)
+        def by_head(t: Tensor) -> Tensor:  # (..., B, N, H * d) -> (..., B * H, N, d), as HF
+            t = t.to(dtype).view(*t.shape[:-1], heads, head_dim).transpose(-3, -2)
+            return t.reshape(*t.shape[:-4], groups, tokens, head_dim)
 
-        def merge(t: Tensor) -> Tensor:
-            return t.transpose(1, 2).reshape(batch, tokens, heads * head_dim)
-
-        query, key = split(store["q"]), split(store["k"])
-        scores = torch.matmul(query, key.transpose(2, 3)) * self_attention.scaling
-        of_attention, of_query, of_key, of_value = rule.attention(
-            query,
-            key,
-            store["attention"],
-            split(store["v"]),
-            split(relevance_o),
+        probabilities = store["attention"].to(dtype).view(groups, tokens, tokens)
+        relevance_o = by_head(relevance_o.view(batch, tokens, -1))
+        if last:
+            of_attention, _ = rule.attention_probabilities(
+                probabilities, by_head(store["v"]), relevance_o
+            )
+            report(index, of_attention.view(batch, heads, tokens, tokens))
+            return None
+        of_attention, of_heads = rule.attention(
+            by_head(torch.stack([store["q"], store["k"], store["v"]])),
+            probabilities,
+            relevance_o,
             rules.residual,
-            scores=scores,
+            samples=batch,
+            scale=self_attention.scaling,
             mask=store.get("mask"),
         )
-        on_attention(index, of_attention)
-        x = store["x"]
-        projections = [
-            self._linear(self_attention.query, x, merge(of_query), rules),
-            self._linear(self_attention.key, x, merge(of_key), rules),
-            self._linear(self_attention.value, x, merge(of_value), rules),
-        ]
+        report(index, of_attention.view(batch, heads, tokens, tokens))
+        # The query, key and value projections share their input: their rules' sum is the
+        # rule of one linear map with the three weights stacked, run once.
+        of_qkv = of_heads.view(3, batch, heads, tokens, head_dim).permute(1, 3, 0, 2, 4)
+        weights = torch.cat(
+            [self_attention.query.weight, self_attention.key.weight, self_attention.value.weight]
+        )
+        projections = rules.linear(x, weights, of_qkv.reshape(batch * tokens, -1))
         # The reference's two branch points: q/k/v share the attention's input, which the
         # layer shares with the residual.
-        return rule.branch(x, [rule.branch(x, projections), from_x])
+        below = rule.safe_denominator(x.to(dtype))
+        return rule.branch(x, [rule.branch(x, [projections], below), from_x], below)

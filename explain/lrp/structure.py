@@ -29,9 +29,15 @@ def type_name(module: nn.Module) -> str:
 
 
 def keep(store: dict[str, Tensor], key: str, pick: str = "output") -> ModuleHook:
-    """A forward hook that keeps, detached, the module's `pick`: "output", "input" (its
-    first positional input), "output0"/"output1" (an item of a tuple output), or
-    "mask" (its `attention_mask` keyword argument; None is not kept)."""
+    """A forward hook that keeps the module's `pick`: "output", "input" (its first
+    positional input), "output0"/"output1" (an item of a tuple output), or "mask" (its
+    `attention_mask` keyword argument; None is not kept).
+
+    The tensor is kept as the forward made it, not detached: the walk reads it under
+    no_grad, so it adds nothing to any graph, and the forward's graph lives exactly as
+    long without it (the call holds the scores it hangs from). A detach would cost a
+    dispatched op per activation and save nothing.
+    """
 
     def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         if pick == "input":
@@ -44,7 +50,7 @@ def keep(store: dict[str, Tensor], key: str, pick: str = "output") -> ModuleHook
             value = out[int(pick[len("output") :])]
         else:
             value = out
-        store[key] = value.detach()
+        store[key] = value
 
     return hook
 

@@ -72,8 +72,6 @@ class TimmVitTape:
                 (block.norm1, keep(store, "x", "input")),
                 (attn.qkv, keep(store, "h", "input")),
                 (attn.qkv, keep(store, "qkv")),
-                (attn.q_norm, keep(store, "q")),
-                (attn.k_norm, keep(store, "k")),
                 (attn.attn_drop, keep(store, "attention")),
                 (attn.proj, keep(store, "o", "input")),
                 (block.drop_path1, keep(store, "b1")),
@@ -82,6 +80,9 @@ class TimmVitTape:
                 (mlp.fc2, keep(store, "fc2", "input")),
                 (block.drop_path2, keep(store, "b2")),
             ]
+            # q and k are read from qkv, unless a norm (qk_norm) changes them after it
+            if not isinstance(attn.q_norm, nn.Identity) or not isinstance(attn.k_norm, nn.Identity):
+                self.hooks += [(attn.q_norm, keep(store, "q")), (attn.k_norm, keep(store, "k"))]
         self.hooks += [
             (model.norm, keep(self.head, "tokens")),
             (model.head, keep(self.head, "head_in", "input")),
@@ -150,29 +151,49 @@ class TimmVitTape:
         *,
         stop_layer: int = 0,
         to_input: bool = False,
-    ) -> Tensor:
+        to_tokens: bool = False,
+    ) -> Tensor | None:
         """Relevance from 1.0 at each sample's class logit down to block `stop_layer`.
 
         `on_attention(layer, relevance)` receives each block's attention relevance RA_l
-        (B, H, N, N), last block first. Returns the relevance of block `stop_layer`'s input
-        tokens (B, N, D); with `to_input` the walk continues to the pixels and returns
-        their relevance summed over channels, (B, H, W).
+        (B, H, N, N), last block first. With `to_input` the walk continues to the pixels
+        and returns their relevance summed over channels, (B, H, W); with `to_tokens` it
+        returns the relevance of block `stop_layer`'s input tokens (B, N, D); otherwise it
+        ends once block `stop_layer`'s RA is delivered and returns None. All samples walk
+        together; the walk runs in `rules.dtype` and hands back the model's dtype (at
+        least float32).
         """
         with torch.no_grad():
             tokens = self.head["tokens"]
-            dtype = compute_dtype(tokens)
+            result_dtype = compute_dtype(tokens)
+            dtype = rules.dtype(tokens)
+
+            def report(layer: int, relevance: Tensor) -> None:
+                on_attention(layer, relevance.to(result_dtype))
+
             relevance = logit_relevance(self.head["head_out"], classes, dtype)
             relevance = self._readout(relevance, rules, dtype)
+            samples, count, width = relevance.shape
+            relevance = relevance.view(samples * count, width)
+            output_denominator = None
             for layer in range(len(self.blocks) - 1, stop_layer - 1, -1):
-                relevance = self._block(layer, relevance, rules, on_attention, dtype)
-            return self._to_pixels(relevance, dtype) if to_input else relevance
+                last = layer == stop_layer and not (to_input or to_tokens)
+                step = self._block(
+                    layer, relevance, output_denominator, rules, report, dtype, samples, last=last
+                )
+                if step is None:
+                    return None
+                relevance, output_denominator = step
+            relevance = relevance.view(samples, count, width)
+            below = self._to_pixels(relevance, dtype) if to_input else relevance
+            return below.to(result_dtype)
 
-    def _linear(
-        self, module: nn.Module, x: Tensor, relevance: Tensor, rules: RuleSet, dtype: torch.dtype
-    ) -> Tensor:
+    @staticmethod
+    def _linear(module: nn.Module, x: Tensor, relevance: Tensor, rules: RuleSet) -> Tensor:
+        """The rule set's linear rule over rows; a pass-through head (checked) passes."""
         if isinstance(module, nn.Linear):
-            return rules.linear(x.to(dtype), module.weight.detach().to(dtype), relevance)
-        return relevance  # a pass-through head (checked in _check)
+            return rules.linear(x.flatten(0, -2), module.weight, relevance)
+        return relevance
 
     def _readout(self, relevance: Tensor, rules: RuleSet, dtype: torch.dtype) -> Tensor:
         """Classifier, pooling and final norms: logit relevance -> (B, N, D) tokens."""
@@ -181,22 +202,28 @@ class TimmVitTape:
         if self._distilled:
             # eval-mode head: (head(x[:, 0]) + head_dist(x[:, 1])) / 2; the halving is a
             # constant and passes, the add of the two heads' logits is LRP-0.
+            logits, distilled = head["head_out"].to(dtype), head["dist_out"]
             from_head, from_dist = rule.residual_plain(
-                head["head_out"].to(dtype), head["dist_out"].to(dtype), relevance
+                logits,
+                distilled,
+                relevance,
+                rule.safe_denominator(logits + distilled),
+                relevance.shape[0],
             )
-            class_token = self._linear(model.head, head["head_in"], from_head, rules, dtype)
-            dist_token = self._linear(model.head_dist, head["dist_in"], from_dist, rules, dtype)
+            class_token = self._linear(model.head, head["head_in"], from_head, rules)
+            dist_token = self._linear(model.head_dist, head["dist_in"], from_dist, rules)
             # The tokens are read twice (x[:, 0], x[:, 1]): a branch point.
             return rule.branch(
                 tokens,
                 [
-                    rule.select_tokens(tokens, _index(0, tokens), class_token[:, None]),
-                    rule.select_tokens(tokens, _index(1, tokens), dist_token[:, None]),
+                    rule.select_tokens(tokens, 0, class_token),
+                    rule.select_tokens(tokens, 1, dist_token),
                 ],
+                rule.safe_denominator(tokens),
             )
-        pooled = self._linear(model.head, head["head_in"], relevance, rules, dtype)
+        pooled = self._linear(model.head, head["head_in"], relevance, rules)
         if model.global_pool == "token":
-            return rule.select_tokens(tokens, _index(0, tokens), pooled[:, None])
+            return rule.select_tokens(tokens, 0, pooled)
         first = 0 if model.pool_include_prefix else model.num_prefix_tokens
         return rule.mean_tokens(tokens, first, pooled)
 
@@ -204,25 +231,48 @@ class TimmVitTape:
         self,
         layer: int,
         relevance: Tensor,
+        output_denominator: Tensor | None,
         rules: RuleSet,
-        on_attention: Callable[[int, Tensor], None],
+        report: Callable[[int, Tensor], None],
         dtype: torch.dtype,
-    ) -> Tensor:
-        """Relevance of block `layer`'s output -> of its input, in timm's Block order:
-        x_mid = x + attn branch; out = x_mid + mlp branch."""
-        block = self.model.blocks[layer]
-        store = {key: value.to(dtype) for key, value in self.blocks[layer].items()}
+        samples: int,
+        *,
+        last: bool = False,
+    ) -> tuple[Tensor, Tensor | None] | None:
+        """Relevance of block `layer`'s output rows -> of its input rows, in timm's Block
+        order: x_mid = x + attn branch; out = x_mid + mlp branch. The `last` block of a
+        walk only delivers its RA and returns None (nothing below it is wanted).
+
+        Each residual sum is also a branch point (x_mid; the output is the next block's
+        input x), so one safe denominator serves both, handed down from the block above
+        as `output_denominator`. That holds where the walk's dtype is the model's: the
+        stored sums are then the walk's own, bit for bit. A float64 walk over float32
+        activations recomputes each sum in float64 (the residual rule's denominator) and
+        divides the branch by the tensor as the model stored it.
+        """
+        block, store = self.model.blocks[layer], self.blocks[layer]
+        x, x_mid, b1, b2 = (store[name].flatten(0, -2) for name in ("x", "x_mid", "b1", "b2"))
+        shared = x.dtype == dtype
+        if output_denominator is None:  # the last block, or sums not shared
+            output_denominator = rule.safe_denominator(x_mid.to(dtype) + b2)
 
         # out = x_mid + drop_path2(ls2(mlp(norm2(x_mid))))
-        from_mid, from_mlp = rules.residual(store["x_mid"], store["b2"], relevance)
-        hidden = self._linear(block.mlp.fc2, store["fc2"], from_mlp, rules, dtype)
-        into_mlp = self._linear(block.mlp.fc1, store["fc1"], hidden, rules, dtype)
-        relevance = rule.branch(store["x_mid"], [from_mid, into_mlp])
+        from_mid, from_mlp = rules.residual(x_mid, b2, relevance, output_denominator, samples)
+        hidden = self._linear(block.mlp.fc2, store["fc2"], from_mlp, rules)
+        into_mlp = self._linear(block.mlp.fc1, store["fc1"], hidden, rules)
+        mid = rule.safe_denominator(x_mid.to(dtype))
+        relevance = rule.branch(x_mid, [from_mid, into_mlp], mid)
 
         # x_mid = x + drop_path1(ls1(attn(norm1(x))))
-        from_x, from_attn = rules.residual(store["x"], store["b1"], relevance)
-        into_attn = self._attention(layer, block.attn, store, from_attn, rules, on_attention, dtype)
-        return rule.branch(store["x"], [from_x, into_attn])
+        sum_denominator = mid if shared else rule.safe_denominator(x.to(dtype) + b1)
+        from_x, from_attn = rules.residual(x, b1, relevance, sum_denominator, samples)
+        into_attn = self._attention(
+            layer, block.attn, store, from_attn, rules, report, dtype, last=last
+        )
+        if into_attn is None:
+            return None
+        below = rule.safe_denominator(x.to(dtype))
+        return rule.branch(x, [from_x, into_attn], below), below if shared else None
 
     def _attention(
         self,
@@ -231,26 +281,43 @@ class TimmVitTape:
         store: dict[str, Tensor],
         relevance: Tensor,
         rules: RuleSet,
-        on_attention: Callable[[int, Tensor], None],
+        report: Callable[[int, Tensor], None],
         dtype: torch.dtype,
-    ) -> Tensor:
+        *,
+        last: bool = False,
+    ) -> Tensor | None:
         """timm Attention: proj, A @ v, softmax(q k^T * scale), qkv; returns the relevance
-        of the attention's input."""
-        batch, tokens, _ = store["o"].shape
-        heads, head_dim = attn.num_heads, attn.head_dim
-        relevance = self._linear(attn.proj, store["o"], relevance, rules, dtype)
-        relevance = relevance.reshape(batch, tokens, heads, head_dim).transpose(1, 2)
-        values = store["qkv"].reshape(batch, tokens, 3, heads, head_dim)[:, :, 2].transpose(1, 2)
+        of the attention's input rows (None for the `last` block, which stops at RA).
+        Heads run as one batch of (B * H) matrices."""
+        batch, heads, tokens, _ = store["attention"].shape
+        head_dim = attn.head_dim
+        groups = batch * heads
 
-        of_attention, of_query, of_keys, of_values = rule.attention(
-            store["q"], store["k"], store["attention"], values, relevance, rules.residual
+        def by_head(t: Tensor) -> Tensor:  # (B, H, N, d) -> (B * H, N, d) in the walk's dtype
+            return t.to(dtype).reshape(groups, tokens, t.shape[-1])
+
+        relevance = self._linear(attn.proj, store["o"], relevance, rules)
+        relevance = relevance.view(batch, tokens, heads, head_dim).transpose(1, 2)
+        # timm: qkv(x).reshape(B, N, 3, H, d).permute(2, 0, 3, 1, 4), then q, k, v
+        qkv = store["qkv"].view(batch, tokens, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        qkv = qkv.to(dtype).reshape(3, groups, tokens, head_dim)
+        if last:
+            of_attention, _ = rule.attention_probabilities(
+                by_head(store["attention"]), qkv[2], by_head(relevance)
+            )
+            report(layer, of_attention.view(batch, heads, tokens, tokens))
+            return None
+        if "q" in store:  # normalised after qkv (qk_norm)
+            qkv = torch.stack([by_head(store["q"]), by_head(store["k"]), qkv[2]])
+
+        of_attention, of_heads = rule.attention(
+            qkv, by_head(store["attention"]), by_head(relevance), rules.residual, samples=batch
         )
-        on_attention(layer, of_attention)
-
-        # (3, B, H, N, d) -> (B, N, 3 * H * d): the inverse of timm's reshape and permute.
-        of_qkv = torch.stack([of_query, of_keys, of_values]).permute(1, 3, 0, 2, 4)
-        of_qkv = of_qkv.reshape(batch, tokens, 3 * heads * head_dim)
-        return self._linear(attn.qkv, store["h"], of_qkv, rules, dtype)
+        report(layer, of_attention.view(batch, heads, tokens, tokens))
+        # (3, B * H, N, d) -> (B * N, 3 * H * d): the inverse of timm's reshape and permute.
+        of_qkv = of_heads.view(3, batch, heads, tokens, head_dim).permute(1, 3, 0, 2, 4)
+        of_qkv = of_qkv.reshape(batch * tokens, 3 * heads * head_dim)
+        return self._linear(attn.qkv, store["h"], of_qkv, rules)
 
     def _to_pixels(self, relevance: Tensor, dtype: torch.dtype) -> Tensor:
         """Block 0's input -> pixels: prefix tokens dropped, the position-embedding add
@@ -279,7 +346,3 @@ class TimmVitTape:
             span = proj.dilation[axis] * (proj.kernel_size[axis] - 1) + 1
             size.append((extent + 2 * proj.padding[axis] - span) // proj.stride[axis] + 1)
         return size[0], size[1]
-
-
-def _index(token: int, tokens: Tensor) -> Tensor:
-    return torch.tensor([token], dtype=torch.long, device=tokens.device)

@@ -37,10 +37,13 @@ class Tape(Protocol):
         *,
         stop_layer: int = 0,
         to_input: bool = False,
-    ) -> Tensor:
-        """Relevance from each sample's class logit down to block `stop_layer`, handing
-        every block's attention relevance to `on_attention`; returns the relevance of that
-        block's input, or of the model's input with `to_input`."""
+        to_tokens: bool = False,
+    ) -> Tensor | None:
+        """Relevance from each sample's class logit down to block `stop_layer`, all
+        samples at once, handing every block's attention relevance to `on_attention`;
+        returns the relevance of the model's input with `to_input`, of block
+        `stop_layer`'s input tokens with `to_tokens`, and otherwise None: the walk then
+        ends as soon as block `stop_layer`'s attention relevance is delivered."""
 
 
 def tape_for(adapter: Adapter, *, to_input: bool) -> Tape:

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from explain.rules.attention import rollout_step
 from explain.rules.fold import LastBlock, ReadoutFold, compute_dtype, vecmat
-from explain.rules.gradient import generic_step, gradient_weighted
+from explain.rules.gradient import generic_step
 from explain.rules.registry import Need, RuleContext, register_method
 
 __all__ = ["InputRelevance", "lrp", "partial_lrp", "transformer_attribution"]
@@ -32,7 +32,16 @@ def transformer_attribution(context: RuleContext) -> ReadoutFold:
     layers = range(context.start_layer, context.num_layers)
     # The text reference row-normalises (Abar + I), exactly the rollout step; ViT does not.
     step = rollout_step if context.layout.modality == "text" else generic_step
-    return ReadoutFold(context.readout, layers, gradient_weighted, step)
+    return ReadoutFold(context.readout, layers, relevance_weighted, step)
+
+
+def relevance_weighted(relevance: Tensor, gradient: Tensor | None) -> Tensor:
+    """Abar = mean_h (G * R_A)+, all heads in one batched product: the LRP walk holds
+    R_A (B, H, N, N) while the block folds anyway, so the head-by-head sum that keeps the
+    gradient methods' peak memory low (explain.rules.gradient) would save nothing here
+    and cost a dispatched op per head."""
+    assert gradient is not None
+    return (gradient * relevance).clamp_(min=0).mean(dim=1)
 
 
 @register_method(

@@ -8,14 +8,19 @@ rollout's row normalisation and the order of the blocks stay with the fold that 
 (explain.rules.fold).
 
 Implementations: `torch_fold` (plain PyTorch, every device: chunks of query rows sized by
-a memory budget, batched over columns, samples and heads). A Triton kernel for CUDA
-(`triton_fold`, FlashAttention-2-backward style) plugs in here with the same signature.
+a memory budget, batched over columns, samples and heads) and, for CUDA tensors where
+Triton is installed, `triton_fold` (FlashAttention-2-backward style tiles that never leave
+the chip: no budget needed; float16, bfloat16 and float32 inputs).
 `spread_maps` is the same spread from whole maps (the explicit path), `live_rows` the
 rows a key mask leaves something to attend.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
+import torch
 from torch import Tensor
 
 from explain.engine.kernels.torch_fold import SpreadMode, live_rows, spread_maps
@@ -60,6 +65,20 @@ def readout_spread(
         max_bytes: memory budget of the temporaries (PyTorch implementation; a kernel
             that tiles on chip needs none); None: `DEFAULT_MAX_BYTES`.
     """
+    if _triton_takes(vector, query, key):
+        from explain.engine.kernels.triton_fold import readout_spread as _triton_readout_spread
+
+        return _triton_readout_spread(
+            vector,
+            query,
+            key,
+            value,
+            output_grad,
+            scale=scale,
+            causal=causal,
+            key_mask=key_mask,
+            mode=mode,
+        )
     return _torch_readout_spread(
         vector,
         query,
@@ -72,3 +91,23 @@ def readout_spread(
         mode=mode,
         max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
     )
+
+
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _triton_takes(vector: Tensor, query: Tensor, key: Tensor) -> bool:
+    """CUDA tensors of the dtypes the Triton kernel takes, as many keys as queries (its
+    masks assume self-attention), with Triton installed."""
+    return (
+        query.is_cuda
+        and query.dtype in _TRITON_DTYPES
+        and vector.dtype == torch.float32
+        and key.shape[-2] == query.shape[-2]
+        and _triton_installed()
+    )
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
