@@ -16,21 +16,31 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+SYNCS = frozenset(
+    {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "item", "_unique2", "unique_dim"}
+)
+"""Operations whose result the host reads: each waits for the device."""
+
 
 class OpCounter(TorchDispatchMode):
-    """Counts every ATen op dispatched while active, by name (`ops`) and in all (`total`)."""
+    """Counts every ATen op dispatched while active, by name without overload (`ops`), in
+    all (`total`), and the host syncs among them (`syncs`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.__name__] += 1
+        self.ops[func.overloadpacket.__name__] += 1
         return func(*args, **(kwargs or {}))
 
     @property
     def total(self) -> int:
         return sum(self.ops.values())
+
+    @property
+    def syncs(self) -> int:
+        return sum(self.ops[name] for name in SYNCS)
 
 
 def count_ops(run: Callable[[], Any]) -> OpCounter:

@@ -13,48 +13,16 @@ counts stand for.
 
 from __future__ import annotations
 
-import collections
 import functools
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from op_counts import OpCounter, count_ops
 
 import explain.engine.kernels.torch_fold as torch_fold
 from explain import Explainer
 from explain.generation import Generation, explain_generation
 from explain.testing import tiny_lm, tiny_vit
-
-SYNCS = frozenset(
-    {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "item", "_unique2", "unique_dim"}
-)
-"""Operations whose result the host reads: each waits for the device."""
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts every ATen operation dispatched inside it, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.ops.values())
-
-    @property
-    def syncs(self) -> int:
-        return sum(self.ops[name] for name in SYNCS)
-
-
-def _count(call) -> OpCounter:
-    with OpCounter() as counter:
-        call()
-    return counter
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +31,7 @@ def gpu_chunks(monkeypatch):
 
 
 def test_the_counter_sees_operations_and_syncs():
-    counter = _count(lambda: (torch.ones(3) + 1).sum().item())
+    counter = count_ops(lambda: (torch.ones(3) + 1).sum().item())
     assert counter.ops["add"] == 1 and counter.syncs == 1
 
 
@@ -85,11 +53,11 @@ def test_vit_counts_do_not_grow_with_the_batch(path, method):
     for batch in (2, 16):
         images = torch.randn(batch, 3, 112, 112, generator=torch.Generator().manual_seed(0))
         explainer = Explainer(_vit(), attention_path=path)
-        counter = _count(lambda e=explainer, x=images: e.explain(x, target=0, method=method))
+        counter = count_ops(lambda e=explainer, x=images: e.explain(x, target=0, method=method))
         counts.append(counter.total)
         assert counter.syncs <= 8, counter.ops
         if method == "generic":
-            floor = _count(lambda x=images: _vit_floor(x)).total
+            floor = count_ops(lambda x=images: _vit_floor(x)).total
             assert counter.total <= 3 * floor, (counter.total, floor)
     assert abs(counts[1] - counts[0]) <= 0.2 * counts[0], counts
 
@@ -130,7 +98,7 @@ def test_long_sequences_cost_launches_like_short_ones(method):
         assert counter.syncs <= 8, counter.ops
         counts.append(counter.total)
         if method == "generic":
-            floor = _count(lambda i=ids: _lm_floor(model, i)).total
+            floor = count_ops(lambda i=ids: _lm_floor(model, i)).total
             assert counter.total <= 3 * floor, (counter.total, floor)
     assert counts[1] <= 1.5 * counts[0], counts
 
@@ -164,9 +132,9 @@ def test_generations_cost_launches_like_one_token(method):
             3, tiny_lm.VOCAB, (2, 256 + new), generator=torch.Generator().manual_seed(0)
         )
         generation = Generation(ids, torch.ones_like(ids), prompt_length=256)
-        counter = _count(lambda g=generation: explain_generation(explainer, g, method=method))
+        counter = count_ops(lambda g=generation: explain_generation(explainer, g, method=method))
         assert counter.syncs <= 8, counter.ops
-        floors.append(_count(lambda i=ids: _generation_floor(model, i, 256)).total)
+        floors.append(count_ops(lambda i=ids: _generation_floor(model, i, 256)).total)
         counts.append(counter.total)
         assert counter.total <= 1.5 * floors[-1], (counter.total, floors[-1])
     assert counts[1] - counts[0] <= 1.5 * (floors[1] - floors[0]), (counts, floors)

@@ -1,4 +1,5 @@
-"""A regular (non-editable) install works on its own: the wheel carries the zoo.
+"""A regular (non-editable) install works on its own: the wheel carries the zoo (and the
+viewer's page).
 
 `pip install .` goes into a fresh virtual environment that sees this interpreter's
 packages (torch, timm, ...) through a .pth path entry, with --no-deps and no build
@@ -92,6 +93,9 @@ def test_wheel_install_explains_a_zoo_model(tmp_path: Path):
     )
     module, zoo = where.split()
     assert Path(module).is_relative_to(own_site) and Path(zoo) == own_site / "explain" / "_zoo"
+    # The viewer's page ships in the wheel: `explain serve` needs no network and no checkout.
+    static = own_site / "explain" / "serve" / "static"
+    assert sorted(p.name for p in static.iterdir()) == ["index.html", "serve.css", "serve.js"]
     from explain.data import shapes
     from explain.viz import save_image
 

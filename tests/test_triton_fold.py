@@ -210,3 +210,34 @@ def test_bad_arguments_are_named():
             causal=False,
             key_mask=torch.ones(2, 20),
         )
+
+
+def test_a_kernel_that_cannot_compile_falls_back_to_the_pytorch_fold(monkeypatch):
+    """Triton compiles per GPU architecture on first use; where that fails, the dispatcher
+    warns once for the device and gives the PyTorch fold's numbers."""
+    from triton.runtime.errors import OutOfResources
+
+    import explain.engine.kernels as kernels
+    import explain.engine.kernels.triton_fold as triton_fold
+    from explain.engine.kernels.torch_fold import readout_spread as torch_readout_spread
+
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        raise OutOfResources(1 << 20, 1 << 16, "shared memory")
+
+    monkeypatch.setattr(kernels, "_triton_takes", lambda *args: True)
+    monkeypatch.setattr(triton_fold, "readout_spread", failing)
+    monkeypatch.setattr(kernels, "_TRITON_FAILED", set())
+    generator = torch.Generator().manual_seed(0)
+    vector = torch.rand(2, 1, 6, generator=generator)
+    query, key, value = (torch.randn(1, 2, 6, 4, generator=generator) for _ in range(3))
+    options = dict(scale=0.5, causal=True, key_mask=None, mode="attention")
+    with pytest.warns(RuntimeWarning, match="PyTorch fold"):
+        got = kernels.readout_spread(vector, query, key, value, None, **options)
+    again = kernels.readout_spread(vector, query, key, value, None, **options)
+    expected = torch_readout_spread(vector, query, key, value, None, **options, max_bytes=1 << 20)
+    assert calls == [1]  # remembered: no second attempt on that device
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(again, expected)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import warnings
 
 import torch
 from torch import Tensor
@@ -65,20 +66,35 @@ def readout_spread(
         max_bytes: memory budget of the temporaries (PyTorch implementation; a kernel
             that tiles on chip needs none); None: `DEFAULT_MAX_BYTES`.
     """
-    if _triton_takes(vector, query, key):
+    if _triton_takes(vector, query, key) and query.device not in _TRITON_FAILED:
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources
+
         from explain.engine.kernels.triton_fold import readout_spread as _triton_readout_spread
 
-        return _triton_readout_spread(
-            vector,
-            query,
-            key,
-            value,
-            output_grad,
-            scale=scale,
-            causal=causal,
-            key_mask=key_mask,
-            mode=mode,
-        )
+        try:
+            return _triton_readout_spread(
+                vector,
+                query,
+                key,
+                value,
+                output_grad,
+                scale=scale,
+                causal=causal,
+                key_mask=key_mask,
+                mode=mode,
+            )
+        except (CompilationError, OutOfResources) as error:
+            # Triton compiles per GPU architecture when first called; where it cannot (an
+            # untested architecture, too little shared memory), the PyTorch fold gives the
+            # same numbers at a higher cost. Said once per device, then remembered.
+            _TRITON_FAILED.add(query.device)
+            warnings.warn(
+                f"explain: the Triton fold kernel could not run on {query.device} "
+                f"({type(error).__name__}: {str(error)[:200]}); using the PyTorch fold",
+                RuntimeWarning,
+                stacklevel=2,
+            )
     return _torch_readout_spread(
         vector,
         query,
@@ -94,6 +110,8 @@ def readout_spread(
 
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_TRITON_FAILED: set[torch.device] = set()
+"""Devices where the Triton kernel failed to compile or launch: they use `torch_fold`."""
 
 
 def _triton_takes(vector: Tensor, query: Tensor, key: Tensor) -> bool:

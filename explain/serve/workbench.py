@@ -1,0 +1,462 @@
+"""The model side of `explain serve`: one loaded model, its Explainer, and the answers the
+page asks for, as JSON-able dicts.
+
+Everything runs through the public API (`Explainer.explain`, `explain_generation`,
+`Explanation.save`), so concurrent requests on the one model are serialised by the
+engine's own lock and leave the model exactly as found. Raw relevance maps are cached
+per (model, method, input hash, class): the page's scaling, which depends on what is
+shown together, is computed from them at answer time with explain.viz.scaling, whose
+caption states the rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from explain.api import Explainer
+from explain.errors import ExplainError, InputError, TargetError
+from explain.explanation import Explanation
+from explain.loaded_model import LoadedModel
+from explain.rules import METHODS
+from explain.serve.cache import ResultCache, model_identity
+from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL, scale_maps
+
+__all__ = ["DEFAULT_METHOD", "Workbench"]
+
+DEFAULT_METHOD = "generic"
+"""The method the gallery pass explains each image's prediction with."""
+MAX_CLASSES = 10
+"""The most classes one view explains at once."""
+MAX_CAPTIONS = 10
+"""The most captions one CLIP view compares."""
+MAX_NEW_TOKENS = 64
+"""The most tokens the generation view generates."""
+
+Kind = Literal["image", "text", "generation", "clip"]
+
+
+class Workbench:
+    """One model ready to answer the page.
+
+    Attributes:
+        loaded: the model and how to feed it.
+        spec: the spec it was loaded from (with its files' sizes and times, when it is a
+            local path, part of every cache key: explain.serve.cache.model_identity).
+        kind: "image" (classifier), "text" (classifier), "generation" (a language model)
+            or "clip" (an image-text dual encoder).
+    """
+
+    def __init__(self, loaded: LoadedModel, cache: ResultCache, spec: str) -> None:
+        self.loaded = loaded
+        self.cache = cache
+        self.spec = spec
+        self._identity = model_identity(spec)
+        self.explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+        self.kind: Kind = _kind(loaded)
+
+    def info(self) -> dict[str, Any]:
+        """What the page needs to draw its controls."""
+        return {
+            "model": self.spec,
+            "kind": self.kind,
+            "classes": list(self.loaded.classes or []),
+            "multi_label": self.loaded.multi_label,
+            "methods": sorted(METHODS),
+            "default_method": DEFAULT_METHOD,
+            "rules": list(RULES),
+            "image_size": list(self.loaded.image_size) if self.loaded.image_size else None,
+            "colormaps": {"sequential": _lut(SEQUENTIAL), "diverging": _lut(DIVERGING)},
+        }
+
+    # --- images ----------------------------------------------------------------------
+
+    def model_input(self, photos: Sequence[Any]) -> Tensor:
+        """RGB PIL images -> the batch the model takes, on its device and in its dtype."""
+        preprocessing = self.loaded.preprocessing
+        if preprocessing is None:
+            raise InputError(f"{self.spec} takes no images")
+        images = preprocessing(list(photos))
+        return images.to(device=self.loaded.device, dtype=self.loaded.dtype)
+
+    def view_png(self, photo: Any) -> bytes:
+        """The image as the model sees it (resized, cropped, normalisation undone), as PNG:
+        the maps are drawn over exactly these pixels."""
+        from PIL import Image
+
+        preprocessing = self.loaded.preprocessing
+        if preprocessing is None:
+            raise InputError(f"{self.spec} takes no images")
+        pixels = preprocessing([photo])[0].float()
+        mean = torch.tensor(preprocessing.mean)[:, None, None]
+        std = torch.tensor(preprocessing.std)[:, None, None]
+        rgb = ((pixels * std + mean).clamp(0, 1) * 255).round().byte().permute(1, 2, 0)
+        buffer = io.BytesIO()
+        Image.fromarray(rgb.numpy()).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    def predict_images(self, photos: Sequence[Any], hashes: Sequence[str]) -> list[dict]:
+        """Prediction and confidence of each image (`hashes`: their content hashes)."""
+        self._require("image")
+        logits = self._first_pass(self.model_input(photos), hashes)
+        return [self._prediction(row) for row in logits]
+
+    def cached_prediction(self, file_hash: str) -> dict | None:
+        """The prediction of a file whose logits are cached, else None."""
+        logits = self.cache.get(self._logits_key(file_hash))
+        return None if logits is None else self._prediction(torch.tensor(logits))
+
+    def explain_image(
+        self,
+        photo: Any,
+        file_hash: str,
+        methods: Sequence[str],
+        classes: Sequence[int] | None,
+        top: int,
+        rule: str,
+    ) -> dict[str, Any]:
+        """Methods x classes maps of one image (`classes`, or the `top` highest), raw and
+        scaled together by `rule`, with the caption that states the rule."""
+        self._require("image")
+        methods = _checked_methods(methods)
+        logits = self._logits(file_hash, lambda: self.model_input([photo]))
+        columns = self._columns(logits, classes, top)
+        grids = {
+            method: self._maps(method, file_hash, columns, lambda: self.model_input([photo]))
+            for method in methods
+        }
+        return self._answer(logits, columns, grids, rule)
+
+    def export(
+        self,
+        make_inputs: Callable[[], Any],
+        method: str,
+        classes: Sequence[int],
+        suffix: str,
+        settings: dict[str, Any],
+    ) -> Path:
+        """The explanation of `classes` (none: the predicted class) with `method`, written
+        by `Explanation.save` to a file under the cache's exports folder (`suffix`: ".npz"
+        or ".json")."""
+        (method,) = _checked_methods([method])
+        target = torch.tensor([list(classes)]) if classes else None
+        result = self.explainer.explain(make_inputs(), target=target, method=method)
+        result = _with_settings(result, {"model": self.spec, **settings})
+        name = ResultCache.key(self._identity, method, list(classes), settings) + suffix
+        path = self.cache.exports / name
+        result.save(path)
+        return path
+
+    # --- text ------------------------------------------------------------------------
+
+    def explain_text(
+        self,
+        text: str,
+        methods: Sequence[str],
+        classes: Sequence[int] | None,
+        top: int,
+        rule: str,
+    ) -> dict[str, Any]:
+        """Token relevance of `text` for methods x classes, scaled together by `rule`."""
+        self._require("text")
+        text = _checked_text(text)
+        methods = _checked_methods(methods)
+        text_hash = hashlib.sha256(text.encode()).hexdigest()
+        logits = self._logits(text_hash, lambda: [text])
+        columns = self._columns(logits, classes, top)
+        grids = {
+            method: self._maps(method, text_hash, columns, lambda: [text]) for method in methods
+        }
+        answer = self._answer(logits, columns, grids, rule)
+        answer["tokens"] = self.loaded.tokenizer.convert_ids_to_tokens(
+            self.loaded.tokenizer([text])["input_ids"][0]
+        )
+        return answer
+
+    def explain_generation(self, prompt: str, max_new_tokens: int, method: str) -> dict[str, Any]:
+        """Generate a continuation of `prompt` and explain each generated token: row g of
+        `rows` is the relevance of every earlier token for generated token g."""
+        from explain.generation import explain_generation
+
+        self._require("generation")
+        prompt = _checked_text(prompt)
+        (method,) = _checked_methods([method])
+        if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+            raise InputError(f"max_new_tokens must be 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
+        found = explain_generation(self.explainer, prompt, max_new_tokens, method=method)
+        result, generation = found.explanation, found.generation
+        width = generation.prompt_length
+        count = int(generation.generated[0].sum())
+        first = int((~generation.attention_mask[0, :width].bool()).sum())  # left padding
+        tokens = list(result.tokens[0][first : width + count])
+        matrix = result.relevance[0, :count, first : width + count].float().cpu().numpy()
+        prompt_tokens = width - first
+        rows = [matrix[g, : prompt_tokens + g] for g in range(count)]
+        scaled = [scale_maps([row]) for row in rows]
+        return {
+            "method": method,
+            "tokens": tokens,
+            "prompt_tokens": prompt_tokens,
+            "rows": [row.tolist() for row in rows],
+            "display": [s.maps[0].tolist() for s in scaled],
+            "caption": scaled[0].caption() if scaled else "",
+        }
+
+    # --- CLIP ------------------------------------------------------------------------
+
+    def explain_clip(self, photo: Any, captions: Sequence[str], method: str) -> dict[str, Any]:
+        """The image's map and each caption's token relevance for every caption, with
+        the zero-shot probability of each caption."""
+        (method,) = _checked_methods([method])
+        inputs = self.clip_inputs(photo, captions)
+        captions = [c.strip() for c in captions]
+        result = self.explainer.explain(
+            inputs, target=torch.arange(len(captions))[None], method=method
+        )
+        tokenizer = self.loaded.tokenizer
+        special = set(tokenizer.all_special_ids)
+        probabilities = result.logits.float().softmax(dim=-1)[0]
+        image_maps = result.relevance[0].float().cpu().numpy()
+        scaled = scale_maps(list(image_maps))
+        answers = []
+        for k, caption in enumerate(captions):
+            ids = inputs["input_ids"][k].tolist()
+            mask = inputs["attention_mask"][k].tolist()
+            kept = [
+                i for i, (t, m) in enumerate(zip(ids, mask, strict=True)) if m and t not in special
+            ]
+            values = result.relevances["text"][0, k, kept].float().cpu().numpy()
+            answers.append(
+                {
+                    "caption": caption,
+                    "probability": float(probabilities[k]),
+                    "map": _map_json(image_maps[k], scaled, k),
+                    "tokens": tokenizer.convert_ids_to_tokens([ids[i] for i in kept]),
+                    "values": values.tolist(),
+                    "display": scale_maps([values]).maps[0].tolist() if len(kept) else [],
+                }
+            )
+        return {"method": method, "captions": answers, "caption": scaled.caption()}
+
+    def clip_inputs(self, photo: Any, captions: Sequence[str]) -> dict[str, Tensor]:
+        """A CLIP model's inputs for one image and `captions` (checked)."""
+        self._require("clip")
+        captions = [_checked_text(c) for c in captions]
+        if not 1 <= len(captions) <= MAX_CAPTIONS:
+            raise InputError(f"give 1..{MAX_CAPTIONS} captions, one per line")
+        texts = self.loaded.tokenizer(captions, padding=True, return_tensors="pt")
+        return {**texts, "pixel_values": self.model_input([photo])}
+
+    # --- shared ----------------------------------------------------------------------
+
+    def _require(self, *kinds: Kind) -> None:
+        if self.kind not in kinds:
+            raise InputError(f"{self.spec} ({self.kind} model) has no {kinds[0]} view")
+
+    def _first_pass(self, inputs: Any, hashes: Sequence[str]) -> Tensor:
+        """(B, C) logits of a batch, from one explanation of the predicted classes with
+        DEFAULT_METHOD; the logits and those maps are cached under the inputs' `hashes`,
+        so that opening a gallery image (or a sentence again) costs nothing."""
+        result = self.explainer.explain(inputs, method=DEFAULT_METHOD)
+        logits = result.logits.float().cpu()
+        for offset, input_hash in enumerate(hashes):
+            self.cache.put(self._logits_key(input_hash), logits[offset].tolist())
+            self.cache.put(
+                self._map_key(DEFAULT_METHOD, input_hash, int(result.target[offset])),
+                result.relevance[offset].float().cpu().tolist(),
+            )
+        return logits
+
+    def _logits(self, input_hash: str, make_inputs: Callable[[], Any]) -> Tensor:
+        """(C,) logits of one input: cached, or from its first pass."""
+        cached = self.cache.get(self._logits_key(input_hash))
+        if cached is not None:
+            return torch.tensor(cached)
+        return self._first_pass(make_inputs(), [input_hash])[0]
+
+    def _logits_key(self, input_hash: str) -> str:
+        return ResultCache.key(self._identity, "logits", input_hash)
+
+    def _map_key(self, method: str, input_hash: str, column: int) -> str:
+        return ResultCache.key(self._identity, method, input_hash, column)
+
+    def _prediction(self, logits: Tensor) -> dict[str, Any]:
+        """The top class and its confidence, and the classes the model says are present:
+        the top one, or for independent yes/no classes each one above one half."""
+        confidences = _confidences(logits, self.loaded.multi_label)
+        index = int(logits.argmax())
+        present = (
+            [int(i) for i in (confidences > 0.5).nonzero().flatten()]
+            if self.loaded.multi_label
+            else [index]
+        )
+        return {
+            "index": index,
+            "name": self._name(index),
+            "confidence": float(confidences[index]),
+            "present": [self._name(i) for i in present],
+        }
+
+    def _name(self, index: int) -> str:
+        classes = self.loaded.classes
+        return classes[index] if classes and index < len(classes) else f"class {index}"
+
+    def _columns(self, logits: Tensor, classes: Sequence[int] | None, top: int) -> list[int]:
+        """The classes to explain: `classes` as given (checked), else the `top` highest."""
+        count = logits.numel()
+        if classes:
+            for index in classes:
+                if not 0 <= index < count:
+                    raise TargetError(f"class {index} is out of range (0..{count - 1})")
+            chosen = list(dict.fromkeys(classes))
+        else:
+            if not 1 <= top <= min(count, MAX_CLASSES):
+                raise TargetError(f"top must be 1..{min(count, MAX_CLASSES)}, got {top}")
+            chosen = logits.argsort(descending=True)[:top].tolist()
+        if len(chosen) > MAX_CLASSES:
+            raise TargetError(f"at most {MAX_CLASSES} classes at once")
+        return chosen
+
+    def _maps(
+        self, method: str, input_hash: str, columns: list[int], make_inputs: Callable[[], Any]
+    ) -> list[np.ndarray] | str:
+        """The raw maps of `columns` with `method`, from the cache or computed (the missing
+        ones in one call); a method the model does not support gives its error message."""
+        keys = [self._map_key(method, input_hash, c) for c in columns]
+        found = [self.cache.get(k) for k in keys]
+        missing = [c for c, f in zip(columns, found, strict=True) if f is None]
+        if missing:
+            try:
+                result = self.explainer.explain(
+                    make_inputs(), target=torch.tensor([missing]), method=method
+                )
+            except ExplainError as error:
+                return str(error)
+            computed = dict(zip(missing, result.relevance[0].float().cpu(), strict=True))
+            for c, key in zip(columns, keys, strict=True):
+                if c in computed:
+                    self.cache.put(key, computed[c].tolist())
+            found = [
+                f if f is not None else computed[c].tolist()
+                for c, f in zip(columns, found, strict=True)
+            ]
+        return [np.asarray(f, dtype=np.float64) for f in found]
+
+    def _answer(
+        self,
+        logits: Tensor,
+        columns: list[int],
+        grids: dict[str, list[np.ndarray] | str],
+        rule: str,
+    ) -> dict[str, Any]:
+        """The JSON answer: the classes, each method's maps (raw and scaled by `rule`
+        over every map shown) or its error, and the caption that states the rule."""
+        if rule not in RULES:
+            raise InputError(f"unknown normalisation {rule!r}; use one of {', '.join(RULES)}")
+        confidences = _confidences(logits, self.loaded.multi_label)
+        drawn = [m for maps in grids.values() if not isinstance(maps, str) for m in maps]
+        scaled = scale_maps(drawn, rule) if drawn else None
+        methods, position = [], 0
+        for method, maps in grids.items():
+            if isinstance(maps, str):
+                methods.append({"method": method, "error": maps})
+                continue
+            entries = [_map_json(m, scaled, position + i) for i, m in enumerate(maps)]
+            position += len(maps)
+            methods.append({"method": method, "maps": entries})
+        return {
+            "prediction": self._prediction(logits),
+            "classes": [
+                {"index": c, "name": self._name(c), "confidence": float(confidences[c])}
+                for c in columns
+            ],
+            "methods": methods,
+            "rule": rule,
+            "caption": scaled.caption() if scaled else "",
+            "keys": _keys(scaled) if scaled else [],
+        }
+
+
+def _keys(scaled: Any) -> list[dict[str, Any]]:
+    """The colour keys a view needs (sequential, diverging or both), with their ends
+    labelled as explain.viz labels its figures' keys."""
+    keys = []
+    needed = scaled.keys()  # FigureScale's keys: False sequential, True diverging
+    for signed in needed:
+        _, labels = scaled.key_ticks(signed)
+        keys.append({"signed": signed, "labels": labels, "title": scaled.key_label(signed)})
+    return keys
+
+
+def _kind(loaded: LoadedModel) -> Kind:
+    if loaded.modality == "vision_language":
+        raise InputError(
+            f"{loaded.name} answers questions about images; explain serve has no view for "
+            'that yet: use `explain generate --image PHOTO "QUESTION"`'
+        )
+    if loaded.image_processor is not None:
+        raise InputError(
+            f"{loaded.name} is an object detector; explain serve has no view for detections "
+            "yet: use `explain detect`"
+        )
+    if loaded.modality == "image_text":
+        return "clip"
+    if loaded.modality == "image":
+        return "image"
+    can_generate = getattr(loaded.model, "can_generate", None)
+    return "generation" if callable(can_generate) and can_generate() else "text"
+
+
+def _confidences(logits: Tensor, multi_label: bool) -> Tensor:
+    """Each class's probability: sigmoid for independent yes/no classes, else softmax."""
+    logits = logits.double()
+    return logits.sigmoid() if multi_label else logits.softmax(dim=-1)
+
+
+def _checked_methods(methods: Sequence[str]) -> list[str]:
+    if not methods:
+        raise InputError("choose at least one method")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise InputError(f"unknown method {unknown[0]!r}; known: {', '.join(sorted(METHODS))}")
+    return list(dict.fromkeys(methods))
+
+
+def _checked_text(text: str) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("the text is empty")
+    if len(text) > 2000:
+        raise InputError(f"the text has {len(text)} characters; at most 2000")
+    return text.strip()
+
+
+def _map_json(raw: np.ndarray, scaled: Any, position: int) -> dict[str, Any]:
+    """One map for the page: raw values (hover), display values in [0, 1] or [-1, 1]
+    (colour) and a note for all-zero or constant maps."""
+    return {
+        "values": raw.tolist(),
+        "display": scaled.maps[position].tolist(),
+        "signed": scaled.signed[position],
+        "note": scaled.notes[position],
+    }
+
+
+def _lut(name: str) -> list[list[int]]:
+    """The 256 RGB colours of matplotlib's colormap `name` (the page draws with them, so
+    its maps use the colours of explain.viz's figures)."""
+    import matplotlib
+
+    colours = matplotlib.colormaps[name](np.linspace(0.0, 1.0, 256))[:, :3]
+    return np.round(colours * 255).astype(int).tolist()
+
+
+def _with_settings(result: Explanation, settings: dict[str, Any]) -> Explanation:
+    return dataclasses.replace(result, settings={**result.settings, **settings})
