@@ -36,13 +36,16 @@ MODEL_SPECS = (
 """What `--model` takes, for help texts and the README."""
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, *, takes: str, examples: str) -> None:
+def add_model_arguments(
+    parser: argparse.ArgumentParser, *, takes: str, examples: str | None = None
+) -> None:
     """`--model SPEC` (required; `takes`: what kind of model the command explains,
     `examples`: specs of such models), `--offline`, `--device` and `--dtype`, in their own
     help section."""
     # Wrapped here: a command whose description is preformatted (RawDescriptionHelpFormatter)
     # would print the group's description as one long line; others re-wrap it anyway.
-    about = textwrap.fill(f"{takes}. {MODEL_SPECS} Examples: {examples}.", width=78)
+    shown = f" Examples: {examples}." if examples else ""
+    about = textwrap.fill(f"{takes}. {MODEL_SPECS}{shown}", width=78)
     group = parser.add_argument_group("model", about)
     group.add_argument("--model", required=True, metavar="SPEC", help=f"{takes} (see above)")
     group.add_argument(

@@ -98,7 +98,11 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="DATA",
         help="a folder of images (class subfolders are labels), or a text file of sentences",
     )
-    add_model_arguments(parser, takes="the model to explain (image, text, CLIP or language model)")
+    add_model_arguments(
+        parser,
+        takes="the model to explain (image, text, CLIP or language model)",
+        examples="zoo:shapes-vit, zoo:minilm-sentiment, zoo:shapes-clip, ./my-model",
+    )
     parser.add_argument(
         "--host",
         help=f"address to listen on; default: {LOOPBACK} (this machine only). Another "
