@@ -10,7 +10,8 @@ blue against), scaled per word by the largest magnitude among the question's tok
 without the token the prediction is read out at (the identity term of the rules would
 swamp every other token; it is framed instead). A run of image tokens is shown as one
 "[image]" token carrying the sum of the image's map. The page opens on the first word,
-or on word g of the address `page.html#g`.
+or on word g (counted from 1) of the address `page.html#g`; a click or Enter on a
+word shows it and updates the address.
 
 The figure: the photo, then one panel per word with its map over the photo.
 """
@@ -53,10 +54,21 @@ function choose(g) {
   document.getElementById("status").textContent =
     "relevance for the answer's word " + (g + 1) + " of " + words.length + ": " + word.word;
 }
-document.querySelectorAll("span.word").forEach(span =>
-  span.addEventListener("click", () => choose(Number(span.dataset.g))));
-const opened = Math.max(0, Math.min(words.length - 1, Number(location.hash.slice(1)) || 0));
-if (words.length) choose(opened);
+function select(g) {
+  choose(g);
+  history.replaceState(null, "", "#" + (g + 1));
+}
+document.querySelectorAll("span.word").forEach(span => {
+  const g = Number(span.dataset.g);
+  span.addEventListener("click", () => select(g));
+  span.addEventListener("keydown", event => {
+    if (event.key === "Enter" || event.key === " ") { event.preventDefault(); select(g); }
+  });
+});
+// The page opens on word 1, or on the one its address names (#g, from 1), as the
+// generation page does.
+const asked = Number(location.hash.slice(1)) || 1;
+if (words.length) choose(Math.max(0, Math.min(words.length - 1, asked - 1)));
 """
 
 _STYLE = """
@@ -68,6 +80,7 @@ span.tok { padding: 2px 3px; border-radius: 3px; white-space: pre-wrap; }
 span.readout { outline: 2px solid #555; }
 p.answer { line-height: 2.4; font-size: 1.1em; }
 span.word { cursor: pointer; padding: 2px 4px; text-decoration: underline dotted; }
+span.word:focus-visible { outline: 3px solid #1a5fb4; outline-offset: 1px; }
 span.chosen { outline: 2px solid black; border-radius: 3px; }
 p.legend { color: #555; line-height: 1.4; }
 """
@@ -154,7 +167,8 @@ def answer_html(
     data = json.dumps(entries).replace("<", "\\u003c")
     spans = " ".join(f'<span class="tok">{html.escape(t)}</span>' for t in tokens)
     answer = " ".join(
-        f'<span class="word" data-g="{g}">{html.escape(w)}</span>' for g, w in enumerate(words)
+        f'<span class="word" data-g="{g}" tabindex="0" role="button">{html.escape(w)}</span>'
+        for g, w in enumerate(words)
     )
     red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
     return (
