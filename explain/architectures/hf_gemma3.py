@@ -35,21 +35,6 @@ class HFGemma3(VisionLanguageModel):
     def matches(cls, model: nn.Module) -> bool:
         return is_transformers_class(model, "gemma3", ("Gemma3ForConditionalGeneration",))
 
-    @property
-    def tower(self) -> nn.Module:
-        return self.model.model.vision_tower
-
-    @property
-    def language_model(self) -> nn.Module:
-        return self.model.model.language_model
-
-    @property
-    def image_token_id(self) -> int:
-        return int(self.model.config.image_token_id)
-
-    def tower_depth(self, num_blocks: int) -> int:
-        return num_blocks  # read at its last hidden state
-
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
         pixel_values = arguments["pixel_values"]
         patch = self.tower.config.patch_size

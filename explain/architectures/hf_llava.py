@@ -42,18 +42,6 @@ class HFLlava(VisionLanguageModel):
     def matches(cls, model: nn.Module) -> bool:
         return is_transformers_class(model, "llava", ("LlavaForConditionalGeneration",))
 
-    @property
-    def tower(self) -> nn.Module:
-        return self.model.model.vision_tower
-
-    @property
-    def language_model(self) -> nn.Module:
-        return self.model.model.language_model
-
-    @property
-    def image_token_id(self) -> int:
-        return int(self.model.config.image_token_id)
-
     def tower_depth(self, num_blocks: int) -> int:
         """Hidden state h (0: the embeddings, h: block h - 1's output) is read: blocks
         0..h-1 feed the language model; with several layers, up to the deepest."""

@@ -52,17 +52,6 @@ class HFQwen2VL(VisionLanguageModel):
         return self.model.model.visual
 
     @property
-    def language_model(self) -> nn.Module:
-        return self.model.model.language_model
-
-    @property
-    def image_token_id(self) -> int:
-        return int(self.model.config.image_token_id)
-
-    def tower_depth(self, num_blocks: int) -> int:
-        return num_blocks  # the merger reads the last block
-
-    @property
     def _merge_size(self) -> int:
         return int(self.tower.config.spatial_merge_size)
 

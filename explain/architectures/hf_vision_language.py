@@ -144,24 +144,29 @@ class VisionLanguageModel(LanguageModel):
 
     # -- what a family says -------------------------------------------------------------
 
+    # The defaults are where transformers' vision-language classes keep these (LLaVA,
+    # PaliGemma, Gemma 3, Qwen2-VL's language model); a family overrides what differs.
+
     @property
-    @abstractmethod
     def tower(self) -> nn.Module:
         """The vision tower (a transformers vision model that records its outputs)."""
+        return self.model.model.vision_tower
 
     @property
-    @abstractmethod
     def language_model(self) -> nn.Module:
         """The decoder stack (a transformers text model that records its outputs)."""
+        return self.model.model.language_model
 
-    @abstractmethod
     def tower_depth(self, num_blocks: int) -> int:
         """How many of the tower's `num_blocks` blocks feed the language model (a tower
-        read at an inner layer leaves the blocks after it out of the graph)."""
+        read at an inner layer leaves the blocks after it out of the graph); by default
+        all of them: the projector reads the tower's last hidden state."""
+        return num_blocks
 
     @property
-    @abstractmethod
-    def image_token_id(self) -> int: ...
+    def image_token_id(self) -> int:
+        """The token id that stands for one image token in the text."""
+        return int(self.model.config.image_token_id)
 
     @abstractmethod
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
