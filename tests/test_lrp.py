@@ -385,3 +385,17 @@ def test_full_lrp_names_an_uncovered_patch_embedding():
         Explainer(model).explain(images, method="lrp")
     # the token-level methods never pass the embedding
     Explainer(model).explain(images, method="transformer_attribution")
+
+
+@pytest.mark.parametrize("method", LRP_METHODS)
+def test_average_pooled_vit_batch_equals_single(method):
+    """A mean-pooled readout hands the walk non-contiguous token relevance (the zoo's
+    shapes-vit); the walk must take it as it comes."""
+    model = tiny_vit(depth=2, num_heads=2, global_pool="avg", class_token=False).double()
+    images = _images(2, (32, 32), seed=3)
+    explainer = Explainer(model)
+    both = explainer.explain(images, method=method, target=torch.tensor([1, 4]))
+    assert bool(torch.isfinite(both.relevance).all())
+    for b, target in enumerate((1, 4)):
+        alone = explainer.explain(images[b : b + 1], method=method, target=target)
+        torch.testing.assert_close(both.relevance[b], alone.relevance[0], rtol=1e-12, atol=1e-15)

@@ -178,14 +178,14 @@ class BertTape:
             relevance = rules.linear(self.head["first"], model.bert.pooler.dense.weight, relevance)
             relevance = rule.select_tokens(tokens.to(dtype), 0, relevance)
             samples, count, width = relevance.shape
-            relevance = relevance.view(samples * count, width)
+            relevance = relevance.reshape(samples * count, width)
             for layer in range(len(self.layers) - 1, stop_layer - 1, -1):
                 last = layer == stop_layer and not (to_input or to_tokens)
                 below = self._layer(layer, relevance, rules, report, dtype, samples, last=last)
                 if below is None:
                     return None
                 relevance = below
-            relevance = relevance.view(samples, count, width)
+            relevance = relevance.reshape(samples, count, width)
             return (relevance.sum(dim=-1) if to_input else relevance).to(result_dtype)
 
     def _layer(

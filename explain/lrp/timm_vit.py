@@ -174,7 +174,7 @@ class TimmVitTape:
             relevance = logit_relevance(self.head["head_out"], classes, dtype)
             relevance = self._readout(relevance, rules, dtype)
             samples, count, width = relevance.shape
-            relevance = relevance.view(samples * count, width)
+            relevance = relevance.reshape(samples * count, width)
             output_denominator = None
             for layer in range(len(self.blocks) - 1, stop_layer - 1, -1):
                 last = layer == stop_layer and not (to_input or to_tokens)
@@ -184,7 +184,7 @@ class TimmVitTape:
                 if step is None:
                     return None
                 relevance, output_denominator = step
-            relevance = relevance.view(samples, count, width)
+            relevance = relevance.reshape(samples, count, width)
             below = self._to_pixels(relevance, dtype) if to_input else relevance
             return below.to(result_dtype)
 
