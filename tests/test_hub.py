@@ -300,7 +300,7 @@ def test_cli_image_with_every_image_spec_kind(kind, hub, tmp_path, capsys):
 
     out = tmp_path / "maps"
     argv = ["image", str(CHELSEA), "--model", HUB_SPECS[kind], "--out", str(out)]
-    assert main([*argv, "--target", "tabby cat,top", "--device", "cpu", "--grid"]) == 0
+    assert main([*argv, "--target", "tabby cat,top", "--device", "cpu", "--grid", "--bare"]) == 0
     written = sorted(p.name for p in out.iterdir())
     assert written == sorted(
         {"chelsea_grid.png", "chelsea_generic_281-tabby.png"}
@@ -308,7 +308,7 @@ def test_cli_image_with_every_image_spec_kind(kind, hub, tmp_path, capsys):
     )
     assert "chelsea_generic_281-tabby.png" in written and len(written) in (2, 3)
     with Image.open(CHELSEA) as photo, Image.open(out / "chelsea_generic_281-tabby.png") as map_:
-        assert map_.size == photo.size  # drawn on the original photo, not the crop
+        assert map_.size == photo.size  # --bare: the overlay alone, on the photo, not the crop
 
 
 def test_cli_text_with_a_hub_classifier(hub, tmp_path, capsys):
