@@ -25,7 +25,7 @@ from explain.architectures.base import (
     validate_image_batch,
     whole_output,
 )
-from explain.architectures.timm_vit import is_timm_class
+from explain.architectures.timm_vit import headless_timm_model, is_timm_class
 from explain.architectures.windows import (
     WINDOWED_METHODS,
     WindowedBlock,
@@ -67,14 +67,7 @@ class TimmSwin(Adapter):
 
     @property
     def feature_output(self) -> str | None:
-        if self.model.num_classes > 0:
-            return None
-        return (
-            "this timm model has no classifier (num_classes=0): its output is the pooled "
-            "features, so there is no predicted class; give the target explicitly (a "
-            "feature index, or a callable that returns one score per image), or load the "
-            "model with its head"
-        )
+        return headless_timm_model(self.model)
 
     def attention_sites(self) -> Sequence[AttentionSite]:
         return [

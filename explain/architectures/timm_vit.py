@@ -42,6 +42,19 @@ def is_timm_class(model: nn.Module, name: str) -> bool:
     )
 
 
+def headless_timm_model(model: nn.Module) -> str | None:
+    """Why a timm model loaded without its classifier (num_classes=0) has no predicted
+    class and what to do instead (`Adapter.feature_output`); None when it has a head."""
+    if model.num_classes > 0:
+        return None
+    return (
+        "this timm model has no classifier (num_classes=0): its output is the pooled "
+        "features, so there is no predicted class; give the target explicitly (a "
+        "feature index, or a callable that returns one score per image, e.g. lambda "
+        "features: features @ direction), or load the model with its head"
+    )
+
+
 class TimmBlocks(Adapter):
     """timm vision models built from timm's ViT blocks (`model.blocks`, each block's
     `attn.attn_drop` seeing the probabilities on the explicit path, `fused_attn` the
@@ -78,14 +91,7 @@ class TimmBlocks(Adapter):
 
     @property
     def feature_output(self) -> str | None:
-        if self.model.num_classes > 0:
-            return None
-        return (
-            "this timm model has no classifier (num_classes=0): its output is the pooled "
-            "features, so there is no predicted class; give the target explicitly (a "
-            "feature index, or a callable that returns one score per image, e.g. lambda "
-            "features: features @ direction), or load the model with its head"
-        )
+        return headless_timm_model(self.model)
 
     def attention_sites(self) -> Sequence[AttentionSite]:
         return [

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -66,6 +67,8 @@ def readout_spread(
         max_bytes: memory budget of the temporaries (PyTorch implementation; a kernel
             that tiles on chip needs none); None: `DEFAULT_MAX_BYTES`.
     """
+    tensors = (vector, query, key, value, output_grad)
+    options: dict[str, Any] = dict(scale=scale, causal=causal, key_mask=key_mask, mode=mode)
     if _triton_takes(vector, query, key) and query.device not in _TRITON_FAILED:
         from triton.compiler.errors import CompilationError
         from triton.runtime.errors import OutOfResources
@@ -73,17 +76,7 @@ def readout_spread(
         from explain.engine.kernels.triton_fold import readout_spread as _triton_readout_spread
 
         try:
-            return _triton_readout_spread(
-                vector,
-                query,
-                key,
-                value,
-                output_grad,
-                scale=scale,
-                causal=causal,
-                key_mask=key_mask,
-                mode=mode,
-            )
+            return _triton_readout_spread(*tensors, **options)
         except (CompilationError, OutOfResources) as error:
             # Triton compiles per GPU architecture when first called; where it cannot (an
             # untested architecture, too little shared memory), the PyTorch fold gives the
@@ -95,18 +88,8 @@ def readout_spread(
                 RuntimeWarning,
                 stacklevel=2,
             )
-    return _torch_readout_spread(
-        vector,
-        query,
-        key,
-        value,
-        output_grad,
-        scale=scale,
-        causal=causal,
-        key_mask=key_mask,
-        mode=mode,
-        max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes,
-    )
+    budget = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
+    return _torch_readout_spread(*tensors, **options, max_bytes=budget)
 
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -38,6 +38,21 @@ def require_causal_lm(adapter: Adapter) -> LanguageModel:
     return adapter
 
 
+def generated_tokens(mask: Tensor, prompt_length: Any) -> tuple[int, Tensor, Tensor]:
+    """Where a generation's tokens lie in its (B, P + G) attention `mask`, for the padded
+    prompts' width `prompt_length` (P): P checked, which of the (B, G) generated
+    positions hold a real token, and the (G,) positions each is read out at (P + g - 1)."""
+    width = integer_option("prompt_length", prompt_length)
+    if not 0 < width < mask.shape[1]:
+        raise InputError(
+            f"prompt_length {width} leaves no prompt or no generated token in sequences "
+            f"of {mask.shape[1]} tokens; it is the padded prompts' width"
+        )
+    valid = mask[:, width:].bool()
+    positions = torch.arange(valid.shape[1], device=mask.device) + width - 1
+    return width, valid, positions
+
+
 class GenerationPlan(Plan):
     """Every generated token of a decoder-only language model, over the tokens before it.
 
@@ -74,16 +89,9 @@ class GenerationPlan(Plan):
 
     def prepare(self, inputs: Any) -> None:
         super().prepare(inputs)
-        mask = self.prepared.arguments["attention_mask"]
-        width = integer_option("prompt_length", self.request.prompt_length)
-        if not 0 < width < mask.shape[1]:
-            raise InputError(
-                f"prompt_length {width} leaves no prompt or no generated token in sequences "
-                f"of {mask.shape[1]} tokens; it is the padded prompts' width"
-            )
-        self.width = width
-        self.valid = mask[:, width:].bool()  # (B, G): a real generated token
-        self.positions = torch.arange(self.valid.shape[1], device=mask.device) + width - 1
+        self.width, self.valid, self.positions = generated_tokens(
+            self.prepared.arguments["attention_mask"], self.request.prompt_length
+        )
 
     def forward(self) -> Tensor:
         """(B, G, vocab): the logits each generated token was chosen from."""

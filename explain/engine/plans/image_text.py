@@ -34,8 +34,9 @@ from explain.architectures.base import Adapter, TokenLayout
 from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, ForwardPass
 from explain.engine.plans.base import Plan, per_set, resolve_start_layer
-from explain.engine.request import Request, integer_option
-from explain.errors import InputError, OptionError
+from explain.engine.plans.generation import generated_tokens
+from explain.engine.request import Request
+from explain.errors import OptionError
 from explain.rules import Method, RuleContext, Sink
 from explain.targets import select_scores
 
@@ -188,16 +189,9 @@ class ImageTextPlan(Plan):
         self.image_at = self.vlm.image_positions(self.prepared)
         if not self.generation:
             return
-        mask = arguments["attention_mask"]
-        width = integer_option("prompt_length", self.request.prompt_length)
-        if not 0 < width < mask.shape[1]:
-            raise InputError(
-                f"prompt_length {width} leaves no prompt or no generated token in sequences "
-                f"of {mask.shape[1]} tokens; it is the padded prompts' width"
-            )
-        self.width = width
-        self.valid = mask[:, width:].bool()  # (B, G): a real generated token
-        self.positions = torch.arange(self.valid.shape[1], device=mask.device) + width - 1
+        self.width, self.valid, self.positions = generated_tokens(
+            arguments["attention_mask"], self.request.prompt_length
+        )
 
     def forward(self) -> Tensor:
         if not self.generation:
