@@ -66,12 +66,16 @@ class ImageTokens:
             the text was made from, with weights that sum to 1 (one-hot for a projector
             that maps token by token).
         input_size: (H, W) pixels of the processed image the grid lies on.
+        order: (gh * gw,) the patch (row-major on the grid) at each of the tower's patch
+            positions, for a tower that runs its patches in an order of its own (Qwen2-VL:
+            2 x 2 blocks contiguous; Qwen2.5-VL: window by window); None: row-major.
     """
 
     grid: tuple[int, int]
     tower_prefix: int
     merge: Tensor
     input_size: tuple[int, int]
+    order: Tensor | None = None
 
     @property
     def per_image(self) -> int:
@@ -86,9 +90,18 @@ class ImageTokens:
         """(..., n) relevance over one image's image tokens -> (..., tower tokens)."""
         return relevance @ self.merge.to(relevance.dtype)
 
+    def in_grid_order(self, tower_relevance: Tensor) -> Tensor:
+        """(..., tower tokens) in the tower's order -> the same with the patches in
+        row-major order on the grid (the prefix tokens first, as they are)."""
+        if self.order is None:
+            return tower_relevance
+        patches = tower_relevance[..., self.tower_prefix :]
+        row_major = patches.index_select(-1, torch.argsort(self.order).to(patches.device))
+        return torch.cat([tower_relevance[..., : self.tower_prefix], row_major], dim=-1)
+
     def to_grid(self, tower_relevance: Tensor) -> Tensor:
         """(..., tower tokens) -> (..., gh, gw): the prefix tokens dropped."""
-        patches = tower_relevance[..., self.tower_prefix :]
+        patches = self.in_grid_order(tower_relevance)[..., self.tower_prefix :]
         return patches.reshape(*patches.shape[:-1], *self.grid)
 
 

@@ -129,6 +129,7 @@ class ImageTextSink:
         else:
             tower = self._tower_sink().result()
             image = tower.reshape(text.shape[0], -1, tower.shape[-1])
+        image = self._tokens.in_grid_order(image)  # the tower's order -> the grid's
         return {"image": image, "text": text.scatter(1, self._image_at, 0.0)}
 
 
