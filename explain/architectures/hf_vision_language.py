@@ -10,7 +10,9 @@ into the text, and `merge`, which tower tokens each of them was made from (LLaVA
 tower token each; a pooling or merging projector: several). A relevance over the image
 tokens maps back onto the tower's tokens through `merge` (each image token's relevance
 shared out over the tower tokens it was made from), and onto the tower's patch grid by
-dropping its prefix tokens. The engine's plan for these models is explain.engine.plans.image_text.
+dropping its prefix tokens (and putting the patches in row-major order, for a tower that
+runs them in an order of its own: `ImageTokens.order`). The engine's plan for these
+models is explain.engine.plans.image_text.
 """
 
 from __future__ import annotations
@@ -62,9 +64,9 @@ class ImageTokens:
     Attributes:
         grid: (gh, gw) the tower's patch grid.
         tower_prefix: tokens before the patches in the tower (a class token: 1).
-        merge: (n, tower_prefix + gh * gw): row j says which tower tokens image token j of
-            the text was made from, with weights that sum to 1 (one-hot for a projector
-            that maps token by token).
+        merge: (n, tower_prefix + gh * gw): row j says which tower tokens (in the tower's
+            order) image token j of the text was made from, with weights that sum to 1
+            (one-hot for a projector that maps token by token).
         input_size: (H, W) pixels of the processed image the grid lies on.
         order: (gh * gw,) the patch (row-major on the grid) at each of the tower's patch
             positions, for a tower that runs its patches in an order of its own (Qwen2-VL:
@@ -98,11 +100,6 @@ class ImageTokens:
         patches = tower_relevance[..., self.tower_prefix :]
         row_major = patches.index_select(-1, torch.argsort(self.order).to(patches.device))
         return torch.cat([tower_relevance[..., : self.tower_prefix], row_major], dim=-1)
-
-    def to_grid(self, tower_relevance: Tensor) -> Tensor:
-        """(..., tower tokens) -> (..., gh, gw): the prefix tokens dropped."""
-        patches = self.in_grid_order(tower_relevance)[..., self.tower_prefix :]
-        return patches.reshape(*patches.shape[:-1], *self.grid)
 
 
 class VisionLanguageModel(LanguageModel):
