@@ -40,6 +40,7 @@ __all__ = [
     "probe_of",
     "probed_fused_path",
     "registered",
+    "shown_mask",
 ]
 
 IMPLEMENTATION = "explain_sdpa"
@@ -105,9 +106,10 @@ class _MaskProbe(nn.Module):
         return None
 
 
-def _masks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
-    """The mask the kernel gets (bool, True = attend), or None where sdpa runs causal
-    without one: the sites are causal (`FusedAttentionSite.causal`) either way."""
+def shown_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """`FusedAttentionSite.masks` of a probe's `mask`: the mask it is shown (the kernel's:
+    bool, True = attend), or None (none, or sdpa running causal without one: those sites
+    are causal, `FusedAttentionSite.causal`, either way)."""
     return args[0]
 
 
@@ -205,7 +207,7 @@ def probed_fused_path(attention: Sequence[nn.Module], flags: Sequence[FlagSettin
                 heads=_heads_last,
                 scale=1.0,  # the query probe shows q * scaling
                 mask_module=probes.mask,
-                masks=_masks,
+                masks=shown_mask,
                 causal=bool(getattr(module, "is_causal", True)),
             )
         )

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from functools import partial
 from itertools import accumulate
 from typing import Any
 
@@ -39,7 +40,12 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures.base import FusedAttentionSite, whole_output
-from explain.architectures.hf_attention_probe import AttentionProbe, probe_of, registered
+from explain.architectures.hf_attention_probe import (
+    AttentionProbe,
+    probe_of,
+    registered,
+    shown_mask,
+)
 from explain.architectures.hf_common import split_heads
 from explain.errors import ExplainError
 
@@ -118,17 +124,13 @@ def packed_sites(attention: Sequence[nn.Module], first_layer: int) -> list[Fused
                 value=probe.value,
                 values=whole_output,
                 output=probe.output,
-                heads=lambda output, size=int(module.head_dim): split_heads(size, output),
+                heads=partial(split_heads, int(module.head_dim)),
                 scale=1.0,  # the probe shows q * scaling
                 mask_module=probe.mask,
-                masks=_mask_argument,
+                masks=shown_mask,
             )
         )
     return sites
-
-
-def _mask_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
-    return args[0]
 
 
 @contextlib.contextmanager
