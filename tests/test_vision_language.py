@@ -902,3 +902,20 @@ def test_qwen2_vl_tower_maps_are_recomputed_only_when_folded(qwen2_vl):
         ) as recomputed:
             explainer.explain(inputs, method="rollout", depth=depth)
         assert recomputed.call_count == expected
+
+
+def test_qwen2_vl_a_tower_not_seen_through_the_attention_interface_is_refused(qwen2_vl):
+    # Code that picks the attention function itself bypasses the probing wrapper: said,
+    # and the model is left as found.
+    model, processor = qwen2_vl
+    inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
+    modeling = sys.modules[type(model).__module__]
+    before = ModelState.capture(model)
+    with (
+        mock.patch.object(
+            modeling.ALL_ATTENTION_FUNCTIONS, "get_interface", lambda name, default: default
+        ),
+        pytest.raises(ExplainError, match=r"not seen.*attention interface"),
+    ):
+        Explainer(model, attention_path="explicit").explain(inputs)
+    assert before.differences(ModelState.capture(model)) == []

@@ -78,6 +78,12 @@ class PackedProbe(AttentionProbe):
         pieces, self._pieces = self._pieces, []
         if self.images is None:
             raise ExplainError("a packed attention module ran outside its tower's forward")
+        if not pieces:
+            raise ExplainError(
+                "a packed attention module's pieces were not seen: its attention function "
+                "did not run through transformers' attention interface (is its attention "
+                "implementation overridden in code?)"
+            )
         count, tokens = self.images
         lengths = [piece[0].shape[2] for piece in pieces]
         images_end = set(range(tokens, count * tokens + 1, tokens))
