@@ -16,7 +16,10 @@ grid, from the s x s block of patches at rows I*s.., columns J*s.. (`scale_facto
 its relevance is shared out equally over them (`block_merge`, weights 1/s^2). The tiles'
 maps are put side by side on the photo's (rows * g, cols * g) grid, and the global
 image's, whose every patch covers rows x cols of those cells, is shared out equally over
-them (`ImageTokens.to_photo`): one map per photo, the relevance conserved.
+them (`ImageTokens.to_photo`): one map per photo, the relevance conserved. With depth
+"tower" each tile and the global image is folded through the tower as its own image of
+the tower's batch, read out by its share of the language model's relevance, before the
+maps are put together.
 
 The processor does not return the tile layout (it pops rows and cols): `encode` reads it
 from the `<row_i_col_j>` tokens of the text with the Explainer's tokenizer (the

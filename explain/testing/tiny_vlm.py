@@ -7,7 +7,9 @@ parameters.
 layer, a two-layer projector, and a tiny Llama language model with grouped-query heads.
 Its processor resizes a photo's shorter side to 32 pixels and crops the centre square,
 so that a map on the model's 4 x 4 patch grid has to be carried back through the resize
-and the crop to lie on the photo.
+and the crop to lie on the photo. `tiny_idefics3` (an Idefics3 or a SmolVLM) and its
+processor split a 40 x 60 photo into 2 x 3 tiles and a global image, whose maps are put
+together on the photo.
 """
 
 from __future__ import annotations
