@@ -1096,3 +1096,20 @@ def test_idefics3_loads_from_a_folder_and_draws_the_generate_page(tmp_path, caps
     text = page.read_text()
     assert text.count('class="word"') == 2 and "depth tower" in text
     assert text.count("[image]") >= 1 and page.with_suffix(".png").stat().st_size > 0
+
+
+def test_the_page_shows_each_photo_once_whatever_its_tiles():
+    # Two photos of 2 tiles and a global image each: three runs of image tokens per photo,
+    # one "[image]" per photo (at its first run) carrying its map's sum; markers stay.
+    from explain.cli.image_answer import _question_tokens
+
+    photo = ["<r1>", "i", "i", "<r2>", "i", "<g>", "i"]  # tile, tile, global image
+    tokens = ["q", *photo, "w", *photo, "?"]
+    is_image = torch.tensor([token == "i" for token in tokens])
+    text = torch.arange(len(tokens), dtype=torch.float64)[None]  # one answer word
+    maps = torch.stack([torch.full((2, 3), 1.0), torch.full((2, 3), 2.0)])[None].double()
+    shown, relevance = _question_tokens(tokens, is_image, text, maps)
+    each = ["<r1>", "[image]", "<r2>", "<g>"]
+    assert shown == ["q", *each, "w", *each, "?"]
+    expected = [0.0, 1.0, 6.0, 4.0, 6.0, 8.0, 9.0, 12.0, 12.0, 14.0, 16.0]
+    assert relevance[0].tolist() == expected
