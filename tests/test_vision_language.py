@@ -1023,6 +1023,25 @@ def test_idefics3_the_tile_layout_from_the_tokens_or_given_and_what_is_refused(i
     assert before.differences(ModelState.capture(model)) == []
 
 
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+def test_idefics3_the_fused_path_folds_answers_as_the_explicit_path(idefics3, depth):
+    # A generation carries its tile layout: explained again without the processor.
+    model, processor = idefics3
+    chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
+    made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
+    results = {
+        path: explain_generation(Explainer(model, attention_path=path), made, depth=depth)
+        for path in ("explicit", "fused")
+    }
+    fused, explicit = results["fused"].explanation, results["explicit"].explanation
+    assert fused.settings["attention_path"] == ("streamed" if depth == "lm" else "fused")
+    for name in ("image", "text"):  # the explicit path's softmax is float32 (Llama, SigLIP)
+        scale = float(explicit.relevances[name].abs().max())
+        torch.testing.assert_close(
+            fused.relevances[name], explicit.relevances[name], rtol=1e-5, atol=1e-5 * scale
+        )
+
+
 def test_idefics3_maps_go_back_onto_the_whole_photo():
     # Idefics3's processor resizes a 48 x 80 photo's longer side to 96, then to whole
     # 32-pixel tiles, 64 x 96 (the aspect squashed a little, nothing cropped): its own
