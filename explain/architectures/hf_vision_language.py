@@ -168,9 +168,8 @@ class VisionLanguageModel(LanguageModel):
     Subclasses give the tower and language-model stacks, the tower blocks the language
     model reads, the image token id and the `ImageTokens` of their projector; a family
     whose image inputs or positions differ (Qwen2-VL: flattened patches with their grids,
-    multimodal rotary positions) says so in `image_arguments` and `position_ids`, and one
-    whose tower cannot be folded yet in `tower_refused`. Inputs are
-    the processor's output: `input_ids` with each image's run of image tokens,
+    multimodal rotary positions) says so in `image_arguments` and `position_ids`. Inputs
+    are the processor's output: `input_ids` with each image's run of image tokens,
     `attention_mask` (left or right padding) and `pixel_values` (one row per image, in
     the order the images appear); or, with the processor as the Explainer's tokenizer, an
     image prompt (`is_image_prompt`).
@@ -181,9 +180,6 @@ class VisionLanguageModel(LanguageModel):
     token_types: ClassVar[bool] = False
     """Whether the model takes `token_type_ids` (PaliGemma: 0 for the image-and-prompt
     prefix, attended bidirectionally; 1 for the answer)."""
-    tower_refused: ClassVar[str | None] = None
-    """Why depth "tower" is not offered for the family (its tower's blocks are then left
-    out of the stack), or None."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -195,8 +191,8 @@ class VisionLanguageModel(LanguageModel):
                 f"{type(model).__name__}: its tower or language model does not name its "
                 "attention modules (_can_record_outputs)"
             )
-        used = 0 if self.tower_refused else self.tower_depth(len(find_blocks(tower)))
-        self._tower_blocks = find_blocks(tower)[:used]
+        tower_blocks = find_blocks(tower)
+        self._tower_blocks = tower_blocks[: self.tower_depth(len(tower_blocks))]
         self._lm_blocks = find_blocks(language)
         self._sites: list[AttentionSite] = []
         for stack, blocks, rec in (

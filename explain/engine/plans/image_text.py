@@ -169,11 +169,6 @@ class ImageTextPlan(Plan):
                 "token: trace a prefix of it with its next token as the target"
             )
         super().__init__(adapter, spec, replace(request, options=options), tokenizer)
-        if depth == "tower" and self.vlm.tower_refused is not None:
-            raise OptionError(
-                f"depth='tower' is not offered for {type(self.vlm.model).__name__}: "
-                f"{self.vlm.tower_refused}; use depth='lm'"
-            )
         if spec is not None and depth == "tower" and spec.default_start_layer is None:
             raise OptionError(
                 f"depth='tower' continues an aggregation over blocks through the tower's "
