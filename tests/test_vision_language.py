@@ -418,9 +418,10 @@ def test_the_generate_page_and_figure(tmp_path, capsys):
 def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
     model, processor, method, depth
 ):
-    # The fused path recomputes the blocks from q, k, v (explain.fused): with depth "lm"
-    # every answer token's fold at once, without maps (explain.engine.spread: "streamed"),
-    # with "tower" each block's whole map per token. Llama's eager softmax is float32.
+    # The fused path recomputes the blocks from q, k, v (explain.fused): every answer
+    # token's fold at once, without maps (explain.engine.spread: "streamed"), through the
+    # language model's blocks and with depth "tower" on through the tower's, read out by
+    # the first fold's rows at the image tokens. Llama's eager softmax is float32.
     chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
     results = {
@@ -429,7 +430,7 @@ def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
         ).explanation
         for path in ("explicit", "fused")
     }
-    assert results["fused"].settings["attention_path"] == ("streamed" if depth == "lm" else "fused")
+    assert results["fused"].settings["attention_path"] == "streamed"
     for name in ("image", "text"):
         torch.testing.assert_close(
             results["fused"].relevances[name],
@@ -850,8 +851,9 @@ def test_qwen2_vl_tiny_towers_run_what_matters():
 
 @pytest.mark.parametrize("method", ["generic", "rollout"])
 def test_qwen2_vl_the_fused_path_folds_the_tower_as_the_explicit_path(qwen2_vl, method):
-    # Both paths record the packed tower alike (from its pieces); the language model's
-    # blocks come from the eager maps on one, recomputed from q, k, v on the other.
+    # The explicit path folds the packed tower's dense maps made from its pieces and the
+    # language model's eager maps; the fused path streams both, Qwen2.5-VL's windows
+    # piece by piece.
     model, processor = qwen2_vl
     chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
@@ -861,7 +863,7 @@ def test_qwen2_vl_the_fused_path_folds_the_tower_as_the_explicit_path(qwen2_vl, 
         ).explanation
         for path in ("explicit", "fused")
     }
-    assert results["fused"].settings["attention_path"] == "fused"
+    assert results["fused"].settings["attention_path"] == "streamed"
     for name in ("image", "text"):
         torch.testing.assert_close(
             results["fused"].relevances[name],
@@ -1207,7 +1209,7 @@ def test_idefics3_the_fused_path_folds_answers_as_the_explicit_path(idefics3, de
         for path in ("explicit", "fused")
     }
     fused, explicit = results["fused"].explanation, results["explicit"].explanation
-    assert fused.settings["attention_path"] == ("streamed" if depth == "lm" else "fused")
+    assert fused.settings["attention_path"] == "streamed"
     for name in ("image", "text"):  # the explicit path's softmax is float32 (Llama, SigLIP)
         scale = float(explicit.relevances[name].abs().max())
         torch.testing.assert_close(

@@ -149,6 +149,12 @@ class ImageTokens:
         return (tiles + whole).flatten(-2)
 
 
+def _heads(config: Any) -> int:
+    """The attention heads a tower's or language model's `config` names."""
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "num_heads", 1)
+    return int(heads)
+
+
 def block_merge(grid: tuple[int, int], block: int, device: torch.device) -> Tensor:
     """`ImageTokens.merge` of a projector that makes one image token of each block x block
     square of patches of a (gh, gw) patch grid, the tokens in raster order of the blocks
@@ -363,6 +369,20 @@ class VisionLanguageModel(LanguageModel):
         # real image positions first, in order (stable sort keeps their order)
         return torch.sort(torch.where(is_image, order, ids.shape[1] + order), dim=1).values[
             :, :count
+        ]
+
+    def attention_maps(self, prepared: Prepared) -> list[tuple[int, int, int]]:
+        """The tower's blocks over each image of its batch (a photo's tiles each one),
+        and the language model's over the texts: a photo's tower maps are often the
+        larger (Qwen2-VL's thousands of patches against its hundreds of image tokens)."""
+        tokens = self.image_tokens(prepared.arguments)
+        batch = prepared.batch_size
+        images = batch * self.image_positions(prepared).shape[1] // tokens.per_image
+        tower_maps = images * _heads(self.tower.config)
+        text_maps = batch * _heads(self.language_model.config)
+        return [
+            (len(self._tower_blocks), tower_maps, tokens.tower_tokens),
+            (len(self._lm_blocks), text_maps, prepared.layout.num_tokens),
         ]
 
     def image_layout(self, prepared: Prepared) -> TokenLayout:

@@ -50,7 +50,7 @@ from explain.architectures.base import Adapter, ModuleHook, Prepared, TokenSet
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
-from explain.engine.spread import SpreadFold
+from explain.engine.spread import ReadOut, SpreadFold
 from explain.errors import OptionError, TargetError
 from explain.fused import PathChoice, choose_path, default_memory_budget
 from explain.lrp import RULE_SETS, tape_for
@@ -87,16 +87,16 @@ class Columns:
 
 class ColumnSink(Protocol):
     """What receives one column's blocks: a plan's per-set sinks, or a two-set fold. Its
-    `parts()` are (the set's model-wide layers, the set's sink) per token set, which the
-    fold of all columns at once stacks set by set (explain.engine.spread); empty for a
-    fold over several sets at once. A method needing the input's relevance receives it
-    with `add_input`."""
+    `parts()` are (the set's model-wide layers, the set's sink, or a `ReadOut` for a set
+    read out by another's result) per token set, which the fold of all columns at once
+    stacks set by set (explain.engine.spread); empty for a fold over several sets at
+    once. A method needing the input's relevance receives it with `add_input`."""
 
     layers: Sequence[int]
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
 
-    def parts(self) -> list[tuple[Sequence[int], Sink]]: ...
+    def parts(self) -> list[tuple[Sequence[int], Sink | ReadOut]]: ...
 
     def add_input(self, relevance: Tensor) -> None: ...
 
@@ -193,6 +193,7 @@ class Pass(ABC):
             requested=self.request.attention_path,
             memory_budget=self.memory_budget,
             reads_attention=bool(self.spec.needs & {Need.ATTENTION, Need.ATTENTION_GRADIENTS}),
+            maps=self.adapter.attention_maps(self.plan.prepared),
         )
         self.taken = path
         return path == "fused"
