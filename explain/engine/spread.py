@@ -110,10 +110,13 @@ class SpreadFold:
                 return None
         return cls(folds, max_bytes)
 
+    @torch.no_grad()
     def add(
         self, layer: int, columns: slice, record: FusedBlock | Tensor, gradient: Tensor | None
     ) -> None:
-        """Fold block `layer` for `columns` from its record (`BlockCallback`)."""
+        """Fold block `layer` for `columns` from its record (`BlockCallback`), outside
+        autograd: a block's q and k may be part of the model's graph (a probe shows the
+        kernel's own), and a fold on them would keep every chunk's temporaries alive."""
         route = self._route.get(layer)
         if route is None:
             return
