@@ -7,8 +7,8 @@ The processor hands the patches over flattened, `pixel_values` (N, 3 * t * p * p
 `image_grid_thw` (k, 3) = (1, h, w) per image, each image's patches ordered block by
 block (the 4 patches of a 2 x 2 block together, row-major inside it; the blocks
 row-major): image token j of the text is block j of the (h / 2, w / 2) merged grid, raster
-order. Its relevance is shared out equally over the block's 4 patches (`ImageTokens.merge`,
-weights 1/4, over the tower's tokens in the tower's order) onto the (h, w) patch grid,
+order. Its relevance is shared out equally over the block's 4 patches (`ImageTokens.sources`,
+1/4 each, among the tower's tokens in the tower's order) onto the (h, w) patch grid,
 which covers the whole resized photo (`ImageTokens.order` says where each of the tower's
 tokens lies on it).
 
@@ -44,7 +44,7 @@ from explain.architectures.hf_packed_attention import packed_recording, packed_s
 from explain.architectures.hf_vision_language import (
     ImageTokens,
     VisionLanguageModel,
-    block_merge,
+    block_sources,
 )
 from explain.errors import InputError
 from explain.finite import check_finite
@@ -170,12 +170,13 @@ class HFQwen2VL(VisionLanguageModel):
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
         _, h, w = (int(n) for n in arguments["image_grid_thw"][0])
         device = arguments["image_grid_thw"].device
-        merge = block_merge((h, w), self._merge_size, device)
+        patches = block_sources((h, w), self._merge_size, device)
         patch = int(self.tower.config.patch_size)
         size = (h * patch, w * patch)
-        order = self.tower_order((h, w)).to(device)  # the merge over the tower's tokens
+        order = self.tower_order((h, w)).to(device)
+        position = torch.argsort(order)  # where the tower runs each patch
         return ImageTokens(
-            grid=(h, w), tower_prefix=0, merge=merge[:, order], input_size=size, order=order
+            grid=(h, w), tower_prefix=0, sources=position[patches], input_size=size, order=order
         )
 
     def _modalities(self, arguments: Mapping[str, Tensor]) -> Tensor:

@@ -9,7 +9,7 @@ from its sink). Its relevance over the whole sequence then splits in two:
 
 - "text": the prompt's tokens (B, T), the image tokens' positions 0;
 - "image": the relevance at the image tokens, carried back through the projector's merge
-  (`ImageTokens.merge`) onto the tower's tokens, and onto its patch grid (B, gh, gw) (a
+  (`ImageTokens.sources`) onto the tower's tokens, and onto its patch grid (B, gh, gw) (a
   photo split into tiles: the tiles' grids put together on the photo, `ImageTokens.to_photo`).
 
 Two depths (option `depth`, stated in `Explanation.settings`):
