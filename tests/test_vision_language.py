@@ -20,6 +20,7 @@ the global image shared out over the cells each of its patches covers.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from unittest import mock
@@ -27,6 +28,8 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from explain import Explainer, ExplainError, InputError, OptionError
 from explain.generation import Generation, explain_generation, generate
@@ -437,6 +440,64 @@ def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
             results["explicit"].relevances[name],
             rtol=1e-5,
             atol=1e-9,
+        )
+
+
+class _Shapes(TorchDispatchMode):
+    """The shapes of every tensor an op produces while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.shapes.update(tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        return out
+
+
+@pytest.mark.parametrize("family", ["llava-clip", "qwen2.5"])
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_the_fused_path_builds_no_map_of_a_tower_block(family, method):
+    # Depth "tower" on the fused path: every answer token's fold through the tower, from
+    # q, k, v and dO by chunks of rows (a small budget makes the chunks a few rows), so no
+    # tensor has two dimensions of the tower's n tokens per image: no block's map, no
+    # dense mask of Qwen2.5-VL's windows (folded piece by piece), no chunk of all rows.
+    # The same call folding each column from whole maps does build them (the test can
+    # fail), to the same numbers.
+    from explain.engine.spread import SpreadFold
+    from explain.testing.tiny_vlm import PATCH_SIZE, tiny_qwen2_vl, tiny_qwen2_vl_processor
+
+    if family == "qwen2.5":
+        model, processor = tiny_qwen2_vl(version="2.5"), tiny_qwen2_vl_processor("2.5")
+    else:
+        model, processor = tiny_llava("clip"), tiny_llava_processor("clip")
+    # Qwen2.5-VL: 2 x 10 patches (no size of the model's), windows of 12 and 8 tokens
+    photo = _photo(0, (40, 160) if family == "qwen2.5" else (40, 60))
+    made = generate(
+        Explainer(model, tokenizer=processor), _chat(processor, photo, "w12"), max_new_tokens=3
+    )
+    if family == "qwen2.5":
+        tokens = int(made.extra["image_grid_thw"][0].prod())
+    else:  # the class token and the patches
+        tokens = (model.config.vision_config.image_size // PATCH_SIZE) ** 2 + 1
+    explainer = Explainer(model, attention_path="fused", memory_budget=1 << 12)
+    maps, results = {}, {}
+    for route in ("streamed", "whole maps"):
+        with contextlib.ExitStack() as stack:
+            if route == "whole maps":
+                stack.enter_context(mock.patch.object(SpreadFold, "of", return_value=None))
+            seen = stack.enter_context(_Shapes())
+            found = explain_generation(explainer, made, method=method, depth="tower")
+        maps[route] = {shape for shape in seen.shapes if shape.count(tokens) >= 2}
+        results[route] = found.explanation
+    assert results["streamed"].settings["attention_path"] == "streamed"
+    assert maps["streamed"] == set()
+    assert maps["whole maps"]
+    for name in ("image", "text"):
+        assert results["streamed"].relevances[name].abs().sum() > 0
+        torch.testing.assert_close(
+            results["streamed"].relevances[name], results["whole maps"].relevances[name]
         )
 
 
@@ -1024,7 +1085,8 @@ def test_idefics3_pixel_shuffle_makes_each_token_of_a_block_of_patches(idefics3)
     side = model.config.vision_config.image_size
     arguments = {"pixel_values": torch.zeros(1, 1, 3, side, side), "rows": torch.zeros(1, 1)}
     tokens = adapter.image_tokens({**arguments, "cols": torch.zeros(1, 1)})
-    torch.testing.assert_close(tokens.merge.double(), made_of.flatten(1) / s**2)
+    made_from = [patches.flatten().nonzero().flatten() for patches in made_of]
+    assert torch.equal(tokens.sources, torch.stack(made_from))
 
 
 @pytest.mark.parametrize("depth", ["lm", "tower"])
