@@ -14,9 +14,10 @@ tokens lies on it).
 
 Depth "tower": the tower runs every image's patches as one unbatched packed sequence and
 attends within each image piece by piece, returning no maps; its blocks are recorded
-from the pieces' q, k and v as one dense map per image, (k images, H, n, n) in the
-tower's order, and their gradients from the attention output's
-(explain.architectures.hf_packed_attention). The same fold as for any tower then runs
+from the pieces' q, k and v, per image in the tower's order, and their gradients from the
+attention output's (explain.architectures.hf_packed_attention), so that they fold from
+q, k, v without maps, or make one dense map per image, (k images, H, n, n), for a rule
+that needs it. The same fold as for any tower then runs
 over them, read out by the language model's relevance at the image tokens carried back
 through the merge. Every image of a batch has one grid (`image_arguments`), so the
 images stack; the tower's rows are the images, the texts' in turn.

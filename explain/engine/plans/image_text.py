@@ -19,7 +19,9 @@ Two depths (option `depth`, stated in `Explanation.settings`):
   tower's own blocks, `v = r_tower @ prod_l (I + Abar_l)` for `generic` (the bi-modal
   step of Chefer et al., ICCV 2021: the image's self-attention relevance starts from the
   identity and is read out by what the text side found). The tower's blocks get their
-  gradients in the same backward, after the language model's.
+  gradients in the same backward, after the language model's; where the method folds by
+  spreads, every column's tower fold starts from its language-model fold's rows
+  (explain.engine.spread `ReadOut`) and streams as that one does.
 """
 
 from __future__ import annotations
