@@ -934,6 +934,34 @@ def test_qwen2_vl_the_fused_path_folds_the_tower_as_the_explicit_path(qwen2_vl, 
         )
 
 
+def test_qwen2_vl_the_automatic_path_counts_the_towers_own_maps(qwen2_vl):
+    # The tower's maps are n x n per image and head over its patches (32), more than the
+    # text's over its tokens: a budget that the text's maps alone would fit is too small
+    # for the explicit path, which the automatic path then leaves for the streamed one.
+    from explain.fused import explicit_map_bytes
+
+    model, processor = qwen2_vl
+    inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
+    adapter = Explainer(model).adapter
+    prepared = adapter.prepare(inputs)
+    tokens = prepared.layout.num_tokens
+    assert tokens < 32
+    maps = adapter.attention_maps(prepared)
+    # (blocks, images or texts x heads, tokens): the tower's 2 blocks of 2 heads over one
+    # image, the language model's 3 blocks of 4 heads over one text
+    assert maps == [(2, 1 * 2, 32), (3, 1 * 4, tokens)]
+    kept = (2 * 2 * 32**2 + 3 * 4 * tokens**2) * 8  # float64, and the largest block's dA:
+    needed = kept + 2 * 32**2 * (8 + 8)
+    assert explicit_map_bytes(adapter, prepared.layout, 1, True, maps) == needed
+    text_only = explicit_map_bytes(adapter, prepared.layout, 1, True)
+    assert text_only < needed
+    paths = {}
+    for budget in (text_only, needed):
+        result = Explainer(model, memory_budget=budget).explain(inputs, depth="tower")
+        paths[budget] = result.settings["attention_path"]
+    assert list(paths.values()) == ["streamed", "explicit"]
+
+
 def test_qwen2_vl_tower_maps_are_recomputed_only_when_folded(qwen2_vl):
     # The tower's maps are no tensor of the model: at depth "lm" no rule reads them, and
     # none is recomputed from q, k (a real photo's are thousands of tokens square).
