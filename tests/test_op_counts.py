@@ -21,7 +21,10 @@ from op_counts import OpCounter, count_ops
 
 import explain.engine.kernels.torch_fold as torch_fold
 from explain import Explainer
+from explain.engine.passes import pass_for
+from explain.engine.plans.generation import GenerationPlan
 from explain.generation import Generation, explain_generation
+from explain.rules import METHODS
 from explain.testing import tiny_lm, tiny_vit
 
 
@@ -114,7 +117,12 @@ def _generation_floor(model, ids, width):
     torch.autograd.grad(scores, embeddings, grad_outputs=one_hot, is_grads_batched=True)
 
 
-@pytest.mark.parametrize("method", ["generic", "rollout", "raw_attention", "attnlrp", "cp_lrp"])
+def _generation_methods() -> list[str]:
+    """Every registered method a generation takes (its pass is one GenerationPlan accepts)."""
+    return sorted(name for name, spec in METHODS.items() if pass_for(spec) in GenerationPlan.passes)
+
+
+@pytest.mark.parametrize("method", _generation_methods())
 def test_generations_cost_launches_like_one_token(method):
     """A 256-token prompt with 8 and with 32 generated tokens: every column from one
     forward and (but for the forward-only methods) one backward batched over the
@@ -122,8 +130,9 @@ def test_generations_cost_launches_like_one_token(method):
     every token to the embeddings, batched), and each further token at most 1.5x what it
     adds to the floor. The floor itself grows about 1.45x from 8 to 32 tokens here, since
     PyTorch's batched backward runs some kernels once per column (CPU sdpa's backward,
-    silu's): so generic (1.43x), rollout and AttnLRP also grow less than 1.5x, and
-    CP-LRP, whose count stays near the floor's, about 1.55x."""
+    silu's, a gather's): so generic and attention GradCAM (1.44x) and AttnLRP (1.45x)
+    grow as the floor does, CP-LRP, whose count stays near the floor's, about 1.55x, and
+    the forward-only methods (rollout, raw attention: 1.0x) not at all."""
     model = _narrow_llama()
     explainer = Explainer(model)
     counts, floors = [], []
