@@ -34,7 +34,7 @@ else
     RUN=(--device cuda --cases gpu --out "$PAGE")
 fi
 
-SMOKE="$SMOKE" PYTHONPATH=. "$PYTHON" - <<'EOF' || exit 2
+SMOKE="$SMOKE" PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - <<'EOF' || exit 2
 import os
 import sys
 
@@ -62,7 +62,7 @@ for name, module, oldest in (("torch", torch, (2, 11)), ("transformers", transfo
 import explain  # noqa: F401  the package itself imports here
 EOF
 
-timeout --signal=INT --kill-after=30 "$LIMIT" env PYTHONPATH=. "$PYTHON" scripts/bench.py \
+timeout --signal=INT --kill-after=30 "$LIMIT" env PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" scripts/bench.py \
     "${RUN[@]}" 2>"$LOG.stderr" | tee "$LOG"
 status=${PIPESTATUS[0]}
 tail -n 30 "$LOG.stderr" | tr '\r' '\n' | grep -v -e '%|' -e '^[[:space:]]*$' | tail -n 15
