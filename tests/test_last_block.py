@@ -10,7 +10,9 @@ import reference_hf as ref
 import torch
 
 from explain import Explainer
-from explain.architectures.base import TokenLayout
+from explain.architectures.base import FusedAttentionSite, TokenLayout
+from explain.engine.spread import LastBlockFold
+from explain.fused import FusedBlock
 from explain.rules import RuleContext, get_method
 from explain.rules.attention import RAW_ATTENTION_SPREAD
 from explain.rules.fold import ColumnLastBlocks, LastBlock
@@ -109,3 +111,50 @@ def test_attention_gradcam_on_the_fused_path_equals_the_explicit_path_in_float64
         torch.testing.assert_close(
             explicit.relevance[:, k], alone.relevance, rtol=1e-10, atol=1e-12
         )
+
+
+class _RecordingStack(ColumnLastBlocks):
+    """Notes the columns of every step it is handed."""
+
+    def __init__(self, blocks):
+        super().__init__(blocks)
+        self.steps = []
+
+    def add(self, layer, columns, attention, gradients):
+        self.steps.append(columns)
+        super().add(layer, columns, attention, gradients)
+
+
+def test_fused_last_block_takes_the_gradients_of_as_many_columns_as_fit_the_budget():
+    """On the fused path dA = dO v^T is built for as many columns at a time as fit the
+    budget: one column's worth here, so three columns take three steps, equal to the
+    reference from whole maps."""
+    generator = torch.Generator().manual_seed(2)
+    site = FusedAttentionSite(
+        layer=0,
+        query=torch.nn.Identity(),
+        key=torch.nn.Identity(),
+        value=torch.nn.Identity(),
+        values=lambda x: x,
+        output=torch.nn.Identity(),
+        heads=lambda x: x,
+        scale=0.5,
+        causal=True,
+    )
+    query, key, value = (torch.randn(2, 2, 5, 4, generator=generator).double() for _ in range(3))
+    block = FusedBlock(site, query, key, value)
+    output_grads = torch.randn(3, 2, 2, 5, 4, generator=generator).double()
+    readouts = torch.rand(3, 2, 5, generator=generator).double()
+    keys = torch.rand(3, 2, 5, generator=generator) > 0.2
+    blocks = [LastBlock(1, gradcam_maps, readouts[c], keys[c]) for c in range(3)]
+    one_column = 2 * 2 * 5 * 5 * 8  # a (B, H, N, N) float64 dA
+    stack = _RecordingStack(blocks)
+    fold = LastBlockFold([(range(1), stack)], max_bytes=one_column)
+    fold.add(0, slice(None), block, output_grads)
+    fold.finish()
+    assert stack.steps == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    attention = block.probabilities()
+    for c in range(3):
+        gradient = output_grads[c] @ value.transpose(-2, -1)
+        expected = _gradcam_reference(readouts[c], keys[c], attention, gradient)
+        torch.testing.assert_close(blocks[c].result(), expected, rtol=1e-10, atol=1e-12)
