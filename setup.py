@@ -1,10 +1,10 @@
 """Packaging beyond pyproject.toml: the zoo (models/ at the top of the repository) goes
-into the wheel as the data package `explain._zoo`, where `explain.zoo.zoo_root` finds it."""
+into the wheel as the data package `explain._zoo`, where `explain.zoo.zoo_root` finds it
+(its files are listed in pyproject.toml's package-data)."""
 
 from setuptools import find_packages, setup
 
 setup(
     packages=[*find_packages(include=["explain", "explain.*"]), "explain._zoo"],
     package_dir={"explain._zoo": "models"},
-    package_data={"explain._zoo": ["*/*"]},
 )

@@ -67,7 +67,8 @@ class Generation:
             each continuation's end token (the end token itself is real).
         prompt_length: P, the padded width of the prompts.
         extra: the model's other inputs for the whole sequences (a vision-language
-            model's `pixel_values`, and its `token_type_ids` along prompt and answer).
+            model's `pixel_values`, and its `token_type_ids` along prompt and answer; for
+            Idefics3 and SmolVLM also `rows` and `cols`, the photos' tile layout).
     """
 
     input_ids: Tensor
@@ -255,6 +256,7 @@ def generate(
         # forward: the model may not write one.
         options = {"suppress_tokens": [adapter.image_token_id], **options}
     held = adapter.generating() if isinstance(adapter, VisionLanguageModel) else None
+    inputs = adapter.model_arguments(extra) if isinstance(adapter, VisionLanguageModel) else extra
     with Session(adapter), held or contextlib.nullcontext():
         try:
             sequences = model.generate(
@@ -262,7 +264,7 @@ def generate(
                 attention_mask=mask,
                 max_new_tokens=max_new_tokens,
                 pad_token_id=pad,
-                **extra,
+                **inputs,
                 **options,
             )
         except ValueError as error:  # transformers' own check of the options' values

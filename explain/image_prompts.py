@@ -97,12 +97,13 @@ def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:
             "tokenizer=processor) (AutoProcessor.from_pretrained(...)), or pass the "
             "processor's output (input_ids, attention_mask, pixel_values)"
         )
-    images = photos(inputs)
-    if not images:
-        raise InputError("the prompt holds no image: add a {'type': 'image'} entry")
-    given: Any = images
+    given: list[list[Any]]  # each text's images, apart: a processor that nests a flat list
+    # as one text's images (SmolVLM's) would give them all to the first
     if isinstance(inputs, Mapping):
+        images = photos(inputs)
         texts = inputs.get("text", inputs.get("question"))
+        if not images:
+            raise InputError("the prompt holds no image: add a {'type': 'image'} entry")
         if texts is None:
             raise InputError("an image prompt mapping needs 'image' and 'text'")
         texts = [texts] if isinstance(texts, str) else list(texts)
@@ -119,6 +120,9 @@ def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:
         given = [images[i * each : (i + 1) * each] for i in range(len(texts))]
     else:
         conversations = _chats(inputs) or []
+        given = [photos(conversation) for conversation in conversations]
+        if not any(given):
+            raise InputError("the prompt holds no image: add a {'type': 'image'} entry")
     if getattr(processor, "chat_template", None) is not None:
         texts = [
             processor.apply_chat_template(_without_images(c), add_generation_prompt=True)
@@ -166,10 +170,13 @@ def photo_preprocessing(processor: Any) -> ImagePreprocessing:
     Qwen2-VL's processor resizes each photo to whole blocks of `patch_size * merge_size`
     pixels near its own size, cropping nothing: the model's input is the whole photo,
     squashed by less than a block, so a map over it is stretched over the photo (the
-    "exact" fit; `size` is then one block, as the input's size varies per photo)."""
+    "exact" fit; `size` is then one block, as the input's size varies per photo).
+    Idefics3's and SmolVLM's resize each photo to whole tiles (`max_image_size`) near its
+    own shape, cropping nothing, and split it into them: the tiles' map spans the whole
+    photo alike."""
     images = getattr(processor, "image_processor", processor)
-    if _resizes_each_photo(images):
-        block = int(images.patch_size) * int(images.merge_size)
+    block = _whole_photo_block(images)
+    if block is not None:
         return ImagePreprocessing(
             size=(block, block),
             mean=tuple(float(m) for m in images.image_mean),
@@ -182,8 +189,15 @@ def photo_preprocessing(processor: Any) -> ImagePreprocessing:
     return found
 
 
-def _resizes_each_photo(images: Any) -> bool:
-    """Whether an image processor resizes each photo to whole merged blocks of patches near
-    its own size (Qwen2-VL's and Qwen2.5-VL's: `merge_size`, and pixel counts as sizes)."""
+def _whole_photo_block(images: Any) -> int | None:
+    """The side of the blocks an image processor resizes each whole photo to a number of,
+    near its own size, or None: Qwen2-VL's and Qwen2.5-VL's merged blocks of patches
+    (`merge_size`, and pixel counts as sizes), Idefics3's and SmolVLM's tiles (the
+    photo's longer side resized, then each side up to whole `max_image_size` tiles)."""
     size = getattr(images, "size", None) or {}
-    return hasattr(images, "merge_size") and "longest_edge" in size and "height" not in size
+    if hasattr(images, "merge_size") and "longest_edge" in size and "height" not in size:
+        return int(images.patch_size) * int(images.merge_size)
+    tile = getattr(images, "max_image_size", None)
+    if isinstance(tile, Mapping) and "longest_edge" in tile:
+        return int(tile["longest_edge"])
+    return None

@@ -21,6 +21,8 @@ import pytest
 import torch
 
 from explain import METHODS, Explainer, ExplainError
+from explain.architectures.hf_vision_language import VisionLanguageModel
+from explain.architectures.registry import FAMILIES as REGISTERED
 from explain.engine import Request, supported_methods
 from explain.generation import Generation, explain_generation
 from explain.testing import TINY_MODELS, TinyCase, tiny_case
@@ -153,7 +155,7 @@ def test_every_method_on_generations_is_finite_or_refused_up_front(family, metho
 VISION_LANGUAGE = [
     family
     for family in FAMILIES
-    if family in ("hf_llava", "hf_paligemma", "hf_gemma3", "hf_qwen2_vl", "hf_qwen2_5_vl")
+    if family in REGISTERED and issubclass(REGISTERED[family].load(), VisionLanguageModel)
 ]
 
 
@@ -163,8 +165,9 @@ def _answer(family: str) -> Generation:
     answer tokens each, the second answer ending early."""
     batch = _case(family).batch
     ids, mask = batch["input_ids"], batch["attention_mask"]
-    images = ("pixel_values", "image_grid_thw", "token_type_ids")
-    extra = {name: batch[name] for name in images if name in batch}
+    extra = {
+        name: value for name, value in batch.items() if name not in ("input_ids", "attention_mask")
+    }
     answers = torch.tensor([[5, 6], [7, 0]])
     if "token_type_ids" in extra:  # the answer is text (Gemma 3) or the suffix (PaliGemma)
         kind = 0 if family == "hf_gemma3" else 1

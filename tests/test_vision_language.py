@@ -1,6 +1,6 @@
-"""Vision-language models (LLaVA, PaliGemma, Gemma 3, Qwen2-VL): the next token and
-generated answers explained over the image and the prompt, at depths "lm" and "tower",
-against an independent computation.
+"""Vision-language models (LLaVA, PaliGemma, Gemma 3, Qwen2-VL, Idefics3, SmolVLM): the
+next token and generated answers explained over the image and the prompt, at depths "lm"
+and "tower", against an independent computation.
 
 The reference runs a copy of the tiny model on transformers' eager path with
 `output_attentions=True` (the language model's maps, and the tower's in `image_outputs`),
@@ -9,7 +9,9 @@ float64: `R = prod (I + mean_h (G * A)+)` over the language model, the readout r
 explained position, the image tokens' relevance placed on the tower's tokens, and for
 depth "tower" the same product over the tower's blocks read out by that row. Qwen2-VL's
 reference is the model's own forward (its rotary positions, its merger), each merged
-token spread by hand over its 2 x 2 patches.
+token spread by hand over its 2 x 2 patches. Idefics3's and SmolVLM's write out the pixel
+shuffle (each image token over its s x s patches) and the tiles put together on the photo,
+the global image shared out over the cells each of its patches covers.
 """
 
 from __future__ import annotations
@@ -479,25 +481,6 @@ def test_gemma3_pooled_image_tokens_go_back_over_their_patches(depth):
         torch.testing.assert_close(got["text"][0, step, :end], text, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize(
-    ("name", "why"),
-    [
-        ("Idefics3ForConditionalGeneration", "tiles"),
-        ("SmolVLMForConditionalGeneration", "tiles"),
-    ],
-)
-def test_the_families_not_explained_yet_are_refused_with_why(name, why):
-    import transformers
-
-    from explain import UnsupportedModelError
-
-    cls = getattr(transformers, name)
-    with torch.device("meta"):  # the default configuration, without memory
-        model = cls(cls.config_class())
-    with pytest.raises(UnsupportedModelError, match=f"{name} is not supported yet: .*{why}"):
-        Explainer(model)
-
-
 def test_a_hub_id_loads_the_model_with_its_processor(tmp_path, monkeypatch):
     # The hub's own loading path, offline: a cache laid out as downloads leave it.
     import huggingface_hub
@@ -746,3 +729,406 @@ def test_qwen2_vl_loads_from_a_folder_and_draws_the_generate_page(tmp_path, caps
     assert page.read_text().count('class="word"') == 2 and "depth lm" in page.read_text()
     assert main([*argv, str(folder), "--depth", "tower", "--html", str(page)]) == 2
     assert "not offered for Qwen2VL" in capsys.readouterr().err
+
+
+# -- Idefics3 and SmolVLM: photos split into tiles and a global image, pixel shuffle ----------
+
+
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm"])
+def idefics_kind(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def idefics3(idefics_kind):
+    """Idefics3 (8-pixel patches, shuffled 2 x 2) or SmolVLM (4-pixel patches, shuffled
+    4 x 4) in float64, with its processor (32-pixel tiles; a 40 x 60 photo: 2 x 3 tiles)."""
+    from explain.testing.tiny_vlm import tiny_idefics3, tiny_idefics3_processor
+
+    return tiny_idefics3(kind=idefics_kind).double(), tiny_idefics3_processor(idefics_kind)
+
+
+def _tile_patches(model) -> tuple[int, int]:
+    """(g, s): a tile's patches per side, and the pixel shuffle's scale."""
+    vision = model.config.vision_config
+    return vision.image_size // vision.patch_size, model.config.scale_factor
+
+
+def _idefics3_reference(model, one, position, target, depth, method="generic"):
+    """One text: (maps (k, rows * g, cols * g), text (T,)) for `target` read out at
+    `position`: the eager tower's maps and the language model's on its features put in
+    place by hand, autograd, the rule written out; each image token's relevance spread
+    over the s x s patches the pixel shuffle made it of, the tiles laid side by side on the
+    photo, and each global patch shared out over the rows x cols cells it covers."""
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    ids, mask = one["input_ids"], one["attention_mask"]
+    pixels = one["pixel_values"].clone().requires_grad_(True)  # (1, images, 3, t, t)
+    image = eager.model.get_image_features(pixel_values=pixels, output_attentions=True)
+    features = torch.cat(list(image.pooler_output))
+    embeddings = eager.get_input_embeddings()(ids).clone()
+    is_image = ids[0] == IMAGE_TOKEN_ID
+    embeddings[0, is_image] = features.reshape(-1, embeddings.shape[-1])
+    out = eager(
+        inputs_embeds=embeddings,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
+        output_attentions=True,
+        use_cache=False,
+    )
+    text_maps, tower_maps = list(out.attentions), list(image.attentions)
+    grads = torch.autograd.grad(out.logits[0, position, target], text_maps + tower_maps)
+    text_grads, tower_grads = grads[: len(text_maps)], grads[len(text_maps) :]
+    length = ids.shape[1]
+    readout = torch.zeros(length, dtype=torch.float64)
+    readout[position] = 1.0
+    if method == "generic":
+        text = _generic([a[0] for a in text_maps], [g[0] for g in text_grads], readout)
+    else:
+        text = _rollout([a[0] for a in text_maps], readout)
+    text = text * ((torch.arange(length) <= position) & mask[0].bool())
+    g, s = _tile_patches(model)
+    images = pixels.shape[1]
+    tokens = text[is_image].reshape(images, g // s, g // s)
+    patches = torch.zeros(images, g, g, dtype=torch.float64)
+    for row in range(g // s):  # image token (row, col) is made of these s x s patches
+        for col in range(g // s):
+            block = tokens[:, row, col, None, None] / s**2
+            patches[:, row * s : (row + 1) * s, col * s : (col + 1) * s] = block
+    if depth == "tower":
+        rows = []
+        for index in range(images):
+            maps = [a[index] for a in tower_maps]
+            flat = patches[index].flatten()
+            if method == "generic":
+                rows.append(_generic(maps, [g_[index] for g_ in tower_grads], flat))
+            else:
+                rows.append(_rollout(maps, flat))
+        patches = torch.stack(rows).reshape(images, g, g)
+    rows, cols = int(one["rows"][0][0]), int(one["cols"][0][0])
+    if not rows:
+        return patches, text.masked_fill(is_image, 0.0)
+    photos = []
+    for first in range(0, images, rows * cols + 1):
+        photo = torch.zeros(rows * g, cols * g, dtype=torch.float64)
+        for row in range(rows):
+            for col in range(cols):
+                tile = patches[first + row * cols + col]
+                photo[row * g : (row + 1) * g, col * g : (col + 1) * g] = tile
+        whole = patches[first + rows * cols]
+        cell_rows, cell_cols = torch.arange(rows * g) // rows, torch.arange(cols * g) // cols
+        photos.append(photo + whole[cell_rows][:, cell_cols] / (rows * cols))
+    return torch.stack(photos), text.masked_fill(is_image, 0.0)
+
+
+def _idefics3_inputs(processor, prompt, photos):
+    """The processor's output for `prompt` with the tile layout of `photos` (per text, its
+    photos) from the image processor itself (return_row_col_info=True), as a user without
+    a tokenizer gives it."""
+    encoded = dict(encode_image_prompt(prompt, processor))
+    layout = processor.image_processor(images=photos, return_row_col_info=True)
+    encoded["rows"], encoded["cols"] = layout["rows"], layout["cols"]
+    encoded["pixel_values"] = encoded["pixel_values"].double()
+    return encoded
+
+
+def test_idefics3_pixel_shuffle_makes_each_token_of_a_block_of_patches(idefics3):
+    # The model's own pixel shuffle on one-hot patch features: each image token's features
+    # say which patches it was made of, the s x s block at (row * s, col * s), raster order.
+    model, _ = idefics3
+    g, s = _tile_patches(model)
+    one_hot = torch.eye(g * g, dtype=torch.float64)[None]  # patch p's features: e_p
+    shuffled = model.model.connector.pixel_shuffle(one_hot, s)[0]
+    made_of = shuffled.reshape((g // s) ** 2, s * s, g * g).sum(dim=1).reshape(-1, g, g)
+    for token, patches in enumerate(made_of):
+        row, col = divmod(token, g // s)
+        expected = torch.zeros(g, g, dtype=torch.float64)
+        expected[row * s : (row + 1) * s, col * s : (col + 1) * s] = 1.0
+        assert torch.equal(patches, expected)
+    adapter = Explainer(model).adapter
+    side = model.config.vision_config.image_size
+    arguments = {"pixel_values": torch.zeros(1, 1, 3, side, side), "rows": torch.zeros(1, 1)}
+    tokens = adapter.image_tokens({**arguments, "cols": torch.zeros(1, 1)})
+    torch.testing.assert_close(tokens.merge.double(), made_of.flatten(1) / s**2)
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_idefics3_next_token_equals_the_written_out_rule(idefics3, depth, method):
+    model, processor = idefics3
+    inputs = _idefics3_inputs(processor, _chat(processor, _photo(0), "w12 w13 w14"), [[_photo(0)]])
+    assert (inputs["rows"], inputs["cols"]) == ([[2]], [[3]])  # 40 x 60 -> 64 x 96 pixels
+    assert inputs["pixel_values"].shape[:2] == (1, 7)  # 6 tiles and the global image
+    result = Explainer(model).explain(inputs, method=method, depth=depth)
+    assert result.settings["depth"] == depth
+    g, _ = _tile_patches(model)
+    assert result.relevances["image"].shape == (1, 2 * g, 3 * g)
+    image, text = _idefics3_reference(
+        model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), depth, method
+    )
+    torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
+    if (depth, method) == ("lm", "generic"):  # the merges, tiles and global image conserve it
+        at_images = result.relevances["image"].sum()
+        torch.testing.assert_close(at_images, _lm_relevance_at_images(model, inputs, result))
+
+
+def _lm_relevance_at_images(model, inputs, result):
+    """The language model's relevance summed over the image tokens (depth "lm", reference)."""
+    position = inputs["input_ids"].shape[1] - 1
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    is_image = inputs["input_ids"][0] == IMAGE_TOKEN_ID
+    out = eager(
+        **{k: v for k, v in inputs.items() if k not in ("rows", "cols")},
+        output_attentions=True,
+        use_cache=False,
+    )
+    maps = list(out.attentions)
+    grads = torch.autograd.grad(out.logits[0, position, int(result.target[0])], maps)
+    readout = torch.zeros(is_image.shape[0], dtype=torch.float64)
+    readout[position] = 1.0
+    return _generic([a[0] for a in maps], [g[0] for g in grads], readout)[is_image].sum()
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+def test_idefics3_each_generated_token_equals_the_rule_on_its_prefix(idefics3, depth):
+    model, processor = idefics3
+    explainer = Explainer(model, tokenizer=processor)  # the layout read from the tokens
+    chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
+    answer = explain_generation(explainer, chats, max_new_tokens=3, depth=depth)
+    generation, result = answer.generation, answer.explanation
+    batch, steps = generation.generated.shape
+    g, _ = _tile_patches(model)
+    assert result.relevances["image"].shape == (batch, steps, 2 * g, 3 * g)
+    assert generation.extra["rows"].tolist() == [[2], [2]]  # travels with the generation
+    width = generation.prompt_length
+    for row in range(batch):
+        for step in range(steps):
+            if not generation.generated[row, step]:
+                continue
+            end = width + step
+            one = {
+                "input_ids": generation.input_ids[row : row + 1, :end],
+                "attention_mask": generation.attention_mask[row : row + 1, :end],
+                "pixel_values": generation.extra["pixel_values"][row : row + 1].double(),
+                "rows": [[2]],
+                "cols": [[3]],
+            }
+            token = int(generation.input_ids[row, end])
+            assert int(result.target[row, step]) == token
+            image, text = _idefics3_reference(model, one, end - 1, token, depth)
+            got = result.relevances
+            torch.testing.assert_close(got["image"][row, step], image[0], rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(got["text"][row, step, :end], text, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("answer", [False, True])
+def test_idefics3_a_left_padded_batch_equals_each_prompt_alone(idefics_kind, answer):
+    from explain.testing.tiny_vlm import tiny_idefics3, tiny_idefics3_processor
+
+    model = tiny_idefics3(kind=idefics_kind)  # float32, see above
+    processor = tiny_idefics3_processor(idefics_kind)
+    explainer = Explainer(model, tokenizer=processor)
+    pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
+
+    def run(prompt):
+        if not answer:
+            return explainer.explain(prompt, depth="tower")
+        return explain_generation(explainer, prompt, max_new_tokens=2, depth="tower").explanation
+
+    together = run(_chats(processor, pairs))
+    for row, (photo, words) in enumerate(pairs):
+        alone = run(_chat(processor, photo, words))
+        assert together.target[row].tolist() == alone.target[0].tolist()
+        close = dict(rtol=1e-5, atol=1e-6)
+        image = together.relevances["image"][row]
+        torch.testing.assert_close(image, alone.relevances["image"][0], **close)
+        text, single = together.relevances["text"][row], alone.relevances["text"][0]
+        pad = text.shape[-1] - single.shape[-1]
+        torch.testing.assert_close(text[..., pad:], single, **close)
+        assert (text[..., :pad] == 0).all()
+
+
+def test_idefics3_two_photos_and_a_photo_not_split(idefics3):
+    model, processor = idefics3
+    g, _ = _tile_patches(model)
+    chat = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "image": _photo(0)},
+                {"type": "text", "text": "w12"},
+                {"type": "image", "image": _photo(1)},
+                {"type": "text", "text": "w13"},
+            ],
+        }
+    ]
+    inputs = _idefics3_inputs(processor, chat, [[_photo(0), _photo(1)]])
+    for depth in ("lm", "tower"):
+        result = Explainer(model).explain(inputs, depth=depth)
+        assert result.relevances["image"].shape == (1, 2, 2 * g, 3 * g)  # one map per photo
+        position = inputs["input_ids"].shape[1] - 1
+        image, _ = _idefics3_reference(model, inputs, position, int(result.target[0]), depth)
+        torch.testing.assert_close(result.relevances["image"][0], image, rtol=1e-9, atol=1e-12)
+    # without splitting, a photo is its global image alone: the map is one tile's grid
+    processor.image_processor.do_image_splitting = False
+    try:
+        prompt = _chat(processor, _photo(0), "w12 w13")
+        inputs = _idefics3_inputs(processor, prompt, [[_photo(0)]])
+    finally:
+        processor.image_processor.do_image_splitting = True
+    assert (inputs["rows"], inputs["pixel_values"].shape[1]) == ([[0]], 1)
+    for depth in ("lm", "tower"):
+        result = Explainer(model).explain(inputs, depth=depth)
+        assert result.relevances["image"].shape == (1, g, g)
+        position = inputs["input_ids"].shape[1] - 1
+        image, text = _idefics3_reference(model, inputs, position, int(result.target[0]), depth)
+        torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
+
+
+def test_idefics3_the_tile_layout_from_the_tokens_or_given_and_what_is_refused(idefics3):
+    model, processor = idefics3
+    chat = _chat(processor, _photo(0), "w12")
+    inputs = _idefics3_inputs(processor, chat, [[_photo(0)]])
+    given = Explainer(model).explain(inputs)
+    read = Explainer(model, tokenizer=processor).explain(chat)  # from <row_i_col_j> tokens
+    torch.testing.assert_close(read.relevances["image"], given.relevances["image"])
+    plain = {k: v for k, v in inputs.items() if k not in ("rows", "cols")}
+    with pytest.raises(InputError, match=r"processor as the Explainer's tokenizer.*rows and cols"):
+        Explainer(model).explain(plain)
+    explainer = Explainer(model, tokenizer=processor)
+    torch.testing.assert_close(
+        explainer.explain(plain).relevances["image"], given.relevances["image"]
+    )
+    # a 40 x 60 photo is 2 x 3 tiles, a 60 x 40 one 3 x 2: as many tiles, other maps
+    mixed = {"image": [_photo(0), _photo(1, (60, 40))], "text": ["w12", "w13"]}
+    with pytest.raises(InputError, match="must be split alike"):
+        explainer.explain(mixed)
+    with pytest.raises(InputError, match=r"says 3 images per text, pixel_values holds \[7\]"):
+        Explainer(model).explain(dict(inputs, rows=[[1]], cols=[[2]]))
+    with pytest.raises(InputError, match="both 0 for a photo not split"):
+        Explainer(model).explain(dict(inputs, rows=[[0]], cols=[[3]]))
+    with pytest.raises(InputError, match=r"\(B, images, 3, H, W\)"):
+        Explainer(model).explain(dict(inputs, pixel_values=inputs["pixel_values"][0]))
+    for method in ("attnlrp", "cp_lrp", "transformer_attribution"):
+        with pytest.raises(OptionError, match="explained by the attention methods"):
+            explainer.explain(chat, method=method)
+    before = ModelState.capture(model)
+    explain_generation(explainer, chat, max_new_tokens=2, depth="tower")
+    explainer.explain(chat, method="rollout", depth="tower")
+    with pytest.raises(ExplainError):
+        explainer.explain(chat, target=10**6)
+    assert before.differences(ModelState.capture(model)) == []
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+def test_idefics3_the_fused_path_folds_answers_as_the_explicit_path(idefics3, depth):
+    # A generation carries its tile layout: explained again without the processor.
+    model, processor = idefics3
+    chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
+    made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
+    results = {
+        path: explain_generation(Explainer(model, attention_path=path), made, depth=depth)
+        for path in ("explicit", "fused")
+    }
+    fused, explicit = results["fused"].explanation, results["explicit"].explanation
+    assert fused.settings["attention_path"] == ("streamed" if depth == "lm" else "fused")
+    for name in ("image", "text"):  # the explicit path's softmax is float32 (Llama, SigLIP)
+        scale = float(explicit.relevances[name].abs().max())
+        torch.testing.assert_close(
+            fused.relevances[name], explicit.relevances[name], rtol=1e-5, atol=1e-5 * scale
+        )
+
+
+def test_idefics3_maps_go_back_onto_the_whole_photo():
+    # Idefics3's processor resizes a 48 x 80 photo's longer side to 96, then to whole
+    # 32-pixel tiles, 64 x 96 (the aspect squashed a little, nothing cropped): its own
+    # tiles, put side by side and drawn back with the geometry, are the photo, and so is
+    # its global image.
+    from explain.image_prompts import photo_preprocessing
+    from explain.testing.tiny_vlm import tiny_idefics3_processor
+
+    images = tiny_idefics3_processor().image_processor
+    images.image_mean, images.image_std = [0.0] * 3, [1.0] * 3
+    rows, cols = np.meshgrid(np.linspace(0, 1, 48), np.linspace(0, 1, 80), indexing="ij")
+    ramp = (np.stack([rows, cols, rows * 0 + 0.5], axis=-1) * 255).round().astype(np.uint8)
+    out = images(images=[[ramp]], return_row_col_info=True, return_tensors="pt")
+    assert (out["rows"], out["cols"]) == ([[2]], [[3]])
+    tiles = out["pixel_values"][0, :6].reshape(2, 3, 3, 32, 32).double()
+    pixels = tiles.permute(2, 0, 3, 1, 4).reshape(3, 64, 96)
+    geometry = photo_preprocessing(images)
+    expected = torch.from_numpy(ramp / 255.0).permute(2, 0, 1).float()
+    back = geometry.to_original(pixels, (48, 80))
+    torch.testing.assert_close(back[:, 2:-2, 2:-2], expected[:, 2:-2, 2:-2], atol=0.04, rtol=0)
+    whole = geometry.to_original(out["pixel_values"][0, 6].double(), (48, 80))
+    torch.testing.assert_close(whole[:, 2:-2, 2:-2], expected[:, 2:-2, 2:-2], atol=0.04, rtol=0)
+
+
+def test_idefics3_a_shapes_photo_by_path_or_array_lands_on_the_photo(idefics3, tmp_path):
+    from PIL import Image
+
+    from explain.data.shapes import ShapesDataset
+
+    model, processor = idefics3
+    scene = ShapesDataset("heldout", 1).scene(0)
+    photo = Image.fromarray((scene.image * 255).round().astype(np.uint8))
+    path = tmp_path / "scene.png"
+    photo.save(path)
+    explainer = Explainer(model, tokenizer=processor)
+    by_path = explainer.explain({"image": str(path), "text": "w12 w13"})
+    by_image = explainer.explain(_chat(processor, photo, "w12 w13"))
+    by_array = explainer.explain(_chat(processor, np.asarray(photo), "w12 w13"))
+    g, _ = _tile_patches(model)
+    assert by_path.relevances["image"].shape == (1, 3 * g, 3 * g)  # 64 x 64 -> 96 x 96: 3 x 3
+    torch.testing.assert_close(by_path.relevances["image"], by_image.relevances["image"])
+    torch.testing.assert_close(by_path.relevances["image"], by_array.relevances["image"])
+    from explain.image_prompts import photo_preprocessing
+
+    drawn = photo_preprocessing(processor).heatmap(
+        by_path.relevances["image"], scene.image.shape[:2]
+    )
+    assert drawn.shape == (1, 64, 64) and bool(torch.isfinite(drawn).all())
+    assert float(drawn.amax()) == 1.0 and float(drawn.amin()) == 0.0  # the whole photo seen
+
+
+def test_idefics3_loads_from_a_folder_and_draws_the_generate_page(tmp_path, capsys):
+    from PIL import Image
+
+    from explain.cli import main
+    from explain.loading import load_model
+    from explain.testing.tiny_vlm import tiny_idefics3, tiny_idefics3_processor
+
+    folder = tmp_path / "idefics3"
+    tiny_idefics3().save_pretrained(folder)
+    tiny_idefics3_processor().save_pretrained(folder)
+    loaded = load_model(str(folder))
+    assert loaded.modality == "vision_language" and loaded.preprocessing is not None
+    assert loaded.preprocessing.fit == "exact"  # the whole photo, split into tiles
+    Image.fromarray(_photo(5, (48, 72))).save(tmp_path / "photo.png")
+    page = tmp_path / "page.html"
+    argv = ["generate", "--image", str(tmp_path / "photo.png"), "w12 w13", "--model"]
+    argv += [str(folder), "--max-new-tokens", "2", "--depth", "tower", "--html", str(page)]
+    assert main(argv) == 0
+    assert str(page) in capsys.readouterr().out
+    text = page.read_text()
+    assert text.count('class="word"') == 2 and "depth tower" in text
+    assert text.count("[image]") >= 1 and page.with_suffix(".png").stat().st_size > 0
+
+
+def test_the_page_shows_each_photo_once_whatever_its_tiles():
+    # Two photos of 2 tiles and a global image each: three runs of image tokens per photo,
+    # one "[image]" per photo (at its first run) carrying its map's sum; markers stay.
+    from explain.cli.image_answer import _question_tokens
+
+    photo = ["<r1>", "i", "i", "<r2>", "i", "<g>", "i"]  # tile, tile, global image
+    tokens = ["q", *photo, "w", *photo, "?"]
+    is_image = torch.tensor([token == "i" for token in tokens])
+    text = torch.arange(len(tokens), dtype=torch.float64)[None]  # one answer word
+    maps = torch.stack([torch.full((2, 3), 1.0), torch.full((2, 3), 2.0)])[None].double()
+    shown, relevance = _question_tokens(tokens, is_image, text, maps)
+    each = ["<r1>", "[image]", "<r2>", "<g>"]
+    assert shown == ["q", *each, "w", *each, "?"]
+    expected = [0.0, 1.0, 6.0, 4.0, 6.0, 8.0, 9.0, 12.0, 12.0, 14.0, 16.0]
+    assert relevance[0].tolist() == expected

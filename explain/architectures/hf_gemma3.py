@@ -18,7 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures.hf_common import is_transformers_class
-from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
+from explain.architectures.hf_vision_language import (
+    ImageTokens,
+    VisionLanguageModel,
+    block_merge,
+)
 
 __all__ = ["HFGemma3"]
 
@@ -41,11 +45,7 @@ class HFGemma3(VisionLanguageModel):
         side = pixel_values.shape[-1] // patch  # the projector pools a square grid
         pooled = round(self.model.config.mm_tokens_per_image**0.5)
         kernel = side // pooled
-        # merge[j, patch]: 1 / k^2 where the patch lies in image token j's k x k block
-        rows = torch.arange(side, device=pixel_values.device) // kernel
-        block = (rows[:, None] * pooled + rows[None, :]).flatten()  # patch -> its token
-        tokens = torch.arange(pooled * pooled, device=pixel_values.device)
-        merge = (tokens[:, None] == block[None, :]).to(torch.float32) / kernel**2
+        merge = block_merge((side, side), kernel, pixel_values.device)
         size = (pixel_values.shape[-2], pixel_values.shape[-1])
         return ImageTokens(grid=(side, side), tower_prefix=0, merge=merge, input_size=size)
 

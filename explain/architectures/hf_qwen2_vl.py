@@ -25,7 +25,11 @@ from torch import Tensor, nn
 
 from explain.architectures.base import Prepared
 from explain.architectures.hf_common import is_transformers_class
-from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
+from explain.architectures.hf_vision_language import (
+    ImageTokens,
+    VisionLanguageModel,
+    block_merge,
+)
 from explain.errors import InputError
 from explain.finite import check_finite
 
@@ -95,13 +99,7 @@ class HFQwen2VL(VisionLanguageModel):
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
         _, h, w = (int(n) for n in arguments["image_grid_thw"][0])
         m = self._merge_size
-        device = arguments["image_grid_thw"].device
-        # merge[j, patch]: 1 / m^2 where the raster patch lies in merged block j
-        rows = torch.arange(h, device=device) // m
-        cols = torch.arange(w, device=device) // m
-        block = (rows[:, None] * (w // m) + cols[None, :]).flatten()
-        tokens = torch.arange((h // m) * (w // m), device=device)
-        merge = (tokens[:, None] == block[None, :]).to(torch.float32) / m**2
+        merge = block_merge((h, w), m, arguments["image_grid_thw"].device)
         patch = int(self.tower.config.patch_size)
         size = (h * patch, w * patch)
         return ImageTokens(grid=(h, w), tower_prefix=0, merge=merge, input_size=size)

@@ -52,44 +52,96 @@ from explain.errors import InputError, UnsupportedModelError
 from explain.image_prompts import encode_image_prompt, is_image_prompt
 from explain.tokenizing import token_strings
 
-__all__ = ["ImageTokens", "VisionLanguageModel"]
+__all__ = ["ImageTokens", "VisionLanguageModel", "block_merge"]
 
 
 @dataclass(frozen=True)
 class ImageTokens:
-    """How one image's tower tokens become image tokens of the text.
+    """How one image's tower tokens become image tokens of the text, and where the tower's
+    images lie on the photo.
+
+    Most families run each photo through the tower as one image. Idefics3 and SmolVLM
+    split it into `tiles` = (rows, cols) square tiles and add the whole photo downscaled to
+    one tile (the global image), each its own image of the tower's batch: the tiles in
+    raster order, then the global image. Their maps are put together on the photo's grid
+    of tile patches (rows * gh, cols * gw): each tile's patches where the tile lies, and
+    each patch of the global image, which covers rows x cols of those cells, shared out
+    equally over them (the relevance is conserved).
 
     Attributes:
-        grid: (gh, gw) the tower's patch grid.
+        grid: (gh, gw) the tower's patch grid (of each tile).
         tower_prefix: tokens before the patches in the tower (a class token: 1).
         merge: (n, tower_prefix + gh * gw): row j says which tower tokens image token j of
             the text was made from, with weights that sum to 1 (one-hot for a projector
-            that maps token by token).
-        input_size: (H, W) pixels of the processed image the grid lies on.
+            that maps token by token); the same for every image of the tower's batch.
+        input_size: (H, W) pixels of the processed photo the photo's grid lies on.
+        tiles: (rows, cols) of a photo split into tiles; (0, 0): not split, the tower's
+            image is the photo.
     """
 
     grid: tuple[int, int]
     tower_prefix: int
     merge: Tensor
     input_size: tuple[int, int]
+    tiles: tuple[int, int] = (0, 0)
 
     @property
     def per_image(self) -> int:
-        """Image tokens each image puts into the text."""
+        """Image tokens each image of the tower's batch puts into the text."""
         return self.merge.shape[0]
 
     @property
     def tower_tokens(self) -> int:
         return self.tower_prefix + self.grid[0] * self.grid[1]
 
+    @property
+    def tower_images(self) -> int:
+        """Images of the tower's batch per photo: the tiles and the global image, or 1."""
+        rows, cols = self.tiles
+        return rows * cols + 1 if rows else 1
+
+    @property
+    def photo_grid(self) -> tuple[int, int]:
+        """(gh, gw) of the map returned per photo: the tiles' patches side by side."""
+        rows, cols = self.tiles
+        if not rows:
+            return self.grid
+        return rows * self.grid[0], cols * self.grid[1]
+
     def to_tower(self, relevance: Tensor) -> Tensor:
         """(..., n) relevance over one image's image tokens -> (..., tower tokens)."""
         return relevance @ self.merge.to(relevance.dtype)
 
-    def to_grid(self, tower_relevance: Tensor) -> Tensor:
-        """(..., tower tokens) -> (..., gh, gw): the prefix tokens dropped."""
+    def to_photo(self, tower_relevance: Tensor) -> Tensor:
+        """(..., k * tower images, tower tokens) -> (..., k, tokens on the photo): as it is
+        for a photo that is one image of the tower (its prefix tokens kept, the patch grid
+        last), else the tiles' patches side by side on the photo's grid, flattened, with
+        the global image's patches shared out over the rows x cols cells each covers."""
+        rows, cols = self.tiles
+        lead = tower_relevance.shape[:-2]
+        if not rows:
+            return tower_relevance.reshape(*lead, -1, self.tower_tokens)
+        gh, gw = self.grid
         patches = tower_relevance[..., self.tower_prefix :]
-        return patches.reshape(*patches.shape[:-1], *self.grid)
+        images = patches.reshape(*lead, -1, self.tower_images, gh, gw)
+        tiles = images[..., : rows * cols, :, :].reshape(*lead, -1, rows, cols, gh, gw)
+        tiles = tiles.transpose(-3, -2).reshape(*lead, -1, rows * gh, cols * gw)
+        whole = images[..., -1, :, :] / (rows * cols)
+        whole = whole.repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)
+        return (tiles + whole).flatten(-2)
+
+
+def block_merge(grid: tuple[int, int], block: int, device: torch.device) -> Tensor:
+    """`ImageTokens.merge` of a projector that makes one image token of each block x block
+    square of patches of a (gh, gw) patch grid, the tokens in raster order of the blocks
+    (Qwen2-VL's merger, Gemma 3's pooling, Idefics3's pixel shuffle): row j is 1 / block^2
+    on the patches of block j."""
+    gh, gw = grid
+    rows = torch.arange(gh, device=device) // block
+    cols = torch.arange(gw, device=device) // block
+    of_patch = (rows[:, None] * (gw // block) + cols[None, :]).flatten()
+    tokens = torch.arange((gh // block) * (gw // block), device=device)
+    return (tokens[:, None] == of_patch[None, :]).to(torch.float32) / block**2
 
 
 class VisionLanguageModel(LanguageModel):
@@ -300,9 +352,10 @@ class VisionLanguageModel(LanguageModel):
         ]
 
     def image_layout(self, prepared: Prepared) -> TokenLayout:
-        """The layout of the image set: the tower's patch grid on the processed image."""
+        """The layout of the image set: the photo's patch grid (the tower's, or its tiles'
+        side by side) on the processed photo."""
         tokens = self.image_tokens(prepared.arguments)
-        return TokenLayout.image(tokens.grid, tokens.input_size, num_prefix_tokens=0)
+        return TokenLayout.image(tokens.photo_grid, tokens.input_size, num_prefix_tokens=0)
 
     def sets(self, prepared: Prepared) -> Sequence[TokenSet]:
         """The image set ("image", over the tower's blocks; its readout comes from the
@@ -317,8 +370,9 @@ class VisionLanguageModel(LanguageModel):
         return [image, text]
 
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
-        """Text: pads 0. Image: (..., k, tower tokens) -> (..., gh, gw), or (..., k, gh, gw)
-        with several images per text (the plan hands the image set over tower tokens)."""
+        """Text: pads 0. Image: (..., k, tokens) -> (..., gh, gw), or (..., k, gh, gw) with
+        several images per text (the plan hands the image set over each photo's tokens,
+        `ImageTokens.to_photo`, the patch grid last)."""
         if layout.modality == "text":
             return layout.unpadded(token_relevance)
         assert layout.grid is not None
@@ -333,9 +387,16 @@ class VisionLanguageModel(LanguageModel):
 
     # -- running ------------------------------------------------------------------------
 
+    def model_arguments(self, arguments: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """The prepared `arguments` that the model's forward (and its `generate`) takes:
+        all of them, unless a family keeps what describes its inputs among them (Idefics3:
+        the photos' tile layout), which travels with a generation but is not the model's."""
+        return dict(arguments)
+
     def logits_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
         keep = positions.unique()
-        logits = self.model(**prepared.arguments, use_cache=False, logits_to_keep=keep).logits
+        arguments = self.model_arguments(prepared.arguments)
+        logits = self.model(**arguments, use_cache=False, logits_to_keep=keep).logits
         index = torch.searchsorted(keep, positions.contiguous())
         rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
         return logits[rows, index]

@@ -125,3 +125,5 @@ register_family("hf_paligemma", "explain.architectures.hf_paligemma", "HFPaliGem
 register_family("hf_gemma3", "explain.architectures.hf_gemma3", "HFGemma3")
 register_family("hf_qwen2_vl", "explain.architectures.hf_qwen2_vl", "HFQwen2VL")
 register_family("hf_qwen2_5_vl", "explain.architectures.hf_qwen2_5_vl", "HFQwen2_5VL")
+register_family("hf_idefics3", "explain.architectures.hf_idefics3", "HFIdefics3")
+register_family("hf_smolvlm", "explain.architectures.hf_smolvlm", "HFSmolVLM")

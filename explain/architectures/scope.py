@@ -1,7 +1,6 @@
 """What `explain` says about a model no adapter takes: vision transformers whose tokens
-mix outside attention maps (CvT, PVT, MaxViT, deformable attention) are out of scope, and
-some vision-language families are not explained yet, each with why; anything else can be
-described with a TransformerSpec."""
+mix outside attention maps (CvT, PVT, MaxViT, deformable attention) are out of scope, each
+with why; anything else can be described with a TransformerSpec."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-__all__ = ["refused_family", "unsupported_model_message", "vision_language_refusal"]
+__all__ = ["refused_family", "unsupported_model_message"]
 
 _WHY: tuple[tuple[tuple[str, ...], str], ...] = (
     (
@@ -70,27 +69,6 @@ def refused_family(model: nn.Module) -> tuple[str, str] | None:
     return None
 
 
-_VISION_LANGUAGE_NOT_YET = {
-    "Idefics3ForConditionalGeneration": (
-        "it splits each photo into tiles and a downscaled whole, each its own tower pass, "
-        "and pixel-shuffles the tokens; explain does not map tiles back onto the photo yet"
-    ),
-    "SmolVLMForConditionalGeneration": (
-        "like Idefics3, it splits each photo into tiles and pixel-shuffles the tokens; "
-        "explain does not map tiles back onto the photo yet"
-    ),
-}
-"""Vision-language models explain refuses for now, by class name, and why."""
-
-
-def vision_language_refusal(model: nn.Module) -> str | None:
-    """Why the transformers vision-language model `model` is not explained yet, or None."""
-    for cls in type(model).__mro__:
-        if cls.__module__.startswith("transformers.") and cls.__name__ in _VISION_LANGUAGE_NOT_YET:
-            return f"{cls.__name__} is not supported yet: {_VISION_LANGUAGE_NOT_YET[cls.__name__]}."
-    return None
-
-
 def unsupported_model_message(model: nn.Module, families: Sequence[str]) -> str:
     """The UnsupportedModelError message for `model`: why, the supported families, and the
     way to explain a transformer of one's own."""
@@ -98,11 +76,6 @@ def unsupported_model_message(model: nn.Module, families: Sequence[str]) -> str:
     refused = refused_family(model)
     if refused is not None:
         reason = f"{name} is out of scope ({refused[0]}): {refused[1]}."
-    elif (refusal := vision_language_refusal(model)) is not None:
-        reason = (
-            f"{refusal} The vision-language models explained are LLaVA, PaliGemma, "
-            "Gemma 3, Qwen2-VL and Qwen2.5-VL."
-        )
     else:
         reason = f"{name} is not a supported model."
     # What to do first, the long list of families last (one line: the CLI prints errors so).

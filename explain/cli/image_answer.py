@@ -28,19 +28,20 @@ __all__ = ["run"]
 def _question_tokens(
     tokens: list[str], is_image: Tensor, text: Tensor, maps: Tensor
 ) -> tuple[list[str], Tensor]:
-    """The question's tokens with every run of image tokens shown as one "[image]" token
-    carrying its map's sum; `text` (G, T) and `maps` (G, k, gh, gw) per answer word."""
+    """The question's tokens with each image shown as one "[image]" token carrying its
+    map's sum, in place of its first run of image tokens (a photo split into tiles has a
+    run per tile, the tiles' markers between them kept as tokens); `text` (G, T) and
+    `maps` (G, k, gh, gw) per answer word."""
+    starts = [t for t in range(len(tokens)) if is_image[t] and (t == 0 or not is_image[t - 1])]
+    runs_per_image = len(starts) // maps.shape[1]
+    first_runs = {start: index for index, start in enumerate(starts[::runs_per_image])}
     shown: list[str] = []
     columns: list[Tensor] = []
-    image = 0
     for t, token in enumerate(tokens):
-        if bool(is_image[t]):
-            if t > 0 and bool(is_image[t - 1]):
-                continue
+        if t in first_runs:
             shown.append("[image]")
-            columns.append(maps[:, image].flatten(1).sum(dim=1))
-            image += 1
-        else:
+            columns.append(maps[:, first_runs[t]].flatten(1).sum(dim=1))
+        elif not is_image[t]:
             shown.append(token)
             columns.append(text[:, t])
     return shown, torch.stack(columns, dim=1)

@@ -713,6 +713,39 @@ def _hf_qwen2_vl(version: str = "2") -> TinyCase:
     return TinyCase(tiny_qwen2_vl(version=version), batch, alone, {"text": lengths})
 
 
+def _hf_idefics3(kind: str = "idefics3") -> TinyCase:
+    from explain.testing.tiny_lm import VOCAB
+    from explain.testing.tiny_vlm import IDEFICS3_TOKENS, IMAGE_TOKEN_ID, tiny_idefics3
+
+    # "<s> user", a photo in 1 x 2 tiles and its global image as Idefics3's processor
+    # writes them ("<fake><row_1_col_j>" and 4 image tokens per tile, then
+    # "<fake><global-img>", 4 image tokens, "<fake>"), words; right-padded. The tile
+    # layout comes with the inputs (rows, cols), as no tokenizer reads it here.
+    def word(name: str) -> int:
+        return VOCAB + IDEFICS3_TOKENS.index(name)
+
+    fake, tile = word("<fake_token_around_image>"), [IMAGE_TOKEN_ID] * 4
+    first, second, whole = (word(w) for w in ("<row_1_col_1>", "<row_1_col_2>", "<global-img>"))
+    image = torch.tensor([fake, first, *tile, fake, second, *tile, fake, whole, *tile, fake])
+    lengths = (26, 23)
+    words = _texts(tuple(n - len(image) for n in lengths), (5, 40), first=1, last=2)
+    ids = torch.zeros(2, max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        text = words[row, : length - len(image)]
+        ids[row, :length] = torch.cat([text[:2], image, text[2:]])
+    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    pixels = _images(6, 32).reshape(2, 3, 3, 32, 32)
+    rows, cols = torch.tensor([[1], [1]]), torch.tensor([[2], [2]])
+    batch = {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
+    batch |= {"rows": rows, "cols": cols}
+    alone = tuple(
+        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
+        | {"pixel_values": pixels[i : i + 1], "rows": rows[i : i + 1], "cols": cols[i : i + 1]}
+        for i, n in enumerate(lengths)
+    )
+    return TinyCase(tiny_idefics3(kind=kind), batch, alone, {"text": lengths})
+
+
 def _custom_text() -> TinyCase:
     model, spec = tiny_custom_text()
     case = _text_case(model, (6, 4), first=1, last=2)
@@ -827,6 +860,8 @@ TINY_MODELS: dict[str, Callable[[], TinyCase]] = {
     "hf_gemma3": _hf_gemma3,
     "hf_qwen2_vl": _hf_qwen2_vl,
     "hf_qwen2_5_vl": lambda: _hf_qwen2_vl("2.5"),
+    "hf_idefics3": _hf_idefics3,
+    "hf_smolvlm": lambda: _hf_idefics3("smolvlm"),
     "custom_vit": _custom_vit,
     "custom_text": _custom_text,
     **{f"hf_causal_lm:{family}": partial(_causal_lm, family) for family in CONFORMANCE_LMS},

@@ -7,11 +7,14 @@ parameters.
 layer, a two-layer projector, and a tiny Llama language model with grouped-query heads.
 Its processor resizes a photo's shorter side to 32 pixels and crops the centre square,
 so that a map on the model's 4 x 4 patch grid has to be carried back through the resize
-and the crop to lie on the photo.
+and the crop to lie on the photo. `tiny_idefics3` (an Idefics3 or a SmolVLM) and its
+processor split a 40 x 60 photo into 2 x 3 tiles and a global image, whose maps are put
+together on the photo.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,8 @@ from torch import nn
 from explain.testing.tiny_lm import _COMMON, VOCAB, WORDS
 
 __all__ = [
+    "IDEFICS3_TILE",
+    "IDEFICS3_TOKENS",
     "IMAGE_SIZE",
     "IMAGE_TOKEN",
     "PATCH_SIZE",
@@ -28,6 +33,8 @@ __all__ = [
     "VLM_CHAT_TEMPLATE",
     "save_tiny_llava",
     "tiny_gemma3",
+    "tiny_idefics3",
+    "tiny_idefics3_processor",
     "tiny_llava",
     "tiny_llava_processor",
     "tiny_paligemma",
@@ -54,15 +61,15 @@ VLM_CHAT_TEMPLATE = (
 {"type": "text", "text": ...} entries, as the processors of LLaVA and its kin take them."""
 
 
-def tiny_vlm_tokenizer() -> Any:
+def tiny_vlm_tokenizer(specials: Sequence[str] = ()) -> Any:
     """The tiny word-level tokenizer (explain.testing.tiny_lm) with "<image>" as its last word
     (id 59), a special token so that the processor's runs of placeholders split, and the
-    image chat template."""
+    image chat template; `specials` are more special words after it (ids 60, 61, ...)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     words = ["<pad>", "<s>", "</s>", "user", "assistant", "system", "<script>", "a&b"]
-    words += [*WORDS[len(words) : VOCAB - 1], IMAGE_TOKEN]
+    words += [*WORDS[len(words) : VOCAB - 1], IMAGE_TOKEN, *specials]
     core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w8"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(
@@ -74,6 +81,8 @@ def tiny_vlm_tokenizer() -> Any:
         padding_side="left",
         extra_special_tokens={"image_token": IMAGE_TOKEN},
     )
+    if specials:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(specials)})
     tokenizer.chat_template = VLM_CHAT_TEMPLATE
     return tokenizer
 
@@ -330,3 +339,94 @@ def tiny_qwen2_vl_processor(version: str = "2") -> Any:
         tokenizer=tiny_vlm_tokenizer(),
         chat_template=VLM_CHAT_TEMPLATE,
     )
+
+
+IDEFICS3_TOKENS = (
+    "<fake_token_around_image>",
+    "<global-img>",
+    "<end_of_utterance>",
+    *(f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)),
+)
+"""The special words of Idefics3's and SmolVLM's processors: around each tile's image
+tokens, before the global image's, and each tile's row and column (up to 6 x 6)."""
+
+IDEFICS3_TILE = IMAGE_SIZE
+"""The tiny Idefics3's and SmolVLM's tile side in pixels: their processors resize a photo's
+longer side to 3 tiles (96 pixels), then to whole tiles, so a 40 x 60 photo becomes
+64 x 96 pixels: 2 x 3 tiles and the global image, 7 images of the tower."""
+
+
+def tiny_idefics3(seed: int = 0, kind: str = "idefics3") -> nn.Module:
+    """A small random `Idefics3ForConditionalGeneration` (`kind` "idefics3") or
+    `SmolVLMForConditionalGeneration` ("smolvlm"), in eval mode, sdpa attention: a
+    SigLIP-like tower over 32-pixel tiles (Idefics3: 8-pixel patches, 4 x 4 per tile,
+    pixel-shuffled 2 x 2 into 4 image tokens; SmolVLM: 4-pixel patches, 8 x 8 per tile,
+    shuffled 4 x 4 into 4 image tokens) and a tiny Llama language model whose vocabulary
+    holds `IDEFICS3_TOKENS` after the tiny tokenizer's words."""
+    import transformers as tf
+
+    if kind not in ("idefics3", "smolvlm"):
+        raise ValueError(f"kind must be 'idefics3' or 'smolvlm', got {kind!r}")
+    smol = kind == "smolvlm"
+    patch, scale = (4, 4) if smol else (PATCH_SIZE, 2)
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=IDEFICS3_TILE,
+        patch_size=patch,
+    )
+    common = {**_COMMON, "vocab_size": VOCAB + len(IDEFICS3_TOKENS), "max_position_embeddings": 256}
+    vision_config = (tf.SmolVLMVisionConfig if smol else tf.Idefics3VisionConfig)(**vision)
+    config = (tf.SmolVLMConfig if smol else tf.Idefics3Config)(
+        vision_config=vision_config.to_dict(),
+        text_config=tf.LlamaConfig(**common).to_dict(),
+        scale_factor=scale,
+        image_token_id=IMAGE_TOKEN_ID,
+    )
+    config._attn_implementation = "sdpa"
+    build = tf.SmolVLMForConditionalGeneration if smol else tf.Idefics3ForConditionalGeneration
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = build(config)
+        with torch.no_grad():  # spread the embeddings: maps far from uniform
+            for name, parameter in model.named_parameters():
+                if "position_embedding" in name:
+                    parameter.normal_(0.0, 0.5)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = 2
+    return model.eval()
+
+
+def tiny_idefics3_processor(kind: str = "idefics3") -> Any:
+    """The processor of `tiny_idefics3(kind=...)`: the tiny tokenizer with "<image>" and
+    `IDEFICS3_TOKENS`, and Idefics3's (or SmolVLM's) image processor, which resizes a
+    photo's longer side to 96 pixels, then each side up to whole 32-pixel tiles (the
+    aspect squashed a little, nothing cropped), and splits it into those tiles and the
+    whole photo downscaled to one tile."""
+    import transformers as tf
+
+    geometry = dict(
+        size={"longest_edge": 3 * IDEFICS3_TILE},
+        max_image_size={"longest_edge": IDEFICS3_TILE},
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    tokenizer = tiny_vlm_tokenizer(IDEFICS3_TOKENS)
+    if kind == "idefics3":
+        return tf.Idefics3Processor(
+            image_processor=tf.Idefics3ImageProcessor(**geometry),
+            tokenizer=tokenizer,
+            image_seq_len=4,
+            chat_template=VLM_CHAT_TEMPLATE,
+        )
+    if kind == "smolvlm":  # transformers' SmolVLM processor needs num2words (for videos)
+        return tf.SmolVLMProcessor(
+            image_processor=tf.SmolVLMImageProcessor(**geometry),
+            tokenizer=tokenizer,
+            video_processor=tf.SmolVLMVideoProcessor(),
+            image_seq_len=4,
+            chat_template=VLM_CHAT_TEMPLATE,
+        )
+    raise ValueError(f"kind must be 'idefics3' or 'smolvlm', got {kind!r}")

@@ -9,7 +9,8 @@ from its sink). Its relevance over the whole sequence then splits in two:
 
 - "text": the prompt's tokens (B, T), the image tokens' positions 0;
 - "image": the relevance at the image tokens, carried back through the projector's merge
-  (`ImageTokens.merge`) onto the tower's tokens, and onto its patch grid (B, gh, gw).
+  (`ImageTokens.merge`) onto the tower's tokens, and onto its patch grid (B, gh, gw) (a
+  photo split into tiles: the tiles' grids put together on the photo, `ImageTokens.to_photo`).
 
 Two depths (option `depth`, stated in `Explanation.settings`):
 
@@ -106,8 +107,9 @@ class ImageTextSink:
         return self._text_result
 
     def _image_tokens(self) -> Tensor:
-        """(B, k, tower tokens): the language model's relevance at each image's tokens,
-        carried back through the projector's merge onto the tower's tokens."""
+        """(B, k * tower images, tower tokens): the language model's relevance at the image
+        tokens of each image of the tower's batch, carried back through the projector's
+        merge onto the tower's tokens."""
         relevance = self._text_relevance().gather(1, self._image_at)
         per_image = relevance.reshape(relevance.shape[0], -1, self._tokens.per_image)
         return self._tokens.to_tower(per_image)
@@ -115,7 +117,7 @@ class ImageTextSink:
     def _tower_sink(self) -> Sink:
         if self._tower is None:
             assert self._build_tower is not None
-            readout = self._image_tokens().flatten(0, 1)  # (B * k, tower tokens)
+            readout = self._image_tokens().flatten(0, 1)  # the tower's batch, tower tokens
             self._tower = self._build_tower(readout)
             waiting, self._waiting = self._waiting, []
             for layer, attention, gradient in waiting:
@@ -129,6 +131,7 @@ class ImageTextSink:
         else:
             tower = self._tower_sink().result()
             image = tower.reshape(text.shape[0], -1, tower.shape[-1])
+        image = self._tokens.to_photo(image)  # a photo's tiles put together on it
         return {"image": image, "text": text.scatter(1, self._image_at, 0.0)}
 
 

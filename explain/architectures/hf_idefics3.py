@@ -1,0 +1,218 @@
+"""Hugging Face `Idefics3ForConditionalGeneration` (and SmolVLM, its subclass in
+explain.architectures.hf_smolvlm): a SigLIP-like tower over square tiles, a connector
+that pixel-shuffles each tile's patch tokens into fewer image tokens, and a Llama
+language model.
+
+The processor resizes a photo's longer side, then each side up to whole tiles (squashing
+the aspect a little, cropping nothing), and splits it into rows x cols tiles plus the
+whole photo downscaled to one tile, the global image; every tile and the global image is
+one image of the tower's batch, in that order (`pixel_values` (B, images, 3, t, t)). A
+photo that needs no splitting is its global image alone (rows = cols = 0). The text holds,
+per photo, `<fake_token_around_image><row_i_col_j>` and the tile's image tokens for each
+tile, then `<fake_token_around_image><global-img>` and the global image's tokens.
+
+The pixel shuffle makes image token (I, J) of a tile, raster order over its (g/s, g/s)
+grid, from the s x s block of patches at rows I*s.., columns J*s.. (`scale_factor` s):
+its relevance is shared out equally over them (`block_merge`, weights 1/s^2). The tiles'
+maps are put side by side on the photo's (rows * g, cols * g) grid, and the global
+image's, whose every patch covers rows x cols of those cells, is shared out equally over
+them (`ImageTokens.to_photo`): one map per photo, the relevance conserved. With depth
+"tower" each tile and the global image is folded through the tower as its own image of
+the tower's batch, read out by its share of the language model's relevance, before the
+maps are put together.
+
+The processor does not return the tile layout (it pops rows and cols): `encode` reads it
+from the `<row_i_col_j>` tokens of the text with the Explainer's tokenizer (the
+processor), and the layout travels among the prepared arguments as `rows` and `cols`
+(B, photos), which are not the model's (`model_arguments` leaves them out). Without a
+tokenizer, give them with the processor's output (the image processor's
+`return_row_col_info=True`). The photos of one batch must be split alike: the maps are
+stacked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from explain.architectures.base import validate_image_batch
+from explain.architectures.hf_common import is_transformers_class
+from explain.architectures.hf_vision_language import (
+    ImageTokens,
+    VisionLanguageModel,
+    block_merge,
+)
+from explain.errors import InputError
+
+__all__ = ["HFIdefics3", "tile_layout"]
+
+_TILE = re.compile(r"<row_(\d+)_col_(\d+)>")
+_GLOBAL_IMAGE = "<global-img>"  # both processors' tag before a photo's global image
+_LAYOUT = ("rows", "cols")
+
+
+def tile_layout(
+    input_ids: Tensor, tokenizer: Any
+) -> tuple[list[list[int]], list[list[int]]] | None:
+    """(rows, cols) of every photo of every text, read from the `<row_i_col_j>` tokens
+    that Idefics3's and SmolVLM's processors write before each tile (a photo ends at its
+    `<global-img>` tag; one without tiles is (0, 0)); None when `tokenizer` (a processor
+    or its tokenizer) cannot tell, or no text holds the tag."""
+    text = getattr(tokenizer, "tokenizer", tokenizer)
+    if not hasattr(text, "convert_ids_to_tokens"):
+        return None
+    rows: list[list[int]] = []
+    cols: list[list[int]] = []
+    for sample in input_ids.tolist():
+        rows.append([])
+        cols.append([])
+        row = col = 0
+        for token in text.convert_ids_to_tokens(sample):
+            if token == _GLOBAL_IMAGE:
+                rows[-1].append(row)
+                cols[-1].append(col)
+                row = col = 0
+            elif isinstance(token, str) and (found := _TILE.fullmatch(token)):
+                row, col = max(row, int(found[1])), max(col, int(found[2]))
+    if not any(rows):
+        return None
+    return rows, cols
+
+
+class HFIdefics3(VisionLanguageModel):
+    family = (
+        "Hugging Face Idefics3 (Idefics3ForConditionalGeneration: photos split into tiles "
+        "and a global image, SigLIP tower, pixel-shuffled image tokens, Llama language "
+        "model; the next token and generated answers, over the photo and the prompt)"
+    )
+
+    @classmethod
+    def matches(cls, model: nn.Module) -> bool:
+        return is_transformers_class(model, "idefics3", ("Idefics3ForConditionalGeneration",))
+
+    @property
+    def tower(self) -> nn.Module:
+        return self.model.model.vision_model
+
+    @property
+    def language_model(self) -> nn.Module:
+        return self.model.model.text_model
+
+    @property
+    def _shuffle(self) -> int:
+        return int(self.model.config.scale_factor)
+
+    def encode(self, inputs: object, tokenizer: Any) -> object:
+        """An image prompt through the processor, as every vision-language model; then,
+        where the inputs do not say it, the tile layout read from their tokens with the
+        Explainer's tokenizer (`tile_layout`)."""
+        encoded = super().encode(inputs, tokenizer)
+        if not isinstance(encoded, Mapping) or "input_ids" not in encoded:
+            return encoded
+        if any(name in encoded for name in _LAYOUT) or tokenizer is None:
+            return encoded
+        ids = encoded["input_ids"]
+        layout = tile_layout(ids, tokenizer) if isinstance(ids, Tensor) else None
+        if layout is None:
+            return encoded
+        return {**encoded, "rows": layout[0], "cols": layout[1]}
+
+    def _layout(self, inputs: Mapping[str, Any], batch: int) -> tuple[Tensor, Tensor]:
+        """`rows` and `cols` (B, photos) of the inputs, validated: one layout for all."""
+        if any(inputs.get(name) is None for name in _LAYOUT):
+            raise InputError(
+                f"{type(self.model).__name__} splits each photo into tiles, a layout its "
+                "processor does not return: give the processor as the Explainer's tokenizer "
+                "(the layout is read from the <row_i_col_j> tokens), or add rows and cols, "
+                "per text a list of each photo's tiles (the image processor's output with "
+                "return_row_col_info=True)"
+            )
+        try:
+            rows, cols = (torch.as_tensor(inputs[name], dtype=torch.long) for name in _LAYOUT)
+        except (TypeError, ValueError):
+            raise InputError(
+                "rows and cols give each text's photos' tiles (lists of ints, as many per "
+                f"text): every text must hold the same number of photos; got "
+                f"{inputs['rows']!r} and {inputs['cols']!r}"
+            ) from None
+        if rows.dim() != 2 or rows.shape != cols.shape or rows.shape[0] != batch:
+            raise InputError(
+                f"rows and cols must be ({batch}, photos), one list per text; got shapes "
+                f"{tuple(rows.shape)} and {tuple(cols.shape)}"
+            )
+        if rows.numel() == 0 or bool(((rows == 0) != (cols == 0)).any()) or bool((rows < 0).any()):
+            raise InputError(
+                f"rows and cols must be positive, or both 0 for a photo not split; got "
+                f"{rows.tolist()} and {cols.tolist()}"
+            )
+        if bool((rows != rows[0, 0]).any()) or bool((cols != cols[0, 0]).any()):
+            raise InputError(
+                f"the photos of a batch must be split alike (one map size to stack), got "
+                f"rows {rows.tolist()} and cols {cols.tolist()}: explain photos of other "
+                "shapes apart, or give the processor do_image_splitting=False"
+            )
+        device = self.parameter.device
+        return rows.to(device), cols.to(device)
+
+    def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
+        """`pixel_values` (B, images, 3, t, t): each text's tiles and global images (all-zero
+        images pad a text with fewer, and the model drops them), `pixel_attention_mask`
+        where given, and the tile layout `rows`, `cols` (B, photos)."""
+        pixels = inputs["pixel_values"]
+        if not isinstance(pixels, Tensor) or pixels.dim() != 5:
+            shape = tuple(pixels.shape) if isinstance(pixels, Tensor) else type(pixels).__name__
+            raise InputError(
+                f"{type(self.model).__name__} takes pixel_values (B, images, 3, H, W), each "
+                f"text's tiles and global images; got {shape}: give the processor's output"
+            )
+        batch, count = pixels.shape[:2]
+        flat = validate_image_batch(pixels.flatten(0, 1), 3, self.parameter)
+        side = flat.shape[-1]
+        block = int(self.tower.config.patch_size) * self._shuffle
+        if flat.shape[-2] != side or side % block:
+            raise InputError(
+                f"the tiles must be square, a whole number of {block}-pixel blocks (patch "
+                f"size x scale factor), got {tuple(flat.shape[-2:])}: give the processor's output"
+            )
+        real = (flat != 0).flatten(1).any(dim=1).reshape(batch, count)
+        arguments = {"pixel_values": flat.reshape(pixels.shape)}
+        mask = inputs.get("pixel_attention_mask")
+        if mask is not None:
+            mask = torch.as_tensor(mask, device=flat.device)
+            if mask.shape != (batch, count, side, side) or not bool(mask[real].bool().all()):
+                raise InputError(
+                    "explain reads whole tiles: pixel_attention_mask must be "
+                    f"({batch}, {count}, {side}, {side}) and keep every pixel of every image "
+                    "(the processor pads only with images it leaves out)"
+                )
+            arguments["pixel_attention_mask"] = mask
+        rows, cols = self._layout(inputs, batch)
+        tiles = int(rows[0, 0]) * int(cols[0, 0])
+        expected = rows.shape[1] * (tiles + 1 if tiles else 1)
+        held = real.sum(dim=1)
+        if bool((held != expected).any()):
+            raise InputError(
+                f"the tile layout ({rows.shape[1]} photos per text, {int(rows[0, 0])} x "
+                f"{int(cols[0, 0])} tiles each, and a global image) says {expected} images "
+                f"per text, pixel_values holds {held.tolist()} (the model drops all-zero "
+                "images): give the layout of these pixels"
+            )
+        return {**arguments, "rows": rows, "cols": cols}, int(held.sum())
+
+    def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
+        side = arguments["pixel_values"].shape[-1]
+        grid = side // int(self.tower.config.patch_size)
+        merge = block_merge((grid, grid), self._shuffle, arguments["pixel_values"].device)
+        rows, cols = int(arguments["rows"][0, 0]), int(arguments["cols"][0, 0])
+        size = (rows * side, cols * side) if rows else (side, side)
+        return ImageTokens(
+            grid=(grid, grid), tower_prefix=0, merge=merge, input_size=size, tiles=(rows, cols)
+        )
+
+    def model_arguments(self, arguments: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        """All but the tile layout, which the model does not take."""
+        return {name: value for name, value in arguments.items() if name not in _LAYOUT}
