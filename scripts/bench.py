@@ -52,7 +52,7 @@ generation and Llama at 4k about 15 s each (the explicit maps fit the default bu
 16k about 30 s and 32k about 1.5 min (streamed; the floor alone is about 2 s per call
 there), and 5-10 s per Llama-1B build: about 4 minutes in all, with imports, 10 minutes
 at worst if the generation or 4k call still took the 10 s the issue measured before
-the streamed fold. scripts/gpu_check.sh runs it under a 7-minute limit (BENCH_LIMIT_S).
+the streamed fold. scripts/gpu_check.sh runs it under a 6-minute limit (BENCH_LIMIT_S).
 
 Smoke run (`--smoke`): every case at tiny shapes (SMOKE_VIT, SMOKE_LLAMA, SMOKE_KERNEL,
 SMOKE_TOKENS) through the same code, and the checks against the CPU itself, in about
