@@ -946,17 +946,20 @@ def device_checks(device: torch.device, failures: list[str]) -> list[str]:
     keys = torch.ones(2, 300, dtype=torch.bool)
     keys[1, :7] = False  # left padding
     tensors = (vector, query, key, value, grad)
-    moved = tuple(t.to(device) for t in tensors)
-    title = f"readout_spread ({implementation(*moved[:3])}; causal, padded, grouped-query)"
+    for dtype in (torch.float32, torch.bfloat16):  # Llama's GPU cases are bfloat16
+        cast = (vector, *(t.to(dtype) for t in tensors[1:]))  # readout rows stay float32
+        moved = tuple(t.to(device) for t in cast)
+        ran = implementation(*moved[:3])
+        title = f"readout_spread ({ran}, {str(dtype)[6:]}; causal, padded, grouped-query)"
 
-    def spread(mode: str) -> float:
-        options: dict[str, Any] = dict(scale=0.25, causal=True, mode=mode)
-        expected = readout_spread(*tensors, key_mask=keys, **options)
-        found = readout_spread(*moved, key_mask=keys.to(device), **options)
-        return difference(found, expected)
+        def spread(mode: str, cast: tuple = cast, moved: tuple = moved) -> float:
+            options: dict[str, Any] = dict(scale=0.25, causal=True, mode=mode)
+            expected = readout_spread(*cast, key_mask=keys, **options)
+            found = readout_spread(*moved, key_mask=keys.to(device), **options)
+            return difference(found, expected)
 
-    for mode in ("gradient", "attention"):
-        row(title, mode, lambda m=mode: spread(m))
+        for mode in ("gradient", "attention"):
+            row(title, mode, lambda m=mode, f=spread: f(m))
     return lines
 
 

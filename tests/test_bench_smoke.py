@@ -55,7 +55,11 @@ def test_the_gpu_check_runs_every_gpu_case_at_tiny_shapes(tmp_path, monkeypatch)
     checks = [line for line in section.splitlines() if "| equal (" in line]
     models = {line.split("|")[1].strip() for line in checks}
     assert models >= {"tiny ViT", "tiny BERT", "tiny Llama"}
-    assert any(line.startswith("| readout_spread (torch;") for line in checks)
+    kernel = {line.split("|")[1].strip() for line in checks if "readout_spread" in line}
+    assert kernel == {
+        "readout_spread (torch, float32; causal, padded, grouped-query)",
+        "readout_spread (torch, bfloat16; causal, padded, grouped-query)",
+    }
     assert after.replace(section, "") == before.replace(bench.gpu_section(before), "")
 
 
