@@ -190,9 +190,8 @@ def test_every_method_on_answers_about_images_is_finite_or_refused_up_front(fami
     answer = _answer(family)
     request = Request(prompt_length=answer.prompt_length)
     supported = method in supported_methods(explainer.adapter, request)
-    tower = explainer.adapter.tower_refused is None  # type: ignore[attr-defined]
     for depth in ("lm", "tower"):
-        folds_tower = tower and METHODS[method].default_start_layer is not None
+        folds_tower = METHODS[method].default_start_layer is not None
         _finite_or_refused_up_front(
             case.model,
             supported and (depth == "lm" or folds_tower),

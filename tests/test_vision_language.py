@@ -9,7 +9,11 @@ float64: `R = prod (I + mean_h (G * A)+)` over the language model, the readout r
 explained position, the image tokens' relevance placed on the tower's tokens, and for
 depth "tower" the same product over the tower's blocks read out by that row. Qwen2-VL's
 reference is the model's own forward (its rotary positions, its merger), each merged
-token spread by hand over its 2 x 2 patches. Idefics3's and SmolVLM's write out the pixel
+token spread by hand over its 2 x 2 patches; its packed tower's maps are the pieces its
+attention function is called with (each image; in Qwen2.5-VL's windowed blocks each
+window), attended in float64 by the test's own function, put together by hand per image
+in the tower's token order (written out: windows, blocks in a window, patches in a
+block), zero across windows. Idefics3's and SmolVLM's write out the pixel
 shuffle (each image token over its s x s patches) and the tiles put together on the photo,
 the global image shared out over the cells each of its patches covers.
 """
@@ -17,6 +21,8 @@ the global image shared out over the cells each of its patches covers.
 from __future__ import annotations
 
 import copy
+import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -534,30 +540,115 @@ def qwen2_vl(qwen_version):
     return tiny_qwen2_vl(version=qwen_version).double(), tiny_qwen2_vl_processor(qwen_version)
 
 
-def _qwen2_vl_reference(model, one, position, target, method="generic"):
+def _qwen_tower_order(grid, window):
+    """For one image of `grid` patches: the patch (row-major) at each of the tower's token
+    positions, and its windows' sizes, written out: windows of `window` x `window` merged
+    2 x 2 blocks row-major over the merged grid (smaller at its right and bottom edges),
+    the blocks row-major inside a window, the 4 patches row-major inside a block."""
+    rows, cols = grid[0] // 2, grid[1] // 2
+    order, sizes = [], []
+    for top in range(0, rows, window):
+        for left in range(0, cols, window):
+            size = len(order)
+            for row in range(top, min(top + window, rows)):
+                for col in range(left, min(left + window, cols)):
+                    order += [
+                        (2 * row + dr) * grid[1] + 2 * col + dc for dr in (0, 1) for dc in (0, 1)
+                    ]
+            sizes.append(len(order) - size)
+    return torch.tensor(order), sizes
+
+
+def _qwen_tower_pieces(model, one):
+    """The eager model's forward on `one` with the tower's attention function replaced by
+    the test's own float64 one, which keeps every piece's probabilities: (output, the
+    pieces of each tower block in call order)."""
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    modeling = sys.modules[type(model).__module__]
+    original = modeling.eager_attention_forward
+    blocks = list(eager.model.visual.blocks)
+    pieces = [[] for _ in blocks]
+
+    def attend(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        if module not in [block.attn for block in blocks]:  # the language model: eager
+            return original(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+        assert attention_mask is None
+        weights = (query @ key.transpose(2, 3) * scaling).softmax(dim=-1)
+        pieces[[block.attn for block in blocks].index(module)].append(weights)
+        return (weights @ value).transpose(1, 2), weights
+
+    with mock.patch.object(modeling, "eager_attention_forward", attend):
+        out = eager(**one, output_attentions=True, use_cache=False)
+    return eager, out, pieces
+
+
+def _qwen2_vl_reference(model, one, position, target, method="generic", depth="lm"):
     """One text: (image maps (k, gh, gw), text (T,)) for `target` read out at `position`,
     from the eager model's own forward (its rotary positions, its merger) with
     `output_attentions`, autograd, and the rule written out; each merged token's relevance
-    spread by hand over its 2 x 2 patches."""
-    eager = copy.deepcopy(model)
-    eager.set_attn_implementation("eager")
-    out = eager(**one, output_attentions=True, use_cache=False)
+    spread by hand over its 2 x 2 patches, and with depth "tower" folded through the
+    tower's blocks from their pieces (`_qwen_tower_pieces`), in the tower's order."""
+    eager, out, pieces = _qwen_tower_pieces(model, one)
     maps = list(out.attentions)
-    grads = torch.autograd.grad(out.logits[0, position, target], maps)
+    flat = [piece for block in pieces for piece in block]
+    grads = torch.autograd.grad(out.logits[0, position, target], maps + flat)
     ids, mask = one["input_ids"], one["attention_mask"]
     length = ids.shape[1]
     readout = torch.zeros(length, dtype=torch.float64)
     readout[position] = 1.0
+    text_grads = grads[: len(maps)]
     if method == "generic":
-        text = _generic([a[0] for a in maps], [g[0] for g in grads], readout)
+        text = _generic([a[0] for a in maps], [g[0] for g in text_grads], readout)
     else:
         text = _rollout([a[0] for a in maps], readout)
     text = text * ((torch.arange(length) <= position) & mask[0].bool())
     is_image = ids[0] == IMAGE_TOKEN_ID
     images, gh, gw = len(one["image_grid_thw"]), *one["image_grid_thw"][0, 1:].tolist()
     merged = text[is_image].reshape(images, gh // 2, gw // 2) / 4
-    grid = merged.repeat_interleave(2, 1).repeat_interleave(2, 2)
-    return grid, text.masked_fill(is_image, 0.0)
+    if depth == "lm":
+        grid = merged.repeat_interleave(2, 1).repeat_interleave(2, 2)
+        return grid, text.masked_fill(is_image, 0.0)
+    vision = eager.config.vision_config
+    whole = max(gh, gw) // 2  # Qwen2-VL: one window, the image
+    window = (
+        vision.window_size // vision.patch_size // 2 if hasattr(vision, "window_size") else whole
+    )
+    order, windows = _qwen_tower_order((gh, gw), window)
+    n = gh * gw
+    piece_grads = iter(grads[len(maps) :])
+    per_block = []  # per block: (A, G) of every image (H, n, n), zero across pieces
+    for block in pieces:
+        gradients = [next(piece_grads) for _ in block]
+        per_image = len(block) // images
+        sizes = [piece.shape[-1] for piece in block[:per_image]]
+        assert sizes in ([n], windows), sizes  # the whole image, or the windows written out
+        whole_maps = []
+        for image in range(images):
+            chosen = range(image * per_image, (image + 1) * per_image)
+            a = torch.zeros(block[0].shape[1], n, n, dtype=torch.float64)
+            g = torch.zeros_like(a)
+            start = 0
+            for index in chosen:
+                size = block[index].shape[-1]
+                a[:, start : start + size, start : start + size] = block[index][0]
+                g[:, start : start + size, start : start + size] = gradients[index][0]
+                start += size
+            whole_maps.append((a, g))
+        per_block.append(whole_maps)
+    # the readout over the tower's tokens: each patch's merged block's relevance (1/4 each)
+    rows, cols = order // gw, order % gw
+    blocks = (rows // 2) * (gw // 2) + cols // 2
+    result = torch.zeros(images, n, dtype=torch.float64)
+    for image in range(images):
+        row = merged[image].flatten()[blocks]
+        maps_i = [block[image][0] for block in per_block]
+        if method == "generic":
+            folded = _generic(maps_i, [block[image][1] for block in per_block], row)
+        else:
+            folded = _rollout(maps_i, row)
+        result[image, order] = folded
+    return result.reshape(images, gh, gw), text.masked_fill(is_image, 0.0)
 
 
 def _qwen2_vl_inputs(processor, pairs):
@@ -566,26 +657,28 @@ def _qwen2_vl_inputs(processor, pairs):
     return dict(encoded)
 
 
+@pytest.mark.parametrize("depth", ["lm", "tower"])
 @pytest.mark.parametrize("method", ["generic", "rollout"])
-def test_qwen2_vl_next_token_equals_the_written_out_rule(qwen2_vl, method):
+def test_qwen2_vl_next_token_equals_the_written_out_rule(qwen2_vl, method, depth):
     model, processor = qwen2_vl
     inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12 w13 w14")])
     assert inputs["image_grid_thw"].tolist() == [[1, 4, 8]]  # 40 x 60 -> 32 x 64 pixels
-    result = Explainer(model).explain(inputs, method=method)
-    assert result.settings["depth"] == "lm"  # with the attention path and memory budget
+    result = Explainer(model).explain(inputs, method=method, depth=depth)
+    assert result.settings["depth"] == depth  # with the attention path and memory budget
     assert result.relevances["image"].shape == (1, 4, 8)
     image, text = _qwen2_vl_reference(
-        model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), method
+        model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), method, depth
     )
     torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
 
 
-def test_qwen2_vl_each_generated_token_equals_the_rule_on_its_prefix(qwen2_vl):
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+def test_qwen2_vl_each_generated_token_equals_the_rule_on_its_prefix(qwen2_vl, depth):
     model, processor = qwen2_vl
     explainer = Explainer(model, tokenizer=processor)
     chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
-    answer = explain_generation(explainer, chats, max_new_tokens=3)
+    answer = explain_generation(explainer, chats, max_new_tokens=3, depth=depth)
     generation, result = answer.generation, answer.explanation
     batch, steps = generation.generated.shape
     assert result.relevances["image"].shape == (batch, steps, 4, 8)
@@ -607,14 +700,15 @@ def test_qwen2_vl_each_generated_token_equals_the_rule_on_its_prefix(qwen2_vl):
             }
             token = int(generation.input_ids[row, end])
             assert int(result.target[row, step]) == token
-            image, text = _qwen2_vl_reference(model, one, end - 1, token)
+            image, text = _qwen2_vl_reference(model, one, end - 1, token, depth=depth)
             got = result.relevances
             torch.testing.assert_close(got["image"][row, step], image[0], rtol=1e-9, atol=1e-12)
             torch.testing.assert_close(got["text"][row, step, :end], text, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("depth", ["lm", "tower"])
 @pytest.mark.parametrize("answer", [False, True])
-def test_qwen2_vl_a_left_padded_batch_equals_each_prompt_alone(qwen_version, answer):
+def test_qwen2_vl_a_left_padded_batch_equals_each_prompt_alone(qwen_version, answer, depth):
     from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
 
     model = tiny_qwen2_vl(version=qwen_version)  # float32, see above
@@ -624,8 +718,8 @@ def test_qwen2_vl_a_left_padded_batch_equals_each_prompt_alone(qwen_version, ans
 
     def run(prompt):
         if not answer:
-            return explainer.explain(prompt)
-        return explain_generation(explainer, prompt, max_new_tokens=2).explanation
+            return explainer.explain(prompt, depth=depth)
+        return explain_generation(explainer, prompt, max_new_tokens=2, depth=depth).explanation
 
     together = run(_chats(processor, pairs))
     for row, (photo, words) in enumerate(pairs):
@@ -656,27 +750,35 @@ def test_qwen2_vl_two_images_in_one_prompt_get_one_map_each(qwen2_vl):
     explainer = Explainer(model, tokenizer=processor)
     inputs = dict(explainer.adapter.encode(chat, processor))
     inputs["pixel_values"] = inputs["pixel_values"].double()
-    result = explainer.explain(inputs)
-    assert result.relevances["image"].shape == (1, 2, 4, 8)
-    image, _ = _qwen2_vl_reference(
-        model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0])
-    )
-    torch.testing.assert_close(result.relevances["image"][0], image, rtol=1e-9, atol=1e-12)
+    for depth in ("lm", "tower"):
+        result = explainer.explain(inputs, depth=depth)
+        assert result.relevances["image"].shape == (1, 2, 4, 8)
+        position, target = inputs["input_ids"].shape[1] - 1, int(result.target[0])
+        image, _ = _qwen2_vl_reference(model, inputs, position, target, depth=depth)
+        torch.testing.assert_close(result.relevances["image"][0], image, rtol=1e-9, atol=1e-12)
 
 
 def test_qwen2_vl_no_side_effects_and_what_is_refused_says_why(qwen2_vl):
+    from transformers import AttentionInterface
+
+    from explain.architectures.hf_attention_probe import IMPLEMENTATION
+
     model, processor = qwen2_vl
-    explainer = Explainer(model, tokenizer=processor)
     chat = _chat(processor, _photo(0), "w12")
     before, deltas = ModelState.capture(model), model.model.rope_deltas
-    explain_generation(explainer, chat, max_new_tokens=2)
-    explainer.explain(chat, method="rollout")
-    with pytest.raises(ExplainError):
-        explainer.explain(chat, target=10**6)
+    for path in ("explicit", "fused"):
+        explainer = Explainer(model, tokenizer=processor, attention_path=path)
+        for depth in ("lm", "tower"):
+            explain_generation(explainer, chat, max_new_tokens=2, depth=depth)
+            explainer.explain(chat, method="rollout", depth=depth)
+            with pytest.raises(ExplainError):
+                explainer.explain(chat, target=10**6, depth=depth)
+    # hooks, modes, flags (the tower's attention implementation), RNG, grads as found
     assert before.differences(ModelState.capture(model)) == []
     assert model.model.rope_deltas is deltas  # not left cached by generate, nor explain
-    with pytest.raises(OptionError, match=r"not offered for Qwen2.*unbatched packed sequence"):
-        explainer.explain(chat, depth="tower")
+    assert IMPLEMENTATION not in AttentionInterface._global_mapping  # registered per call
+    with pytest.raises(OptionError, match=r"depth='tower'.*reads one fixed block"):
+        explainer.explain(chat, method="raw_attention", depth="tower")
     inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
     with pytest.raises(InputError, match="image_grid_thw"):
         explainer.explain({k: v for k, v in inputs.items() if k != "image_grid_thw"})
@@ -727,8 +829,79 @@ def test_qwen2_vl_loads_from_a_folder_and_draws_the_generate_page(tmp_path, caps
     assert main([*argv, str(folder), "--max-new-tokens", "2", "--html", str(page)]) == 0
     assert str(page) in capsys.readouterr().out
     assert page.read_text().count('class="word"') == 2 and "depth lm" in page.read_text()
-    assert main([*argv, str(folder), "--depth", "tower", "--html", str(page)]) == 2
-    assert "not offered for Qwen2VL" in capsys.readouterr().err
+    options = ["--max-new-tokens", "2", "--depth", "tower", "--html", str(page)]
+    assert main([*argv, str(folder), *options]) == 0
+    assert "depth tower" in page.read_text()
+
+
+def test_qwen2_vl_tiny_towers_run_what_matters():
+    # Qwen2-VL's tower attends over each image; Qwen2.5-VL's first block within windows,
+    # the edge one smaller than the full one, and its second over each image.
+    from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
+
+    for version, expected in (("2", [[32, 32], [32, 32]]), ("2.5", [[24, 8, 24, 8], [32, 32]])):
+        model = tiny_qwen2_vl(version=version).double()
+        inputs = _qwen2_vl_inputs(
+            tiny_qwen2_vl_processor(version), [(_photo(0), "w12"), (_photo(1), "w13")]
+        )
+        _, _, pieces = _qwen_tower_pieces(model, inputs)
+        assert [[piece.shape[-1] for piece in block] for block in pieces] == expected
+
+
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_qwen2_vl_the_fused_path_folds_the_tower_as_the_explicit_path(qwen2_vl, method):
+    # Both paths record the packed tower alike (from its pieces); the language model's
+    # blocks come from the eager maps on one, recomputed from q, k, v on the other.
+    model, processor = qwen2_vl
+    chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
+    made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
+    results = {
+        path: explain_generation(
+            Explainer(model, attention_path=path), made, method=method, depth="tower"
+        ).explanation
+        for path in ("explicit", "fused")
+    }
+    assert results["fused"].settings["attention_path"] == "fused"
+    for name in ("image", "text"):
+        torch.testing.assert_close(
+            results["fused"].relevances[name],
+            results["explicit"].relevances[name],
+            rtol=1e-5,
+            atol=1e-9,
+        )
+
+
+def test_qwen2_vl_tower_maps_are_recomputed_only_when_folded(qwen2_vl):
+    # The tower's maps are no tensor of the model: at depth "lm" no rule reads them, and
+    # none is recomputed from q, k (a real photo's are thousands of tokens square).
+    from explain.fused import FusedBlock
+
+    model, processor = qwen2_vl
+    inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
+    explainer = Explainer(model, attention_path="explicit")
+    for depth, expected in (("lm", 0), ("tower", 2)):
+        with mock.patch.object(
+            FusedBlock, "probabilities", autospec=True, side_effect=FusedBlock.probabilities
+        ) as recomputed:
+            explainer.explain(inputs, method="rollout", depth=depth)
+        assert recomputed.call_count == expected
+
+
+def test_qwen2_vl_a_tower_not_seen_through_the_attention_interface_is_refused(qwen2_vl):
+    # Code that picks the attention function itself bypasses the probing wrapper: said,
+    # and the model is left as found.
+    model, processor = qwen2_vl
+    inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
+    modeling = sys.modules[type(model).__module__]
+    before = ModelState.capture(model)
+    with (
+        mock.patch.object(
+            modeling.ALL_ATTENTION_FUNCTIONS, "get_interface", lambda name, default: default
+        ),
+        pytest.raises(ExplainError, match=r"not seen.*attention interface"),
+    ):
+        Explainer(model, attention_path="explicit").explain(inputs)
+    assert before.differences(ModelState.capture(model)) == []
 
 
 # -- Idefics3 and SmolVLM: photos split into tiles and a global image, pixel shuffle ----------

@@ -73,6 +73,11 @@ class AttentionSite:
     """Where the probabilities are: in the module's output (`probabilities` gets the
     output), or among its positional inputs (`probabilities` gets the args tuple), for a
     module the probabilities enter, such as a module that computes A @ V."""
+    recomputed: FusedAttentionSite | None = None
+    """Where the block's probabilities are no tensor of the model (a packed sequence
+    attended piece by piece, explain.architectures.hf_packed_attention): the fused site
+    whose q, k, v and output the recorder recomputes them from, and their gradient from
+    dO (explain.fused), on either path; `probabilities` is then never called."""
 
 
 ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
@@ -344,6 +349,12 @@ class Adapter(ABC):
         tokens dropped), or text tokens with pads exactly 0 (`TokenLayout.to_input_space`).
         A family whose input differs overrides it."""
         return layout.to_input_space(token_relevance)
+
+    def path_context(self) -> AbstractContextManager[Any] | None:
+        """What the explicit path needs in place for the call besides its flags (as
+        `FusedPath.context`: entered before the flags are set, exited after they are
+        restored), or None: nothing. Optional: the default is None."""
+        return None
 
     def fused_path(self) -> FusedPath | None:
         """The fused-attention capability (see `FusedAttentionSite`), or None when the

@@ -12,10 +12,11 @@ transformers' own sdpa function, registered in transformers' attention registrie
 which the session enters before it sets the flag and leaves after restoring it (calls
 in parallel are counted, and the last one out removes the entries). The wrapper shows
 q * scaling, k and v (key/value heads repeated to the query heads), the mask and the
-kernel's output to small identity modules of the adapter's own (`Probes`, one set per
-attention module, never attached to the model). The recorder hooks those as it hooks a
-`FusedAttentionSite`'s modules (explain.fused), and the model computes exactly what its
-sdpa path computes.
+kernel's output to small identity modules of the adapter's own (an `AttentionProbe`
+per attention module, never attached to the model; `Probes` shows every call, a packed
+module's probe its pieces together, explain.architectures.hf_packed_attention). The
+recorder hooks those as it hooks a `FusedAttentionSite`'s modules (explain.fused), and
+the model computes exactly what its sdpa path computes.
 """
 
 from __future__ import annotations
@@ -25,24 +26,38 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
 from explain.architectures.base import FlagSetting, FusedAttentionSite, FusedPath, whole_output
 
-__all__ = ["IMPLEMENTATION", "Probes", "dispatches_attention", "probed_fused_path"]
+__all__ = [
+    "IMPLEMENTATION",
+    "AttentionProbe",
+    "Probes",
+    "dispatches_attention",
+    "probe_of",
+    "probed_fused_path",
+    "registered",
+    "shown_mask",
+]
 
 IMPLEMENTATION = "explain_sdpa"
 """The attention implementation name the wrapper is registered under in transformers."""
 
-_PROBES: weakref.WeakKeyDictionary[nn.Module, Probes] = weakref.WeakKeyDictionary()
+_PROBES: weakref.WeakKeyDictionary[nn.Module, AttentionProbe] = weakref.WeakKeyDictionary()
 
 
-class Probes(nn.Module):
-    """Identity modules through which the wrapper shows one attention module's tensors:
-    `query` (q * scaling), `key`, `value` (B, H, N, d), `output` (the kernel's output,
-    (B, N, H, d)), and `mask` (called with the mask the kernel gets, for its pre-hook)."""
+class AttentionProbe(nn.Module):
+    """What the wrapper shows one attention module's tensors to, call by call; adapter-owned
+    (one per attention module, `probe_of`), never attached to the model.
+
+    Identity modules for the recorder's hooks: `query` (q * scaling), `key`, `value`
+    (B, H, N, d), `output` (the attention output, whose gradient is dO) and `mask`
+    (called with the mask the kernel gets, for its pre-hook). `see` decides when they are
+    called: `Probes` at every call, a packed module's probe once its pieces are done
+    (explain.architectures.hf_packed_attention)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -50,15 +65,51 @@ class Probes(nn.Module):
         self.output = nn.Identity()
         self.mask = _MaskProbe()
 
+    def see(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, output: Tensor
+    ) -> Tensor:
+        """One call of the attention function: q * scaling, k and v (key/value heads
+        repeated to the query heads), its mask and output (B, N, H, d); returns the output
+        the model goes on with (equal in value)."""
+        raise NotImplementedError
+
+
+class Probes(AttentionProbe):
+    """The probe of a module that calls the attention function once per forward: every
+    call is shown as it is."""
+
+    def see(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, output: Tensor
+    ) -> Tensor:
+        self.query(query)
+        self.key(key)
+        self.value(value)
+        self.mask(mask)
+        return self.output(output)
+
+
+P = TypeVar("P", bound=AttentionProbe)
+
+
+def probe_of(module: nn.Module, kind: type[P]) -> P:
+    """The probe of the attention `module`, of `kind` (made the first time): one per
+    module, shared by every adapter of its model, whose calls the session serialises."""
+    probe = _PROBES.get(module)
+    if not isinstance(probe, kind):
+        probe = kind()
+        _PROBES[module] = probe
+    return probe
+
 
 class _MaskProbe(nn.Module):
     def forward(self, mask: Tensor | None) -> None:
         return None
 
 
-def _masks(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
-    """The mask the kernel gets (bool, True = attend), or None where sdpa runs causal
-    without one: the sites are causal (`FusedAttentionSite.causal`) either way."""
+def shown_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """`FusedAttentionSite.masks` of a probe's `mask`: the mask it is shown (the kernel's:
+    bool, True = attend), or None (none, or sdpa running causal without one: those sites
+    are causal, `FusedAttentionSite.causal`, either way)."""
     return args[0]
 
 
@@ -82,16 +133,14 @@ def _probed_sdpa(
     output, _ = sdpa_attention_forward(
         module, query, key, value, attention_mask, *args, scaling=scaling, **kwargs
     )
-    probes = _PROBES.get(module)
-    if probes is None:  # not one of the explained model's attention modules
+    probe = _PROBES.get(module)
+    if probe is None:  # not one of the explained model's attention modules
         return output, None
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     groups = query.shape[1] // key.shape[1]
-    probes.query(query * scale)
-    probes.key(key.repeat_interleave(groups, dim=1) if groups > 1 else key)
-    probes.value(value.repeat_interleave(groups, dim=1) if groups > 1 else value)
-    probes.mask(attention_mask)
-    return probes.output(output), None
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    return probe.see(query * scale, key, value, attention_mask, output), None
 
 
 class _Registration:
@@ -122,7 +171,8 @@ class _Registration:
                     AttentionMaskInterface._global_mapping.pop(IMPLEMENTATION, None)
 
 
-_registered = _Registration()
+registered = _Registration()
+"""The wrapper's registration for one call (a context manager, counted across calls)."""
 
 
 def dispatches_attention(model: nn.Module, attention: Sequence[nn.Module]) -> bool:
@@ -145,9 +195,7 @@ def probed_fused_path(attention: Sequence[nn.Module], flags: Sequence[FlagSettin
     eager-path flags, whose attention implementation is turned into the wrapper's."""
     sites = []
     for layer, module in enumerate(attention):
-        probes = _PROBES.get(module)
-        if probes is None:
-            probes = _PROBES[module] = Probes()
+        probes = probe_of(module, Probes)
         sites.append(
             FusedAttentionSite(
                 layer=layer,
@@ -159,7 +207,7 @@ def probed_fused_path(attention: Sequence[nn.Module], flags: Sequence[FlagSettin
                 heads=_heads_last,
                 scale=1.0,  # the query probe shows q * scaling
                 mask_module=probes.mask,
-                masks=_masks,
+                masks=shown_mask,
                 causal=bool(getattr(module, "is_causal", True)),
             )
         )
@@ -167,4 +215,4 @@ def probed_fused_path(attention: Sequence[nn.Module], flags: Sequence[FlagSettin
         FlagSetting(flag.owner, flag.name, IMPLEMENTATION) if flag.value == "eager" else flag
         for flag in flags
     ]
-    return FusedPath(sites=sites, flags=fused_flags, context=_registered)
+    return FusedPath(sites=sites, flags=fused_flags, context=registered)

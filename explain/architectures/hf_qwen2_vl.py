@@ -5,26 +5,42 @@ rotary positions (an image token's position is its row and column on the merged 
 
 The processor hands the patches over flattened, `pixel_values` (N, 3 * t * p * p) with
 `image_grid_thw` (k, 3) = (1, h, w) per image, each image's patches ordered block by
-block: image token j of the text is block j of the (h / 2, w / 2) merged grid, raster
+block (the 4 patches of a 2 x 2 block together, row-major inside it; the blocks
+row-major): image token j of the text is block j of the (h / 2, w / 2) merged grid, raster
 order. Its relevance is shared out equally over the block's 4 patches (`ImageTokens.merge`,
-weights 1/4) onto the (h, w) patch grid, which covers the whole resized photo.
+weights 1/4, over the tower's tokens in the tower's order) onto the (h, w) patch grid,
+which covers the whole resized photo (`ImageTokens.order` says where each of the tower's
+tokens lies on it).
 
-Depth "tower" is refused: the tower runs every image's patches as one unbatched packed
-sequence (attention within each image by cu_seqlens), whose maps the recorder's batched
-folds do not read yet.
+Depth "tower": the tower runs every image's patches as one unbatched packed sequence and
+attends within each image piece by piece, returning no maps; its blocks are recorded
+from the pieces' q, k and v as one dense map per image, (k images, H, n, n) in the
+tower's order, and their gradients from the attention output's
+(explain.architectures.hf_packed_attention). The same fold as for any tower then runs
+over them, read out by the language model's relevance at the image tokens carried back
+through the merge. Every image of a batch has one grid (`image_arguments`), so the
+images stack; the tower's rows are the images, the texts' in turn.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Prepared
+from explain.architectures.base import AttentionSite, FlagSetting, FusedPath, Prepared
+from explain.architectures.hf_attention_probe import (
+    IMPLEMENTATION,
+    dispatches_attention,
+    probed_fused_path,
+)
 from explain.architectures.hf_common import is_transformers_class
+from explain.architectures.hf_packed_attention import packed_recording, packed_sites
 from explain.architectures.hf_vision_language import (
     ImageTokens,
     VisionLanguageModel,
@@ -40,12 +56,18 @@ class HFQwen2VL(VisionLanguageModel):
     family = (
         "Hugging Face Qwen2-VL (Qwen2VLForConditionalGeneration: 2 x 2 merged patches, "
         "multimodal rotary positions; the next token and generated answers, over the image "
-        "and the prompt; depth 'lm')"
+        "and the prompt; depths 'lm' and 'tower')"
     )
-    tower_refused: ClassVar[str | None] = (
-        "its vision tower runs every image's patches as one unbatched packed sequence "
-        "(cu_seqlens), whose maps the tower's fold does not read yet"
-    )
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        sites = super().attention_sites()
+        self._tower_attention = [site.module for site in sites if site.stack == "image"]
+        packed = iter(packed_sites(self._tower_attention, first_layer=0))
+        self._packed_sites = [
+            dataclasses.replace(site, recomputed=next(packed)) if site.stack == "image" else site
+            for site in sites
+        ]
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -58,6 +80,39 @@ class HFQwen2VL(VisionLanguageModel):
     @property
     def _merge_size(self) -> int:
         return int(self.tower.config.spatial_merge_size)
+
+    # -- the packed tower (explain.architectures.hf_packed_attention) ---------------------
+
+    def attention_sites(self) -> Sequence[AttentionSite]:
+        """The tower's blocks recomputed from their pieces, the language model's as seen."""
+        return self._packed_sites
+
+    def path_flags(self) -> Sequence[FlagSetting]:
+        """Eager for the language model; the tower's pieces through the probing wrapper."""
+        vision = self.tower.config
+        return [
+            FlagSetting(flag.owner, flag.name, IMPLEMENTATION) if flag.owner is vision else flag
+            for flag in super().path_flags()
+        ]
+
+    def path_context(self) -> AbstractContextManager[Any]:
+        return self._packed_recording()
+
+    def _packed_recording(self) -> AbstractContextManager[Any]:
+        projections = [module.proj for module in self._tower_attention]
+        return packed_recording(self.tower, self._tower_attention, projections)
+
+    def fused_path(self) -> FusedPath | None:
+        """sdpa for the language model, q, k, v seen through the attention interface
+        (hf_attention_probe); the tower recorded from its pieces as on the explicit path."""
+        text = [site.module for site in self._packed_sites if site.stack == "text"]
+        if not dispatches_attention(self.model, [*self._tower_attention, *text]):
+            return None
+        path = probed_fused_path(text, self.path_flags())
+        offset = len(self._tower_attention)
+        tower = [site.recomputed for site in self._packed_sites if site.recomputed is not None]
+        sites = [*tower, *(dataclasses.replace(s, layer=s.layer + offset) for s in path.sites)]
+        return dataclasses.replace(path, sites=sites, context=self._packed_recording)
 
     def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
         """`pixel_values` (N, 3 * t * p * p) flattened patches and `image_grid_thw` (k, 3),
@@ -96,13 +151,32 @@ class HFQwen2VL(VisionLanguageModel):
         check_finite(pixels, "the pixel values", "give the processor's normalised patches")
         return {"pixel_values": pixels, "image_grid_thw": grid}, len(grid)
 
+    def block_order(self, grid: tuple[int, int]) -> Tensor:
+        """The merged block (row-major on the merged grid) at each of the tower's block
+        positions, for one image of `grid` patches: Qwen2-VL keeps them row-major."""
+        m = self._merge_size
+        return torch.arange((grid[0] // m) * (grid[1] // m))
+
+    def tower_order(self, grid: tuple[int, int]) -> Tensor:
+        """(gh * gw,): the patch (row-major on the grid) at each of the tower's token
+        positions, for one image: the m x m patches of a block together, row-major inside
+        it, the blocks in `block_order`."""
+        m, columns = self._merge_size, grid[1] // self._merge_size
+        block = self.block_order(grid).repeat_interleave(m * m)
+        inside = torch.arange(m * m).repeat(len(block) // (m * m))
+        rows = block // columns * m + inside // m
+        return rows * grid[1] + block % columns * m + inside % m
+
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
         _, h, w = (int(n) for n in arguments["image_grid_thw"][0])
-        m = self._merge_size
-        merge = block_merge((h, w), m, arguments["image_grid_thw"].device)
+        device = arguments["image_grid_thw"].device
+        merge = block_merge((h, w), self._merge_size, device)
         patch = int(self.tower.config.patch_size)
         size = (h * patch, w * patch)
-        return ImageTokens(grid=(h, w), tower_prefix=0, merge=merge, input_size=size)
+        order = self.tower_order((h, w)).to(device)  # the merge over the tower's tokens
+        return ImageTokens(
+            grid=(h, w), tower_prefix=0, merge=merge[:, order], input_size=size, order=order
+        )
 
     def _modalities(self, arguments: Mapping[str, Tensor]) -> Tensor:
         """mm_token_type_ids: 1 at the image tokens, 0 at text."""

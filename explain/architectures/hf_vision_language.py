@@ -10,7 +10,9 @@ into the text, and `merge`, which tower tokens each of them was made from (LLaVA
 tower token each; a pooling or merging projector: several). A relevance over the image
 tokens maps back onto the tower's tokens through `merge` (each image token's relevance
 shared out over the tower tokens it was made from), and onto the tower's patch grid by
-dropping its prefix tokens. The engine's plan for these models is explain.engine.plans.image_text.
+dropping its prefix tokens (and putting the patches in row-major order, for a tower that
+runs them in an order of its own: `ImageTokens.order`). The engine's plan for these
+models is explain.engine.plans.image_text.
 """
 
 from __future__ import annotations
@@ -71,12 +73,16 @@ class ImageTokens:
     Attributes:
         grid: (gh, gw) the tower's patch grid (of each tile).
         tower_prefix: tokens before the patches in the tower (a class token: 1).
-        merge: (n, tower_prefix + gh * gw): row j says which tower tokens image token j of
-            the text was made from, with weights that sum to 1 (one-hot for a projector
-            that maps token by token); the same for every image of the tower's batch.
+        merge: (n, tower_prefix + gh * gw): row j says which tower tokens (in the tower's
+            order) image token j of the text was made from, with weights that sum to 1
+            (one-hot for a projector that maps token by token); the same for every image of
+            the tower's batch.
         input_size: (H, W) pixels of the processed photo the photo's grid lies on.
         tiles: (rows, cols) of a photo split into tiles; (0, 0): not split, the tower's
             image is the photo.
+        order: (gh * gw,) the patch (row-major on the grid) at each of the tower's patch
+            positions, for a tower that runs its patches in an order of its own (Qwen2-VL:
+            2 x 2 blocks contiguous; Qwen2.5-VL: window by window); None: row-major.
     """
 
     grid: tuple[int, int]
@@ -84,6 +90,7 @@ class ImageTokens:
     merge: Tensor
     input_size: tuple[int, int]
     tiles: tuple[int, int] = (0, 0)
+    order: Tensor | None = None
 
     @property
     def per_image(self) -> int:
@@ -112,11 +119,22 @@ class ImageTokens:
         """(..., n) relevance over one image's image tokens -> (..., tower tokens)."""
         return relevance @ self.merge.to(relevance.dtype)
 
+    def in_grid_order(self, tower_relevance: Tensor) -> Tensor:
+        """(..., tower tokens) in the tower's order -> the same with the patches in
+        row-major order on the grid (the prefix tokens first, as they are)."""
+        if self.order is None:
+            return tower_relevance
+        patches = tower_relevance[..., self.tower_prefix :]
+        row_major = patches.index_select(-1, torch.argsort(self.order).to(patches.device))
+        return torch.cat([tower_relevance[..., : self.tower_prefix], row_major], dim=-1)
+
     def to_photo(self, tower_relevance: Tensor) -> Tensor:
-        """(..., k * tower images, tower tokens) -> (..., k, tokens on the photo): as it is
-        for a photo that is one image of the tower (its prefix tokens kept, the patch grid
-        last), else the tiles' patches side by side on the photo's grid, flattened, with
-        the global image's patches shared out over the rows x cols cells each covers."""
+        """(..., k * tower images, tower tokens) in the tower's order -> (..., k, tokens on
+        the photo): as it is for a photo that is one image of the tower (its prefix tokens
+        kept, the patch grid last, row-major), else the tiles' patches side by side on the
+        photo's grid, flattened, with the global image's patches shared out over the
+        rows x cols cells each covers."""
+        tower_relevance = self.in_grid_order(tower_relevance)
         rows, cols = self.tiles
         lead = tower_relevance.shape[:-2]
         if not rows:
@@ -150,9 +168,8 @@ class VisionLanguageModel(LanguageModel):
     Subclasses give the tower and language-model stacks, the tower blocks the language
     model reads, the image token id and the `ImageTokens` of their projector; a family
     whose image inputs or positions differ (Qwen2-VL: flattened patches with their grids,
-    multimodal rotary positions) says so in `image_arguments` and `position_ids`, and one
-    whose tower cannot be folded yet in `tower_refused`. Inputs are
-    the processor's output: `input_ids` with each image's run of image tokens,
+    multimodal rotary positions) says so in `image_arguments` and `position_ids`. Inputs
+    are the processor's output: `input_ids` with each image's run of image tokens,
     `attention_mask` (left or right padding) and `pixel_values` (one row per image, in
     the order the images appear); or, with the processor as the Explainer's tokenizer, an
     image prompt (`is_image_prompt`).
@@ -163,9 +180,6 @@ class VisionLanguageModel(LanguageModel):
     token_types: ClassVar[bool] = False
     """Whether the model takes `token_type_ids` (PaliGemma: 0 for the image-and-prompt
     prefix, attended bidirectionally; 1 for the answer)."""
-    tower_refused: ClassVar[str | None] = None
-    """Why depth "tower" is not offered for the family (its tower's blocks are then left
-    out of the stack), or None."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -177,8 +191,8 @@ class VisionLanguageModel(LanguageModel):
                 f"{type(model).__name__}: its tower or language model does not name its "
                 "attention modules (_can_record_outputs)"
             )
-        used = 0 if self.tower_refused else self.tower_depth(len(find_blocks(tower)))
-        self._tower_blocks = find_blocks(tower)[:used]
+        tower_blocks = find_blocks(tower)
+        self._tower_blocks = tower_blocks[: self.tower_depth(len(tower_blocks))]
         self._lm_blocks = find_blocks(language)
         self._sites: list[AttentionSite] = []
         for stack, blocks, rec in (

@@ -238,7 +238,12 @@ class ForwardPass(Pass):
 
         with (
             self._session(differentiable=False, fused=fused) as session,
-            Recorder(session, on_attention=add, stream_forward=stream) as recorder,
+            Recorder(
+                session,
+                on_attention=add,
+                stream_forward=stream,
+                observed={layer for sink in sinks for layer in sink.layers},
+            ) as recorder,
         ):
             columns = plan.columns(plan.forward())
             if spread is not None and stream:

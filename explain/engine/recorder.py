@@ -5,7 +5,9 @@ mode, no parameter gradients, the attention path's flags, the RNG forked, the lo
 recorder keeps each block's attention probabilities from the forward pass and receives
 their gradients in the backward pass through tensor hooks on the same tensors (Chefer et
 al.'s `save_attn_gradients`), optionally does the same for hidden states, and on the fused
-path recomputes attention and its gradient from q, k, v (explain.fused). It also registers
+path recomputes attention and its gradient from q, k, v (explain.fused), as it does on
+either path for a block whose probabilities are no tensor of the model (a packed
+sequence attended piece by piece: `AttentionSite.recomputed`). It also registers
 the forward hooks that only read activations for a rule (the LRP walk's). On exit every
 hook it registered is removed and what it kept is dropped; the session then gives the
 model back.
@@ -24,7 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from explain.architectures.base import FusedPath, ModuleHook
+from explain.architectures.base import FusedAttentionSite, FusedPath, ModuleHook
 from explain.engine.session import Session
 from explain.errors import ExplainError, TargetError
 from explain.fused import FusedBlock
@@ -48,9 +50,10 @@ BlockCallback = Callable[[int, slice, "FusedBlock | Tensor", Tensor | None], Non
 """Receives (layer, the score columns, the block's record, its gradient for every one of
 those columns) for a fold batched over columns (explain.engine.spread). The record is the
 attention (B, H, N, N) on the explicit path, with dA (C, B, H, N, N); on the fused path
-it is the block itself (q, k, v and mask), with dO per head (C, B, H, N, d), so that no
-N x N map need ever be built. The gradient is None without a backward; the columns are
-a chunk of a batched backward's, or all of them (slice(None))."""
+(and for a recomputed site, `AttentionSite.recomputed`) it is the block itself (q, k, v
+and mask), with dO per head (C, B, H, N, d), so that no N x N map need ever be built.
+The gradient is None without a backward; the columns are a chunk of a batched
+backward's, or all of them (slice(None))."""
 
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
@@ -85,6 +88,9 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         stream_forward: fused path, no gradient: keep every block's q, k (and mask), small,
             instead of handing its whole map to `on_attention` in the forward, so that
             `stream_attention` can hand the blocks over last first, folded without maps.
+        observed: the layers whose attention `on_attention` is for (None: every layer): a
+            block recomputed from q, k, v that no one reads (a vision-language model's
+            tower explained at depth "lm") is then never recomputed.
     """
 
     def __init__(
@@ -96,6 +102,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         hidden_states: bool = False,
         module_hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
         stream_forward: bool = False,
+        observed: Collection[int] | None = None,
     ) -> None:
         if (track or hidden_states) and not session.differentiable:
             raise ExplainError("recording gradients needs a differentiable Session")
@@ -107,6 +114,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self._fused_blocks: dict[int, FusedBlock] = {}
         self._fused_outputs: dict[int, Tensor] = {}  # fused path: the tracked tensors
         self._on_attention = on_attention
+        self._observed = None if observed is None else frozenset(observed)
         self._track = frozenset(track)
         self._keep_hidden = hidden_states
         self.attentions: dict[int, Tensor] = {}
@@ -151,9 +159,14 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
         # A module may serve several blocks (ALBERT runs one shared layer L times): it gets
         # one hook, which hands its k-th call in a forward pass to the k-th block it serves.
+        # A site whose probabilities are no tensor of the model (`AttentionSite.recomputed`)
+        # is recorded as on the fused path, whichever path the call takes.
+        declared = self.adapter.attention_sites()
         if self._fused is not None:
-            self._install_fused_hooks(self._fused)
-        explicit_sites = () if self._fused else self.adapter.attention_sites()
+            self._install_fused_hooks(self._fused.sites)
+        else:
+            self._install_fused_hooks([s.recomputed for s in declared if s.recomputed])
+        explicit_sites = () if self._fused else [s for s in declared if s.recomputed is None]
         for module, sites in _occurrences(explicit_sites, lambda s: s.module):
             turn = _Rotation(sites)
             self._handles.append(
@@ -194,10 +207,10 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                     )
                 )
 
-    def _install_fused_hooks(self, path: FusedPath) -> None:
-        if len({id(site.output) for site in path.sites}) != len(path.sites):
+    def _install_fused_hooks(self, sites: Sequence[FusedAttentionSite]) -> None:
+        if len({id(site.output) for site in sites}) != len(sites):
             raise ExplainError("the fused path does not support layers shared between blocks")
-        for site in path.sites:
+        for site in sites:
             block = self._fused_blocks[site.layer] = FusedBlock(site)
             self._handles += [
                 site.query.register_forward_hook(lambda m, a, out, b=block: b.see_query(out)),
@@ -242,7 +255,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         block = self._fused_blocks[layer]
         if self._stream_forward:  # kept for `stream_attention`, after the forward
             return
-        if self._on_attention is not None:
+        if self._on_attention is not None and (self._observed is None or layer in self._observed):
             self._on_attention(layer, block.probabilities())
         if layer in self._track and output.requires_grad:
             self._fused_outputs[layer] = output
@@ -272,28 +285,29 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             self._release(layer)  # released as soon as its gradient has been used
 
     def _attention(self, layer: int) -> Tensor:
-        """A of a tracked layer: kept on the explicit path, recomputed on the fused path."""
-        if self._fused is None:
+        """A of a tracked layer: kept on the explicit path, recomputed on the fused path
+        (and for a recomputed site)."""
+        if layer not in self._fused_blocks:
             return self.attentions[layer]
         return self._fused_blocks[layer].probabilities()
 
     def _attention_grad(self, layer: int, grad: Tensor) -> Tensor:
         """dA from the gradient of the layer's tracked tensor: A itself on the explicit
         path, the attention output on the fused path (dA = dO v^T)."""
-        if self._fused is None:
+        if layer not in self._fused_blocks:
             return grad
         return self._fused_blocks[layer].probabilities_grad(grad)
 
     def _record(self, layer: int, grads: Tensor) -> tuple[FusedBlock | Tensor, Tensor]:
         """A tracked layer's record and gradients for a `BlockCallback`, from the
         gradients of its tracked tensor for several columns (C, ...)."""
-        if self._fused is None:
+        if layer not in self._fused_blocks:
             return self.attentions[layer], grads
         block = self._fused_blocks[layer]
         return block, block.output_grads(grads)
 
     def _release(self, layer: int) -> None:
-        if self._fused is None:
+        if layer not in self._fused_blocks:
             del self.attentions[layer]
         else:
             del self._fused_outputs[layer]
@@ -399,7 +413,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             raise ExplainError("Recorder.backward_batched must be called inside the context")
         if scores.dim() != 2:
             raise ExplainError(f"expected (B, K) scores, got shape {tuple(scores.shape)}")
-        tracked = self._fused_outputs if self._fused else self.attentions
+        tracked = self._tracked()
         missing = self._track - set(tracked)
         if missing:
             raise ExplainError(f"no gradient can reach the attention of layers {sorted(missing)}")
@@ -425,13 +439,18 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         finally:
             self._retain_graph = False
 
+    def _tracked(self) -> dict[int, Tensor]:
+        """Every tracked layer's tensor: its attention, or on the fused path (and for a
+        recomputed site) its attention output."""
+        return {**self.attentions, **self._fused_outputs}
+
     def _earliest_tracked(self) -> list[Tensor]:
         """What the backward differentiates: the earliest tracked tensor of every stack
         (block 0's input when hidden states are kept), so exactly the graph between them
         and the score runs; empty when nothing was tracked."""
         if self._keep_hidden and self.hidden_states and len(self.adapter.entry_blocks) == 1:
             return [self.hidden_states[0]]
-        tracked = self._fused_outputs if self._fused else self.attentions
+        tracked = self._tracked()
         stacks = {site.layer: site.stack for site in self.adapter.attention_sites()}
         earliest: dict[str, Tensor] = {}
         for layer in sorted(tracked):

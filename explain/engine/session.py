@@ -9,7 +9,9 @@ For the duration of the call the session
   does inside the call changes the random numbers training will draw next,
 - enables autograd (`differentiable`) or disables it,
 - puts every module in eval mode and turns off every parameter's `requires_grad`,
-- sets the attention-path flags (the explicit path's, or the fused path's), and
+- sets the attention-path flags (the explicit path's, or the fused path's), after
+  entering what the path needs in place besides them (`Adapter.path_context`,
+  `FusedPath.context`: an attention function registered in a library), and
 - registers the module hooks that change what the model computes for the call (the
   Gradient x Input rules of AttnLRP and CP-LRP: canonizers in zennit's terms).
 
@@ -184,8 +186,11 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 torch.enable_grad() if self.differentiable else torch.no_grad()
             )
             self._freeze(modules)
+            context = self.adapter.path_context() if self.fused is None else None
             if self.fused is not None and self.fused.context is not None:
-                self._undo.enter_context(self.fused.context())
+                context = self.fused.context()
+            if context is not None:
+                self._undo.enter_context(context)
             self._set_flags(flags)
             for module, hook in self._hooks:
                 handle = module.register_forward_hook(hook, with_kwargs=True)

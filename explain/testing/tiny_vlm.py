@@ -274,9 +274,11 @@ blocks, so a 40 x 60 photo becomes 32 x 64 (a 4 x 8 patch grid, 2 x 4 image toke
 def tiny_qwen2_vl(seed: int = 0, version: str = "2") -> nn.Module:
     """A small random `Qwen2VLForConditionalGeneration` (`version` "2") or
     `Qwen2_5_VLForConditionalGeneration` ("2.5"), in eval mode, sdpa attention: a
-    two-block tower over 8-pixel patches merged 2 x 2 (2.5: windows of 2 x 2 merged
-    blocks in its first block, full attention in its second), and a tiny Qwen2 language
-    model with multimodal rotary positions (sections 2, 1, 1 of its 4 rotary frequencies)."""
+    two-block tower over 8-pixel patches merged 2 x 2 (2.5: windows of 3 x 3 merged
+    blocks in its first block, so that a grid of 2 x 4 merged blocks has a 2 x 3 window
+    and a smaller 2 x 1 one at its edge; full attention in its second), and a tiny Qwen2
+    language model with multimodal rotary positions (sections 2, 1, 1 of its 4 rotary
+    frequencies)."""
     import transformers as tf
 
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
@@ -293,7 +295,7 @@ def tiny_qwen2_vl(seed: int = 0, version: str = "2") -> nn.Module:
             hidden_size=32,
             intermediate_size=37,
             out_hidden_size=32,
-            window_size=4 * PATCH_SIZE,
+            window_size=6 * PATCH_SIZE,
             fullatt_block_indexes=[1],
         )
         kind, build = tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration

@@ -131,7 +131,8 @@ class ImageTextSink:
         else:
             tower = self._tower_sink().result()
             image = tower.reshape(text.shape[0], -1, tower.shape[-1])
-        image = self._tokens.to_photo(image)  # a photo's tiles put together on it
+        # the tower's order made row-major, a photo's tiles put together on it
+        image = self._tokens.to_photo(image)
         return {"image": image, "text": text.scatter(1, self._image_at, 0.0)}
 
 
@@ -168,11 +169,6 @@ class ImageTextPlan(Plan):
                 "token: trace a prefix of it with its next token as the target"
             )
         super().__init__(adapter, spec, replace(request, options=options), tokenizer)
-        if depth == "tower" and self.vlm.tower_refused is not None:
-            raise OptionError(
-                f"depth='tower' is not offered for {type(self.vlm.model).__name__}: "
-                f"{self.vlm.tower_refused}; use depth='lm'"
-            )
         if spec is not None and depth == "tower" and spec.default_start_layer is None:
             raise OptionError(
                 f"depth='tower' continues an aggregation over blocks through the tower's "
