@@ -289,12 +289,15 @@ def attention_heads(model: nn.Module) -> int:
 
 def default_memory_budget(device: torch.device) -> int:
     """The memory budget of a call that states none: half the free memory of a CUDA
-    device (read once per call); on other devices a quarter of the available RAM, at most
-    `CPU_MEMORY_BUDGET` (a CPU is shared by other work, and its streamed fold gains
-    little from chunks larger than that)."""
+    device (read once per call), counting as free what PyTorch's caching allocator holds
+    without using it (what earlier calls left cached would otherwise decide the path); on
+    other devices a quarter of the available RAM, at most `CPU_MEMORY_BUDGET` (a CPU is
+    shared by other work, and its streamed fold gains little from chunks larger than
+    that)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return free // 2
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return (free + cached) // 2
     try:
         available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

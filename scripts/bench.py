@@ -32,17 +32,40 @@ path's streaming fold (explain.fused) is what keeps generic near the floor. Thei
 replace the "Long prompts" section of `--out` and leave the rest of the file as it is
 (and a run of the other cases keeps that section).
 
-GPU (`--device cuda --cases gpu`, GPU_CASES): ViT-B/16 at batch 64 in float32 and
-bfloat16 (generic, rollout, attnlrp, transformer_attribution and the papers' loop),
-Llama-1B shapes in bfloat16 at 4k, 16k and 32k tokens (generic, rollout, attnlrp), and a
-generation of 64 tokens after a 1,024-token prompt against its own floor (one forward and
-one 64-column batched backward), each against the floor of the same run; then every
-method on tiny models (ViT, BERT, Llama) and `readout_spread` itself on CUDA against the
-CPU. Its tables replace the "GPU" section of `--out`.
+GPU (`--device cuda --cases gpu`, GPU_CASES in the order GPU_ORDER): first every method
+on tiny models (ViT, BERT, Llama) and `readout_spread` itself on CUDA against the CPU;
+then `readout_spread` (Triton where it runs) against torch_fold at one Llama-1B block
+(32 heads, 8 key-value heads, head dim 64, bfloat16, causal, 4k tokens; 1 and 64
+columns), ViT-B/16 at batch 64 in float32 and bfloat16 (generic, rollout, attnlrp,
+transformer_attribution and the papers' loop), a generation of 64 tokens after a
+1,024-token prompt against its own floor (one forward and one 64-column batched
+backward), and Llama-1B shapes in bfloat16 at 4k, 16k and 32k tokens (generic, rollout,
+attnlrp), each against the floor of the same run. Its tables replace the "GPU" section
+of `--out`, which is written after every case: a run stopped part way keeps what it
+measured and names the cases it did not reach. A case that fails (out of memory, say)
+is reported as FAILED and the next one runs; the script then exits with an error.
+
+Time on an H200 (estimated, since no GPU has run it yet; each variant runs once on a
+short warm-up input and 3 + 1 times on the case's input): the checks about 30 s with
+Triton's first compilations, the kernel cases seconds, ViT about 15 s each, the
+generation and Llama at 4k about 15 s each (the explicit maps fit the default budget),
+16k about 30 s and 32k about 1.5 min (streamed; the floor alone is about a second per
+call there), and 5-10 s per Llama-1B build: about 4 minutes in all, with imports; about
+10 minutes if the generation and 4k calls still took the 10 s the issue measured before
+the explicit path on CUDA and the fold over all columns. scripts/gpu_check.sh runs it
+under a 6-minute limit (BENCH_LIMIT_S): a slower run loses its last cases, not the
+others (32k tokens runs last).
+
+Smoke run (`--smoke`): every case at tiny shapes (SMOKE_VIT, SMOKE_LLAMA, SMOKE_KERNEL,
+SMOKE_TOKENS) through the same code, and the checks against the CPU itself, in about
+half a minute on a CPU, so that the GPU run works the first time
+(tests/test_bench_smoke.py). Its section says it is a smoke run; its figures mean
+nothing.
 
     python scripts/bench.py [--rounds 3] [--cases vit,bert128,bert512] [--out docs/benchmarks.md]
     python scripts/bench.py --cases long --rounds 2 --out docs/benchmarks.md
     python scripts/bench.py --device cuda --cases gpu --out docs/benchmarks.md
+    python scripts/bench.py --device cpu --cases gpu --smoke --rounds 1 --out /tmp/bench.md
 """
 
 from __future__ import annotations
@@ -56,6 +79,7 @@ import os
 import platform
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -84,12 +108,17 @@ class Case:
     batch: int
     tokens: int
     model: str = "bert-base"
-    """"vit", "bert-base", "bert-narrow", "llama-narrow" or "llama-1b"."""
+    """"vit", "bert-base", "bert-narrow", "llama-narrow", "llama-1b", or "kernel" (one
+    block's `readout_spread` at Llama-1B's attention shapes, no model)."""
     dtype: str = "float32"
     generated: int = 0
     """A generation: this many of the tokens are generated after the prompt."""
     gpu: bool = False
     """One of the GPU cases (GPU_CASES), reported in the GPU section."""
+    columns: int = 0
+    """The kernel cases (model "kernel"): readout columns folded at once."""
+    smoke: bool = False
+    """Tiny shapes (`smoke`): the case's code path, none of its figures."""
 
     @property
     def long(self) -> bool:
@@ -144,8 +173,37 @@ GPU_CASES = {
         generated=64,
         gpu=True,
     ),
+    **{
+        f"kernel-4k-{columns}": Case(
+            f"kernel-4k-{columns}",
+            "readout_spread against torch_fold, one Llama-1B block (32 heads, 8 key-value "
+            f"heads, head dim 64), bfloat16, causal, 4k tokens, {columns} column(s)",
+            1,
+            4096,
+            "kernel",
+            "bfloat16",
+            gpu=True,
+            columns=columns,
+        )
+        for columns in (1, 64)
+    },
 }
+GPU_ORDER = (
+    "kernel-4k-1",
+    "kernel-4k-64",
+    "vit-gpu-fp32",
+    "vit-gpu-bf16",
+    "generation",
+    "llama-1b-4k",
+    "llama-1b-16k",
+    "llama-1b-32k",
+)
+"""The order of a GPU run: the kernel first (seconds, and whether Triton runs at all),
+the longest case last, so that a run stopped by a time limit loses the least."""
+GPU_CASES = {name: GPU_CASES[name] for name in GPU_ORDER}
 CASES.update(GPU_CASES)
+KERNEL_SHAPE = dict(heads=32, kv_heads=8, head_dim=64)
+"""Llama 3.2 1B's attention (LLAMA_1B): what one block's fold reads."""
 LLAMA_1B = dict(
     hidden_size=2048,
     intermediate_size=8192,
@@ -166,27 +224,70 @@ EXPLICIT_BYTES = 6 << 30
 """Variants on the explicit path are left out where its attention maps alone would pass
 this many bytes (`explicit_bytes`): 16384 tokens would need tens of GiB."""
 
+SMOKE_VIT = dict(img_size=32, embed_dim=32, depth=2, num_heads=2)
+SMOKE_LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    tie_word_embeddings=True,
+)
+SMOKE_KERNEL = dict(heads=8, kv_heads=2, head_dim=16)
+SMOKE_TOKENS = 64
+"""A smoke run divides the Llama cases' tokens by this (4k, 16k, 32k -> 64, 256, 512:
+the longest beyond explain.fused.CPU_FUSED_MIN_TOKENS, so the streamed fold runs too),
+and the generation's prompt by it and its generated tokens by 16."""
 
-def build(case: Case, device: torch.device) -> tuple[torch.nn.Module, Any]:
-    """The model (random weights, eval mode) and a batch of inputs, on `device`."""
+
+def smoke(case: Case) -> Case:
+    """`case` at tiny shapes, for `--smoke`: the same code path in seconds on a CPU."""
+    if case.model == "vit":
+        tokens, generated = (SMOKE_VIT["img_size"] // 16) ** 2 + 1, 0
+    elif case.generated:
+        generated = max(2, case.generated // 16)
+        tokens = (case.tokens - case.generated) // SMOKE_TOKENS + generated
+    else:
+        tokens, generated = case.tokens // SMOKE_TOKENS, 0
+    return dataclasses.replace(
+        case,
+        title=f"{case.title} [smoke run: tiny shapes, {tokens} tokens]",
+        batch=min(case.batch, 2),
+        tokens=tokens,
+        generated=generated,
+        columns=min(case.columns, 4),
+        smoke=True,
+    )
+
+
+def build(case: Case, device: torch.device) -> tuple[torch.nn.Module | None, Any]:
+    """The model (random weights, eval mode) and a batch of inputs, on `device`; for a
+    kernel case no model, and the kernel's tensors (`kernel_inputs`)."""
     generator = torch.Generator().manual_seed(0)
+    if case.model == "kernel":
+        return None, kernel_inputs(case, device)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         if case.model == "llama-1b":
             from transformers import LlamaConfig, LlamaForCausalLM
 
+            shape = SMOKE_LLAMA if case.smoke else LLAMA_1B
             config = LlamaConfig(
-                **LLAMA_1B, max_position_embeddings=case.tokens, attn_implementation="sdpa"
+                **shape, max_position_embeddings=case.tokens, attn_implementation="sdpa"
             )
             with torch.device(device):  # initialised where it runs: no 5 GB copy
                 model = LlamaForCausalLM(config)
-            ids = torch.randint(5, 128000, (case.batch, case.tokens), generator=generator)
+            vocabulary = int(shape["vocab_size"]) - 256
+            ids = torch.randint(5, vocabulary, (case.batch, case.tokens), generator=generator)
             inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         elif case.model == "vit":
             import timm
 
-            model = timm.create_model("vit_base_patch16_224", pretrained=False)
-            inputs: Any = torch.randn(case.batch, 3, 224, 224, generator=generator)
+            shape = SMOKE_VIT if case.smoke else {}
+            model = timm.create_model("vit_base_patch16_224", pretrained=False, **shape)
+            size = int(shape.get("img_size", 224))
+            inputs: Any = torch.randn(case.batch, 3, size, size, generator=generator)
         elif case.long:
             model = narrow_model(case.model)
             ids = torch.randint(5, 1024, (case.batch, case.tokens), generator=generator)
@@ -336,6 +437,69 @@ def generation_method(model: torch.nn.Module, inputs: Any, width: int, name: str
     return lambda: explain_generation(explainer, generation, method=name)
 
 
+def kernel_inputs(case: Case, device: torch.device) -> dict[str, Any]:
+    """One block's fold at Llama-1B's attention shapes (KERNEL_SHAPE): q, k, v in the
+    case's dtype, dO for `case.columns` columns, their readout rows (float32, as the
+    engine's folds hand them), causal, no padding."""
+    shape = SMOKE_KERNEL if case.smoke else KERNEL_SHAPE
+    heads, kv_heads, dim = shape["heads"], shape["kv_heads"], shape["head_dim"]
+    batch, tokens, columns = case.batch, case.tokens, case.columns
+    generator = torch.Generator().manual_seed(0)
+    dtype = getattr(torch, case.dtype)
+
+    def normal(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=generator).to(device=device, dtype=dtype)
+
+    return dict(
+        vector=torch.rand(columns, batch, tokens, generator=generator).to(device),
+        query=normal(batch, heads, tokens, dim),
+        key=normal(batch, kv_heads, tokens, dim),
+        value=normal(batch, kv_heads, tokens, dim),
+        output_grad=normal(columns, batch, heads, tokens, dim),
+        scale=dim**-0.5,
+        causal=True,
+        key_mask=None,
+        mode="gradient",
+    )
+
+
+KERNEL_BASE = "torch_fold (PyTorch, query rows chunked to the memory budget)"
+KERNEL = "readout_spread (the engine's dispatch: Triton on CUDA where it runs)"
+
+
+def kernel_variants(case: Case, tensors: dict[str, Any]) -> dict[str, Variant]:
+    """The kernel case's rows: the PyTorch fold first (the baseline), then the dispatcher,
+    both with the engine's default memory budget on the device."""
+    from explain.engine.kernels import readout_spread
+    from explain.engine.kernels.torch_fold import readout_spread as torch_readout_spread
+
+    budget = default_memory_budget(tensors["query"].device)
+    return {
+        KERNEL_BASE: Variant(lambda: torch_readout_spread(**tensors, max_bytes=budget), 1),
+        KERNEL: Variant(lambda: readout_spread(**tensors, max_bytes=budget), 1),
+    }
+
+
+def kernel_note(case: Case, device: torch.device) -> list[str]:
+    """Which implementation the dispatcher ran, and how far its result is from
+    torch_fold's (the largest difference over the largest value)."""
+    from explain.engine.kernels import implementation, readout_spread
+    from explain.engine.kernels.torch_fold import readout_spread as torch_readout_spread
+
+    tensors = kernel_inputs(case, device)
+    budget = default_memory_budget(device)
+    found = readout_spread(**tensors, max_bytes=budget)
+    expected = torch_readout_spread(**tensors, max_bytes=budget)
+    ran = implementation(tensors["vector"], tensors["query"], tensors["key"])
+    difference = float((found - expected).abs().max() / expected.abs().max().clamp(min=1e-30))
+    names = {"triton": "the Triton kernel", "torch": "torch_fold (no Triton here)"}
+    return [
+        f"readout_spread ran {names[ran]}; largest difference from torch_fold / largest "
+        f"value: {difference:.1e}.",
+        "",
+    ]
+
+
 def reference_loop(model: torch.nn.Module, inputs: Any, batch: int) -> Callable[[], None]:
     """The papers' generic-rule code, one input at a time (see the module docstring)."""
     adapter = adapter_for(model)
@@ -403,8 +567,11 @@ and scaled to the batch: it keeps `make bench` under 10 minutes on 2 cores. Thei
 is that of the inputs timed."""
 
 
-def variants(case: Case, model: torch.nn.Module, inputs: Any) -> dict[str, Variant]:
-    """Every timed variant of one case, the floor first."""
+def variants(case: Case, model: torch.nn.Module | None, inputs: Any) -> dict[str, Variant]:
+    """Every timed variant of one case, the floor (the kernel cases: torch_fold) first."""
+    if case.model == "kernel":
+        return kernel_variants(case, inputs)
+    assert model is not None
     if case.long:
         return long_variants(case, model, inputs)
     if case.gpu:
@@ -498,8 +665,10 @@ def run_case(
     """
     model, inputs = build(case, device)
     calls = variants(case, model, inputs)
-    if case.long or case.model == "llama-1b":  # a short prefix warms up in seconds
-        short = dataclasses.replace(case, tokens=WARM_UP_TOKENS + case.generated)
+    if case.model == "kernel":  # Triton compiles on the first call
+        warm_up = dict(calls)
+    elif case.long or case.model == "llama-1b":  # a short prefix warms up in seconds
+        short = dataclasses.replace(case, tokens=min(case.tokens, WARM_UP_TOKENS + case.generated))
         prefix = {k: v[:, -short.tokens :] for k, v in inputs.items()}
         warm_up = variants(short, model, prefix)
     else:
@@ -588,11 +757,14 @@ def table(
 ) -> list[str]:
     """The case's Markdown table: medians, ratios to the floor, and the targets' verdicts."""
     medians = {name: statistics.median(values) for name, values in seconds.items()}
-    base, base_peak = medians[FLOOR], peak.get(FLOOR)
+    first = next(iter(medians))  # the floor, or for a kernel case torch_fold
+    base, base_peak = medians[first], peak.get(first)
+    against = "floor" if first == FLOOR else "torch_fold"
     lines = [
         f"### {case.title}, batch {case.batch} ({case.tokens} tokens per input)",
         "",
-        "| variant | inputs timed | median s (batch) | time / floor | peak MiB | memory / floor |",
+        f"| variant | inputs timed | median s (batch) | time / {against} | peak MiB "
+        f"| memory / {against} |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, value in medians.items():
@@ -601,7 +773,7 @@ def table(
         comparable = name in peak and base_peak and inputs[name] == case.batch
         ratio = f"{peak[name] / base_peak:.2f}" if comparable else "-"
         lines.append(
-            f"| {name} | {inputs[name]} | {value:.2f} | {value / base:.2f} | {mib} | {ratio} |"
+            f"| {name} | {inputs[name]} | {value:.3g} | {value / base:.2f} | {mib} | {ratio} |"
         )
     lines.append("")
     speedup = medians[REFERENCE] / medians["generic"] if REFERENCE in medians else None
@@ -623,7 +795,10 @@ def table(
 def targets(
     case: Case, medians: dict[str, float], peaks: dict[str, float], speedup: float | None
 ) -> list[tuple[str, float, float, bool]]:
-    """(label, value, limit, at_most) for the issue's targets that apply to `case`."""
+    """(label, value, limit, at_most) for the issue's targets that apply to `case` (none
+    to a kernel case, whose baseline is torch_fold, not the floor)."""
+    if case.model == "kernel":
+        return []
     floor_time = medians[FLOOR]
     found: list[tuple[str, float, float, bool]] = []
     if case.long and case.tokens == 4096 and "generic" in medians:
@@ -675,12 +850,24 @@ def gpu_targets(
     return found
 
 
-def cuda_checks(device: torch.device) -> list[str]:
-    """Every method on tiny models, and `readout_spread` itself, on `device` against the
-    CPU in float32: a Markdown table of the largest differences relative to each map."""
+CHECK_TOLERANCE = {"lrp": 1e-2}
+"""Largest difference over the largest value a device check allows, where it is not 1e-4:
+full LRP repeats the float32 forward's rounding, which another device changes, magnified
+by LRP-0 where sums nearly cancel (README, "Batches": a few 1e-3 of the maximum)."""
+
+
+def device_checks(device: torch.device, failures: list[str]) -> list[str]:
+    """Every method each tiny model takes (ViT, BERT, Llama), and `readout_spread` itself,
+    on `device` against the CPU in float32: a Markdown table of the largest differences
+    relative to each map; each check that fails (an error, or a difference over its
+    `CHECK_TOLERANCE`) is also added to `failures`. cuDNN's TF32 convolutions (on by
+    default in PyTorch) are turned off for the checks, so that the patch embedding is
+    float32 on both sides."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    from explain.engine.kernels import readout_spread
+    from explain import engine
+    from explain.engine.kernels import implementation, readout_spread
+    from explain.rules import METHODS
     from explain.testing import tiny_lm, tiny_vit
 
     generator = torch.Generator().manual_seed(0)
@@ -706,30 +893,53 @@ def cuda_checks(device: torch.device) -> list[str]:
         "tiny Llama": (tiny_lm.tiny_causal_lm("llama"), text),
     }
     lines = [
-        "| model | method | largest difference / largest value | verdict (1e-4) |",
+        "| model | method | largest difference / largest value | verdict (tolerance) |",
         "|---|---|---:|---|",
     ]
 
-    def row(model: str, name: str, difference: float) -> None:
-        verdict = "equal" if difference <= 1e-4 else "DIFFERENT"
-        lines.append(f"| {model} | {name} | {difference:.1e} | {verdict} |")
+    def row(model: str, name: str, check: Callable[[], float]) -> None:
+        """One check's row; a check that raises is a FAILED row with its error, and the
+        checks go on (one run on a GPU must report all it can)."""
+        try:
+            difference = check()
+        except Exception as error:  # reported in the table, never skipped
+            message = f"{type(error).__name__}: {str(error)[:160]}".replace("|", "/")
+            lines.append(f"| {model} | {name} | {message} | FAILED |")
+            failures.append(f"{model} {name}")
+            return
+        tolerance = CHECK_TOLERANCE.get(name, 1e-4)
+        verdict = "equal" if difference <= tolerance else "DIFFERENT"
+        if verdict != "equal":
+            failures.append(f"{model} {name}")
+        lines.append(f"| {model} | {name} | {difference:.1e} | {verdict} ({tolerance:.0e}) |")
 
     def on(value: Any, where: torch.device) -> Any:
         if isinstance(value, torch.Tensor):
             return value.to(where)
         return {key: item.to(where) for key, item in value.items()}
 
-    for title, (model, inputs) in models.items():
-        for name in ("generic", "rollout", "attnlrp", "transformer_attribution"):
-            try:
-                expected = Explainer(model).explain(inputs, method=name).relevance
-            except Exception:
-                continue
-            moved = model.to(device)
-            found = Explainer(moved).explain(on(inputs, device), method=name).relevance.cpu()
+    def difference(found: torch.Tensor, expected: torch.Tensor) -> float:
+        scale = expected.abs().max().clamp(min=1e-30)
+        return float((found.cpu() - expected).abs().max() / scale)
+
+    def explained(model: torch.nn.Module, inputs: Any, name: str) -> float:
+        target = 1 if METHODS[name].class_specific else None
+        expected = Explainer(model).explain(inputs, method=name, target=target)
+        try:
+            moved = Explainer(model.to(device))
+            found = moved.explain(on(inputs, device), method=name, target=target)
+        finally:
             model.to("cpu")
-            scale = expected.abs().max().clamp(min=1e-30)
-            row(title, name, float((found - expected).abs().max() / scale))
+        return difference(found.relevance, expected.relevance)
+
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for title, (model, inputs) in models.items():
+            for name in engine.supported_methods(Explainer(model).adapter):
+                row(title, name, lambda m=model, i=inputs, n=name: explained(m, i, n))
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
     # The kernel: causal, a padded key, grouped-query heads (4 query heads, 2 kv heads).
     query = torch.randn(2, 4, 300, 16, generator=generator)
     key, value = (torch.randn(2, 2, 300, 16, generator=generator) for _ in range(2))
@@ -738,15 +948,20 @@ def cuda_checks(device: torch.device) -> list[str]:
     keys = torch.ones(2, 300, dtype=torch.bool)
     keys[1, :7] = False  # left padding
     tensors = (vector, query, key, value, grad)
-    options = dict(scale=0.25, causal=True, mode="gradient")
-    expected = readout_spread(*tensors, key_mask=keys, **options)  # type: ignore[arg-type]
-    found = readout_spread(
-        *(t.to(device) for t in tensors),
-        key_mask=keys.to(device),
-        **options,  # type: ignore[arg-type]
-    ).cpu()
-    difference = (found - expected).abs().max() / expected.abs().max()
-    row("readout_spread (causal, padded, grouped-query)", "gradient", float(difference))
+    for dtype in (torch.float32, torch.bfloat16):  # Llama's GPU cases are bfloat16
+        cast = (vector, *(t.to(dtype) for t in tensors[1:]))  # readout rows stay float32
+        moved = tuple(t.to(device) for t in cast)
+        ran = implementation(*moved[:3])
+        title = f"readout_spread ({ran}, {str(dtype)[6:]}; causal, padded, grouped-query)"
+
+        def spread(mode: str, cast: tuple = cast, moved: tuple = moved) -> float:
+            options: dict[str, Any] = dict(scale=0.25, causal=True, mode=mode)
+            expected = readout_spread(*cast, key_mask=keys, **options)
+            found = readout_spread(*moved, key_mask=keys.to(device), **options)
+            return difference(found, expected)
+
+        for mode in ("gradient", "attention"):
+            row(title, mode, lambda m=mode, f=spread: f(m))
     return lines
 
 
@@ -758,63 +973,125 @@ def main() -> None:
     parser.add_argument(
         "--cases",
         default=",".join(DEFAULT_CASES),
-        help="comma-separated, or 'long' for the long prompts: " + ", ".join(CASES),
+        help="comma-separated, or 'long' for the long prompts, 'gpu' for the GPU cases: "
+        + ", ".join(CASES),
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, help="batch size for every case (e.g. 64 on a GPU)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every case at tiny shapes (SMOKE_*): the whole script, cases and checks, in "
+        "seconds on a CPU, to test it before a GPU run; its figures mean nothing",
+    )
     parser.add_argument("--out", type=Path, help="write the report here (Markdown)")
     args = parser.parse_args()
     device = torch.device(args.device)
     groups = {"long": LONG_CASES, "gpu": tuple(GPU_CASES)}
     names = groups.get(args.cases) or tuple(args.cases.split(","))
+    cases = [CASES[name] for name in names]
+    if args.batch:
+        cases = [dataclasses.replace(case, batch=args.batch) for case in cases]
+    if args.smoke:
+        cases = [smoke(case) for case in cases]
 
     started = time.perf_counter()
     header = machine()
     tables: dict[str, list[str]] = {"cpu": [], "long": [], "gpu": []}  # by Case.section
     growth: list[str] = []
-    for name in names:
-        case = CASES[name]
-        if args.batch:
-            case = dataclasses.replace(case, batch=args.batch)
-        seconds, peaks, inputs = run_case(case, args.rounds, device, memory=not args.no_memory)
-        section = table(case, seconds, peaks, inputs)
-        tables[case.section] += section
-        if case.long:
-            growth.append(growth_row(case, seconds, peaks))
-        print("\n".join(section), flush=True)
-    elapsed = time.perf_counter() - started
-    fields = dict(
-        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        machine=header,
-        device=device.type.upper(),
-        rounds=args.rounds,
-        minutes=elapsed / 60,
-        threshold=CPU_FUSED_MIN_TOKENS,
-        scaled=SCALED_INPUTS,
-        warm_up=WARM_UP_TOKENS,
-    )
-    if args.out:
-        old = args.out.read_text() if args.out.exists() else ""
-        report = REPORT.format(tables="\n".join(tables["cpu"]), **fields) if tables["cpu"] else old
-        long = (
-            LONG_REPORT.format(tables="\n".join(tables["long"]), growth="\n".join(growth), **fields)
-            if tables["long"]
-            else long_section(old)
+    # The checks come first: they take seconds, and a GPU run that is stopped part way
+    # still reports whether the engine is right on the device.
+    checks = None
+    failures: list[str] = []
+    if any(case.gpu for case in cases):
+        on_device = device.type == "cuda" or args.smoke
+        checks = device_checks(device, failures) if on_device else None
+        print("\n".join(checks or [CHECKS_PENDING]), flush=True)
+
+    def write(done: int) -> None:
+        """The report so far (after `done` cases): written after every case, so that a
+        run stopped part way keeps what it measured."""
+        if args.out is None:
+            return
+        fields = dict(
+            date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            machine=header,
+            device=device.type.upper(),
+            rounds=args.rounds,
+            minutes=(time.perf_counter() - started) / 60,
+            threshold=CPU_FUSED_MIN_TOKENS,
+            scaled=SCALED_INPUTS,
+            warm_up=WARM_UP_TOKENS,
         )
-        report = with_long_section(report, long)
-        windowed = WINDOWED_SECTION.search(old)  # scripts/bench_swin.py's, kept as it is
-        if windowed and windowed.group(0) not in report:
-            report = report.rstrip("\n") + "\n\n" + windowed.group(0) + "\n"
-        if tables["gpu"]:
-            checks = "\n".join(cuda_checks(device)) if device.type == "cuda" else CHECKS_PENDING
-            gpu = GPU_REPORT.format(tables="\n".join(tables["gpu"]), checks=checks, **fields)
-            report = with_gpu_section(report, gpu)
-        with atomic_write(args.out, "w") as handle:
-            handle.write(
-                with_gpu_section(report, GPU_PENDING) if not gpu_section(report) else report
-            )
-    print(f"benchmark took {elapsed / 60:.1f} min")
+        pending = [case.name for case in cases[done:] if case.gpu]
+        write_report(args.out, tables, growth, checks, pending, args.smoke, fields)
+
+    write(0)
+    for done, case in enumerate(cases, 1):
+        try:
+            seconds, peaks, inputs = run_case(case, args.rounds, device, not args.no_memory)
+            section = table(case, seconds, peaks, inputs)
+            if case.model == "kernel":
+                section[-1:-1] = kernel_note(case, device)[:-1]
+            if case.long:
+                growth.append(growth_row(case, seconds, peaks))
+        except Exception as error:  # reported, and the next case runs (one GPU run, all it can)
+            if not case.gpu:
+                raise
+            failures.append(case.name)
+            section = [f"### {case.title}", "", f"FAILED: {type(error).__name__}: {error}", ""]
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        tables[case.section] += section
+        print("\n".join(section), flush=True)
+        write(done)
+    print(f"benchmark took {(time.perf_counter() - started) / 60:.1f} min")
+    if failures:
+        raise SystemExit(f"failed: {', '.join(failures)} (see the report)")
+
+
+def write_report(
+    out: Path,
+    tables: dict[str, list[str]],
+    growth: list[str],
+    checks: list[str] | None,
+    pending: list[str],
+    smoke_run: bool,
+    fields: dict[str, Any],
+) -> None:
+    """Write `out`: the CPU, long-prompt and GPU sections measured by this run replace the
+    file's, the others (and the sections other scripts write, `OTHER_SCRIPTS_SECTIONS`) are kept."""
+    old = out.read_text() if out.exists() else ""
+    report = REPORT.format(tables="\n".join(tables["cpu"]), **fields) if tables["cpu"] else old
+    long = (
+        LONG_REPORT.format(tables="\n".join(tables["long"]), growth="\n".join(growth), **fields)
+        if tables["long"]
+        else long_section(old)
+    )
+    report = with_long_section(report, long)
+    for kept in OTHER_SCRIPTS_SECTIONS.finditer(old):  # other scripts' sections, as they are
+        if kept.group(0) not in report:
+            report = report.rstrip("\n") + "\n\n" + kept.group(0) + "\n"
+    if tables["gpu"] or checks is not None:
+        stopped = (
+            "Not measured yet (the run had not reached them when this was written): "
+            + ", ".join(pending)
+            + ".\n\n"
+            if pending
+            else ""
+        )
+        gpu = GPU_REPORT.format(
+            command=" ".join(["python", "scripts/bench.py", *sys.argv[1:]]),
+            tables="\n".join(tables["gpu"]) + stopped,
+            checks="\n".join(checks) if checks is not None else CHECKS_PENDING,
+            smoke=SMOKE_NOTE if smoke_run else "",
+            **fields,
+        )
+        report = with_gpu_section(report, gpu)
+    with atomic_write(out, "w") as handle:
+        handle.write(with_gpu_section(report, GPU_PENDING) if not gpu_section(report) else report)
 
 
 def growth_row(case: Case, seconds: dict[str, list[float]], peaks: dict[str, int]) -> str:
@@ -849,11 +1126,13 @@ def with_gpu_section(text: str, section: str) -> str:
     return text[:at] + section + "\n\n" + text[at:]
 
 
-WINDOWED_SECTION = re.compile(
-    r"<!-- windowed attention: scripts/bench_swin.py -->.*?<!-- end of windowed attention -->",
+OTHER_SCRIPTS_SECTIONS = re.compile(
+    r"<!-- (?P<name>[^:>]+): scripts/(?!bench\.py)[^ >]+ -->.*?<!-- end of (?P=name) -->",
     re.DOTALL,
 )
-"""The Swin section, which scripts/bench_swin.py writes and this script keeps."""
+"""A section another script writes between its markers (`<!-- NAME: scripts/SCRIPT ... -->`
+and `<!-- end of NAME -->`: scripts/bench_swin.py's windowed attention, ...), which this
+script keeps as it is."""
 
 LONG_BEGIN = "<!-- long prompts: scripts/bench.py --cases long -->"
 LONG_END = "<!-- end of long prompts -->"
@@ -958,30 +1237,32 @@ GPU_INTRO = """\
 On an NVIDIA GPU every dispatched operation is a kernel launch, so the engine keeps the
 explicit maps wherever they fit the memory budget (half the free device memory by
 default), folds every column at once (explain.engine.spread) and streams only beyond the
-budget, through `readout_spread` (explain.engine.kernels). Cases: ViT-B/16 at batch 64 in
-float32 and bfloat16, Llama-1B shapes (16 blocks, width 2048, 32 heads, 8 key-value
-heads) in bfloat16 at 4k, 16k and 32k tokens, and a generation of 64 tokens after a
-1,024-token prompt, whose floor is one forward and one 64-column batched backward. Peak
-memory is `torch.cuda.max_memory_allocated` above what was allocated before the call
-(the weights). Goals: ViT bf16 generic at most 1.3x the floor, transformer_attribution
-at most 2x, fp32 generic at least 10x faster than the papers' loop; Llama generic at
-most 1.5x the floor's time and memory; the generation at most 1.5x its floor."""
+budget, through `readout_spread` (explain.engine.kernels). Cases: `readout_spread`
+(Triton where it runs) against torch_fold at one Llama-1B block (4k tokens, 1 and 64
+columns), ViT-B/16 at batch 64 in float32 and bfloat16, Llama-1B shapes (16 blocks,
+width 2048, 32 heads, 8 key-value heads) in bfloat16 at 4k, 16k and 32k tokens, and a
+generation of 64 tokens after a 1,024-token prompt, whose floor is one forward and one
+64-column batched backward. Peak memory is `torch.cuda.max_memory_allocated` above what
+was allocated before the call (the weights). Goals: ViT bf16 generic at most 1.3x the
+floor, transformer_attribution at most 2x, fp32 generic at least 10x faster than the
+papers' loop; Llama generic at most 1.5x the floor's time and memory; the generation at
+most 1.5x its floor."""
 
 GPU_REPORT = (
     GPU_BEGIN
     + """
 ## GPU
 
-Generated by `"""
-    + GPU_COMMAND
-    + """` on {date}, {device}: {machine}.
+{smoke}Generated by `{command}` on {date}, {device}: {machine}.
 Medians of {rounds} interleaved rounds after a warm-up round; the run took {minutes:.1f}
 minutes. """
     + GPU_INTRO
     + """
 
 {tables}
-Correctness on CUDA: each result against the CPU's, float32.
+Correctness on the device: each result against the CPU's, float32, the largest difference over
+the largest value (full LRP within 1e-2, as its float32 forward's rounding allows; the
+others within 1e-4).
 
 {checks}
 """
@@ -990,18 +1271,35 @@ Correctness on CUDA: each result against the CPU's, float32.
 
 CHECKS_PENDING = "Not run: the run had no CUDA device."
 
+SMOKE_NOTE = """\
+**Smoke run** (`--smoke`): every case at tiny shapes, to test this script; the figures
+below say nothing about the engine's speed.
+
+"""
+
 GPU_PENDING = (
     GPU_BEGIN
     + """
 ## GPU
 
-The GPU figures are pending: no GPU was lent to the sessions that wrote this page. The
-CPU op-count tests (tests/test_op_counts.py) stand in for kernel launches meanwhile.
-The command that produces this section on an NVIDIA GPU (about 10 minutes on an H200):
+The GPU figures are pending: no GPU was lent to the sessions that wrote this page.
+Pending are every time and memory figure below, the correctness checks on CUDA (tiny
+ViT, BERT and Llama with every method each takes, and the fold kernel, against the
+CPU), and whether the Triton kernel compiles and runs on a real GPU at all (it has run
+only under Triton's interpreter; where it cannot, the engine warns once and uses
+torch_fold). The CPU op-count tests (tests/test_op_counts.py,
+tests/test_lrp_op_counts.py) stand in for kernel launches meanwhile, the Triton kernel
+is tested under Triton's interpreter (tests/test_triton_fold.py), and the script below
+is tested end to end at tiny shapes on the CPU (tests/test_bench_smoke.py). On a
+machine with an NVIDIA GPU one command runs the correctness checks and this benchmark
+(about 4 minutes on an H200, estimated) and writes this section:
 
-    """
+    bash scripts/gpu_check.sh
+
+(it runs `"""
     + GPU_COMMAND
-    + """
+    + """`
+with a time limit, after checking the versions of PyTorch, transformers and timm).
 
 """
     + GPU_INTRO

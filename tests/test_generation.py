@@ -159,18 +159,22 @@ def test_the_engines_option_rules_hold_for_generations():
     assert before.differences(ModelState.capture(model)) == []
 
 
-@pytest.mark.parametrize("method", ["generic", "rollout", "attnlrp"])
+@pytest.mark.parametrize(
+    "method", ["generic", "rollout", "raw_attention", "attention_gradcam", "attnlrp"]
+)
 def test_generations_on_the_fused_path(method):
     """sdpa (q, k, v seen through the attention interface), every block folded for all
     generated positions at once, one query row at a time (a budget of 1 byte), from one
     batched backward or after the forward: equal to the explicit path's whole maps. Qwen2's
     sliding-window blocks are folded from their whole maps (their mask is more than keys
-    and causality), the others from q, k, v and dO. AttnLRP reads no map: fused, unstreamed."""
+    and causality), the others from q, k, v and dO. Attention GradCAM recomputes its last
+    block's A once for all positions, and dA one position at a time: fused, unstreamed.
+    AttnLRP reads no map: fused, unstreamed."""
     model = _model("qwen2")
     generation = _generation(model, end=True)
     streamed = Explainer(model, attention_path="fused", memory_budget=1)
     fused = explain_generation(streamed, generation, method=method)
-    taken = "fused" if method == "attnlrp" else "streamed"
+    taken = "fused" if method in ("attnlrp", "attention_gradcam") else "streamed"
     assert fused.explanation.settings["attention_path"] == taken
     explicit = explain_generation(Explainer(model), generation, method=method)
     assert explicit.explanation.settings["attention_path"] == (

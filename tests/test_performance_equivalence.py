@@ -20,7 +20,12 @@ import torch
 from explain import Explainer
 from explain.architectures import adapter_for
 from explain.errors import OptionError
-from explain.fused import CPU_FUSED_MIN_TOKENS, choose_path, explicit_map_bytes
+from explain.fused import (
+    CPU_FUSED_MIN_TOKENS,
+    choose_path,
+    default_memory_budget,
+    explicit_map_bytes,
+)
 from explain.testing import ModelState, tiny_vit
 
 PATHS = ("explicit", "fused")
@@ -205,6 +210,18 @@ def test_auto_chooses_the_path_from_device_length_budget_and_method(monkeypatch)
     monkeypatch.setattr(type(long), "parameter", property(lambda self: on_cuda))
     assert not choose(long, long_layout, budget=1 << 40)
     assert choose(long, long_layout, budget=1 << 10)
+
+
+def test_the_default_cuda_budget_is_half_the_free_memory_with_the_allocators_cache(
+    monkeypatch,
+):
+    """Half of what the device has free plus what PyTorch's allocator holds cached but
+    unused: the same budget whatever earlier calls left in the cache."""
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 30 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 26 * gib)
+    assert default_memory_budget(torch.device("cuda", 0)) == 7 * gib
 
 
 def test_attention_path_errors():

@@ -114,6 +114,16 @@ def _case_call(case: str) -> tuple[tuple, dict]:
     return (vector, query, key, value, upstream), options
 
 
+HALF = ("float16", "bfloat16")
+"""The half-precision inputs of the GPU runs: the "two-tiles-ragged" case's q, k, v and dO
+in each (the readout rows stay float32, as the folds hand them)."""
+
+
+def _half_call(dtype: str) -> tuple[tuple, dict]:
+    (vector, *tensors), options = _case_call("two-tiles-ragged")
+    return (vector, *(t.to(getattr(torch, dtype)) for t in tensors)), options
+
+
 def _independence_calls() -> list[tuple[tuple, dict]]:
     """Three columns of two samples in one launch, then each (column, sample) alone."""
     vector, query, key, value, output_grad = _inputs(3, 2, 2, 2, 20, 8, seed=3)
@@ -144,6 +154,7 @@ def interpreted(tmp_path_factory) -> dict[str, list[object]]:
     groups = {name: [_case_call(name)] for name in CASES}
     groups["independence"] = _independence_calls()
     groups["strided"] = _strided_calls()
+    groups.update({dtype: [_half_call(dtype)] for dtype in HALF})
     calls = [call for group in groups.values() for call in group]
     results = iter(_run_interpreted(calls, tmp_path_factory.mktemp("triton_fold")))
     return {name: [next(results) for _ in group] for name, group in groups.items()}
@@ -164,6 +175,19 @@ def test_matches_the_explicit_maps(interpreted, case):
     torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4 * scale)
     if options["key_mask"] is not None:  # a padded key receives nothing
         assert torch.all(out[:, ~options["key_mask"]] == 0)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_precision_inputs_match_the_explicit_maps(interpreted, dtype):
+    """float16 and bfloat16 q, k, v and dO (Llama's GPU runs are bfloat16): the tiles are
+    accumulated in float32, so the result matches the maps of the same rounded inputs as
+    float32 inputs do."""
+    (out,) = interpreted[dtype]
+    assert isinstance(out, torch.Tensor), out
+    args, options = _half_call(dtype)
+    expected = reference(*args, **options)
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-4 * scale)
 
 
 def test_columns_and_samples_are_independent(interpreted):

@@ -20,6 +20,32 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 from explain.engine.kernels.triton_fold import readout_spread
 
 
+def _bfloat16_products() -> None:
+    """Triton's interpreter keeps bfloat16 tensors as their raw 16 bits (numpy has no
+    bfloat16) and its `tl.dot` multiplies those bits as integers. Upcast them first, as a
+    GPU's tensor cores read them: a bfloat16 is a float32's upper 16 bits, so the upcast
+    is exact and the kernel's own arithmetic is what the tests see."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    dot = interpreter.InterpreterBuilder.create_dot
+
+    def upcast(handle):
+        if handle.dtype.scalar != tl.bfloat16:
+            return handle
+        bits = handle.data.astype(np.uint32) << 16
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, *args):
+        return dot(self, upcast(a), upcast(b), *args)
+
+    interpreter.InterpreterBuilder.create_dot = create_dot
+
+
+_bfloat16_products()
+
+
 def main(calls_path: str, out_path: str) -> None:
     results: list[object] = []
     for args, kwargs in torch.load(calls_path):

@@ -27,11 +27,13 @@ column is (a target, a dual encoder's pair, a generated position). The passes:
   rules (explain.lrp.attnlrp, hooked where the family's `Adapter.rule_sites` say), then
   one batched backward of every column to the embeddings: Gradient x Input per token.
 
-Where every column's sink folds by spreads (generic, head-mean rollout), the forward
-and attention-gradient passes fold all columns together block by block
+Where every column's sink folds by spreads (generic, head-mean rollout, raw attention),
+the forward and attention-gradient passes fold all columns together block by block
 (explain.engine.spread), on the fused path from q, k, v and dO without N x N maps
-("streamed"). The path (`explain.fused.choose_path`: the device, the memory budget, the
-length) is recorded in `Explanation.settings` (`Pass.settings`).
+("streamed"); where every column's sink reads the last block only (attention GradCAM),
+the attention-gradient pass maps that block once for all columns. The path
+(`explain.fused.choose_path`: the device, the memory budget, the length) is recorded in
+`Explanation.settings` (`Pass.settings`).
 
 A new kind of need is one `Need` member, one pass class here (added to `PASSES`) and one
 entry in the `passes` of each plan that accepts it.
@@ -50,7 +52,7 @@ from explain.architectures.base import Adapter, ModuleHook, Prepared, TokenSet
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
-from explain.engine.spread import ReadOut, SpreadFold
+from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold
 from explain.errors import OptionError, TargetError
 from explain.fused import PathChoice, choose_path, default_memory_budget
 from explain.lrp import RULE_SETS, tape_for
@@ -259,8 +261,8 @@ class ForwardPass(Pass):
 class AttentionGradientPass(Pass):
     """One forward, then one backward of every score column (vectorised over columns,
     chunked to the memory budget), folding blocks as their gradients arrive: all columns
-    at once where their sinks fold by spreads (explain.engine.spread), each column into
-    its own sink otherwise."""
+    at once where their sinks fold by spreads or read the last block only
+    (explain.engine.spread), each column into its own sink otherwise."""
 
     serves = frozenset({Need.ATTENTION_GRADIENTS})
 
@@ -275,8 +277,10 @@ class AttentionGradientPass(Pass):
             columns = plan.columns(plan.forward())
             count = columns.scores.shape[1]
             sinks = [first, *plan.column_sinks(count)[1:]] if count > 1 else [first]
-            spread = SpreadFold.of(sinks, self.memory_budget)
-            on_block = None if spread is None else spread.add
+            fold = SpreadFold.of(sinks, self.memory_budget) or LastBlockFold.of(
+                sinks, self.memory_budget
+            )
+            on_block = None if fold is None else fold.add
             if count == 1:
                 recorder.backward(columns.scores[:, 0].sum(), first.add, on_block=on_block)
             else:
@@ -286,9 +290,9 @@ class AttentionGradientPass(Pass):
                     max_bytes=self.memory_budget,
                     on_block=on_block,
                 )
-        if spread is not None:
-            spread.finish()
-            if fused:
+        if fold is not None:
+            fold.finish()
+            if fused and isinstance(fold, SpreadFold):  # a last block's A is recomputed whole
                 self.taken = "streamed"
         return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
 

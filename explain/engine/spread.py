@@ -1,13 +1,16 @@
-"""The fold of every score column at once, block by block, through spreads.
+"""The sinks of every score column at once, block by block.
 
 A call explains C columns (classes of one input, the generated tokens of a generation),
 and each column's sink folds its own readout row. Where every column's sink is a readout
-fold whose step is a spread of the block (generic, rollout with head means: see
-explain.rules.fold.Spread), `SpreadFold` stacks them into one (C, B, N) fold per token
-set and folds each block once for all columns: from the recorded maps on the explicit
-path (`spread_maps`), from q, k, v and dO on the fused path (`readout_spread`, without
-any N x N map). The number of operations per block then depends neither on the batch nor
-on the columns nor on the heads. Every other sink takes whole maps, column by column.
+fold whose step is a spread of the block (generic, rollout with head means, raw
+attention: see explain.rules.fold.Spread), `SpreadFold` stacks them into one (C, B, N)
+fold per token set and folds each block once for all columns: from the recorded maps on
+the explicit path (`spread_maps`), from q, k, v and dO on the fused path
+(`readout_spread`, without any N x N map). Where every column's sink reads the last block
+only (attention GradCAM: explain.rules.fold.LastBlock), `LastBlockFold` maps that block
+once for all columns. The number of operations per block then depends neither on the
+batch nor on the columns nor on the heads. Every other sink takes whole maps, column by
+column.
 
 A token set may be read out by another set's result (`ReadOut`: a vision-language
 model's tower, read out by the language model's relevance at the image tokens): its
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -30,9 +33,17 @@ from explain.architectures.base import Pieces
 from explain.engine.kernels import live_rows, readout_spread, spread_maps
 from explain.fused import FusedBlock, attention_gradient
 from explain.rules import Sink
-from explain.rules.fold import ColumnFolds, ReadoutFold
+from explain.rules.fold import (
+    ColumnFolds,
+    ColumnLastBlocks,
+    LastBlock,
+    ReadoutFold,
+    compute_dtype,
+)
 
-__all__ = ["PerSetSinks", "ReadOut", "SpreadFold"]
+__all__ = ["LastBlockFold", "PerSetSinks", "ReadOut", "SpreadFold"]
+
+Stack = TypeVar("Stack", "ColumnFolds | _ReadOutFolds", ColumnLastBlocks)
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,8 @@ class ReadOut:
 
 class PerSetSinks(Protocol):
     """A column's sinks as explain.engine.passes.ColumnSink offers them: (the set's
-    model-wide layers, its sink) per token set; empty for a fold over several sets."""
+    model-wide layers, its sink, or a `ReadOut`) per token set; empty for a fold over
+    several sets."""
 
     def parts(self) -> list[tuple[Sequence[int], Sink | ReadOut]]: ...
 
@@ -76,9 +88,7 @@ class SpreadFold:
         self, folds: list[tuple[Sequence[int], ColumnFolds | _ReadOutFolds]], max_bytes: int
     ) -> None:
         self._folds = [stack for _, stack in folds]
-        self._route = {
-            layers[local]: (stack, local) for layers, stack in folds for local in stack.layers
-        }
+        self._route = _routes(folds)
         self._max_bytes = max_bytes
         self._masks: dict[int, tuple[Tensor, Tensor | None, bool]] = {}
         self._pieces: dict[Pieces, tuple[Tensor, Tensor, Tensor]] = {}
@@ -89,26 +99,23 @@ class SpreadFold:
         """The fold of `sinks` (one per column), or None unless every column's sink is a
         readout fold per token set with a spread (or a `ReadOut` of one), alike across
         columns."""
-        parts = [sink.parts() for sink in sinks]
-        if not all(parts):
-            return None
-        folds: list[tuple[Sequence[int], ColumnFolds | _ReadOutFolds]] = []
-        for index, (layers, first) in enumerate(parts[0]):
-            column_parts = [column[index][1] for column in parts]
+
+        def stack(
+            column_parts: list[Sink | ReadOut], earlier: list[ColumnFolds | _ReadOutFolds]
+        ) -> ColumnFolds | _ReadOutFolds | None:
+            first = column_parts[0]
             if isinstance(first, ReadOut):
                 read_outs = [p for p in column_parts if isinstance(p, ReadOut)]
-                after = folds[first.after][1] if 0 <= first.after < index else None
+                after = earlier[first.after] if 0 <= first.after < len(earlier) else None
                 if len(read_outs) != len(column_parts) or not isinstance(after, ColumnFolds):
                     return None
-                folds.append((layers, _ReadOutFolds(after, read_outs)))
-                continue
+                return _ReadOutFolds(after, read_outs)
             if not all(isinstance(s, ReadoutFold) and s.spread for s in column_parts):
                 return None
-            try:
-                folds.append((layers, ColumnFolds(column_parts)))  # type: ignore[arg-type]
-            except ValueError:  # methods or blocks differ between columns
-                return None
-        return cls(folds, max_bytes)
+            return ColumnFolds(column_parts)  # type: ignore[arg-type]
+
+        folds = _stacked(sinks, stack)
+        return None if folds is None else cls(folds, max_bytes)
 
     @torch.no_grad()
     def add(
@@ -292,6 +299,98 @@ class _ReadOutFolds:
             raise RuntimeError("a block never arrived; cannot finish the folds")
         for chunk in self._chunks.values():
             chunk.finish()
+
+
+class LastBlockFold:
+    """The last-block maps of every column at once (`of` builds it, or says that the sinks
+    cannot be): `add` is a `explain.recorder.BlockCallback`, `finish()` hands each
+    column's map back to its sink for `result()`.
+
+    On the explicit path a block's record is its attention, with dA for a chunk of
+    columns (c, B, H, N, N), as the sinks take them. On the fused path the last block's A
+    is recomputed from q and k once for all columns, and dA = dO v^T for as many columns
+    at a time as fit `max_bytes` (the explicit path's chunks of columns hold as much).
+    """
+
+    def __init__(
+        self, stacks: list[tuple[Sequence[int], ColumnLastBlocks]], max_bytes: int
+    ) -> None:
+        self._stacks = [stack for _, stack in stacks]
+        self._route = _routes(stacks)
+        self._max_bytes = max_bytes
+
+    @classmethod
+    def of(cls, sinks: Sequence[PerSetSinks], max_bytes: int) -> LastBlockFold | None:
+        """The maps of `sinks` (one per column), or None unless every column's sink is a
+        last block per token set, of one method across columns."""
+
+        def stack(
+            column_sinks: list[Sink | ReadOut], earlier: list[ColumnLastBlocks]
+        ) -> ColumnLastBlocks | None:
+            if not all(isinstance(s, LastBlock) for s in column_sinks):
+                return None
+            return ColumnLastBlocks(column_sinks)  # type: ignore[arg-type]
+
+        stacks = _stacked(sinks, stack)
+        return None if stacks is None else cls(stacks, max_bytes)
+
+    def add(
+        self, layer: int, columns: slice, record: FusedBlock | Tensor, gradient: Tensor | None
+    ) -> None:
+        """Map block `layer` for `columns` from its record (`BlockCallback`)."""
+        route = self._route.get(layer)
+        if route is None:
+            return
+        stack, local = route
+        if isinstance(record, Tensor):
+            stack.add(local, columns, record, gradient)
+            return
+        probabilities = record.probabilities()
+        attention = probabilities.to(compute_dtype(probabilities))  # once for every chunk
+        if gradient is None:
+            stack.add(local, columns, attention, None)
+            return
+        _, _, value = record.tensors()
+        value = value.to(attention.dtype)[None]
+        step = max(1, self._max_bytes // (attention.numel() * attention.element_size()))
+        start = columns.start or 0
+        for first in range(0, gradient.shape[0], step):  # one step unless dA outgrows the budget
+            part = gradient[first : first + step]
+            with torch.no_grad():
+                maps = attention_gradient(part.to(attention.dtype), value)
+            stack.add(local, slice(start + first, start + first + len(part)), attention, maps)
+
+    def finish(self) -> None:
+        for stack in self._stacks:
+            stack.finish()
+
+
+def _stacked(
+    sinks: Sequence[PerSetSinks],
+    stack: Callable[[list[Sink | ReadOut], list[Stack]], Stack | None],
+) -> list[tuple[Sequence[int], Stack]] | None:
+    """(the set's model-wide layers, `stack` of the columns' parts of that set, given the
+    stacks of the sets before) per token set, or None where a column has no parts or
+    `stack` refuses a set's parts (returns None, or raises ValueError: the methods or
+    blocks differ between columns)."""
+    parts = [sink.parts() for sink in sinks]
+    if not all(parts):
+        return None
+    stacks: list[tuple[Sequence[int], Stack]] = []
+    for index, (layers, _) in enumerate(parts[0]):
+        try:
+            made = stack([column[index][1] for column in parts], [s for _, s in stacks])
+        except ValueError:
+            return None
+        if made is None:
+            return None
+        stacks.append((layers, made))
+    return stacks
+
+
+def _routes(stacks: list[tuple[Sequence[int], Stack]]) -> dict[int, tuple[Stack, int]]:
+    """Each model-wide layer a stack takes -> (the stack, the layer within its set)."""
+    return {layers[local]: (stack, local) for layers, stack in stacks for local in stack.layers}
 
 
 def _into_pieces(tensor: Tensor, where: Tensor, batch_dim: int, token_dim: int) -> Tensor:

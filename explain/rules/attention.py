@@ -9,11 +9,12 @@ from torch import Tensor
 
 from explain.architectures.windows import WindowedLayout
 from explain.errors import OptionError
-from explain.rules.fold import LastBlock, ReadoutFold, Spread, vecmat
+from explain.rules.fold import ReadoutFold, Spread, vecmat
 from explain.rules.registry import Need, RuleContext, first_block, register_method
 from explain.rules.windowed import WindowedFold
 
 __all__ = [
+    "RAW_ATTENTION_SPREAD",
     "ROLLOUT_SPREAD",
     "discard_lowest",
     "fuse_heads",
@@ -23,17 +24,22 @@ __all__ = [
 ]
 
 HeadFusion = Literal["mean", "max", "min"]
+_HEAD_FUSIONS: tuple[str, ...] = ("mean", "max", "min")
+
+
+def _check_head_fusion(head_fusion: str) -> None:
+    if head_fusion not in _HEAD_FUSIONS:
+        raise OptionError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
 
 
 def fuse_heads(attention: Tensor, head_fusion: HeadFusion = "mean") -> Tensor:
     """(B, H, N, N) -> (B, N, N) by the mean, max or min over heads."""
+    _check_head_fusion(head_fusion)
     if head_fusion == "mean":
         return attention.mean(dim=1)
     if head_fusion == "max":
         return attention.amax(dim=1)
-    if head_fusion == "min":
-        return attention.amin(dim=1)
-    raise OptionError(f"head_fusion must be 'mean', 'max' or 'min', got {head_fusion!r}")
+    return attention.amin(dim=1)
 
 
 def discard_lowest(matrix: Tensor, ratio: float, protected: Tensor) -> Tensor:
@@ -67,17 +73,23 @@ ROLLOUT_SPREAD = Spread("attention", _rollout_split)
 s @ Abar and keeps s (a row of mean_h A sums to 1, or to 0 where every key is masked)."""
 
 
+RAW_ATTENTION_SPREAD = Spread(
+    "attention", lambda vector, rowsum: (vector, torch.zeros_like(vector))
+)
+"""`_spread_only` through the block's spread: v spreads v @ Abar and keeps nothing."""
+
+
 @register_method("raw_attention", needs={Need.ATTENTION}, class_specific=False)
-def raw_attention(context: RuleContext) -> LastBlock | WindowedFold:
-    """The readout row of the last block's head-averaged attention."""
-    readout = context.readout
+def raw_attention(context: RuleContext) -> ReadoutFold | WindowedFold:
+    """The readout row of the last block's head-averaged attention.
+
+    A fold over the last block alone, `v @ mean_h A`: so every column of a call (the
+    generated tokens of a generation) is read out by one spread, from the recorded map or
+    from q and k without it (explain.engine.spread)."""
+    last = range(context.num_layers - 1, context.num_layers)
     if isinstance(context.layout, WindowedLayout):  # the last block's windows, then the merges
-        last = range(context.num_layers - 1, context.num_layers)
-        return WindowedFold(readout, context.layout, last, _head_mean, _spread_only)
-    return LastBlock(
-        context.num_layers,
-        lambda attention, gradient: vecmat(readout.to(attention.dtype), attention.mean(dim=1)),
-    )
+        return WindowedFold(context.readout, context.layout, last, _head_mean, _spread_only)
+    return ReadoutFold(context.readout, last, _head_mean, _spread_only, spread=RAW_ATTENTION_SPREAD)
 
 
 def _head_mean(attention: Tensor, gradient: Tensor | None) -> Tensor:
@@ -96,14 +108,14 @@ def rollout(
     context: RuleContext, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
 ) -> ReadoutFold | WindowedFold:
     """Attention rollout (Abnar & Zuidema 2020): product of row-normalised (A + I)."""
-    fuse_heads(context.readout.new_zeros(1, 1, 1, 1), head_fusion)  # validate early
+    _check_head_fusion(head_fusion)  # before any forward; no tensor op, once per column
     if not 0.0 <= discard_ratio < 1.0:
         raise OptionError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
-    protected = context.readout > 0
+    protected = context.readout > 0 if discard_ratio else None
 
     def block_matrix(attention: Tensor, gradient: Tensor | None) -> Tensor:
         fused = fuse_heads(attention, head_fusion)
-        return discard_lowest(fused, discard_ratio, protected) if discard_ratio else fused
+        return fused if protected is None else discard_lowest(fused, discard_ratio, protected)
 
     layers = range(context.start_layer, context.num_layers)
     if isinstance(context.layout, WindowedLayout):

@@ -6,11 +6,14 @@ s: O(L N^2) per sample instead of O(L N^3). Block matrices may arrive in any ord
 one is folded as soon as every later block has been, so in the backward pass (last block
 first) every block is folded and freed on arrival.
 
-A fold whose block matrix is a head mean of the attention (rollout) or of `(dA * A)+`
-(generic) can also be folded without any block matrix (`Spread`): its step is written
+A fold whose block matrix is a head mean of the attention (rollout, raw attention) or of
+`(dA * A)+` (generic) can also be folded without any block matrix (`Spread`): its step is written
 through the block's spread `u @ Abar`, which explain.engine.kernels computes from q, k,
 v and dO without N x N maps. `ColumnFolds` stacks the folds of several columns (classes,
 generated tokens) into one (C, B, N) fold, so that one spread per block serves them all.
+
+A method that reads only the last block (`LastBlock`) writes its map for several columns
+at once, and `ColumnLastBlocks` stacks the columns of a call into one such map.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from torch import Tensor
 
 __all__ = [
     "ColumnFolds",
+    "ColumnLastBlocks",
     "LastBlock",
+    "LastBlockMap",
     "ReadoutFold",
     "Spread",
     "Step",
@@ -159,21 +164,76 @@ class ColumnFolds:
             fold._vector, fold._next = vector, None
 
 
-class LastBlock:
-    """A method that reads only the last block: `compute(attention, gradient)` -> (B, N)."""
+LastBlockMap = Callable[[tuple[Tensor, ...], Tensor, Tensor | None], Tensor]
+"""A last-block method for C columns at once: (the columns' own rows, each (C, B, N), such
+as their readout rows; the block's attention or relevance (B, H, N, N); the columns'
+gradients of it (C, B, H, N, N), or None without a backward) -> the maps (C, B, N)."""
 
-    def __init__(self, num_layers: int, compute: Callable[[Tensor, Tensor | None], Tensor]):
+
+def _last_block_map(
+    compute: LastBlockMap, rows: tuple[Tensor, ...], attention: Tensor, gradients: Tensor | None
+) -> Tensor:
+    """`compute` in the rules' dtype (`compute_dtype`)."""
+    dtype = compute_dtype(attention)
+    gradients = gradients.to(dtype) if gradients is not None else None
+    return compute(rows, attention.to(dtype), gradients)
+
+
+class LastBlock:
+    """A method that reads only the last block. Its map `compute` (a `LastBlockMap`) is
+    written for C columns at once, so that `ColumnLastBlocks` computes every column of a
+    call (classes, generated tokens) in one go; `rows` are this column's own (B, N)
+    tensors that the map reads (its readout row, the keys it averages over)."""
+
+    def __init__(self, num_layers: int, compute: LastBlockMap, *rows: Tensor):
         self.layers = range(num_layers - 1, num_layers)
-        self._compute = compute
+        self.compute = compute
+        self.rows = rows
         self._result: Tensor | None = None
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
         if layer in self.layers:
-            dtype = compute_dtype(attention)
-            gradient = gradient.to(dtype) if gradient is not None else None
-            self._result = self._compute(attention.to(dtype), gradient)
+            rows = tuple(row[None] for row in self.rows)
+            gradients = gradient[None] if gradient is not None else None
+            self._result = _last_block_map(self.compute, rows, attention, gradients)[0]
 
     def result(self) -> Tensor:
         if self._result is None:
             raise RuntimeError("the last block never arrived")
         return self._result
+
+
+class ColumnLastBlocks:
+    """The last-block maps of C columns (one `LastBlock` each, the same method) computed
+    together: each column's rows stacked into (C, B, N), one map over the block for all
+    of them, whatever C is.
+
+    `add(layer, columns, attention, gradients)` maps the block for the columns `columns`
+    (a chunk of the batched backward, or all of them) with their gradients (c, B, H, N, N);
+    `finish()` hands every column's map back to its `LastBlock`, whose `result()` reads it.
+    """
+
+    def __init__(self, blocks: Sequence[LastBlock]) -> None:
+        first = blocks[0]
+        if any(b.compute is not first.compute or b.layers != first.layers for b in blocks):
+            raise ValueError("ColumnLastBlocks needs last blocks of one method")
+        self.layers = first.layers
+        self._blocks = blocks
+        columns_rows = zip(*(block.rows for block in blocks), strict=True)
+        self._rows = tuple(torch.stack(rows) for rows in columns_rows)
+        self._maps: dict[int, Tensor] = {}  # first column of a chunk -> the chunk's maps
+
+    def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
+        if layer not in self.layers:
+            return
+        rows = tuple(row[columns] for row in self._rows)
+        maps = _last_block_map(self._blocks[0].compute, rows, attention, gradients)
+        self._maps[columns.start or 0] = maps
+
+    def finish(self) -> None:
+        chunks = [self._maps[start] for start in sorted(self._maps)]
+        if sum(len(chunk) for chunk in chunks) != len(self._blocks):
+            raise RuntimeError("the last block never arrived for every column")
+        maps = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+        for block, column_map in zip(self._blocks, maps.unbind(), strict=True):
+            block._result = column_map

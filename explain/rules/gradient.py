@@ -10,7 +10,14 @@ from explain.rules.fold import LastBlock, ReadoutFold, Spread, vecmat
 from explain.rules.registry import Need, RuleContext, first_block, register_method
 from explain.rules.windowed import WindowedFold
 
-__all__ = ["GENERIC_SPREAD", "attention_gradcam", "generic", "generic_step", "gradient_weighted"]
+__all__ = [
+    "GENERIC_SPREAD",
+    "attention_gradcam",
+    "generic",
+    "generic_step",
+    "gradcam_maps",
+    "gradient_weighted",
+]
 
 
 def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
@@ -61,14 +68,20 @@ def attention_gradcam(context: RuleContext) -> LastBlock:
     """GradCAM on the last block's attention: head weights = mean readout-row gradient."""
     readout = context.readout
     keys = context.layout.key_mask(readout.shape[0], readout.device)
+    return LastBlock(context.num_layers, gradcam_maps, readout, keys)
 
-    def compute(attention: Tensor, gradient: Tensor | None) -> Tensor:
-        assert gradient is not None
-        row = readout.to(attention.dtype)
-        attention_row = (row[:, None, :, None] * attention).sum(dim=2)  # (B, H, N)
-        gradient_row = (row[:, None, :, None] * gradient).sum(dim=2)
-        kept = keys[:, None, :].to(attention.dtype)
-        weights = (gradient_row * kept).sum(dim=-1, keepdim=True) / kept.sum(dim=-1, keepdim=True)
-        return (weights * attention_row).mean(dim=1).clamp(min=0)
 
-    return LastBlock(context.num_layers, compute)
+def gradcam_maps(rows: tuple[Tensor, ...], attention: Tensor, gradients: Tensor | None) -> Tensor:
+    """Attention GradCAM of C columns at once (a `LastBlockMap`): for each column's readout
+    row r and kept keys, `(mean_h w_h * r @ A_h)+` with `w_h` the mean of `r @ G_h` over the
+    kept keys. Rows (C, B, N), attention (B, H, N, N), gradients (C, B, H, N, N)."""
+    assert gradients is not None
+    readouts, keys = rows
+    readouts = readouts.to(attention.dtype)
+    # r @ A_h for every column and head: the columns share A (B, H, N, N), which is read
+    # as it is, while the rows (C, B, N) are small enough to repeat per head.
+    attention_rows = (readouts.transpose(0, 1)[:, None] @ attention).permute(2, 0, 1, 3)
+    gradient_rows = (readouts[:, :, None, None, :] @ gradients).squeeze(-2)  # (C, B, H, N)
+    kept = keys[:, :, None, :].to(attention.dtype)
+    weights = (gradient_rows * kept).sum(dim=-1, keepdim=True) / kept.sum(dim=-1, keepdim=True)
+    return (weights * attention_rows).mean(dim=2).clamp(min=0)

@@ -8,11 +8,17 @@ from __future__ import annotations
 from torch import Tensor
 
 from explain.rules.attention import rollout_step
-from explain.rules.fold import LastBlock, ReadoutFold, compute_dtype, vecmat
+from explain.rules.fold import LastBlock, ReadoutFold, compute_dtype
 from explain.rules.gradient import generic_step
 from explain.rules.registry import Need, RuleContext, register_method
 
-__all__ = ["InputRelevance", "lrp", "partial_lrp", "transformer_attribution"]
+__all__ = [
+    "InputRelevance",
+    "lrp",
+    "partial_lrp",
+    "partial_lrp_maps",
+    "transformer_attribution",
+]
 
 
 def attribution_start(num_layers: int, modality: str) -> int:
@@ -49,12 +55,16 @@ def relevance_weighted(relevance: Tensor, gradient: Tensor | None) -> Tensor:
 )
 def partial_lrp(context: RuleContext) -> LastBlock:
     """Partial LRP: the readout row of the last block's mean_h (R_A)+ (original LRP rules)."""
-    readout = context.readout
+    return LastBlock(context.num_layers, partial_lrp_maps, context.readout)
 
-    def compute(relevance: Tensor, gradient: Tensor | None) -> Tensor:
-        return vecmat(readout.to(relevance.dtype), relevance.clamp(min=0).mean(dim=1))
 
-    return LastBlock(context.num_layers, compute)
+def partial_lrp_maps(
+    rows: tuple[Tensor, ...], relevance: Tensor, gradients: Tensor | None
+) -> Tensor:
+    """The readout rows (C, B, N) of mean_h (R_A)+ (a `LastBlockMap`; no gradient)."""
+    (readouts,) = rows
+    fused = relevance.clamp(min=0).mean(dim=1)  # (B, N, N)
+    return (readouts.transpose(0, 1).to(fused.dtype) @ fused).transpose(0, 1)
 
 
 class InputRelevance:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -28,7 +28,14 @@ from torch import Tensor
 from explain.engine.kernels.torch_fold import SpreadMode, live_rows, spread_maps
 from explain.engine.kernels.torch_fold import readout_spread as _torch_readout_spread
 
-__all__ = ["DEFAULT_MAX_BYTES", "SpreadMode", "live_rows", "readout_spread", "spread_maps"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "SpreadMode",
+    "implementation",
+    "live_rows",
+    "readout_spread",
+    "spread_maps",
+]
 
 DEFAULT_MAX_BYTES = 256 << 20
 """Temporaries of the PyTorch implementation when the caller states no budget."""
@@ -69,7 +76,7 @@ def readout_spread(
     """
     tensors = (vector, query, key, value, output_grad)
     options: dict[str, Any] = dict(scale=scale, causal=causal, key_mask=key_mask, mode=mode)
-    if _triton_takes(vector, query, key) and query.device not in _TRITON_FAILED:
+    if implementation(vector, query, key) == "triton":
         from triton.compiler.errors import CompilationError
         from triton.runtime.errors import OutOfResources
 
@@ -90,6 +97,14 @@ def readout_spread(
             )
     budget = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
     return _torch_readout_spread(*tensors, **options, max_bytes=budget)
+
+
+def implementation(vector: Tensor, query: Tensor, key: Tensor) -> Literal["triton", "torch"]:
+    """Which implementation `readout_spread` runs for these tensors: "triton" for CUDA
+    tensors it takes (`_triton_takes`) on a device where the kernel has not failed,
+    "torch" (torch_fold) everywhere else."""
+    takes = _triton_takes(vector, query, key) and query.device not in _TRITON_FAILED
+    return "triton" if takes else "torch"
 
 
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
