@@ -283,6 +283,29 @@ def test_every_token_of_the_sequence_in_one_call(case):
             )
 
 
+def test_every_position_equals_each_position_alone_in_float64(case):
+    """position="all" folds every column at once (one backward batched over the positions,
+    the two-set rules batched over them): each column equals the explanation of its
+    position alone, with its token as the target, to float64 rounding."""
+    _, model, inputs, _ = case
+    double = copy.deepcopy(model).double()
+    if "pixel_values" in inputs:
+        inputs = {**inputs, "pixel_values": inputs["pixel_values"].double()}
+    explainer = Explainer(double)
+    every = explainer.explain(inputs, position="all")
+    last = inputs["decoder_attention_mask"].sum(dim=1) - 1
+    for j in range(every.target.shape[1]):
+        target = every.target[:, j]
+        known = target >= 0  # past a sequence's end nothing is explained: -1 and zeros
+        position = torch.full_like(target, j).minimum(last)  # B positions, each real
+        alone = explainer.explain(inputs, position=position, target=target.clamp(min=0))
+        assert torch.equal(alone.target[known], target[known])
+        for key in ("source", "target"):
+            ours, single = every.relevances[key][:, j], alone.relevances[key]
+            assert torch.allclose(ours[known], single[known], rtol=1e-12, atol=1e-12), (key, j)
+            assert torch.all(ours[~known] == 0)
+
+
 def test_chosen_position_and_target():
     model = tiny_bart()
     inputs = _inputs("bart", model)

@@ -52,6 +52,9 @@ __all__ = [
 
 TokenSet = Literal["q", "i"]
 
+_MATRICES = ("qq", "qi", "iq", "ii")
+"""The names of the four relevance matrices (rows' set, then columns')."""
+
 
 def normalize_residual(relevance: Tensor) -> Tensor:
     """norm(R) = I + (R - I) / rowsum(R - I) for (B, N, N) R; zero rows of R - I stay 0.
@@ -184,9 +187,7 @@ def two_set_relevance(
         else:
             partner = next(ordered)
             state = co_attention_update(state, matrix, flat[partner.layer])
-    return TwoSetRelevance(
-        **{key: state.get(*key).unflatten(0, leading) for key in ("qq", "qi", "iq", "ii")}
-    )
+    return TwoSetRelevance(**{key: state.get(*key).unflatten(0, leading) for key in _MATRICES})
 
 
 def _checked_layers(roles: Sequence[BlockRole]) -> range:
@@ -206,13 +207,15 @@ def _checked_layers(roles: Sequence[BlockRole]) -> range:
 
 class TwoSetFold:
     """Receives blocks like a Sink and applies the two-set rules over `roles` (forward
-    order); `result()` is the four relevance matrices rather than one readout row.
+    order); `result()` is the four relevance matrices rather than one readout row, and
+    `read()` their rows at `rows`: (B,) the q-set row each sample reads out (a decoder
+    position), where the plan knows it when it makes the fold.
 
     Blocks may arrive in any order (the backward pass delivers the last block first); each
     is reduced to Abar = mean_h (G * A)+ on arrival and the raw maps are released. The
     rules run in forward order in `result()` once every block has arrived. The folds of
     every column of a call run together in `ColumnTwoSetFolds`, which hands each fold its
-    matrices.
+    matrices and its rows.
     """
 
     def parts(self) -> list:
@@ -225,12 +228,15 @@ class TwoSetFold:
         roles: Sequence[BlockRole],
         num_q: int,
         num_i: int,
+        rows: Tensor | None = None,
     ) -> None:
         self.roles = tuple(roles)
         self.shape = (num_q, num_i)
+        self.rows = rows
         self.layers = _checked_layers(self.roles)
         self._matrices: dict[int, Tensor] = {}
         self._result: TwoSetRelevance | None = None
+        self._read: tuple[Tensor, Tensor] | None = None
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
         if layer in self.layers:
@@ -243,6 +249,14 @@ class TwoSetFold:
             self._result = two_set_relevance(self.roles, self._matrices, *self.shape)
             self._matrices.clear()
         return self._result
+
+    def read(self) -> tuple[Tensor, Tensor]:
+        """Row `rows[b]` of R_qi and of R_qq for each sample b: (B, num_i) and (B, num_q)."""
+        if self._read is None:
+            if self.rows is None:
+                raise ValueError("this fold was made without the rows to read")
+            self._read = _rows_at(self.result(), self.rows)
+        return self._read
 
 
 class ColumnTwoSetFolds:
@@ -283,14 +297,30 @@ class ColumnTwoSetFolds:
         chunks = [self._done[start] for start in sorted(self._done)]
         if sum(chunk.qq.shape[0] for chunk in chunks) != len(self._folds):
             raise RuntimeError("the blocks never arrived for every column")
-        every = {
-            key: torch.cat([chunk.get(*key) for chunk in chunks]).unbind()
-            if len(chunks) > 1
-            else chunks[0].get(*key).unbind()
-            for key in ("qq", "qi", "iq", "ii")
-        }
+        joined = chunks[0] if len(chunks) == 1 else _joined(chunks)
+        every = {key: joined.get(*key).unbind() for key in _MATRICES}
         for column, fold in enumerate(self._folds):
-            fold._result = TwoSetRelevance(**{key: every[key][column] for key in every})
+            fold._result = TwoSetRelevance(**{key: every[key][column] for key in _MATRICES})
+        if all(fold.rows is not None for fold in self._folds):  # every column's rows at once
+            rows = torch.stack([fold.rows for fold in self._folds])  # type: ignore[misc]
+            read_qi, read_qq = _rows_at(joined, rows)
+            for fold, qi, qq in zip(self._folds, read_qi.unbind(), read_qq.unbind(), strict=True):
+                fold._read = (qi, qq)
+
+
+def _joined(chunks: Sequence[TwoSetRelevance]) -> TwoSetRelevance:
+    """The matrices of chunks of columns, (c, B, n, m) each, as one (C, B, n, m) each."""
+    return TwoSetRelevance(**{key: torch.cat([c.get(*key) for c in chunks]) for key in _MATRICES})
+
+
+def _rows_at(state: TwoSetRelevance, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Row `rows[..., b]` of R_qi and of R_qq ((..., B, n, m)) for each sample b."""
+
+    def row(matrix: Tensor) -> Tensor:
+        index = rows[..., None, None].expand(*rows.shape, 1, matrix.shape[-1])
+        return matrix.gather(-2, index).squeeze(-2)
+
+    return row(state.qi), row(state.qq)
 
 
 def _abar(attention: Tensor, gradient: Tensor | None) -> Tensor:

@@ -74,9 +74,7 @@ class EncoderDecoderPlan(Plan):
         decoder_ids = arguments["decoder_input_ids"]
         lengths = arguments["decoder_attention_mask"].sum(dim=1)
         self.positions, self.valid = _decoder_positions(self.position, lengths)
-        # What every column's read indexes with, made once for all columns.
-        self._samples = torch.arange(lengths.shape[0], device=lengths.device)
-        self._column_positions = self.positions.T.unbind()
+        self._column_positions = self.positions.T.unbind()  # once for every column's fold
         target = self.request.target
         if self._every and target is None:
             target = decoder_ids.gather(1, self.positions + 1)
@@ -94,22 +92,24 @@ class EncoderDecoderPlan(Plan):
         self._target = target
 
     def sink(self, column: int = 0) -> TwoSetFold:
-        """The two-set fold over every block; each column reads it at its own position."""
-        return self.column_sinks(1)[0]
+        """The two-set fold over every block, read at column `column`'s positions."""
+        return self._fold(self._column_positions[column])
 
     def column_sinks(self, count: int) -> list[ColumnSink]:
+        return [self._fold(at) for at in self._column_positions[:count]]
+
+    def _fold(self, positions: Tensor) -> TwoSetFold:
         roles = [
             BlockRole(site.layer, "i" if site.stack == "source" else "q", site.kind)
             for site in self.adapter.attention_sites()
         ]
         source, target = self.sets
         shape = (target.layout.num_tokens, source.layout.num_tokens)
-        return [TwoSetFold(roles, *shape) for _ in range(count)]
+        return TwoSetFold(roles, *shape, rows=positions)
 
     def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
-        state = sink.result()
-        at = self._column_positions[column]
-        return {"source": state.qi[self._samples, at], "target": state.qq[self._samples, at]}
+        source, target = sink.read()  # type: ignore[attr-defined]  # a TwoSetFold
+        return {"source": source, "target": target}
 
     def columns(self, output: Tensor) -> Columns:
         rows = torch.arange(output.shape[0], device=output.device)[:, None]
