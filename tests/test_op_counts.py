@@ -158,10 +158,10 @@ def test_generations_cost_launches_like_one_token(method):
     PyTorch's batched backward runs some kernels once per column (CPU sdpa's backward,
     silu's, a gather's). The explanations grow less: generic 1.28x, attention GradCAM
     1.22x, AttnLRP 1.26x, CP-LRP 1.32x (CP-LRP's growth is sdpa's backward and the
-    gather of the explained tokens' scores, as in the floor; it once grew 1.55x, when the
-    logits were read by an index and a gather, whose backwards also run once per column,
-    rather than sliced), the forward-only methods (rollout, raw attention) not at all,
-    but for the random baseline's one draw per column (1.08x)."""
+    gather of the explained tokens' scores, both the floor's too: the logits are sliced,
+    not indexed, since an index's backward also runs once per column), the forward-only
+    methods (rollout, raw attention) not at all, but for the random baseline's one draw
+    per column (1.08x)."""
     model = _narrow_llama()
     explainer = Explainer(model)
     counts, floors = [], []
