@@ -1062,7 +1062,7 @@ def write_report(
     fields: dict[str, Any],
 ) -> None:
     """Write `out`: the CPU, long-prompt and GPU sections measured by this run replace the
-    file's, the others (and the Swin section, scripts/bench_swin.py's) are kept."""
+    file's, the others (and the sections other scripts write, `OTHER_SCRIPTS_SECTIONS`) are kept."""
     old = out.read_text() if out.exists() else ""
     report = REPORT.format(tables="\n".join(tables["cpu"]), **fields) if tables["cpu"] else old
     long = (
@@ -1071,9 +1071,9 @@ def write_report(
         else long_section(old)
     )
     report = with_long_section(report, long)
-    windowed = WINDOWED_SECTION.search(old)  # scripts/bench_swin.py's, kept as it is
-    if windowed and windowed.group(0) not in report:
-        report = report.rstrip("\n") + "\n\n" + windowed.group(0) + "\n"
+    for kept in OTHER_SCRIPTS_SECTIONS.finditer(old):  # other scripts' sections, as they are
+        if kept.group(0) not in report:
+            report = report.rstrip("\n") + "\n\n" + kept.group(0) + "\n"
     if tables["gpu"] or checks is not None:
         stopped = (
             "Not measured yet (the run had not reached them when this was written): "
@@ -1126,11 +1126,13 @@ def with_gpu_section(text: str, section: str) -> str:
     return text[:at] + section + "\n\n" + text[at:]
 
 
-WINDOWED_SECTION = re.compile(
-    r"<!-- windowed attention: scripts/bench_swin.py -->.*?<!-- end of windowed attention -->",
+OTHER_SCRIPTS_SECTIONS = re.compile(
+    r"<!-- (?P<name>[^:>]+): scripts/(?!bench\.py)[^ >]+ -->.*?<!-- end of (?P=name) -->",
     re.DOTALL,
 )
-"""The Swin section, which scripts/bench_swin.py writes and this script keeps."""
+"""A section another script writes between its markers (`<!-- NAME: scripts/SCRIPT ... -->`
+and `<!-- end of NAME -->`: scripts/bench_swin.py's windowed attention, ...), which this
+script keeps as it is."""
 
 LONG_BEGIN = "<!-- long prompts: scripts/bench.py --cases long -->"
 LONG_END = "<!-- end of long prompts -->"

@@ -85,3 +85,13 @@ def test_a_failing_gpu_case_is_reported_and_the_run_goes_on(tmp_path, monkeypatc
     section = bench.gpu_section(page.read_text())
     assert "FAILED: RuntimeError: CUDA out of memory (simulated)" in section
     assert "64 column(s) [smoke run" in section  # the next case ran
+
+
+def test_a_cpu_run_keeps_the_sections_other_scripts_wrote(monkeypatch):
+    """The page's sections written by other scripts (Swin's windows, Qwen's tower), each
+    between its markers, are found for a CPU run to keep; bench.py's own are not."""
+    bench = _bench(monkeypatch)
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    kept = [match.group("name") for match in bench.OTHER_SCRIPTS_SECTIONS.finditer(page)]
+    assert "windowed attention" in kept
+    assert not {"gpu", "long prompts"} & set(kept)
