@@ -71,7 +71,8 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
             check_finite(chosen, "the score the target callable returned", _NONFINITE_ADVICE)
             return None, chosen
         target = chosen
-    if target is None:
+    if target is None:  # the predicted class: in range, the output is all to check
+        check_finite(output, "the model's output", _NONFINITE_ADVICE)
         return output.detach().argmax(dim=-1), None
     if isinstance(target, bool):
         raise TargetError("target must be a class index, not a bool")
