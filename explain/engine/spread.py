@@ -208,7 +208,7 @@ class TwoSetColumnFold:
     cannot be): `add` is a `explain.recorder.BlockCallback` that hands each block's maps
     to `explain.rules.coattention.ColumnTwoSetFolds` (on the fused path A recomputed once,
     dA = dO v^T for as many columns at a time as fit `max_bytes`), `finish()` hands each
-    column's matrices back to its fold for `result()`.
+    column's matrices and rows back to its fold for `result()` and `read()`.
     """
 
     def __init__(self, folds: ColumnTwoSetFolds, max_bytes: int) -> None:

@@ -108,7 +108,8 @@ class EncoderDecoderPlan(Plan):
         return TwoSetFold(roles, *shape, rows=positions)
 
     def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
-        source, target = sink.read()  # type: ignore[attr-defined]  # a TwoSetFold
+        assert isinstance(sink, TwoSetFold)  # `sink` made it
+        source, target = sink.read()
         return {"source": source, "target": target}
 
     def columns(self, output: Tensor) -> Columns:
