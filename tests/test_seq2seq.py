@@ -331,6 +331,32 @@ def test_chosen_position_and_target():
         Explainer(model).explain(inputs, position="all", target=[1, 2, 3])
 
 
+def test_every_position_with_a_target_callable():
+    """With position="all" a target callable reads each position's (B, vocabulary)
+    logits: class indices explain those classes, scores explain themselves."""
+    model = tiny_bart()
+    inputs = _inputs("bart", model)
+    explainer = Explainer(model)
+    every = explainer.explain(inputs, position="all")
+    real = every.target >= 0
+    predicted = explainer.explain(inputs, position="all", target=lambda x: x.argmax(dim=-1))
+    assert torch.equal(predicted.target[real], every.logits.argmax(dim=-1)[real])
+    sevens = torch.full_like(every.target, 7)
+    given = explainer.explain(inputs, position="all", target=sevens)
+    scored = explainer.explain(inputs, position="all", target=lambda x: x[:, 7])
+    assert torch.all(scored.target == -1) and scored.score == "custom"
+    for key in ("source", "target"):
+        assert torch.allclose(scored.relevances[key], given.relevances[key], atol=1e-6)
+    calls = []
+
+    def fickle(logits):  # class indices at the first position, scores after it
+        calls.append(1)
+        return logits.argmax(dim=-1) if len(calls) == 1 else logits[:, 7]
+
+    with pytest.raises(TargetError, match="at every position"):
+        explainer.explain(inputs, position="all", target=fickle)
+
+
 def test_generated_sequence_is_explained_token_by_token():
     model = tiny_bart()
     inputs = _inputs("bart", model)
