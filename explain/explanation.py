@@ -16,7 +16,7 @@ from torch import Tensor
 from explain.detections import Detections
 from explain.errors import ExplainError, InputError, OptionError
 from explain.export import read_payload, write_payload
-from explain.finite import check_finite
+from explain.finite import all_finite, check_finite
 from explain.normalize import normalize_per_sample
 from explain.rules.display import display_values, scale_note
 
@@ -76,9 +76,11 @@ class Explanation:
     def __post_init__(self) -> None:
         # Refused here, where every runner's result passes, so that no NaN is ever drawn
         # (min-max normalisation would hide it as zeros, a colour scale show it as red).
-        # Each tensor once: a single input's relevance is also its one entry of relevances,
-        # and every check waits for the device.
+        # Each tensor once: a single input's relevance is also its one entry of relevances;
+        # one wait for the device for all of them, and the message only where one fails.
         unique = {id(r): r for r in (self.relevance, *self.relevances.values())}
+        if all_finite(unique.values()):
+            return
         for relevance in unique.values():
             check_finite(
                 relevance,

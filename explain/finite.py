@@ -8,11 +8,21 @@ it refuses, so that a user can find the offending inputs in a batch.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+import torch
 from torch import Tensor
 
 from explain.errors import ExplainError, InputError
 
-__all__ = ["check_finite", "nonfinite_samples"]
+__all__ = ["all_finite", "check_finite", "nonfinite_samples"]
+
+
+def all_finite(values: Iterable[Tensor]) -> bool:
+    """Whether every value of every tensor is finite, read from the device once for all of
+    them (`check_finite` then names the samples, on the rare path where one is not)."""
+    flags = [v.detach().isfinite().all() for v in values if v.is_floating_point() and v.numel()]
+    return not flags or bool(torch.stack(flags).all())
 
 
 def nonfinite_samples(values: Tensor) -> list[int]:

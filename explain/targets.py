@@ -46,11 +46,13 @@ similarity); in the latter case `score` does not apply.
 def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tensor | None]:
     """Return (classes, custom_scores): classes (B,) or (B, K) long, or scores from a callable.
 
-    Exactly one of the two is not None.
+    Exactly one of the two is not None. `output` is (B, C), or (B, P, C) for P positions
+    of each sample checked at once, with a (B, P) tensor of classes as the target.
     """
     batch, num_classes = output.shape[0], output.shape[-1]
-    check_finite(output, "the model's output", _NONFINITE_ADVICE)
-    if callable(target) and not isinstance(target, Tensor):
+    output_checked = callable(target) and not isinstance(target, Tensor)
+    if output_checked:  # before the callable reads it
+        check_finite(output, "the model's output", _NONFINITE_ADVICE)
         chosen = target(output)
         if not isinstance(chosen, Tensor):
             raise TargetError(
@@ -69,7 +71,8 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
             check_finite(chosen, "the score the target callable returned", _NONFINITE_ADVICE)
             return None, chosen
         target = chosen
-    if target is None:
+    if target is None:  # the predicted class: in range, the output is all to check
+        check_finite(output, "the model's output", _NONFINITE_ADVICE)
         return output.detach().argmax(dim=-1), None
     if isinstance(target, bool):
         raise TargetError("target must be a class index, not a bool")
@@ -99,7 +102,11 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
         if classes.dim() == 2 and classes.shape[1] == 0:
             raise TargetError("a (B, K) target needs at least one class per input (K >= 1)")
     out_of_range = (classes < 0) | (classes >= num_classes)
-    if out_of_range.any():
+    valid = ~out_of_range.any()
+    if not output_checked:
+        valid = valid & output.isfinite().all()
+    if not bool(valid):  # one wait for the device; then say what is wrong
+        check_finite(output, "the model's output", _NONFINITE_ADVICE)
         _check_class(classes[out_of_range][0].item(), num_classes)
     return classes, None
 
@@ -124,7 +131,9 @@ def require_explicit_target(
 
 
 def select_scores(output: Tensor, classes: Tensor, score: Score) -> Tensor:
-    """The differentiated quantity per sample and class: shape of `classes`."""
+    """The differentiated quantity per sample and class: shape of `classes`. `output` is
+    (B, C) with (B,) or (B, K) classes, or (B, P, C) with (B, P) classes (one class at
+    each of P positions)."""
     if score == "logit":
         values = output
     elif score == "probability":
@@ -133,10 +142,10 @@ def select_scores(output: Tensor, classes: Tensor, score: Score) -> Tensor:
         values = output.log_softmax(dim=-1)
     else:
         raise TargetError(f"score must be one of {', '.join(SCORES)}; got {score!r}")
-    index = classes if classes.dim() == 2 else classes[:, None]
-    picked = values.gather(-1, index)
+    one_each = classes.dim() == output.dim() - 1  # one class per row of classes
+    picked = values.gather(-1, classes[..., None] if one_each else classes)
     check_finite(picked, f"the {score} of the target class", _NONFINITE_ADVICE)
-    return picked if classes.dim() == 2 else picked[:, 0]
+    return picked[..., 0] if one_each else picked
 
 
 def check_score(score: str) -> None:

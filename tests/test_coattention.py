@@ -9,6 +9,7 @@ from torch import Tensor
 
 from explain.rules.coattention import (
     BlockRole,
+    ColumnTwoSetFolds,
     TwoSetFold,
     TwoSetRelevance,
     cross_attention_update,
@@ -123,3 +124,49 @@ def test_missing_block_and_bad_roles_fail_clearly():
         TwoSetFold([BlockRole(1, "i", "self"), BlockRole(0, "q", "self")], NUM_Q, NUM_I)
     with pytest.raises(ValueError, match="pairs"):
         TwoSetFold([BlockRole(0, "i", "co"), BlockRole(1, "q", "co")], NUM_Q, NUM_I)
+
+
+def test_every_column_at_once_equals_each_column_alone():
+    """ColumnTwoSetFolds: the rules of C columns batched (two chunks of columns, each
+    delivering its blocks last first, as a chunked batched backward does) equal each
+    column's own TwoSetFold, in float64, and so do the rows each column reads out."""
+    generator = torch.Generator().manual_seed(11)
+    roles = [BlockRole(0, "i", "self"), BlockRole(1, "q", "self"), BlockRole(2, "q", "cross")]
+    shapes = [(NUM_I, NUM_I), (NUM_Q, NUM_Q), (NUM_Q, NUM_I)]
+    columns = 5
+    attentions = [_maps(generator, *shape)[0] for shape in shapes]
+    gradients = [
+        torch.randn(columns, *a.shape, generator=generator, dtype=torch.float64) for a in attentions
+    ]
+    rows = torch.randint(0, NUM_Q, (columns, BATCH), generator=generator)
+    folds = [TwoSetFold(roles, NUM_Q, NUM_I, rows=rows[column]) for column in range(columns)]
+    together = ColumnTwoSetFolds(folds)
+    for chunk in (slice(0, 3), slice(3, 5)):
+        for layer in reversed(range(len(roles))):
+            together.add(layer, chunk, attentions[layer], gradients[layer][chunk])
+    together.finish()
+    for column, fold in enumerate(folds):
+        alone = TwoSetFold(roles, NUM_Q, NUM_I)
+        for layer in reversed(range(len(roles))):
+            alone.add(layer, attentions[layer], gradients[layer][column])
+        expected = alone.result()
+        for key in ("qq", "qi", "iq", "ii"):
+            assert torch.allclose(fold.result().get(*key), expected.get(*key), atol=1e-12)
+        samples = torch.arange(BATCH)
+        qi, qq = fold.read()  # each sample's row, read for every column at once
+        assert torch.allclose(qi, expected.qi[samples, rows[column]], atol=1e-12)
+        assert torch.allclose(qq, expected.qq[samples, rows[column]], atol=1e-12)
+    assert not torch.allclose(folds[0].result().qi, folds[1].result().qi)  # columns differ
+
+
+def test_columns_missing_a_block_fail_clearly():
+    roles = [BlockRole(0, "i", "self"), BlockRole(1, "q", "self")]
+    together = ColumnTwoSetFolds([TwoSetFold(roles, NUM_Q, NUM_I) for _ in range(2)])
+    attention, gradient = _maps(torch.Generator().manual_seed(0), NUM_Q, NUM_Q)
+    together.add(1, slice(0, 2), attention, gradient.expand(2, *gradient.shape))
+    with pytest.raises(RuntimeError, match=r"blocks \[0\] never arrived"):
+        together.finish()
+    with pytest.raises(ValueError, match="without the rows"):
+        TwoSetFold(roles, NUM_Q, NUM_I).read()
+    with pytest.raises(ValueError, match="same roles"):
+        ColumnTwoSetFolds([TwoSetFold(roles, NUM_Q, NUM_I), TwoSetFold(roles, NUM_Q, NUM_Q)])

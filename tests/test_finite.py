@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from op_counts import count_ops
 
 from explain import Explainer, ExplainError, InputError
 from explain.explanation import Explanation
+from explain.finite import all_finite
 from explain.testing import ModelState, tiny_vit
 from explain.viz.text import to_html
 
@@ -66,3 +68,26 @@ def test_no_explanation_with_nan_can_be_drawn():
         )
     with pytest.raises(InputError, match="NaN"):
         to_html(["good", "film"], [0.5, float("nan")])
+
+
+def test_all_finite_waits_for_the_device_once_for_every_tensor():
+    values = [torch.ones(3), torch.zeros(2, 2), torch.arange(3), torch.empty(0)]
+    assert count_ops(lambda: all_finite(values)).syncs == 1
+    assert all_finite(values) and all_finite([])
+    assert not all_finite([*values, torch.tensor([1.0, float("inf")])])
+    assert not all_finite([torch.tensor([[float("nan")]]), *values])
+
+
+def test_a_non_finite_second_relevance_is_refused_by_name():
+    relevance = torch.zeros(2, 3)
+    broken = torch.zeros(2, 4)
+    broken[1, 2] = float("nan")
+    with pytest.raises(ExplainError, match="samples 1 is not finite"):
+        Explanation(
+            relevance=relevance,
+            logits=torch.zeros(2, 5),
+            target=torch.zeros(2, dtype=torch.long),
+            method="generic",
+            score="logit",
+            relevances={"source": relevance, "target": broken},
+        )

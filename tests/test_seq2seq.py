@@ -283,6 +283,29 @@ def test_every_token_of_the_sequence_in_one_call(case):
             )
 
 
+def test_every_position_equals_each_position_alone_in_float64(case):
+    """position="all" folds every column at once (one backward batched over the positions,
+    the two-set rules batched over them): each column equals the explanation of its
+    position alone, with its token as the target, to float64 rounding."""
+    _, model, inputs, _ = case
+    double = copy.deepcopy(model).double()
+    if "pixel_values" in inputs:
+        inputs = {**inputs, "pixel_values": inputs["pixel_values"].double()}
+    explainer = Explainer(double)
+    every = explainer.explain(inputs, position="all")
+    last = inputs["decoder_attention_mask"].sum(dim=1) - 1
+    for j in range(every.target.shape[1]):
+        target = every.target[:, j]
+        known = target >= 0  # past a sequence's end nothing is explained: -1 and zeros
+        position = torch.full_like(target, j).minimum(last)  # B positions, each real
+        alone = explainer.explain(inputs, position=position, target=target.clamp(min=0))
+        assert torch.equal(alone.target[known], target[known])
+        for key in ("source", "target"):
+            ours, single = every.relevances[key][:, j], alone.relevances[key]
+            assert torch.allclose(ours[known], single[known], rtol=1e-12, atol=1e-12), (key, j)
+            assert torch.all(ours[~known] == 0)
+
+
 def test_chosen_position_and_target():
     model = tiny_bart()
     inputs = _inputs("bart", model)
@@ -306,6 +329,32 @@ def test_chosen_position_and_target():
     assert torch.allclose(every.relevances["source"], given.relevances["source"])
     with pytest.raises(TargetError, match="per sample and position"):
         Explainer(model).explain(inputs, position="all", target=[1, 2, 3])
+
+
+def test_every_position_with_a_target_callable():
+    """With position="all" a target callable reads each position's (B, vocabulary)
+    logits: class indices explain those classes, scores explain themselves."""
+    model = tiny_bart()
+    inputs = _inputs("bart", model)
+    explainer = Explainer(model)
+    every = explainer.explain(inputs, position="all")
+    real = every.target >= 0
+    predicted = explainer.explain(inputs, position="all", target=lambda x: x.argmax(dim=-1))
+    assert torch.equal(predicted.target[real], every.logits.argmax(dim=-1)[real])
+    sevens = torch.full_like(every.target, 7)
+    given = explainer.explain(inputs, position="all", target=sevens)
+    scored = explainer.explain(inputs, position="all", target=lambda x: x[:, 7])
+    assert torch.all(scored.target == -1) and scored.score == "custom"
+    for key in ("source", "target"):
+        assert torch.allclose(scored.relevances[key], given.relevances[key], atol=1e-6)
+    calls = []
+
+    def fickle(logits):  # class indices at the first position, scores after it
+        calls.append(1)
+        return logits.argmax(dim=-1) if len(calls) == 1 else logits[:, 7]
+
+    with pytest.raises(TargetError, match="at every position"):
+        explainer.explain(inputs, position="all", target=fickle)
 
 
 def test_generated_sequence_is_explained_token_by_token():

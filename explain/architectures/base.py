@@ -452,8 +452,11 @@ class LanguageModel(Adapter):
     reads_text = True
 
     @abstractmethod
-    def logits_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
-        """(B, P) positions -> the (B, P, vocab) next-token logits there."""
+    def logits_at(self, prepared: Prepared, positions: Tensor | slice) -> Tensor:
+        """(B, P) positions -> the (B, P, vocab) next-token logits there. A slice of
+        positions, the same for every sample (a generation's), is taken by slicing, whose
+        backward batched over the positions runs no kernel once per position (an index's
+        or a gather's does)."""
 
     @abstractmethod
     def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:

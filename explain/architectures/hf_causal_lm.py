@@ -34,6 +34,7 @@ from explain.architectures.hf_common import (
     last_real_token,
     positions_from_mask,
     prepare_text,
+    sliced_logits,
 )
 
 __all__ = ["HuggingFaceCausalLM", "is_decoder_only_lm"]
@@ -104,11 +105,15 @@ class HuggingFaceCausalLM(HuggingFaceAdapter, LanguageModel):
             batch_size=mask.shape[0], layout=TokenLayout.text(mask), arguments=arguments
         )
 
-    def logits_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
-        """(B, P) positions -> the (B, P, vocab) logits there, without a cache. The head
-        runs only at the positions asked for (`logits_to_keep`, where the model takes it):
-        at thousands of tokens and a large vocabulary, logits everywhere would cost more
-        memory than the whole explanation."""
+    def logits_at(self, prepared: Prepared, positions: Tensor | slice) -> Tensor:
+        """(B, P) positions, or a slice of them, -> the (B, P, vocab) logits there, without
+        a cache. The head runs only at the positions asked for (`logits_to_keep`, where the
+        model takes it; for a slice, from its start on): at thousands of tokens and a large
+        vocabulary, logits everywhere would cost more memory than the whole explanation."""
+        if isinstance(positions, slice):
+            return sliced_logits(
+                self.model, prepared.arguments, positions, keeps_logits=self._keeps_logits
+            )
         keep = positions.unique()  # sorted
         if self._keeps_logits:
             logits = self.model(**prepared.arguments, use_cache=False, logits_to_keep=keep).logits

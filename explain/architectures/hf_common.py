@@ -43,6 +43,7 @@ __all__ = [
     "probabilities_at",
     "recorded_output",
     "sdpa_attention_flags",
+    "sliced_logits",
     "split_heads",
     "text_layout",
 ]
@@ -372,3 +373,17 @@ def mask_padding(token_relevance: Tensor, mask: Tensor) -> Tensor:
     """(B, ..., T) relevance with every padding position set to exactly 0
     (`TokenLayout.unpadded`)."""
     return TokenLayout.text(mask).unpadded(token_relevance)
+
+
+def sliced_logits(
+    model: nn.Module, arguments: Mapping[str, Any], positions: slice, *, keeps_logits: bool
+) -> Tensor:
+    """The (B, P, vocab) logits at a slice of positions of every sample: the head runs from
+    the slice's start on where the model takes `logits_to_keep` (the last that many
+    positions: a slice of its own, not an index)."""
+    length = arguments["attention_mask"].shape[1]
+    start, stop, step = positions.indices(length)
+    if not keeps_logits:
+        return model(**arguments, use_cache=False).logits[:, start:stop:step]
+    logits = model(**arguments, use_cache=False, logits_to_keep=length - start).logits
+    return logits[:, : stop - start : step]

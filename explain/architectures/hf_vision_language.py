@@ -49,6 +49,7 @@ from explain.architectures.hf_common import (
     prepare_text,
     probabilities_at,
     recorded_output,
+    sliced_logits,
 )
 from explain.errors import InputError, UnsupportedModelError
 from explain.image_prompts import encode_image_prompt, is_image_prompt
@@ -431,9 +432,11 @@ class VisionLanguageModel(LanguageModel):
         the photos' tile layout), which travels with a generation but is not the model's."""
         return dict(arguments)
 
-    def logits_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
-        keep = positions.unique()
+    def logits_at(self, prepared: Prepared, positions: Tensor | slice) -> Tensor:
         arguments = self.model_arguments(prepared.arguments)
+        if isinstance(positions, slice):
+            return sliced_logits(self.model, arguments, positions, keeps_logits=True)
+        keep = positions.unique()
         logits = self.model(**arguments, use_cache=False, logits_to_keep=keep).logits
         index = torch.searchsorted(keep, positions.contiguous())
         rows = torch.arange(positions.shape[0], device=positions.device)[:, None]

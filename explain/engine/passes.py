@@ -31,7 +31,9 @@ Where every column's sink folds by spreads (generic, head-mean rollout, raw atte
 the forward and attention-gradient passes fold all columns together block by block
 (explain.engine.spread), on the fused path from q, k, v and dO without N x N maps
 ("streamed"); where every column's sink reads the last block only (attention GradCAM),
-the attention-gradient pass maps that block once for all columns. The path
+the attention-gradient pass maps that block once for all columns, and where every
+column's sink is a two-set fold (encoder-decoders, detectors) it runs their rules once
+for all columns. The path
 (`explain.fused.choose_path`: the device, the memory budget, the length) is recorded in
 `Explanation.settings` (`Pass.settings`).
 
@@ -52,7 +54,7 @@ from explain.architectures.base import Adapter, ModuleHook, Prepared, TokenSet
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
-from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold
+from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold, TwoSetColumnFold
 from explain.errors import OptionError, TargetError
 from explain.fused import PathChoice, choose_path, default_memory_budget
 from explain.lrp import RULE_SETS, tape_for
@@ -261,8 +263,8 @@ class ForwardPass(Pass):
 class AttentionGradientPass(Pass):
     """One forward, then one backward of every score column (vectorised over columns,
     chunked to the memory budget), folding blocks as their gradients arrive: all columns
-    at once where their sinks fold by spreads or read the last block only
-    (explain.engine.spread), each column into its own sink otherwise."""
+    at once where their sinks fold by spreads, read the last block only or fold two token
+    sets (explain.engine.spread), each column into its own sink otherwise."""
 
     serves = frozenset({Need.ATTENTION_GRADIENTS})
 
@@ -277,8 +279,10 @@ class AttentionGradientPass(Pass):
             columns = plan.columns(plan.forward())
             count = columns.scores.shape[1]
             sinks = [first, *plan.column_sinks(count)[1:]] if count > 1 else [first]
-            fold = SpreadFold.of(sinks, self.memory_budget) or LastBlockFold.of(
-                sinks, self.memory_budget
+            fold = (
+                SpreadFold.of(sinks, self.memory_budget)
+                or LastBlockFold.of(sinks, self.memory_budget)
+                or TwoSetColumnFold.of(sinks, self.memory_budget)
             )
             on_block = None if fold is None else fold.add
             if count == 1:

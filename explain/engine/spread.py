@@ -8,9 +8,11 @@ fold per token set and folds each block once for all columns: from the recorded 
 the explicit path (`spread_maps`), from q, k, v and dO on the fused path
 (`readout_spread`, without any N x N map). Where every column's sink reads the last block
 only (attention GradCAM: explain.rules.fold.LastBlock), `LastBlockFold` maps that block
-once for all columns. The number of operations per block then depends neither on the
-batch nor on the columns nor on the heads. Every other sink takes whole maps, column by
-column.
+once for all columns. Where every column's sink is a two-set fold (an encoder-decoder's
+positions, a detector's detections: explain.rules.coattention), `TwoSetColumnFold` runs
+the folds of all columns as one. The number of operations per block then depends neither
+on the batch nor on the columns nor on the heads. Every other sink takes whole maps,
+column by column.
 
 A token set may be read out by another set's result (`ReadOut`: a vision-language
 model's tower, read out by the language model's relevance at the image tokens): its
@@ -21,7 +23,7 @@ tower's windows) is folded as a batch of its pieces, padded to the longest.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Protocol, TypeVar
@@ -33,6 +35,7 @@ from explain.architectures.base import Pieces
 from explain.engine.kernels import live_rows, readout_spread, spread_maps
 from explain.fused import FusedBlock, attention_gradient
 from explain.rules import Sink
+from explain.rules.coattention import ColumnTwoSetFolds, TwoSetFold
 from explain.rules.fold import (
     ColumnFolds,
     ColumnLastBlocks,
@@ -41,7 +44,7 @@ from explain.rules.fold import (
     compute_dtype,
 )
 
-__all__ = ["LastBlockFold", "PerSetSinks", "ReadOut", "SpreadFold"]
+__all__ = ["LastBlockFold", "PerSetSinks", "ReadOut", "SpreadFold", "TwoSetColumnFold"]
 
 Stack = TypeVar("Stack", "ColumnFolds | _ReadOutFolds", ColumnLastBlocks)
 
@@ -342,27 +345,75 @@ class LastBlockFold:
         if route is None:
             return
         stack, local = route
-        if isinstance(record, Tensor):
-            stack.add(local, columns, record, gradient)
-            return
-        probabilities = record.probabilities()
-        attention = probabilities.to(compute_dtype(probabilities))  # once for every chunk
-        if gradient is None:
-            stack.add(local, columns, attention, None)
-            return
-        _, _, value = record.tensors()
-        value = value.to(attention.dtype)[None]
-        step = max(1, self._max_bytes // (attention.numel() * attention.element_size()))
-        start = columns.start or 0
-        for first in range(0, gradient.shape[0], step):  # one step unless dA outgrows the budget
-            part = gradient[first : first + step]
-            with torch.no_grad():
-                maps = attention_gradient(part.to(attention.dtype), value)
-            stack.add(local, slice(start + first, start + first + len(part)), attention, maps)
+        for part, attention, maps in _whole_maps(columns, record, gradient, self._max_bytes):
+            stack.add(local, part, attention, maps)
 
     def finish(self) -> None:
         for stack in self._stacks:
             stack.finish()
+
+
+class TwoSetColumnFold:
+    """The two-set folds of every column at once (`of` builds it, or says that the sinks
+    cannot be): `add` is a `explain.recorder.BlockCallback` that hands each block's maps
+    to `explain.rules.coattention.ColumnTwoSetFolds` (on the fused path A recomputed once,
+    dA = dO v^T for as many columns at a time as fit `max_bytes`), `finish()` hands each
+    column's matrices and rows back to its fold for `result()` and `read()`.
+    """
+
+    def __init__(self, folds: ColumnTwoSetFolds, max_bytes: int) -> None:
+        self._folds = folds
+        self._max_bytes = max_bytes
+
+    @classmethod
+    def of(cls, sinks: Sequence[object], max_bytes: int) -> TwoSetColumnFold | None:
+        """The fold of `sinks` (one per column), or None unless every one is a two-set fold
+        over the same roles and token sets."""
+        if not all(isinstance(sink, TwoSetFold) for sink in sinks):
+            return None
+        try:
+            return cls(ColumnTwoSetFolds(sinks), max_bytes)  # type: ignore[arg-type]
+        except ValueError:
+            return None
+
+    def add(
+        self, layer: int, columns: slice, record: FusedBlock | Tensor, gradient: Tensor | None
+    ) -> None:
+        """Take block `layer` for `columns` from its record (`BlockCallback`)."""
+        if layer not in self._folds.layers:
+            return
+        for part, attention, maps in _whole_maps(columns, record, gradient, self._max_bytes):
+            self._folds.add(layer, part, attention, maps)
+
+    def finish(self) -> None:
+        self._folds.finish()
+
+
+def _whole_maps(
+    columns: slice, record: FusedBlock | Tensor, gradient: Tensor | None, max_bytes: int
+) -> Iterator[tuple[slice, Tensor, Tensor | None]]:
+    """A block's whole maps for a `BlockCallback`'s `columns`: (columns, A (B, H, N, N),
+    their dA (c, B, H, N, N) or None). The explicit path's record is A, with dA for all of
+    `columns` at once; a fused block's A is recomputed once, and dA = dO v^T for as many
+    columns at a time as fit `max_bytes` (the explicit path's chunks of columns hold as
+    much)."""
+    if isinstance(record, Tensor):
+        yield columns, record, gradient
+        return
+    probabilities = record.probabilities()
+    attention = probabilities.to(compute_dtype(probabilities))  # once for every chunk
+    if gradient is None:
+        yield columns, attention, None
+        return
+    _, _, value = record.tensors()
+    value = value.to(attention.dtype)[None]
+    step = max(1, max_bytes // (attention.numel() * attention.element_size()))
+    start = columns.start or 0
+    for first in range(0, gradient.shape[0], step):  # one step unless dA outgrows the budget
+        part = gradient[first : first + step]
+        with torch.no_grad():
+            maps = attention_gradient(part.to(attention.dtype), value)
+        yield slice(start + first, start + first + len(part)), attention, maps
 
 
 def _stacked(

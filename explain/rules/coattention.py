@@ -20,11 +20,15 @@ architecture is an adapter, never a new rule.
 Unlike the one-stack rules these cannot be folded as a readout row: the cross update needs
 the full normalised matrices. `TwoSetFold` therefore keeps every block's (B, N, N) matrix
 as its gradient arrives (last block first) and replays the blocks in forward order.
+`ColumnTwoSetFolds` does the same for the C score columns of a call (the positions of a
+decoder sequence, the detections of an image) at once: every block's matrices as one
+(C, B, N, N) tensor, the replay batched over columns and samples, so that its cost in
+operations does not grow with the columns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -36,15 +40,20 @@ from explain.rules.gradient import gradient_weighted
 
 __all__ = [
     "BlockRole",
+    "ColumnTwoSetFolds",
     "TwoSetFold",
     "TwoSetRelevance",
     "co_attention_update",
     "cross_attention_update",
     "normalize_residual",
     "self_attention_update",
+    "two_set_relevance",
 ]
 
 TokenSet = Literal["q", "i"]
+
+_MATRICES = ("qq", "qi", "iq", "ii")
+"""The names of the four relevance matrices (rows' set, then columns')."""
 
 
 def normalize_residual(relevance: Tensor) -> Tensor:
@@ -63,7 +72,8 @@ def normalize_residual(relevance: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class TwoSetRelevance:
-    """The four relevance matrices of two token sets, each (B, rows, columns)."""
+    """The four relevance matrices of two token sets, each (B, rows, columns), or
+    (C, B, rows, columns) for C score columns folded together."""
 
     qq: Tensor
     qi: Tensor
@@ -103,8 +113,8 @@ def self_attention_update(
     return replace(
         state,
         **{
-            s + s: state.get(s, s) + matrix @ state.get(s, s),
-            s + o: state.get(s, o) + matrix @ state.get(s, o),
+            s + s: state.get(s, s) + torch.bmm(matrix, state.get(s, s)),
+            s + o: state.get(s, o) + torch.bmm(matrix, state.get(s, o)),
         },
     )
 
@@ -113,10 +123,10 @@ def _cross_additions(
     state: TwoSetRelevance, query_set: TokenSet, matrix: Tensor
 ) -> dict[str, Tensor]:
     s, o = query_set, _other(query_set)
-    added_so = normalize_residual(state.get(s, s)).transpose(-1, -2) @ matrix
+    added_so = torch.bmm(normalize_residual(state.get(s, s)).transpose(-1, -2), matrix)
     return {
-        s + o: added_so @ normalize_residual(state.get(o, o)),
-        s + s: matrix @ state.get(o, s),
+        s + o: torch.bmm(added_so, normalize_residual(state.get(o, o))),
+        s + s: torch.bmm(matrix, state.get(o, s)),
     }
 
 
@@ -155,18 +165,62 @@ class BlockRole:
     kind: Literal["self", "cross", "co"]
 
 
+def two_set_relevance(
+    roles: Sequence[BlockRole], matrices: Mapping[int, Tensor], num_q: int, num_i: int
+) -> TwoSetRelevance:
+    """R_qq, R_qi, R_iq, R_ii after every block: the rules replayed over `roles` in forward
+    order, from each block's Abar `matrices[layer]` ((B, n, m), or (C, B, n, m) for C
+    columns at once: the rules run over every leading axis as one batch of products)."""
+    leading = matrices[roles[0].layer].shape[:-2]
+    flat = {layer: matrix.flatten(0, -3) for layer, matrix in matrices.items()}
+    first = flat[roles[0].layer]
+    state = TwoSetRelevance.initial(
+        first.shape[0], num_q, num_i, dtype=first.dtype, device=first.device
+    )
+    ordered = iter(roles)
+    for role in ordered:
+        matrix = flat[role.layer]
+        if role.kind == "self":
+            state = self_attention_update(state, role.token_set, matrix)
+        elif role.kind == "cross":
+            state = cross_attention_update(state, role.token_set, matrix)
+        else:
+            partner = next(ordered)
+            state = co_attention_update(state, matrix, flat[partner.layer])
+    return TwoSetRelevance(**{key: state.get(*key).unflatten(0, leading) for key in _MATRICES})
+
+
+def _checked_layers(roles: Sequence[BlockRole]) -> range:
+    """The model-wide layers of `roles`, once they are known to be consecutive layers in
+    forward order with co-attention in adjacent pairs (queries from q, then from i)."""
+    layers = [role.layer for role in roles]
+    if not layers or layers != list(range(layers[0], layers[0] + len(layers))):
+        raise ValueError("block roles must be consecutive layers, once each, in forward order")
+    co = [role for role in roles if role.kind == "co"]
+    pairs = zip(co[::2], co[1::2], strict=False)
+    if len(co) % 2 or any(
+        (a.token_set, b.token_set, b.layer - a.layer) != ("q", "i", 1) for a, b in pairs
+    ):
+        raise ValueError("co-attention roles come in adjacent pairs: queries from q, then i")
+    return range(layers[0], layers[-1] + 1)
+
+
 class TwoSetFold:
     """Receives blocks like a Sink and applies the two-set rules over `roles` (forward
-    order); `result()` is the four relevance matrices rather than one readout row.
+    order); `result()` is the four relevance matrices rather than one readout row, and
+    `read()` their rows at `rows`: (B,) the q-set row each sample reads out (a decoder
+    position), where the plan knows it when it makes the fold.
 
     Blocks may arrive in any order (the backward pass delivers the last block first); each
     is reduced to Abar = mean_h (G * A)+ on arrival and the raw maps are released. The
-    rules run in forward order in `matrices()` once every block has arrived.
+    rules run in forward order in `result()` once every block has arrived. The folds of
+    every column of a call run together in `ColumnTwoSetFolds`, which hands each fold its
+    matrices and its rows.
     """
 
     def parts(self) -> list:
         """Per-set sinks: none, the two sets fold together (explain.engine.passes'
-        ColumnSink); so the columns are folded one by one, from whole maps."""
+        ColumnSink); the columns' folds are stacked whole (`ColumnTwoSetFolds`)."""
         return []
 
     def __init__(
@@ -174,46 +228,109 @@ class TwoSetFold:
         roles: Sequence[BlockRole],
         num_q: int,
         num_i: int,
+        rows: Tensor | None = None,
     ) -> None:
-        self._roles = list(roles)
-        self._shape = (num_q, num_i)
+        self.roles = tuple(roles)
+        self.shape = (num_q, num_i)
+        self.rows = rows
+        self.layers = _checked_layers(self.roles)
         self._matrices: dict[int, Tensor] = {}
-        layers = [role.layer for role in self._roles]
-        if not layers or layers != list(range(layers[0], layers[0] + len(layers))):
-            raise ValueError("block roles must be consecutive layers, once each, in forward order")
-        co = [role for role in self._roles if role.kind == "co"]
-        pairs = zip(co[::2], co[1::2], strict=False)
-        if len(co) % 2 or any(
-            (a.token_set, b.token_set, b.layer - a.layer) != ("q", "i", 1) for a, b in pairs
-        ):
-            raise ValueError("co-attention roles come in adjacent pairs: queries from q, then i")
-        self.layers = range(layers[0], layers[-1] + 1)
-        self._wanted = set(layers)
+        self._result: TwoSetRelevance | None = None
+        self._read: tuple[Tensor, Tensor] | None = None
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
-        if layer not in self._wanted:
-            return
-        dtype = compute_dtype(attention)
-        gradient = gradient.to(dtype) if gradient is not None else None
-        self._matrices[layer] = gradient_weighted(attention.to(dtype), gradient)
+        if layer in self.layers:
+            self._matrices[layer] = _abar(attention, gradient)
 
     def result(self) -> TwoSetRelevance:
         """R_qq, R_qi, R_iq, R_ii after every block."""
-        missing = self._wanted - set(self._matrices)
-        if missing:
-            raise RuntimeError(f"blocks {sorted(missing)} never arrived; cannot apply the rules")
-        first = next(iter(self._matrices.values()))
-        state = TwoSetRelevance.initial(
-            first.shape[0], *self._shape, dtype=first.dtype, device=first.device
-        )
-        roles = iter(self._roles)
-        for role in roles:
-            matrix = self._matrices[role.layer]
-            if role.kind == "self":
-                state = self_attention_update(state, role.token_set, matrix)
-            elif role.kind == "cross":
-                state = cross_attention_update(state, role.token_set, matrix)
-            else:
-                partner = next(roles)
-                state = co_attention_update(state, matrix, self._matrices[partner.layer])
-        return state
+        if self._result is None:
+            _require_every_block(self.layers, self._matrices)
+            self._result = two_set_relevance(self.roles, self._matrices, *self.shape)
+            self._matrices.clear()
+        return self._result
+
+    def read(self) -> tuple[Tensor, Tensor]:
+        """Row `rows[b]` of R_qi and of R_qq for each sample b: (B, num_i) and (B, num_q)."""
+        if self._read is None:
+            if self.rows is None:
+                raise ValueError("this fold was made without the rows to read")
+            self._read = _rows_at(self.result(), self.rows)
+        return self._read
+
+
+class ColumnTwoSetFolds:
+    """The two-set folds of C columns (one `TwoSetFold` each, over the same roles and token
+    sets) run together: each block's Abar for a chunk of columns as one (c, B, n, m)
+    tensor, the rules replayed once per chunk for all of its columns and samples.
+
+    `add(layer, columns, attention, gradients)` takes block `layer` for the columns
+    `columns` (a chunk of the batched backward, or all of them) with their gradients
+    (c, B, H, n, m); a chunk's rules run as soon as its last block has arrived, which
+    frees its matrices. `finish()` hands every column's four matrices back to its fold,
+    whose `result()` then reads them.
+    """
+
+    def __init__(self, folds: Sequence[TwoSetFold]) -> None:
+        first = folds[0]
+        if any(f.roles != first.roles or f.shape != first.shape for f in folds):
+            raise ValueError("ColumnTwoSetFolds needs folds over the same roles and token sets")
+        self.layers = first.layers
+        self._folds = folds
+        self._pending: dict[int, dict[int, Tensor]] = {}  # first column of a chunk -> Abar
+        self._done: dict[int, TwoSetRelevance] = {}  # first column of a chunk -> its result
+
+    def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
+        if layer not in self.layers:
+            return
+        start = columns.start or 0
+        matrices = self._pending.setdefault(start, {})
+        matrices[layer] = _abar(attention, gradients)
+        if len(matrices) == len(self.layers):
+            fold = self._folds[0]
+            done = two_set_relevance(fold.roles, self._pending.pop(start), *fold.shape)
+            self._done[start] = done
+
+    def finish(self) -> None:
+        for matrices in self._pending.values():
+            _require_every_block(self.layers, matrices)
+        chunks = [self._done[start] for start in sorted(self._done)]
+        if sum(chunk.qq.shape[0] for chunk in chunks) != len(self._folds):
+            raise RuntimeError("the blocks never arrived for every column")
+        joined = chunks[0] if len(chunks) == 1 else _joined(chunks)
+        every = {key: joined.get(*key).unbind() for key in _MATRICES}
+        for column, fold in enumerate(self._folds):
+            fold._result = TwoSetRelevance(**{key: every[key][column] for key in _MATRICES})
+        if all(fold.rows is not None for fold in self._folds):  # every column's rows at once
+            rows = torch.stack([fold.rows for fold in self._folds])  # type: ignore[misc]
+            read_qi, read_qq = _rows_at(joined, rows)
+            for fold, qi, qq in zip(self._folds, read_qi.unbind(), read_qq.unbind(), strict=True):
+                fold._read = (qi, qq)
+
+
+def _joined(chunks: Sequence[TwoSetRelevance]) -> TwoSetRelevance:
+    """The matrices of chunks of columns, (c, B, n, m) each, as one (C, B, n, m) each."""
+    return TwoSetRelevance(**{key: torch.cat([c.get(*key) for c in chunks]) for key in _MATRICES})
+
+
+def _rows_at(state: TwoSetRelevance, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Row `rows[..., b]` of R_qi and of R_qq ((..., B, n, m)) for each sample b."""
+
+    def row(matrix: Tensor) -> Tensor:
+        index = rows[..., None, None].expand(*rows.shape, 1, matrix.shape[-1])
+        return matrix.gather(-2, index).squeeze(-2)
+
+    return row(state.qi), row(state.qq)
+
+
+def _abar(attention: Tensor, gradient: Tensor | None) -> Tensor:
+    """The generic block matrix in the rules' dtype (explain.rules.fold.compute_dtype)."""
+    dtype = compute_dtype(attention)
+    gradient = gradient.to(dtype) if gradient is not None else None
+    return gradient_weighted(attention.to(dtype), gradient)
+
+
+def _require_every_block(layers: range, matrices: Mapping[int, Tensor]) -> None:
+    missing = set(layers) - set(matrices)
+    if missing:
+        raise RuntimeError(f"blocks {sorted(missing)} never arrived; cannot apply the rules")

@@ -23,15 +23,17 @@ __all__ = [
 def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
     """Abar = mean_h (G * A)+ : clamp per head before the head mean (rules 5 and 6).
 
+    `attention` is (B, H, N, M); `gradient` is (B, H, N, M), or (C, B, H, N, M) for C
+    score columns at once, which share the attention: Abar is then (C, B, N, M).
     Summed one head at a time: the call then holds one (B, N, N) temporary instead of two
     (B, H, N, N) ones, which are the largest allocations of the explicit path's backward
     (they set its peak memory).
     """
     assert gradient is not None
-    heads = attention.shape[1]
-    total = (gradient[:, 0] * attention[:, 0]).clamp_(min=0)
+    heads = attention.shape[-3]
+    total = (gradient.select(-3, 0) * attention.select(-3, 0)).clamp_(min=0)
     for head in range(1, heads):
-        total += (gradient[:, head] * attention[:, head]).clamp_(min=0)
+        total += (gradient.select(-3, head) * attention.select(-3, head)).clamp_(min=0)
     return total.div_(heads)
 
 

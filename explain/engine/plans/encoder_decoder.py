@@ -2,12 +2,15 @@
 a decoder position.
 
 Column p is the token predicted at decoder position p (option `position`); the sink is
-the two-set fold of explain.rules.coattention over every block.
+the two-set fold of explain.rules.coattention over every block. Every position is taken
+from one forward and one backward batched over the positions, the folds of all positions
+run as one (explain.engine.spread.TwoSetColumnFold), and the targets are chosen and
+checked once for all positions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Union
 
 import torch
@@ -35,9 +38,9 @@ tokens, which for a generated sequence are the tokens the model chose)."""
 class EncoderDecoderPlan(Plan):
     """Source and target relevance of the token predicted at a decoder position.
 
-    One forward; one backward per explained position (batched over positions), each
-    folded with the encoder-decoder rules (explain.rules.coattention) over every block,
-    and read out at the position: relevances["source"] = R_qi[p] over the encoder tokens
+    One forward; one backward batched over the explained positions, all of them folded
+    together with the encoder-decoder rules (explain.rules.coattention) over every block,
+    and each read out at its position: relevances["source"] = R_qi[p] over the encoder tokens
     (or the image patch grid), relevances["target"] = R_qq[p] over the decoder tokens.
     Options: `position` (see `Position`). The target is a token id: None = the predicted
     token (for position="all": the sequence's own next tokens), an int, B ints, a (B, P)
@@ -71,6 +74,7 @@ class EncoderDecoderPlan(Plan):
         decoder_ids = arguments["decoder_input_ids"]
         lengths = arguments["decoder_attention_mask"].sum(dim=1)
         self.positions, self.valid = _decoder_positions(self.position, lengths)
+        self._column_positions = self.positions.T.unbind()  # once for every column's fold
         target = self.request.target
         if self._every and target is None:
             target = decoder_ids.gather(1, self.positions + 1)
@@ -88,45 +92,48 @@ class EncoderDecoderPlan(Plan):
         self._target = target
 
     def sink(self, column: int = 0) -> TwoSetFold:
-        """The two-set fold over every block; each column reads it at its own position."""
+        """The two-set fold over every block, read at column `column`'s positions."""
+        return self._fold(self._column_positions[column])
+
+    def column_sinks(self, count: int) -> list[ColumnSink]:
+        return [self._fold(at) for at in self._column_positions[:count]]
+
+    def _fold(self, positions: Tensor) -> TwoSetFold:
         roles = [
             BlockRole(site.layer, "i" if site.stack == "source" else "q", site.kind)
             for site in self.adapter.attention_sites()
         ]
         source, target = self.sets
-        return TwoSetFold(roles, target.layout.num_tokens, source.layout.num_tokens)
+        shape = (target.layout.num_tokens, source.layout.num_tokens)
+        return TwoSetFold(roles, *shape, rows=positions)
 
     def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
-        state = sink.result()
-        at = self.positions[:, column]
-        rows = torch.arange(at.shape[0], device=at.device)
-        return {"source": state.qi[rows, at], "target": state.qq[rows, at]}
+        assert isinstance(sink, TwoSetFold)  # `sink` made it
+        source, target = sink.read()
+        return {"source": source, "target": target}
 
     def columns(self, output: Tensor) -> Columns:
-        rows = torch.arange(output.shape[0], device=self.positions.device)
-        scores, classes, logits = [], [], []
-        for column in range(self.positions.shape[1]):
-            at = self.positions[:, column]
-            column_logits = output[rows, at]
-            target = self._target
-            chosen = target[:, column] if self._every and isinstance(target, Tensor) else target
-            found, custom = resolve_targets(column_logits, chosen)
-            if found is not None and found.dim() == 2:
+        rows = torch.arange(output.shape[0], device=output.device)[:, None]
+        logits = output[rows, self.positions]  # (B, P, vocabulary): every column at once
+        target = self._target
+        if self._every and callable(target) and not isinstance(target, Tensor):
+            found, custom = _per_position(logits, target)
+        else:
+            found, custom = resolve_targets(logits if self._every else logits[:, 0], target)
+        if found is None:
+            assert custom is not None
+            custom_scores(self.request.score)
+            scores = custom if self._every else custom[:, None]
+            classes = torch.full_like(self.positions, -1)
+        else:
+            if not self._every and found.dim() == 2:
                 raise TargetError("one target token per explained position; got a (B, K) target")
-            if found is None:
-                assert custom is not None
-                custom_scores(self.request.score)
-                scores.append(custom)
-                classes.append(torch.full_like(at, -1))
-            else:
-                scores.append(select_scores(column_logits, found, self.score))
-                classes.append(found.to(at.device))
-            logits.append(column_logits)
-        explained = torch.stack(classes, dim=1).masked_fill(~self.valid, -1)
-        stacked = torch.stack(logits, dim=1)
+            classes = found.to(self.positions.device).reshape(self.positions.shape)
+            scores = select_scores(logits, classes, self.score)
+        explained = classes.masked_fill(~self.valid, -1)
         if not self._every:  # one position: no position axis
-            explained, stacked = explained[:, 0], stacked[:, 0]
-        return Columns(torch.stack(scores, dim=1), explained, stacked, custom=classes[0][0] < 0)
+            explained, logits = explained[:, 0], logits[:, 0]
+        return Columns(scores, explained, logits, custom=found is None)
 
     def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
         result = {}
@@ -137,6 +144,25 @@ class EncoderDecoderPlan(Plan):
         if not self._every:
             result = {name: r[:, 0] for name, r in result.items()}
         return result
+
+
+def _per_position(
+    logits: Tensor, target: Callable[[Tensor], Tensor]
+) -> tuple[Tensor | None, Tensor | None]:
+    """(classes, custom scores), each (B, P) or None, from a target callable, which takes
+    one position's (B, vocabulary) logits: it is called once per position."""
+    chosen = [resolve_targets(logits[:, column], target) for column in range(logits.shape[1])]
+    kinds = {found is None for found, _ in chosen}
+    if len(kinds) > 1:
+        raise TargetError(
+            "a target callable must return class indices at every position or scores at "
+            "every position, not both"
+        )
+    if any(found is not None and found.dim() == 2 for found, _ in chosen):
+        raise TargetError("one target token per explained position; got a (B, K) target")
+    if kinds == {True}:
+        return None, torch.stack([custom for _, custom in chosen], dim=1)  # type: ignore[misc]
+    return torch.stack([found for found, _ in chosen], dim=1), None  # type: ignore[misc]
 
 
 def _decoder_positions(position: Position, lengths: Tensor) -> tuple[Tensor, Tensor]:

@@ -53,6 +53,12 @@ def generated_tokens(mask: Tensor, prompt_length: Any) -> tuple[int, Tensor, Ten
     return width, valid, positions
 
 
+def read_out_at(width: int, valid: Tensor) -> slice:
+    """The positions P - 1 .. P + G - 2 that the G generated tokens (`valid` (B, G)) after
+    prompts of width P are read out at, as the slice `LanguageModel.logits_at` takes."""
+    return slice(width - 1, width - 1 + valid.shape[1])
+
+
 class GenerationPlan(Plan):
     """Every generated token of a decoder-only language model, over the tokens before it.
 
@@ -95,7 +101,7 @@ class GenerationPlan(Plan):
 
     def forward(self) -> Tensor:
         """(B, G, vocab): the logits each generated token was chosen from."""
-        return self.lm.logits_at(self.prepared, self.positions.expand(self.valid.shape[0], -1))
+        return self.lm.logits_at(self.prepared, read_out_at(self.width, self.valid))
 
     def sink(self, column: int = 0) -> ColumnSink:
         """Column `column`'s sink: read out at its position, blind to the tokens after it."""

@@ -37,7 +37,7 @@ from explain.architectures.base import Adapter, TokenLayout
 from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, ForwardPass
 from explain.engine.plans.base import Plan, per_set, resolve_start_layer
-from explain.engine.plans.generation import generated_tokens
+from explain.engine.plans.generation import generated_tokens, read_out_at
 from explain.engine.request import Request
 from explain.engine.spread import ReadOut
 from explain.errors import OptionError
@@ -212,7 +212,7 @@ class ImageTextPlan(Plan):
     def forward(self) -> Tensor:
         if not self.generation:
             return self.adapter.forward(self.prepared)
-        return self.vlm.logits_at(self.prepared, self.positions.expand(self.valid.shape[0], -1))
+        return self.vlm.logits_at(self.prepared, read_out_at(self.width, self.valid))
 
     def sink(self, column: int = 0) -> ColumnSink:
         assert self.spec is not None
