@@ -15,20 +15,21 @@ a memory budget and the measurements in docs/benchmarks.md.
 
 Streaming: a fold needs only the readout row v, and `v @ (I + Abar)` needs only the
 spread `v @ Abar`, which explain.engine.kernels computes from q, k, v and dO without any
-N x N map (explain.engine.stream). A block hands it its tensors and its mask as a key
+N x N map (explain.engine.spread). A block hands it its tensors and its mask as a key
 mask (`FusedBlock.key_mask`).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, FusedAttentionSite, TokenLayout
+from explain.architectures.base import Adapter, FusedAttentionSite, Pieces, TokenLayout
 from explain.errors import OptionError
 
 __all__ = [
@@ -101,7 +102,7 @@ class FusedBlock:
     query: Tensor | None = None
     key: Tensor | None = None
     value: Tensor | None = None
-    mask: Tensor | None = None
+    mask: Tensor | Pieces | None = None
 
     def see_query(self, output: Tensor) -> None:
         self.query = self.site.queries(output) if self.site.queries else output
@@ -131,8 +132,14 @@ class FusedBlock:
         query, key, _ = self.tensors()
         with torch.no_grad():
             return attention_probabilities(
-                query, key, self.site.scale, self.mask, causal=self.site.causal
+                query, key, self.site.scale, self._dense_mask(), causal=self.site.causal
             )
+
+    def _dense_mask(self) -> Tensor | None:
+        """The mask as a tensor that broadcasts to the block's maps."""
+        if isinstance(self.mask, Pieces):
+            return self.mask.dense(self.tensors()[0].device)
+        return self.mask
 
     def output_grads(self, output_grads: Tensor) -> Tensor:
         """dO per head (C, B, H, N, d) from the gradients of the attention output for C
@@ -152,8 +159,10 @@ class FusedBlock:
         0-d bool tensor that says whether the two are the whole mask (None: surely so).
         They are not where the mask hides other keys of other rows (a sliding window) or
         adds a bias; the caller then folds the block from its whole map. Reading that
-        tensor waits for the device, so a caller reads it once per distinct mask."""
-        mask = self.mask
+        tensor waits for the device, so a caller reads it once per distinct mask. `Pieces`
+        are seen as their dense mask here: a fold that takes them piece by piece reads
+        them as they are (explain.engine.spread)."""
+        mask = self._dense_mask()
         if mask is None:
             return None, None
         exact = None
@@ -187,6 +196,7 @@ def choose_path(
     requested: AttentionPath,
     memory_budget: int,
     reads_attention: bool = True,
+    maps: Sequence[tuple[int, int, int]] | None = None,
 ) -> PathChoice:
     """The attention path a call runs on (docs/benchmarks.md, "Which path").
 
@@ -195,12 +205,14 @@ def choose_path(
     no attention map (`reads_attention=False`: AttnLRP and CP-LRP, whose rules sit on
     the projections), since then the model's own kernel is the cheaper forward and
     backward at any length. For a method that reads the maps it keeps the explicit path
-    while the maps fit `memory_budget` (`explicit_map_bytes`), and on CPU also only below
-    `CPU_FUSED_MIN_TOKENS` tokens: on CUDA the explicit maps are one batched kernel per
-    product and the fastest path wherever they fit; on CPU recomputing A (and dA) by
-    chunks is faster from that length on (rollout on a narrow Llama at 4096 tokens: 0.66
-    s and 56 MiB against 2.99 s and 845 MiB; at 256 tokens the explicit path is 10%
-    faster). Beyond, the fused path streams each block's fold (explain.engine.stream).
+    while the maps fit `memory_budget` (`explicit_map_bytes`; `maps`: the stacks' own
+    sequences, `Adapter.attention_maps`), and on CPU also only while the longest
+    sequence is shorter than `CPU_FUSED_MIN_TOKENS` tokens: on CUDA the explicit maps are
+    one batched kernel per product and the fastest path wherever they fit; on CPU
+    recomputing A (and dA) by chunks is faster from that length on (rollout on a narrow
+    Llama at 4096 tokens: 0.66 s and 56 MiB against 2.99 s and 845 MiB; at 256 tokens the
+    explicit path is 10% faster). Beyond, the fused path streams each block's fold
+    (explain.engine.spread).
     """
     if requested not in ATTENTION_PATHS:
         raise OptionError(
@@ -218,23 +230,43 @@ def choose_path(
         return "explicit"
     if not reads_attention:
         return "fused"
-    fits = explicit_map_bytes(adapter, layout, batch, needs_gradients) <= memory_budget
+    stacks = _stacks(adapter, layout, batch, maps)
+    fits = explicit_map_bytes(adapter, layout, batch, needs_gradients, maps) <= memory_budget
     if adapter.parameter.device.type == "cuda":
         return "explicit" if fits else "fused"
-    return "explicit" if fits and layout.num_tokens < CPU_FUSED_MIN_TOKENS else "fused"
+    longest = max(tokens for _, _, tokens in stacks)
+    return "explicit" if fits and longest < CPU_FUSED_MIN_TOKENS else "fused"
 
 
 def explicit_map_bytes(
-    adapter: Adapter, layout: TokenLayout, batch: int, needs_gradients: bool
+    adapter: Adapter,
+    layout: TokenLayout,
+    batch: int,
+    needs_gradients: bool,
+    maps: Sequence[tuple[int, int, int]] | None = None,
 ) -> int:
     """What the explicit path's maps hold at most: every block's A (B, H, N, N) in the
     model's dtype, kept from the forward until its gradient has been used, and for
-    gradient methods one dA and the rule's float32 temporaries of the same size."""
-    heads = attention_heads(adapter.model)
-    entries = batch * heads * layout.num_tokens**2
+    gradient methods one dA and the rule's float32 temporaries of the largest block's
+    size. `maps`: (blocks, maps, tokens) per stack where the stacks attend over
+    sequences of their own (`Adapter.attention_maps`); None: every block over `layout`."""
+    stacks = _stacks(adapter, layout, batch, maps)
     size = adapter.parameter.element_size()
-    kept = adapter.num_layers * entries * size
-    return kept + (entries * (size + 8) if needs_gradients else 0)
+    kept = sum(blocks * count * tokens**2 for blocks, count, tokens in stacks) * size
+    largest = max(count * tokens**2 for _, count, tokens in stacks)
+    return kept + (largest * (size + 8) if needs_gradients else 0)
+
+
+def _stacks(
+    adapter: Adapter,
+    layout: TokenLayout,
+    batch: int,
+    maps: Sequence[tuple[int, int, int]] | None,
+) -> Sequence[tuple[int, int, int]]:
+    """(blocks, maps, tokens) per stack: `maps`, or every block over `layout`."""
+    if maps is not None:
+        return maps
+    return [(adapter.num_layers, batch * attention_heads(adapter.model), layout.num_tokens)]
 
 
 def attention_heads(model: nn.Module) -> int:

@@ -7,7 +7,8 @@ values) answers one question. Its answer is explained with `generic` and `rollou
 depth "lm" and at depth "tower" (the tower's blocks recorded from their pieces,
 explain.architectures.hf_packed_attention), on both attention paths, in interleaved
 rounds so that machine noise hits all alike. Reported: the median seconds of each, the
-ratio of depth "tower" to depth "lm" on the same path in the same run, and the largest
+ratio of depth "tower" to depth "lm" on the same path in the same run, the peak memory
+one more call of each adds (scripts/bench.py's `peak_memory`), and the largest
 difference between the two paths' tower maps (they compute the same numbers).
 
     python scripts/bench_qwen_tower.py [--rounds 3] [--new-tokens 4]
@@ -20,6 +21,7 @@ import statistics
 import time
 
 import torch
+from bench import peak_memory
 
 IMAGE_TOKEN = 60
 GRID = 36  # patches per side
@@ -98,28 +100,40 @@ def main() -> None:
     ]
     times: dict[tuple[str, str, str], list[float]] = {v: [] for v in variants}
     maps: dict[tuple[str, str, str], torch.Tensor] = {}
+
+    def run(method: str, depth: str, path: str) -> None:
+        found = explain_generation(
+            Explainer(model, attention_path=path), made, method=method, depth=depth
+        )
+        maps[method, depth, path] = found.explanation.relevances["image"]
+
     for _ in range(args.rounds):
-        for method, depth, path in variants:
+        for variant in variants:
             start = time.perf_counter()
-            found = explain_generation(
-                Explainer(model, attention_path=path), made, method=method, depth=depth
-            )
-            times[method, depth, path].append(time.perf_counter() - start)
-            maps[method, depth, path] = found.explanation.relevances["image"]
+            run(*variant)
+            times[variant].append(time.perf_counter() - start)
+    peaks = {v: peak_memory(lambda v=v: run(*v), torch.device("cpu")) / 2**20 for v in variants}
     tokens = made.input_ids.shape[1]
     print(
         f"Qwen2.5-VL, {GRID * GRID} tower tokens, {image_tokens} image tokens, {tokens} "
         f"tokens, {made.generated.shape[1]} answer tokens, {torch.get_num_threads()} threads"
     )
-    print("| method | path | lm s | tower s | tower / lm | tower: max abs fused - explicit |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| method | path | lm s | tower s | tower / lm | lm peak MiB | tower peak MiB "
+        "| tower: max abs fused - explicit |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for method in ("generic", "rollout"):
         tower = maps[method, "tower", "fused"] - maps[method, "tower", "explicit"]
         gap = tower.abs().max().item()
         for path in ("explicit", "fused"):
             lm = statistics.median(times[method, "lm", path])
             deep = statistics.median(times[method, "tower", path])
-            print(f"| {method} | {path} | {lm:.3f} | {deep:.3f} | {deep / lm:.2f} | {gap:.1e} |")
+            memory = f"{peaks[method, 'lm', path]:.0f} | {peaks[method, 'tower', path]:.0f}"
+            print(
+                f"| {method} | {path} | {lm:.3f} | {deep:.3f} | {deep / lm:.2f} | {memory} "
+                f"| {gap:.1e} |"
+            )
 
 
 if __name__ == "__main__":

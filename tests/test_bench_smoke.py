@@ -93,5 +93,5 @@ def test_a_cpu_run_keeps_the_sections_other_scripts_wrote(monkeypatch):
     bench = _bench(monkeypatch)
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     kept = [match.group("name") for match in bench.OTHER_SCRIPTS_SECTIONS.finditer(page)]
-    assert "windowed attention" in kept
+    assert "windowed attention" in kept and "packed vision tower" in kept
     assert not {"gpu", "long prompts"} & set(kept)

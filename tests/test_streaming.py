@@ -5,15 +5,17 @@ rows ("streamed"); every way equals the per-column fold over whole maps (float64
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import reference_hf as ref
 import torch
 
 import explain.engine.kernels.torch_fold as torch_fold
 from explain import Explainer
-from explain.architectures.base import FusedAttentionSite
+from explain.architectures.base import FusedAttentionSite, Pieces
 from explain.engine.kernels import spread_maps
-from explain.engine.spread import SpreadFold
+from explain.engine.spread import ReadOut, SpreadFold
 from explain.fused import FusedBlock
 from explain.rules.attention import ROLLOUT_SPREAD, rollout_step
 from explain.rules.fold import ColumnFolds, ReadoutFold
@@ -223,3 +225,107 @@ def test_a_block_mask_becomes_a_key_mask_where_it_is_one():
     found, exact = _block(additive, causal=False).key_mask()
     assert torch.equal(found, keys) and bool(exact)
     assert not bool(_block(additive + 0.5, causal=False).key_mask()[1])  # a bias
+
+
+class _Column:
+    """One column's sinks as a plan gives them to `SpreadFold.of`."""
+
+    def __init__(self, *parts):
+        self._parts = list(parts)
+
+    def parts(self):
+        return self._parts
+
+
+@pytest.mark.parametrize(
+    "block_matrix, step, spread",
+    [
+        (gradient_weighted, generic_step, GENERIC_SPREAD),
+        (_rollout_matrix, rollout_step, ROLLOUT_SPREAD),
+    ],
+)
+@pytest.mark.parametrize("budget", [1, 1 << 20])
+def test_a_block_in_pieces_folds_piece_by_piece_as_its_dense_map(
+    block_matrix, step, spread, budget
+):
+    """A block attended within contiguous pieces (a packed tower's windows, the last one
+    smaller), said by their lengths: folded as a batch of padded pieces, without its
+    dense mask, equal to the fold of its whole map, zero across pieces (float64)."""
+    generator = torch.Generator().manual_seed(2)
+    pieces = Pieces((4, 1, 3))
+    query, key, value = (
+        torch.randn(2, 2, 8, 3, generator=generator, dtype=torch.float64) for _ in range(3)
+    )
+    block = dataclasses.replace(_block(None, causal=False), query=query, key=key, value=value)
+    block.mask = pieces
+    output_grads = torch.randn(3, 2, 2, 8, 3, generator=generator, dtype=torch.float64)
+    readouts = torch.rand(3, 2, 8, generator=generator, dtype=torch.float64)
+    attention = block.probabilities()
+    assert attention[:, :, :4, 4:].abs().max() == 0  # nothing across pieces
+    alone = [ReadoutFold(readouts[c], range(1), block_matrix, step) for c in range(3)]
+    for c, fold in enumerate(alone):
+        fold.add(0, attention, output_grads[c] @ value.transpose(-2, -1))
+    together = [
+        ReadoutFold(readouts[c], range(1), block_matrix, step, spread=spread) for c in range(3)
+    ]
+    fold = SpreadFold.of([_Column((range(1), sink)) for sink in together], budget)
+    fold.add(0, slice(None), block, output_grads)
+    fold.finish()
+    for mine, theirs in zip(together, alone, strict=True):
+        torch.testing.assert_close(mine.result(), theirs.result(), rtol=1e-10, atol=1e-12)
+
+
+def test_a_set_read_out_by_anothers_result_starts_from_its_rows():
+    """A `ReadOut` set (a vision-language model's tower) folds, chunk of columns by chunk,
+    from the rows its reader's folds end with, mapped by its `readout`: equal to each
+    column's two folds in turn; a block of it before its reader's folds end is refused."""
+    generator = torch.Generator().manual_seed(3)
+
+    def blocks(tokens):
+        return [
+            (
+                torch.rand(2, 2, tokens, tokens, generator=generator, dtype=torch.float64),
+                torch.randn(3, 2, 2, tokens, tokens, generator=generator, dtype=torch.float64),
+            )
+            for _ in range(2)
+        ]
+
+    text, tower = blocks(5), blocks(4)  # model-wide layers: tower 0, 1; text 2, 3
+    mix = torch.rand(5, 4, generator=generator, dtype=torch.float64)
+    readouts = torch.rand(3, 2, 5, generator=generator, dtype=torch.float64)
+
+    def fold(readout, stack, c, spread=None):
+        sink = ReadoutFold(readout, range(2), gradient_weighted, generic_step, spread=spread)
+        for layer in (1, 0):
+            sink.add(layer, stack[layer][0], stack[layer][1][c])
+        return sink.result()
+
+    expected = [fold(fold(readouts[c], text, c) @ mix, tower, c) for c in range(3)]
+    towers = {}
+
+    def column(c):
+        text_sink = ReadoutFold(
+            readouts[c], range(2), gradient_weighted, generic_step, spread=GENERIC_SPREAD
+        )
+
+        def start(row, c=c):
+            towers[c] = ReadoutFold(
+                row, range(2), gradient_weighted, generic_step, spread=GENERIC_SPREAD
+            )
+            return towers[c]
+
+        return _Column(
+            (range(2, 4), text_sink), (range(2), ReadOut(0, range(2), lambda v: v @ mix, start))
+        )
+
+    spread = SpreadFold.of([column(c) for c in range(3)], 1 << 20)
+    arrivals = [(3, text[1]), (2, text[0]), (1, tower[1]), (0, tower[0])]  # last first
+    for columns in (slice(0, 1), slice(1, 3)):  # chunks of a batched backward
+        for layer, (attention, grads) in arrivals:
+            spread.add(layer, columns, attention, grads[columns])
+    spread.finish()
+    for c in range(3):
+        torch.testing.assert_close(towers[c].result(), expected[c], rtol=1e-10, atol=1e-12)
+    early = SpreadFold.of([column(c) for c in range(3)], 1 << 20)
+    with pytest.raises(RuntimeError, match="before the fold it is read out by ended"):
+        early.add(1, slice(None), *tower[1])

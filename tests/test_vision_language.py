@@ -20,6 +20,7 @@ the global image shared out over the cells each of its patches covers.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from unittest import mock
@@ -27,6 +28,8 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from explain import Explainer, ExplainError, InputError, OptionError
 from explain.generation import Generation, explain_generation, generate
@@ -418,9 +421,10 @@ def test_the_generate_page_and_figure(tmp_path, capsys):
 def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
     model, processor, method, depth
 ):
-    # The fused path recomputes the blocks from q, k, v (explain.fused): with depth "lm"
-    # every answer token's fold at once, without maps (explain.engine.spread: "streamed"),
-    # with "tower" each block's whole map per token. Llama's eager softmax is float32.
+    # The fused path recomputes the blocks from q, k, v (explain.fused): every answer
+    # token's fold at once, without maps (explain.engine.spread: "streamed"), through the
+    # language model's blocks and with depth "tower" on through the tower's, read out by
+    # the first fold's rows at the image tokens. Llama's eager softmax is float32.
     chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
     results = {
@@ -429,13 +433,71 @@ def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
         ).explanation
         for path in ("explicit", "fused")
     }
-    assert results["fused"].settings["attention_path"] == ("streamed" if depth == "lm" else "fused")
+    assert results["fused"].settings["attention_path"] == "streamed"
     for name in ("image", "text"):
         torch.testing.assert_close(
             results["fused"].relevances[name],
             results["explicit"].relevances[name],
             rtol=1e-5,
             atol=1e-9,
+        )
+
+
+class _Shapes(TorchDispatchMode):
+    """The shapes of every tensor an op produces while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.shapes.update(tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+        return out
+
+
+@pytest.mark.parametrize("family", ["llava-clip", "qwen2.5"])
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_the_fused_path_builds_no_map_of_a_tower_block(family, method):
+    # Depth "tower" on the fused path: every answer token's fold through the tower, from
+    # q, k, v and dO by chunks of rows (a small budget makes the chunks a few rows), so no
+    # tensor has two dimensions of the tower's n tokens per image: no block's map, no
+    # dense mask of Qwen2.5-VL's windows (folded piece by piece), no chunk of all rows.
+    # The same call folding each column from whole maps does build them (the test can
+    # fail), to the same numbers.
+    from explain.engine.spread import SpreadFold
+    from explain.testing.tiny_vlm import PATCH_SIZE, tiny_qwen2_vl, tiny_qwen2_vl_processor
+
+    if family == "qwen2.5":
+        model, processor = tiny_qwen2_vl(version="2.5"), tiny_qwen2_vl_processor("2.5")
+    else:
+        model, processor = tiny_llava("clip"), tiny_llava_processor("clip")
+    # Qwen2.5-VL: 2 x 10 patches (no size of the model's), windows of 12 and 8 tokens
+    photo = _photo(0, (40, 160) if family == "qwen2.5" else (40, 60))
+    made = generate(
+        Explainer(model, tokenizer=processor), _chat(processor, photo, "w12"), max_new_tokens=3
+    )
+    if family == "qwen2.5":
+        tokens = int(made.extra["image_grid_thw"][0].prod())
+    else:  # the class token and the patches
+        tokens = (model.config.vision_config.image_size // PATCH_SIZE) ** 2 + 1
+    explainer = Explainer(model, attention_path="fused", memory_budget=1 << 12)
+    maps, results = {}, {}
+    for route in ("streamed", "whole maps"):
+        with contextlib.ExitStack() as stack:
+            if route == "whole maps":
+                stack.enter_context(mock.patch.object(SpreadFold, "of", return_value=None))
+            seen = stack.enter_context(_Shapes())
+            found = explain_generation(explainer, made, method=method, depth="tower")
+        maps[route] = {shape for shape in seen.shapes if shape.count(tokens) >= 2}
+        results[route] = found.explanation
+    assert results["streamed"].settings["attention_path"] == "streamed"
+    assert maps["streamed"] == set()
+    assert maps["whole maps"]
+    for name in ("image", "text"):
+        assert results["streamed"].relevances[name].abs().sum() > 0
+        torch.testing.assert_close(
+            results["streamed"].relevances[name], results["whole maps"].relevances[name]
         )
 
 
@@ -850,8 +912,9 @@ def test_qwen2_vl_tiny_towers_run_what_matters():
 
 @pytest.mark.parametrize("method", ["generic", "rollout"])
 def test_qwen2_vl_the_fused_path_folds_the_tower_as_the_explicit_path(qwen2_vl, method):
-    # Both paths record the packed tower alike (from its pieces); the language model's
-    # blocks come from the eager maps on one, recomputed from q, k, v on the other.
+    # The explicit path folds the packed tower's dense maps made from its pieces and the
+    # language model's eager maps; the fused path streams both, Qwen2.5-VL's windows
+    # piece by piece.
     model, processor = qwen2_vl
     chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
@@ -861,7 +924,7 @@ def test_qwen2_vl_the_fused_path_folds_the_tower_as_the_explicit_path(qwen2_vl, 
         ).explanation
         for path in ("explicit", "fused")
     }
-    assert results["fused"].settings["attention_path"] == "fused"
+    assert results["fused"].settings["attention_path"] == "streamed"
     for name in ("image", "text"):
         torch.testing.assert_close(
             results["fused"].relevances[name],
@@ -869,6 +932,34 @@ def test_qwen2_vl_the_fused_path_folds_the_tower_as_the_explicit_path(qwen2_vl, 
             rtol=1e-5,
             atol=1e-9,
         )
+
+
+def test_qwen2_vl_the_automatic_path_counts_the_towers_own_maps(qwen2_vl):
+    # The tower's maps are n x n per image and head over its patches (32), more than the
+    # text's over its tokens: a budget that the text's maps alone would fit is too small
+    # for the explicit path, which the automatic path then leaves for the streamed one.
+    from explain.fused import explicit_map_bytes
+
+    model, processor = qwen2_vl
+    inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
+    adapter = Explainer(model).adapter
+    prepared = adapter.prepare(inputs)
+    tokens = prepared.layout.num_tokens
+    assert tokens < 32
+    maps = adapter.attention_maps(prepared)
+    # (blocks, images or texts x heads, tokens): the tower's 2 blocks of 2 heads over one
+    # image, the language model's 3 blocks of 4 heads over one text
+    assert maps == [(2, 1 * 2, 32), (3, 1 * 4, tokens)]
+    kept = (2 * 2 * 32**2 + 3 * 4 * tokens**2) * 8  # float64, and the largest block's dA:
+    needed = kept + 2 * 32**2 * (8 + 8)
+    assert explicit_map_bytes(adapter, prepared.layout, 1, True, maps) == needed
+    text_only = explicit_map_bytes(adapter, prepared.layout, 1, True)
+    assert text_only < needed
+    paths = {}
+    for budget in (text_only, needed):
+        result = Explainer(model, memory_budget=budget).explain(inputs, depth="tower")
+        paths[budget] = result.settings["attention_path"]
+    assert list(paths.values()) == ["streamed", "explicit"]
 
 
 def test_qwen2_vl_tower_maps_are_recomputed_only_when_folded(qwen2_vl):
@@ -1022,7 +1113,8 @@ def test_idefics3_pixel_shuffle_makes_each_token_of_a_block_of_patches(idefics3)
     side = model.config.vision_config.image_size
     arguments = {"pixel_values": torch.zeros(1, 1, 3, side, side), "rows": torch.zeros(1, 1)}
     tokens = adapter.image_tokens({**arguments, "cols": torch.zeros(1, 1)})
-    torch.testing.assert_close(tokens.merge.double(), made_of.flatten(1) / s**2)
+    made_from = [patches.flatten().nonzero().flatten() for patches in made_of]
+    assert torch.equal(tokens.sources, torch.stack(made_from))
 
 
 @pytest.mark.parametrize("depth", ["lm", "tower"])
@@ -1207,7 +1299,7 @@ def test_idefics3_the_fused_path_folds_answers_as_the_explicit_path(idefics3, de
         for path in ("explicit", "fused")
     }
     fused, explicit = results["fused"].explanation, results["explicit"].explanation
-    assert fused.settings["attention_path"] == ("streamed" if depth == "lm" else "fused")
+    assert fused.settings["attention_path"] == "streamed"
     for name in ("image", "text"):  # the explicit path's softmax is float32 (Llama, SigLIP)
         scale = float(explicit.relevances[name].abs().max())
         torch.testing.assert_close(

@@ -32,6 +32,7 @@ __all__ = [
     "LanguageModel",
     "LazyImport",
     "ModuleHook",
+    "Pieces",
     "Prepared",
     "TokenLayout",
     "TokenSet",
@@ -96,6 +97,24 @@ class FlagSetting:
 
 
 @dataclass(frozen=True)
+class Pieces:
+    """A block's mask said by its shape: every sequence of the block's batch is cut into
+    contiguous pieces of `lengths` tokens (alike in every sequence), and a token attends
+    only within its own piece (a packed tower's windows,
+    explain.architectures.hf_packed_attention). A fold then takes the pieces one by one
+    (explain.engine.spread) and no (N x N) mask is ever built, unless a whole map is
+    asked for (`dense`)."""
+
+    lengths: tuple[int, ...]
+
+    def dense(self, device: torch.device) -> Tensor:
+        """(1, 1, N, N) bool: True where query and key lie in the same piece."""
+        sizes = torch.tensor(self.lengths, device=device)
+        piece = torch.arange(len(self.lengths), device=device).repeat_interleave(sizes)
+        return (piece[:, None] == piece[None, :])[None, None]
+
+
+@dataclass(frozen=True)
 class FusedAttentionSite:
     """Where one block's q, k, v and attention output can be seen on the fused path.
 
@@ -108,7 +127,8 @@ class FusedAttentionSite:
     that `heads(x)` turns back into (B, H, N, d). Where the query and key modules output
     (B, N, H * d), `queries` and `keys` split the heads. Where the kernel takes an attention
     mask, a forward pre-hook on `mask_module` reads it with `masks(args, kwargs)`: a bool
-    mask (True = attend) or an additive float mask that broadcasts to (B, H, N, N), or None.
+    mask (True = attend) or an additive float mask that broadcasts to (B, H, N, N), a
+    `Pieces`, or None.
     """
 
     layer: int
@@ -122,7 +142,7 @@ class FusedAttentionSite:
     queries: Callable[[Tensor], Tensor] | None = None
     keys: Callable[[Tensor], Tensor] | None = None
     mask_module: nn.Module | None = None
-    masks: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | None] | None = None
+    masks: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | Pieces | None] | None = None
     causal: bool = False
     """Queries attend to keys at or before their own position only, on top of the mask:
     the recomputation then builds the causal mask by chunks of rows (never N x N) and
@@ -359,6 +379,15 @@ class Adapter(ABC):
     def fused_path(self) -> FusedPath | None:
         """The fused-attention capability (see `FusedAttentionSite`), or None when the
         family only supports the explicit path. Optional: the default is None."""
+        return None
+
+    def attention_maps(self, prepared: Prepared) -> list[tuple[int, int, int]] | None:
+        """(blocks, maps, tokens) per stack of a model whose stacks attend over sequences
+        of their own (a vision-language model's tower and language model): each of the
+        stack's `blocks` computes `maps` (tokens x tokens) attention maps over `prepared`
+        (its batch times its heads). For the explicit path's memory estimate
+        (explain.fused.explicit_map_bytes); None (default): every block attends over
+        `prepared.layout`'s tokens, batch times the model's heads maps each."""
         return None
 
     def sets(self, prepared: Prepared) -> Sequence[TokenSet]:

@@ -5,7 +5,7 @@ and a Gemma 3 language model whose image tokens (token type 1) attend to each ot
 both directions within their image.
 
 Image token j of the text was made from the k x k patches of its block: its relevance is
-shared out equally over them (`ImageTokens.merge`, weights 1 / k^2), back onto the
+shared out equally over them (`ImageTokens.sources`, 1 / k^2 each), back onto the
 tower's grid. The answer's tokens are text (token type 0), as Gemma 3's generation has
 them.
 """
@@ -21,7 +21,7 @@ from explain.architectures.hf_common import is_transformers_class
 from explain.architectures.hf_vision_language import (
     ImageTokens,
     VisionLanguageModel,
-    block_merge,
+    block_sources,
 )
 
 __all__ = ["HFGemma3"]
@@ -45,9 +45,9 @@ class HFGemma3(VisionLanguageModel):
         side = pixel_values.shape[-1] // patch  # the projector pools a square grid
         pooled = round(self.model.config.mm_tokens_per_image**0.5)
         kernel = side // pooled
-        merge = block_merge((side, side), kernel, pixel_values.device)
+        sources = block_sources((side, side), kernel, pixel_values.device)
         size = (pixel_values.shape[-2], pixel_values.shape[-1])
-        return ImageTokens(grid=(side, side), tower_prefix=0, merge=merge, input_size=size)
+        return ImageTokens(grid=(side, side), tower_prefix=0, sources=sources, input_size=size)
 
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         """The answer's tokens are text, of type 0."""

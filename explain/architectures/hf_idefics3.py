@@ -13,7 +13,7 @@ tile, then `<fake_token_around_image><global-img>` and the global image's tokens
 
 The pixel shuffle makes image token (I, J) of a tile, raster order over its (g/s, g/s)
 grid, from the s x s block of patches at rows I*s.., columns J*s.. (`scale_factor` s):
-its relevance is shared out equally over them (`block_merge`, weights 1/s^2). The tiles'
+its relevance is shared out equally over them (`block_sources`, 1/s^2 each). The tiles'
 maps are put side by side on the photo's (rows * g, cols * g) grid, and the global
 image's, whose every patch covers rows x cols of those cells, is shared out equally over
 them (`ImageTokens.to_photo`): one map per photo, the relevance conserved. With depth
@@ -44,7 +44,7 @@ from explain.architectures.hf_common import is_transformers_class
 from explain.architectures.hf_vision_language import (
     ImageTokens,
     VisionLanguageModel,
-    block_merge,
+    block_sources,
 )
 from explain.errors import InputError
 
@@ -206,11 +206,11 @@ class HFIdefics3(VisionLanguageModel):
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
         side = arguments["pixel_values"].shape[-1]
         grid = side // int(self.tower.config.patch_size)
-        merge = block_merge((grid, grid), self._shuffle, arguments["pixel_values"].device)
+        sources = block_sources((grid, grid), self._shuffle, arguments["pixel_values"].device)
         rows, cols = int(arguments["rows"][0, 0]), int(arguments["cols"][0, 0])
         size = (rows * side, cols * side) if rows else (side, side)
         return ImageTokens(
-            grid=(grid, grid), tower_prefix=0, merge=merge, input_size=size, tiles=(rows, cols)
+            grid=(grid, grid), tower_prefix=0, sources=sources, input_size=size, tiles=(rows, cols)
         )
 
     def model_arguments(self, arguments: Mapping[str, Tensor]) -> dict[str, Tensor]:

@@ -57,6 +57,6 @@ class HFLlava(VisionLanguageModel):
         tower_tokens = prefix + grid[0] * grid[1]
         # "default" drops the tower's first token (the class token where there is one)
         dropped = 1 if self.model.config.vision_feature_select_strategy == "default" else 0
-        merge = torch.eye(tower_tokens, device=pixel_values.device)[dropped:]
+        sources = torch.arange(dropped, tower_tokens, device=pixel_values.device)[:, None]
         size = (pixel_values.shape[-2], pixel_values.shape[-1])
-        return ImageTokens(grid=grid, tower_prefix=prefix, merge=merge, input_size=size)
+        return ImageTokens(grid=grid, tower_prefix=prefix, sources=sources, input_size=size)

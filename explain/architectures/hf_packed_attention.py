@@ -13,15 +13,17 @@ probabilities. So its blocks are recorded as the fused path records any block
   wrapper, which hands every piece's q * scaling, k and v to the module's `PackedProbe`;
 - when the pieces' output enters the module's output projection, the probe shows them to
   the recorder as one batch of images: q, k and v (k, H, n, d) for k images of n tokens,
-  the mask (k, 1, n, n) that lets a token attend only within its own piece (None where
-  the pieces are the images), and the attention output as (k, n, H * d), a view that is
-  handed on to the projection, so that its gradient is dO.
+  the mask as the lengths of the pieces of each image (`Pieces`: a token attends only
+  within its own piece; None where the pieces are the images), and the attention output
+  as (k, n, H * d), a view that is handed on to the projection, so that its gradient is
+  dO.
 
-The recorder then recomputes each block's map `A = softmax(q k^T * scale + mask)`,
-(k, H, n, n), zero across windows, which is exactly what the model attends, and its
-gradient `dA = dO v^T`: one dense map per image, in the tower's token order, which the
-tower's fold reads as any other block's (`ImageTokens.order` puts the result back in
-raster order).
+A fold that takes blocks by their spread (generic, rollout: explain.engine.spread) then
+folds each block from q, k, v and dO piece by piece, without any (n x n) map; one that
+needs whole maps gets `A = softmax(q k^T * scale + mask)`, (k, H, n, n), zero across
+windows, which is exactly what the model attends, and its gradient `dA = dO v^T`: one
+dense map per image, in the tower's token order (`ImageTokens.order` puts the result
+back in raster order).
 
 `packed_recording` is what a call needs in place, on either path: the wrapper's
 registration, a pre-hook on the tower that reads its images' grid, and the pre-hooks on
@@ -39,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import FusedAttentionSite, whole_output
+from explain.architectures.base import FusedAttentionSite, Pieces, whole_output
 from explain.architectures.hf_attention_probe import (
     AttentionProbe,
     probe_of,
@@ -99,21 +101,19 @@ class PackedProbe(AttentionProbe):
         self.query(query)
         self.key(key)
         self.value(value)
-        whole = len(lengths) == count  # the pieces are the images: nothing masked
-        self.mask(None if whole else _within_pieces(lengths, count, tokens, packed.device))
+        # Every image has one grid, hence the same pieces (windows) as the first.
+        pieces = tuple(lengths[: len(lengths) // count])
+        if list(pieces) * count != lengths:
+            raise ExplainError(
+                f"the packed attention's pieces {lengths} differ between its {count} images"
+            )
+        self.mask(None if len(pieces) == 1 else Pieces(pieces))  # one piece: the image
         shown = self.output(packed.view(count, tokens, -1))
         return shown.view(packed.shape)
 
     def clear(self) -> None:
         self._pieces = []
         self.images = None
-
-
-def _within_pieces(lengths: list[int], count: int, tokens: int, device: torch.device) -> Tensor:
-    """(k, 1, n, n) bool: True where query and key lie in the same piece."""
-    pieces = torch.arange(len(lengths), device=device)
-    piece = pieces.repeat_interleave(torch.tensor(lengths, device=device)).view(count, tokens)
-    return piece[:, None, :, None] == piece[:, None, None, :]
 
 
 def packed_sites(attention: Sequence[nn.Module], first_layer: int) -> list[FusedAttentionSite]:

@@ -37,9 +37,9 @@ class HFPaliGemma(VisionLanguageModel):
         pixel_values = arguments["pixel_values"]
         patch = self.tower.config.patch_size
         grid = (pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch)
-        merge = torch.eye(grid[0] * grid[1], device=pixel_values.device)
+        sources = torch.arange(grid[0] * grid[1], device=pixel_values.device)[:, None]
         size = (pixel_values.shape[-2], pixel_values.shape[-1])
-        return ImageTokens(grid=grid, tower_prefix=0, merge=merge, input_size=size)
+        return ImageTokens(grid=grid, tower_prefix=0, sources=sources, input_size=size)
 
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         """The answer's tokens are of type 1 (causal), as PaliGemma's generation sets them."""

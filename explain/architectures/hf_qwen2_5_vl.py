@@ -8,9 +8,10 @@ inside a window) and put back in raster block order after the merger. Image toke
 the text is block j of the merged grid, as in Qwen2-VL, and maps back onto the patches
 alike, through the tower's window order (`block_order`, the model's own window index).
 
-Depth "tower": as in Qwen2-VL, each block's map is one dense map per image in the tower's
-order, a windowed block's zero across its windows (what the model attends), and the same
-fold runs over every block, windowed or not.
+Depth "tower": as in Qwen2-VL, each block is recorded per image in the tower's order, a
+windowed block with its windows' lengths (`Pieces`): a fold by spreads takes it window by
+window, one that needs whole maps gets one dense map per image, zero across its windows
+(what the model attends); the same fold runs over every block, windowed or not.
 """
 
 from __future__ import annotations

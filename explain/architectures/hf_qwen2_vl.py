@@ -7,16 +7,17 @@ The processor hands the patches over flattened, `pixel_values` (N, 3 * t * p * p
 `image_grid_thw` (k, 3) = (1, h, w) per image, each image's patches ordered block by
 block (the 4 patches of a 2 x 2 block together, row-major inside it; the blocks
 row-major): image token j of the text is block j of the (h / 2, w / 2) merged grid, raster
-order. Its relevance is shared out equally over the block's 4 patches (`ImageTokens.merge`,
-weights 1/4, over the tower's tokens in the tower's order) onto the (h, w) patch grid,
+order. Its relevance is shared out equally over the block's 4 patches (`ImageTokens.sources`,
+1/4 each, among the tower's tokens in the tower's order) onto the (h, w) patch grid,
 which covers the whole resized photo (`ImageTokens.order` says where each of the tower's
 tokens lies on it).
 
 Depth "tower": the tower runs every image's patches as one unbatched packed sequence and
 attends within each image piece by piece, returning no maps; its blocks are recorded
-from the pieces' q, k and v as one dense map per image, (k images, H, n, n) in the
-tower's order, and their gradients from the attention output's
-(explain.architectures.hf_packed_attention). The same fold as for any tower then runs
+from the pieces' q, k and v, per image in the tower's order, and their gradients from the
+attention output's (explain.architectures.hf_packed_attention), so that they fold from
+q, k, v without maps, or make one dense map per image, (k images, H, n, n), for a rule
+that needs it. The same fold as for any tower then runs
 over them, read out by the language model's relevance at the image tokens carried back
 through the merge. Every image of a batch has one grid (`image_arguments`), so the
 images stack; the tower's rows are the images, the texts' in turn.
@@ -44,7 +45,7 @@ from explain.architectures.hf_packed_attention import packed_recording, packed_s
 from explain.architectures.hf_vision_language import (
     ImageTokens,
     VisionLanguageModel,
-    block_merge,
+    block_sources,
 )
 from explain.errors import InputError
 from explain.finite import check_finite
@@ -170,12 +171,13 @@ class HFQwen2VL(VisionLanguageModel):
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
         _, h, w = (int(n) for n in arguments["image_grid_thw"][0])
         device = arguments["image_grid_thw"].device
-        merge = block_merge((h, w), self._merge_size, device)
+        patches = block_sources((h, w), self._merge_size, device)
         patch = int(self.tower.config.patch_size)
         size = (h * patch, w * patch)
-        order = self.tower_order((h, w)).to(device)  # the merge over the tower's tokens
+        order = self.tower_order((h, w)).to(device)
+        position = torch.argsort(order)  # where the tower runs each patch
         return ImageTokens(
-            grid=(h, w), tower_prefix=0, merge=merge[:, order], input_size=size, order=order
+            grid=(h, w), tower_prefix=0, sources=position[patches], input_size=size, order=order
         )
 
     def _modalities(self, arguments: Mapping[str, Tensor]) -> Tensor:

@@ -6,10 +6,10 @@ language model (layers 0..V-1, stack "image") and then the language model's (V..
 stack "text"), so that one backward reaches both, the language model's blocks first.
 
 What differs per family is said by `ImageTokens`: how many image tokens each image puts
-into the text, and `merge`, which tower tokens each of them was made from (LLaVA: one
+into the text, and `sources`, which tower tokens each of them was made from (LLaVA: one
 tower token each; a pooling or merging projector: several). A relevance over the image
-tokens maps back onto the tower's tokens through `merge` (each image token's relevance
-shared out over the tower tokens it was made from), and onto the tower's patch grid by
+tokens maps back onto the tower's tokens through `sources` (each image token's relevance
+shared out equally over the tower tokens it was made from), and onto the tower's patch grid by
 dropping its prefix tokens (and putting the patches in row-major order, for a tower that
 runs them in an order of its own: `ImageTokens.order`). The engine's plan for these
 models is explain.engine.plans.image_text.
@@ -55,7 +55,7 @@ from explain.errors import InputError, UnsupportedModelError
 from explain.image_prompts import encode_image_prompt, is_image_prompt
 from explain.tokenizing import token_strings
 
-__all__ = ["ImageTokens", "VisionLanguageModel", "block_merge"]
+__all__ = ["ImageTokens", "VisionLanguageModel", "block_sources"]
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,11 @@ class ImageTokens:
     Attributes:
         grid: (gh, gw) the tower's patch grid (of each tile).
         tower_prefix: tokens before the patches in the tower (a class token: 1).
-        merge: (n, tower_prefix + gh * gw): row j says which tower tokens (in the tower's
-            order) image token j of the text was made from, with weights that sum to 1
-            (one-hot for a projector that maps token by token); the same for every image of
-            the tower's batch.
+        sources: (n, m) long: row j holds the m tower tokens (in the tower's order) that
+            image token j of the text was made from, each with an equal share (m = 1 for a
+            projector that maps token by token); the same for every image of the tower's
+            batch. Indices, not an (n x tower tokens) matrix: a photo of thousands of
+            patches costs no square table.
         input_size: (H, W) pixels of the processed photo the photo's grid lies on.
         tiles: (rows, cols) of a photo split into tiles; (0, 0): not split, the tower's
             image is the photo.
@@ -88,7 +89,7 @@ class ImageTokens:
 
     grid: tuple[int, int]
     tower_prefix: int
-    merge: Tensor
+    sources: Tensor
     input_size: tuple[int, int]
     tiles: tuple[int, int] = (0, 0)
     order: Tensor | None = None
@@ -96,7 +97,7 @@ class ImageTokens:
     @property
     def per_image(self) -> int:
         """Image tokens each image of the tower's batch puts into the text."""
-        return self.merge.shape[0]
+        return self.sources.shape[0]
 
     @property
     def tower_tokens(self) -> int:
@@ -117,8 +118,12 @@ class ImageTokens:
         return rows * self.grid[0], cols * self.grid[1]
 
     def to_tower(self, relevance: Tensor) -> Tensor:
-        """(..., n) relevance over one image's image tokens -> (..., tower tokens)."""
-        return relevance @ self.merge.to(relevance.dtype)
+        """(..., n) relevance over one image's image tokens -> (..., tower tokens): each
+        image token's relevance shared out equally over its sources."""
+        count = self.sources.shape[1]
+        shares = (relevance / count).repeat_interleave(count, dim=-1)
+        tower = relevance.new_zeros(*relevance.shape[:-1], self.tower_tokens)
+        return tower.index_add_(-1, self.sources.flatten().to(relevance.device), shares)
 
     def in_grid_order(self, tower_relevance: Tensor) -> Tensor:
         """(..., tower tokens) in the tower's order -> the same with the patches in
@@ -150,17 +155,22 @@ class ImageTokens:
         return (tiles + whole).flatten(-2)
 
 
-def block_merge(grid: tuple[int, int], block: int, device: torch.device) -> Tensor:
-    """`ImageTokens.merge` of a projector that makes one image token of each block x block
-    square of patches of a (gh, gw) patch grid, the tokens in raster order of the blocks
-    (Qwen2-VL's merger, Gemma 3's pooling, Idefics3's pixel shuffle): row j is 1 / block^2
-    on the patches of block j."""
-    gh, gw = grid
-    rows = torch.arange(gh, device=device) // block
-    cols = torch.arange(gw, device=device) // block
-    of_patch = (rows[:, None] * (gw // block) + cols[None, :]).flatten()
-    tokens = torch.arange((gh // block) * (gw // block), device=device)
-    return (tokens[:, None] == of_patch[None, :]).to(torch.float32) / block**2
+def _heads(config: Any) -> int:
+    """The attention heads a tower's or language model's `config` names."""
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "num_heads", 1)
+    return int(heads)
+
+
+def block_sources(grid: tuple[int, int], block: int, device: torch.device) -> Tensor:
+    """`ImageTokens.sources` of a projector that makes one image token of each block x
+    block square of patches of a (gh, gw) patch grid, the tokens in raster order of the
+    blocks (Qwen2-VL's merger, Gemma 3's pooling, Idefics3's pixel shuffle): row j holds
+    the block^2 patches (row-major on the grid) of block j."""
+    gw = grid[1]
+    corners = torch.arange(grid[0] // block)[:, None] * block * gw
+    corners = (corners + torch.arange(gw // block)[None, :] * block).flatten()
+    inside = (torch.arange(block)[:, None] * gw + torch.arange(block)[None, :]).flatten()
+    return (corners[:, None] + inside[None, :]).to(device)
 
 
 class VisionLanguageModel(LanguageModel):
@@ -364,6 +374,20 @@ class VisionLanguageModel(LanguageModel):
         # real image positions first, in order (stable sort keeps their order)
         return torch.sort(torch.where(is_image, order, ids.shape[1] + order), dim=1).values[
             :, :count
+        ]
+
+    def attention_maps(self, prepared: Prepared) -> list[tuple[int, int, int]]:
+        """The tower's blocks over each image of its batch (a photo's tiles each one),
+        and the language model's over the texts: a photo's tower maps are often the
+        larger (Qwen2-VL's thousands of patches against its hundreds of image tokens)."""
+        tokens = self.image_tokens(prepared.arguments)
+        batch = prepared.batch_size
+        images = batch * self.image_positions(prepared).shape[1] // tokens.per_image
+        tower_maps = images * _heads(self.tower.config)
+        text_maps = batch * _heads(self.language_model.config)
+        return [
+            (len(self._tower_blocks), tower_maps, tokens.tower_tokens),
+            (len(self._lm_blocks), text_maps, prepared.layout.num_tokens),
         ]
 
     def image_layout(self, prepared: Prepared) -> TokenLayout:

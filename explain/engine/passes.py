@@ -54,7 +54,7 @@ from explain.architectures.base import Adapter, ModuleHook, Prepared, TokenSet
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
-from explain.engine.spread import LastBlockFold, SpreadFold, TwoSetColumnFold
+from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold, TwoSetColumnFold
 from explain.errors import OptionError, TargetError
 from explain.fused import PathChoice, choose_path, default_memory_budget
 from explain.lrp import RULE_SETS, tape_for
@@ -91,16 +91,16 @@ class Columns:
 
 class ColumnSink(Protocol):
     """What receives one column's blocks: a plan's per-set sinks, or a two-set fold. Its
-    `parts()` are (the set's model-wide layers, the set's sink) per token set, which the
-    fold of all columns at once stacks set by set (explain.engine.spread); empty for a
-    fold over several sets at once. A method needing the input's relevance receives it
-    with `add_input`."""
+    `parts()` are (the set's model-wide layers, the set's sink, or a `ReadOut` for a set
+    read out by another's result) per token set, which the fold of all columns at once
+    stacks set by set (explain.engine.spread); empty for a fold over several sets at
+    once. A method needing the input's relevance receives it with `add_input`."""
 
     layers: Sequence[int]
 
     def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
 
-    def parts(self) -> list[tuple[Sequence[int], Sink]]: ...
+    def parts(self) -> list[tuple[Sequence[int], Sink | ReadOut]]: ...
 
     def add_input(self, relevance: Tensor) -> None: ...
 
@@ -197,6 +197,7 @@ class Pass(ABC):
             requested=self.request.attention_path,
             memory_budget=self.memory_budget,
             reads_attention=bool(self.spec.needs & {Need.ATTENTION, Need.ATTENTION_GRADIENTS}),
+            maps=self.adapter.attention_maps(self.plan.prepared),
         )
         self.taken = path
         return path == "fused"

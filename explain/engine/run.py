@@ -127,6 +127,7 @@ def trace(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None
             memory_budget=default_memory_budget(adapter.parameter.device)
             if budget is None
             else budget,
+            maps=adapter.attention_maps(plan.prepared),
         )
         == "fused"
     )

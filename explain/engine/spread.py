@@ -13,16 +13,25 @@ positions, a detector's detections: explain.rules.coattention), `TwoSetColumnFol
 the folds of all columns as one. The number of operations per block then depends neither
 on the batch nor on the columns nor on the heads. Every other sink takes whole maps,
 column by column.
+
+A token set may be read out by another set's result (`ReadOut`: a vision-language
+model's tower, read out by the language model's relevance at the image tokens): its
+folds start, chunk of columns by chunk, from the rows the other set's folds end with,
+and then fold as any other set's. A block attended piece by piece (`Pieces`: a packed
+tower's windows) is folded as a batch of its pieces, padded to the longest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
 from typing import Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
+from explain.architectures.base import Pieces
 from explain.engine.kernels import live_rows, readout_spread, spread_maps
 from explain.fused import FusedBlock, attention_gradient
 from explain.rules import Sink
@@ -35,16 +44,39 @@ from explain.rules.fold import (
     compute_dtype,
 )
 
-__all__ = ["LastBlockFold", "PerSetSinks", "SpreadFold", "TwoSetColumnFold"]
+__all__ = ["LastBlockFold", "PerSetSinks", "ReadOut", "SpreadFold", "TwoSetColumnFold"]
 
-Stack = TypeVar("Stack", ColumnFolds, ColumnLastBlocks)
+Stack = TypeVar("Stack", "ColumnFolds | _ReadOutFolds", ColumnLastBlocks)
+
+
+@dataclass(frozen=True)
+class ReadOut:
+    """A token set's fold whose readout rows are another set's result, as a column's
+    `parts()` gives it in place of a sink (the sink is made once those rows are known).
+
+    Attributes:
+        after: the index, among the column's parts, of the set whose folded rows read
+            this one out (an earlier part, itself a sink).
+        layers: the set's blocks that its sink will fold (the sink's `layers`).
+        readout: (..., B, N_after) rows of the set `after`, folded to its end -> (..., B',
+            N) this set's readout rows; alike for every column, batched over the leading
+            dimensions.
+        start: this column's sink from its readout row (B', N): a readout fold with the
+            same spread as the set `after`'s.
+    """
+
+    after: int
+    layers: range
+    readout: Callable[[Tensor], Tensor]
+    start: Callable[[Tensor], Sink]
 
 
 class PerSetSinks(Protocol):
     """A column's sinks as explain.engine.passes.ColumnSink offers them: (the set's
-    model-wide layers, its sink) per token set; empty for a fold over several sets."""
+    model-wide layers, its sink, or a `ReadOut`) per token set; empty for a fold over
+    several sets."""
 
-    def parts(self) -> list[tuple[Sequence[int], Sink]]: ...
+    def parts(self) -> list[tuple[Sequence[int], Sink | ReadOut]]: ...
 
 
 class SpreadFold:
@@ -55,30 +87,46 @@ class SpreadFold:
     `max_bytes` bounds the temporaries of a fused block's spread.
     """
 
-    def __init__(self, folds: list[tuple[Sequence[int], ColumnFolds]], max_bytes: int) -> None:
+    def __init__(
+        self, folds: list[tuple[Sequence[int], ColumnFolds | _ReadOutFolds]], max_bytes: int
+    ) -> None:
         self._folds = [stack for _, stack in folds]
         self._route = _routes(folds)
         self._max_bytes = max_bytes
         self._masks: dict[int, tuple[Tensor, Tensor | None, bool]] = {}
+        self._pieces: dict[Pieces, tuple[Tensor, Tensor, Tensor]] = {}
         self._kept: dict[int, Tensor] = {}
 
     @classmethod
     def of(cls, sinks: Sequence[PerSetSinks], max_bytes: int) -> SpreadFold | None:
         """The fold of `sinks` (one per column), or None unless every column's sink is a
-        readout fold per token set with a spread, alike across columns."""
+        readout fold per token set with a spread (or a `ReadOut` of one), alike across
+        columns."""
 
-        def stack(column_sinks: list[Sink]) -> ColumnFolds | None:
-            if not all(isinstance(s, ReadoutFold) and s.spread for s in column_sinks):
+        def stack(
+            column_parts: list[Sink | ReadOut], earlier: list[ColumnFolds | _ReadOutFolds]
+        ) -> ColumnFolds | _ReadOutFolds | None:
+            first = column_parts[0]
+            if isinstance(first, ReadOut):
+                read_outs = [p for p in column_parts if isinstance(p, ReadOut)]
+                after = earlier[first.after] if 0 <= first.after < len(earlier) else None
+                if len(read_outs) != len(column_parts) or not isinstance(after, ColumnFolds):
+                    return None
+                return _ReadOutFolds(after, read_outs)
+            if not all(isinstance(s, ReadoutFold) and s.spread for s in column_parts):
                 return None
-            return ColumnFolds(column_sinks)  # type: ignore[arg-type]
+            return ColumnFolds(column_parts)  # type: ignore[arg-type]
 
         folds = _stacked(sinks, stack)
         return None if folds is None else cls(folds, max_bytes)
 
+    @torch.no_grad()
     def add(
         self, layer: int, columns: slice, record: FusedBlock | Tensor, gradient: Tensor | None
     ) -> None:
-        """Fold block `layer` for `columns` from its record (`BlockCallback`)."""
+        """Fold block `layer` for `columns` from its record (`BlockCallback`), outside
+        autograd: a block's q and k may be part of the model's graph (a probe shows the
+        kernel's own), and a fold on them would keep every chunk's temporaries alive."""
         route = self._route.get(layer)
         if route is None:
             return
@@ -86,6 +134,9 @@ class SpreadFold:
         grad = gradient if stack.mode == "gradient" else None
         if isinstance(record, Tensor):
             self._add_maps(stack, local, columns, record, grad)
+            return
+        if isinstance(record.mask, Pieces):
+            self._add_pieces(stack, local, columns, record, record.mask, grad)
             return
         key_mask, exact = self._key_mask(record)
         query, key, value = record.tensors()
@@ -123,9 +174,63 @@ class SpreadFold:
         for layer in sorted(self._kept, reverse=True):
             self.add(layer, slice(None), self._kept.pop(layer), None)
 
+    def _add_pieces(
+        self,
+        stack: ColumnFolds | _ReadOutFolds,
+        local: int,
+        columns: slice,
+        block: FusedBlock,
+        pieces: Pieces,
+        grad: Tensor | None,
+    ) -> None:
+        """A block attended piece by piece: the pieces of every sequence stacked as one
+        batch of sequences, each padded to the longest piece with keys masked (a padding
+        row spreads nothing: its readout entry is 0, its dO 0), folded as any block is,
+        and the result put back in token order. Exact, and no (N x N) map is built."""
+        query, key, value = block.tensors()
+        where, position, keys = self._piece_index(pieces, query.device)
+        batch = query.shape[0]
+        q, k, v = (_into_pieces(t, where, 0, 2) for t in (query, key, value))
+        output_grad = None if grad is None else _into_pieces(grad, where, 1, 3)
+        key_mask = keys.expand(batch, -1, -1).flatten(0, 1)
+
+        def spread(rows: Tensor) -> Tensor:
+            folded = readout_spread(
+                _into_pieces(rows, where, 1, 2),
+                q,
+                k,
+                v,
+                output_grad,
+                scale=block.site.scale,
+                causal=False,
+                key_mask=key_mask,
+                mode=stack.mode,
+                max_bytes=self._max_bytes,
+            )
+            return folded.unflatten(1, (batch, -1)).flatten(2).index_select(-1, position)
+
+        stack.fold(local, columns, spread, None)  # every piece has keys: rows sum to 1
+
+    def _piece_index(self, pieces: Pieces, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+        """For `pieces` of N tokens, P pieces of at most w: (P, w) the token at each place
+        of each padded piece (N, a zero appended, at the padding), (N,) each token's place
+        among the P * w, and (P, w) bool, True at the pieces' own tokens. Made on the host
+        from the lengths (no wait for the device), once per call and kind of pieces."""
+        found = self._pieces.get(pieces)
+        if found is None:
+            lengths = torch.tensor(pieces.lengths)
+            starts = torch.tensor([0, *accumulate(pieces.lengths)][:-1])
+            places = torch.arange(max(pieces.lengths))
+            keys = places[None, :] < lengths[:, None]
+            where = torch.where(keys, starts[:, None] + places, sum(pieces.lengths))
+            position = (torch.arange(len(lengths))[:, None] * len(places) + places)[keys]
+            found = (where.to(device), position.to(device), keys.to(device))
+            self._pieces[pieces] = found
+        return found
+
     def _add_maps(
         self,
-        stack: ColumnFolds,
+        stack: ColumnFolds | _ReadOutFolds,
         local: int,
         columns: slice,
         attention: Tensor,
@@ -156,6 +261,49 @@ class SpreadFold:
             stack.finish()
 
 
+class _ReadOutFolds:
+    """The folds of a `ReadOut` set for every column, as `ColumnFolds` folds a set's: per
+    chunk of columns (as the backward hands them over), a `ColumnFolds` of the columns'
+    sinks, made from the rows the set `after` ends with once its folds of those columns
+    are done (its blocks are nearer the score: they arrive first)."""
+
+    def __init__(self, after: ColumnFolds, parts: list[ReadOut]) -> None:
+        self.layers = parts[0].layers
+        self.mode = after.mode  # the same method as the set it is read out by
+        self._after = after
+        self._parts = parts
+        self._chunks: dict[int, ColumnFolds] = {}  # first column of a chunk -> its folds
+        self._started = 0
+
+    def fold(
+        self, layer: int, columns: slice, spread: Callable[[Tensor], Tensor], rowsum: Tensor | None
+    ) -> None:
+        if layer not in self.layers:
+            return
+        start = columns.start or 0
+        chunk = self._chunks.get(start)
+        if chunk is None:
+            chunk = self._chunks[start] = self._start(columns)
+        chunk.fold(layer, slice(None), spread, rowsum)
+
+    def _start(self, columns: slice) -> ColumnFolds:
+        if self._after.expects(columns) is not None:
+            raise RuntimeError("a set's block arrived before the fold it is read out by ended")
+        rows = self._parts[0].readout(self._after.rows(columns))
+        parts = self._parts[columns]
+        chunk = ColumnFolds([part.start(row) for part, row in zip(parts, rows, strict=True)])  # type: ignore[misc]
+        if chunk.mode != self.mode:
+            raise RuntimeError("a set read out by another must fold by the same method")
+        self._started += len(parts)
+        return chunk
+
+    def finish(self) -> None:
+        if self._started != len(self._parts):
+            raise RuntimeError("a block never arrived; cannot finish the folds")
+        for chunk in self._chunks.values():
+            chunk.finish()
+
+
 class LastBlockFold:
     """The last-block maps of every column at once (`of` builds it, or says that the sinks
     cannot be): `add` is a `explain.recorder.BlockCallback`, `finish()` hands each
@@ -179,7 +327,9 @@ class LastBlockFold:
         """The maps of `sinks` (one per column), or None unless every column's sink is a
         last block per token set, of one method across columns."""
 
-        def stack(column_sinks: list[Sink]) -> ColumnLastBlocks | None:
+        def stack(
+            column_sinks: list[Sink | ReadOut], earlier: list[ColumnLastBlocks]
+        ) -> ColumnLastBlocks | None:
             if not all(isinstance(s, LastBlock) for s in column_sinks):
                 return None
             return ColumnLastBlocks(column_sinks)  # type: ignore[arg-type]
@@ -267,18 +417,20 @@ def _whole_maps(
 
 
 def _stacked(
-    sinks: Sequence[PerSetSinks], stack: Callable[[list[Sink]], Stack | None]
+    sinks: Sequence[PerSetSinks],
+    stack: Callable[[list[Sink | ReadOut], list[Stack]], Stack | None],
 ) -> list[tuple[Sequence[int], Stack]] | None:
-    """(the set's model-wide layers, `stack` of the columns' sinks of that set) per token
-    set, or None where a column has no parts or `stack` refuses a set's sinks (returns
-    None, or raises ValueError: the methods or blocks differ between columns)."""
+    """(the set's model-wide layers, `stack` of the columns' parts of that set, given the
+    stacks of the sets before) per token set, or None where a column has no parts or
+    `stack` refuses a set's parts (returns None, or raises ValueError: the methods or
+    blocks differ between columns)."""
     parts = [sink.parts() for sink in sinks]
     if not all(parts):
         return None
-    stacks = []
+    stacks: list[tuple[Sequence[int], Stack]] = []
     for index, (layers, _) in enumerate(parts[0]):
         try:
-            made = stack([column[index][1] for column in parts])
+            made = stack([column[index][1] for column in parts], [s for _, s in stacks])
         except ValueError:
             return None
         if made is None:
@@ -290,3 +442,14 @@ def _stacked(
 def _routes(stacks: list[tuple[Sequence[int], Stack]]) -> dict[int, tuple[Stack, int]]:
     """Each model-wide layer a stack takes -> (the stack, the layer within its set)."""
     return {layers[local]: (stack, local) for layers, stack in stacks for local in stack.layers}
+
+
+def _into_pieces(tensor: Tensor, where: Tensor, batch_dim: int, token_dim: int) -> Tensor:
+    """`tensor` with its tokens (dimension `token_dim`) cut into the padded pieces `where`
+    (P, w) (explain.engine.spread.SpreadFold._piece_index), the pieces joined to the
+    batch (dimension `batch_dim`, before the tokens): B -> B * P sequences of w tokens."""
+    padding = list(tensor.shape)
+    padding[token_dim] = 1
+    padded = torch.cat([tensor, tensor.new_zeros(padding)], dim=token_dim)
+    pieces = padded.index_select(token_dim, where.flatten()).unflatten(token_dim, where.shape)
+    return pieces.movedim(token_dim, batch_dim + 1).flatten(batch_dim, batch_dim + 1)

@@ -149,6 +149,10 @@ class ColumnFolds:
         self._vector[columns] = kept + spread(spread_rows).to(kept.dtype)
         self._next[start] = layer - 1 if layer > self.layers[0] else None
 
+    def rows(self, columns: slice) -> Tensor:
+        """The (c, B, N) row vectors of `columns` as folded so far."""
+        return self._vector[columns]
+
     def expects(self, columns: slice) -> int | None:
         """The block that `columns` fold next (None: every block is folded)."""
         return self._next.get(columns.start or 0, self.layers[-1])

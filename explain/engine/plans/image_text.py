@@ -9,7 +9,7 @@ from its sink). Its relevance over the whole sequence then splits in two:
 
 - "text": the prompt's tokens (B, T), the image tokens' positions 0;
 - "image": the relevance at the image tokens, carried back through the projector's merge
-  (`ImageTokens.merge`) onto the tower's tokens, and onto its patch grid (B, gh, gw) (a
+  (`ImageTokens.sources`) onto the tower's tokens, and onto its patch grid (B, gh, gw) (a
   photo split into tiles: the tiles' grids put together on the photo, `ImageTokens.to_photo`).
 
 Two depths (option `depth`, stated in `Explanation.settings`):
@@ -19,7 +19,9 @@ Two depths (option `depth`, stated in `Explanation.settings`):
   tower's own blocks, `v = r_tower @ prod_l (I + Abar_l)` for `generic` (the bi-modal
   step of Chefer et al., ICCV 2021: the image's self-attention relevance starts from the
   identity and is read out by what the text side found). The tower's blocks get their
-  gradients in the same backward, after the language model's.
+  gradients in the same backward, after the language model's; where the method folds by
+  spreads, every column's tower fold starts from its language-model fold's rows
+  (explain.engine.spread `ReadOut`) and streams as that one does.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, Fo
 from explain.engine.plans.base import Plan, per_set, resolve_start_layer
 from explain.engine.plans.generation import generated_tokens, read_out_at
 from explain.engine.request import Request
+from explain.engine.spread import ReadOut
 from explain.errors import OptionError
 from explain.rules import Method, RuleContext, Sink
 from explain.targets import select_scores
@@ -49,13 +52,14 @@ DEPTHS: tuple[Depth, ...] = ("lm", "tower")
 
 class ImageTextSink:
     """One column's sink: the method's sink over the language model's blocks and, for
-    depth "tower", the method's sink over the tower's blocks, built once the language
-    model's fold is known (its readout row comes from it).
+    depth "tower", the method's sink over the tower's blocks `tower_layers`, built once the
+    language model's fold is known (its readout row comes from it).
 
     Layers arrive with their model-wide numbers: the tower's are 0..V-1, the language
     model's V.... With gradients the language model's blocks arrive first (they are
     nearer the score); forward-only methods see the tower first, whose blocks are kept
-    until the language model's fold is done.
+    until the language model's fold is done. Where the method folds by spreads, the fold
+    of all columns at once (explain.engine.spread) takes both folds instead (`parts`).
     """
 
     def __init__(
@@ -72,6 +76,7 @@ class ImageTextSink:
         self._image_at = image_at  # (B, k * n)
         self._tokens = tokens
         self._build_tower = tower
+        self._tower_layers = tower_layers
         self._tower: Sink | None = None
         self._waiting: list[tuple[int, Tensor, Tensor | None]] = []
         self._text_result: Tensor | None = None
@@ -91,34 +96,46 @@ class ImageTextSink:
             return
         self._tower_sink().add(layer, attention, gradient)
 
-    def parts(self) -> list[tuple[Sequence[int], Sink]]:
-        """For the fold of all columns at once (explain.engine.spread, `ColumnSink`): with
-        depth "lm", the language model's sink over its blocks by their model-wide numbers;
-        none with depth "tower", whose tower sink is built from the text fold's result, so
-        its blocks arrive whole, column by column."""
-        if self._build_tower is not None:
-            return []
+    def parts(self) -> list[tuple[Sequence[int], Sink | ReadOut]]:
+        """For the fold of all columns at once (explain.engine.spread, `ColumnSink`): the
+        language model's sink over its blocks by their model-wide numbers and, with depth
+        "tower", the tower's fold read out by its result at the image tokens (`ReadOut`),
+        whose sink is made from that readout row (`_start_tower`)."""
         last = self._text.layers[-1] if len(self._text.layers) else -1
-        return [(range(self._offset, self._offset + last + 1), self._text)]
+        text = (range(self._offset, self._offset + last + 1), self._text)
+        if self._build_tower is None:
+            return [text]
+        tower = ReadOut(0, self._tower_layers, self._tower_readout, self._start_tower)
+        return [text, (range(self._offset), tower)]
 
     def _text_relevance(self) -> Tensor:
         if self._text_result is None:
             self._text_result = self._text.result()
         return self._text_result
 
-    def _image_tokens(self) -> Tensor:
-        """(B, k * tower images, tower tokens): the language model's relevance at the image
-        tokens of each image of the tower's batch, carried back through the projector's
-        merge onto the tower's tokens."""
-        relevance = self._text_relevance().gather(1, self._image_at)
-        per_image = relevance.reshape(relevance.shape[0], -1, self._tokens.per_image)
-        return self._tokens.to_tower(per_image)
+    def _image_tokens(self, relevance: Tensor) -> Tensor:
+        """(..., B, T) relevance over the text -> (..., B, k * tower images, tower tokens):
+        the relevance at the image tokens of each image of the tower's batch, carried back
+        through the projector's merge onto the tower's tokens."""
+        at = self._image_at.expand(*relevance.shape[:-2], *self._image_at.shape)
+        picked = relevance.gather(-1, at).unflatten(-1, (-1, self._tokens.per_image))
+        return self._tokens.to_tower(picked)
+
+    def _tower_readout(self, relevance: Tensor) -> Tensor:
+        """(..., B, T) the language model's folded rows -> (..., the tower's batch, tower
+        tokens): the tower's readout rows."""
+        return self._image_tokens(relevance).flatten(-3, -2)
+
+    def _start_tower(self, readout: Tensor) -> Sink:
+        """The tower's sink, read out by `readout` (the tower's batch, tower tokens)."""
+        assert self._build_tower is not None and self._tower is None
+        self._tower = self._build_tower(readout)
+        return self._tower
 
     def _tower_sink(self) -> Sink:
         if self._tower is None:
-            assert self._build_tower is not None
-            readout = self._image_tokens().flatten(0, 1)  # the tower's batch, tower tokens
-            self._tower = self._build_tower(readout)
+            self._start_tower(self._tower_readout(self._text_relevance()))
+            assert self._tower is not None
             waiting, self._waiting = self._waiting, []
             for layer, attention, gradient in waiting:
                 self._tower.add(layer, attention, gradient)
@@ -127,7 +144,7 @@ class ImageTextSink:
     def result(self) -> dict[str, Tensor]:
         text = self._text_relevance()
         if self._build_tower is None:
-            image = self._image_tokens()
+            image = self._image_tokens(text)
         else:
             tower = self._tower_sink().result()
             image = tower.reshape(text.shape[0], -1, tower.shape[-1])
@@ -220,7 +237,7 @@ class ImageTextPlan(Plan):
             ),
             options,
         )
-        tower = None
+        tower, tower_layers = None, range(0)
         if self.depth == "tower":
             depth = len(image.layers)
             tower_layout = TokenLayout.image(
@@ -229,13 +246,14 @@ class ImageTextPlan(Plan):
                 self.per_image.tower_prefix,
             )
             start = resolve_start_layer(spec, starts["image"], depth, "image")
+            tower_layers = range(start, depth)  # the tower's layers are numbered from 0
 
             def tower(row: Tensor) -> Sink:
                 context = RuleContext(row, tower_layout, depth, start)
                 return spec.sink(context, options)
 
         return ImageTextSink(
-            text_sink, text.layers.start, self.image_at, self.per_image, tower, image.layers
+            text_sink, text.layers.start, self.image_at, self.per_image, tower, tower_layers
         )
 
     def forward_sinks(self) -> list[ColumnSink]:
