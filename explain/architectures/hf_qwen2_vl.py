@@ -48,7 +48,6 @@ from explain.architectures.hf_vision_language import (
     block_sources,
 )
 from explain.errors import InputError
-from explain.finite import check_finite
 
 __all__ = ["HFQwen2VL"]
 
@@ -149,7 +148,6 @@ class HFQwen2VL(VisionLanguageModel):
                 f"{int(grid.prod(dim=1).sum())}"
             )
         pixels = pixels.to(device=self.parameter.device, dtype=self.parameter.dtype)
-        check_finite(pixels, "the pixel values", "give the processor's normalised patches")
         return {"pixel_values": pixels, "image_grid_thw": grid}, len(grid)
 
     def block_order(self, grid: tuple[int, int]) -> Tensor:

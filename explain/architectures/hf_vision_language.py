@@ -36,7 +36,6 @@ from explain.architectures.base import (
     TokenLayout,
     TokenSet,
     TokenSets,
-    one_hot_rows,
     validate_image_batch,
 )
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
@@ -52,10 +51,11 @@ from explain.architectures.hf_common import (
     sliced_logits,
 )
 from explain.errors import InputError, UnsupportedModelError
+from explain.finite import check_finite
 from explain.image_prompts import encode_image_prompt, is_image_prompt
 from explain.tokenizing import token_strings
 
-__all__ = ["ImageTokens", "VisionLanguageModel", "block_sources"]
+__all__ = ["ImagePrepared", "ImageTokens", "VisionLanguageModel", "block_sources"]
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,20 @@ class ImageTokens:
         return (tiles + whole).flatten(-2)
 
 
+@dataclass(frozen=True)
+class ImagePrepared(Prepared):
+    """A vision-language model's prepared inputs, with what its checks found out about
+    the images, so that no later step reads the device again for it.
+
+    Attributes:
+        tokens: how each image becomes image tokens (the family's `image_tokens`).
+        image_at: (B, k * n) each text's image-token positions, image by image.
+    """
+
+    tokens: ImageTokens
+    image_at: Tensor
+
+
 def _heads(config: Any) -> int:
     """The attention heads a tower's or language model's `config` names."""
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "num_heads", 1)
@@ -252,8 +266,10 @@ class VisionLanguageModel(LanguageModel):
 
     def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
         """The model's image inputs from the processor's output, validated, and how many
-        images they hold: here `pixel_values`, one (3, H, W) row per image."""
-        pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter)
+        images they hold: here `pixel_values`, one (3, H, W) row per image. A family
+        leaves the finiteness of `pixel_values` to `prepare`, which reads it with its
+        other checks."""
+        pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter, check_values=False)
         return {"pixel_values": pixels}, pixels.shape[0]
 
     def position_ids(self, arguments: Mapping[str, Tensor]) -> Tensor:
@@ -308,7 +324,10 @@ class VisionLanguageModel(LanguageModel):
             return inputs
         return encode_image_prompt(inputs, tokenizer)
 
-    def prepare(self, inputs: object) -> Prepared:
+    def prepare(self, inputs: object) -> ImagePrepared:
+        """The inputs validated (`prepare_text`, `image_arguments`), and where each text's
+        image tokens lie. Every check of the pixels and the image tokens is read from the
+        device at once (one wait), each refusal then said precisely."""
         if isinstance(inputs, Mapping) and "pixel_values" not in inputs:
             raise InputError(
                 "a vision-language model is explained with its image: give pixel_values "
@@ -333,25 +352,46 @@ class VisionLanguageModel(LanguageModel):
         arguments.update(images)
         ids, mask = arguments["input_ids"], arguments["attention_mask"]
         tokens = self.image_tokens(arguments)
-        counts = ((ids == self.image_token_id) & mask.bool()).sum(dim=1)
-        per_sample = counts // tokens.per_image
-        if bool((counts % tokens.per_image != 0).any()) or bool(
-            (per_sample != per_sample[0]).any()
-        ):
+        is_image = (ids == self.image_token_id) & mask.bool()
+        counts = is_image.sum(dim=1)
+        pixels = arguments["pixel_values"]
+        finite, alike, held = torch.stack(
+            [
+                pixels.isfinite().all().to(counts.dtype),
+                ((counts % tokens.per_image == 0) & (counts == counts[0])).all().to(counts.dtype),
+                counts[0],
+            ]
+        ).tolist()
+        if not finite:
+            check_finite(
+                pixels,
+                f"the pixel values (as the model's {self.parameter.dtype})",
+                "give normalised images, finite and within the range of the model's dtype",
+            )
+        if not alike:
             raise InputError(
                 f"every text must hold the same number of images, each a run of "
                 f"{tokens.per_image} image tokens (id {self.image_token_id}); got "
                 f"{counts.tolist()} image tokens: use the model's processor"
             )
-        if int(per_sample[0]) == 0:
+        if held == 0:
             raise InputError("the texts hold no image token: put the image in the prompt")
-        if int(per_sample.sum()) != count:
+        if held // tokens.per_image * ids.shape[0] != count:
             raise InputError(
-                f"the texts hold {int(per_sample.sum())} images but pixel_values "
-                f"{count}: one row of pixel_values per image"
+                f"the texts hold {held // tokens.per_image * ids.shape[0]} images but "
+                f"pixel_values {count}: one row of pixel_values per image"
             )
         arguments["position_ids"] = self.position_ids(arguments)
-        return Prepared(batch_size=ids.shape[0], layout=TokenLayout.text(mask), arguments=arguments)
+        order = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        # real image positions first, in order (a stable sort keeps their order)
+        image_at = torch.sort(torch.where(is_image, order, ids.shape[1] + order), dim=1).values
+        return ImagePrepared(
+            batch_size=ids.shape[0],
+            layout=TokenLayout.text(mask),
+            arguments=arguments,
+            tokens=tokens,
+            image_at=image_at[:, :held],
+        )
 
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         """The model's other per-prompt inputs (`extra`: pixel values, token types) for the
@@ -365,24 +405,14 @@ class VisionLanguageModel(LanguageModel):
         found (nothing here; a family whose generation caches state on the model says)."""
         yield
 
-    def image_positions(self, prepared: Prepared) -> Tensor:
-        """(B, k * n): each text's image-token positions, image by image."""
-        ids, mask = prepared.arguments["input_ids"], prepared.arguments["attention_mask"]
-        is_image = (ids == self.image_token_id) & mask.bool()
-        order = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-        count = int(is_image[0].sum())
-        # real image positions first, in order (stable sort keeps their order)
-        return torch.sort(torch.where(is_image, order, ids.shape[1] + order), dim=1).values[
-            :, :count
-        ]
-
     def attention_maps(self, prepared: Prepared) -> list[tuple[int, int, int]]:
         """The tower's blocks over each image of its batch (a photo's tiles each one),
         and the language model's over the texts: a photo's tower maps are often the
         larger (Qwen2-VL's thousands of patches against its hundreds of image tokens)."""
-        tokens = self.image_tokens(prepared.arguments)
+        assert isinstance(prepared, ImagePrepared)
+        tokens = prepared.tokens
         batch = prepared.batch_size
-        images = batch * self.image_positions(prepared).shape[1] // tokens.per_image
+        images = batch * prepared.image_at.shape[1] // tokens.per_image
         tower_maps = images * _heads(self.tower.config)
         text_maps = batch * _heads(self.language_model.config)
         return [
@@ -393,7 +423,8 @@ class VisionLanguageModel(LanguageModel):
     def image_layout(self, prepared: Prepared) -> TokenLayout:
         """The layout of the image set: the photo's patch grid (the tower's, or its tiles'
         side by side) on the processed photo."""
-        tokens = self.image_tokens(prepared.arguments)
+        assert isinstance(prepared, ImagePrepared)
+        tokens = prepared.tokens
         return TokenLayout.image(tokens.photo_grid, tokens.input_size, num_prefix_tokens=0)
 
     def sets(self, prepared: Prepared) -> Sequence[TokenSet]:
@@ -448,7 +479,3 @@ class VisionLanguageModel(LanguageModel):
 
     def readout(self, prepared: Prepared) -> Tensor:
         return self.readout_at(prepared, last_real_token(prepared.arguments["attention_mask"]))
-
-    def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
-        mask = prepared.arguments["attention_mask"]
-        return one_hot_rows(mask.shape[0], mask.shape[1], positions.to(mask.device), self.parameter)
