@@ -343,6 +343,17 @@ def test_what_is_refused_says_why(model, processor):
         explainer.explain(cut)
     with pytest.raises(InputError, match="pixel_values"):
         explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"].repeat(2, 1, 1, 1)))
+    # The checks are read from the device at once; each refusal still says its own.
+    pixels = inputs["pixel_values"].clone()
+    pixels[0, 0, 0, 0] = float("nan")
+    with pytest.raises(InputError, match=r"pixel values .* of samples 0 is not finite"):
+        explainer.explain(dict(inputs, pixel_values=pixels))
+    ids = inputs["input_ids"]
+    first = int((ids[0] == IMAGE_TOKEN_ID).nonzero()[0])
+    with pytest.raises(InputError, match="same number of images"):
+        explainer.explain(
+            dict(inputs, input_ids=ids.clone().index_fill_(1, torch.tensor([first]), 9))
+        )
 
 
 def test_a_given_generation_is_explained_as_it_is(model, processor):
@@ -1397,3 +1408,18 @@ def test_the_page_shows_each_photo_once_whatever_its_tiles():
     assert shown == ["q", *each, "w", *each, "?"]
     expected = [0.0, 1.0, 6.0, 4.0, 6.0, 8.0, 9.0, 12.0, 12.0, 14.0, 16.0]
     assert relevance[0].tolist() == expected
+
+
+def test_readout_rows_at_several_positions_per_text(model, processor):
+    """`readout_at` as every language model's: (B,) positions give (B, T) one-hot rows,
+    (B, P) positions (a generation's columns) give (B, P, T), in the model's dtype."""
+    adapter = Explainer(model, tokenizer=processor).adapter
+    chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21 w22")])
+    prepared = adapter.prepare(_inputs(processor, chats))
+    width = prepared.layout.num_tokens
+    positions = torch.tensor([[width - 1, 0, 3], [2, width - 2, width - 1]])
+    rows = adapter.readout_at(prepared, positions)
+    assert rows.shape == (2, 3, width) and rows.dtype == torch.float64
+    expected = torch.nn.functional.one_hot(positions, width).double()
+    assert torch.equal(rows, expected)
+    assert torch.equal(adapter.readout_at(prepared, positions[:, 0]), expected[:, 0])
