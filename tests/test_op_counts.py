@@ -325,15 +325,17 @@ def test_vision_language_answers_cost_launches_like_one_token(family, method, de
     every generated token to the language model's input embeddings, batched over the
     tokens (with depth "tower", to the pixels too: that backward runs through the tower's
     blocks). Each explanation costs at most 1.5x the floor's count, each further token at
-    most 1.5x what it adds to the floor, and the call waits for the device at most 8
-    times (the model's own forward 2 of them: LLaVA's check that image features and
-    tokens match, and PaliGemma's likewise). A method without a backward folds every
-    column from the one forward: its count grows at most 5% (the random baseline draws
-    once per column). Measured from 8 to 32 tokens, where the floor grows 1.39x (1.64x
-    to the pixels): rollout and raw attention 1.00x, generic 1.23x at depth lm and 1.35x
-    at depth tower (1.16x and 1.09x the floor at 32 tokens), attention GradCAM 1.13x,
-    the random baseline 1.04x; 4 syncs for LLaVA, 5 for PaliGemma (its token types'
-    range, read from the tensor they were given in)."""
+    most 1.5x what it adds to the floor, and the call, as the next token of the prompts
+    alone, waits for the device at most 8 times (the model's own forward 2 of them:
+    LLaVA's and PaliGemma's checks that image features and tokens match; the inputs' own
+    checks one). A method without a backward folds every column from the one forward:
+    its count grows at most 5% (the random baseline draws once per column). Measured
+    from 8 to 32 tokens, where the floor grows 1.39x (1.64x to the pixels): rollout and
+    raw attention 1.00x, generic 1.23x at depth lm and 1.35x at depth tower (1.16x and
+    1.09x the floor at 32 tokens), attention GradCAM 1.13x, the random baseline 1.04x;
+    5 syncs for LLaVA (6 with the random baseline), 6 for PaliGemma (its token types'
+    range, read from the tensor they were given in); the next token 7 and 8 (its
+    logits' positions read, and the output checked, once each)."""
     counts, floors = [], []
     for new in (8, 32):
         model, processor, generation = _vision_language_answer(family, new)
@@ -350,5 +352,10 @@ def test_vision_language_answers_cost_launches_like_one_token(family, method, de
         counts.append(counter.total)
         assert counter.total <= 1.5 * floors[-1], (counter.total, floors[-1])
     assert counts[1] - counts[0] <= 1.5 * (floors[1] - floors[0]), (counts, floors)
+    width = generation.prompt_length
+    prompts = {name: value[:, :width] for name, value in generation.inputs().items()}
+    prompts["pixel_values"] = generation.extra["pixel_values"]
+    next_token = count_ops(lambda: explainer.explain(prompts, method=method, depth=depth))
+    assert next_token.syncs <= 8, next_token.ops
     if not METHODS[method].needs_gradients:
         assert counts[1] <= 1.05 * counts[0], counts

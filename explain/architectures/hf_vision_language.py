@@ -355,13 +355,11 @@ class VisionLanguageModel(LanguageModel):
         is_image = (ids == self.image_token_id) & mask.bool()
         counts = is_image.sum(dim=1)
         pixels = arguments["pixel_values"]
-        finite, alike, held = torch.stack(
-            [
-                pixels.isfinite().all().to(counts.dtype),
-                ((counts % tokens.per_image == 0) & (counts == counts[0])).all().to(counts.dtype),
-                counts[0],
-            ]
-        ).tolist()
+        finite = pixels.isfinite().all()
+        alike = ((counts % tokens.per_image == 0) & (counts == counts[0])).all()
+        # One wait for the device: both flags and the first text's count in one integer.
+        state = int(finite + 2 * alike + 4 * counts[0])
+        finite, alike, held = state & 1, state & 2, state >> 2
         if not finite:
             check_finite(
                 pixels,
