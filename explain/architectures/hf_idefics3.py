@@ -121,8 +121,11 @@ class HFIdefics3(VisionLanguageModel):
             return encoded
         return {**encoded, "rows": layout[0], "cols": layout[1]}
 
-    def _layout(self, inputs: Mapping[str, Any], batch: int) -> tuple[Tensor, Tensor]:
-        """`rows` and `cols` (B, photos) of the inputs, validated: one layout for all."""
+    def _layout(
+        self, inputs: Mapping[str, Any], batch: int
+    ) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """`rows` and `cols` (B, photos) of the inputs, validated, and the one (rows, cols)
+        of every photo."""
         if any(inputs.get(name) is None for name in _LAYOUT):
             raise InputError(
                 f"{type(self.model).__name__} splits each photo into tiles, a layout its "
@@ -144,19 +147,22 @@ class HFIdefics3(VisionLanguageModel):
                 f"rows and cols must be ({batch}, photos), one list per text; got shapes "
                 f"{tuple(rows.shape)} and {tuple(cols.shape)}"
             )
-        if rows.numel() == 0 or bool(((rows == 0) != (cols == 0)).any()) or bool((rows < 0).any()):
+        # A few numbers, checked on the host: one read of them (none for the lists the
+        # Explainer's tokenizer reads the layout into).
+        tiles = list(zip(*torch.stack([rows, cols]).flatten(1).tolist(), strict=True))
+        if not tiles or any((r == 0) != (c == 0) or r < 0 for r, c in tiles):
             raise InputError(
                 f"rows and cols must be positive, or both 0 for a photo not split; got "
                 f"{rows.tolist()} and {cols.tolist()}"
             )
-        if bool((rows != rows[0, 0]).any()) or bool((cols != cols[0, 0]).any()):
+        if any(tile != tiles[0] for tile in tiles):
             raise InputError(
                 f"the photos of a batch must be split alike (one map size to stack), got "
                 f"rows {rows.tolist()} and cols {cols.tolist()}: explain photos of other "
                 "shapes apart, or give the processor do_image_splitting=False"
             )
         device = self.parameter.device
-        return rows.to(device), cols.to(device)
+        return rows.to(device), cols.to(device), tiles[0]
 
     def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
         """`pixel_values` (B, images, 3, t, t): each text's tiles and global images (all-zero
@@ -180,34 +186,43 @@ class HFIdefics3(VisionLanguageModel):
             )
         real = (flat != 0).flatten(1).any(dim=1).reshape(batch, count)
         arguments = {"pixel_values": flat.reshape(pixels.shape)}
+        rows, cols, (tile_rows, tile_cols) = self._layout(inputs, batch)
         mask = inputs.get("pixel_attention_mask")
+        whole = real.new_ones(())  # whether the mask keeps every pixel of every image
         if mask is not None:
             mask = torch.as_tensor(mask, device=flat.device)
-            if mask.shape != (batch, count, side, side) or not bool(mask[real].bool().all()):
-                raise InputError(
-                    "explain reads whole tiles: pixel_attention_mask must be "
-                    f"({batch}, {count}, {side}, {side}) and keep every pixel of every image "
-                    "(the processor pads only with images it leaves out)"
-                )
+            if mask.shape != (batch, count, side, side):
+                raise self._partial_tiles(batch, count, side)
+            whole = mask[real].bool().all()
             arguments["pixel_attention_mask"] = mask
-        rows, cols = self._layout(inputs, batch)
-        tiles = int(rows[0, 0]) * int(cols[0, 0])
+        # One read of the device for both checks: the images each text holds, and the mask.
+        *held, kept = torch.cat([real.sum(dim=1), whole[None]]).tolist()
+        if not kept:
+            raise self._partial_tiles(batch, count, side)
+        tiles = tile_rows * tile_cols
         expected = rows.shape[1] * (tiles + 1 if tiles else 1)
-        held = real.sum(dim=1)
-        if bool((held != expected).any()):
+        if any(images != expected for images in held):
             raise InputError(
-                f"the tile layout ({rows.shape[1]} photos per text, {int(rows[0, 0])} x "
-                f"{int(cols[0, 0])} tiles each, and a global image) says {expected} images "
-                f"per text, pixel_values holds {held.tolist()} (the model drops all-zero "
+                f"the tile layout ({rows.shape[1]} photos per text, {tile_rows} x "
+                f"{tile_cols} tiles each, and a global image) says {expected} images "
+                f"per text, pixel_values holds {held} (the model drops all-zero "
                 "images): give the layout of these pixels"
             )
-        return {**arguments, "rows": rows, "cols": cols}, int(held.sum())
+        return {**arguments, "rows": rows, "cols": cols}, sum(held)
+
+    @staticmethod
+    def _partial_tiles(batch: int, count: int, side: int) -> InputError:
+        return InputError(
+            "explain reads whole tiles: pixel_attention_mask must be "
+            f"({batch}, {count}, {side}, {side}) and keep every pixel of every image "
+            "(the processor pads only with images it leaves out)"
+        )
 
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
         side = arguments["pixel_values"].shape[-1]
         grid = side // int(self.tower.config.patch_size)
         sources = block_sources((grid, grid), self._shuffle, arguments["pixel_values"].device)
-        rows, cols = int(arguments["rows"][0, 0]), int(arguments["cols"][0, 0])
+        rows, cols = torch.stack([arguments["rows"][0, 0], arguments["cols"][0, 0]]).tolist()
         size = (rows * side, cols * side) if rows else (side, side)
         return ImageTokens(
             grid=(grid, grid), tower_prefix=0, sources=sources, input_size=size, tiles=(rows, cols)

@@ -136,17 +136,18 @@ class HFQwen2VL(VisionLanguageModel):
             )
         if not pixels.is_floating_point():
             raise InputError(f"pixel_values must be floating point, got {pixels.dtype}")
-        grid = grid.to(device=self.parameter.device, dtype=torch.long)
-        if len(grid) == 0 or bool((grid[:, 0] != 1).any()) or bool((grid != grid[0]).any()):
+        grids = grid.long().tolist()  # one read of the few numbers every check needs
+        if not grids or any(g[0] != 1 or g != grids[0] for g in grids):
             raise InputError(
                 f"every image must be one frame on the same patch grid (one photo size), got "
-                f"image_grid_thw {grid.tolist()}: resize the photos alike"
+                f"image_grid_thw {grids}: resize the photos alike"
             )
-        if int(grid.prod(dim=1).sum()) != pixels.shape[0]:
+        patches = len(grids) * grids[0][1] * grids[0][2]
+        if patches != pixels.shape[0]:
             raise InputError(
-                f"pixel_values holds {pixels.shape[0]} patches but image_grid_thw says "
-                f"{int(grid.prod(dim=1).sum())}"
+                f"pixel_values holds {pixels.shape[0]} patches but image_grid_thw says {patches}"
             )
+        grid = grid.to(device=self.parameter.device, dtype=torch.long)
         pixels = pixels.to(device=self.parameter.device, dtype=self.parameter.dtype)
         return {"pixel_values": pixels, "image_grid_thw": grid}, len(grid)
 
@@ -167,7 +168,7 @@ class HFQwen2VL(VisionLanguageModel):
         return rows * grid[1] + block % columns * m + inside % m
 
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
-        _, h, w = (int(n) for n in arguments["image_grid_thw"][0])
+        _, h, w = arguments["image_grid_thw"][0].tolist()
         device = arguments["image_grid_thw"].device
         patches = block_sources((h, w), self._merge_size, device)
         patch = int(self.tower.config.patch_size)
