@@ -1286,6 +1286,11 @@ def test_idefics3_the_tile_layout_from_the_tokens_or_given_and_what_is_refused(i
         Explainer(model).explain(dict(inputs, rows=[[1]], cols=[[2]]))
     with pytest.raises(InputError, match="both 0 for a photo not split"):
         Explainer(model).explain(dict(inputs, rows=[[0]], cols=[[3]]))
+    cut = torch.as_tensor(inputs["pixel_attention_mask"]).clone()
+    cut[0, 0, 0, 0] = 0  # a pixel of a real tile left out
+    for mask in (cut, cut[:, :1]):
+        with pytest.raises(InputError, match="explain reads whole tiles"):
+            Explainer(model).explain(dict(inputs, pixel_attention_mask=mask))
     with pytest.raises(InputError, match=r"\(B, images, 3, H, W\)"):
         Explainer(model).explain(dict(inputs, pixel_values=inputs["pixel_values"][0]))
     for method in ("attnlrp", "cp_lrp", "transformer_attribution"):

@@ -43,6 +43,7 @@ from explain.architectures.hf_attention_probe import (
 from explain.architectures.hf_common import is_transformers_class
 from explain.architectures.hf_packed_attention import packed_recording, packed_sites
 from explain.architectures.hf_vision_language import (
+    DeviceCheck,
     ImageTokens,
     VisionLanguageModel,
     block_sources,
@@ -114,9 +115,12 @@ class HFQwen2VL(VisionLanguageModel):
         sites = [*tower, *(dataclasses.replace(s, layer=s.layer + offset) for s in path.sites)]
         return dataclasses.replace(path, sites=sites, context=self._packed_recording)
 
-    def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
+    def image_arguments(
+        self, inputs: Mapping[str, Any]
+    ) -> tuple[dict[str, Tensor], int, list[DeviceCheck]]:
         """`pixel_values` (N, 3 * t * p * p) flattened patches and `image_grid_thw` (k, 3),
-        every image one frame on one grid of whole 2 x 2 blocks."""
+        every image one frame on one grid of whole 2 x 2 blocks (checked on the host: the
+        grids are a few numbers, read once)."""
         if inputs.get("pixel_values_videos") is not None:
             raise InputError(f"{type(self.model).__name__}: videos are not explained, images are")
         grid = inputs.get("image_grid_thw")
@@ -149,7 +153,7 @@ class HFQwen2VL(VisionLanguageModel):
             )
         grid = grid.to(device=self.parameter.device, dtype=torch.long)
         pixels = pixels.to(device=self.parameter.device, dtype=self.parameter.dtype)
-        return {"pixel_values": pixels, "image_grid_thw": grid}, len(grid)
+        return {"pixel_values": pixels, "image_grid_thw": grid}, len(grid), []
 
     def block_order(self, grid: tuple[int, int]) -> Tensor:
         """The merged block (row-major on the merged grid) at each of the tower's block

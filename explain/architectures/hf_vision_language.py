@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -50,12 +50,12 @@ from explain.architectures.hf_common import (
     recorded_output,
     sliced_logits,
 )
-from explain.errors import InputError, UnsupportedModelError
-from explain.finite import check_finite
+from explain.errors import ExplainError, InputError, UnsupportedModelError
+from explain.finite import nonfinite_error
 from explain.image_prompts import encode_image_prompt, is_image_prompt
 from explain.tokenizing import token_strings
 
-__all__ = ["ImagePrepared", "ImageTokens", "VisionLanguageModel", "block_sources"]
+__all__ = ["DeviceCheck", "ImagePrepared", "ImageTokens", "VisionLanguageModel", "block_sources"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,17 @@ class ImageTokens:
         whole = images[..., -1, :, :] / (rows * cols)
         whole = whole.repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)
         return (tiles + whole).flatten(-2)
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    """A check of the inputs whose answer lies on the device: `holds` (a 0-d bool
+    tensor), and the error to raise where it does not (made only then, so that its
+    message may read the device). `VisionLanguageModel.prepare` reads every check of a
+    call at once: one wait for the device instead of one per check."""
+
+    holds: Tensor
+    error: Callable[[], ExplainError]
 
 
 @dataclass(frozen=True)
@@ -264,13 +275,15 @@ class VisionLanguageModel(LanguageModel):
         """How each image of the prepared model `arguments` (their `image_arguments`)
         becomes image tokens (the same for all)."""
 
-    def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
-        """The model's image inputs from the processor's output, validated, and how many
-        images they hold: here `pixel_values`, one (3, H, W) row per image. A family
-        leaves the finiteness of `pixel_values` to `prepare`, which reads it with its
-        other checks."""
+    def image_arguments(
+        self, inputs: Mapping[str, Any]
+    ) -> tuple[dict[str, Tensor], int, list[DeviceCheck]]:
+        """The model's image inputs from the processor's output, validated, how many images
+        they hold, and the checks whose answers lie on the device, which `prepare` reads
+        with its own at once: here `pixel_values`, one (3, H, W) row per image, and no
+        such check. A family leaves the finiteness of `pixel_values` to `prepare` too."""
         pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter, check_values=False)
-        return {"pixel_values": pixels}, pixels.shape[0]
+        return {"pixel_values": pixels}, pixels.shape[0], []
 
     def position_ids(self, arguments: Mapping[str, Tensor]) -> Tensor:
         """The language model's positions: each text's real tokens counted from 0 (left
@@ -348,30 +361,43 @@ class VisionLanguageModel(LanguageModel):
             type_vocab_size=2,
         )
         assert isinstance(inputs, Mapping)
-        images, count = self.image_arguments(inputs)
+        images, count, checks = self.image_arguments(inputs)
         arguments.update(images)
         ids, mask = arguments["input_ids"], arguments["attention_mask"]
         tokens = self.image_tokens(arguments)
         is_image = (ids == self.image_token_id) & mask.bool()
         counts = is_image.sum(dim=1)
         pixels = arguments["pixel_values"]
-        finite = pixels.isfinite().all()
-        alike = ((counts % tokens.per_image == 0) & (counts == counts[0])).all()
-        # One wait for the device: both flags and the first text's count in one integer.
-        state = int(finite + 2 * alike + 4 * counts[0])
-        finite, alike, held = state & 1, state & 2, state >> 2
-        if not finite:
-            check_finite(
+
+        def not_finite() -> ExplainError:
+            found = nonfinite_error(
                 pixels,
                 f"the pixel values (as the model's {self.parameter.dtype})",
                 "give normalised images, finite and within the range of the model's dtype",
             )
-        if not alike:
-            raise InputError(
+            assert found is not None  # the device said so
+            return found
+
+        def uneven() -> ExplainError:
+            return InputError(
                 f"every text must hold the same number of images, each a run of "
                 f"{tokens.per_image} image tokens (id {self.image_token_id}); got "
                 f"{counts.tolist()} image tokens: use the model's processor"
             )
+
+        checks = [
+            DeviceCheck(pixels.isfinite().all(), not_finite),
+            *checks,
+            DeviceCheck(((counts % tokens.per_image == 0) & (counts == counts[0])).all(), uneven),
+        ]
+        # One wait for the device: every check's flag and the first text's count, packed
+        # into one integer; the first failing check then says what it found.
+        flags = sum(check.holds.long() << bit for bit, check in enumerate(checks))
+        state = int(flags + (counts[0] << len(checks)))
+        for bit, check in enumerate(checks):
+            if not state >> bit & 1:
+                raise check.error()
+        held = state >> len(checks)
         if held == 0:
             raise InputError("the texts hold no image token: put the image in the prompt")
         if held // tokens.per_image * ids.shape[0] != count:
