@@ -364,3 +364,35 @@ def test_vision_language_answers_cost_launches_like_one_token(family, method, de
     assert next_token.syncs <= 8, next_token.ops
     if not METHODS[method].needs_gradients:
         assert counts[1] <= 1.05 * counts[0], counts
+
+
+def _detr_floor(model, images):
+    """One forward and one backward of every query's first class logit to the pixels,
+    batched over the queries (`is_grads_batched`)."""
+    pixels = images.clone().requires_grad_()
+    logits = model(pixel_values=pixels).logits[..., 0]  # (B, Q)
+    count = logits.shape[1]
+    one_hot = torch.eye(count)[:, None, :].expand(count, *logits.shape)
+    torch.autograd.grad(logits, pixels, grad_outputs=one_hot, is_grads_batched=True)
+
+
+def test_every_detection_costs_launches_like_one():
+    """A tiny DETR with 8 and with 32 queries, every query a detection (threshold 0): one
+    forward, one backward batched over the detections, the two-set rules of all of them
+    at once and each detection's rows at its query read for all at once. Each costs at
+    most 1.5x the floor's count (one forward, one backward of every query's logit to the
+    pixels, batched: 1.04x and 0.76x here) and each further detection at most 1.5x what
+    it adds to the floor (0.49x here: 1,774 -> 2,638 ops, the floor 1,699 -> 3,475)."""
+    from explain.testing.tiny_models import tiny_detr
+
+    images = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    counts, floors = [], []
+    for queries in (8, 32):
+        model = tiny_detr(num_queries=queries)
+        explainer = Explainer(model)
+        counter = count_ops(lambda e=explainer: e.explain(images, threshold=0.0))
+        assert counter.syncs <= 8, counter.ops
+        floors.append(count_ops(lambda m=model: _detr_floor(m, images)).total)
+        counts.append(counter.total)
+        assert counter.total <= 1.5 * floors[-1], (counter.total, floors[-1])
+    assert counts[1] - counts[0] <= 1.5 * (floors[1] - floors[0]), (counts, floors)
