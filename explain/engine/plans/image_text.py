@@ -41,7 +41,7 @@ from explain.architectures.hf_vision_language import (
 )
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, ForwardPass
 from explain.engine.plans.base import Plan, per_set, resolve_start_layer
-from explain.engine.plans.generation import generated_tokens, read_out_at
+from explain.engine.plans.generation import column_rows, generated_tokens, read_out_at
 from explain.engine.request import Request
 from explain.engine.spread import ReadOut
 from explain.errors import OptionError
@@ -259,11 +259,7 @@ class ImageTextPlan(Plan):
         if self.generation:
             assert layout.token_mask is not None
             at = self.positions[columns.start : columns.stop]
-            batch = self.prepared.batch_size
-            readouts = self.vlm.readout_at(self.prepared, at.expand(batch, -1)).transpose(0, 1)
-            tokens = torch.arange(layout.token_mask.shape[1], device=at.device)
-            seen = layout.token_mask[None] & (tokens <= at[:, None])[:, None, :]  # (C, B, T)
-            rows = list(zip(readouts.unbind(), seen.unbind(), strict=True))
+            rows = column_rows(self.vlm, self.prepared, at, layout.token_mask)
         else:
             rows = [(text.readout, layout.token_mask)] * len(columns)
         starts = per_set(self.request.start_layer, ["image", "text"])
