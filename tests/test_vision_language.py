@@ -807,6 +807,35 @@ def test_qwen2_vl_a_left_padded_batch_equals_each_prompt_alone(qwen_version, ans
         assert (text[..., :pad] == 0).all()
 
 
+def test_qwen2_vl_rotary_positions_are_the_models_own(qwen2_vl):
+    """The multimodal rotary positions, computed for all texts at once without reading
+    the device, equal transformers' `get_rope_index`: left padding (0 there), text before,
+    between and after two images, and a text with one image beside it."""
+    model, processor = qwen2_vl
+    two = [
+        {"type": "text", "text": "w12 w13 w14"},
+        {"type": "image", "image": _photo(1)},
+        {"type": "text", "text": "w15"},
+        {"type": "image", "image": _photo(2)},
+    ]
+    one = [
+        {"type": "image", "image": _photo(0)},
+        {"type": "text", "text": "w12"},
+        {"type": "image", "image": _photo(3)},
+    ]
+    chats = [[{"role": "user", "content": two}], [{"role": "user", "content": one}]]
+    prepared = Explainer(model).adapter.prepare(dict(encode_image_prompt(chats, processor)))
+    arguments = prepared.arguments
+    assert not arguments["attention_mask"].bool().all()  # one of them is left-padded
+    expected, _ = model.model.get_rope_index(
+        arguments["input_ids"],
+        mm_token_type_ids=arguments["mm_token_type_ids"],
+        image_grid_thw=arguments["image_grid_thw"],
+        attention_mask=arguments["attention_mask"],
+    )
+    assert torch.equal(arguments["position_ids"], expected)
+
+
 def test_qwen2_vl_two_images_in_one_prompt_get_one_map_each(qwen2_vl):
     model, processor = qwen2_vl
     chat = [

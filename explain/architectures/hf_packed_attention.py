@@ -151,7 +151,9 @@ def packed_recording(
 
     def see_images(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         grid = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
-        count = int(grid[:, 0].sum())
+        # Every image is one frame on one grid (the family's image_arguments checked it):
+        # the images are the grid's rows, and one read gives their tokens.
+        count = grid.shape[0]
         tokens = int(grid[0, 1] * grid[0, 2])
         for probe in probes:
             probe.images = (count, tokens)

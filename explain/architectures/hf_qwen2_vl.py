@@ -188,16 +188,27 @@ class HFQwen2VL(VisionLanguageModel):
         ids, mask = arguments["input_ids"], arguments["attention_mask"]
         return ((ids == self.image_token_id) & mask.bool()).to(torch.int32)
 
-    def position_ids(self, arguments: Mapping[str, Tensor]) -> Tensor:
-        """(3, B, T) multimodal rotary positions, as the model computes them (left padding
-        skipped), given to it so that its forward keeps no rope_deltas of ours."""
-        positions, _ = self.model.model.get_rope_index(
-            arguments["input_ids"],
-            mm_token_type_ids=self._modalities(arguments),
-            image_grid_thw=arguments["image_grid_thw"],
-            attention_mask=arguments["attention_mask"],
-        )
-        return positions
+    def position_ids(self, arguments: Mapping[str, Tensor], tokens: ImageTokens) -> Tensor:
+        """(3, B, T) multimodal rotary positions as the model computes them
+        (`get_rope_index`), given to it so that its forward keeps no rope_deltas of ours,
+        but for all texts at once and without reading the device (transformers' own reads
+        every image's grid, text by text): each text's real tokens in order (left padding
+        skipped, 0 there), a text token one after the token before it, the tokens of an
+        image (one frame, its (gh, gw) merged blocks) at the image's start position s
+        plus (0, row, column), and the text after an image from s + max(gh, gw) on."""
+        ids, mask = arguments["input_ids"], arguments["attention_mask"]
+        real = mask.bool()
+        image = (ids == self.image_token_id) & real
+        text = real & ~image
+        m = self._merge_size
+        rows, columns = tokens.grid[0] // m, tokens.grid[1] // m
+        texts_before = text.cumsum(dim=1) - text.long()  # exclusive counts
+        images_before = image.cumsum(dim=1) - image.long()
+        # a text token follows whole images: its image tokens before are a multiple of n
+        start = texts_before + images_before // tokens.per_image * max(rows, columns)
+        within = torch.where(image, images_before % tokens.per_image, 0)
+        positions = torch.stack([start, start + within // columns, start + within % columns])
+        return (positions * real).to(ids.dtype)
 
     def prepare(self, inputs: object) -> Prepared:
         """As every vision-language model, with `mm_token_type_ids` for the model's own

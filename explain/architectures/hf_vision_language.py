@@ -285,8 +285,9 @@ class VisionLanguageModel(LanguageModel):
         pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter, check_values=False)
         return {"pixel_values": pixels}, pixels.shape[0], []
 
-    def position_ids(self, arguments: Mapping[str, Tensor]) -> Tensor:
-        """The language model's positions: each text's real tokens counted from 0 (left
+    def position_ids(self, arguments: Mapping[str, Tensor], tokens: ImageTokens) -> Tensor:
+        """The language model's positions, for the prepared `arguments` whose images become
+        image tokens as `tokens` says: each text's real tokens counted from 0 (left
         padding skipped)."""
         return positions_from_mask(arguments["attention_mask"])
 
@@ -405,7 +406,7 @@ class VisionLanguageModel(LanguageModel):
                 f"the texts hold {held // tokens.per_image * ids.shape[0]} images but "
                 f"pixel_values {count}: one row of pixel_values per image"
             )
-        arguments["position_ids"] = self.position_ids(arguments)
+        arguments["position_ids"] = self.position_ids(arguments, tokens)
         order = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
         # real image positions first, in order (a stable sort keeps their order)
         image_at = torch.sort(torch.where(is_image, order, ids.shape[1] + order), dim=1).values
