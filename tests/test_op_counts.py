@@ -265,13 +265,26 @@ def _vision_language_answer(kind: str, new: int):
         turn = [{"type": "image", "image": photo}, {"type": "text", "text": "w12 w13 w14"}]
         encoded = encode_image_prompt([[{"role": "user", "content": turn}]] * 2, processor)
         encoded = Explainer(model).adapter.encode(encoded, processor)  # the tile layout
+    elif kind == "qwen2_vl":
+        model, processor = tiny_vlm.tiny_qwen2_vl(), tiny_vlm.tiny_qwen2_vl_processor()
+        photo = (np.random.default_rng(0).random((40, 60, 3)) * 255).astype(np.uint8)
+        turn = [{"type": "image", "image": photo}, {"type": "text", "text": "w12 w13 w14"}]
+        encoded = encode_image_prompt([[{"role": "user", "content": turn}]] * 2, processor)
     else:
         model, processor = tiny_vlm.tiny_paligemma(), tiny_vlm.tiny_paligemma_processor()
         photo = (np.random.default_rng(0).random((40, 60, 3)) * 255).astype(np.uint8)
         encoded = encode_image_prompt({"image": [photo] * 2, "text": ["w12 w13"] * 2}, processor)
     ids, mask = encoded["input_ids"], encoded["attention_mask"]
     answer = torch.randint(3, 40, (ids.shape[0], new), generator=torch.Generator().manual_seed(0))
-    kept = ("pixel_values", "token_type_ids", "pixel_attention_mask", "rows", "cols")
+    kept = (
+        "pixel_values",
+        "token_type_ids",
+        "pixel_attention_mask",
+        "rows",
+        "cols",
+        "image_grid_thw",
+        "mm_token_type_ids",
+    )
     extra = {k: torch.as_tensor(v) for k, v in encoded.items() if k in kept}
     adapter = Explainer(model).adapter
     extra = adapter.continued(extra, new)
@@ -284,14 +297,20 @@ def _vision_language_answer(kind: str, new: int):
     return model, processor, generation
 
 
-def _vision_language_floor(model, generation: Generation, tower: bool) -> None:
+def _vision_language_floor(
+    model, generation: Generation, tower: bool, positions: torch.Tensor | None
+) -> None:
     """One forward and one backward of every generated token's logit to the language
     model's input embeddings (the image tokens' among them, which the model scatters in
     from its projector), batched over the tokens; with `tower`, to the pixels as well, so
-    that the backward runs through the tower's blocks as depth "tower" needs it."""
+    that the backward runs through the tower's blocks as depth "tower" needs it. Qwen2-VL
+    takes its multimodal `positions`, which it cannot compute without the token ids."""
     ids, width = generation.input_ids, generation.prompt_length
     embeddings = model.get_input_embeddings()(ids).detach().requires_grad_()
-    extra = {k: v for k, v in generation.extra.items() if k not in ("rows", "cols")}
+    drop = ("rows", "cols", "mm_token_type_ids")
+    extra = {k: v for k, v in generation.extra.items() if k not in drop}
+    if positions is not None:
+        extra["position_ids"] = positions
     pixels = extra.pop("pixel_values").detach().requires_grad_(tower)
     logits = model(
         inputs_embeds=embeddings,
@@ -316,7 +335,7 @@ def _vision_language_cases() -> list[tuple[str, str, str]]:
     )
     return [
         (family, method, depth)
-        for family in ("llava", "paligemma", "idefics3")
+        for family in ("llava", "paligemma", "idefics3", "qwen2_vl")
         for method in methods
         for depth in DEPTHS
         if depth == "lm" or METHODS[method].default_start_layer is not None
@@ -325,33 +344,38 @@ def _vision_language_cases() -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("family, method, depth", _vision_language_cases())
 def test_vision_language_answers_cost_launches_like_one_token(family, method, depth):
-    """A tiny LLaVA's, PaliGemma's and Idefics3's answers of 8 and of 32 generated tokens
-    about a photo: every column from one forward and (but for the forward-only methods)
-    one backward batched over the columns; the image tokens of every column gathered and
-    carried back onto the photo at once. The floor is one forward and one backward of
-    every generated token to the language model's input embeddings, batched over the
-    tokens (with depth "tower", to the pixels too: that backward runs through the tower's
-    blocks). Each explanation costs at most 1.5x the floor's count, each further token at
-    most 1.5x what it adds to the floor, and the call, as the next token of the prompts
-    alone, waits for the device at most 8 times (2 of them the model's own checks that
-    image features and tokens match, or of its masks; the inputs' checks one). A method
-    without a backward folds every column from the one forward: its count grows at most
-    5% (the random baseline draws once per column). Measured with LLaVA from 8 to 32
-    tokens, where the floor grows 1.39x (1.64x to the pixels): rollout and raw attention
-    1.00x, generic 1.23x at depth lm and 1.35x at depth tower (1.16x and 1.09x the floor
-    at 32 tokens), attention GradCAM 1.13x, the random baseline 1.04x; 5 or 6 syncs per
-    answer, 7 or 8 for the next token (its logits' positions read, its output checked)."""
+    """A tiny LLaVA's, PaliGemma's, Idefics3's and Qwen2-VL's answers of 8 and of 32
+    generated tokens about a photo: every column from one forward and (but for the
+    forward-only methods) one backward batched over the columns; the image tokens of
+    every column gathered and carried back onto the photo at once. The floor is one
+    forward and one backward of every generated token to the language model's input
+    embeddings, batched over the tokens (with depth "tower", to the pixels too: that
+    backward runs through the tower's blocks). Each explanation costs at most 1.5x the
+    floor's count, each further token at most 1.5x what it adds to the floor, and the
+    call, as the next token of the prompts alone, waits for the device at most 8 times
+    (2 or 3 of them in the model's own forward: its checks that image features and
+    tokens match, its masks'; the inputs' checks one). A method without a backward folds
+    every column from the one forward: its count grows at most 5% (the random baseline
+    draws once per column). Measured with LLaVA from 8 to 32 tokens, where the floor
+    grows 1.39x (1.64x to the pixels): rollout and raw attention 1.00x, generic 1.23x at
+    depth lm and 1.35x at depth tower (1.16x and 1.09x the floor at 32 tokens),
+    attention GradCAM 1.13x, the random baseline 1.04x; 5 or 6 syncs per answer, 7 or 8
+    for the next token (its logits' positions read, its output checked)."""
     counts, floors = [], []
     for new in (8, 32):
         model, processor, generation = _vision_language_answer(family, new)
         explainer = Explainer(model, tokenizer=processor)
+        prepared = explainer.adapter.prepare(generation.inputs()).arguments
+        positions = prepared["position_ids"] if family == "qwen2_vl" else None
         counter = count_ops(
             lambda e=explainer, g=generation: explain_generation(e, g, method=method, depth=depth)
         )
         assert counter.syncs <= 8, counter.ops
         floors.append(
             count_ops(
-                lambda m=model, g=generation: _vision_language_floor(m, g, depth == "tower")
+                lambda m=model, g=generation, p=positions: _vision_language_floor(
+                    m, g, depth == "tower", p
+                )
             ).total
         )
         counts.append(counter.total)
