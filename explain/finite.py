@@ -15,7 +15,7 @@ from torch import Tensor
 
 from explain.errors import ExplainError, InputError
 
-__all__ = ["all_finite", "check_finite", "nonfinite_samples"]
+__all__ = ["all_finite", "check_finite", "nonfinite_error", "nonfinite_samples"]
 
 
 def all_finite(values: Iterable[Tensor]) -> bool:
@@ -33,6 +33,18 @@ def nonfinite_samples(values: Tensor) -> list[int]:
     return bad.nonzero().flatten().tolist()
 
 
+def nonfinite_error(
+    values: Tensor, what: str, advice: str, error: type[ExplainError] = InputError
+) -> ExplainError | None:
+    """The `error` that `check_finite` raises for `values`, or None where every value is
+    finite: for a caller that has read the finiteness with other checks at once."""
+    samples = nonfinite_samples(values)
+    if not samples:
+        return None
+    listed = ", ".join(map(str, samples[:10])) + (", ..." if len(samples) > 10 else "")
+    return error(f"{what} of samples {listed} is not finite (NaN or infinite); {advice}")
+
+
 def check_finite(
     values: Tensor, what: str, advice: str, error: type[ExplainError] = InputError
 ) -> None:
@@ -40,7 +52,6 @@ def check_finite(
 
     The message reads "`what` of samples I, J is not finite (NaN or infinite); `advice`".
     """
-    samples = nonfinite_samples(values)
-    if samples:
-        listed = ", ".join(map(str, samples[:10])) + (", ..." if len(samples) > 10 else "")
-        raise error(f"{what} of samples {listed} is not finite (NaN or infinite); {advice}")
+    found = nonfinite_error(values, what, advice, error)
+    if found is not None:
+        raise found

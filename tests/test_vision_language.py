@@ -343,6 +343,17 @@ def test_what_is_refused_says_why(model, processor):
         explainer.explain(cut)
     with pytest.raises(InputError, match="pixel_values"):
         explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"].repeat(2, 1, 1, 1)))
+    # The checks are read from the device at once; each refusal still says its own.
+    pixels = inputs["pixel_values"].clone()
+    pixels[0, 0, 0, 0] = float("nan")
+    with pytest.raises(InputError, match=r"pixel values .* of samples 0 is not finite"):
+        explainer.explain(dict(inputs, pixel_values=pixels))
+    ids = inputs["input_ids"]
+    first = int((ids[0] == IMAGE_TOKEN_ID).nonzero()[0])
+    with pytest.raises(InputError, match="same number of images"):
+        explainer.explain(
+            dict(inputs, input_ids=ids.clone().index_fill_(1, torch.tensor([first]), 9))
+        )
 
 
 def test_a_given_generation_is_explained_as_it_is(model, processor):
@@ -794,6 +805,35 @@ def test_qwen2_vl_a_left_padded_batch_equals_each_prompt_alone(qwen_version, ans
         pad = text.shape[-1] - single.shape[-1]
         torch.testing.assert_close(text[..., pad:], single, **close)
         assert (text[..., :pad] == 0).all()
+
+
+def test_qwen2_vl_rotary_positions_are_the_models_own(qwen2_vl):
+    """The multimodal rotary positions, computed for all texts at once without reading
+    the device, equal transformers' `get_rope_index`: left padding (0 there), text before,
+    between and after two images, and a text with one image beside it."""
+    model, processor = qwen2_vl
+    two = [
+        {"type": "text", "text": "w12 w13 w14"},
+        {"type": "image", "image": _photo(1)},
+        {"type": "text", "text": "w15"},
+        {"type": "image", "image": _photo(2)},
+    ]
+    one = [
+        {"type": "image", "image": _photo(0)},
+        {"type": "text", "text": "w12"},
+        {"type": "image", "image": _photo(3)},
+    ]
+    chats = [[{"role": "user", "content": two}], [{"role": "user", "content": one}]]
+    prepared = Explainer(model).adapter.prepare(dict(encode_image_prompt(chats, processor)))
+    arguments = prepared.arguments
+    assert not arguments["attention_mask"].bool().all()  # one of them is left-padded
+    expected, _ = model.model.get_rope_index(
+        arguments["input_ids"],
+        mm_token_type_ids=arguments["mm_token_type_ids"],
+        image_grid_thw=arguments["image_grid_thw"],
+        attention_mask=arguments["attention_mask"],
+    )
+    assert torch.equal(arguments["position_ids"], expected)
 
 
 def test_qwen2_vl_two_images_in_one_prompt_get_one_map_each(qwen2_vl):
@@ -1275,6 +1315,11 @@ def test_idefics3_the_tile_layout_from_the_tokens_or_given_and_what_is_refused(i
         Explainer(model).explain(dict(inputs, rows=[[1]], cols=[[2]]))
     with pytest.raises(InputError, match="both 0 for a photo not split"):
         Explainer(model).explain(dict(inputs, rows=[[0]], cols=[[3]]))
+    cut = torch.as_tensor(inputs["pixel_attention_mask"]).clone()
+    cut[0, 0, 0, 0] = 0  # a pixel of a real tile left out
+    for mask in (cut, cut[:, :1]):
+        with pytest.raises(InputError, match="explain reads whole tiles"):
+            Explainer(model).explain(dict(inputs, pixel_attention_mask=mask))
     with pytest.raises(InputError, match=r"\(B, images, 3, H, W\)"):
         Explainer(model).explain(dict(inputs, pixel_values=inputs["pixel_values"][0]))
     for method in ("attnlrp", "cp_lrp", "transformer_attribution"):
@@ -1397,3 +1442,18 @@ def test_the_page_shows_each_photo_once_whatever_its_tiles():
     assert shown == ["q", *each, "w", *each, "?"]
     expected = [0.0, 1.0, 6.0, 4.0, 6.0, 8.0, 9.0, 12.0, 12.0, 14.0, 16.0]
     assert relevance[0].tolist() == expected
+
+
+def test_readout_rows_at_several_positions_per_text(model, processor):
+    """`readout_at` as every language model's: (B,) positions give (B, T) one-hot rows,
+    (B, P) positions (a generation's columns) give (B, P, T), in the model's dtype."""
+    adapter = Explainer(model, tokenizer=processor).adapter
+    chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21 w22")])
+    prepared = adapter.prepare(_inputs(processor, chats))
+    width = prepared.layout.num_tokens
+    positions = torch.tensor([[width - 1, 0, 3], [2, width - 2, width - 1]])
+    rows = adapter.readout_at(prepared, positions)
+    assert rows.shape == (2, 3, width) and rows.dtype == torch.float64
+    expected = torch.nn.functional.one_hot(positions, width).double()
+    assert torch.equal(rows, expected)
+    assert torch.equal(adapter.readout_at(prepared, positions[:, 0]), expected[:, 0])

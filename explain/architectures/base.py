@@ -458,10 +458,13 @@ class LanguageModel(Adapter):
         backward batched over the positions runs no kernel once per position (an index's
         or a gather's does)."""
 
-    @abstractmethod
     def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
         """(B, T) readout rows, one-hot at each sample's position (B,); or (B, P, T) for
-        P positions per sample (B, P), all columns of a generation at once."""
+        P positions per sample (B, P), all columns of a generation at once. In the
+        model's dtype, on the device of the attention mask."""
+        mask = prepared.arguments["attention_mask"]
+        tokens = torch.arange(mask.shape[1], device=mask.device)
+        return (tokens == positions.to(mask.device)[..., None]).to(self.parameter.dtype)
 
 
 class Detector(Adapter):
@@ -509,9 +512,13 @@ def mean_rows(batch: int, num_tokens: int, tokens: range, parameter: Tensor) -> 
     return row
 
 
-def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Tensor:
+def validate_image_batch(
+    images: object, channels: int, parameter: Tensor, *, check_values: bool = True
+) -> Tensor:
     """Check that `images` is a finite, non-empty (B, C, H, W) tensor; return it on the
-    device and in the dtype of the model's `parameter`, usable by autograd."""
+    device and in the dtype of the model's `parameter`, usable by autograd. With
+    `check_values` False the values are left to the caller, who reads them from the
+    device together with its other checks (one wait instead of two)."""
     if isinstance(images, list | tuple) and not images:
         raise InputError("the batch is empty: pass at least one image")
     if not isinstance(images, Tensor):
@@ -534,11 +541,12 @@ def validate_image_batch(images: object, channels: int, parameter: Tensor) -> Te
         raise InputError(f"images must be floating point, got {images.dtype}")
     images = images.to(device=parameter.device, dtype=parameter.dtype)
     # Checked after the cast: a value finite in float32 can overflow the model's float16.
-    check_finite(
-        images,
-        f"the pixel values (as the model's {parameter.dtype})",
-        "give normalised images, finite and within the range of the model's dtype",
-    )
+    if check_values:
+        check_finite(
+            images,
+            f"the pixel values (as the model's {parameter.dtype})",
+            "give normalised images, finite and within the range of the model's dtype",
+        )
     if images.is_inference():  # made under inference_mode: autograd cannot save it
         images = images.clone()
     return images

@@ -134,13 +134,6 @@ class HuggingFaceCausalLM(HuggingFaceAdapter, LanguageModel):
         mask = prepared.arguments["attention_mask"]
         return self.readout_at(prepared, last_real_token(mask))
 
-    def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
-        """(B, T) readout rows, one-hot at each sample's explained position (B,); or
-        (B, P, T) for P positions per sample (B, P)."""
-        mask = prepared.arguments["attention_mask"]
-        tokens = torch.arange(mask.shape[1], device=mask.device)
-        return (tokens == positions.to(mask.device)[..., None]).to(self.parameter.dtype)
-
     def fused_path(self) -> FusedPath | None:
         """sdpa, with q, k, v seen through the attention interface (hf_attention_probe),
         for families that dispatch through it and have no soft-capping (Gemma 2)."""

@@ -24,7 +24,7 @@ maps are put together.
 The processor does not return the tile layout (it pops rows and cols): `encode` reads it
 from the `<row_i_col_j>` tokens of the text with the Explainer's tokenizer (the
 processor), and the layout travels among the prepared arguments as `rows` and `cols`
-(B, photos), which are not the model's (`model_arguments` leaves them out). Without a
+(B, photos) on the host, which are not the model's (`model_arguments` leaves them out). Without a
 tokenizer, give them with the processor's output (the image processor's
 `return_row_col_info=True`). The photos of one batch must be split alike: the maps are
 stacked.
@@ -32,6 +32,7 @@ stacked.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -42,6 +43,7 @@ from torch import Tensor, nn
 from explain.architectures.base import validate_image_batch
 from explain.architectures.hf_common import is_transformers_class
 from explain.architectures.hf_vision_language import (
+    DeviceCheck,
     ImageTokens,
     VisionLanguageModel,
     block_sources,
@@ -121,8 +123,11 @@ class HFIdefics3(VisionLanguageModel):
             return encoded
         return {**encoded, "rows": layout[0], "cols": layout[1]}
 
-    def _layout(self, inputs: Mapping[str, Any], batch: int) -> tuple[Tensor, Tensor]:
-        """`rows` and `cols` (B, photos) of the inputs, validated: one layout for all."""
+    def _layout(
+        self, inputs: Mapping[str, Any], batch: int
+    ) -> tuple[Tensor, Tensor, tuple[int, int]]:
+        """`rows` and `cols` (B, photos) of the inputs, validated, and the one (rows, cols)
+        of every photo."""
         if any(inputs.get(name) is None for name in _LAYOUT):
             raise InputError(
                 f"{type(self.model).__name__} splits each photo into tiles, a layout its "
@@ -132,7 +137,9 @@ class HFIdefics3(VisionLanguageModel):
                 "return_row_col_info=True)"
             )
         try:
-            rows, cols = (torch.as_tensor(inputs[name], dtype=torch.long) for name in _LAYOUT)
+            rows, cols = (
+                torch.as_tensor(inputs[name], dtype=torch.long, device="cpu") for name in _LAYOUT
+            )
         except (TypeError, ValueError):
             raise InputError(
                 "rows and cols give each text's photos' tiles (lists of ints, as many per "
@@ -144,24 +151,30 @@ class HFIdefics3(VisionLanguageModel):
                 f"rows and cols must be ({batch}, photos), one list per text; got shapes "
                 f"{tuple(rows.shape)} and {tuple(cols.shape)}"
             )
-        if rows.numel() == 0 or bool(((rows == 0) != (cols == 0)).any()) or bool((rows < 0).any()):
+        # A few numbers, checked on the host: one read of them (none for the lists the
+        # Explainer's tokenizer reads the layout into).
+        tiles = list(zip(*torch.stack([rows, cols]).flatten(1).tolist(), strict=True))
+        if not tiles or any((r == 0) != (c == 0) or r < 0 for r, c in tiles):
             raise InputError(
                 f"rows and cols must be positive, or both 0 for a photo not split; got "
                 f"{rows.tolist()} and {cols.tolist()}"
             )
-        if bool((rows != rows[0, 0]).any()) or bool((cols != cols[0, 0]).any()):
+        if any(tile != tiles[0] for tile in tiles):
             raise InputError(
                 f"the photos of a batch must be split alike (one map size to stack), got "
                 f"rows {rows.tolist()} and cols {cols.tolist()}: explain photos of other "
                 "shapes apart, or give the processor do_image_splitting=False"
             )
-        device = self.parameter.device
-        return rows.to(device), cols.to(device)
+        # Kept on the host: only the host reads them (the model does not take them).
+        return rows, cols, tiles[0]
 
-    def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
+    def image_arguments(
+        self, inputs: Mapping[str, Any]
+    ) -> tuple[dict[str, Tensor], int, list[DeviceCheck]]:
         """`pixel_values` (B, images, 3, t, t): each text's tiles and global images (all-zero
         images pad a text with fewer, and the model drops them), `pixel_attention_mask`
-        where given, and the tile layout `rows`, `cols` (B, photos)."""
+        where given, and the tile layout `rows`, `cols` (B, photos); the images each text
+        holds, and the pixel mask's cover, checked with `prepare`'s checks."""
         pixels = inputs["pixel_values"]
         if not isinstance(pixels, Tensor) or pixels.dim() != 5:
             shape = tuple(pixels.shape) if isinstance(pixels, Tensor) else type(pixels).__name__
@@ -170,7 +183,7 @@ class HFIdefics3(VisionLanguageModel):
                 f"text's tiles and global images; got {shape}: give the processor's output"
             )
         batch, count = pixels.shape[:2]
-        flat = validate_image_batch(pixels.flatten(0, 1), 3, self.parameter)
+        flat = validate_image_batch(pixels.flatten(0, 1), 3, self.parameter, check_values=False)
         side = flat.shape[-1]
         block = int(self.tower.config.patch_size) * self._shuffle
         if flat.shape[-2] != side or side % block:
@@ -180,34 +193,46 @@ class HFIdefics3(VisionLanguageModel):
             )
         real = (flat != 0).flatten(1).any(dim=1).reshape(batch, count)
         arguments = {"pixel_values": flat.reshape(pixels.shape)}
+        rows, cols, (tile_rows, tile_cols) = self._layout(inputs, batch)
+        checks = []
         mask = inputs.get("pixel_attention_mask")
         if mask is not None:
             mask = torch.as_tensor(mask, device=flat.device)
-            if mask.shape != (batch, count, side, side) or not bool(mask[real].bool().all()):
-                raise InputError(
-                    "explain reads whole tiles: pixel_attention_mask must be "
-                    f"({batch}, {count}, {side}, {side}) and keep every pixel of every image "
-                    "(the processor pads only with images it leaves out)"
-                )
+            if mask.shape != (batch, count, side, side):
+                raise self._partial_tiles(batch, count, side)
             arguments["pixel_attention_mask"] = mask
-        rows, cols = self._layout(inputs, batch)
-        tiles = int(rows[0, 0]) * int(cols[0, 0])
+            partial = functools.partial(self._partial_tiles, batch, count, side)
+            checks.append(DeviceCheck(mask[real].bool().all(), partial))
+        tiles = tile_rows * tile_cols
         expected = rows.shape[1] * (tiles + 1 if tiles else 1)
         held = real.sum(dim=1)
-        if bool((held != expected).any()):
-            raise InputError(
-                f"the tile layout ({rows.shape[1]} photos per text, {int(rows[0, 0])} x "
-                f"{int(cols[0, 0])} tiles each, and a global image) says {expected} images "
+
+        def layout_differs() -> InputError:
+            return InputError(
+                f"the tile layout ({rows.shape[1]} photos per text, {tile_rows} x "
+                f"{tile_cols} tiles each, and a global image) says {expected} images "
                 f"per text, pixel_values holds {held.tolist()} (the model drops all-zero "
                 "images): give the layout of these pixels"
             )
-        return {**arguments, "rows": rows, "cols": cols}, int(held.sum())
+
+        checks.append(DeviceCheck((held == expected).all(), layout_differs))
+        # every text holds `expected` images where the checks pass
+        return {**arguments, "rows": rows, "cols": cols}, batch * expected, checks
+
+    @staticmethod
+    def _partial_tiles(batch: int, count: int, side: int) -> InputError:
+        return InputError(
+            "explain reads whole tiles: pixel_attention_mask must be "
+            f"({batch}, {count}, {side}, {side}) and keep every pixel of every image "
+            "(the processor pads only with images it leaves out)"
+        )
 
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
         side = arguments["pixel_values"].shape[-1]
         grid = side // int(self.tower.config.patch_size)
         sources = block_sources((grid, grid), self._shuffle, arguments["pixel_values"].device)
-        rows, cols = int(arguments["rows"][0, 0]), int(arguments["cols"][0, 0])
+        # host tensors (`_layout`): read without a wait for the device
+        rows, cols = arguments["rows"][0, 0].tolist(), arguments["cols"][0, 0].tolist()
         size = (rows * side, cols * side) if rows else (side, side)
         return ImageTokens(
             grid=(grid, grid), tower_prefix=0, sources=sources, input_size=size, tiles=(rows, cols)

@@ -144,15 +144,19 @@ def packed_recording(
     tower: nn.Module, attention: Sequence[nn.Module], projections: Sequence[nn.Module]
 ) -> Iterator[None]:
     """What a call of a model with the packed `tower` needs in place (module docstring):
-    the wrapper registered, the tower's images read from its `grid_thw` (k rows (1, h, w)
-    of one grid), and each `attention` module's pieces shown as its output enters its
-    output projection (`projections`, in the same order)."""
+    the wrapper registered, the tower's images seen in its `grid_thw` (k rows (1, h, w)
+    of one grid) and its patches, and each `attention` module's pieces shown as its
+    output enters its output projection (`projections`, in the same order)."""
     probes = [probe_of(module, PackedProbe) for module in attention]
 
     def see_images(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         grid = kwargs["grid_thw"] if "grid_thw" in kwargs else args[1]
-        count = int(grid[:, 0].sum())
-        tokens = int(grid[0, 1] * grid[0, 2])
+        patches = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        # Every image is one frame on one grid (the family's image_arguments checked it):
+        # the images are the grid's rows, the patches shared equally among them, so
+        # nothing is read from the device.
+        count = grid.shape[0]
+        tokens = patches.shape[0] // count
         for probe in probes:
             probe.images = (count, tokens)
 

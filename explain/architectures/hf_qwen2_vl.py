@@ -43,12 +43,12 @@ from explain.architectures.hf_attention_probe import (
 from explain.architectures.hf_common import is_transformers_class
 from explain.architectures.hf_packed_attention import packed_recording, packed_sites
 from explain.architectures.hf_vision_language import (
+    DeviceCheck,
     ImageTokens,
     VisionLanguageModel,
     block_sources,
 )
 from explain.errors import InputError
-from explain.finite import check_finite
 
 __all__ = ["HFQwen2VL"]
 
@@ -115,9 +115,12 @@ class HFQwen2VL(VisionLanguageModel):
         sites = [*tower, *(dataclasses.replace(s, layer=s.layer + offset) for s in path.sites)]
         return dataclasses.replace(path, sites=sites, context=self._packed_recording)
 
-    def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
+    def image_arguments(
+        self, inputs: Mapping[str, Any]
+    ) -> tuple[dict[str, Tensor], int, list[DeviceCheck]]:
         """`pixel_values` (N, 3 * t * p * p) flattened patches and `image_grid_thw` (k, 3),
-        every image one frame on one grid of whole 2 x 2 blocks."""
+        every image one frame on one grid of whole 2 x 2 blocks (checked on the host: the
+        grids are a few numbers, read once)."""
         if inputs.get("pixel_values_videos") is not None:
             raise InputError(f"{type(self.model).__name__}: videos are not explained, images are")
         grid = inputs.get("image_grid_thw")
@@ -137,20 +140,20 @@ class HFQwen2VL(VisionLanguageModel):
             )
         if not pixels.is_floating_point():
             raise InputError(f"pixel_values must be floating point, got {pixels.dtype}")
-        grid = grid.to(device=self.parameter.device, dtype=torch.long)
-        if len(grid) == 0 or bool((grid[:, 0] != 1).any()) or bool((grid != grid[0]).any()):
+        grids = grid.long().tolist()  # one read of the few numbers every check needs
+        if not grids or any(g[0] != 1 or g != grids[0] for g in grids):
             raise InputError(
                 f"every image must be one frame on the same patch grid (one photo size), got "
-                f"image_grid_thw {grid.tolist()}: resize the photos alike"
+                f"image_grid_thw {grids}: resize the photos alike"
             )
-        if int(grid.prod(dim=1).sum()) != pixels.shape[0]:
+        patches = len(grids) * grids[0][1] * grids[0][2]
+        if patches != pixels.shape[0]:
             raise InputError(
-                f"pixel_values holds {pixels.shape[0]} patches but image_grid_thw says "
-                f"{int(grid.prod(dim=1).sum())}"
+                f"pixel_values holds {pixels.shape[0]} patches but image_grid_thw says {patches}"
             )
+        grid = grid.to(device=self.parameter.device, dtype=torch.long)
         pixels = pixels.to(device=self.parameter.device, dtype=self.parameter.dtype)
-        check_finite(pixels, "the pixel values", "give the processor's normalised patches")
-        return {"pixel_values": pixels, "image_grid_thw": grid}, len(grid)
+        return {"pixel_values": pixels, "image_grid_thw": grid}, len(grid), []
 
     def block_order(self, grid: tuple[int, int]) -> Tensor:
         """The merged block (row-major on the merged grid) at each of the tower's block
@@ -169,7 +172,7 @@ class HFQwen2VL(VisionLanguageModel):
         return rows * grid[1] + block % columns * m + inside % m
 
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
-        _, h, w = (int(n) for n in arguments["image_grid_thw"][0])
+        _, h, w = arguments["image_grid_thw"][0].tolist()
         device = arguments["image_grid_thw"].device
         patches = block_sources((h, w), self._merge_size, device)
         patch = int(self.tower.config.patch_size)
@@ -185,16 +188,27 @@ class HFQwen2VL(VisionLanguageModel):
         ids, mask = arguments["input_ids"], arguments["attention_mask"]
         return ((ids == self.image_token_id) & mask.bool()).to(torch.int32)
 
-    def position_ids(self, arguments: Mapping[str, Tensor]) -> Tensor:
-        """(3, B, T) multimodal rotary positions, as the model computes them (left padding
-        skipped), given to it so that its forward keeps no rope_deltas of ours."""
-        positions, _ = self.model.model.get_rope_index(
-            arguments["input_ids"],
-            mm_token_type_ids=self._modalities(arguments),
-            image_grid_thw=arguments["image_grid_thw"],
-            attention_mask=arguments["attention_mask"],
-        )
-        return positions
+    def position_ids(self, arguments: Mapping[str, Tensor], tokens: ImageTokens) -> Tensor:
+        """(3, B, T) multimodal rotary positions as the model computes them
+        (`get_rope_index`), given to it so that its forward keeps no rope_deltas of ours,
+        but for all texts at once and without reading the device (transformers' own reads
+        every image's grid, text by text): each text's real tokens in order (left padding
+        skipped, 0 there), a text token one after the token before it, the tokens of an
+        image (one frame, its (gh, gw) merged blocks) at the image's start position s
+        plus (0, row, column), and the text after an image from s + max(gh, gw) on."""
+        ids, mask = arguments["input_ids"], arguments["attention_mask"]
+        real = mask.bool()
+        image = (ids == self.image_token_id) & real
+        text = real & ~image
+        m = self._merge_size
+        rows, columns = tokens.grid[0] // m, tokens.grid[1] // m
+        texts_before = text.cumsum(dim=1) - text.long()  # exclusive counts
+        images_before = image.cumsum(dim=1) - image.long()
+        # a text token follows whole images: its image tokens before are a multiple of n
+        start = texts_before + images_before // tokens.per_image * max(rows, columns)
+        within = torch.where(image, images_before % tokens.per_image, 0)
+        positions = torch.stack([start, start + within // columns, start + within % columns])
+        return (positions * real).to(ids.dtype)
 
     def prepare(self, inputs: object) -> Prepared:
         """As every vision-language model, with `mm_token_type_ids` for the model's own

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from abc import abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -36,7 +36,6 @@ from explain.architectures.base import (
     TokenLayout,
     TokenSet,
     TokenSets,
-    one_hot_rows,
     validate_image_batch,
 )
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
@@ -51,11 +50,12 @@ from explain.architectures.hf_common import (
     recorded_output,
     sliced_logits,
 )
-from explain.errors import InputError, UnsupportedModelError
+from explain.errors import ExplainError, InputError, UnsupportedModelError
+from explain.finite import nonfinite_error
 from explain.image_prompts import encode_image_prompt, is_image_prompt
 from explain.tokenizing import token_strings
 
-__all__ = ["ImageTokens", "VisionLanguageModel", "block_sources"]
+__all__ = ["DeviceCheck", "ImagePrepared", "ImageTokens", "VisionLanguageModel", "block_sources"]
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,31 @@ class ImageTokens:
         return (tiles + whole).flatten(-2)
 
 
+@dataclass(frozen=True)
+class DeviceCheck:
+    """A check of the inputs whose answer lies on the device: `holds` (a 0-d bool
+    tensor), and the error to raise where it does not (made only then, so that its
+    message may read the device). `VisionLanguageModel.prepare` reads every check of a
+    call at once: one wait for the device instead of one per check."""
+
+    holds: Tensor
+    error: Callable[[], ExplainError]
+
+
+@dataclass(frozen=True)
+class ImagePrepared(Prepared):
+    """A vision-language model's prepared inputs, with what its checks found out about
+    the images, so that no later step reads the device again for it.
+
+    Attributes:
+        tokens: how each image becomes image tokens (the family's `image_tokens`).
+        image_at: (B, k * n) each text's image-token positions, image by image.
+    """
+
+    tokens: ImageTokens
+    image_at: Tensor
+
+
 def _heads(config: Any) -> int:
     """The attention heads a tower's or language model's `config` names."""
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "num_heads", 1)
@@ -250,14 +275,19 @@ class VisionLanguageModel(LanguageModel):
         """How each image of the prepared model `arguments` (their `image_arguments`)
         becomes image tokens (the same for all)."""
 
-    def image_arguments(self, inputs: Mapping[str, Any]) -> tuple[dict[str, Tensor], int]:
-        """The model's image inputs from the processor's output, validated, and how many
-        images they hold: here `pixel_values`, one (3, H, W) row per image."""
-        pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter)
-        return {"pixel_values": pixels}, pixels.shape[0]
+    def image_arguments(
+        self, inputs: Mapping[str, Any]
+    ) -> tuple[dict[str, Tensor], int, list[DeviceCheck]]:
+        """The model's image inputs from the processor's output, validated, how many images
+        they hold, and the checks whose answers lie on the device, which `prepare` reads
+        with its own at once: here `pixel_values`, one (3, H, W) row per image, and no
+        such check. A family leaves the finiteness of `pixel_values` to `prepare` too."""
+        pixels = validate_image_batch(inputs["pixel_values"], 3, self.parameter, check_values=False)
+        return {"pixel_values": pixels}, pixels.shape[0], []
 
-    def position_ids(self, arguments: Mapping[str, Tensor]) -> Tensor:
-        """The language model's positions: each text's real tokens counted from 0 (left
+    def position_ids(self, arguments: Mapping[str, Tensor], tokens: ImageTokens) -> Tensor:
+        """The language model's positions, for the prepared `arguments` whose images become
+        image tokens as `tokens` says: each text's real tokens counted from 0 (left
         padding skipped)."""
         return positions_from_mask(arguments["attention_mask"])
 
@@ -308,7 +338,10 @@ class VisionLanguageModel(LanguageModel):
             return inputs
         return encode_image_prompt(inputs, tokenizer)
 
-    def prepare(self, inputs: object) -> Prepared:
+    def prepare(self, inputs: object) -> ImagePrepared:
+        """The inputs validated (`prepare_text`, `image_arguments`), and where each text's
+        image tokens lie. Every check of the pixels and the image tokens is read from the
+        device at once (one wait), each refusal then said precisely."""
         if isinstance(inputs, Mapping) and "pixel_values" not in inputs:
             raise InputError(
                 "a vision-language model is explained with its image: give pixel_values "
@@ -329,29 +362,61 @@ class VisionLanguageModel(LanguageModel):
             type_vocab_size=2,
         )
         assert isinstance(inputs, Mapping)
-        images, count = self.image_arguments(inputs)
+        images, count, checks = self.image_arguments(inputs)
         arguments.update(images)
         ids, mask = arguments["input_ids"], arguments["attention_mask"]
         tokens = self.image_tokens(arguments)
-        counts = ((ids == self.image_token_id) & mask.bool()).sum(dim=1)
-        per_sample = counts // tokens.per_image
-        if bool((counts % tokens.per_image != 0).any()) or bool(
-            (per_sample != per_sample[0]).any()
-        ):
-            raise InputError(
+        is_image = (ids == self.image_token_id) & mask.bool()
+        counts = is_image.sum(dim=1)
+        pixels = arguments["pixel_values"]
+
+        def not_finite() -> ExplainError:
+            found = nonfinite_error(
+                pixels,
+                f"the pixel values (as the model's {self.parameter.dtype})",
+                "give normalised images, finite and within the range of the model's dtype",
+            )
+            assert found is not None  # the device said so
+            return found
+
+        def uneven() -> ExplainError:
+            return InputError(
                 f"every text must hold the same number of images, each a run of "
                 f"{tokens.per_image} image tokens (id {self.image_token_id}); got "
                 f"{counts.tolist()} image tokens: use the model's processor"
             )
-        if int(per_sample[0]) == 0:
+
+        checks = [
+            DeviceCheck(pixels.isfinite().all(), not_finite),
+            *checks,
+            DeviceCheck(((counts % tokens.per_image == 0) & (counts == counts[0])).all(), uneven),
+        ]
+        # One wait for the device: every check's flag and the first text's count, packed
+        # into one integer; the first failing check then says what it found.
+        flags = sum(check.holds.long() << bit for bit, check in enumerate(checks))
+        state = int(flags + (counts[0] << len(checks)))
+        for bit, check in enumerate(checks):
+            if not state >> bit & 1:
+                raise check.error()
+        held = state >> len(checks)
+        if held == 0:
             raise InputError("the texts hold no image token: put the image in the prompt")
-        if int(per_sample.sum()) != count:
+        if held // tokens.per_image * ids.shape[0] != count:
             raise InputError(
-                f"the texts hold {int(per_sample.sum())} images but pixel_values "
-                f"{count}: one row of pixel_values per image"
+                f"the texts hold {held // tokens.per_image * ids.shape[0]} images but "
+                f"pixel_values {count}: one row of pixel_values per image"
             )
-        arguments["position_ids"] = self.position_ids(arguments)
-        return Prepared(batch_size=ids.shape[0], layout=TokenLayout.text(mask), arguments=arguments)
+        arguments["position_ids"] = self.position_ids(arguments, tokens)
+        order = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        # real image positions first, in order (a stable sort keeps their order)
+        image_at = torch.sort(torch.where(is_image, order, ids.shape[1] + order), dim=1).values
+        return ImagePrepared(
+            batch_size=ids.shape[0],
+            layout=TokenLayout.text(mask),
+            arguments=arguments,
+            tokens=tokens,
+            image_at=image_at[:, :held],
+        )
 
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         """The model's other per-prompt inputs (`extra`: pixel values, token types) for the
@@ -365,24 +430,14 @@ class VisionLanguageModel(LanguageModel):
         found (nothing here; a family whose generation caches state on the model says)."""
         yield
 
-    def image_positions(self, prepared: Prepared) -> Tensor:
-        """(B, k * n): each text's image-token positions, image by image."""
-        ids, mask = prepared.arguments["input_ids"], prepared.arguments["attention_mask"]
-        is_image = (ids == self.image_token_id) & mask.bool()
-        order = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-        count = int(is_image[0].sum())
-        # real image positions first, in order (stable sort keeps their order)
-        return torch.sort(torch.where(is_image, order, ids.shape[1] + order), dim=1).values[
-            :, :count
-        ]
-
     def attention_maps(self, prepared: Prepared) -> list[tuple[int, int, int]]:
         """The tower's blocks over each image of its batch (a photo's tiles each one),
         and the language model's over the texts: a photo's tower maps are often the
         larger (Qwen2-VL's thousands of patches against its hundreds of image tokens)."""
-        tokens = self.image_tokens(prepared.arguments)
+        assert isinstance(prepared, ImagePrepared)
+        tokens = prepared.tokens
         batch = prepared.batch_size
-        images = batch * self.image_positions(prepared).shape[1] // tokens.per_image
+        images = batch * prepared.image_at.shape[1] // tokens.per_image
         tower_maps = images * _heads(self.tower.config)
         text_maps = batch * _heads(self.language_model.config)
         return [
@@ -393,7 +448,8 @@ class VisionLanguageModel(LanguageModel):
     def image_layout(self, prepared: Prepared) -> TokenLayout:
         """The layout of the image set: the photo's patch grid (the tower's, or its tiles'
         side by side) on the processed photo."""
-        tokens = self.image_tokens(prepared.arguments)
+        assert isinstance(prepared, ImagePrepared)
+        tokens = prepared.tokens
         return TokenLayout.image(tokens.photo_grid, tokens.input_size, num_prefix_tokens=0)
 
     def sets(self, prepared: Prepared) -> Sequence[TokenSet]:
@@ -448,7 +504,3 @@ class VisionLanguageModel(LanguageModel):
 
     def readout(self, prepared: Prepared) -> Tensor:
         return self.readout_at(prepared, last_real_token(prepared.arguments["attention_mask"]))
-
-    def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
-        mask = prepared.arguments["attention_mask"]
-        return one_hot_rows(mask.shape[0], mask.shape[1], positions.to(mask.device), self.parameter)

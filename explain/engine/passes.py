@@ -136,6 +136,10 @@ class PlanView(Protocol):
     def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
         """One column's token relevance per set, from its sink."""
 
+    def read_columns(self, sinks: Sequence[ColumnSink]) -> PerColumn:
+        """Every column's token relevance per set, from the columns' sinks in order: as
+        `read` of each, with work that a plan can do for all columns at once done once."""
+
 
 class Pass(ABC):
     """One way through the model for a method (module docstring).
@@ -256,7 +260,7 @@ class ForwardPass(Pass):
             spread.finish()
         if stream:
             self.taken = "streamed"
-        results = [plan.read(k, sink) for k, sink in enumerate(sinks)]
+        results = plan.read_columns(sinks)
         return columns, results if len(sinks) > 1 else results * columns.scores.shape[1]
 
 
@@ -298,7 +302,7 @@ class AttentionGradientPass(Pass):
             fold.finish()
             if fused and isinstance(fold, SpreadFold):  # a last block's A is recomputed whole
                 self.taken = "streamed"
-        return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
+        return columns, plan.read_columns(sinks)
 
 
 class LrpWalkPass(Pass):
@@ -414,7 +418,7 @@ class EmbeddingGradientPass(Pass):
                 relevances = call.relevance(gradients, plan.prepared.layout).unbind()
                 for row, k in enumerate(chunk):
                     sinks[k].add_input(relevances[row])
-        return columns, [plan.read(k, sink) for k, sink in enumerate(sinks)]
+        return columns, plan.read_columns(sinks)
 
 
 PASSES: tuple[type[Pass], ...] = (

@@ -46,6 +46,7 @@ __all__ = [
     "co_attention_update",
     "cross_attention_update",
     "normalize_residual",
+    "row_at",
     "self_attention_update",
     "two_set_relevance",
 ]
@@ -315,12 +316,14 @@ def _joined(chunks: Sequence[TwoSetRelevance]) -> TwoSetRelevance:
 
 def _rows_at(state: TwoSetRelevance, rows: Tensor) -> tuple[Tensor, Tensor]:
     """Row `rows[..., b]` of R_qi and of R_qq ((..., B, n, m)) for each sample b."""
+    return row_at(state.qi, rows), row_at(state.qq, rows)
 
-    def row(matrix: Tensor) -> Tensor:
-        index = rows[..., None, None].expand(*rows.shape, 1, matrix.shape[-1])
-        return matrix.gather(-2, index).squeeze(-2)
 
-    return row(state.qi), row(state.qq)
+def row_at(matrix: Tensor, rows: Tensor) -> Tensor:
+    """Row `rows[..., b]` of `matrix` (..., B, n, m) for each sample b: (..., B, m), for
+    any leading dimensions (columns) at once."""
+    index = rows[..., None, None].expand(*rows.shape, 1, matrix.shape[-1])
+    return matrix.gather(-2, index).squeeze(-2)
 
 
 def _abar(attention: Tensor, gradient: Tensor | None) -> Tensor:

@@ -280,6 +280,11 @@ class Plan:
         maps it onto the input)."""
         return sink.result()
 
+    def read_columns(self, sinks: Sequence[ColumnSink]) -> list[dict[str, Tensor]]:
+        """Every column's token relevance per set (`read` of each column's sink); a plan
+        that can read all columns at once overrides it."""
+        return [self.read(column, sink) for column, sink in enumerate(sinks)]
+
     # -- scores -------------------------------------------------------------------------
 
     def columns(self, output: Tensor) -> Columns:

@@ -15,6 +15,7 @@ The detections themselves (queries, labels, scores, boxes) are `Explanation.dete
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from explain.engine.plans.base import Plan
 from explain.engine.request import Request
 from explain.errors import OptionError, TargetError
 from explain.rules import Method
-from explain.rules.coattention import BlockRole, TwoSetFold
+from explain.rules.coattention import BlockRole, TwoSetFold, row_at
 from explain.targets import select_scores
 
 __all__ = ["DEFAULT_THRESHOLD", "DetectionPlan"]
@@ -123,10 +124,23 @@ class DetectionPlan(Plan):
         return Columns(scores, self._labels, picked.detach())
 
     def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
-        state = sink.result()
-        at = self.chosen[:, column]
-        rows = torch.arange(at.shape[0], device=at.device)
-        return {"image": state.qi[rows, at], "queries": state.qq[rows, at]}
+        return self._read_rows([sink], self.chosen[:, column : column + 1])[0]
+
+    def read_columns(self, sinks: Sequence[ColumnSink]) -> list[dict[str, Tensor]]:
+        """Every detection's rows at its query, read for all columns at once."""
+        return self._read_rows(sinks, self.chosen)
+
+    def _read_rows(self, sinks: Sequence[ColumnSink], chosen: Tensor) -> list[dict[str, Tensor]]:
+        """Row `chosen[b, k]` of column k's R_qi and R_qq for each sample b, for the
+        columns' sinks (as many as `chosen` (B, K) has columns)."""
+        states = [sink.result() for sink in sinks]
+        rows = chosen.transpose(0, 1)  # (K, B)
+        image = row_at(torch.stack([state.qi for state in states]), rows)
+        queries = row_at(torch.stack([state.qq for state in states]), rows)
+        return [
+            {"image": qi, "queries": qq}
+            for qi, qq in zip(image.unbind(), queries.unbind(), strict=True)
+        ]
 
     def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
         result = {}

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, LanguageModel
+from explain.architectures.base import Adapter, LanguageModel, Prepared
 from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
@@ -25,7 +25,7 @@ from explain.errors import InputError, OptionError
 from explain.rules import Method
 from explain.targets import select_scores
 
-__all__ = ["GenerationPlan", "require_causal_lm"]
+__all__ = ["GenerationPlan", "column_rows", "require_causal_lm"]
 
 
 def require_causal_lm(adapter: Adapter) -> LanguageModel:
@@ -57,6 +57,20 @@ def read_out_at(width: int, valid: Tensor) -> slice:
     """The positions P - 1 .. P + G - 2 that the G generated tokens (`valid` (B, G)) after
     prompts of width P are read out at, as the slice `LanguageModel.logits_at` takes."""
     return slice(width - 1, width - 1 + valid.shape[1])
+
+
+def column_rows(
+    lm: LanguageModel, prepared: Prepared, at: Tensor, token_mask: Tensor
+) -> list[tuple[Tensor, Tensor]]:
+    """Each column's readout row (B, T), one-hot at its position `at` (C,), and its token
+    mask (B, T), `token_mask` blind to the tokens after that position: made for every
+    column at once (a generation's cost must not grow with its tokens beyond its batched
+    backward)."""
+    batch = prepared.batch_size
+    readouts = lm.readout_at(prepared, at.expand(batch, -1)).transpose(0, 1)  # (C, B, T)
+    tokens = torch.arange(token_mask.shape[1], device=at.device)
+    seen = token_mask[None] & (tokens <= at[:, None])[:, None, :]  # (C, B, T)
+    return list(zip(readouts.unbind(), seen.unbind(), strict=True))
 
 
 class GenerationPlan(Plan):
@@ -115,21 +129,17 @@ class GenerationPlan(Plan):
         return self.column_sinks(len(self.positions))
 
     def _column_sinks(self, columns: range) -> list[ColumnSink]:
-        """The sinks of `columns`, their readout rows and token masks made at once (a
-        generation's cost must not grow with its tokens beyond its batched backward)."""
+        """The sinks of `columns`, their readout rows and token masks made at once
+        (`column_rows`)."""
         (text,) = self.sets
         layout = text.layout
         assert layout.token_mask is not None  # a text layout masks its pads
         at = self.positions[columns.start : columns.stop]
-        batch = self.prepared.batch_size
-        readouts = self.lm.readout_at(self.prepared, at.expand(batch, -1)).transpose(0, 1)
-        tokens = torch.arange(layout.token_mask.shape[1], device=at.device)
-        seen = layout.token_mask[None] & (tokens <= at[:, None])[:, None, :]  # (P, B, T)
         return [
             self._set_sinks(
                 [replace(text, readout=readout, layout=replace(layout, token_mask=mask))]
             )
-            for readout, mask in zip(readouts.unbind(), seen.unbind(), strict=True)
+            for readout, mask in column_rows(self.lm, self.prepared, at, layout.token_mask)
         ]
 
     def columns(self, output: Tensor) -> Columns:

@@ -27,33 +27,75 @@ Two depths (option `depth`, stated in `Explanation.settings`):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal, cast
 
 import torch
 from torch import Tensor
 
 from explain.architectures.base import Adapter, TokenLayout
-from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
+from explain.architectures.hf_vision_language import (
+    ImagePrepared,
+    ImageTokens,
+    VisionLanguageModel,
+)
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, ForwardPass
 from explain.engine.plans.base import Plan, per_set, resolve_start_layer
-from explain.engine.plans.generation import generated_tokens, read_out_at
+from explain.engine.plans.generation import column_rows, generated_tokens, read_out_at
 from explain.engine.request import Request
 from explain.engine.spread import ReadOut
 from explain.errors import OptionError
 from explain.rules import Method, RuleContext, Sink
 from explain.targets import select_scores
 
-__all__ = ["DEPTHS", "Depth", "ImageTextPlan", "ImageTextSink"]
+__all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextPlan", "ImageTextSink"]
 
 Depth = Literal["lm", "tower"]
 DEPTHS: tuple[Depth, ...] = ("lm", "tower")
 
 
+@dataclass(frozen=True)
+class ImageAt:
+    """Where each text's image tokens lie (`at` (B, k * n)) and how they go back onto the
+    tower's tokens and the photo (`tokens`): every mapping batched over leading
+    dimensions, so that all columns of a call map at once."""
+
+    at: Tensor
+    tokens: ImageTokens
+
+    def on_tower(self, relevance: Tensor) -> Tensor:
+        """(..., B, T) relevance over the text -> (..., B, k * tower images, tower tokens):
+        the relevance at the image tokens of each image of the tower's batch, carried back
+        through the projector's merge onto the tower's tokens."""
+        at = self.at.expand(*relevance.shape[:-2], *self.at.shape)
+        picked = relevance.gather(-1, at).unflatten(-1, (-1, self.tokens.per_image))
+        return self.tokens.to_tower(picked)
+
+    def tower_rows(self, relevance: Tensor) -> Tensor:
+        """(..., B, T) the language model's folded rows -> (..., the tower's batch, tower
+        tokens): the tower's readout rows."""
+        return self.on_tower(relevance).flatten(-3, -2)
+
+    def split(self, text: Tensor, tower: Tensor | None) -> dict[str, Tensor]:
+        """The language model's relevance (..., B, T) and, at depth "tower", the tower's
+        (..., the tower's batch, tower tokens) -> "image" (..., B, k, tokens on the photo)
+        and "text" (..., B, T), the image tokens' positions 0."""
+        if tower is None:
+            image = self.on_tower(text)
+        else:
+            image = tower.unflatten(-2, (text.shape[-2], -1))
+        # the tower's order made row-major, a photo's tiles put together on it
+        image = self.tokens.to_photo(image)
+        at = self.at.expand(*text.shape[:-2], *self.at.shape)
+        return {"image": image, "text": text.scatter(-1, at, 0.0)}
+
+
 class ImageTextSink:
     """One column's sink: the method's sink over the language model's blocks and, for
     depth "tower", the method's sink over the tower's blocks `tower_layers`, built once the
-    language model's fold is known (its readout row comes from it).
+    language model's fold is known (its readout row comes from it). Its `result()` is the
+    folds' rows, (the language model's (B, T), the tower's or None), which the plan maps
+    onto the photo and the text for every column at once (`ImageAt.split`).
 
     Layers arrive with their model-wide numbers: the tower's are 0..V-1, the language
     model's V.... With gradients the language model's blocks arrive first (they are
@@ -66,15 +108,13 @@ class ImageTextSink:
         self,
         text: Sink,
         offset: int,
-        image_at: Tensor,
-        tokens: ImageTokens,
+        image: ImageAt,
         tower: Callable[[Tensor], Sink] | None,
         tower_layers: range,
     ) -> None:
         self._text = text
         self._offset = offset
-        self._image_at = image_at  # (B, k * n)
-        self._tokens = tokens
+        self._image = image
         self._build_tower = tower
         self._tower_layers = tower_layers
         self._tower: Sink | None = None
@@ -105,26 +145,13 @@ class ImageTextSink:
         text = (range(self._offset, self._offset + last + 1), self._text)
         if self._build_tower is None:
             return [text]
-        tower = ReadOut(0, self._tower_layers, self._tower_readout, self._start_tower)
+        tower = ReadOut(0, self._tower_layers, self._image.tower_rows, self._start_tower)
         return [text, (range(self._offset), tower)]
 
     def _text_relevance(self) -> Tensor:
         if self._text_result is None:
             self._text_result = self._text.result()
         return self._text_result
-
-    def _image_tokens(self, relevance: Tensor) -> Tensor:
-        """(..., B, T) relevance over the text -> (..., B, k * tower images, tower tokens):
-        the relevance at the image tokens of each image of the tower's batch, carried back
-        through the projector's merge onto the tower's tokens."""
-        at = self._image_at.expand(*relevance.shape[:-2], *self._image_at.shape)
-        picked = relevance.gather(-1, at).unflatten(-1, (-1, self._tokens.per_image))
-        return self._tokens.to_tower(picked)
-
-    def _tower_readout(self, relevance: Tensor) -> Tensor:
-        """(..., B, T) the language model's folded rows -> (..., the tower's batch, tower
-        tokens): the tower's readout rows."""
-        return self._image_tokens(relevance).flatten(-3, -2)
 
     def _start_tower(self, readout: Tensor) -> Sink:
         """The tower's sink, read out by `readout` (the tower's batch, tower tokens)."""
@@ -134,23 +161,18 @@ class ImageTextSink:
 
     def _tower_sink(self) -> Sink:
         if self._tower is None:
-            self._start_tower(self._tower_readout(self._text_relevance()))
+            self._start_tower(self._image.tower_rows(self._text_relevance()))
             assert self._tower is not None
             waiting, self._waiting = self._waiting, []
             for layer, attention, gradient in waiting:
                 self._tower.add(layer, attention, gradient)
         return self._tower
 
-    def result(self) -> dict[str, Tensor]:
+    def result(self) -> tuple[Tensor, Tensor | None]:
+        """(the language model's folded rows (B, T), the tower's (the tower's batch, tower
+        tokens) at depth "tower", else None)."""
         text = self._text_relevance()
-        if self._build_tower is None:
-            image = self._image_tokens(text)
-        else:
-            tower = self._tower_sink().result()
-            image = tower.reshape(text.shape[0], -1, tower.shape[-1])
-        # the tower's order made row-major, a photo's tiles put together on it
-        image = self._tokens.to_photo(image)
-        return {"image": image, "text": text.scatter(1, self._image_at, 0.0)}
+        return text, None if self._build_tower is None else self._tower_sink().result()
 
 
 class ImageTextPlan(Plan):
@@ -200,13 +222,13 @@ class ImageTextPlan(Plan):
 
     def prepare(self, inputs: Any) -> None:
         super().prepare(inputs)
-        arguments = self.prepared.arguments
-        self.per_image = self.vlm.image_tokens(arguments)
-        self.image_at = self.vlm.image_positions(self.prepared)
+        prepared = self.prepared
+        assert isinstance(prepared, ImagePrepared)
+        self.image = ImageAt(prepared.image_at, prepared.tokens)
         if not self.generation:
             return
         self.width, self.valid, self.positions = generated_tokens(
-            arguments["attention_mask"], self.request.prompt_length
+            prepared.arguments["attention_mask"], self.request.prompt_length
         )
 
     def forward(self) -> Tensor:
@@ -215,35 +237,42 @@ class ImageTextPlan(Plan):
         return self.vlm.logits_at(self.prepared, read_out_at(self.width, self.valid))
 
     def sink(self, column: int = 0) -> ColumnSink:
+        return self._column_sinks(range(column, column + 1))[0]
+
+    def column_sinks(self, count: int) -> list[ColumnSink]:
+        return self._column_sinks(range(count))
+
+    def forward_sinks(self) -> list[ColumnSink]:
+        """One sink per generated token (each reads out at its own position), or the next
+        token's."""
+        return self._column_sinks(range(len(self.positions) if self.generation else 1))
+
+    def _column_sinks(self, columns: range) -> list[ColumnSink]:
+        """The sinks of `columns`: a generation's read out at each column's position, blind
+        to what follows it, their readout rows and token masks made at once (a
+        generation's cost must not grow with its tokens beyond its batched backward);
+        every column of the next token reads out at the last token."""
         assert self.spec is not None
         spec = self.spec
         image, text = self.sets
-        readout, layout = text.readout, text.layout
-        if self.generation:  # read out at the column's position, blind to what follows
-            at = self.positions[column]
+        layout = text.layout
+        if self.generation:
             assert layout.token_mask is not None
-            seen = torch.arange(layout.token_mask.shape[1], device=at.device) <= at
-            readout = self.vlm.readout_at(self.prepared, at.expand(self.prepared.batch_size))
-            layout = replace(layout, token_mask=layout.token_mask & seen)
+            at = self.positions[columns.start : columns.stop]
+            rows = column_rows(self.vlm, self.prepared, at, layout.token_mask)
+        else:
+            rows = [(text.readout, layout.token_mask)] * len(columns)
         starts = per_set(self.request.start_layer, ["image", "text"])
         options = dict(self.request.options)
         count = len(text.layers)
-        text_sink = spec.sink(
-            RuleContext(
-                readout=readout,
-                layout=layout,
-                num_layers=count,
-                start_layer=resolve_start_layer(spec, starts["text"], count, "text"),
-            ),
-            options,
-        )
+        text_start = resolve_start_layer(spec, starts["text"], count, "text")
         tower, tower_layers = None, range(0)
         if self.depth == "tower":
             depth = len(image.layers)
             tower_layout = TokenLayout.image(
-                self.per_image.grid,
+                self.image.tokens.grid,
                 cast(tuple[int, int], image.layout.input_size),
-                self.per_image.tower_prefix,
+                self.image.tokens.tower_prefix,
             )
             start = resolve_start_layer(spec, starts["image"], depth, "image")
             tower_layers = range(start, depth)  # the tower's layers are numbered from 0
@@ -252,14 +281,37 @@ class ImageTextPlan(Plan):
                 context = RuleContext(row, tower_layout, depth, start)
                 return spec.sink(context, options)
 
-        return ImageTextSink(
-            text_sink, text.layers.start, self.image_at, self.per_image, tower, tower_layers
-        )
+        return [
+            ImageTextSink(
+                spec.sink(
+                    RuleContext(
+                        readout=readout,
+                        layout=replace(layout, token_mask=mask),
+                        num_layers=count,
+                        start_layer=text_start,
+                    ),
+                    options,
+                ),
+                text.layers.start,
+                self.image,
+                tower,
+                tower_layers,
+            )
+            for readout, mask in rows
+        ]
 
-    def forward_sinks(self) -> list[ColumnSink]:
-        if not self.generation:
-            return [self.sink()]
-        return [self.sink(column) for column in range(len(self.positions))]
+    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
+        return self.read_columns([sink])[0]
+
+    def read_columns(self, sinks: Sequence[ColumnSink]) -> list[dict[str, Tensor]]:
+        """Every column's folds stacked, mapped onto the photo and the text at once
+        (`ImageAt.split`), then handed back column by column."""
+        results = [cast(ImageTextSink, sink).result() for sink in sinks]
+        text = torch.stack([text for text, _ in results])
+        towers = [tower for _, tower in results]
+        tower = None if towers[0] is None else torch.stack(cast(list[Tensor], towers))
+        split = {name: value.unbind() for name, value in self.image.split(text, tower).items()}
+        return [{name: split[name][k] for name in split} for k in range(len(sinks))]
 
     def columns(self, output: Tensor) -> Columns:
         if not self.generation:
