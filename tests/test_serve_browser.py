@@ -114,7 +114,9 @@ def test_gallery_fills_sorts_and_filters(browser, image_server):
     gallery = json.loads(page.evaluate("fetch('/api/gallery').then(r => r.text())"))
     shown = page.eval_on_selector_all(".card", "cards => cards.map(c => c.dataset.path)")
     assert shown == sorted(item["path"] for item in gallery["items"])
-    # Thumbnails are drawn (decoded by the browser), not broken links.
+    # Thumbnails are drawn (decoded by the browser), not broken links: once every image
+    # has finished loading (the page's busy flag follows its API requests, not images).
+    page.wait_for_function("[...document.querySelectorAll('.card img')].every(i => i.complete)")
     widths = page.eval_on_selector_all(".card img", "images => images.map(i => i.naturalWidth)")
     assert widths == [64] * SCENES
 
