@@ -431,15 +431,9 @@ def test_the_generate_page_and_figure(tmp_path, capsys):
     assert "--depth is for vision-language models" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("depth", ["lm", "tower"])
-@pytest.mark.parametrize("method", ["generic", "rollout"])
-def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
-    model, processor, method, depth
-):
-    # The fused path recomputes the blocks from q, k, v (explain.fused): every answer
-    # token's fold at once, without maps (explain.engine.spread: "streamed"), through the
-    # language model's blocks and with depth "tower" on through the tower's, read out by
-    # the first fold's rows at the image tokens. Llama's eager softmax is float32.
+def _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method, depth):
+    """Two answers explained by `method` at `depth` on the fused path (streamed) equal
+    those on the explicit path."""
     chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
     results = {
@@ -456,6 +450,18 @@ def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
             rtol=1e-5,
             atol=1e-9,
         )
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
+    model, processor, method, depth
+):
+    # The fused path recomputes the blocks from q, k, v (explain.fused): every answer
+    # token's fold at once, without maps (explain.engine.spread: "streamed"), through the
+    # language model's blocks and with depth "tower" on through the tower's, read out by
+    # the first fold's rows at the image tokens. Llama's eager softmax is float32.
+    _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method, depth)
 
 
 class _Shapes(TorchDispatchMode):
@@ -971,22 +977,7 @@ def test_qwen2_vl_the_fused_path_folds_the_tower_as_the_explicit_path(qwen2_vl, 
     # language model's eager maps; the fused path streams both, Qwen2.5-VL's windows
     # piece by piece.
     model, processor = qwen2_vl
-    chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
-    made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
-    results = {
-        path: explain_generation(
-            Explainer(model, attention_path=path), made, method=method, depth="tower"
-        ).explanation
-        for path in ("explicit", "fused")
-    }
-    assert results["fused"].settings["attention_path"] == "streamed"
-    for name in ("image", "text"):
-        torch.testing.assert_close(
-            results["fused"].relevances[name],
-            results["explicit"].relevances[name],
-            rtol=1e-5,
-            atol=1e-9,
-        )
+    _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method, "tower")
 
 
 def test_qwen2_vl_the_automatic_path_counts_the_towers_own_maps(qwen2_vl):
