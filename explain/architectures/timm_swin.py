@@ -23,9 +23,12 @@ from explain.architectures.base import (
     Prepared,
     mean_rows,
     validate_image_batch,
-    whole_output,
 )
-from explain.architectures.timm_vit import headless_timm_model, is_timm_class
+from explain.architectures.timm_vit import (
+    headless_timm_model,
+    is_timm_class,
+    timm_attention_sites,
+)
 from explain.architectures.windows import (
     WINDOWED_METHODS,
     WindowedBlock,
@@ -70,10 +73,7 @@ class TimmSwin(Adapter):
         return headless_timm_model(self.model)
 
     def attention_sites(self) -> Sequence[AttentionSite]:
-        return [
-            AttentionSite(layer=index, module=block.attn.attn_drop, probabilities=whole_output)
-            for index, block in enumerate(self._blocks)
-        ]
+        return timm_attention_sites(self._blocks)
 
     def path_flags(self) -> Sequence[FlagSetting]:
         flags = [

@@ -55,6 +55,15 @@ def headless_timm_model(model: nn.Module) -> str | None:
     )
 
 
+def timm_attention_sites(blocks: Sequence[nn.Module]) -> list[AttentionSite]:
+    """One site per timm block, in order: the output of its `attn.attn_drop`, which on
+    timm's explicit path is the post-softmax probabilities (ViT and Swin blocks alike)."""
+    return [
+        AttentionSite(layer=index, module=block.attn.attn_drop, probabilities=whole_output)
+        for index, block in enumerate(blocks)
+    ]
+
+
 class TimmBlocks(Adapter):
     """timm vision models built from timm's ViT blocks (`model.blocks`, each block's
     `attn.attn_drop` seeing the probabilities on the explicit path, `fused_attn` the
@@ -94,10 +103,7 @@ class TimmBlocks(Adapter):
         return headless_timm_model(self.model)
 
     def attention_sites(self) -> Sequence[AttentionSite]:
-        return [
-            AttentionSite(layer=index, module=block.attn.attn_drop, probabilities=whole_output)
-            for index, block in enumerate(self.model.blocks)
-        ]
+        return timm_attention_sites(self.model.blocks)
 
     def path_flags(self) -> Sequence[FlagSetting]:
         flags = [FlagSetting(block.attn, "fused_attn", False) for block in self.model.blocks]

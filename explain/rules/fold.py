@@ -98,9 +98,12 @@ class ReadoutFold:
         gradient = gradient.to(dtype) if gradient is not None else None
         self._pending[layer] = self._block_matrix(attention.to(dtype), gradient)
         while self._next is not None and self._next in self._pending:
-            matrix = self._pending.pop(self._next)
-            self._vector = self._step(self._vector.to(matrix.dtype), matrix)
+            self._fold(self._next, self._pending.pop(self._next))
             self._next = self._next - 1 if self._next > self.layers[0] else None
+
+    def _fold(self, layer: int, matrix: Tensor) -> None:
+        """Apply block `layer`'s factor to the row vector (every later block is folded)."""
+        self._vector = self._step(self._vector.to(matrix.dtype), matrix)
 
     def result(self) -> Tensor:
         if self._next is not None:

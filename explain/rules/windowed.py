@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from explain.architectures.windows import WindowedBlock, WindowedLayout
-from explain.rules.fold import BlockMatrix, Step, compute_dtype
+from explain.rules.fold import BlockMatrix, ReadoutFold, Step
 
 __all__ = ["WindowedFold", "from_windows", "to_windows", "unmerge"]
 
@@ -61,15 +61,15 @@ def unmerge(vector: Tensor, grid: tuple[int, int]) -> Tensor:
     return spread.reshape(batch, grid[0] * grid[1])
 
 
-class WindowedFold:
+class WindowedFold(ReadoutFold):
     """`readout @ M_last ... M_first` for a windowed model, `readout` (B, N_last) over the
     last block's grid; the result (B, N_0) is over the input patch grid.
 
     Each block's records arrive as per-window tensors (B * windows, H, w, w);
     `block_matrix` reduces them to (B * windows, w, w) as for any other model (the rules
     are elementwise over tokens), and `step` is the method's usual fold step, applied in
-    window order. Blocks may arrive in any order; each is folded once every later block
-    has been, and the patch mergings between are undone on the way down.
+    window order. Blocks arrive and are folded as in `ReadoutFold` (whose ordering this
+    reuses), and the patch mergings between are undone on the way down.
     """
 
     def __init__(
@@ -80,24 +80,9 @@ class WindowedFold:
         block_matrix: BlockMatrix,
         step: Step,
     ) -> None:
-        self.layers = layers
+        super().__init__(readout, layers, block_matrix, step)
         self._blocks = layout.blocks
-        self._block_matrix = block_matrix
-        self._step = step
-        self._vector = readout.to(compute_dtype(readout))
         self._grid = self._blocks[-1].grid
-        self._next = layers[-1] if len(layers) else None
-        self._pending: dict[int, Tensor] = {}
-
-    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
-        if layer not in self.layers:
-            return
-        dtype = compute_dtype(attention)
-        gradient = gradient.to(dtype) if gradient is not None else None
-        self._pending[layer] = self._block_matrix(attention.to(dtype), gradient)
-        while self._next is not None and self._next in self._pending:
-            self._fold(self._next, self._pending.pop(self._next))
-            self._next = self._next - 1 if self._next > self.layers[0] else None
 
     def _fold(self, layer: int, matrix: Tensor) -> None:
         block = self._blocks[layer]
@@ -112,7 +97,6 @@ class WindowedFold:
             self._vector = unmerge(self._vector, self._grid)
 
     def result(self) -> Tensor:
-        if self._next is not None:
-            raise RuntimeError(f"block {self._next} never arrived; cannot finish the fold")
+        super().result()  # raises unless every block has been folded
         self._descend(self._blocks[0].grid)
         return self._vector

@@ -209,6 +209,16 @@ def _ints(body: dict[str, Any], name: str) -> list[int] | None:
     return values
 
 
+def _explain_options(body: dict[str, Any]) -> tuple[list[str], list[int] | None, int, str]:
+    """The options an image or text explanation request shares: the methods, the classes
+    (None: the top predicted ones), how many top classes, and the scale rule."""
+    methods = _strings(body, "methods", [DEFAULT_METHOD])
+    classes = _ints(body, "classes")
+    top = _field(body, "top", int, 1)
+    rule = _field(body, "rule", str, "per_map")
+    return methods, classes, top, rule
+
+
 class _Handlers:
     """The route handlers, sharing the workbench, the data and the gallery."""
 
@@ -279,10 +289,7 @@ class _Handlers:
     async def explain_image(self, request: Request) -> Response:
         body = await _body(request)
         item = _field(body, "item", str)
-        methods = _strings(body, "methods", [DEFAULT_METHOD])
-        classes = _ints(body, "classes")
-        top = _field(body, "top", int, 1)
-        rule = _field(body, "rule", str, "per_map")
+        methods, classes, top, rule = _explain_options(body)
 
         def answer() -> dict[str, Any]:
             photo, file_hash = self._photo(item)
@@ -293,10 +300,7 @@ class _Handlers:
     async def explain_text(self, request: Request) -> Response:
         body = await _body(request)
         text = _field(body, "text", str)
-        methods = _strings(body, "methods", [DEFAULT_METHOD])
-        classes = _ints(body, "classes")
-        top = _field(body, "top", int, 1)
-        rule = _field(body, "rule", str, "per_map")
+        methods, classes, top, rule = _explain_options(body)
         return _json(
             await run_in_threadpool(self.workbench.explain_text, text, methods, classes, top, rule)
         )

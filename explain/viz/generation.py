@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from explain.errors import InputError
+from explain.viz.choice_script import choice_script
 from explain.viz.text import colour
 
 __all__ = ["generation_html"]
@@ -63,21 +64,9 @@ function choose(g) {
     "relevance for generated token " + (g + 1) + " of " + rows.length +
     " (address #" + (g + 1) + ")";
 }
-function select(g) {
-  choose(g);
-  history.replaceState(null, "", "#" + (g + 1));
-}
-document.querySelectorAll("span.gen").forEach(span => {
-  const g = Number(span.dataset.g);
-  span.addEventListener("click", () => select(g));
-  span.addEventListener("keydown", event => {
-    if (event.key === "Enter" || event.key === " ") { event.preventDefault(); select(g); }
-  });
-});
-// The page opens on generated token 1, or on the one its address names (#g, from 1).
-const asked = Number(location.hash.slice(1)) || 1;
-if (rows.length) choose(Math.max(0, Math.min(rows.length - 1, asked - 1)));
 """
+
+_CHOICE = choice_script("span.gen", "rows")
 
 _STYLE = """
 body { font-family: sans-serif; max-width: 60em; margin: 2em auto; line-height: 2.2; }
@@ -147,6 +136,6 @@ def generation_html(
         '<code>#g</code> opens generated token g (from 1).</p>\n<p id="status"></p>\n'
         f"<p>{body}</p>\n"
         f'<script type="application/json" id="relevance">{data}</script>\n'
-        f"<script>{_SCRIPT.replace('PROMPT', str(prompt_length))}</script>\n"
+        f"<script>{_SCRIPT.replace('PROMPT', str(prompt_length))}{_CHOICE}</script>\n"
         "</body></html>\n"
     )

@@ -326,6 +326,31 @@ def _draw_panel(
                   bbox=box)  # fmt: skip
 
 
+def _draw_scaled(
+    axis,
+    image: np.ndarray,
+    scale: FigureScale,
+    k: int,
+    cmap: str | None,
+    alpha: float,
+    *,
+    background: str,
+    mark_signed: bool = False,
+) -> None:
+    """`_draw_panel` of the figure's k-th scaled map, with its sign and note."""
+    _draw_panel(
+        axis,
+        image,
+        scale.maps[k],
+        cmap,
+        alpha,
+        signed=scale.signed[k],
+        note=scale.notes[k],
+        background=background,
+        mark_signed=mark_signed,
+    )
+
+
 @literal_text
 def heatmap_figure(
     image: Tensor | np.ndarray,
@@ -358,14 +383,13 @@ def heatmap_figure(
         panel_inches=inches,
         title_lines=max(1, len(heading)),
     )
-    _draw_panel(
+    _draw_scaled(
         rows[0][0],
         rgb,
-        scale.maps[0],
+        scale,
+        0,
         cmap,
         alpha,
-        signed=scale.signed[0],
-        note=scale.notes[0],
         background=background,
     )
     if heading:
@@ -436,14 +460,13 @@ def grid_figure(
             for j, column in enumerate(block):
                 k = i * len(columns) + column
                 axis = line[first + j]
-                _draw_panel(
+                _draw_scaled(
                     axis,
                     rgb,
-                    scaled.maps[k],
+                    scaled,
+                    k,
                     cmap,
                     alpha,
-                    signed=scaled.signed[k],
-                    note=scaled.notes[k],
                     background=background,
                     mark_signed=mark,
                 )
@@ -577,14 +600,13 @@ def batch_figure(
     for row, name in enumerate(explanations, start=1):
         for b, picture in enumerate(shown):
             k = (row - 1) * len(shown) + b
-            _draw_panel(
+            _draw_scaled(
                 panels[row][b],
                 picture,
-                scaled.maps[k],
+                scaled,
+                k,
                 cmap,
                 alpha,
-                signed=scaled.signed[k],
-                note=scaled.notes[k],
                 background=background,
                 mark_signed=mark,
             )

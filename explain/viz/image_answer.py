@@ -29,6 +29,7 @@ import numpy as np
 from torch import Tensor
 
 from explain.errors import InputError
+from explain.viz.choice_script import choice_script
 from explain.viz.image import grid_figure, overlay
 from explain.viz.text import colour
 
@@ -54,22 +55,9 @@ function choose(g) {
   document.getElementById("status").textContent =
     "relevance for the answer's word " + (g + 1) + " of " + words.length + ": " + word.word;
 }
-function select(g) {
-  choose(g);
-  history.replaceState(null, "", "#" + (g + 1));
-}
-document.querySelectorAll("span.word").forEach(span => {
-  const g = Number(span.dataset.g);
-  span.addEventListener("click", () => select(g));
-  span.addEventListener("keydown", event => {
-    if (event.key === "Enter" || event.key === " ") { event.preventDefault(); select(g); }
-  });
-});
-// The page opens on word 1, or on the one its address names (#g, from 1), as the
-// generation page does.
-const asked = Number(location.hash.slice(1)) || 1;
-if (words.length) choose(Math.max(0, Math.min(words.length - 1, asked - 1)));
 """
+
+_CHOICE = choice_script("span.word", "words")
 
 _STYLE = """
 body { font-family: sans-serif; max-width: 70em; margin: 2em auto; }
@@ -185,7 +173,7 @@ def answer_html(
         f'<div class="tokens">{spans}</div></div>\n'
         f'<p class="answer">answer: {answer}</p>\n'
         f'<script type="application/json" id="answer">{data}</script>\n'
-        f"<script>{_SCRIPT}</script>\n"
+        f"<script>{_SCRIPT}{_CHOICE}</script>\n"
         "</body></html>\n"
     )
 

@@ -23,7 +23,7 @@ from explain.viz.image import (
     _CAPTION_LINE_INCHES,
     _TITLE_LINE_INCHES,
     _draw_colorbar,
-    _draw_panel,
+    _draw_scaled,
     _to_hwc,
     _to_map,
     caption_lines,
@@ -131,14 +131,13 @@ def clip_figure(
         axis = figure.add_axes(
             (left / width, text_height / height, _PANEL_INCHES / width, _PANEL_INCHES / height)
         )
-        _draw_panel(
+        _draw_scaled(
             axis,
             rgb,
-            scale.maps[k],
+            scale,
+            k,
             cmap,
             alpha,
-            signed=scale.signed[k],
-            note=scale.notes[k],
             background=background,
         )
         if labels is not None:

@@ -49,6 +49,28 @@ _INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 @triton.jit
+def _load_tile(base, rows, dims, stride_row, stride_dim, row_count, dim_count):
+    """The (rows, dims) tile of one head's matrix at `base` (a q, k, v or dO), zeros past
+    `row_count` rows and `dim_count` dims: how both kernels read their operands."""
+    return tl.load(
+        base + rows[:, None] * stride_row + dims[None, :] * stride_dim,
+        mask=(rows[:, None] < row_count) & (dims[None, :] < dim_count),
+        other=0.0,
+    )
+
+
+@triton.jit
+def _keys_allowed(KEY_MASK, sample, cols, stride_mb, stride_mn, N, HAS_KEY_MASK: tl.constexpr):
+    """Which of the keys `cols` of `sample` exist (< N) and, with a key mask, may be
+    attended."""
+    allowed = cols < N
+    if HAS_KEY_MASK:
+        keep = tl.load(KEY_MASK + sample * stride_mb + cols * stride_mn, mask=allowed, other=0)
+        allowed = allowed & (keep != 0)
+    return allowed
+
+
+@triton.jit
 def _row_logsumexp(
     Q,
     K,
@@ -88,14 +110,8 @@ def _row_logsumexp(
     kv_head = head // GROUP
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
-    query = tl.load(
-        Q
-        + sample * stride_qb
-        + head * stride_qh
-        + rows[:, None] * stride_qn
-        + dims[None, :] * stride_qd,
-        mask=(rows[:, None] < N) & (dims[None, :] < D),
-        other=0.0,
+    query = _load_tile(
+        Q + sample * stride_qb + head * stride_qh, rows, dims, stride_qn, stride_qd, N, D
     )
     running_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     running_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -103,22 +119,15 @@ def _row_logsumexp(
     end = tl.minimum(N, (tile + 1) * BLOCK_M) if CAUSAL else N
     for start in range(0, end, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
-        key = tl.load(
-            K
-            + sample * stride_kb
-            + kv_head * stride_kh
-            + cols[:, None] * stride_kn
-            + dims[None, :] * stride_kd,
-            mask=(cols[:, None] < N) & (dims[None, :] < D),
-            other=0.0,
+        key = _load_tile(
+            K + sample * stride_kb + kv_head * stride_kh, cols, dims, stride_kn, stride_kd, N, D
         )
         scores = tl.dot(query, tl.trans(key), input_precision=PRECISION) * qk_scale
-        allowed = cols[None, :] < N
+        allowed = _keys_allowed(KEY_MASK, sample, cols, stride_mb, stride_mn, N, HAS_KEY_MASK)[
+            None, :
+        ]
         if CAUSAL:
             allowed = allowed & (cols[None, :] <= rows[:, None])
-        if HAS_KEY_MASK:
-            keep = tl.load(KEY_MASK + sample * stride_mb + cols * stride_mn, mask=cols < N, other=0)
-            allowed = allowed & (keep[None, :] != 0)
         scores = tl.where(allowed, scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, 1))
         # a row with nothing allowed yet keeps max -inf: shift by 0 instead (exp2(-inf) = 0)
@@ -195,45 +204,30 @@ def _spread(
     cols = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     value_dims = tl.arange(0, BLOCK_DV)
-    key_ok = cols < N
-    if HAS_KEY_MASK:
-        keep = tl.load(KEY_MASK + sample * stride_mb + cols * stride_mn, mask=key_ok, other=0)
-        key_ok = key_ok & (keep != 0)
+    key_ok = _keys_allowed(KEY_MASK, sample, cols, stride_mb, stride_mn, N, HAS_KEY_MASK)
     # causal: no query row before this key tile's first key attends to it
     first_row = (tile * BLOCK_N // BLOCK_M) * BLOCK_M if CAUSAL else 0
     out_rows = OUT + sample * stride_ob + cols * stride_on
     for head in range(0, HEADS):
         kv_head = head // GROUP
-        key = tl.load(
-            K
-            + sample * stride_kb
-            + kv_head * stride_kh
-            + cols[:, None] * stride_kn
-            + dims[None, :] * stride_kd,
-            mask=(cols[:, None] < N) & (dims[None, :] < D),
-            other=0.0,
+        key = _load_tile(
+            K + sample * stride_kb + kv_head * stride_kh, cols, dims, stride_kn, stride_kd, N, D
         )
         if GRADIENT:
-            value = tl.load(
-                V
-                + sample * stride_valb
-                + kv_head * stride_valh
-                + cols[:, None] * stride_valn
-                + value_dims[None, :] * stride_vald,
-                mask=(cols[:, None] < N) & (value_dims[None, :] < DV),
-                other=0.0,
+            value = _load_tile(
+                V + sample * stride_valb + kv_head * stride_valh,
+                cols,
+                value_dims,
+                stride_valn,
+                stride_vald,
+                N,
+                DV,
             )
         for start in range(first_row, N, BLOCK_M):
             rows = start + tl.arange(0, BLOCK_M)
             row_ok = rows < N
-            query = tl.load(
-                Q
-                + sample * stride_qb
-                + head * stride_qh
-                + rows[:, None] * stride_qn
-                + dims[None, :] * stride_qd,
-                mask=row_ok[:, None] & (dims[None, :] < D),
-                other=0.0,
+            query = _load_tile(
+                Q + sample * stride_qb + head * stride_qh, rows, dims, stride_qn, stride_qd, N, D
             )
             lse = tl.load(
                 LSE + sample * stride_lb + head * stride_lh + rows, mask=row_ok, other=float("inf")
@@ -250,15 +244,14 @@ def _spread(
                     other=0.0,
                 )
                 if GRADIENT:
-                    upstream = tl.load(
-                        DO
-                        + column * stride_dc
-                        + sample * stride_db
-                        + head * stride_dh
-                        + rows[:, None] * stride_dn
-                        + value_dims[None, :] * stride_dd,
-                        mask=row_ok[:, None] & (value_dims[None, :] < DV),
-                        other=0.0,
+                    upstream = _load_tile(
+                        DO + column * stride_dc + sample * stride_db + head * stride_dh,
+                        rows,
+                        value_dims,
+                        stride_dn,
+                        stride_dd,
+                        N,
+                        DV,
                     )
                     grad = tl.dot(upstream, tl.trans(value), input_precision=PRECISION)
                     block = tl.maximum(grad * probabilities, 0.0)

@@ -48,6 +48,7 @@ __all__ = [
     "SetSinks",
     "check_tokenizer",
     "custom_scores",
+    "masked_columns",
     "no_class",
     "per_set",
     "resolve_score",
@@ -167,6 +168,18 @@ def per_set(start_layer: StartLayer, names: Sequence[str]) -> dict[str, Any]:
 def no_class(batch: int, device: torch.device) -> Tensor:
     """Target placeholder (-1) when a callable chose the scores directly."""
     return torch.full((batch,), -1, dtype=torch.long, device=device)
+
+
+def masked_columns(per_column: Sequence[Mapping[str, Tensor]], valid: Tensor) -> dict[str, Tensor]:
+    """Each set's column relevances stacked (B, K, ...), zero where `valid` (B, K) is
+    False: a column past an input's last real one (a padded answer token, a detection the
+    input does not have) explains nothing."""
+    result = {}
+    for name in per_column[0]:
+        stacked = torch.stack([c[name] for c in per_column], dim=1)
+        keep = valid.reshape(*valid.shape, *(1,) * (stacked.dim() - 2))
+        result[name] = stacked * keep.to(stacked.dtype)
+    return result
 
 
 class Plan:

@@ -24,7 +24,7 @@ from torch import Tensor
 from explain.architectures.base import Adapter, Detector
 from explain.detections import Detections
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink
-from explain.engine.plans.base import Plan
+from explain.engine.plans.base import Plan, masked_columns
 from explain.engine.request import Request
 from explain.errors import OptionError, TargetError
 from explain.rules import Method
@@ -143,12 +143,7 @@ class DetectionPlan(Plan):
         ]
 
     def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
-        result = {}
-        for name in per_column[0]:
-            stacked = torch.stack([c[name] for c in per_column], dim=1)
-            keep = self.valid.reshape(*self.valid.shape, *(1,) * (stacked.dim() - 2))
-            result[name] = stacked * keep.to(stacked.dtype)
-        return result
+        return masked_columns(per_column, self.valid)
 
     def detections(self) -> Detections:
         assert self._boxes is not None, "the forward has not run"

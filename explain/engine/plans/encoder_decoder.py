@@ -18,7 +18,7 @@ from torch import Tensor
 
 from explain.architectures.base import Adapter
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink
-from explain.engine.plans.base import Plan, custom_scores
+from explain.engine.plans.base import Plan, custom_scores, masked_columns
 from explain.engine.request import Request
 from explain.errors import InputError, OptionError, TargetError
 from explain.rules import Method
@@ -136,11 +136,7 @@ class EncoderDecoderPlan(Plan):
         return Columns(scores, explained, logits, custom=found is None)
 
     def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
-        result = {}
-        for name in ("source", "target"):
-            stacked = torch.stack([c[name] for c in per_column], dim=1)
-            keep = self.valid.reshape(*self.valid.shape, *(1,) * (stacked.dim() - 2))
-            result[name] = stacked * keep.to(stacked.dtype)  # past a sequence's end: 0
+        result = masked_columns(per_column, self.valid)  # past a sequence's end: 0
         if not self._every:
             result = {name: r[:, 0] for name, r in result.items()}
         return result

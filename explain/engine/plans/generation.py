@@ -19,7 +19,7 @@ from explain.engine.passes import (
     EmbeddingGradientPass,
     ForwardPass,
 )
-from explain.engine.plans.base import Plan
+from explain.engine.plans.base import Plan, masked_columns
 from explain.engine.request import Request, integer_option
 from explain.errors import InputError, OptionError
 from explain.rules import Method
@@ -151,7 +151,4 @@ class GenerationPlan(Plan):
         return Columns(scores, generated.masked_fill(~self.valid, -1), output)
 
     def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
-        keep = self.valid[..., None].to(per_column[0]["text"].dtype)
-        return {
-            name: torch.stack([c[name] for c in per_column], dim=1) * keep for name in per_column[0]
-        }
+        return masked_columns(per_column, self.valid)

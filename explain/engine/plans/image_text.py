@@ -40,7 +40,7 @@ from explain.architectures.hf_vision_language import (
     VisionLanguageModel,
 )
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, ForwardPass
-from explain.engine.plans.base import Plan, per_set, resolve_start_layer
+from explain.engine.plans.base import Plan, masked_columns, per_set, resolve_start_layer
 from explain.engine.plans.generation import column_rows, generated_tokens, read_out_at
 from explain.engine.request import Request
 from explain.engine.spread import ReadOut
@@ -325,12 +325,7 @@ class ImageTextPlan(Plan):
     def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
         if not self.generation:
             return super().finish(per_column, columns)
-        result = {}
-        for name in per_column[0]:
-            stacked = torch.stack([c[name] for c in per_column], dim=1)
-            keep = self.valid.reshape(*self.valid.shape, *(1,) * (stacked.dim() - 2))
-            result[name] = stacked * keep.to(stacked.dtype)
-        return result
+        return masked_columns(per_column, self.valid)
 
     def settings(self) -> dict[str, Any]:
         return {"depth": self.depth}
