@@ -346,11 +346,12 @@ def rows_of(inputs: Any, rows: slice) -> Any:
     return {key: value[rows] for key, value in inputs.items()}
 
 
-def floor(model: torch.nn.Module, inputs: Any) -> Callable[[], None]:
-    """Forward + backward from the summed predicted logits to the first block's input, on
-    the model's default attention path, with no parameter gradient."""
-    adapter = adapter_for(model)
-    prepared = adapter.prepare(inputs)
+def _from_first_block(
+    model: torch.nn.Module, adapter: Any, step: Callable[[list[torch.Tensor]], None]
+) -> Callable[[], None]:
+    """A run of `step(leaf)`, whose forward detaches the first block's input into `leaf`
+    (so that its backward stops there), with no parameter gradient: the parameters are
+    frozen for the run and restored after."""
     leaf: list[torch.Tensor] = []
 
     def make_leaf(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -371,14 +372,26 @@ def floor(model: torch.nn.Module, inputs: Any) -> Callable[[], None]:
             for parameter, _ in flags:
                 parameter.requires_grad_(False)
             leaf.clear()
-            logits = adapter.forward(prepared)
-            torch.autograd.grad(logits.max(dim=-1).values.sum(), leaf[0])
+            step(leaf)
         finally:
             handle.remove()
             for parameter, flag in flags:
                 parameter.requires_grad_(flag)
 
     return run
+
+
+def floor(model: torch.nn.Module, inputs: Any) -> Callable[[], None]:
+    """Forward + backward from the summed predicted logits to the first block's input, on
+    the model's default attention path, with no parameter gradient."""
+    adapter = adapter_for(model)
+    prepared = adapter.prepare(inputs)
+
+    def step(leaf: list[torch.Tensor]) -> None:
+        logits = adapter.forward(prepared)
+        torch.autograd.grad(logits.max(dim=-1).values.sum(), leaf[0])
+
+    return _from_first_block(model, adapter, step)
 
 
 def method(
@@ -395,39 +408,17 @@ def generation_floor(model: torch.nn.Module, inputs: Any, width: int) -> Callabl
     prepared = adapter.prepare(inputs)
     ids = inputs["input_ids"]
     positions = torch.arange(width - 1, ids.shape[1] - 1, device=ids.device)
-    leaf: list[torch.Tensor] = []
 
-    def make_leaf(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        hidden = args[0].detach().requires_grad_(True) if args else None
-        if hidden is None:
-            key = next(k for k, v in kwargs.items() if isinstance(v, torch.Tensor))
-            hidden = kwargs[key].detach().requires_grad_(True)
-            kwargs = {**kwargs, key: hidden}
-        else:
-            args = (hidden, *args[1:])
-        leaf.append(hidden)
-        return args, kwargs
+    def step(leaf: list[torch.Tensor]) -> None:
+        logits = adapter.logits_at(prepared, positions.expand(ids.shape[0], -1))
+        scores = logits.gather(-1, ids[:, width:, None])[..., 0]  # (B, G)
+        count = scores.shape[1]
+        one_hot = torch.eye(count, dtype=scores.dtype, device=scores.device)[:, None, :]
+        torch.autograd.grad(
+            scores, leaf[0], one_hot.expand(count, *scores.shape), is_grads_batched=True
+        )
 
-    def run() -> None:
-        flags = [(p, p.requires_grad) for p in model.parameters()]
-        handle = adapter.blocks[0].register_forward_pre_hook(make_leaf, with_kwargs=True)
-        try:
-            for parameter, _ in flags:
-                parameter.requires_grad_(False)
-            leaf.clear()
-            logits = adapter.logits_at(prepared, positions.expand(ids.shape[0], -1))
-            scores = logits.gather(-1, ids[:, width:, None])[..., 0]  # (B, G)
-            count = scores.shape[1]
-            one_hot = torch.eye(count, dtype=scores.dtype, device=scores.device)[:, None, :]
-            torch.autograd.grad(
-                scores, leaf[0], one_hot.expand(count, *scores.shape), is_grads_batched=True
-            )
-        finally:
-            handle.remove()
-            for parameter, flag in flags:
-                parameter.requires_grad_(flag)
-
-    return run
+    return _from_first_block(model, adapter, step)
 
 
 def generation_method(model: torch.nn.Module, inputs: Any, width: int, name: str):

@@ -16,12 +16,11 @@ difference between the two paths' tower maps (they compute the same numbers).
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import time
 
 import torch
 from bench import peak_memory
+from bench_vlm import arguments, image_maps, time_interleaved
 
 IMAGE_TOKEN = 60
 GRID = 36  # patches per side
@@ -72,15 +71,10 @@ def _model() -> torch.nn.Module:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--new-tokens", type=int, default=4)
-    args = parser.parse_args()
+    args = arguments(__doc__)
 
     from explain import Explainer
-    from explain.generation import explain_generation, generate
+    from explain.generation import generate
 
     model = _model()
     image_tokens = (GRID // 2) ** 2
@@ -98,21 +92,9 @@ def main() -> None:
         for depth in ("lm", "tower")
         for path in ("explicit", "fused")
     ]
-    times: dict[tuple[str, str, str], list[float]] = {v: [] for v in variants}
-    maps: dict[tuple[str, str, str], torch.Tensor] = {}
-
-    def run(method: str, depth: str, path: str) -> None:
-        found = explain_generation(
-            Explainer(model, attention_path=path), made, method=method, depth=depth
-        )
-        maps[method, depth, path] = found.explanation.relevances["image"]
-
-    for _ in range(args.rounds):
-        for variant in variants:
-            start = time.perf_counter()
-            run(*variant)
-            times[variant].append(time.perf_counter() - start)
-    peaks = {v: peak_memory(lambda v=v: run(*v), torch.device("cpu")) / 2**20 for v in variants}
+    times, maps = time_interleaved(model, made, variants, args.rounds)
+    cpu = torch.device("cpu")
+    peaks = {v: peak_memory(lambda v=v: image_maps(model, made, *v), cpu) / 2**20 for v in variants}
     tokens = made.input_ids.shape[1]
     print(
         f"Qwen2.5-VL, {GRID * GRID} tower tokens, {image_tokens} image tokens, {tokens} "

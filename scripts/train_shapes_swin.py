@@ -13,18 +13,15 @@ cross-entropy on the scene labels only).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from train_shapes_vit import dihedral, render
-from vit_training import Recipe, arguments, save, train
+from train_shapes_vit import train_on_scenes
+from vit_training import arguments
 
 from explain.data import shapes
-from explain.zoo import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,36 +61,8 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    started = time.time()
     # The same rendered scenes (and cache) as shapes-vit: 8 x 8 patch labels, unused here.
-    data = render("train", 0, args.train_scenes, 64, 8, args.render_workers)
-    validation = render(
-        "train", args.train_scenes, args.validation_scenes, 64, 8, args.render_workers
-    )
-    settings = config(args.embed_dim, (2, 4, 8), (2, 2, 2))
-    torch.manual_seed(args.seed)
-    np.random.seed(args.seed)
-    model = build_model(settings)
-    recipe = Recipe(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr)
-    history = train(
-        model,
-        data,
-        validation[:2],
-        recipe,
-        multi_label=True,
-        augment=dihedral,
-        loss=scene_loss,
-        seed=args.seed,
-    )
-    training = {
-        "script": "scripts/train_shapes_swin.py",
-        "seed": args.seed,
-        "train_scenes": f"train split, scenes 0..{args.train_scenes - 1}",
-        "validation_scenes": f"train split, the {args.validation_scenes} after those",
-        "recipe": vars(recipe),
-        "augmentation": "random flip and rotation by a multiple of 90 degrees",
-    }
-    save(args.out, model, settings, training, history, started)
+    train_on_scenes(args, config(args.embed_dim, (2, 4, 8), (2, 2, 2)), scene_loss, __file__)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,12 @@ degrees during training (kinds and masks do not change under these).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -133,6 +136,43 @@ def scene_and_patch_loss(patch_weight: float):
     return loss
 
 
+def train_on_scenes(
+    args: argparse.Namespace, settings: dict, loss: Callable, script: str, **record: Any
+) -> None:
+    """Train the zoo model `settings` describes on scenes 0..N-1 of the "train" split,
+    flipped and rotated, monitoring the V after them (64 x 64, with 8 x 8 patch labels),
+    and save it to `args.out` with its training record (`record` adds to it)."""
+    started = time.time()
+    data = render("train", 0, args.train_scenes, 64, 8, args.render_workers)
+    validation = render(
+        "train", args.train_scenes, args.validation_scenes, 64, 8, args.render_workers
+    )
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    model = build_model(settings)
+    recipe = Recipe(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr)
+    history = train(
+        model,
+        data,
+        validation[:2],
+        recipe,
+        multi_label=True,
+        augment=dihedral,
+        loss=loss,
+        seed=args.seed,
+    )
+    training = {
+        "script": f"scripts/{Path(script).name}",
+        "seed": args.seed,
+        "train_scenes": f"train split, scenes 0..{args.train_scenes - 1}",
+        "validation_scenes": f"train split, the {args.validation_scenes} after those",
+        "recipe": vars(recipe),
+        "augmentation": "random flip and rotation by a multiple of 90 degrees",
+        **record,
+    }
+    save(args.out, model, settings, training, history, started)
+
+
 def main() -> None:
     parser = arguments(__doc__, ROOT / "models" / "shapes-vit", epochs=8, lr=1e-3)
     parser.add_argument("--train-scenes", type=int, default=6000)
@@ -145,36 +185,9 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    started = time.time()
-    data = render("train", 0, args.train_scenes, 64, 8, args.render_workers)
-    validation = render(
-        "train", args.train_scenes, args.validation_scenes, 64, 8, args.render_workers
-    )
     settings = config(64, args.embed_dim, args.depth, args.heads, 8, args.mlp_ratio)
-    torch.manual_seed(args.seed)
-    np.random.seed(args.seed)
-    model = build_model(settings)
-    recipe = Recipe(epochs=args.epochs, batch_size=args.batch_size, learning_rate=args.lr)
-    history = train(
-        model,
-        data,
-        validation[:2],
-        recipe,
-        multi_label=True,
-        augment=dihedral,
-        loss=scene_and_patch_loss(args.patch_weight),
-        seed=args.seed,
-    )
-    training = {
-        "script": "scripts/train_shapes_vit.py",
-        "seed": args.seed,
-        "train_scenes": f"train split, scenes 0..{args.train_scenes - 1}",
-        "validation_scenes": f"train split, the {args.validation_scenes} after those",
-        "recipe": vars(recipe),
-        "augmentation": "random flip and rotation by a multiple of 90 degrees",
-        "patch_weight": args.patch_weight,
-    }
-    save(args.out, model, settings, training, history, started)
+    loss = scene_and_patch_loss(args.patch_weight)
+    train_on_scenes(args, settings, loss, __file__, patch_weight=args.patch_weight)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import reference_hf as ref
 import torch
+from test_streaming import identity_site
 
 from explain import Explainer
-from explain.architectures.base import FusedAttentionSite, TokenLayout
+from explain.architectures.base import TokenLayout
 from explain.engine.spread import LastBlockFold
 from explain.fused import FusedBlock
 from explain.rules import RuleContext, get_method
@@ -130,19 +131,8 @@ def test_fused_last_block_takes_the_gradients_of_as_many_columns_as_fit_the_budg
     budget: one column's worth here, so three columns take three steps, equal to the
     reference from whole maps."""
     generator = torch.Generator().manual_seed(2)
-    site = FusedAttentionSite(
-        layer=0,
-        query=torch.nn.Identity(),
-        key=torch.nn.Identity(),
-        value=torch.nn.Identity(),
-        values=lambda x: x,
-        output=torch.nn.Identity(),
-        heads=lambda x: x,
-        scale=0.5,
-        causal=True,
-    )
     query, key, value = (torch.randn(2, 2, 5, 4, generator=generator).double() for _ in range(3))
-    block = FusedBlock(site, query, key, value)
+    block = FusedBlock(identity_site(causal=True), query, key, value)
     output_grads = torch.randn(3, 2, 2, 5, 4, generator=generator).double()
     readouts = torch.rand(3, 2, 5, generator=generator).double()
     keys = torch.rand(3, 2, 5, generator=generator) > 0.2

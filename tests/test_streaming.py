@@ -190,8 +190,10 @@ def test_only_head_mean_folds_spread_and_the_others_take_whole_maps():
         torch.testing.assert_close(fused.relevance, explicit.relevance, rtol=1e-10, atol=1e-12)
 
 
-def _block(mask, causal):
-    site = FusedAttentionSite(
+def identity_site(causal: bool) -> FusedAttentionSite:
+    """A fused attention site whose projections and head split are identities, so that a
+    block's query, key and value are the tensors a test hands it."""
+    return FusedAttentionSite(
         layer=0,
         query=torch.nn.Identity(),
         key=torch.nn.Identity(),
@@ -202,8 +204,11 @@ def _block(mask, causal):
         scale=0.5,
         causal=causal,
     )
+
+
+def _block(mask, causal):
     query = torch.zeros(2, 3, 5, 4)
-    return FusedBlock(site, query, query, query, mask=mask)
+    return FusedBlock(identity_site(causal), query, query, query, mask=mask)
 
 
 def test_a_block_mask_becomes_a_key_mask_where_it_is_one():

@@ -240,17 +240,17 @@ def test_each_generated_token_equals_the_rule_on_its_prefix(model, processor, de
             assert (result.relevances["text"][row, step][~real] == 0).all()
 
 
-@pytest.mark.parametrize("answer", [False, True])
-def test_a_left_padded_batch_equals_each_prompt_alone(kind, processor, answer):
-    model = KINDS[kind][0]()  # float32: a left-padded float64 row is NaN (see above)
+def _assert_a_left_padded_batch_equals_each_prompt_alone(model, processor, depth, answer):
+    """Two prompts of different lengths, left-padded to one width (with their answers, as
+    long, after them when `answer`), get the maps each gets alone; the padding exactly 0."""
     pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
     chats = _chats(processor, pairs)
     explainer = Explainer(model, tokenizer=processor)
 
     def run(prompt):
         if not answer:
-            return explainer.explain(prompt, depth="tower")
-        return explain_generation(explainer, prompt, max_new_tokens=2, depth="tower").explanation
+            return explainer.explain(prompt, depth=depth)
+        return explain_generation(explainer, prompt, max_new_tokens=2, depth=depth).explanation
 
     together = run(chats)
     for row, (photo, words) in enumerate(pairs):
@@ -260,11 +260,15 @@ def test_a_left_padded_batch_equals_each_prompt_alone(kind, processor, answer):
         image = together.relevances["image"][row]
         torch.testing.assert_close(image, alone.relevances["image"][0], **close)
         text, single = together.relevances["text"][row], alone.relevances["text"][0]
-        length = single.shape[-1]
-        # the prompts are left-padded to one width; the answers (as long) follow them
-        pad = together.relevances["text"].shape[-1] - length
+        pad = text.shape[-1] - single.shape[-1]
         torch.testing.assert_close(text[..., pad:], single, **close)
         assert (text[..., :pad] == 0).all()
+
+
+@pytest.mark.parametrize("answer", [False, True])
+def test_a_left_padded_batch_equals_each_prompt_alone(kind, processor, answer):
+    model = KINDS[kind][0]()  # float32: a left-padded float64 row is NaN (see above)
+    _assert_a_left_padded_batch_equals_each_prompt_alone(model, processor, "tower", answer)
 
 
 def test_two_images_in_one_prompt_get_one_map_each(model, processor):
@@ -427,15 +431,9 @@ def test_the_generate_page_and_figure(tmp_path, capsys):
     assert "--depth is for vision-language models" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("depth", ["lm", "tower"])
-@pytest.mark.parametrize("method", ["generic", "rollout"])
-def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
-    model, processor, method, depth
-):
-    # The fused path recomputes the blocks from q, k, v (explain.fused): every answer
-    # token's fold at once, without maps (explain.engine.spread: "streamed"), through the
-    # language model's blocks and with depth "tower" on through the tower's, read out by
-    # the first fold's rows at the image tokens. Llama's eager softmax is float32.
+def _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method, depth):
+    """Two answers explained by `method` at `depth` on the fused path (streamed) equal
+    those on the explicit path."""
     chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
     results = {
@@ -452,6 +450,18 @@ def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
             rtol=1e-5,
             atol=1e-9,
         )
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+@pytest.mark.parametrize("method", ["generic", "rollout"])
+def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
+    model, processor, method, depth
+):
+    # The fused path recomputes the blocks from q, k, v (explain.fused): every answer
+    # token's fold at once, without maps (explain.engine.spread: "streamed"), through the
+    # language model's blocks and with depth "tower" on through the tower's, read out by
+    # the first fold's rows at the image tokens. Llama's eager softmax is float32.
+    _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method, depth)
 
 
 class _Shapes(TorchDispatchMode):
@@ -746,6 +756,25 @@ def test_qwen2_vl_next_token_equals_the_written_out_rule(qwen2_vl, method, depth
     torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
 
 
+def _assert_each_answer_token_equals_the_rule(answer, prefix, reference):
+    """Each generated token's maps equal `reference(one, position, token)`, the rule written
+    out on its prefix `one = prefix(row, end)` (prompts of one length: no padding)."""
+    generation, result = answer.generation, answer.explanation
+    batch, steps = generation.generated.shape
+    width = generation.prompt_length
+    for row in range(batch):
+        for step in range(steps):
+            if not generation.generated[row, step]:
+                continue
+            end = width + step
+            token = int(generation.input_ids[row, end])
+            assert int(result.target[row, step]) == token
+            image, text = reference(prefix(row, end), end - 1, token)
+            got = result.relevances
+            torch.testing.assert_close(got["image"][row, step], image[0], rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(got["text"][row, step, :end], text, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("depth", ["lm", "tower"])
 def test_qwen2_vl_each_generated_token_equals_the_rule_on_its_prefix(qwen2_vl, depth):
     model, processor = qwen2_vl
@@ -758,25 +787,20 @@ def test_qwen2_vl_each_generated_token_equals_the_rule_on_its_prefix(qwen2_vl, d
     types = generation.extra["mm_token_type_ids"]
     assert types.shape == generation.input_ids.shape
     assert (types[:, generation.prompt_length :] == 0).all()  # the answer is text
-    width = generation.prompt_length
-    for row in range(batch):
-        for step in range(steps):
-            if not generation.generated[row, step]:
-                continue
-            end = width + step
-            one = {
-                "input_ids": generation.input_ids[row : row + 1, :end],
-                "attention_mask": generation.attention_mask[row : row + 1, :end],
-                "mm_token_type_ids": types[row : row + 1, :end],
-                "pixel_values": generation.extra["pixel_values"].reshape(batch, -1, 384)[row],
-                "image_grid_thw": generation.extra["image_grid_thw"][row : row + 1],
-            }
-            token = int(generation.input_ids[row, end])
-            assert int(result.target[row, step]) == token
-            image, text = _qwen2_vl_reference(model, one, end - 1, token, depth=depth)
-            got = result.relevances
-            torch.testing.assert_close(got["image"][row, step], image[0], rtol=1e-9, atol=1e-12)
-            torch.testing.assert_close(got["text"][row, step, :end], text, rtol=1e-9, atol=1e-12)
+
+    def prefix(row, end):
+        return {
+            "input_ids": generation.input_ids[row : row + 1, :end],
+            "attention_mask": generation.attention_mask[row : row + 1, :end],
+            "mm_token_type_ids": types[row : row + 1, :end],
+            "pixel_values": generation.extra["pixel_values"].reshape(batch, -1, 384)[row],
+            "image_grid_thw": generation.extra["image_grid_thw"][row : row + 1],
+        }
+
+    def rule(one, position, token):
+        return _qwen2_vl_reference(model, one, position, token, depth=depth)
+
+    _assert_each_answer_token_equals_the_rule(answer, prefix, rule)
 
 
 @pytest.mark.parametrize("depth", ["lm", "tower"])
@@ -786,25 +810,7 @@ def test_qwen2_vl_a_left_padded_batch_equals_each_prompt_alone(qwen_version, ans
 
     model = tiny_qwen2_vl(version=qwen_version)  # float32, see above
     processor = tiny_qwen2_vl_processor(qwen_version)
-    explainer = Explainer(model, tokenizer=processor)
-    pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
-
-    def run(prompt):
-        if not answer:
-            return explainer.explain(prompt, depth=depth)
-        return explain_generation(explainer, prompt, max_new_tokens=2, depth=depth).explanation
-
-    together = run(_chats(processor, pairs))
-    for row, (photo, words) in enumerate(pairs):
-        alone = run(_chat(processor, photo, words))
-        assert together.target[row].tolist() == alone.target[0].tolist()
-        close = dict(rtol=1e-5, atol=1e-6)
-        image = together.relevances["image"][row]
-        torch.testing.assert_close(image, alone.relevances["image"][0], **close)
-        text, single = together.relevances["text"][row], alone.relevances["text"][0]
-        pad = text.shape[-1] - single.shape[-1]
-        torch.testing.assert_close(text[..., pad:], single, **close)
-        assert (text[..., :pad] == 0).all()
+    _assert_a_left_padded_batch_equals_each_prompt_alone(model, processor, depth, answer)
 
 
 def test_qwen2_vl_rotary_positions_are_the_models_own(qwen2_vl):
@@ -912,28 +918,43 @@ def test_qwen2_vl_maps_go_back_onto_the_whole_photo():
     torch.testing.assert_close(back[:, 2:-2, 2:-2], expected[:, 2:-2, 2:-2], atol=0.04, rtol=0)
 
 
-def test_qwen2_vl_loads_from_a_folder_and_draws_the_generate_page(tmp_path, capsys):
+def _load_saved(tmp_path, model, processor):
+    """The folder `model` and `processor` are saved in, after checking it loads as a
+    vision-language model that maps onto the whole photo."""
+    from explain.loading import load_model
+
+    folder = tmp_path / "saved"
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    loaded = load_model(str(folder))
+    assert loaded.modality == "vision_language" and loaded.preprocessing is not None
+    assert loaded.preprocessing.fit == "exact"
+    return folder
+
+
+def _draw_generate_page(tmp_path, folder, *options) -> str:
+    """The page `explain generate` draws for a photo and "w12 w13" with `folder`'s model."""
     from PIL import Image
 
     from explain.cli import main
-    from explain.loading import load_model
-    from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
 
-    folder = tmp_path / "qwen2-vl"
-    tiny_qwen2_vl().save_pretrained(folder)
-    tiny_qwen2_vl_processor().save_pretrained(folder)
-    loaded = load_model(str(folder))
-    assert loaded.modality == "vision_language" and loaded.preprocessing is not None
-    assert loaded.preprocessing.fit == "exact"  # the whole photo, resized per photo
     Image.fromarray(_photo(5, (48, 72))).save(tmp_path / "photo.png")
     page = tmp_path / "page.html"
     argv = ["generate", "--image", str(tmp_path / "photo.png"), "w12 w13", "--model"]
-    assert main([*argv, str(folder), "--max-new-tokens", "2", "--html", str(page)]) == 0
-    assert str(page) in capsys.readouterr().out
-    assert page.read_text().count('class="word"') == 2 and "depth lm" in page.read_text()
-    options = ["--max-new-tokens", "2", "--depth", "tower", "--html", str(page)]
-    assert main([*argv, str(folder), *options]) == 0
-    assert "depth tower" in page.read_text()
+    argv += [str(folder), "--max-new-tokens", "2", *options, "--html", str(page)]
+    assert main(argv) == 0
+    return page.read_text()
+
+
+def test_qwen2_vl_loads_from_a_folder_and_draws_the_generate_page(tmp_path, capsys):
+    from explain.testing.tiny_vlm import tiny_qwen2_vl, tiny_qwen2_vl_processor
+
+    # the whole photo, resized per photo
+    folder = _load_saved(tmp_path, tiny_qwen2_vl(), tiny_qwen2_vl_processor())
+    text = _draw_generate_page(tmp_path, folder)
+    assert str(tmp_path / "page.html") in capsys.readouterr().out
+    assert text.count('class="word"') == 2 and "depth lm" in text
+    assert "depth tower" in _draw_generate_page(tmp_path, folder, "--depth", "tower")
 
 
 def test_qwen2_vl_tiny_towers_run_what_matters():
@@ -956,22 +977,7 @@ def test_qwen2_vl_the_fused_path_folds_the_tower_as_the_explicit_path(qwen2_vl, 
     # language model's eager maps; the fused path streams both, Qwen2.5-VL's windows
     # piece by piece.
     model, processor = qwen2_vl
-    chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
-    made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
-    results = {
-        path: explain_generation(
-            Explainer(model, attention_path=path), made, method=method, depth="tower"
-        ).explanation
-        for path in ("explicit", "fused")
-    }
-    assert results["fused"].settings["attention_path"] == "streamed"
-    for name in ("image", "text"):
-        torch.testing.assert_close(
-            results["fused"].relevances[name],
-            results["explicit"].relevances[name],
-            rtol=1e-5,
-            atol=1e-9,
-        )
+    _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method, "tower")
 
 
 def test_qwen2_vl_the_automatic_path_counts_the_towers_own_maps(qwen2_vl):
@@ -1207,25 +1213,20 @@ def test_idefics3_each_generated_token_equals_the_rule_on_its_prefix(idefics3, d
     g, _ = _tile_patches(model)
     assert result.relevances["image"].shape == (batch, steps, 2 * g, 3 * g)
     assert generation.extra["rows"].tolist() == [[2], [2]]  # travels with the generation
-    width = generation.prompt_length
-    for row in range(batch):
-        for step in range(steps):
-            if not generation.generated[row, step]:
-                continue
-            end = width + step
-            one = {
-                "input_ids": generation.input_ids[row : row + 1, :end],
-                "attention_mask": generation.attention_mask[row : row + 1, :end],
-                "pixel_values": generation.extra["pixel_values"][row : row + 1].double(),
-                "rows": [[2]],
-                "cols": [[3]],
-            }
-            token = int(generation.input_ids[row, end])
-            assert int(result.target[row, step]) == token
-            image, text = _idefics3_reference(model, one, end - 1, token, depth)
-            got = result.relevances
-            torch.testing.assert_close(got["image"][row, step], image[0], rtol=1e-9, atol=1e-12)
-            torch.testing.assert_close(got["text"][row, step, :end], text, rtol=1e-9, atol=1e-12)
+
+    def prefix(row, end):
+        return {
+            "input_ids": generation.input_ids[row : row + 1, :end],
+            "attention_mask": generation.attention_mask[row : row + 1, :end],
+            "pixel_values": generation.extra["pixel_values"][row : row + 1].double(),
+            "rows": [[2]],
+            "cols": [[3]],
+        }
+
+    def rule(one, position, token):
+        return _idefics3_reference(model, one, position, token, depth)
+
+    _assert_each_answer_token_equals_the_rule(answer, prefix, rule)
 
 
 @pytest.mark.parametrize("answer", [False, True])
@@ -1234,25 +1235,7 @@ def test_idefics3_a_left_padded_batch_equals_each_prompt_alone(idefics_kind, ans
 
     model = tiny_idefics3(kind=idefics_kind)  # float32, see above
     processor = tiny_idefics3_processor(idefics_kind)
-    explainer = Explainer(model, tokenizer=processor)
-    pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
-
-    def run(prompt):
-        if not answer:
-            return explainer.explain(prompt, depth="tower")
-        return explain_generation(explainer, prompt, max_new_tokens=2, depth="tower").explanation
-
-    together = run(_chats(processor, pairs))
-    for row, (photo, words) in enumerate(pairs):
-        alone = run(_chat(processor, photo, words))
-        assert together.target[row].tolist() == alone.target[0].tolist()
-        close = dict(rtol=1e-5, atol=1e-6)
-        image = together.relevances["image"][row]
-        torch.testing.assert_close(image, alone.relevances["image"][0], **close)
-        text, single = together.relevances["text"][row], alone.relevances["text"][0]
-        pad = text.shape[-1] - single.shape[-1]
-        torch.testing.assert_close(text[..., pad:], single, **close)
-        assert (text[..., :pad] == 0).all()
+    _assert_a_left_padded_batch_equals_each_prompt_alone(model, processor, "tower", answer)
 
 
 def test_idefics3_two_photos_and_a_photo_not_split(idefics3):
@@ -1404,27 +1387,14 @@ def test_idefics3_a_shapes_photo_by_path_or_array_lands_on_the_photo(idefics3, t
 
 
 def test_idefics3_loads_from_a_folder_and_draws_the_generate_page(tmp_path, capsys):
-    from PIL import Image
-
-    from explain.cli import main
-    from explain.loading import load_model
     from explain.testing.tiny_vlm import tiny_idefics3, tiny_idefics3_processor
 
-    folder = tmp_path / "idefics3"
-    tiny_idefics3().save_pretrained(folder)
-    tiny_idefics3_processor().save_pretrained(folder)
-    loaded = load_model(str(folder))
-    assert loaded.modality == "vision_language" and loaded.preprocessing is not None
-    assert loaded.preprocessing.fit == "exact"  # the whole photo, split into tiles
-    Image.fromarray(_photo(5, (48, 72))).save(tmp_path / "photo.png")
-    page = tmp_path / "page.html"
-    argv = ["generate", "--image", str(tmp_path / "photo.png"), "w12 w13", "--model"]
-    argv += [str(folder), "--max-new-tokens", "2", "--depth", "tower", "--html", str(page)]
-    assert main(argv) == 0
-    assert str(page) in capsys.readouterr().out
-    text = page.read_text()
+    # the whole photo, split into tiles
+    folder = _load_saved(tmp_path, tiny_idefics3(), tiny_idefics3_processor())
+    text = _draw_generate_page(tmp_path, folder, "--depth", "tower")
+    assert str(tmp_path / "page.html") in capsys.readouterr().out
     assert text.count('class="word"') == 2 and "depth tower" in text
-    assert text.count("[image]") >= 1 and page.with_suffix(".png").stat().st_size > 0
+    assert text.count("[image]") >= 1 and (tmp_path / "page.png").stat().st_size > 0
 
 
 def test_the_page_shows_each_photo_once_whatever_its_tiles():

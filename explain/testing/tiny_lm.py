@@ -139,18 +139,19 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_tokenizer() -> Any:
-    """A word-level tokenizer over "<pad> <s> </s> user assistant system <script> a&b w8
-    ... w59" (ids 0..59, the tiny models' vocabulary), with a chat template, built
-    offline; unknown words become w8."""
+# The first words of the tiny vocabulary; two of them HTML would take for markup: pages
+# must show them escaped.
+_FIRST_WORDS = ["<pad>", "<s>", "</s>", "user", "assistant", "system", "<script>", "a&b"]
+
+
+def _word_tokenizer(words: list[str], chat_template: str, **options: Any) -> Any:
+    """A left-padding word-level tokenizer over `words` (ids in their order; unknown words
+    become w8) with `chat_template`, built offline; `options` go to transformers'
+    `PreTrainedTokenizerFast`."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    # Two words that HTML would take for markup: pages must show them escaped.
-    words = ["<pad>", "<s>", "</s>", "user", "assistant", "system", "<script>", "a&b"]
-    words += WORDS[len(words) :]
-    vocabulary = {word: index for index, word in enumerate(words[:VOCAB])}
-    core = Tokenizer(models.WordLevel(vocabulary, unk_token="w8"))
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w8"))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core,
@@ -159,9 +160,17 @@ def tiny_tokenizer() -> Any:
         eos_token="</s>",
         unk_token="w8",
         padding_side="left",
+        **options,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def tiny_tokenizer() -> Any:
+    """A word-level tokenizer over "<pad> <s> </s> user assistant system <script> a&b w8
+    ... w59" (ids 0..59, the tiny models' vocabulary), with a chat template, built
+    offline; unknown words become w8."""
+    return _word_tokenizer(_FIRST_WORDS + WORDS[len(_FIRST_WORDS) :], CHAT_TEMPLATE)
 
 
 def save_tiny_lm(folder: Path, family: str = "llama") -> Path:

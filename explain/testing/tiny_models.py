@@ -128,14 +128,44 @@ def _texts(lengths: tuple[int, ...], vocab: tuple[int, int], first: int, last: i
     return ids
 
 
-def _text_case(model: nn.Module, lengths: tuple[int, ...], first: int, last: int) -> TinyCase:
-    ids = _texts(lengths, (3, 40), first, last)
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+def _mask(lengths: tuple[int, ...], width: int) -> Tensor:
+    """The attention mask of right-padded texts of `lengths` tokens, `width` wide."""
+    return (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+
+
+def _image_texts(lengths: tuple[int, ...], image: Tensor, at: int) -> tuple[Tensor, Tensor]:
+    """Right-padded token ids of texts `lengths` long that hold `image`'s tokens after
+    their first `at` tokens (the rest random words), and their attention mask."""
+    words = _texts(tuple(n - len(image) for n in lengths), (5, 40), first=1, last=2)
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        text = words[row, : length - len(image)]
+        ids[row, :length] = torch.cat([text[:at], image, text[at:]])
+    return ids, _mask(lengths, ids.shape[1])
+
+
+def _padded_case(
+    model: nn.Module,
+    lengths: tuple[int, ...],
+    tokens: Mapping[str, Tensor],
+    images: Mapping[str, Tensor] | None = None,
+) -> TinyCase:
+    """The case of right-padded texts of `lengths` tokens: `tokens` (ids, mask, ... one
+    row a text) and `images` (one equal chunk a text) batched, and each text alone, cut
+    to its length."""
+    images = images or {}
     alone = tuple(
-        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
+        {name: value[i : i + 1, :n] for name, value in tokens.items()}
+        | {name: value.chunk(len(lengths))[i] for name, value in images.items()}
         for i, n in enumerate(lengths)
     )
-    return TinyCase(model, {"input_ids": ids, "attention_mask": mask}, alone, {"text": lengths})
+    return TinyCase(model, {**tokens, **images}, alone, {"text": lengths})
+
+
+def _text_case(model: nn.Module, lengths: tuple[int, ...], first: int, last: int) -> TinyCase:
+    ids = _texts(lengths, (3, 40), first, last)
+    tokens = {"input_ids": ids, "attention_mask": _mask(lengths, ids.shape[1])}
+    return _padded_case(model, lengths, tokens)
 
 
 def _images(count: int, size: int) -> Tensor:
@@ -293,8 +323,7 @@ def _hf_encoder_decoder() -> TinyCase:
     model = _seeded(lambda: _spread(BartForConditionalGeneration(config), 0.3, "weight"))
     source, target = (6, 4), (5, 3)
     ids, decoder = _texts(source, (3, 40), 1, 2), _texts(target, (3, 40), 2, 5)
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(source)[:, None]).long()
-    decoder_mask = (torch.arange(decoder.shape[1])[None] < torch.tensor(target)[:, None]).long()
+    mask, decoder_mask = _mask(source, ids.shape[1]), _mask(target, decoder.shape[1])
     batch = {
         "input_ids": ids,
         "attention_mask": mask,
@@ -622,20 +651,9 @@ def _hf_llava() -> TinyCase:
 
     # "<s> user <image> x 16 words", right-padded: each text holds its image's 16 tokens
     lengths = (23, 20)
-    words = _texts(tuple(n - 16 for n in lengths), (5, 40), first=1, last=2)
-    ids = torch.zeros(2, max(lengths), dtype=torch.long)
-    for row, length in enumerate(lengths):
-        text = words[row, : length - 16]
-        ids[row, :length] = torch.cat([text[:2], torch.full((16,), IMAGE_TOKEN_ID), text[2:]])
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
-    images = _images(2, 32)
-    batch = {"input_ids": ids, "attention_mask": mask, "pixel_values": images}
-    alone = tuple(
-        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
-        | {"pixel_values": images[i : i + 1]}
-        for i, n in enumerate(lengths)
-    )
-    return TinyCase(tiny_llava(), batch, alone, {"text": lengths})
+    ids, mask = _image_texts(lengths, torch.full((16,), IMAGE_TOKEN_ID), at=2)
+    tokens = {"input_ids": ids, "attention_mask": mask}
+    return _padded_case(tiny_llava(), lengths, tokens, {"pixel_values": _images(2, 32)})
 
 
 def _hf_paligemma() -> TinyCase:
@@ -643,23 +661,9 @@ def _hf_paligemma() -> TinyCase:
 
     # 16 image tokens, then "<s> words", right-padded; all of it the bidirectional prefix
     lengths = (22, 19)
-    words = _texts(tuple(n - 16 for n in lengths), (5, 40), first=1, last=2)
-    ids = torch.zeros(2, max(lengths), dtype=torch.long)
-    for row, length in enumerate(lengths):
-        ids[row, :length] = torch.cat(
-            [torch.full((16,), IMAGE_TOKEN_ID), words[row, : length - 16]]
-        )
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
-    types = torch.zeros_like(ids)
-    images = _images(2, 32)
-    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-    batch["pixel_values"] = images
-    alone = tuple(
-        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
-        | {"token_type_ids": types[i : i + 1, :n], "pixel_values": images[i : i + 1]}
-        for i, n in enumerate(lengths)
-    )
-    return TinyCase(tiny_paligemma(), batch, alone, {"text": lengths})
+    ids, mask = _image_texts(lengths, torch.full((16,), IMAGE_TOKEN_ID), at=0)
+    tokens = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+    return _padded_case(tiny_paligemma(), lengths, tokens, {"pixel_values": _images(2, 32)})
 
 
 def _hf_gemma3() -> TinyCase:
@@ -667,23 +671,11 @@ def _hf_gemma3() -> TinyCase:
 
     # "<s> BOI <image> x 4 EOI words", right-padded; token type 1 at the image tokens
     lengths = (11, 9)
-    words = _texts(tuple(n - 6 for n in lengths), (5, 40), first=1, last=2)
     image = torch.tensor([BOI_TOKEN_ID, *[IMAGE_TOKEN_ID] * 4, EOI_TOKEN_ID])
-    ids = torch.zeros(2, max(lengths), dtype=torch.long)
-    for row, length in enumerate(lengths):
-        text = words[row, : length - 6]
-        ids[row, :length] = torch.cat([text[:1], image, text[1:]])
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    ids, mask = _image_texts(lengths, image, at=1)
     types = (ids == IMAGE_TOKEN_ID).long()
-    images = _images(2, 32)
-    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
-    batch["pixel_values"] = images
-    alone = tuple(
-        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
-        | {"token_type_ids": types[i : i + 1, :n], "pixel_values": images[i : i + 1]}
-        for i, n in enumerate(lengths)
-    )
-    return TinyCase(tiny_gemma3(), batch, alone, {"text": lengths})
+    tokens = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    return _padded_case(tiny_gemma3(), lengths, tokens, {"pixel_values": _images(2, 32)})
 
 
 def _hf_qwen2_vl(version: str = "2") -> TinyCase:
@@ -693,24 +685,13 @@ def _hf_qwen2_vl(version: str = "2") -> TinyCase:
     # 2 x 2; flattened as the processor does: block by block, each patch 3 channels x 2
     # frames x 8 x 8
     lengths = (11, 9)
-    words = _texts(tuple(n - 4 for n in lengths), (5, 40), first=1, last=2)
-    ids = torch.zeros(2, max(lengths), dtype=torch.long)
-    for row, length in enumerate(lengths):
-        text = words[row, : length - 4]
-        ids[row, :length] = torch.cat([text[:2], torch.full((4,), IMAGE_TOKEN_ID), text[2:]])
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
+    ids, mask = _image_texts(lengths, torch.full((4,), IMAGE_TOKEN_ID), at=2)
     # (image, channel, block row, row in block, pixel row, block col, col in block, pixel col)
     patches = _images(2, 32).reshape(2, 3, 2, 2, 8, 2, 2, 8).permute(0, 2, 5, 3, 6, 1, 4, 7)
     patches = patches.reshape(32, 3, 1, 8, 8).expand(-1, -1, 2, -1, -1).reshape(32, -1)
-    grid = torch.tensor([[1, 4, 4], [1, 4, 4]])
-    batch = {"input_ids": ids, "attention_mask": mask, "pixel_values": patches}
-    batch["image_grid_thw"] = grid
-    alone = tuple(
-        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
-        | {"pixel_values": patches[16 * i : 16 * (i + 1)], "image_grid_thw": grid[i : i + 1]}
-        for i, n in enumerate(lengths)
-    )
-    return TinyCase(tiny_qwen2_vl(version=version), batch, alone, {"text": lengths})
+    images = {"pixel_values": patches, "image_grid_thw": torch.tensor([[1, 4, 4], [1, 4, 4]])}
+    tokens = {"input_ids": ids, "attention_mask": mask}
+    return _padded_case(tiny_qwen2_vl(version=version), lengths, tokens, images)
 
 
 def _hf_idefics3(kind: str = "idefics3") -> TinyCase:
@@ -728,22 +709,11 @@ def _hf_idefics3(kind: str = "idefics3") -> TinyCase:
     first, second, whole = (word(w) for w in ("<row_1_col_1>", "<row_1_col_2>", "<global-img>"))
     image = torch.tensor([fake, first, *tile, fake, second, *tile, fake, whole, *tile, fake])
     lengths = (26, 23)
-    words = _texts(tuple(n - len(image) for n in lengths), (5, 40), first=1, last=2)
-    ids = torch.zeros(2, max(lengths), dtype=torch.long)
-    for row, length in enumerate(lengths):
-        text = words[row, : length - len(image)]
-        ids[row, :length] = torch.cat([text[:2], image, text[2:]])
-    mask = (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]).long()
-    pixels = _images(6, 32).reshape(2, 3, 3, 32, 32)
-    rows, cols = torch.tensor([[1], [1]]), torch.tensor([[2], [2]])
-    batch = {"input_ids": ids, "attention_mask": mask, "pixel_values": pixels}
-    batch |= {"rows": rows, "cols": cols}
-    alone = tuple(
-        {"input_ids": ids[i : i + 1, :n], "attention_mask": mask[i : i + 1, :n]}
-        | {"pixel_values": pixels[i : i + 1], "rows": rows[i : i + 1], "cols": cols[i : i + 1]}
-        for i, n in enumerate(lengths)
-    )
-    return TinyCase(tiny_idefics3(kind=kind), batch, alone, {"text": lengths})
+    ids, mask = _image_texts(lengths, image, at=2)
+    images = {"pixel_values": _images(6, 32).reshape(2, 3, 3, 32, 32)}
+    images |= {"rows": torch.tensor([[1], [1]]), "cols": torch.tensor([[2], [2]])}
+    tokens = {"input_ids": ids, "attention_mask": mask}
+    return _padded_case(tiny_idefics3(kind=kind), lengths, tokens, images)
 
 
 def _custom_text() -> TinyCase:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from explain.testing.tiny_lm import _COMMON, VOCAB, WORDS
+from explain.testing.tiny_lm import _COMMON, _FIRST_WORDS, VOCAB, WORDS, _word_tokenizer
 
 __all__ = [
     "IDEFICS3_TILE",
@@ -65,25 +65,11 @@ def tiny_vlm_tokenizer(specials: Sequence[str] = ()) -> Any:
     """The tiny word-level tokenizer (explain.testing.tiny_lm) with "<image>" as its last word
     (id 59), a special token so that the processor's runs of placeholders split, and the
     image chat template; `specials` are more special words after it (ids 60, 61, ...)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<pad>", "<s>", "</s>", "user", "assistant", "system", "<script>", "a&b"]
-    words += [*WORDS[len(words) : VOCAB - 1], IMAGE_TOKEN, *specials]
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="w8"))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="w8",
-        padding_side="left",
-        extra_special_tokens={"image_token": IMAGE_TOKEN},
-    )
+    words = [*_FIRST_WORDS, *WORDS[len(_FIRST_WORDS) : VOCAB - 1], IMAGE_TOKEN, *specials]
+    image_token = {"image_token": IMAGE_TOKEN}
+    tokenizer = _word_tokenizer(words, VLM_CHAT_TEMPLATE, extra_special_tokens=image_token)
     if specials:
         tokenizer.add_special_tokens({"additional_special_tokens": list(specials)})
-    tokenizer.chat_template = VLM_CHAT_TEMPLATE
     return tokenizer
 
 
