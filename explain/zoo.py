@@ -89,6 +89,12 @@ ZOO: dict[str, ZooEntry] = {
             "CLIP (ViT 4 blocks, text 2 blocks) matching shapes scenes with their captions",
             "scripts/train_shapes_clip.py",
         ),
+        ZooEntry(
+            "recall-llama",
+            "Llama (2 blocks) recalling the value of a key among distractor facts and filler "
+            "in long contexts: a language model whose evidence is known",
+            "scripts/train_recall_lm.py",
+        ),
     )
 }
 """Every zoo model by name; `explain models` lists them."""
@@ -176,11 +182,20 @@ def _build_hf_clip(config: dict[str, Any]) -> nn.Module:
     return CLIPModel(CLIPConfig(**config["clip"]))
 
 
+def _build_hf_llama(config: dict[str, Any]) -> nn.Module:
+    """A stock Hugging Face LlamaForCausalLM from the config's `llama` (LlamaConfig's
+    arguments)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(**config["llama"]))
+
+
 _BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
     "timm_vit": _build_timm_vit,
     "timm_swin": _build_timm_swin,
     "minilm_classifier": _build_minilm_classifier,
     "hf_clip": _build_hf_clip,
+    "hf_llama": _build_hf_llama,
 }
 
 
