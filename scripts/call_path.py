@@ -14,11 +14,14 @@ Only Python functions defined in explain/ count (torch and timm frames are skipp
 - depth: the deepest explain call stack counted in files (consecutive frames of one file
   are one layer), and in frames.
 
-House: top-level modules of explain/, family modules found in two places (a module of
-explain/<pkg>/ named like a family module of explain/architectures/), modules named like
-the standard library, string imports between packages (`LazyImport(...)` and
-`importlib.import_module("explain...")` calls), and rule modules (explain/rules/) that
-import explain.architectures.
+Each call is then run once more under a TorchDispatchMode that counts its ATen ops (the
+op-count tests' CPU stand-in for GPU launches).
+
+House: lines of code per package, top-level modules of explain/, family modules found in
+two places (a module outside explain/architectures/ named like a family module there),
+modules named like the standard library, string imports between packages
+(`LazyImport(...)` and `importlib.import_module("explain...")` calls), and rule modules
+(explain/rules/) that import explain.architectures.
 
     PYTHONPATH=$PWD python scripts/call_path.py [--json out.json]
 """
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import explain
 from explain.testing import tiny_vit
@@ -49,6 +53,18 @@ def _explain_file(code: Any) -> str | None:
         return str(path.resolve().relative_to(ROOT))
     except ValueError:
         return None
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the ATen ops dispatched while active (the op-count tests' measure)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.total += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _profile(call: Callable[[], Any]) -> dict[str, Any]:
@@ -80,8 +96,11 @@ def _profile(call: Callable[[], Any]) -> dict[str, Any]:
         call()
     finally:
         sys.setprofile(None)
+    with _OpCounter() as ops:
+        call()
     files = sorted({file for file, _ in functions})
     return {
+        "aten_ops": ops.total,
         "functions": len(functions),
         "files": len(files),
         "file_switches": sum(1 for a, b in itertools.pairwise(calls) if a != b),
@@ -160,7 +179,13 @@ def house() -> dict[str, Any]:
         for path in (ROOT / "rules").rglob("*.py")
         if any(name.startswith("explain.architectures") for name in _imports(path))
     )
+    lines = {
+        package.name: sum(len(path.read_text().splitlines()) for path in package.rglob("*.py"))
+        for package in sorted(ROOT.iterdir())
+        if (package / "__init__.py").exists()
+    }
     return {
+        "lines_per_package": lines,
         "top_level_modules": len(top),
         "top_level_list": top,
         "family_modules_in_two_places": twins,
@@ -180,12 +205,16 @@ def main() -> None:
         print(
             f"{name}(vit, method='generic'): {path['functions']} functions in "
             f"{path['files']} files, {path['file_switches']} file switches, "
-            f"{path['depth_files']} files deep ({path['depth_frames']} frames)"
+            f"{path['depth_files']} files deep ({path['depth_frames']} frames), "
+            f"{path['aten_ops']} ATen ops"
         )
         print("  files:", ", ".join(path["file_list"]))
     print(f"top-level modules: {shape['top_level_modules']} ({', '.join(shape['top_level_list'])})")
     for key in ("family_modules_in_two_places", "stdlib_named_modules", "string_imports"):
         print(f"{key.replace('_', ' ')}: {len(shape[key])} {shape[key]}")
+    print(
+        "lines per package:", ", ".join(f"{k} {v}" for k, v in shape["lines_per_package"].items())
+    )
     key = "rule_modules_importing_architectures"
     print(f"{key.replace('_', ' ')}: {len(shape[key])} {shape[key]}")
     if args.json:
