@@ -11,9 +11,9 @@ import torch
 from test_streaming import identity_site
 
 from explain import Explainer
-from explain.architectures.base import TokenLayout
 from explain.engine.spread import LastBlockFold
 from explain.fused import FusedBlock
+from explain.layout import TokenLayout
 from explain.rules import RuleContext, get_method
 from explain.rules.attention import RAW_ATTENTION_SPREAD
 from explain.rules.fold import ColumnLastBlocks, LastBlock

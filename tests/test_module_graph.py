@@ -132,3 +132,10 @@ def test_the_package_graph_has_no_cycle():
         graph.setdefault(source, set()).update(targets - {source})
     cycle = _cycle(graph)
     assert cycle is None, "package import cycle: " + " -> ".join(cycle)
+
+
+def test_the_shared_data_types_import_nothing_of_explain():
+    """explain.layout is the bottom of the house: every package may import it, and it
+    imports none."""
+    modules = _modules()
+    assert _imports("explain.layout", modules["explain.layout"], modules) == set()

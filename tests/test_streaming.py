@@ -13,10 +13,10 @@ import torch
 
 import explain.engine.kernels.torch_fold as torch_fold
 from explain import Explainer
-from explain.architectures.base import FusedAttentionSite, Pieces
 from explain.engine.kernels import spread_maps
 from explain.engine.spread import ReadOut, SpreadFold
 from explain.fused import FusedBlock
+from explain.layout import FusedAttentionSite, Pieces
 from explain.rules.attention import ROLLOUT_SPREAD, rollout_step
 from explain.rules.fold import ColumnFolds, ReadoutFold
 from explain.rules.gradient import GENERIC_SPREAD, generic_step, gradient_weighted
@@ -169,7 +169,7 @@ def test_streamed_rollout_equals_explicit_path_in_float64(start_layer):
 
 
 def test_only_head_mean_folds_spread_and_the_others_take_whole_maps():
-    from explain.architectures.base import TokenLayout
+    from explain.layout import TokenLayout
     from explain.rules import RuleContext, get_method
 
     readout = torch.zeros(1, 4)

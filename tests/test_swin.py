@@ -1,6 +1,6 @@
 """Swin: the windowed fold against an independent dense computation in float64.
 
-The reference never uses explain.rules.windowed: it materialises each block's full
+The reference never uses explain.rules.fold: it materialises each block's full
 (N, N) attention from its windows by index arithmetic (zeros across windows, the cyclic
 shift rolled back), multiplies the dense factors of the whole model in forward order,
 patch-merging matrices included, and reads the product out with the mean-pool row. The
@@ -14,7 +14,7 @@ import torch
 
 from explain import Explainer, InputError, OptionError
 from explain.architectures.registry import adapter_for
-from explain.architectures.windows import WindowedBlock, WindowedLayout
+from explain.layout import WindowedBlock
 from explain.testing import SWIN_KINDS, tiny_swin
 
 IMAGES = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
@@ -63,8 +63,8 @@ def _reference(model, method: str, target: torch.Tensor, start_layer: int = 0) -
     explainer = Explainer(model)
     trace = explainer.trace(IMAGES, target=target, score="logit")
     layout = adapter_for(model).prepare(IMAGES).layout
-    assert isinstance(layout, WindowedLayout)
-    blocks = layout.blocks
+    blocks = layout.windows
+    assert blocks
     batch = IMAGES.shape[0]
     product = torch.eye(blocks[0].num_tokens, dtype=torch.float64).expand(batch, -1, -1)
     for layer, block in enumerate(blocks):
@@ -114,7 +114,7 @@ def test_the_dense_attention_reproduces_each_block_s_attention_output(kind):
     trace = Explainer(model).trace(IMAGES, target=0)
     layout = adapter_for(model).prepare(IMAGES).layout
     blocks = [block for stage in model.layers for block in stage.blocks]
-    assert any(any(b.shift) for b in layout.blocks)
+    assert any(any(b.shift) for b in layout.windows)
     inputs = []  # each block's input (B, rows, columns, C), after any merge
     hooks = [b.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for b in blocks]
     with torch.no_grad():
@@ -122,7 +122,7 @@ def test_the_dense_attention_reproduces_each_block_s_attention_output(kind):
     for hook in hooks:
         hook.remove()
     for layer, block in enumerate(blocks):
-        geometry = layout.blocks[layer]
+        geometry = layout.windows[layer]
         hidden = inputs[layer]
         normed = block.norm1(hidden) if kind == "timm" else hidden
         tokens = normed.reshape(hidden.shape[0], geometry.num_tokens, -1)

@@ -13,29 +13,28 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from explain.errors import InputError
 from explain.finite import check_finite
+from explain.layout import (
+    AttentionSite,
+    FlagSetting,
+    FusedPath,
+    Prepared,
+    TokenLayout,
+    TokenSet,
+)
 from explain.tokenizing import encode, is_raw_text, token_strings
 
 __all__ = [
     "Adapter",
-    "AttentionSite",
     "Detector",
-    "FlagSetting",
-    "FusedAttentionSite",
-    "FusedPath",
     "LanguageModel",
     "LazyImport",
-    "ModuleHook",
-    "Pieces",
-    "Prepared",
-    "TokenLayout",
-    "TokenSet",
     "TokenSets",
     "mean_rows",
     "one_hot_rows",
@@ -43,204 +42,11 @@ __all__ = [
     "whole_output",
 ]
 
-Modality = Literal["image", "text"]
-
 
 def whole_output(output: Tensor) -> Tensor:
     """`AttentionSite.probabilities` for a module whose whole output is the probabilities
     (a dropout or identity module the probabilities pass on their way to the values)."""
     return output
-
-
-@dataclass(frozen=True)
-class AttentionSite:
-    """Where one block's post-softmax attention probabilities can be seen in the forward.
-
-    The recorder puts a forward hook on `module`; `probabilities(output)` picks the
-    (B, H, N, N) tensor that the block multiplies with its values out of the module's output.
-
-    Models with two token sets (dual encoders, encoder-decoders) have several stacks of
-    blocks: `layer` is then unique over the whole model, `stack` names the block's stack
-    (e.g. "image", "text", "source", "target") and `kind` is "self", or "cross" for
-    attention whose keys come from another stack (queries (B, H, N_q, N_k)).
-    """
-
-    layer: int
-    module: nn.Module
-    probabilities: Callable[[Any], Tensor]
-    stack: str = "main"
-    kind: Literal["self", "cross"] = "self"
-    seen_in: Literal["output", "input"] = "output"
-    """Where the probabilities are: in the module's output (`probabilities` gets the
-    output), or among its positional inputs (`probabilities` gets the args tuple), for a
-    module the probabilities enter, such as a module that computes A @ V."""
-    recomputed: FusedAttentionSite | None = None
-    """Where the block's probabilities are no tensor of the model (a packed sequence
-    attended piece by piece, explain.architectures.hf_packed_attention): the fused site
-    whose q, k, v and output the recorder recomputes them from, and their gradient from
-    dO (explain.fused), on either path; `probabilities` is then never called."""
-
-
-ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
-"""A forward hook (module, args, kwargs, output) -> None that only reads what it is given,
-or -> a replacement output equal in value whose gradient follows a rule (explain.lrp.attnlrp)."""
-
-
-@dataclass(frozen=True)
-class FlagSetting:
-    """An attribute the session (explain.engine.session) sets for the duration of a call
-    and then restores."""
-
-    owner: object
-    name: str
-    value: object
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """A block's mask said by its shape: every sequence of the block's batch is cut into
-    contiguous pieces of `lengths` tokens (alike in every sequence), and a token attends
-    only within its own piece (a packed tower's windows,
-    explain.architectures.hf_packed_attention). A fold then takes the pieces one by one
-    (explain.engine.spread) and no (N x N) mask is ever built, unless a whole map is
-    asked for (`dense`)."""
-
-    lengths: tuple[int, ...]
-
-    def dense(self, device: torch.device) -> Tensor:
-        """(1, 1, N, N) bool: True where query and key lie in the same piece."""
-        sizes = torch.tensor(self.lengths, device=device)
-        piece = torch.arange(len(self.lengths), device=device).repeat_interleave(sizes)
-        return (piece[:, None] == piece[None, :])[None, None]
-
-
-@dataclass(frozen=True)
-class FusedAttentionSite:
-    """Where one block's q, k, v and attention output can be seen on the fused path.
-
-    With a fused scaled-dot-product kernel the attention probabilities never exist as a
-    tensor. They are recomputed from q and k, `A = softmax(q k^T * scale)`, and their
-    gradient from v and the gradient of the attention output, `dA = dO v^T`. The recorder
-    puts forward hooks on `query` and `key` (their outputs are q and k, (B, H, N, d),
-    before the scale) and on `value` (`values(output)` picks v, (B, H, N, d), out of its
-    output), and a forward pre-hook on `output`, whose first input is the attention output
-    that `heads(x)` turns back into (B, H, N, d). Where the query and key modules output
-    (B, N, H * d), `queries` and `keys` split the heads. Where the kernel takes an attention
-    mask, a forward pre-hook on `mask_module` reads it with `masks(args, kwargs)`: a bool
-    mask (True = attend) or an additive float mask that broadcasts to (B, H, N, N), a
-    `Pieces`, or None.
-    """
-
-    layer: int
-    query: nn.Module
-    key: nn.Module
-    value: nn.Module
-    values: Callable[[Tensor], Tensor]
-    output: nn.Module
-    heads: Callable[[Tensor], Tensor]
-    scale: float
-    queries: Callable[[Tensor], Tensor] | None = None
-    keys: Callable[[Tensor], Tensor] | None = None
-    mask_module: nn.Module | None = None
-    masks: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | Pieces | None] | None = None
-    causal: bool = False
-    """Queries attend to keys at or before their own position only, on top of the mask:
-    the recomputation then builds the causal mask by chunks of rows (never N x N) and
-    skips the keys after a chunk's last row."""
-
-
-@dataclass(frozen=True)
-class FusedPath:
-    """An adapter's fused-attention capability: its sites and the flags that keep the
-    fused kernel on (and checkpointing off) for the duration of a call."""
-
-    sites: Sequence[FusedAttentionSite]
-    flags: Sequence[FlagSetting]
-    context: Callable[[], AbstractContextManager[Any]] | None = None
-    """What the path needs in place for the call besides its flags (an entry in a
-    library's registry that a flag names), entered before the flags are set and exited
-    after they are restored; None: nothing."""
-
-
-@dataclass(frozen=True)
-class TokenLayout:
-    """How the model's token sequence relates to the input.
-
-    `token_mask` (B, N) marks the real tokens (False at padding); it is None when every
-    token is real, as in images.
-    """
-
-    modality: Modality
-    num_tokens: int
-    num_prefix_tokens: int = 0
-    grid: tuple[int, int] | None = None
-    input_size: tuple[int, int] | None = None
-    token_mask: Tensor | None = None
-
-    def key_mask(self, batch: int, device: torch.device) -> Tensor:
-        """(B, N) bool: the tokens a relevance map is over (patches, or real text tokens)."""
-        if self.token_mask is not None:
-            return self.token_mask.to(device=device, dtype=torch.bool)
-        mask = torch.zeros(batch, self.num_tokens, dtype=torch.bool, device=device)
-        mask[:, self.num_prefix_tokens :] = True
-        return mask
-
-    @classmethod
-    def image(
-        cls, grid: tuple[int, int], input_size: tuple[int, int], num_prefix_tokens: int = 1
-    ) -> TokenLayout:
-        """The layout of an image: `num_prefix_tokens` (class, distillation, register
-        tokens) followed by the patches of a `grid` in row-major order."""
-        return cls(
-            modality="image",
-            num_tokens=num_prefix_tokens + grid[0] * grid[1],
-            num_prefix_tokens=num_prefix_tokens,
-            grid=(int(grid[0]), int(grid[1])),
-            input_size=(int(input_size[0]), int(input_size[1])),
-        )
-
-    @classmethod
-    def text(cls, mask: Tensor) -> TokenLayout:
-        """The layout of a (B, T) text batch: every position a token, pads (mask 0) False."""
-        return cls(modality="text", num_tokens=mask.shape[1], token_mask=mask.bool())
-
-    def patch_grid(self, token_relevance: Tensor) -> Tensor:
-        """(..., N) relevance over an image's tokens -> (..., gh, gw) over its patch grid
-        (the prefix tokens, class and register tokens, dropped)."""
-        assert self.grid is not None, "patch_grid needs an image layout"
-        patches = token_relevance[..., self.num_prefix_tokens :]
-        return patches.reshape(*patches.shape[:-1], *self.grid)
-
-    def unpadded(self, token_relevance: Tensor) -> Tensor:
-        """(B, ..., N) relevance over text tokens with every padding position exactly 0."""
-        assert self.token_mask is not None, "unpadded needs a text layout"
-        mask = self.token_mask
-        shape = (mask.shape[0],) + (1,) * (token_relevance.dim() - 2) + (mask.shape[1],)
-        return token_relevance * mask.reshape(shape).to(token_relevance.dtype)
-
-    def to_input_space(self, token_relevance: Tensor) -> Tensor:
-        """Token relevance on the input: an image's patch grid, or text tokens with pads 0."""
-        if self.modality == "image":
-            return self.patch_grid(token_relevance)
-        return self.unpadded(token_relevance)
-
-
-@dataclass(frozen=True)
-class TokenSet:
-    """One set of tokens whose relevance an explanation returns (`Explanation.relevances`).
-
-    A single-stack model has one set, named after its modality; a dual encoder has
-    "image" and "text" (each tower explained on its own), an encoder-decoder "source" and
-    "target". `layers` are the model-wide numbers of the set's attention sites, `readout`
-    (B, N) its readout row, and `default_start_layer` the start layer used when the caller
-    gives none (None: the method's own default; -1: the set's last block).
-    """
-
-    name: str
-    layers: range
-    layout: TokenLayout
-    readout: Tensor
-    default_start_layer: int | None = None
 
 
 class TokenSets(StrEnum):
@@ -274,15 +80,6 @@ class LazyImport:
     def load(self) -> Callable[..., Any]:
         """The named function or class."""
         return getattr(importlib.import_module(self.module), self.name)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Validated inputs on the model's device and in its dtype, with their token layout."""
-
-    batch_size: int
-    layout: TokenLayout
-    arguments: dict[str, Tensor]
 
 
 class Adapter(ABC):

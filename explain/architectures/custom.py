@@ -37,17 +37,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    Adapter,
-    AttentionSite,
-    FlagSetting,
-    Prepared,
-    TokenLayout,
-    validate_image_batch,
-)
+from explain.architectures.base import Adapter, validate_image_batch
 from explain.architectures.hf_common import last_real_token, mask_padding, text_layout
 from explain.architectures.wrappers import unwrap
 from explain.errors import ExplainError, InputError
+from explain.layout import AttentionSite, FlagSetting, Prepared, TokenLayout
 
 __all__ = ["CustomTransformer", "TransformerSpec"]
 

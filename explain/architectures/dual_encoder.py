@@ -20,15 +20,8 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    Adapter,
-    AttentionSite,
-    Prepared,
-    TokenLayout,
-    TokenSet,
-    TokenSets,
-    one_hot_rows,
-)
+from explain.architectures.base import Adapter, TokenSets, one_hot_rows
+from explain.layout import AttentionSite, Prepared, TokenLayout, TokenSet
 from explain.tokenizing import token_strings
 
 __all__ = ["DualEncoder"]

@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
-from explain.architectures.base import FlagSetting, FusedAttentionSite, FusedPath, whole_output
+from explain.architectures.base import whole_output
+from explain.layout import FlagSetting, FusedAttentionSite, FusedPath
 
 __all__ = [
     "IMPLEMENTATION",

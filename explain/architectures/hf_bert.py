@@ -24,14 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    FusedAttentionSite,
-    FusedPath,
-    LazyImport,
-    Prepared,
-    TokenLayout,
-    one_hot_rows,
-)
+from explain.architectures.base import LazyImport, one_hot_rows
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
     is_transformers_class,
@@ -41,6 +34,7 @@ from explain.architectures.hf_common import (
     split_heads,
 )
 from explain.errors import InputError
+from explain.layout import FusedAttentionSite, FusedPath, Prepared, TokenLayout
 
 __all__ = ["HuggingFaceTextEncoder"]
 

@@ -22,12 +22,7 @@ import inspect
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    FusedPath,
-    LanguageModel,
-    Prepared,
-    TokenLayout,
-)
+from explain.architectures.base import LanguageModel
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
@@ -36,6 +31,7 @@ from explain.architectures.hf_common import (
     prepare_text,
     sliced_logits,
 )
+from explain.layout import FusedPath, Prepared, TokenLayout
 
 __all__ = ["HuggingFaceCausalLM", "is_decoder_only_lm"]
 

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import FlagSetting, Prepared, TokenLayout, validate_image_batch
+from explain.architectures.base import validate_image_batch
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import (
     eager_attention_flags,
@@ -26,6 +26,7 @@ from explain.architectures.hf_common import (
     prepare_text,
 )
 from explain.errors import InputError
+from explain.layout import FlagSetting, Prepared, TokenLayout
 from explain.tokenizing import encode, is_raw_text
 
 __all__ = ["HFClip"]

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, AttentionSite, FlagSetting, LazyImport, TokenLayout
+from explain.architectures.base import Adapter, LazyImport
 from explain.errors import ExplainError, InputError, UnsupportedModelError
+from explain.layout import AttentionSite, FlagSetting, TokenLayout
 from explain.tokenizing import is_raw_text
 
 __all__ = [

@@ -42,13 +42,9 @@ from torch import Tensor, nn
 
 from explain.architectures.base import validate_image_batch
 from explain.architectures.hf_common import is_transformers_class
-from explain.architectures.hf_vision_language import (
-    DeviceCheck,
-    ImageTokens,
-    VisionLanguageModel,
-    block_sources,
-)
+from explain.architectures.hf_vision_language import DeviceCheck, VisionLanguageModel, block_sources
 from explain.errors import InputError
+from explain.layout import ImageTokens
 
 __all__ = ["HFIdefics3", "tile_layout"]
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import FusedAttentionSite, Pieces, whole_output
+from explain.architectures.base import whole_output
 from explain.architectures.hf_attention_probe import (
     AttentionProbe,
     probe_of,
@@ -50,6 +50,7 @@ from explain.architectures.hf_attention_probe import (
 )
 from explain.architectures.hf_common import split_heads
 from explain.errors import ExplainError
+from explain.layout import FusedAttentionSite, Pieces
 
 __all__ = ["PackedProbe", "packed_recording", "packed_sites"]
 

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import AttentionSite, FlagSetting, FusedPath, Prepared
 from explain.architectures.hf_attention_probe import (
     IMPLEMENTATION,
     dispatches_attention,
@@ -42,13 +41,9 @@ from explain.architectures.hf_attention_probe import (
 )
 from explain.architectures.hf_common import is_transformers_class
 from explain.architectures.hf_packed_attention import packed_recording, packed_sites
-from explain.architectures.hf_vision_language import (
-    DeviceCheck,
-    ImageTokens,
-    VisionLanguageModel,
-    block_sources,
-)
+from explain.architectures.hf_vision_language import DeviceCheck, VisionLanguageModel, block_sources
 from explain.errors import InputError
+from explain.layout import AttentionSite, FlagSetting, FusedPath, ImageTokens, Prepared
 
 __all__ = ["HFQwen2VL"]
 

@@ -23,13 +23,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    FusedAttentionSite,
-    FusedPath,
-    Prepared,
-    TokenLayout,
-    validate_image_batch,
-)
+from explain.architectures.base import validate_image_batch
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
     is_transformers_class,
@@ -37,6 +31,7 @@ from explain.architectures.hf_common import (
     split_heads,
 )
 from explain.errors import InputError
+from explain.layout import FusedAttentionSite, FusedPath, Prepared, TokenLayout
 
 __all__ = [
     "HuggingFaceBeit",

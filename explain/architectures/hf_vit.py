@@ -11,18 +11,14 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    Prepared,
-    TokenLayout,
-    mean_rows,
-    validate_image_batch,
-)
+from explain.architectures.base import mean_rows, validate_image_batch
 from explain.architectures.hf_common import (
     HuggingFaceAdapter,
     is_transformers_class,
     num_prefix_tokens,
 )
 from explain.errors import InputError
+from explain.layout import Prepared, TokenLayout
 
 __all__ = ["HuggingFaceViT"]
 

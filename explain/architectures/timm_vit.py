@@ -17,18 +17,20 @@ from torch import Tensor, nn
 from explain.architectures.attention_pool import check_timm_latent_pool, timm_latent_pool_row
 from explain.architectures.base import (
     Adapter,
-    AttentionSite,
-    FlagSetting,
-    FusedAttentionSite,
-    FusedPath,
     LazyImport,
-    Prepared,
-    TokenLayout,
     mean_rows,
     validate_image_batch,
     whole_output,
 )
 from explain.errors import InputError, UnsupportedModelError
+from explain.layout import (
+    AttentionSite,
+    FlagSetting,
+    FusedAttentionSite,
+    FusedPath,
+    Prepared,
+    TokenLayout,
+)
 
 __all__ = ["TimmBlocks", "TimmVisionTransformer", "is_timm_class", "validate_image_batch"]
 

@@ -50,13 +50,14 @@ from typing import Any, ClassVar, Protocol
 
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, ModuleHook, Prepared, TokenSet
+from explain.architectures.base import Adapter
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold, TwoSetColumnFold
 from explain.errors import OptionError, TargetError
 from explain.fused import PathChoice, choose_path, default_memory_budget
+from explain.layout import ModuleHook, Prepared, TokenSet
 from explain.lrp import RULE_SETS, tape_for
 from explain.lrp.attnlrp import RuleCall, rule_hooks
 from explain.lrp.attnlrp_sites import rule_sites

@@ -26,10 +26,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from explain.architectures.base import FusedAttentionSite, FusedPath, ModuleHook
 from explain.engine.session import Session
 from explain.errors import ExplainError, TargetError
 from explain.fused import FusedBlock
+from explain.layout import FusedAttentionSite, FusedPath, ModuleHook
 
 __all__ = [
     "BATCHED_GRADIENT_BYTES",

@@ -51,8 +51,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from explain.architectures.base import Adapter, FlagSetting, FusedPath, ModuleHook
+from explain.architectures.base import Adapter
 from explain.errors import ExplainError, NestedExplanationError
+from explain.layout import FlagSetting, FusedPath, ModuleHook
 
 __all__ = ["Session"]
 

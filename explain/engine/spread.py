@@ -31,9 +31,9 @@ from typing import Protocol, TypeVar
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Pieces
 from explain.engine.kernels import live_rows, readout_spread, spread_maps
 from explain.fused import FusedBlock, attention_gradient
+from explain.layout import Pieces
 from explain.rules import Sink
 from explain.rules.coattention import ColumnTwoSetFolds, TwoSetFold
 from explain.rules.fold import (

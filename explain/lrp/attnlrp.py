@@ -39,8 +39,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import TokenLayout
 from explain.errors import ExplainError, UnsupportedModelError
+from explain.layout import TokenLayout
 
 __all__ = [
     "VARIANTS",

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import ModuleHook
 from explain.architectures.hf_bert import HuggingFaceTextEncoder
 from explain.errors import UnsupportedModelError
+from explain.layout import ModuleHook
 from explain.lrp import rules as rule
 from explain.lrp.rules import RuleSet
 from explain.lrp.structure import (

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import ModuleHook
 from explain.errors import UnsupportedModelError
+from explain.layout import ModuleHook
 from explain.lrp.rules import passes_through
 
 __all__ = [

@@ -15,9 +15,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import ModuleHook
 from explain.architectures.timm_vit import TimmVisionTransformer
 from explain.errors import UnsupportedModelError
+from explain.layout import ModuleHook
 from explain.lrp import rules as rule
 from explain.lrp.rules import RuleSet
 from explain.lrp.structure import (

@@ -14,8 +14,9 @@ from typing import Protocol
 
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, ModuleHook
+from explain.architectures.base import Adapter
 from explain.errors import UnsupportedModelError
+from explain.layout import ModuleHook
 from explain.lrp.rules import RuleSet
 
 __all__ = ["Tape", "tape_for"]

@@ -7,11 +7,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from explain.architectures.windows import WindowedLayout
 from explain.errors import OptionError
-from explain.rules.fold import ReadoutFold, Spread, vecmat
+from explain.rules.fold import ReadoutFold, Spread, readout_fold, vecmat
 from explain.rules.registry import Need, RuleContext, first_block, register_method
-from explain.rules.windowed import WindowedFold
 
 __all__ = [
     "RAW_ATTENTION_SPREAD",
@@ -80,16 +78,14 @@ RAW_ATTENTION_SPREAD = Spread(
 
 
 @register_method("raw_attention", needs={Need.ATTENTION}, class_specific=False)
-def raw_attention(context: RuleContext) -> ReadoutFold | WindowedFold:
+def raw_attention(context: RuleContext) -> ReadoutFold:
     """The readout row of the last block's head-averaged attention.
 
     A fold over the last block alone, `v @ mean_h A`: so every column of a call (the
     generated tokens of a generation) is read out by one spread, from the recorded map or
     from q and k without it (explain.engine.spread)."""
     last = range(context.num_layers - 1, context.num_layers)
-    if isinstance(context.layout, WindowedLayout):  # the last block's windows, then the merges
-        return WindowedFold(context.readout, context.layout, last, _head_mean, _spread_only)
-    return ReadoutFold(context.readout, last, _head_mean, _spread_only, spread=RAW_ATTENTION_SPREAD)
+    return readout_fold(context, last, _head_mean, _spread_only, spread=RAW_ATTENTION_SPREAD)
 
 
 def _head_mean(attention: Tensor, gradient: Tensor | None) -> Tensor:
@@ -106,7 +102,7 @@ def _spread_only(vector: Tensor, matrix: Tensor) -> Tensor:
 )
 def rollout(
     context: RuleContext, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
-) -> ReadoutFold | WindowedFold:
+) -> ReadoutFold:
     """Attention rollout (Abnar & Zuidema 2020): product of row-normalised (A + I)."""
     _check_head_fusion(head_fusion)  # before any forward; no tensor op, once per column
     if not 0.0 <= discard_ratio < 1.0:
@@ -117,16 +113,14 @@ def rollout(
         fused = fuse_heads(attention, head_fusion)
         return fused if protected is None else discard_lowest(fused, discard_ratio, protected)
 
+    if discard_ratio and context.layout.windows:
+        raise OptionError(
+            "discard_ratio ranks each attention row over all of a block's tokens, but a "
+            "windowed model's (Swin) rows cover one window each; leave discard_ratio at 0 "
+            "for this model"
+        )
     layers = range(context.start_layer, context.num_layers)
-    if isinstance(context.layout, WindowedLayout):
-        if discard_ratio:
-            raise OptionError(
-                "discard_ratio ranks each attention row over all of a block's tokens, but "
-                "a windowed model's (Swin) rows cover one window each; leave discard_ratio "
-                "at 0 for this model"
-            )
-        return WindowedFold(context.readout, context.layout, layers, block_matrix, rollout_step)
     # Only the head mean without discarding is a spread of A (explain.engine.kernels);
     # max, min and discarding need the block's whole map.
     spread = ROLLOUT_SPREAD if head_fusion == "mean" and not discard_ratio else None
-    return ReadoutFold(context.readout, layers, block_matrix, rollout_step, spread=spread)
+    return readout_fold(context, layers, block_matrix, rollout_step, spread=spread)

@@ -13,7 +13,9 @@ v and dO without N x N maps. `ColumnFolds` stacks the folds of several columns (
 generated tokens) into one (C, B, N) fold, so that one spread per block serves them all.
 
 A method that reads only the last block (`LastBlock`) writes its map for several columns
-at once, and `ColumnLastBlocks` stacks the columns of a call into one such map.
+at once, and `ColumnLastBlocks` stacks the columns of a call into one such map. A windowed
+model's blocks (Swin) are folded window by window (`WindowedFold`); `readout_fold` picks
+the fold a layout needs.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from explain.layout import WindowedBlock
+from explain.rules.registry import RuleContext
+
 __all__ = [
     "ColumnFolds",
     "ColumnLastBlocks",
@@ -33,7 +38,12 @@ __all__ = [
     "ReadoutFold",
     "Spread",
     "Step",
+    "WindowedFold",
     "compute_dtype",
+    "from_windows",
+    "readout_fold",
+    "to_windows",
+    "unmerge",
     "vecmat",
 ]
 
@@ -109,6 +119,22 @@ class ReadoutFold:
         if self._next is not None:
             raise RuntimeError(f"block {self._next} never arrived; cannot finish the fold")
         return self._vector
+
+
+def readout_fold(
+    context: RuleContext,
+    layers: range,
+    block_matrix: BlockMatrix,
+    step: Step,
+    *,
+    spread: Spread | None = None,
+) -> ReadoutFold:
+    """The readout fold of `context`'s layout over `layers`: window by window where its
+    blocks attend within windows (`TokenLayout.windows`, `WindowedFold`, which has no
+    spread), else over every token."""
+    if context.layout.windows:
+        return WindowedFold(context.readout, context.layout.windows, layers, block_matrix, step)
+    return ReadoutFold(context.readout, layers, block_matrix, step, spread=spread)
 
 
 class ColumnFolds:
@@ -240,3 +266,90 @@ class ColumnLastBlocks:
         maps = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
         for block, column_map in zip(self._blocks, maps.unbind(), strict=True):
             block._result = column_map
+
+
+# -- windowed attention (Swin) ------------------------------------------------------------
+
+
+def to_windows(vector: Tensor, block: WindowedBlock) -> Tensor:
+    """(B, N) over `block`'s grid -> (B * windows, w) in the order the block's attention
+    sees its tokens: the grid rolled by -shift, then cut into windows (batch-major, then
+    windows row-major, then tokens row-major inside a window)."""
+    batch = vector.shape[0]
+    (rows, columns), (wr, wc) = block.grid, block.window
+    grid = vector.reshape(batch, rows, columns)
+    if any(block.shift):
+        grid = torch.roll(grid, shifts=(-block.shift[0], -block.shift[1]), dims=(1, 2))
+    windows = grid.reshape(batch, rows // wr, wr, columns // wc, wc).permute(0, 1, 3, 2, 4)
+    return windows.reshape(batch * block.num_windows, block.window_tokens)
+
+
+def from_windows(windows: Tensor, block: WindowedBlock) -> Tensor:
+    """The inverse of `to_windows`: (B * windows, w) -> (B, N) over `block`'s grid."""
+    (rows, columns), (wr, wc) = block.grid, block.window
+    batch = windows.shape[0] // block.num_windows
+    grid = windows.reshape(batch, rows // wr, columns // wc, wr, wc).permute(0, 1, 3, 2, 4)
+    grid = grid.reshape(batch, rows, columns)
+    if any(block.shift):
+        grid = torch.roll(grid, shifts=block.shift, dims=(1, 2))
+    return grid.reshape(batch, rows * columns)
+
+
+def unmerge(vector: Tensor, grid: tuple[int, int]) -> Tensor:
+    """(B, N / 4) over the merged grid -> (B, N) over the (rows, columns) `grid` before
+    the merge: each merged token's value split equally over its 2 x 2 tokens (the
+    transpose of the 2 x 2 mean, which keeps the row's total)."""
+    batch = vector.shape[0]
+    merged = vector.reshape(batch, grid[0] // 2, grid[1] // 2)
+    spread = merged.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2) / 4
+    return spread.reshape(batch, grid[0] * grid[1])
+
+
+class WindowedFold(ReadoutFold):
+    """`readout @ M_last ... M_first` for a windowed model (Swin, `TokenLayout.windows`),
+    `readout` (B, N_last) over the last block's grid; the result (B, N_0) is over the
+    input patch grid.
+
+    A windowed block's (N, N) matrix is block-diagonal once its tokens are put in window
+    order (the grid rolled by the block's cyclic shift, then cut into windows): with `P`
+    that permutation, `M = P^T diag(M_w) P`, so a fold step is the method's step applied
+    window by window to the row vector in window order (`to_windows`), then put back
+    (`from_windows`): O(N w) per block for windows of w tokens, no (N, N) matrix. A
+    patch merging between stages carries relevance as the transpose of the 2 x 2 mean
+    (`unmerge`). docs/methods.md derives the rule.
+
+    Each block's records arrive as per-window tensors (B * windows, H, w, w);
+    `block_matrix` reduces them to (B * windows, w, w) as for any other model (the rules
+    are elementwise over tokens), and `step` is the method's usual fold step, applied in
+    window order. Blocks arrive and are folded as in `ReadoutFold` (whose ordering this
+    reuses), and the patch mergings between are undone on the way down.
+    """
+
+    def __init__(
+        self,
+        readout: Tensor,
+        windows: tuple[WindowedBlock, ...],
+        layers: range,
+        block_matrix: BlockMatrix,
+        step: Step,
+    ) -> None:
+        super().__init__(readout, layers, block_matrix, step)
+        self._blocks = windows
+        self._grid = self._blocks[-1].grid
+
+    def _fold(self, layer: int, matrix: Tensor) -> None:
+        block = self._blocks[layer]
+        self._descend(block.grid)
+        folded = self._step(to_windows(self._vector.to(matrix.dtype), block), matrix)
+        self._vector = from_windows(folded, block)
+
+    def _descend(self, grid: tuple[int, int]) -> None:
+        """Undo the patch mergings between the vector's grid and the larger `grid`."""
+        while self._grid != grid:
+            self._grid = (2 * self._grid[0], 2 * self._grid[1])
+            self._vector = unmerge(self._vector, self._grid)
+
+    def result(self) -> Tensor:
+        super().result()  # raises unless every block has been folded
+        self._descend(self._blocks[0].grid)
+        return self._vector

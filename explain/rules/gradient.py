@@ -5,10 +5,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from explain.architectures.windows import WindowedLayout
-from explain.rules.fold import LastBlock, ReadoutFold, Spread, vecmat
+from explain.rules.fold import LastBlock, ReadoutFold, Spread, readout_fold, vecmat
 from explain.rules.registry import Need, RuleContext, first_block, register_method
-from explain.rules.windowed import WindowedFold
 
 __all__ = [
     "GENERIC_SPREAD",
@@ -52,15 +50,10 @@ GENERIC_SPREAD = Spread("gradient", lambda vector, rowsum: (vector, vector))
     class_specific=True,
     default_start_layer=first_block,
 )
-def generic(context: RuleContext) -> ReadoutFold | WindowedFold:
+def generic(context: RuleContext) -> ReadoutFold:
     """Chefer, Gur & Wolf ICCV 2021: R = prod (I + mean_h (G * A)+) over the blocks."""
     layers = range(context.start_layer, context.num_layers)
-    if isinstance(context.layout, WindowedLayout):
-        layout = context.layout
-        return WindowedFold(context.readout, layout, layers, gradient_weighted, generic_step)
-    return ReadoutFold(
-        context.readout, layers, gradient_weighted, generic_step, spread=GENERIC_SPREAD
-    )
+    return readout_fold(context, layers, gradient_weighted, generic_step, spread=GENERIC_SPREAD)
 
 
 @register_method(

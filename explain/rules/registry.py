@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from explain.architectures.base import TokenLayout
 from explain.errors import OptionError, UnknownMethodError
+from explain.layout import TokenLayout
 
 __all__ = [
     "LRP_NEEDS",

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, Prepared, TokenSet
+from explain.architectures.base import Adapter
 from explain.detections import Detections
 from explain.engine.passes import (
     AttentionGradientPass,
@@ -33,6 +33,7 @@ from explain.engine.passes import (
 from explain.engine.request import Request, StartLayer, integer_option
 from explain.engine.session import Session
 from explain.errors import ExplainError, OptionError
+from explain.layout import Prepared, TokenSet
 from explain.rules import METHODS, Method, RuleContext, Sink
 from explain.targets import (
     Score,

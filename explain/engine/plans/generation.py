@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, LanguageModel, Prepared
+from explain.architectures.base import Adapter, LanguageModel
 from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
@@ -22,6 +22,7 @@ from explain.engine.passes import (
 from explain.engine.plans.base import Plan, masked_columns
 from explain.engine.request import Request, integer_option
 from explain.errors import InputError, OptionError
+from explain.layout import Prepared
 from explain.rules import Method
 from explain.targets import select_scores
 

@@ -33,18 +33,15 @@ from typing import Any, ClassVar, Literal, cast
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, TokenLayout
-from explain.architectures.hf_vision_language import (
-    ImagePrepared,
-    ImageTokens,
-    VisionLanguageModel,
-)
+from explain.architectures.base import Adapter
+from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, ForwardPass
 from explain.engine.plans.base import Plan, masked_columns, per_set, resolve_start_layer
 from explain.engine.plans.generation import column_rows, generated_tokens, read_out_at
 from explain.engine.request import Request
 from explain.engine.spread import ReadOut
 from explain.errors import OptionError
+from explain.layout import ImagePrepared, ImageTokens, TokenLayout
 from explain.rules import Method, RuleContext, Sink
 from explain.targets import select_scores
 
