@@ -3,7 +3,7 @@ one small file per model family, imported only when a model is matched against i
 
 from __future__ import annotations
 
-from explain.architectures.base import Adapter, LazyImport, TokenSets
+from explain.architectures.base import Adapter, TokenSets
 from explain.architectures.registry import (
     ADAPTERS,
     FAMILIES,
@@ -20,7 +20,6 @@ __all__ = [
     "Adapter",
     "AttentionSite",
     "FlagSetting",
-    "LazyImport",
     "Prepared",
     "TokenLayout",
     "TokenSet",

@@ -7,11 +7,9 @@ called, which token is read out, and how token relevance maps back onto the inpu
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -28,13 +26,14 @@ from explain.layout import (
     TokenLayout,
     TokenSet,
 )
+from explain.lrp.attnlrp import AttnLrpSites
+from explain.lrp.walk import LrpWalk
 from explain.tokenizing import encode, is_raw_text, token_strings
 
 __all__ = [
     "Adapter",
     "Detector",
     "LanguageModel",
-    "LazyImport",
     "TokenSets",
     "mean_rows",
     "one_hot_rows",
@@ -68,28 +67,15 @@ class TokenSets(StrEnum):
     cross-attention; each detection is explained at its query (explain.engine.plans.detection)."""
 
 
-@dataclass(frozen=True)
-class LazyImport:
-    """A function or class named by module and attribute, imported on first use: how an
-    adapter declares a capability that lives in explain.lrp (its LRP walk, where the
-    AttnLRP and CP-LRP rules attach) without ever importing that code."""
-
-    module: str
-    name: str
-
-    def load(self) -> Callable[..., Any]:
-        """The named function or class."""
-        return getattr(importlib.import_module(self.module), self.name)
-
-
 class Adapter(ABC):
     """One model family: the small contract the engine (explain.engine) runs against.
 
     A family file subclasses `Adapter`, implements the abstract members below and names
     its class in explain.architectures.registry. Capabilities are declared, never probed:
-    `token_sets` (two token sets), `lrp_walk` (the LRP methods), `rule_sites` (AttnLRP
-    and CP-LRP), `pooled_by_mean` (a sentence encoder), `reads_text` (a tokenizer serves
-    it), `fused_path()` (the fused attention kernel); the defaults describe a single-stack
+    `token_sets` (two token sets), `lrp_walk` (the LRP methods) and `attnlrp_sites`
+    (AttnLRP and CP-LRP), optional methods defined in the family's own file,
+    `pooled_by_mean` (a sentence encoder), `reads_text` (a tokenizer serves it),
+    `fused_path()` (the fused attention kernel); the defaults describe a single-stack
     image model with none of them. A decoder-only language model subclasses
     `LanguageModel`, whose generations it explains.
     """
@@ -101,14 +87,17 @@ class Adapter(ABC):
     """None for one token sequence; models with two token sets declare how they are
     explained (relevances {"image", "text"} or {"source", "target"})."""
 
-    lrp_walk: ClassVar[LazyImport | None] = None
-    """The family's LRP walk, which the LRP methods need: a class in explain.lrp, called as
-    `cls(adapter, to_input=...)`, that satisfies explain.lrp's `Tape`; None: the LRP
-    methods are refused."""
+    lrp_walk: Callable[..., LrpWalk] | None = None
+    """Optional method `lrp_walk(*, to_input: bool) -> LrpWalk`: the family's LRP walk
+    (explain.lrp.walk), which the LRP methods need; `to_input` also captures what full LRP
+    needs to reach the input. A family that has one defines it in its own file; None
+    (default): the LRP methods are refused before any forward."""
 
-    rule_sites: ClassVar[LazyImport | None] = None
-    """Where AttnLRP and CP-LRP attach in the family's modules: a function (in
-    explain.lrp.attnlrp_sites) from the adapter to its `RuleSites`; None: they are refused."""
+    attnlrp_sites: Callable[[], AttnLrpSites] | None = None
+    """Optional method `attnlrp_sites() -> AttnLrpSites`: where the gradient rules of
+    AttnLRP and CP-LRP attach in the family's modules (explain.lrp.attnlrp). A family
+    that has them defines it in its own file; None (default): they are refused before
+    any forward."""
 
     methods: ClassVar[frozenset[str] | None] = None
     """None: every method the family's capabilities allow. A family whose attention only

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, LazyImport
+from explain.architectures.base import Adapter
 from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.layout import AttentionSite, FlagSetting, TokenLayout
+from explain.lrp.attnlrp import AttnLrpSites, Gate, Projection
 from explain.tokenizing import is_raw_text
 
 __all__ = [
@@ -185,8 +186,6 @@ class HuggingFaceAdapter(Adapter):
     overrides `find_blocks`.
     """
 
-    rule_sites = LazyImport("explain.lrp.attnlrp_sites", "hf_sites")
-
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
         block, attention, index, name = attention_spec(model)
@@ -223,8 +222,45 @@ class HuggingFaceAdapter(Adapter):
     def path_flags(self) -> Sequence[FlagSetting]:
         return eager_attention_flags(self.model)
 
+    # -- text --------------------------------------------------------------------------------
 
-# -- text --------------------------------------------------------------------------------
+    def attnlrp_sites(self) -> AttnLrpSites:
+        """Where AttnLRP and CP-LRP attach in a transformers model with one token sequence
+        (BERT family, GPT-2, decoder-only language models): the attention module of every
+        block has its projections as children, found by name (query/key/value in BERT,
+        RoBERTa, ALBERT, ELECTRA; q_lin/k_lin/v_lin in DistilBERT; q_proj/k_proj/v_proj in
+        Llama, Qwen, Gemma, ...; or a fused c_attn in GPT-2, qkv_proj in Phi-3,
+        query_key_value per head in GPT-NeoX); gated MLPs have gate_proj, up_proj, act_fn,
+        or Phi-3's gate_up_proj; relevance at `get_input_embeddings()`'s output (scaled
+        embeddings included, as in Gemma)."""
+        queries_keys, values = [], []
+        seen: set[int] = set()
+        for site in self.attention_sites():
+            attention = site.module
+            if id(attention) in seen:  # ALBERT: one shared layer serves every block
+                continue
+            seen.add(id(attention))
+            found_queries_keys, found_values = _projections(site.layer, attention)
+            queries_keys += found_queries_keys
+            values += found_values
+        gates = []
+        for module in self.model.modules():
+            if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "act_fn")):
+                gates.append(Gate(module.act_fn, Projection(module.up_proj)))
+            elif all(hasattr(module, name) for name in ("gate_up_proj", "activation_fn")):
+                half = module.gate_up_proj.out_features // 2  # Phi-3: gate, then up
+                gates.append(
+                    Gate(module.activation_fn, Projection(module.gate_up_proj, slice(half, None)))
+                )
+        embedding = self.model.get_input_embeddings()
+        return AttnLrpSites(
+            embedding=embedding,
+            embedding_axis=1 if isinstance(embedding, nn.Conv2d) else -1,
+            queries_keys=queries_keys,
+            values=values,
+            gates=gates,
+            tanh_inputs=_functional_tanh_heads(self.model),
+        )
 
 
 def _as_integer_tensor(name: str, value: object, *, flags: bool = False) -> Tensor:
@@ -388,3 +424,52 @@ def sliced_logits(
         return model(**arguments, use_cache=False).logits[:, start:stop:step]
     logits = model(**arguments, use_cache=False, logits_to_keep=length - start).logits
     return logits[:, : stop - start : step]
+
+
+# -- where AttnLRP and CP-LRP attach ------------------------------------------------------
+
+_SEPARATE_PROJECTIONS = (
+    ("query", "key", "value"),
+    ("q_lin", "k_lin", "v_lin"),
+    ("q_proj", "k_proj", "v_proj"),
+)
+
+
+def _projections(layer: int, attention: nn.Module) -> tuple[list[Projection], list[Projection]]:
+    """(the projections of q and k, those of v) in one attention module."""
+    for names in _SEPARATE_PROJECTIONS:
+        modules = [getattr(attention, name, None) for name in names]
+        if all(isinstance(module, nn.Module) for module in modules):
+            return [Projection(modules[0]), Projection(modules[1])], [Projection(modules[2])]
+    fused = getattr(attention, "c_attn", None)  # GPT-2: q, k, v side by side
+    if isinstance(fused, nn.Module) and hasattr(attention, "split_size"):
+        width = attention.split_size
+        return [Projection(fused, slice(0, 2 * width))], [Projection(fused, slice(2 * width, None))]
+    fused = getattr(attention, "qkv_proj", None)  # Phi-3: q, then k and v of the kv heads
+    if isinstance(fused, nn.Module) and hasattr(attention, "num_key_value_heads"):
+        queries = attention.config.num_attention_heads * attention.head_dim
+        keys = attention.num_key_value_heads * attention.head_dim
+        return [Projection(fused, slice(0, queries + keys))], [
+            Projection(fused, slice(queries + keys, None))
+        ]
+    fused = getattr(attention, "query_key_value", None)  # GPT-NeoX: q, k, v per head
+    if isinstance(fused, nn.Module) and hasattr(attention, "head_size"):
+        size = attention.head_size
+        starts = range(0, fused.out_features, 3 * size)
+        return [Projection(fused, slice(s, s + 2 * size)) for s in starts], [
+            Projection(fused, slice(s + 2 * size, s + 3 * size)) for s in starts
+        ]
+    raise UnsupportedModelError(
+        f"block {layer}: attnlrp/cp_lrp found no query, key and value projections in "
+        f"{type(attention).__name__}"
+    )
+
+
+def _functional_tanh_heads(model: nn.Module) -> list[nn.Module]:
+    """Classification heads that call torch.tanh on their dense layer's output (RoBERTa and
+    XLM-R's `...ClassificationHead`): that dense layer."""
+    return [
+        module.dense
+        for module in model.modules()
+        if type(module).__name__ in ("RobertaClassificationHead", "XLMRobertaClassificationHead")
+    ]

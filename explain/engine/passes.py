@@ -24,7 +24,7 @@ column is (a target, a dual encoder's pair, a generated position). The passes:
   column's walk has used them), then the walk once per column (a walk propagates one
   class per sample);
 - `EmbeddingGradientPass` (AttnLRP, CP-LRP): one forward under the method's gradient
-  rules (explain.lrp.attnlrp, hooked where the family's `Adapter.rule_sites` say), then
+  rules (explain.lrp.attnlrp, hooked where the family's `Adapter.attnlrp_sites` say), then
   one batched backward of every column to the embeddings: Gradient x Input per token.
 
 Where every column's sink folds by spreads (generic, head-mean rollout, raw attention),
@@ -58,9 +58,8 @@ from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold, TwoSetColu
 from explain.errors import OptionError, TargetError
 from explain.fused import PathChoice, choose_path, default_memory_budget
 from explain.layout import ModuleHook, Prepared, TokenSet
-from explain.lrp import RULE_SETS, tape_for
-from explain.lrp.attnlrp import RuleCall, rule_hooks
-from explain.lrp.attnlrp_sites import rule_sites
+from explain.lrp import RULE_SETS
+from explain.lrp.attnlrp import AttnLrpCall, attnlrp_hooks
 from explain.rules import Method, Need, Sink
 
 __all__ = [
@@ -331,7 +330,7 @@ class LrpWalkPass(Pass):
     def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
         super().__init__(adapter, spec, plan, request)
         self._to_input = Need.INPUT_RELEVANCE in spec.needs
-        self._walk = tape_for(adapter, to_input=self._to_input)
+        self._walk = adapter.lrp_walk(to_input=self._to_input)
 
     @property
     def mapped(self) -> bool:
@@ -395,15 +394,16 @@ class EmbeddingGradientPass(Pass):
 
     @classmethod
     def missing(cls, adapter: Adapter) -> str | None:
-        if adapter.rule_sites is None:
+        if adapter.attnlrp_sites is None:
             return "its family does not say where the rules of AttnLRP and CP-LRP attach"
         return None
 
     def run(self) -> tuple[Columns, PerColumn]:
         spec, plan = self.spec, self.plan
         assert spec.gradient_rules is not None
-        call = RuleCall()
-        hooks = rule_hooks(self.adapter.model, rule_sites(self.adapter), spec.gradient_rules, call)  # type: ignore[arg-type]
+        call = AttnLrpCall()
+        sites = self.adapter.attnlrp_sites()
+        hooks = attnlrp_hooks(self.adapter.model, sites, spec.gradient_rules, call)  # type: ignore[arg-type]
         with self._session(differentiable=True, fused=self.fused(), hooks=hooks):
             columns = plan.columns(plan.forward())
             if not columns.scores.requires_grad:

@@ -24,7 +24,7 @@ the tensor hooks die with the call's graph. Because q, k and v are scaled where 
 projections produce them, the rules hold on every attention implementation (eager, sdpa,
 flash, timm's fused path).
 
-The relevance of the input is read where the family's wiring says (`RuleSites.embedding`):
+The relevance of the input is read where the family's wiring says (`AttnLrpSites.embedding`):
 the word-embedding output of text models, the patch-embedding output of ViTs. That module's
 output becomes the leaf of the call's graph, so the position and token-type embeddings
 added after it are not part of the relevance.
@@ -44,12 +44,12 @@ from explain.layout import TokenLayout
 
 __all__ = [
     "VARIANTS",
+    "AttnLrpCall",
+    "AttnLrpSites",
     "Gate",
     "Projection",
-    "RuleCall",
-    "RuleSites",
     "Variant",
-    "rule_hooks",
+    "attnlrp_hooks",
 ]
 
 Variant = Literal["attnlrp", "cp_lrp"]
@@ -93,7 +93,7 @@ class Gate:
 
 
 @dataclass(frozen=True)
-class RuleSites:
+class AttnLrpSites:
     """Where a model family's rules attach (the family wiring's answer).
 
     Normalisations and element-wise activation modules are found by type over the whole
@@ -122,7 +122,7 @@ class RuleSites:
 
 
 @dataclass
-class RuleCall:
+class AttnLrpCall:
     """The rules' state for one call: the embedding output of the forward pass, made a
     leaf that requires grad, and the projections whose hooks have run."""
 
@@ -174,8 +174,8 @@ class RuleCall:
         return relevance
 
 
-def rule_hooks(
-    model: nn.Module, sites: RuleSites, variant: Variant, call: RuleCall
+def attnlrp_hooks(
+    model: nn.Module, sites: AttnLrpSites, variant: Variant, call: AttnLrpCall
 ) -> list[tuple[nn.Module, ForwardHook]]:
     """(module, forward hook) pairs that apply `variant`'s rules to `model` for one call,
     whose state `call` keeps.
@@ -352,7 +352,7 @@ def _tanh_identity_hook(module: nn.Module, args: Any, kwargs: Any, output: Tenso
 class _Factors:
     """Gradient factors per module output channel, from the projections' parts."""
 
-    def __init__(self, call: RuleCall) -> None:
+    def __init__(self, call: AttnLrpCall) -> None:
         self._parts: dict[int, tuple[nn.Module, list[tuple[slice | None, float]]]] = {}
         self._call = call
 

@@ -33,8 +33,7 @@ from typing import Any, ClassVar, Literal, cast
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter
-from explain.architectures.hf_vision_language import VisionLanguageModel
+from explain.architectures.base import Adapter, LanguageModel
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, ForwardPass
 from explain.engine.plans.base import Plan, masked_columns, per_set, resolve_start_layer
 from explain.engine.plans.generation import column_rows, generated_tokens, read_out_at
@@ -192,7 +191,7 @@ class ImageTextPlan(Plan):
     def __init__(
         self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any
     ) -> None:
-        self.vlm = cast(VisionLanguageModel, adapter)
+        self.vlm = cast(LanguageModel, adapter)  # a vision-language model (TokenSets.IMAGE_TEXT)
         options = dict(request.options)
         depth = options.pop("depth", "lm")
         if depth not in DEPTHS:
