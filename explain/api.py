@@ -11,11 +11,11 @@ from explain import engine
 from explain.architectures import Adapter, adapter_for
 from explain.architectures.custom import TransformerSpec
 from explain.engine import Request, StartLayer, check_tokenizer, resolve_start_layer
+from explain.engine.fused import ATTENTION_PATHS, AttentionPath
+from explain.engine.targets import Score, Target
 from explain.errors import OptionError
 from explain.explanation import Explanation, Trace
-from explain.fused import ATTENTION_PATHS, AttentionPath
 from explain.rules import get_method
-from explain.targets import Score, Target
 
 __all__ = ["Explainer", "explain", "resolve_start_layer"]
 
@@ -29,7 +29,7 @@ class Explainer:
         tokenizer: for text models, the tokenizer whose tokens `Explanation.tokens` names
             (and that encodes raw texts); a model that reads no text refuses one.
         attention_path: "auto" (default) keeps the fused attention kernel where that is
-            faster and recomputes each block's attention from q, k, v (explain.fused);
+            faster and recomputes each block's attention from q, k, v (explain.engine.fused);
             "explicit" or "fused" force one path. Both give the same numbers. Each result
             records the path it took in `Explanation.settings["attention_path"]`.
         memory_budget: bytes the attention maps may take: "auto" keeps the explicit path
@@ -86,7 +86,7 @@ class Explainer:
 
         Args:
             inputs: images (B, C, H, W), or a tokenizer's output for text models; with
-                a tokenizer, also a text or a list of texts (see explain.tokenizing.encode).
+                a tokenizer, also a text or a list of texts (see explain.inputs.encode).
             target: None (predicted class), an int, B ints, a (B, K) tensor of K classes
                 per input (the relevance gets a K axis), or a callable on the output.
             method: a name from `explain.METHODS`.

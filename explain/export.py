@@ -11,34 +11,111 @@ those, by the file's suffix:
 - `.json`: one object, the header plus each tensor as nested lists (and its dtype, so
   that loading restores it exactly): made for text explanations, readable anywhere.
 
-Every file is written atomically (see explain.io.atomic_write).
+Every file the tool writes, these and every other output (figures, pages, reports,
+caches), is written atomically (`atomic_write`), and a command checks its outputs can be
+written before any work (`check_writable`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
 import os
+import tempfile
 import zipfile
 import zlib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from explain.errors import InputError, OptionError
-from explain.io import atomic_write
 
-__all__ = ["FORMATS", "MAX_HEADER_BYTES", "read_payload", "suffix_of", "write_payload"]
+__all__ = [
+    "FORMATS",
+    "MAX_HEADER_BYTES",
+    "atomic_write",
+    "check_writable",
+    "read_payload",
+    "suffix_of",
+    "write_payload",
+]
 
 FORMATS = ("npz", "safetensors", "json")
 """The formats `--save` and `Explanation.save` write, named by their file suffix."""
 
 _HEADER = "__explain__"
+
+
+def _umask() -> int:
+    """The process's file-creation mask (reading it means setting it; set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
+    """Write `path` through a temporary file in the same folder, renamed on success.
+
+    Readers see the old file or the complete new one, never a half-written one; on an
+    exception the temporary file is removed and `path` is untouched.
+    """
+    target = Path(path)
+    if target.is_dir():  # a last guard: commands check their outputs before any work
+        raise InputError(f"{target} is a folder; cannot write a file there")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(
+            f"{target} cannot be written: a file is in the way of its folder"
+        ) from None
+    descriptor, temporary = tempfile.mkstemp(
+        dir=target.parent, prefix=f".{target.name}.", suffix=".partial"
+    )
+    try:
+        # mkstemp makes the file private (0600); give it the mode open() would have given
+        # it, so outputs are as readable as any other file the user writes.
+        os.fchmod(descriptor, 0o666 & ~_umask())
+        with os.fdopen(descriptor, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def check_writable(path: str | os.PathLike[str], *, folder: bool, option: str) -> None:
+    """Refuse, before any work is done, an output that cannot be written: `path` is a
+    folder to write into (`folder`) or a file to write; `option` names it in the message.
+
+    The nearest existing folder on the way must be a folder that takes a new file (checked
+    by creating and removing a temporary one there); nothing else is created.
+    """
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        kind = "a file, not a folder" if folder else "a folder; give a file name"
+        raise InputError(f"{option} {path} is {kind}")
+    existing = path if folder else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"{option} {path} cannot be made: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise InputError(
+            f"{option} {path} cannot be written: {existing}: {error.strerror or error}"
+        ) from None
 
 
 def suffix_of(path: str | os.PathLike[str]) -> str:

@@ -35,10 +35,10 @@ from explain.architectures.base import TokenSets
 from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.engine import Request, require_causal_lm
 from explain.engine.session import Session
+from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
 from explain.explanation import Explanation
-from explain.targets import Score
-from explain.tokenizing import is_raw_text
+from explain.inputs import is_raw_text
 
 __all__ = [
     "Generation",

@@ -69,7 +69,7 @@ class AttentionSite:
     """Where the block's probabilities are no tensor of the model (a packed sequence
     attended piece by piece, explain.architectures.hf_packed_attention): the fused site
     whose q, k, v and output the recorder recomputes them from, and their gradient from
-    dO (explain.fused), on either path; `probabilities` is then never called."""
+    dO (explain.engine.fused), on either path; `probabilities` is then never called."""
 
 
 @dataclass(frozen=True)

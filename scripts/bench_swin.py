@@ -25,7 +25,7 @@ import torch
 
 from explain import Explainer
 from explain.architectures.registry import adapter_for
-from explain.io import atomic_write
+from explain.export import atomic_write
 from explain.layout import TokenLayout
 from explain.rules.fold import WindowedFold, to_windows, unmerge
 from explain.rules.gradient import generic_step, gradient_weighted

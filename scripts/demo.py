@@ -24,8 +24,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from explain import METHODS, Explainer
-from explain.io import atomic_write
-from explain.loading import load_model
+from explain.export import atomic_write
+from explain.loading.specs import load_model
 from explain.viz import batch_figure, explanation_grid, heatmap_figure, save_figure, save_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +158,7 @@ def generation_demo(out: Path) -> list[Path]:
     import tempfile
 
     from explain.generation import explain_generation
-    from explain.hub import quiet_transformers
+    from explain.loading.hub import quiet_transformers
     from explain.testing.tiny_lm import save_tiny_lm
     from explain.viz.generation import generation_html
     from explain.viz.generation_figure import generation_figure

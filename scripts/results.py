@@ -24,8 +24,8 @@ from explain.errors import ModelLoadError
 from explain.evaluation import PROTOCOLS, perturbation_auc
 from explain.evaluation.evaluate import evaluate_model
 from explain.evaluation.report import markdown_table
-from explain.io import atomic_write
-from explain.zoo import ZOO
+from explain.export import atomic_write
+from explain.loading.zoo import ZOO
 
 RUNS = (
     ("shapes-vit", "perturbation"),

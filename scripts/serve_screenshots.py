@@ -15,7 +15,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect
 
-from explain.loading import load_model
+from explain.loading.specs import load_model
 from explain.serve import BackgroundServer, ResultCache, Workbench, build_app, read_data
 from explain.serve.demo import headless_chromium, scene_folder
 

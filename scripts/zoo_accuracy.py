@@ -16,8 +16,8 @@ import time
 import torch
 
 from explain.evaluation import heldout_accuracy
-from explain.io import atomic_write
-from explain.zoo import CARD, ZOO, zoo_root
+from explain.export import atomic_write
+from explain.loading.zoo import CARD, ZOO, zoo_root
 
 BEGIN = "<!-- heldout-accuracy: written by scripts/zoo_accuracy.py -->"
 END = "<!-- /heldout-accuracy -->"

@@ -17,7 +17,7 @@ from explain import Explainer
 from explain.cli import build_parser, main
 from explain.cli.image import parse_targets, unique_stems
 from explain.errors import TargetError
-from explain.io import load_images
+from explain.loading.preprocessing import load_images
 from explain.testing import tiny_vit
 from explain.viz import heatmap_figure, overlay, save_figure
 
@@ -113,8 +113,8 @@ def test_image_save_writes_the_raw_explanation(capsys, tmp_path, model_folder):
 
 
 def test_models_lists_the_zoo_families_and_methods(capsys):
+    from explain.loading.zoo import ZOO
     from explain.rules import METHODS
-    from explain.zoo import ZOO
 
     status, out, _ = _run(capsys, "models")
     assert status == 0
@@ -488,7 +488,7 @@ def test_every_planned_output_is_checked_before_any_work(
 
 def test_atomic_write_refuses_a_folder_with_a_clear_error(tmp_path):
     from explain.errors import InputError
-    from explain.io import atomic_write
+    from explain.export import atomic_write
 
     (tmp_path / "taken").mkdir()
     (tmp_path / "file").write_text("x")

@@ -147,7 +147,7 @@ def test_a_hub_id_loads_with_its_image_processor(tmp_path, monkeypatch):
     import huggingface_hub
     from transformers import DetrImageProcessor
 
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
     from explain.testing import cache_hub_repo
 
     folder = tmp_path / "saved"

@@ -32,7 +32,7 @@ from explain.evaluation.bootstrap import (
 from explain.evaluation.perturbation import CURVES as PERTURBATION_CURVES
 from explain.evaluation.protocol import concatenate_records
 from explain.evaluation.runner import work_folder
-from explain.zoo import WEIGHTS, zoo_root
+from explain.loading.zoo import WEIGHTS, zoo_root
 
 
 class MeanOf:

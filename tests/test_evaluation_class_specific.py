@@ -16,8 +16,8 @@ from explain.evaluation.datasets import ImageExample, TwoObjectExample
 from explain.evaluation.datasets.zoo import ShapesPairs, heldout_dataset
 from explain.evaluation.evaluate import real_dataset
 from explain.evaluation.protocol import records_problem
+from explain.loading.zoo import WEIGHTS, zoo_root
 from explain.testing import ModelState
-from explain.zoo import WEIGHTS, zoo_root
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_shapes_pairs_explain_each_object_of_a_two_object_scene():
     reason="shapes-vit is not trained in this checkout (python scripts/train_shapes_vit.py)",
 )
 def test_class_agnostic_maps_sit_at_chance_and_class_specific_ones_do_not():
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
 
     loaded = load_model("zoo:shapes-vit")
     dataset = heldout_dataset("zoo:shapes-vit", loaded.image_size, two_objects=True)

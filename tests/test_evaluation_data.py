@@ -16,7 +16,7 @@ from explain.cli import main
 from explain.errors import InputError
 from explain.evaluation.datasets import EraserMovies, ImageNetFolder, ImageNetSegmentation
 from explain.evaluation.datasets.zoo import SentimentHeldout, ShapesHeldout, heldout_dataset
-from explain.zoo import save_zoo_model
+from explain.loading.zoo import save_zoo_model
 
 # -- ImageNet validation folder ----------------------------------------------------------
 

@@ -11,8 +11,8 @@ import torch
 from test_streaming import identity_site
 
 from explain import Explainer
+from explain.engine.fused import FusedBlock
 from explain.engine.spread import LastBlockFold
-from explain.fused import FusedBlock
 from explain.layout import TokenLayout
 from explain.rules import RuleContext, get_method
 from explain.rules.attention import RAW_ATTENTION_SPREAD

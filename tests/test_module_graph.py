@@ -114,7 +114,7 @@ def test_the_registry_imports_no_family():
 
 def _package_of(module: str, modules: dict[str, Path]) -> str:
     """The package a module belongs to: `explain.pkg` for anything under explain/pkg/,
-    and the module itself for a top-level module (explain.targets)."""
+    and the module itself for a top-level module (explain.errors)."""
     parts = module.split(".")
     if len(parts) > 2 or modules[module].name == "__init__.py":
         return ".".join(parts[:2])

@@ -251,7 +251,7 @@ def _vision_language_answer(kind: str, new: int):
     token), as a `Generation`."""
     import numpy as np
 
-    from explain.image_prompts import encode_image_prompt
+    from explain.inputs import encode_image_prompt
     from explain.testing import tiny_vlm
 
     if kind == "llava":

@@ -18,8 +18,8 @@ import torch
 from serve_fixtures import chromium, serving
 
 from explain import Explainer, Explanation
-from explain.loading import load_model
-from explain.preprocessing import read_image
+from explain.inputs import read_image
+from explain.loading.specs import load_model
 from explain.serve.demo import scene_folder
 
 SCENES = 10

@@ -22,8 +22,8 @@ import torch
 from serve_fixtures import request, serving, wait_for_gallery
 
 from explain import Explainer, InputError
-from explain.loading import load_model
-from explain.preprocessing import read_image
+from explain.inputs import read_image
+from explain.loading.specs import load_model
 from explain.serve.data import OutsideDataError, read_data, resolve
 from explain.serve.demo import scene_folder
 from explain.serve.uploads import MAX_BYTES
@@ -488,7 +488,7 @@ def test_results_of_an_overwritten_checkpoint_are_not_reused(tmp_path):
 
 
 def test_a_vision_language_model_is_refused_with_the_command_that_explains_it(tmp_path):
-    from explain.loaded_model import LoadedModel
+    from explain.loading.loaded_model import LoadedModel
     from explain.serve import ResultCache, Workbench
     from explain.testing.tiny_vlm import tiny_llava, tiny_vlm_tokenizer
 
@@ -505,7 +505,7 @@ def test_a_vision_language_model_is_refused_with_the_command_that_explains_it(tm
 def test_an_object_detector_is_refused_with_the_command_that_explains_it(tmp_path):
     """A detector comes with its own image processor (variable sizes, padded batches),
     which the gallery's views do not draw."""
-    from explain.loaded_model import LoadedModel
+    from explain.loading.loaded_model import LoadedModel
     from explain.serve import ResultCache, Workbench
     from explain.testing import tiny_vit
 

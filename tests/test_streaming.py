@@ -13,9 +13,9 @@ import torch
 
 import explain.engine.kernels.torch_fold as torch_fold
 from explain import Explainer
+from explain.engine.fused import FusedBlock
 from explain.engine.kernels import spread_maps
 from explain.engine.spread import ReadOut, SpreadFold
-from explain.fused import FusedBlock
 from explain.layout import FusedAttentionSite, Pieces
 from explain.rules.attention import ROLLOUT_SPREAD, rollout_step
 from explain.rules.fold import ColumnFolds, ReadoutFold

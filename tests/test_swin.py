@@ -164,7 +164,7 @@ def test_a_hub_id_loads_through_load_model_and_is_explained(tmp_path, monkeypatc
     import huggingface_hub
     from transformers import ViTImageProcessor
 
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
     from explain.testing import cache_hub_repo
 
     folder = tmp_path / "saved"

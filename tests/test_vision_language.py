@@ -33,7 +33,7 @@ from torch.utils._pytree import tree_leaves
 
 from explain import Explainer, ExplainError, InputError, OptionError
 from explain.generation import Generation, explain_generation, generate
-from explain.image_prompts import encode_image_prompt
+from explain.inputs import encode_image_prompt
 from explain.testing import ModelState
 from explain.testing.tiny_vlm import (
     BOI_TOKEN_ID,
@@ -379,7 +379,7 @@ def test_maps_go_back_onto_the_photo_with_resize_crop_and_padding_undone(pad):
     # the model saw it: a smooth ramp survives the resampling to within a few grey levels.
     import transformers as tf
 
-    from explain.image_prompts import photo_preprocessing
+    from explain.loading.preprocessing import photo_preprocessing
 
     kind = tf.LlavaImageProcessor if pad else tf.CLIPImageProcessor
     images = kind(
@@ -457,7 +457,7 @@ def _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method
 def test_the_fused_path_streams_answers_as_the_explicit_path_folds_them(
     model, processor, method, depth
 ):
-    # The fused path recomputes the blocks from q, k, v (explain.fused): every answer
+    # The fused path recomputes the blocks from q, k, v (explain.engine.fused): every answer
     # token's fold at once, without maps (explain.engine.spread: "streamed"), through the
     # language model's blocks and with depth "tower" on through the tower's, read out by
     # the first fold's rows at the image tokens. Llama's eager softmax is float32.
@@ -574,7 +574,7 @@ def test_a_hub_id_loads_the_model_with_its_processor(tmp_path, monkeypatch):
     # The hub's own loading path, offline: a cache laid out as downloads leave it.
     import huggingface_hub
 
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
     from explain.testing import cache_hub_repo
     from explain.testing.tiny_vlm import save_tiny_llava
 
@@ -900,7 +900,7 @@ def test_qwen2_vl_maps_go_back_onto_the_whole_photo():
     # Qwen2-VL resizes a 48 x 80 photo to 32 x 48 (whole 16-pixel blocks within its most
     # pixels, the aspect squashed a little, nothing cropped):
     # its own patches, put back in place and drawn back with the geometry, are the photo.
-    from explain.image_prompts import photo_preprocessing
+    from explain.loading.preprocessing import photo_preprocessing
     from explain.testing.tiny_vlm import tiny_qwen2_vl_processor
 
     images = tiny_qwen2_vl_processor().image_processor
@@ -921,7 +921,7 @@ def test_qwen2_vl_maps_go_back_onto_the_whole_photo():
 def _load_saved(tmp_path, model, processor):
     """The folder `model` and `processor` are saved in, after checking it loads as a
     vision-language model that maps onto the whole photo."""
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
 
     folder = tmp_path / "saved"
     model.save_pretrained(folder)
@@ -984,7 +984,7 @@ def test_qwen2_vl_the_automatic_path_counts_the_towers_own_maps(qwen2_vl):
     # The tower's maps are n x n per image and head over its patches (32), more than the
     # text's over its tokens: a budget that the text's maps alone would fit is too small
     # for the explicit path, which the automatic path then leaves for the streamed one.
-    from explain.fused import explicit_map_bytes
+    from explain.engine.fused import explicit_map_bytes
 
     model, processor = qwen2_vl
     inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
@@ -1011,7 +1011,7 @@ def test_qwen2_vl_the_automatic_path_counts_the_towers_own_maps(qwen2_vl):
 def test_qwen2_vl_tower_maps_are_recomputed_only_when_folded(qwen2_vl):
     # The tower's maps are no tensor of the model: at depth "lm" no rule reads them, and
     # none is recomputed from q, k (a real photo's are thousands of tokens square).
-    from explain.fused import FusedBlock
+    from explain.engine.fused import FusedBlock
 
     model, processor = qwen2_vl
     inputs = _qwen2_vl_inputs(processor, [(_photo(0), "w12")])
@@ -1340,7 +1340,7 @@ def test_idefics3_maps_go_back_onto_the_whole_photo():
     # 32-pixel tiles, 64 x 96 (the aspect squashed a little, nothing cropped): its own
     # tiles, put side by side and drawn back with the geometry, are the photo, and so is
     # its global image.
-    from explain.image_prompts import photo_preprocessing
+    from explain.loading.preprocessing import photo_preprocessing
     from explain.testing.tiny_vlm import tiny_idefics3_processor
 
     images = tiny_idefics3_processor().image_processor
@@ -1377,7 +1377,7 @@ def test_idefics3_a_shapes_photo_by_path_or_array_lands_on_the_photo(idefics3, t
     assert by_path.relevances["image"].shape == (1, 3 * g, 3 * g)  # 64 x 64 -> 96 x 96: 3 x 3
     torch.testing.assert_close(by_path.relevances["image"], by_image.relevances["image"])
     torch.testing.assert_close(by_path.relevances["image"], by_array.relevances["image"])
-    from explain.image_prompts import photo_preprocessing
+    from explain.loading.preprocessing import photo_preprocessing
 
     drawn = photo_preprocessing(processor).heatmap(
         by_path.relevances["image"], scene.image.shape[:2]

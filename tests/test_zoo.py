@@ -15,8 +15,8 @@ import torch
 from explain import Explainer
 from explain.errors import ExplainError, ModelLoadError
 from explain.evaluation import heldout_accuracy
-from explain.loading import load_model
-from explain.zoo import (
+from explain.loading.specs import load_model
+from explain.loading.zoo import (
     CARD,
     CONFIG,
     WEIGHTS,

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from explain.errors import InputError
 from explain.finite import check_finite
+from explain.inputs import encode, is_raw_text, token_strings
 from explain.layout import (
     AttentionSite,
     FlagSetting,
@@ -28,7 +29,6 @@ from explain.layout import (
 )
 from explain.lrp.attnlrp import AttnLrpSites
 from explain.lrp.walk import LrpWalk
-from explain.tokenizing import encode, is_raw_text, token_strings
 
 __all__ = [
     "Adapter",
@@ -172,7 +172,7 @@ class Adapter(ABC):
         of their own (a vision-language model's tower and language model): each of the
         stack's `blocks` computes `maps` (tokens x tokens) attention maps over `prepared`
         (its batch times its heads). For the explicit path's memory estimate
-        (explain.fused.explicit_map_bytes); None (default): every block attends over
+        (explain.engine.fused.explicit_map_bytes); None (default): every block attends over
         `prepared.layout`'s tokens, batch times the model's heads maps each."""
         return None
 
@@ -184,7 +184,7 @@ class Adapter(ABC):
 
     def encode(self, inputs: object, tokenizer: Any) -> object:
         """`inputs` with raw texts (a string or a list of strings) tokenized by the
-        Explainer's `tokenizer` into a padded batch (explain.tokenizing.encode); anything else
+        Explainer's `tokenizer` into a padded batch (explain.inputs.encode); anything else
         as given. A family whose raw inputs look different overrides it."""
         if tokenizer is not None and is_raw_text(inputs):
             return encode(tokenizer, inputs)
@@ -202,7 +202,7 @@ class Adapter(ABC):
     def feature_output(self) -> str | None:
         """None when the output holds class scores. For a model without a classifier (its
         output is features, e.g. a pooled embedding), a sentence saying so and what to
-        explain instead: class targets are then refused (explain.targets)."""
+        explain instead: class targets are then refused (explain.engine.targets)."""
         return None
 
     @property

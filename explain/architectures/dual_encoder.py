@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from explain.architectures.base import Adapter, TokenSets, one_hot_rows
+from explain.inputs import token_strings
 from explain.layout import AttentionSite, Prepared, TokenLayout, TokenSet
-from explain.tokenizing import token_strings
 
 __all__ = ["DualEncoder"]
 

@@ -15,7 +15,7 @@ q * scaling, k and v (key/value heads repeated to the query heads), the mask and
 kernel's output to small identity modules of the adapter's own (an `AttentionProbe`
 per attention module, never attached to the model; `Probes` shows every call, a packed
 module's probe its pieces together, explain.architectures.hf_packed_attention). The
-recorder hooks those as it hooks a `FusedAttentionSite`'s modules (explain.fused), and
+recorder hooks those as it hooks a `FusedAttentionSite`'s modules (explain.engine.fused), and
 the model computes exactly what its sdpa path computes.
 """
 

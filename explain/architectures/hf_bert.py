@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from explain.architectures.base import one_hot_rows
 from explain.architectures.hf_common import (
-    HuggingFaceAdapter,
+    HFAdapter,
     is_transformers_class,
     positions_from_mask,
     prepare_text,
@@ -48,7 +48,7 @@ from explain.lrp.walk import (
 )
 from explain.rules.fold import compute_dtype
 
-__all__ = ["HuggingFaceTextEncoder"]
+__all__ = ["HFTextEncoder"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def _family_of(model: nn.Module) -> str | None:
     return None
 
 
-class HuggingFaceTextEncoder(HuggingFaceAdapter):
+class HFTextEncoder(HFAdapter):
     family = (
         "Hugging Face BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ALBERT and ELECTRA "
         "(ForSequenceClassification: CLS readout; bare Model: mean-pooled sentence encoder)"
@@ -169,7 +169,7 @@ class HuggingFaceTextEncoder(HuggingFaceAdapter):
         return one_hot_rows(mask.shape[0], mask.shape[1], 0, self.parameter)
 
     def fused_path(self) -> FusedPath | None:
-        """BERT-style self-attention on the sdpa kernel (explain.fused): q, k, v are the
+        """BERT-style self-attention on the sdpa kernel (explain.engine.fused): q, k, v are the
         outputs of the query, key and value projections, the kernel's output enters
         attention.output.dense, and the self-attention module receives the mask. DistilBERT
         and ALBERT are built differently and keep the explicit path."""
@@ -244,7 +244,7 @@ def _get(module: nn.Module, path: str) -> nn.Module:
 class BertWalk:
     """The LRP walk through Hugging Face `BertForSequenceClassification`, on the stock
     modules, in the order of the CVPR 2021 BERT reference's `relprop`
-    (`HuggingFaceTextEncoder.lrp_walk`).
+    (`HFTextEncoder.lrp_walk`).
 
     Per layer (post-LayerNorm BERT): the output add `LN(dense(inter) + ao)`, the
     intermediate GELU and dense, the branch at the attention output `ao`; then
@@ -262,7 +262,7 @@ class BertWalk:
 
     in_input_space = False  # full LRP ends at the tokens, which the adapter maps
 
-    def __init__(self, adapter: HuggingFaceTextEncoder, *, to_input: bool) -> None:
+    def __init__(self, adapter: HFTextEncoder, *, to_input: bool) -> None:
         model = adapter.model
         self.model = model
         self._check(model)

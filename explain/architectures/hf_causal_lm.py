@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from explain.architectures.base import LanguageModel
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
-    HuggingFaceAdapter,
+    HFAdapter,
     last_real_token,
     positions_from_mask,
     prepare_text,
@@ -33,7 +33,7 @@ from explain.architectures.hf_common import (
 )
 from explain.layout import FusedPath, Prepared, TokenLayout
 
-__all__ = ["HuggingFaceCausalLM", "is_decoder_only_lm"]
+__all__ = ["HFCausalLM", "is_decoder_only_lm"]
 
 
 def is_decoder_only_lm(model: nn.Module) -> bool:
@@ -70,7 +70,7 @@ def _max_tokens(config: object) -> int | None:
     return None
 
 
-class HuggingFaceCausalLM(HuggingFaceAdapter, LanguageModel):
+class HFCausalLM(HFAdapter, LanguageModel):
     family = (
         "Hugging Face decoder-only language models, ...ForCausalLM and GPT2LMHeadModel; "
         "tested: Llama, Granite, Mistral, Mixtral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, "

@@ -25,12 +25,12 @@ from torch import Tensor, nn
 
 from explain.architectures.base import Adapter
 from explain.errors import ExplainError, InputError, UnsupportedModelError
+from explain.inputs import is_raw_text
 from explain.layout import AttentionSite, FlagSetting, TokenLayout
 from explain.lrp.attnlrp import AttnLrpSites, Gate, Projection
-from explain.tokenizing import is_raw_text
 
 __all__ = [
-    "HuggingFaceAdapter",
+    "HFAdapter",
     "attention_in",
     "attention_spec",
     "config_objects",
@@ -126,7 +126,7 @@ def attention_in(block: nn.Module, record: tuple[type, int, str | None]) -> nn.M
 
 
 def sdpa_attention_flags(model: nn.Module) -> list[FlagSetting]:
-    """Flags for the fused path (explain.fused): every config on "sdpa", the kernel whose
+    """Flags for the fused path (explain.engine.fused): every config on "sdpa", the kernel whose
     q, k, v and output the fused sites read, and gradient checkpointing off."""
     return [
         FlagSetting(flag.owner, flag.name, "sdpa") if flag.value == "eager" else flag
@@ -177,7 +177,7 @@ def num_prefix_tokens(model: nn.Module) -> int:
     return 2 if is_transformers_class(model, "deit", ("DeiTPreTrainedModel",)) else 1
 
 
-class HuggingFaceAdapter(Adapter):
+class HFAdapter(Adapter):
     """Base of the transformers families: blocks, attention sites and the eager path.
 
     Subclasses say which models they take (`matches`) and how inputs are prepared and read

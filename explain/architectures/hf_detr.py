@@ -36,10 +36,10 @@ from explain.architectures.hf_common import (
 from explain.errors import InputError
 from explain.layout import AttentionSite, FlagSetting, Prepared, TokenLayout, TokenSet
 
-__all__ = ["HuggingFaceDetr"]
+__all__ = ["HFDetr"]
 
 
-class HuggingFaceDetr(Detector):
+class HFDetr(Detector):
     family = (
         "Hugging Face DetrForObjectDetection and ConditionalDetrForObjectDetection "
         "(per-detection maps, boxes and labels)"

@@ -7,7 +7,7 @@ attention module splits q, k and v at the boundaries it is given (`cu_seqlens`: 
 images, or in a windowed block of Qwen2.5-VL its windows, which never straddle two
 images) and calls the attention function once per piece, in a Python loop; it returns no
 probabilities. So its blocks are recorded as the fused path records any block
-(explain.fused), on either path (`AttentionSite.recomputed`):
+(explain.engine.fused), on either path (`AttentionSite.recomputed`):
 
 - the attention function runs as transformers' sdpa through hf_attention_probe's
   wrapper, which hands every piece's q * scaling, k and v to the module's `PackedProbe`;

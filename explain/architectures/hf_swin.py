@@ -33,10 +33,10 @@ from explain.architectures.windows import (
 from explain.errors import InputError, UnsupportedModelError
 from explain.layout import AttentionSite, FlagSetting, Prepared, WindowedBlock
 
-__all__ = ["HuggingFaceSwin"]
+__all__ = ["HFSwin"]
 
 
-class HuggingFaceSwin(Adapter):
+class HFSwin(Adapter):
     family = "Hugging Face SwinForImageClassification and Swinv2ForImageClassification"
     methods = WINDOWED_METHODS
 

@@ -42,7 +42,7 @@ from explain.architectures.hf_common import (
 )
 from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.finite import nonfinite_error
-from explain.image_prompts import encode_image_prompt, is_image_prompt
+from explain.inputs import encode_image_prompt, is_image_prompt, token_strings
 from explain.layout import (
     AttentionSite,
     FlagSetting,
@@ -53,7 +53,6 @@ from explain.layout import (
     TokenLayout,
     TokenSet,
 )
-from explain.tokenizing import token_strings
 
 __all__ = ["DeviceCheck", "VisionLanguageModel", "block_sources"]
 
@@ -221,7 +220,7 @@ class VisionLanguageModel(LanguageModel):
     # -- inputs -------------------------------------------------------------------------
 
     def encode(self, inputs: object, tokenizer: Any) -> object:
-        """An image prompt (explain.image_prompts) put through the processor (the
+        """An image prompt (explain.inputs) put through the processor (the
         Explainer's tokenizer) and its chat template, left-padded; anything else as given."""
         if not is_image_prompt(inputs):
             return inputs

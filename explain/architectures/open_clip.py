@@ -35,8 +35,8 @@ from explain.architectures.base import validate_image_batch, whole_output
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import prepare_text
 from explain.errors import ExplainError, InputError, UnsupportedModelError
+from explain.inputs import checked_texts, is_raw_text
 from explain.layout import FlagSetting, Prepared, TokenLayout
-from explain.tokenizing import checked_texts, is_raw_text
 
 __all__ = ["ExplicitSelfAttention", "OpenClip"]
 

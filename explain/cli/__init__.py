@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from explain import __version__
 from explain.cli import clip, detect, evaluate, generate, image, models, seq2seq, serve, text
 from explain.errors import ExplainError
-from explain.io import check_writable
+from explain.export import check_writable
 from explain.viz.text import printable
 
 __all__ = ["build_parser", "check_outputs", "main"]
@@ -25,7 +25,7 @@ OUTPUTS = {
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Refuse output destinations that cannot be written, before any work (explain.io):
+    """Refuse output destinations that cannot be written, before any work (explain.export):
     the output options, then every file a command can name from its arguments alone
     (its `planned` outputs: --save files, figures next to a page, a results' table...)."""
     for name, (option, folder) in OUTPUTS.items():

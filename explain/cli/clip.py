@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     from explain.api import Explainer
     from explain.cli.image import collect_images, unique_stems
-    from explain.preprocessing import read_image
+    from explain.inputs import read_image
     from explain.viz import check_style, save_figure
     from explain.viz.multimodal import clip_figure
 

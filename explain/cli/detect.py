@@ -19,7 +19,7 @@ from explain.cli.options import add_model_arguments, add_out_argument, load
 from explain.detections import maps_on_images
 from explain.engine.plans import DEFAULT_THRESHOLD
 from explain.errors import OptionError, TargetError
-from explain.preprocessing import read_image
+from explain.inputs import read_image
 
 __all__ = ["register"]
 

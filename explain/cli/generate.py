@@ -50,8 +50,8 @@ def planned(args: argparse.Namespace) -> list[Planned]:
 
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
+    from explain.export import atomic_write
     from explain.generation import explain_generation
-    from explain.io import atomic_write
     from explain.rules import get_method
     from explain.viz import save_figure
     from explain.viz.generation import generation_html

@@ -44,7 +44,7 @@ from explain.cli.options import (
 )
 from explain.errors import InputError, TargetError
 from explain.explanation import Explanation
-from explain.preprocessing import read_image
+from explain.inputs import read_image
 from explain.viz.image import BACKGROUNDS, class_label
 
 __all__ = [

@@ -5,7 +5,7 @@ The question and the photo go through the model's processor and chat template as
 user message; the model answers greedily, and every word of the answer is explained from
 one forward pass (explain.generation, explain.engine.plans.image_text) at the chosen depth.
 Each map is drawn back on the photo with the processor's resize, crop and padding undone
-(explain.image_prompts). Two files are written atomically: the page (click a word: its
+(explain.inputs). Two files are written atomically: the page (click a word: its
 map over the photo, the question's tokens coloured beside it) and a PNG of the answer's
 words, each with its map.
 """
@@ -49,9 +49,9 @@ def _question_tokens(
 
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
+    from explain.export import atomic_write
     from explain.generation import explain_generation
-    from explain.io import atomic_write
-    from explain.preprocessing import read_image
+    from explain.inputs import read_image
     from explain.viz import save_figure
     from explain.viz.image_answer import answer_figure, answer_html
 

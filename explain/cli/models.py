@@ -10,8 +10,8 @@ __all__ = ["register"]
 def run(args: argparse.Namespace) -> int:
     from explain.architectures import supported_families
     from explain.architectures.custom import CustomTransformer
+    from explain.loading.zoo import WEIGHTS, ZOO, zoo_root
     from explain.rules import METHODS
-    from explain.zoo import WEIGHTS, ZOO, zoo_root
 
     root = zoo_root()  # the checkout's models/, or the installed package's copy
     print(f"Zoo models (--model zoo:NAME; data, recipe and accuracy in {root}/NAME/card.md):")

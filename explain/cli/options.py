@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from explain.export import FORMATS
-from explain.loaded_model import LoadedModel
-from explain.loading import DEVICES, DTYPES, load_model
+from explain.loading.loaded_model import LoadedModel
+from explain.loading.specs import DEVICES, DTYPES, load_model
 
 __all__ = [
     "MODEL_SPECS",

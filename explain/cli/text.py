@@ -30,7 +30,7 @@ from explain.errors import InputError, TargetError
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
     from explain.api import Explainer
     from explain.explanation import Explanation
-    from explain.loading import LoadedModel
+    from explain.loading.specs import LoadedModel
 
 __all__ = ["register"]
 
@@ -89,7 +89,7 @@ def planned(args: argparse.Namespace) -> list[Planned]:
 
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
-    from explain.io import atomic_write
+    from explain.export import atomic_write
     from explain.rules.display import display_values, scale_note
     from explain.viz.text import document_html, note_html, printable, to_html, to_terminal
 

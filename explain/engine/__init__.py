@@ -5,7 +5,9 @@
 them. The session (session.py) borrows the model for a call, the recorder (recorder.py)
 records what it computes, the passes (passes.py) are the ways through the model a
 method's needs choose, and the plans (plans/) say how each kind of model maps the
-request onto them.
+request onto them. targets.py turns a target and a score into the differentiated
+scalars; fused.py chooses the attention path and recomputes attention on the fused one;
+spread.py and kernels/ fold all columns of a call at once.
 """
 
 from explain.engine.plans import (

@@ -34,7 +34,7 @@ the forward and attention-gradient passes fold all columns together block by blo
 the attention-gradient pass maps that block once for all columns, and where every
 column's sink is a two-set fold (encoder-decoders, detectors) it runs their rules once
 for all columns. The path
-(`explain.fused.choose_path`: the device, the memory budget, the length) is recorded in
+(`explain.engine.fused.choose_path`: the device, the memory budget, the length) is recorded in
 `Explanation.settings` (`Pass.settings`).
 
 A new kind of need is one `Need` member, one pass class here (added to `PASSES`) and one
@@ -51,12 +51,12 @@ from typing import Any, ClassVar, Protocol
 from torch import Tensor, nn
 
 from explain.architectures.base import Adapter
+from explain.engine.fused import PathChoice, choose_path, default_memory_budget
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold, TwoSetColumnFold
 from explain.errors import OptionError, TargetError
-from explain.fused import PathChoice, choose_path, default_memory_budget
 from explain.layout import ModuleHook, Prepared, TokenSet
 from explain.lrp import RULE_SETS
 from explain.lrp.attnlrp import AttnLrpCall, attnlrp_hooks
@@ -191,7 +191,7 @@ class Pass(ABC):
         return False
 
     def fused(self) -> bool:
-        """Whether the call keeps the fused attention kernel (explain.fused.choose_path),
+        """Whether the call keeps the fused attention kernel (explain.engine.fused.choose_path),
         noted in `taken`."""
         path: PathChoice = choose_path(
             self.adapter,

@@ -5,7 +5,7 @@ mode, no parameter gradients, the attention path's flags, the RNG forked, the lo
 recorder keeps each block's attention probabilities from the forward pass and receives
 their gradients in the backward pass through tensor hooks on the same tensors (Chefer et
 al.'s `save_attn_gradients`), optionally does the same for hidden states, and on the fused
-path recomputes attention and its gradient from q, k, v (explain.fused), as it does on
+path recomputes attention and its gradient from q, k, v (explain.engine.fused), as it does on
 either path for a block whose probabilities are no tensor of the model (a packed
 sequence attended piece by piece: `AttentionSite.recomputed`). It also registers
 the forward hooks that only read activations for a rule (the LRP walk's). On exit every
@@ -26,9 +26,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from explain.engine.fused import FusedBlock
 from explain.engine.session import Session
 from explain.errors import ExplainError, TargetError
-from explain.fused import FusedBlock
 from explain.layout import FusedAttentionSite, FusedPath, ModuleHook
 
 __all__ = [
@@ -77,7 +77,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         session: the active session that has borrowed the model; its `fused` path, when
             set, is recorded by recomputing each block's attention and its gradient from
             q, k, v and the gradient of the attention output just in time
-            (explain.fused), instead of reading the explicit path's maps.
+            (explain.engine.fused), instead of reading the explicit path's maps.
         on_attention: called with every block's attention in the forward pass.
         track: layers whose attention is kept for a gradient (their grad is requested).
         hidden_states: also keep hidden states (block 0 input, every block output) and

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from explain.architectures.base import Adapter
+from explain.engine.fused import choose_path, default_memory_budget
 from explain.engine.passes import Pass, pass_for
 from explain.engine.plans import Plan, plan_kind
 from explain.engine.recorder import Recorder
@@ -24,7 +25,6 @@ from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.errors import TargetError, UnsupportedModelError
 from explain.explanation import Explanation, Trace
-from explain.fused import choose_path, default_memory_budget
 from explain.rules import METHODS, Method, get_method
 
 __all__ = ["check", "explain", "supported_methods", "trace"]

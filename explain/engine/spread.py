@@ -31,8 +31,8 @@ from typing import Protocol, TypeVar
 import torch
 from torch import Tensor
 
+from explain.engine.fused import FusedBlock, attention_gradient
 from explain.engine.kernels import live_rows, readout_spread, spread_maps
-from explain.fused import FusedBlock, attention_gradient
 from explain.layout import Pieces
 from explain.rules import Sink
 from explain.rules.coattention import ColumnTwoSetFolds, TwoSetFold

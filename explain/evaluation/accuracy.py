@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from explain.loaded_model import LoadedModel
-from explain.zoo import load_zoo_model
+from explain.loading.loaded_model import LoadedModel
+from explain.loading.zoo import load_zoo_model
 
 __all__ = ["Accuracy", "heldout_accuracy"]
 

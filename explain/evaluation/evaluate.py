@@ -58,7 +58,7 @@ def _device(device: str | torch.device | None) -> torch.device:
     """The device to evaluate on, checked before the model is loaded (explain.loading's
     rule); by default the rank's GPU if there is one (under torchrun each process takes
     its own)."""
-    from explain.loading import resolve_device
+    from explain.loading.specs import resolve_device
 
     if device is None and torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -104,7 +104,7 @@ def evaluate_model(
     from explain.architectures.registry import adapter_for
     from explain.engine import supported_methods
     from explain.evaluation.datasets.zoo import heldout_dataset
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
 
     if protocol not in _MODALITY:
         raise OptionError(f"unknown protocol {protocol!r}; choose one of {', '.join(_MODALITY)}")

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from explain.evaluation.protocol import Column
-from explain.io import atomic_write
+from explain.export import atomic_write
 from explain.viz.literal import literal_text
 
 __all__ = ["markdown_table", "plot_results"]

@@ -186,8 +186,7 @@ def register_method(
     name: str,
     *,
     class_specific: bool,
-    needs: Iterable[Need] | None = None,
-    needs_gradients: bool | None = None,
+    needs: Iterable[Need],
     default_start_layer: Callable[[int, str], int] | None = None,
     lrp_rules: str | None = None,
     gradient_rules: str | None = None,
@@ -195,24 +194,14 @@ def register_method(
 ) -> Callable[[Builder], Builder]:
     """Decorator: register `builder(context, **options) -> Sink` under `name`.
 
-    `needs` states what the method needs (`Need`). The older form, `needs_gradients`
-    (with `lrp_rules` for the LRP methods), still works: it means attention maps, their
-    gradients when True, and the LRP relevance when a rule set is named.
-    Methods that aggregate over blocks pass `default_start_layer`; the others reject a
-    `start_layer` argument. LRP methods name their rule set in `lrp_rules`, Gradient x
-    Input methods with modified gradients theirs in `gradient_rules`. A method whose raw
-    values mislead as numbers says why in `scale_note`.
+    `needs` states what the method needs (`Need`). Methods that aggregate over blocks
+    pass `default_start_layer`; the others reject a `start_layer` argument. LRP methods
+    name their rule set in `lrp_rules`, Gradient x Input methods with modified gradients
+    theirs in `gradient_rules`. A method whose raw values mislead as numbers says why in
+    `scale_note`.
 
     The builder's docstring's first line becomes the method's summary.
     """
-    if needs is None:
-        if needs_gradients is None:
-            raise TypeError(f"method {name!r}: state what it needs (needs=...)")
-        needs = {Need.ATTENTION}
-        needs |= {Need.ATTENTION_GRADIENTS} if needs_gradients else set()
-        needs |= {Need.LRP_RELEVANCE} if lrp_rules is not None else set()
-    elif needs_gradients is not None:
-        raise TypeError(f"method {name!r}: give needs or needs_gradients, not both")
     stated = frozenset(needs)
     if bool(stated & LRP_NEEDS) != (lrp_rules is not None):
         raise TypeError(f"method {name!r}: LRP relevance needs a rule set (lrp_rules) and back")

@@ -49,8 +49,8 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from explain.errors import ExplainError, InputError
-from explain.io import atomic_write
-from explain.preprocessing import read_image
+from explain.export import atomic_write
+from explain.inputs import read_image
 from explain.serve.data import DataSource, OutsideDataError
 from explain.serve.gallery import GalleryPass
 from explain.serve.uploads import MAX_BYTES, UploadError, read_upload

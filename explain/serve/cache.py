@@ -3,7 +3,7 @@
 Results are JSON files keyed by what produced them (the model, as `model_identity` names
 it, the method, the input file's SHA-256 and the class), so a second visit, or a restart
 on the same folder, reads them instead of recomputing. Every file is written atomically
-(explain.io.atomic_write): a crash leaves complete files or none.
+(explain.export.atomic_write): a crash leaves complete files or none.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from explain.io import atomic_write
+from explain.export import atomic_write
 
 __all__ = ["ResultCache", "default_cache_folder", "model_identity"]
 

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from explain.errors import ExplainError
-from explain.preprocessing import read_image
+from explain.inputs import read_image
 from explain.serve.data import DataSource, file_sha256
 from explain.serve.workbench import Workbench
 

@@ -25,7 +25,7 @@ from torch import Tensor
 from explain.api import Explainer
 from explain.errors import ExplainError, InputError, TargetError
 from explain.explanation import Explanation
-from explain.loaded_model import LoadedModel
+from explain.loading.loaded_model import LoadedModel
 from explain.rules import METHODS
 from explain.serve.cache import ResultCache, model_identity
 from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL, scale_maps

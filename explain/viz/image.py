@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from explain.errors import ExplainError, InputError
-from explain.io import atomic_write
+from explain.export import atomic_write
 from explain.viz.literal import literal_text
 from explain.viz.scaling import DIVERGING, SEQUENTIAL, FigureScale, scale_maps
 

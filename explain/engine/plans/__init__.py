@@ -1,6 +1,6 @@
 """Plans: how each kind of model maps a request onto the engine's passes.
 
-- `OneStack` (base.py): one token sequence;
+- `Plan` (base.py): one token sequence, and what every plan shares;
 - `DualEncoderPlan` (dual_encoder.py, CLIP): each explained (image, text) pair a sample;
 - `EncoderDecoderPlan` (encoder_decoder.py): the token predicted at a decoder position;
 - `GenerationPlan` (generation.py): every generated token of a decoder-only language
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from explain.architectures.base import Adapter, TokenSets
 from explain.engine.plans.base import (
-    OneStack,
     Plan,
     check_tokenizer,
     resolve_score,
@@ -38,7 +37,6 @@ __all__ = [
     "EncoderDecoderPlan",
     "GenerationPlan",
     "ImageTextPlan",
-    "OneStack",
     "Plan",
     "Position",
     "check_tokenizer",
@@ -49,7 +47,7 @@ __all__ = [
 ]
 
 PLANS: dict[TokenSets | None, type[Plan]] = {
-    None: OneStack,
+    None: Plan,
     TokenSets.DUAL_ENCODER: DualEncoderPlan,
     TokenSets.ENCODER_DECODER: EncoderDecoderPlan,
     TokenSets.DETECTION: DetectionPlan,

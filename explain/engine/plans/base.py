@@ -7,7 +7,7 @@ blocks, and how the columns' results become one relevance per token set. It also
 declares which passes it accepts (`Plan.passes`), which explain.engine.run checks once,
 before any forward. The passes never ask what kind of model they run.
 
-`Plan` (`OneStack`): one token sequence. Column k is target k of every sample; sinks are
+`Plan`: one token sequence. Column k is target k of every sample; sinks are
 the method's, over the set's blocks. It accepts every pass.
 """
 
@@ -32,19 +32,18 @@ from explain.engine.passes import (
 )
 from explain.engine.request import Request, StartLayer, integer_option
 from explain.engine.session import Session
-from explain.errors import ExplainError, OptionError
-from explain.layout import Prepared, TokenSet
-from explain.rules import METHODS, Method, RuleContext, Sink
-from explain.targets import (
+from explain.engine.targets import (
     Score,
     check_score,
     require_explicit_target,
     resolve_targets,
     select_scores,
 )
+from explain.errors import ExplainError, OptionError
+from explain.layout import Prepared, TokenSet
+from explain.rules import METHODS, Method, RuleContext, Sink
 
 __all__ = [
-    "OneStack",
     "Plan",
     "SetSinks",
     "check_tokenizer",
@@ -334,7 +333,3 @@ class Plan:
         if self.tokenizer is None:
             return None
         return self.adapter.token_strings(self.prepared, self.tokenizer)
-
-
-OneStack = Plan
-"""A single-stack model's plan is the base plan."""

@@ -26,10 +26,10 @@ from explain.detections import Detections
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink
 from explain.engine.plans.base import Plan, masked_columns
 from explain.engine.request import Request
+from explain.engine.targets import select_scores
 from explain.errors import OptionError, TargetError
 from explain.rules import Method
 from explain.rules.coattention import BlockRole, TwoSetFold, row_at
-from explain.targets import select_scores
 
 __all__ = ["DEFAULT_THRESHOLD", "DetectionPlan"]
 

@@ -19,9 +19,9 @@ from explain.engine.passes import AttentionGradientPass, Columns, ForwardPass
 from explain.engine.plans.base import Plan
 from explain.engine.request import Request
 from explain.engine.session import Session
+from explain.engine.targets import resolve_targets
 from explain.errors import TargetError
 from explain.rules import Method
-from explain.targets import resolve_targets
 
 __all__ = ["DualEncoderPlan"]
 

@@ -20,10 +20,10 @@ from explain.architectures.base import Adapter
 from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink
 from explain.engine.plans.base import Plan, custom_scores, masked_columns
 from explain.engine.request import Request
+from explain.engine.targets import Target, resolve_targets, select_scores
 from explain.errors import InputError, OptionError, TargetError
 from explain.rules import Method
 from explain.rules.coattention import BlockRole, TwoSetFold
-from explain.targets import Target, resolve_targets, select_scores
 
 __all__ = ["EncoderDecoderPlan", "Position"]
 

@@ -21,10 +21,10 @@ from explain.engine.passes import (
 )
 from explain.engine.plans.base import Plan, masked_columns
 from explain.engine.request import Request, integer_option
+from explain.engine.targets import select_scores
 from explain.errors import InputError, OptionError
 from explain.layout import Prepared
 from explain.rules import Method
-from explain.targets import select_scores
 
 __all__ = ["GenerationPlan", "column_rows", "require_causal_lm"]
 

@@ -39,10 +39,10 @@ from explain.engine.plans.base import Plan, masked_columns, per_set, resolve_sta
 from explain.engine.plans.generation import column_rows, generated_tokens, read_out_at
 from explain.engine.request import Request
 from explain.engine.spread import ReadOut
+from explain.engine.targets import select_scores
 from explain.errors import OptionError
 from explain.layout import ImagePrepared, ImageTokens, TokenLayout
 from explain.rules import Method, RuleContext, Sink
-from explain.targets import select_scores
 
 __all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextPlan", "ImageTextSink"]
 

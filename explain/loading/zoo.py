@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from explain.errors import ModelLoadError
-from explain.io import atomic_write
-from explain.loaded_model import LoadedModel
-from explain.preprocessing import ImagePreprocessing
+from explain.export import atomic_write
+from explain.loading.loaded_model import LoadedModel
+from explain.loading.preprocessing import ImagePreprocessing
 
 __all__ = [
     "ZOO",
@@ -101,8 +101,9 @@ def zoo_root() -> Path:
     override = os.environ.get("EXPLAIN_ZOO")
     if override:
         return Path(override)
-    packaged = Path(__file__).resolve().parent / "_zoo"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "models"
+    package = Path(__file__).resolve().parents[1]  # explain/
+    packaged = package / "_zoo"
+    return packaged if packaged.is_dir() else package.parent / "models"
 
 
 def sha256(path: Path) -> str:
@@ -152,7 +153,7 @@ def _build_minilm_classifier(config: dict[str, Any]) -> nn.Module:
     from transformers import BertForSequenceClassification
     from transformers.utils import logging
 
-    from explain.hub import quiet_transformers
+    from explain.loading.hub import quiet_transformers
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # "newly initialised classifier" is expected here

@@ -1,7 +1,7 @@
 """Load a model to explain from a spec string: the one loader the CLI and the API share.
 
 A spec is one of:
-- `zoo:NAME`: a model of this repository's zoo (see `explain.zoo`);
+- `zoo:NAME`: a model of this repository's zoo (see `explain.loading.zoo`);
 - a folder: a Hugging Face model (`config.json` with a `model_type`, loaded with
   `from_pretrained(folder)`), a timm export (`config.json` with an `architecture`, as
   `timm.models.save_for_hf` writes it, loaded with timm's `local-dir:` source) or a zoo-style
@@ -44,7 +44,7 @@ from explain.errors import (
     RepoNotFoundError,
     UnsupportedModelError,
 )
-from explain.hub import (
+from explain.loading.hub import (
     HUB_PREFIX,
     env_offline,
     fetch_config,
@@ -54,13 +54,16 @@ from explain.hub import (
     quiet_transformers,
     split_revision,
 )
-from explain.image_prompts import photo_preprocessing
-from explain.io import IMAGENET_MEAN, IMAGENET_STD
-from explain.loaded_model import LoadedModel
-from explain.preprocessing import ImagePreprocessing
-from explain.zoo import load_zoo_folder, load_zoo_model
+from explain.loading.loaded_model import LoadedModel
+from explain.loading.preprocessing import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ImagePreprocessing,
+    photo_preprocessing,
+)
+from explain.loading.zoo import load_zoo_folder, load_zoo_model
 
-__all__ = ["DEVICES", "DTYPES", "ZOO_PREFIX", "LoadedModel", "load_model", "resolve_device"]
+__all__ = ["DEVICES", "DTYPES", "ZOO_PREFIX", "load_model", "resolve_device"]
 
 ZOO_PREFIX = "zoo:"
 _WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
