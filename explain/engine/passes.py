@@ -1,44 +1,14 @@
 """The passes through a model: how a method's needs (`Need`) are met.
 
-A pass is one way of running the model for a method: which forward, which backward, and
-what each column's sink receives. Each pass
-
-- serves some needs (`serves`): a method runs the first pass in `PASSES` that serves one
-  of its needs, and the forward pass when it needs nothing;
-- says what it needs of an adapter (`missing`), checked before any forward
-  (explain.engine.run.check);
-- reaches the model only through a plan (`PlanView`: `forward`, `columns`, `sink`,
-  `forward_sinks`, `read`), inside a `Session` that borrows the model and, where it
-  records, a `Recorder`. It never asks what kind of model it runs.
-
-Several targets per input are always score columns of one forward; a plan decides what a
-column is (a target, a dual encoder's pair, a generated position). The passes:
-
-- `ForwardPass` (attention only, or nothing): one forward under no_grad, no backward; a
-  class-agnostic map serves every column, unless the plan gives each its own sink;
-- `AttentionGradientPass`: one forward, then the backward of every score column, all
-  columns in one vectorised backward, chunked to the memory budget
-  (`Recorder.backward_batched`), each column into its own sink;
-- `LrpWalkPass`: one forward that records the family's walk (`Adapter.lrp_walk`), the
-  gradients as above when the method weights by them (kept per column until that
-  column's walk has used them), then the walk once per column (a walk propagates one
-  class per sample);
-- `EmbeddingGradientPass` (AttnLRP, CP-LRP): one forward under the method's gradient
-  rules (explain.lrp.attnlrp, hooked where the family's `Adapter.attnlrp_sites` say), then
-  one batched backward of every column to the embeddings: Gradient x Input per token.
-
-Where every column's sink folds by spreads (generic, head-mean rollout, raw attention),
-the forward and attention-gradient passes fold all columns together block by block
-(explain.engine.spread), on the fused path from q, k, v and dO without N x N maps
-("streamed"); where every column's sink reads the last block only (attention GradCAM),
-the attention-gradient pass maps that block once for all columns, and where every
-column's sink is a two-set fold (encoder-decoders, detectors) it runs their rules once
-for all columns. The path
-(`explain.engine.fused.choose_path`: the device, the memory budget, the length) is recorded in
-`Explanation.settings` (`Pass.settings`).
-
-A new kind of need is one `Need` member, one pass class here (added to `PASSES`) and one
-entry in the `passes` of each plan that accepts it.
+A pass is one way of running the model for a method (which forward, which backward, what
+each score column's sink receives): `ForwardPass` (attention maps only),
+`AttentionGradientPass` (maps and their gradients, every column in one batched
+backward), `LrpWalkPass` (the family's LRP walk, `Adapter.lrp_walk`) and
+`EmbeddingGradientPass` (AttnLRP, CP-LRP: Gradient x Input under rules hooked where
+`Adapter.attnlrp_sites` says). A method runs the first pass in `PASSES` that serves one
+of its needs; each pass says what it needs of an adapter (`missing`, checked before any
+forward) and reaches the model only through a plan (`PlanView`). docs/architecture.md
+("The engine") says how the passes fold every column at once and which path they take.
 """
 
 from __future__ import annotations

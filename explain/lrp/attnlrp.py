@@ -1,33 +1,13 @@
 """AttnLRP and CP-LRP in their Gradient x Input form: rule modifiers as forward hooks.
 
-Both methods (Achtibat et al., ICML 2024; Ali et al., ICML 2022) are LRP rule sets whose
-relevance equals Gradient x Input once the backward pass of a few operations is modified
-(the "efficient" form of their reference library, LXT 2.1):
-
-- normalisations (LayerNorm, RMSNorm): identity rule, i.e. the variance (RMS) statistic
-  carries no gradient; the mean subtraction, a linear map, keeps its gradient;
-- element-wise non-linearities (GELU, SiLU, tanh, ...): identity rule, the gradient of
-  y = f(x) becomes y / x, so that x * grad_x = y * grad_y;
-- element-wise and matrix products of two activations: uniform rule, each factor gets
-  half of the relevance. For attention (q k^T, then A v) this makes the gradient of q
-  and k a quarter and that of v a half of the plain one; in a gated MLP,
-  act(gate(x)) * up(x), both factors get half;
-- CP-LRP differs inside the products only: no gradient through the softmax's query-key
-  path (q and k are constants) nor through the gate (act(gate(x)) is a constant).
-  Everything else is as in AttnLRP.
-
-Every modifier keeps the forward values bit for bit: a hook returns its module's own
-output through one autograd node whose backward is the rule's gradient, or registers a
-gradient hook on its output tensor. Nothing is patched: hooks live on the model's own
-module instances, are registered by the recorder for one call and removed after it, and
-the tensor hooks die with the call's graph. Because q, k and v are scaled where the
-projections produce them, the rules hold on every attention implementation (eager, sdpa,
-flash, timm's fused path).
-
-The relevance of the input is read where the family's wiring says (`AttnLrpSites.embedding`):
-the word-embedding output of text models, the patch-embedding output of ViTs. That module's
-output becomes the leaf of the call's graph, so the position and token-type embeddings
-added after it are not part of the relevance.
+Both methods (Achtibat et al., ICML 2024; Ali et al., ICML 2022) equal Gradient x Input
+once the backward of a few operations is modified (LXT 2.1's "efficient" form): the
+identity rule through normalisations and element-wise activations, the uniform rule for
+the products of two activations (q k^T, A v, gated MLPs), and for CP-LRP no gradient
+through the softmax's query-key path nor through a gate. Every modifier keeps the
+forward values bit for bit; nothing is patched: the hooks live on the model's own
+modules for one call (`attnlrp_hooks`), where the family's `AttnLrpSites` say. The
+relevance is read at the embedding output (`AttnLrpCall`). docs/methods.md derives it.
 """
 
 from __future__ import annotations
