@@ -269,7 +269,7 @@ def test_unknown_routes_and_methods(server):
 
 
 def test_an_unexpected_failure_is_a_500_without_a_traceback(server, monkeypatch):
-    def broken(photo):
+    def broken(*args):
         raise RuntimeError("secret internals at /home/user/model.py line 3")
 
     monkeypatch.setattr(server.workbench, "view_png", broken)
@@ -464,7 +464,10 @@ def test_a_single_label_gallery_is_right_when_the_top_class_is_the_label(tmp_pat
         top = int(logits.argmax())
         assert item["prediction"]["index"] == top
         assert item["prediction"]["confidence"] == pytest.approx(float(probabilities[top]))
-        assert item["prediction"]["present"] == [loaded.classes[top]]
+        confidence = pytest.approx(float(probabilities[top]))
+        assert item["prediction"]["present"] == [
+            {"name": loaded.classes[top], "confidence": confidence}
+        ]
         assert item["correct"] == (loaded.classes[top] == item["label"])
     assert [item["correct"] for item in gallery["items"]].count(False) >= 1
 

@@ -7,7 +7,8 @@ Routes (JSON unless said otherwise):
     GET  /api/info                the model: kind, classes, methods, normalisation rules
     GET  /api/gallery             the folder's images with their predictions so far
     GET  /api/sentences           the sentences of a text file
-    GET  /api/view?item=ITEM      PNG: the image as the model sees it
+    GET  /api/view?item=ITEM      PNG: the image as the model sees it (&background=grey:
+                                  in grey, as the maps are drawn over it)
     GET  /api/file?path=PATH      an image of the gallery, as it is
     POST /api/upload              an image as the request body -> its ITEM (upload/SHA)
     POST /api/explain/image       {item, methods, classes|top, rule}
@@ -249,7 +250,10 @@ class _Handlers:
 
     async def view(self, request: Request) -> Response:
         item = request.query_params.get("item", "")
-        png = await run_in_threadpool(lambda: self.workbench.view_png(self._photo(item)[0]))
+        background = request.query_params.get("background", "colour")
+        png = await run_in_threadpool(
+            lambda: self.workbench.view_png(self._photo(item)[0], background)
+        )
         return Response(png, media_type="image/png", headers=_HEADERS)
 
     async def file(self, request: Request) -> Response:
