@@ -169,12 +169,14 @@ class Workbench:
     ) -> Path:
         """The explanation of `classes` (none: the predicted class) with `method`, written
         by `Explanation.save` to a file under the cache's exports folder (`suffix`: ".npz"
-        or ".json")."""
+        or ".json"). At most MAX_CLASSES classes, as in the views: each one is a backward
+        pass and a map in the file."""
         (method,) = self._checked_methods([method])
-        target = torch.tensor([list(classes)]) if classes else None
+        classes = self._checked_classes(classes)
+        target = torch.tensor([classes]) if classes else None
         result = self.explainer.explain(make_inputs(), target=target, method=method)
         result = _with_settings(result, {"model": self.spec, **settings})
-        name = ResultCache.key(self._identity, method, list(classes), settings) + suffix
+        name = ResultCache.key(self._identity, method, classes, settings) + suffix
         path = self.cache.exports / name
         result.save(path)
         return path
