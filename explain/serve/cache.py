@@ -43,8 +43,8 @@ def default_cache_folder() -> Path:
 
 class ResultCache:
     """JSON results under `folder`/results, uploads under `folder`/uploads and exports
-    under `folder`/exports (and, from `explain serve`, matplotlib's config folder under
-    `folder`/matplotlib); nothing is written anywhere else."""
+    under `folder`/exports (and, from `explain serve`, the caches libraries make on their
+    own: `keep_library_caches_inside`); nothing is written anywhere else."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder).resolve()
@@ -52,6 +52,14 @@ class ResultCache:
         self.exports = self.folder / "exports"
         for sub in (self.folder / "results", self.uploads, self.exports):
             sub.mkdir(parents=True, exist_ok=True)
+
+    def keep_library_caches_inside(self) -> None:
+        """Point the caches that libraries make on import at this folder, unless the
+        user named them: matplotlib's config folder (`folder`/matplotlib; the page's
+        colormaps import matplotlib) and PyTorch's inductor cache (`folder`/torchinductor;
+        `import timm` makes $TMPDIR/torchinductor_$USER). Call it before the model loads."""
+        os.environ.setdefault("MPLCONFIGDIR", str(self.folder / "matplotlib"))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.folder / "torchinductor"))
 
     @staticmethod
     def key(*parts: object) -> str:
