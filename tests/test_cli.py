@@ -78,6 +78,28 @@ def test_help_documents_every_option():
                 assert "default" in action.help, f"`explain {name}` {action.dest}: no default"
 
 
+def test_no_arguments_print_the_commands_and_a_hint(capsys):
+    status, out, err = _run(capsys)
+    assert status == 2 and out == ""
+    for command in ("clip", "detect", "evaluate", "generate", "image", "models", "text"):
+        assert re.search(rf"^    {command} +\w", err, flags=re.MULTILINE), command
+    assert "Start with `explain models`" in err and "explain COMMAND --help" in err
+
+
+@pytest.mark.parametrize("columns", ["60", "80", "100", "132"])
+def test_help_never_breaks_a_line_inside_a_hyphenated_word(monkeypatch, columns):
+    # argparse wraps with textwrap, which breaks after hyphens: "hf-hub:org/name" came
+    # out as "hf- hub:" once the line was re-wrapped.
+    monkeypatch.setenv("COLUMNS", columns)
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in commands.choices.items():
+        text = command.format_help()
+        assert not re.search(r"\w-\n\s*\w", text), name
+        assert "hf- " not in text, name
+        if any("--model" in action.option_strings for action in command._actions):
+            assert "hf-hub:org/name" in text, name
+
+
 def test_version(capsys):
     from explain import __version__
 
