@@ -242,3 +242,29 @@ def test_the_docs_index_leads_to_every_page_and_every_kind_of_model() -> None:
     readme = _LINK.findall(_prose(ROOT / "README.md"))
     listed = {Path(t.partition("#")[0]).name for t in readme if t.startswith("docs/")}
     assert guides | {"README.md"} <= listed, f"README does not link {guides - listed}"
+
+
+def test_readme_keeps_each_story_under_its_own_heading() -> None:
+    """The walkthroughs are sections of their own (not inside a list item), and the
+    Promises section holds every promise (none left under Attention paths)."""
+    text = _prose(ROOT / "README.md")
+    sections = {
+        part.split("\n", 1)[0]: part for part in re.split(r"^## ", text, flags=re.MULTILINE)
+    }
+    bold = re.compile(r"^- \*\*([^*]+)\*\*", flags=re.MULTILINE)
+    assert bold.findall(sections["Attention paths"]) == ["explicit", "streamed", "fused"]
+    promises = [title.rstrip(".") for title in bold.findall(sections["Promises"])]
+    assert {"Finite numbers only", "Clear errors"} <= set(promises)
+    code = {block.code: block for block in blocks(ROOT / "README.md")}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for heading, command in (
+        ("Language models: every token they generate", "save_tiny_lm('tiny-llama')"),
+        ("Vision-language models: which part of the photo", "save_tiny_llava('tiny-llava')"),
+    ):
+        block = next(b for source, b in code.items() if command in source)
+        start = readme.index(f"## {heading}\n")
+        end = readme.index("\n## ", start + 1)
+        assert start < readme.index(command) < end, heading
+        assert block.lang == "bash" and not block.marker  # run as written, at top level
+        line = readme.splitlines()[block.line - 1]
+        assert not line.startswith(" "), heading
