@@ -9,7 +9,9 @@ highlights its relevance over everything before it, and a PNG of the (generated 
 
 The model is a Hugging Face ...ForCausalLM folder (save_pretrained, with its tokenizer) or
 hub id; explain.testing.tiny_lm.save_tiny_lm writes a tiny random one for trying the
-command offline.
+command offline. The terminal prints the continuation (every token the model wrote,
+special ones included) and what each generated token rests on most, the token it is read
+out at left out: the page and the figure show the same (explain.generation.Answer).
 """
 
 from __future__ import annotations
@@ -113,8 +115,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog='Example: explain generate "The capital of France is" --model ./my-llama '
         "--out answers (writes answers/generation.html and answers/generation.png). Offline, "
         'explain.testing.tiny_lm.save_tiny_lm("tiny-llama") saves a tiny random Llama folder '
-        "to try it on (README, Supported models). A photo: explain generate --image "
-        'photo.jpg "What is in the picture?" --model PATH',
+        "to try it on (README, Language models). A photo: explain generate --image "
+        'photo.jpg "What is in the picture?" --model PATH (offline, '
+        'explain.testing.tiny_vlm.save_tiny_llava("tiny-llava") saves a tiny random LLaVA '
+        "with its processor: README, Vision-language models)",
     )
     parser.add_argument(
         "prompt", metavar="PROMPT", help="the text to continue (with --image: the question)"
