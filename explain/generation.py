@@ -13,6 +13,10 @@ serves all columns; forward-only methods fold every column from the same attenti
 A vision-language model's answer about an image is explained the same way, over the image
 and the prompt (explain.engine.plans.image_text).
 
+`GenerationExplanation.answer` is what every view of one continuation shows (the
+terminal, page and figure of `explain generate`): its tokens, special ones included, and
+for each generated token the tokens it rests on, the token it is read out at left out.
+
 `generate_target` generates an encoder-decoder's target sequence for its sources, to be
 explained position by position (`position="all"`) like any encoder-decoder input.
 """
@@ -41,6 +45,7 @@ from explain.explanation import Explanation
 from explain.inputs import is_raw_text
 
 __all__ = [
+    "Answer",
     "Generation",
     "GenerationExplanation",
     "Prompt",
@@ -48,6 +53,7 @@ __all__ = [
     "generate",
     "generate_target",
     "is_chat",
+    "rests_on",
 ]
 
 Message = Mapping[str, str]
@@ -86,6 +92,58 @@ class Generation:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.extra}
 
 
+def rests_on(row: Tensor, readout: int, count: int = 3) -> list[int]:
+    """The positions of the `count` most relevant tokens of `row` among those read before
+    position `readout` (the token the prediction is read out at), most relevant first.
+
+    The readout token itself is left out: every rule gives it its own identity term,
+    which would put it first for almost every token and say nothing about the rest (the
+    figure hatches it, off the scale, for the same reason). A `readout` past the end of
+    `row` leaves every position in."""
+    before = row[: max(readout, 0)]
+    if before.numel() == 0:
+        return []
+    return before.topk(min(count, before.numel())).indices.tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """One prompt's continuation as every view of it shows it: `explain generate`'s
+    terminal lines, its page and its figure say the same thing from this.
+
+    Attributes:
+        tokens: the prompt's tokens without its padding, then the generated ones up to
+            and including the end token. Special tokens the model wrote (an end token,
+            a tile marker) are kept, in every view: each was generated and explained.
+        prompt_length: how many of `tokens` are the prompt.
+        relevance: (G, len(tokens)) row g: every token's relevance for generated token
+            g (a vision-language model's: over the text, image tokens 0).
+        ids: the G generated token ids.
+    """
+
+    tokens: list[str]
+    prompt_length: int
+    relevance: Tensor
+    ids: list[int]
+
+    @property
+    def generated(self) -> list[str]:
+        """The G generated tokens."""
+        return self.tokens[self.prompt_length :]
+
+    def readout(self, g: int) -> int:
+        """The position generated token g is read out at: the one just before it."""
+        return self.prompt_length + g - 1
+
+    def rests_on(self, g: int, count: int = 3) -> list[int]:
+        """The positions (in `tokens`) generated token g rests on most (see `rests_on`)."""
+        return rests_on(self.relevance[g], self.readout(g), count)
+
+    def text(self, tokenizer: Any) -> str:
+        """The generated tokens as text, special tokens kept as every view shows them."""
+        return tokenizer.decode(self.ids, skip_special_tokens=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationExplanation:
     """`explanation.relevance` (B, G, T): row g is the relevance of every token for the
@@ -95,6 +153,24 @@ class GenerationExplanation:
 
     explanation: Explanation
     generation: Generation
+
+    def answer(self, sample: int = 0) -> Answer:
+        """Sample `sample`'s continuation as the views show it (see `Answer`); needs the
+        token strings, which an Explainer with a tokenizer gives."""
+        tokens = self.explanation.tokens
+        if tokens is None:
+            raise InputError("the explanation has no tokens: create the Explainer with a tokenizer")
+        generation = self.generation
+        width = generation.prompt_length
+        count = int(generation.generated[sample].sum())
+        first = int((~generation.attention_mask[sample, :width].bool()).sum())  # left pads
+        relevance = self.explanation.relevances.get("text", self.explanation.relevance)
+        return Answer(
+            tokens=list(tokens[sample][first : width + count]),
+            prompt_length=width - first,
+            relevance=relevance[sample, :count, first : width + count],
+            ids=generation.input_ids[sample, width : width + count].tolist(),
+        )
 
 
 def is_chat(prompt: object) -> bool:

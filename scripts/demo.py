@@ -168,14 +168,15 @@ def generation_demo(out: Path) -> list[Path]:
         loaded = load_model(save_tiny_lm(Path(folder) / "tiny-llama"))
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     found = explain_generation(explainer, "w12 w30 w41 w17 w25 w9", max_new_tokens=8)
-    result, generation = found.explanation, found.generation
-    width, count = generation.prompt_length, int(generation.generated[0].sum())
-    tokens = result.tokens[0][: width + count]
-    matrix = result.relevance[0, :count, : width + count]
+    answer = found.answer()  # what `explain generate` shows, in the terminal, page and PNG
+    tokens, width, matrix = answer.tokens, answer.prompt_length, answer.relevance
+    rests = [answer.rests_on(g) for g in range(len(answer.generated))]
     title = "tiny random Llama (shows the pictures, not a trained model)"
     page = out / "generation.html"
     with atomic_write(page, "w") as handle:
-        handle.write(generation_html(tokens, width, matrix, method="generic", title=title))
+        handle.write(
+            generation_html(tokens, width, matrix, method="generic", rests_on=rests, title=title)
+        )
     picture = out / "generation.png"
     save_figure(generation_figure(matrix, tokens, width, method="generic", title=title), picture)
     return [page, picture]

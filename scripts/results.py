@@ -124,13 +124,14 @@ CLASS_SPECIFIC_NOTE = """\
 The class-specific test explains each object's class in a two-object scene. Perturbation:
 the pixels of that class's map are zeroed, most relevant first (positive) or least
 relevant first (negative), and the class's mean sigmoid probability is tracked (AUC on the
-same scale as above); "other kept" tracks the OTHER object's class along the positive
-order (a map that is about its own class takes its object away first and leaves the
-other's). mIoU: the map thresholded at its mean against the explained object's mask, the
-other object counted as background. "Denser on target": the share of examples whose map
-is denser (mean over the object's pixels) on the explained object than on the other one.
-A class-agnostic map is the same for both classes of a scene, so exactly one of the
-scene's two examples finds its own object denser: 0.5 by construction.
+same scale as above); "other kept AUC" is the AUC of the OTHER object's class along the
+same positive order (higher is better: a map that is about its own class takes its object
+away first and leaves the other's). mIoU: the map thresholded at its mean against the
+explained object's mask, the other object counted as background. "Denser on target": the
+share of examples whose map is denser (mean over the object's pixels) on the explained
+object than on the other one. A class-agnostic map is the same for both classes of a
+scene, so exactly one of the scene's two examples finds its own object denser: 0.5 by
+construction.
 """
 
 

@@ -246,3 +246,11 @@ def test_explain_models_points_to_cards_that_exist(capsys):
     assert Path(folder) == zoo_root()
     for name in ZOO:
         assert (Path(folder) / name / CARD).is_file()
+
+
+def test_make_zoo_retrains_every_zoo_model():
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    recipe = re.search(r"^zoo:.*\n((?:\t.*\n)+)", makefile, flags=re.MULTILINE)
+    assert recipe is not None, "the Makefile has no zoo target"
+    for name, entry in ZOO.items():
+        assert f"$(BIN)/python {entry.script}\n" in recipe.group(1), name

@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from explain.cli.options import Planned, add_model_arguments
+from explain.cli.options import Planned, RawDescriptionHelpFormatter, add_model_arguments
 
 __all__ = ["register"]
 
@@ -76,7 +76,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "evaluate",
         help="score methods with the perturbation, segmentation, class-specific or rationale test",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "protocol", choices=["perturbation", "segmentation", "class-specific", "rationale"]

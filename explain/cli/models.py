@@ -1,4 +1,5 @@
-"""`explain models`: the zoo, the supported model families and the registered methods."""
+"""`explain models`: the zoo, the supported model families with the methods each takes,
+and the registered methods."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ __all__ = ["register"]
 
 
 def run(args: argparse.Namespace) -> int:
-    from explain.architectures import supported_families
     from explain.architectures.custom import CustomTransformer
+    from explain.architectures.registry import adapter_classes
+    from explain.engine import supported_methods
     from explain.loading.zoo import WEIGHTS, ZOO, zoo_root
     from explain.rules import METHODS
 
@@ -19,10 +21,10 @@ def run(args: argparse.Namespace) -> int:
         missing = not (root / name / WEIGHTS).is_file()
         note = f"  [not trained here yet: python {entry.script}]" if missing else ""
         print(f"  zoo:{name:20s} {entry.summary}{note}")
-    print("Supported model families:")
-    for family in supported_families():
-        print(f"  {family}")
-    print(f"  {CustomTransformer.family}")
+    print("Supported model families, each with the methods it takes (--method all runs these):")
+    for adapter in [*reversed(adapter_classes()), CustomTransformer]:
+        print(f"  {adapter.family}")
+        print(f"      methods: {', '.join(supported_methods(adapter))}")
     print("  (out of scope: CvT, PVT, MaxViT and deformable attention, whose tokens mix outside")
     print("   attention maps; Swin is served above)")
     print("Methods (--method):")
@@ -34,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "models",
-        help="list the zoo, the supported model families and the methods",
+        help="list the zoo, the supported model families (with the methods each takes) and "
+        "the methods",
         description=__doc__,
     )
     parser.set_defaults(run=run)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from explain.cli.methods import (
     add_method_arguments,
+    methods_the_model_takes,
     parse_methods,
     score_for,
     start_layer_for,
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer; see `explain image`")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    methods = methods_the_model_takes(args.method, methods, explainer.adapter, args.model)
     encoder = getattr(explainer.adapter, "pooled_by_mean", False)
     if encoder != (args.pair is not None):
         raise InputError(

@@ -20,7 +20,7 @@ from explain.engine.plans import (
     resolve_start_layer,
 )
 from explain.engine.request import Request, StartLayer
-from explain.engine.run import check, explain, supported_methods, trace
+from explain.engine.run import check, explain, refusals, supported_methods, trace
 from explain.engine.session import Session
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "check",
     "check_tokenizer",
     "explain",
+    "refusals",
     "require_causal_lm",
     "resolve_score",
     "resolve_start_layer",

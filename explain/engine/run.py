@@ -27,10 +27,12 @@ from explain.errors import TargetError, UnsupportedModelError
 from explain.explanation import Explanation, Trace
 from explain.rules import METHODS, Method, get_method
 
-__all__ = ["check", "explain", "supported_methods", "trace"]
+__all__ = ["check", "explain", "refusals", "supported_methods", "trace"]
 
 
-def _missing_link(spec: Method, kind: type[Plan], adapter: Adapter) -> Exception | None:
+def _missing_link(
+    spec: Method, kind: type[Plan], adapter: Adapter | type[Adapter]
+) -> Exception | None:
     """The error for the first missing link of method -> pass -> plan -> adapter, or None."""
     chosen = pass_for(spec)
     if chosen not in kind.passes or (kind.methods is not None and spec.name not in kind.methods):
@@ -59,16 +61,29 @@ def check(spec: Method, kind: type[Plan], adapter: Adapter, request: Request) ->
     return chosen
 
 
-def _supported(kind: type[Plan], adapter: Adapter) -> list[str]:
+def _supported(kind: type[Plan], adapter: Adapter | type[Adapter]) -> list[str]:
     return [
         name for name, spec in sorted(METHODS.items()) if _missing_link(spec, kind, adapter) is None
     ]
 
 
-def supported_methods(adapter: Adapter, request: Request | None = None) -> list[str]:
+def supported_methods(
+    adapter: Adapter | type[Adapter], request: Request | None = None
+) -> list[str]:
     """The names of the methods that `adapter`'s model can be explained with, in calls of
-    `request`'s kind (a generation, when it has a `prompt_length`; default: any other)."""
+    `request`'s kind (a generation, when it has a `prompt_length`; default: any other).
+    Capabilities are declared on the adapter's class, so a family's adapter class answers
+    for every model of the family (`explain models` lists them so)."""
     return _supported(plan_kind(adapter, request or Request()), adapter)
+
+
+def refusals(adapter: Adapter | type[Adapter], request: Request | None = None) -> dict[str, str]:
+    """The methods `adapter`'s model cannot be explained with (in calls of `request`'s
+    kind, as for `supported_methods`), each with the reason, the missing link of method ->
+    pass -> plan -> adapter that `check` would name."""
+    kind = plan_kind(adapter, request or Request())
+    found = {name: _missing_link(spec, kind, adapter) for name, spec in sorted(METHODS.items())}
+    return {name: str(error) for name, error in found.items() if error is not None}
 
 
 def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None) -> Explanation:

@@ -7,7 +7,7 @@ scores, and nothing in an eval-mode transformer couples samples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from typing import Literal, Union
 
 import torch
@@ -85,10 +85,24 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
                 f"target must be an int, a sequence or a tensor of class indices, or a "
                 f"callable; got a {type(target).__name__}"
             )
+        if any(isinstance(item, str) for item in _items(target)):
+            raise TargetError(
+                f"target {target!r} names classes; explain takes class indices (B ints or a "
+                "tensor): look a name up in the model's class names, e.g. "
+                "load_model(SPEC).classes.index('circle') (the command line's --target "
+                "takes names)"
+            )
         try:
             classes = torch.as_tensor(target, device=output.device)
-        except (TypeError, ValueError, RuntimeError, OverflowError) as error:
-            raise TargetError(f"cannot read target {target!r} as class indices: {error}") from None
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            for item in _items(target):  # an index beyond 64 bits: say it is out of range
+                if isinstance(item, int) and not -(2**63) <= item < 2**63:
+                    _check_class(item, num_classes)
+            raise TargetError(
+                f"cannot read target {target!r} as class indices: give an int, one int per "
+                "input, rows of K ints per input (all of one length), an integer tensor, or "
+                "a callable"
+            ) from None
         if classes.is_floating_point() or classes.is_complex() or classes.dtype == torch.bool:
             raise TargetError(f"target class indices must be integers, got {classes.dtype}")
         classes = classes.long()
@@ -109,6 +123,15 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
         check_finite(output, "the model's output", _NONFINITE_ADVICE)
         _check_class(classes[out_of_range][0].item(), num_classes)
     return classes, None
+
+
+def _items(target: object) -> Iterator[object]:
+    """The entries of a target given as (nested) sequences, or the target itself."""
+    if isinstance(target, Sequence) and not isinstance(target, str | bytes):
+        for item in target:
+            yield from _items(item)
+    else:
+        yield target
 
 
 def _check_class(index: int, num_classes: int) -> None:

@@ -56,7 +56,7 @@ PLANS: dict[TokenSets | None, type[Plan]] = {
 """The plan of each kind of model (`Adapter.token_sets`)."""
 
 
-def plan_kind(adapter: Adapter, request: Request) -> type[Plan]:
+def plan_kind(adapter: Adapter | type[Adapter], request: Request) -> type[Plan]:
     """The plan for `adapter`'s kind of model; for a generation (a request with a
     `prompt_length`), the generation plan, unless the kind's plan explains its own."""
     kind = PLANS[adapter.token_sets]
