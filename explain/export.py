@@ -72,8 +72,13 @@ def write_payload(
     if kind == "safetensors":
         from safetensors.torch import save
 
+        # Copies: safetensors refuses tensors that share memory, as the maps of one sample
+        # cut from a batch's (`relevance` and its modality's entry) do.
         data = save(
-            {name: t.detach().cpu().contiguous() for name, t in tensors.items()},
+            {
+                name: t.detach().cpu().clone(memory_format=torch.contiguous_format)
+                for name, t in tensors.items()
+            },
             metadata={"explain": text},
         )
         with atomic_write(path) as handle:

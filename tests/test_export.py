@@ -118,15 +118,19 @@ def test_save_refuses_an_unknown_format(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def _tampered(tmp_path, suffix, header=None, tensors=None):
-    """A saved `_text_like` explanation with header fields or tensors replaced."""
+def _tampered(tmp_path, suffix, header=None, tensors=None, drop=(), original=None):
+    """A saved explanation (`_text_like`'s by default) with header fields or tensors
+    replaced, and the tensors and header fields named in `drop` left out."""
     from explain.export import write_payload
 
-    original = _text_like()
+    original = original or _text_like()
     path = tmp_path / f"tampered.{suffix}"
-    write_payload(
-        path, {**original._tensors(), **(tensors or {})}, {**original._header(), **(header or {})}
-    )
+    tensors = {**original._tensors(), **(tensors or {})}
+    header = {**original._header(), **(header or {})}
+    for name in drop:
+        tensors.pop(name, None)
+        header.pop(name, None)
+    write_payload(path, tensors, header)
     return path
 
 
@@ -235,3 +239,63 @@ def test_settings_that_json_cannot_hold_are_refused_before_writing(tmp_path, suf
     with pytest.raises(OptionError, match="cannot be written as JSON"):
         result.save(tmp_path / f"r.{suffix}")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors", "json"])
+def test_a_modality_whose_map_the_file_lacks_is_refused_not_filled_in(tmp_path, suffix):
+    """`save` writes the map of the modality `relevance` is (here "text") once, as
+    `relevance`, and names it in the header; every other modality's map must be there.
+    (Issue 37: a missing map was filled with `relevance`, a (2, 4) text map for images.)"""
+    original = _text_like()
+    assert original._header()["saved_as_relevance"] == "text"
+    assert "relevances.text" not in original._tensors()  # the one map left out on purpose
+    _assert_same(Explanation.load(_tampered(tmp_path, suffix)), original)
+    cut = _tampered(tmp_path, suffix, drop=["relevances.image"])
+    with pytest.raises(InputError, match="names the modality 'image', whose map it lacks"):
+        Explanation.load(cut)
+    extra = _tampered(tmp_path, suffix, header={"relevances": ["text", "image", "audio"]})
+    with pytest.raises(InputError, match="'audio', whose map it lacks"):
+        Explanation.load(extra)
+    # A batch cut into samples (as --save writes them) holds every map: none may be missing.
+    sliced = Explanation(
+        **{**vars(original), "relevances": {k: v[:] for k, v in original.relevances.items()}}
+    )
+    assert sliced._header()["saved_as_relevance"] is None
+    for name in ("relevances.text", "relevances.image"):
+        with pytest.raises(InputError, match="whose map it lacks"):
+            Explanation.load(_tampered(tmp_path, suffix, drop=[name], original=sliced))
+    named = _tampered(tmp_path, suffix, header={"saved_as_relevance": "audio"})
+    with pytest.raises(InputError, match="saved_as_relevance is 'audio'"):
+        Explanation.load(named)
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors", "json"])
+def test_a_file_written_before_the_header_named_its_left_out_map_still_loads(tmp_path, suffix):
+    """Such a file left out at most one map, the one `relevance` is; two missing are refused."""
+    original = _text_like()
+    path = _tampered(tmp_path, suffix, drop=["saved_as_relevance"])
+    loaded = Explanation.load(path)
+    _assert_same(loaded, original)
+    assert loaded.relevances["text"] is loaded.relevance
+    both = _tampered(tmp_path, suffix, drop=["saved_as_relevance", "relevances.image"])
+    with pytest.raises(InputError, match="whose map it lacks"):
+        Explanation.load(both)
+
+
+def test_one_sample_cut_from_a_batch_saves_in_every_format(tmp_path):
+    """`explain image --save` writes each image's sample of the batch's result: its
+    `relevance` and its modality's entry are views of one tensor, which safetensors
+    refuses to write as they are (issue 37's sweep: a raw RuntimeError)."""
+    batch = _image_explanation()
+    one = Explanation(
+        **{
+            **vars(batch),
+            "relevance": batch.relevance[1:2],
+            "logits": batch.logits[1:2],
+            "target": batch.target[1:2],
+            "relevances": {"image": batch.relevance[1:2]},
+        }
+    )
+    for suffix in ("npz", "safetensors", "json"):
+        one.save(tmp_path / f"one.{suffix}")
+        _assert_same(Explanation.load(tmp_path / f"one.{suffix}"), one)
