@@ -15,7 +15,7 @@ from torch import Tensor
 
 from explain.detections import Detections
 from explain.errors import ExplainError, InputError, OptionError
-from explain.export import read_payload, write_payload
+from explain.export import numpy_array, read_payload, write_payload
 from explain.finite import all_finite, check_finite
 from explain.normalize import normalize_per_sample
 from explain.rules.display import display_values, scale_note
@@ -110,10 +110,9 @@ class Explanation:
         return normalize_per_sample(grid, sample_dims=2) if normalize else grid
 
     def to_numpy(self) -> np.ndarray:
-        """The relevance as a numpy array on the CPU (bfloat16 widened to float32), for
-        your own plots and pipelines; `to_dict()` has everything else."""
-        relevance = self.relevance.detach().cpu()
-        return (relevance.float() if relevance.dtype == torch.bfloat16 else relevance).numpy()
+        """The relevance as a numpy array on the CPU (bfloat16 and float8 widened to
+        float32), for your own plots and pipelines; `to_dict()` has everything else."""
+        return numpy_array(self.relevance)
 
     def _header(self) -> dict[str, Any]:
         return {

@@ -6,8 +6,8 @@ those, by the file's suffix:
 
 - `.safetensors`: the tensors as they are (dtype kept), the header as the file's
   `"explain"` metadata entry; readable without `explain` by any safetensors library.
-- `.npz`: numpy arrays (bfloat16 widened to float32, which numpy lacks), the header as
-  the string array `__explain__`; `np.load(path)` reads it without pickle.
+- `.npz`: numpy arrays (bfloat16 and float8 widened to float32, which numpy lacks), the
+  header as the string array `__explain__`; `np.load(path)` reads it without pickle.
 - `.json`: one object, the header plus each tensor as nested lists (and its dtype, so
   that loading restores it exactly): made for text explanations, readable anywhere.
 
@@ -33,7 +33,14 @@ from torch import Tensor
 from explain.errors import InputError, OptionError
 from explain.io import atomic_write
 
-__all__ = ["FORMATS", "MAX_HEADER_BYTES", "read_payload", "suffix_of", "write_payload"]
+__all__ = [
+    "FORMATS",
+    "MAX_HEADER_BYTES",
+    "numpy_array",
+    "read_payload",
+    "suffix_of",
+    "write_payload",
+]
 
 FORMATS = ("npz", "safetensors", "json")
 """The formats `--save` and `Explanation.save` write, named by their file suffix."""
@@ -52,9 +59,14 @@ def suffix_of(path: str | os.PathLike[str]) -> str:
     return suffix
 
 
-def _numpy(tensor: Tensor) -> np.ndarray:
+_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
+def numpy_array(tensor: Tensor) -> np.ndarray:
+    """`tensor` as a numpy array on the CPU; floating types numpy lacks (bfloat16, the
+    float8 types) widened to float32, which holds each of their values exactly."""
     tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
+    if tensor.is_floating_point() and tensor.dtype not in _NUMPY_FLOATS:
         tensor = tensor.float()
     return tensor.numpy()
 
@@ -86,14 +98,16 @@ def write_payload(
     elif kind == "npz":
         buffer = io.BytesIO()
         np.savez_compressed(
-            buffer, **{name: _numpy(t) for name, t in tensors.items()}, **{_HEADER: np.array(text)}
+            buffer,
+            **{name: numpy_array(t) for name, t in tensors.items()},
+            **{_HEADER: np.array(text)},
         )
         with atomic_write(path) as handle:
             handle.write(buffer.getvalue())
     else:
         document = {
             **header,
-            "tensors": {name: _numpy(t).tolist() for name, t in tensors.items()},
+            "tensors": {name: numpy_array(t).tolist() for name, t in tensors.items()},
             "dtypes": {name: str(t.dtype).removeprefix("torch.") for name, t in tensors.items()},
         }
         text = _strict_json(document, "the tensors (JSON has no NaN or infinity)")

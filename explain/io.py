@@ -41,13 +41,18 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
         raise InputError(f"{target} is a folder; cannot write a file there")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=".partial"
+        )
     except (FileExistsError, NotADirectoryError):
         raise InputError(
             f"{target} cannot be written: a file is in the way of its folder"
         ) from None
-    descriptor, temporary = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".partial"
-    )
+    except OSError as error:  # a folder that cannot be made or written into (/proc, ...)
+        raise InputError(
+            f"{target} cannot be written: its folder {target.parent}: "
+            f"{error.strerror or error}; choose a folder you can write files into"
+        ) from None
     try:
         # mkstemp makes the file private (0600); give it the mode open() would have given
         # it, so outputs are as readable as any other file the user writes.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -299,3 +300,30 @@ def test_one_sample_cut_from_a_batch_saves_in_every_format(tmp_path):
     for suffix in ("npz", "safetensors", "json"):
         one.save(tmp_path / f"one.{suffix}")
         _assert_same(Explanation.load(tmp_path / f"one.{suffix}"), one)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("path", ["/proc/explain-test/result.npz", "/proc/result.json"])
+def test_saving_where_no_file_can_be_written_is_a_clear_error(path):
+    """A folder that cannot be made (/proc takes no new folder) or written into (nor a new
+    file): an InputError naming the folder, not a raw FileNotFoundError (issue 37)."""
+    with pytest.raises(InputError, match=r"cannot be written: its folder /proc"):
+        _text_like().save(path)
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors", "json"])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16], ids=str)
+def test_low_precision_relevance_saves_and_loads(tmp_path, suffix, dtype):
+    """float8 has no isfinite kernel and numpy has no float8 nor bfloat16: such maps are
+    checked and written widened to float32 (exact: it holds each of their values), and come
+    back in their own dtype where the format keeps it (safetensors, JSON)."""
+    values = torch.tensor([[0.0, 0.5, -0.25, 448.0], [0.0, 1.0, 0.0, -2.0]])
+    original = Explanation(**{**vars(_text_like()), "relevance": values.to(dtype)})
+    with pytest.raises(ExplainError, match="not finite"):  # the check widens, not skips
+        Explanation(**{**vars(original), "relevance": values.clone().fill_(float("nan")).to(dtype)})
+    original.save(tmp_path / f"r.{suffix}")
+    loaded = Explanation.load(tmp_path / f"r.{suffix}")
+    kept = dtype if suffix != "npz" else torch.float32
+    assert loaded.relevance.dtype == kept
+    assert torch.equal(loaded.relevance, original.relevance.to(kept))
+    assert np.array_equal(original.to_numpy(), values.to(dtype).float().numpy())
