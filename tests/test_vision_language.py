@@ -313,6 +313,28 @@ def test_an_image_prompt_as_people_give_it(model, processor, tmp_path):
     assert by_path.tokens is not None and "<image>" in by_path.tokens[0]
 
 
+def test_a_photo_array_is_read_as_its_values_say(model, processor):
+    """Integers are 0..255, floats [0, 1]; anything else is refused before the forward,
+    never clipped (issue 37: a photo in 0..255 as floats was read as almost white)."""
+    photo = _photo(3)
+    explainer = Explainer(model, tokenizer=processor)
+    expected = explainer.explain(_chat(processor, photo, "w12")).relevances["image"]
+    for same in (photo.astype(np.int64), photo / 255.0, torch.from_numpy(photo / 255.0).float()):
+        found = explainer.explain(_chat(processor, same, "w12")).relevances["image"]
+        torch.testing.assert_close(found, expected, rtol=0, atol=0)
+    refused = {
+        r"floats must hold values in \[0, 1\], got 0\.\.25\d; .*divide it by 255": photo * 1.0,
+        r"got -0\.5\.\.0\.99\d*; clip it to \[0, 1\]": np.clip(photo / 255.0, 0.0, 1.0)
+        - 0.5 * (photo == 0),
+        "NaN or infinite": np.where(photo == 0, np.nan, photo / 255.0),
+        r"integers must hold 0\.\.255, got 0\.\.5\d\d": photo.astype(np.int64) * 2,
+        "got bool": photo > 127,
+    }
+    for message, array in refused.items():
+        with pytest.raises(InputError, match=message):
+            explainer.explain(_chat(processor, array, "w12"))
+
+
 def test_no_side_effects_after_answers_and_failures(model, processor):
     explainer = Explainer(model, tokenizer=processor)
     before = ModelState.capture(model)
