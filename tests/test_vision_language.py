@@ -1327,6 +1327,14 @@ def test_idefics3_the_tile_layout_from_the_tokens_or_given_and_what_is_refused(i
             Explainer(model).explain(dict(inputs, pixel_attention_mask=mask))
     with pytest.raises(InputError, match=r"\(B, images, 3, H, W\)"):
         Explainer(model).explain(dict(inputs, pixel_values=inputs["pixel_values"][0]))
+    # The tile layout is read from tokens the tokenizer knows: a negative id (an
+    # OverflowError in the tokenizer, issue 37) or one past it meets the model's check.
+    for bad in (-3, 2**40):
+        ids = torch.as_tensor(inputs["input_ids"]).clone()
+        ids[0, -1] = bad
+        for given in (plain, inputs):
+            with pytest.raises(InputError, match=f"token id {bad} .* outside the model's vocab"):
+                explainer.explain(dict(given, input_ids=ids))
     for method in ("attnlrp", "cp_lrp", "transformer_attribution"):
         with pytest.raises(OptionError, match="explained by the attention methods"):
             explainer.explain(chat, method=method)
