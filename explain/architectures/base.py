@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
@@ -39,6 +39,7 @@ __all__ = [
     "TokenSets",
     "mean_rows",
     "one_hot_rows",
+    "refuse_meta_inputs",
     "validate_image_batch",
     "whole_output",
 ]
@@ -550,3 +551,21 @@ def validate_image_batch(
     if images.is_inference():  # made under inference_mode: autograd cannot save it
         images = images.clone()
     return images
+
+
+def refuse_meta_inputs(inputs: object, name: str = "an input") -> None:
+    """Refuse tensors on the meta device anywhere in `inputs` (a tensor, or mappings and
+    lists of them, an image prompt's photos included): they have shapes but no values,
+    so every check of the values would fail with PyTorch's own error."""
+    if isinstance(inputs, Tensor):
+        if inputs.is_meta:
+            raise InputError(
+                f"{name} is on the meta device, which holds no values: give the tensors "
+                "themselves (on the CPU or the model's device)"
+            )
+    elif isinstance(inputs, Mapping):
+        for key, value in inputs.items():
+            refuse_meta_inputs(value, key if isinstance(key, str) else name)
+    elif isinstance(inputs, list | tuple):
+        for value in inputs:
+            refuse_meta_inputs(value, name)
