@@ -918,6 +918,26 @@ def test_qwen2_vl_no_side_effects_and_what_is_refused_says_why(qwen2_vl):
         explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"][:-4]))
 
 
+def _ramp(height: int, width: int) -> np.ndarray:
+    """A smooth photo: red down, green across."""
+    rows, cols = np.meshgrid(np.linspace(0, 1, height), np.linspace(0, 1, width), indexing="ij")
+    return (np.stack([rows, cols, rows * 0 + 0.5], axis=-1) * 255).round().astype(np.uint8)
+
+
+def test_qwen2_vl_a_grid_with_height_and_width_swapped_is_refused(qwen2_vl):
+    """As many patches either way, but the patches of a photo join up only one way (issue
+    37: the map came back 8 x 4 over patches laid out 4 x 8)."""
+    model, processor = qwen2_vl
+    explainer = Explainer(model)
+    for photo, (gh, gw) in ((_ramp(48, 80), (4, 6)), (_ramp(80, 48), (6, 4))):
+        inputs = _qwen2_vl_inputs(processor, [(photo, "w12"), (photo[::-1], "w13")])
+        assert inputs["image_grid_thw"].tolist() == [[1, gh, gw]] * 2
+        assert explainer.explain(inputs).relevances["image"].shape == (2, gh, gw)
+        swapped = inputs["image_grid_thw"][:, [0, 2, 1]]
+        with pytest.raises(InputError, match=rf"is {gw} x {gh} patches .* join up as {gh} x {gw}"):
+            explainer.explain(dict(inputs, image_grid_thw=swapped))
+
+
 def test_qwen2_vl_maps_go_back_onto_the_whole_photo():
     # Qwen2-VL resizes a 48 x 80 photo to 32 x 48 (whole 16-pixel blocks within its most
     # pixels, the aspect squashed a little, nothing cropped):
