@@ -7,7 +7,9 @@ called, which token is read out, and how token relevance maps back onto the inpu
 
 from __future__ import annotations
 
+import functools
 import importlib
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -40,6 +42,7 @@ __all__ = [
     "mean_rows",
     "one_hot_rows",
     "refuse_meta_inputs",
+    "this_thread_only",
     "validate_image_batch",
     "whole_output",
 ]
@@ -85,6 +88,20 @@ class AttentionSite:
 ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
 """A forward hook (module, args, kwargs, output) -> None that only reads what it is given,
 or -> a replacement output equal in value whose gradient follows a rule (explain.lrp.attnlrp)."""
+
+
+def this_thread_only(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """`hook` (a forward hook or pre-hook), acting only in the thread that makes it, the
+    one whose call installs it: another thread's forward through a module the model
+    shares (a second model with the same vision tower, run or trained meanwhile) runs as
+    if the hook were not there, and is never recorded as the call's."""
+    owner = threading.get_ident()
+
+    @functools.wraps(hook)
+    def in_its_thread(*args: Any, **kwargs: Any) -> Any:
+        return hook(*args, **kwargs) if threading.get_ident() == owner else None
+
+    return in_its_thread
 
 
 @dataclass(frozen=True)
