@@ -6,8 +6,8 @@ those, by the file's suffix:
 
 - `.safetensors`: the tensors as they are (dtype kept), the header as the file's
   `"explain"` metadata entry; readable without `explain` by any safetensors library.
-- `.npz`: numpy arrays (bfloat16 widened to float32, which numpy lacks), the header as
-  the string array `__explain__`; `np.load(path)` reads it without pickle.
+- `.npz`: numpy arrays (bfloat16 and float8 widened to float32, which numpy lacks), the
+  header as the string array `__explain__`; `np.load(path)` reads it without pickle.
 - `.json`: one object, the header plus each tensor as nested lists (and its dtype, so
   that loading restores it exactly): made for text explanations, readable anywhere.
 
@@ -41,6 +41,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "atomic_write",
     "check_writable",
+    "numpy_array",
     "read_payload",
     "suffix_of",
     "write_payload",
@@ -71,13 +72,18 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]
         raise InputError(f"{target} is a folder; cannot write a file there")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=".partial"
+        )
     except (FileExistsError, NotADirectoryError):
         raise InputError(
             f"{target} cannot be written: a file is in the way of its folder"
         ) from None
-    descriptor, temporary = tempfile.mkstemp(
-        dir=target.parent, prefix=f".{target.name}.", suffix=".partial"
-    )
+    except OSError as error:  # a folder that cannot be made or written into (/proc, ...)
+        raise InputError(
+            f"{target} cannot be written: its folder {target.parent}: "
+            f"{error.strerror or error}; choose a folder you can write files into"
+        ) from None
     try:
         # mkstemp makes the file private (0600); give it the mode open() would have given
         # it, so outputs are as readable as any other file the user writes.
@@ -129,9 +135,14 @@ def suffix_of(path: str | os.PathLike[str]) -> str:
     return suffix
 
 
-def _numpy(tensor: Tensor) -> np.ndarray:
+_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
+def numpy_array(tensor: Tensor) -> np.ndarray:
+    """`tensor` as a numpy array on the CPU; floating types numpy lacks (bfloat16, the
+    float8 types) widened to float32, which holds each of their values exactly."""
     tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
+    if tensor.is_floating_point() and tensor.dtype not in _NUMPY_FLOATS:
         tensor = tensor.float()
     return tensor.numpy()
 
@@ -149,8 +160,13 @@ def write_payload(
     if kind == "safetensors":
         from safetensors.torch import save
 
+        # Copies: safetensors refuses tensors that share memory, as the maps of one sample
+        # cut from a batch's (`relevance` and its modality's entry) do.
         data = save(
-            {name: t.detach().cpu().contiguous() for name, t in tensors.items()},
+            {
+                name: t.detach().cpu().clone(memory_format=torch.contiguous_format)
+                for name, t in tensors.items()
+            },
             metadata={"explain": text},
         )
         with atomic_write(path) as handle:
@@ -158,14 +174,16 @@ def write_payload(
     elif kind == "npz":
         buffer = io.BytesIO()
         np.savez_compressed(
-            buffer, **{name: _numpy(t) for name, t in tensors.items()}, **{_HEADER: np.array(text)}
+            buffer,
+            **{name: numpy_array(t) for name, t in tensors.items()},
+            **{_HEADER: np.array(text)},
         )
         with atomic_write(path) as handle:
             handle.write(buffer.getvalue())
     else:
         document = {
             **header,
-            "tensors": {name: _numpy(t).tolist() for name, t in tensors.items()},
+            "tensors": {name: numpy_array(t).tolist() for name, t in tensors.items()},
             "dtypes": {name: str(t.dtype).removeprefix("torch.") for name, t in tensors.items()},
         }
         text = _strict_json(document, "the tensors (JSON has no NaN or infinity)")

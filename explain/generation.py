@@ -35,7 +35,7 @@ from torch import Tensor
 
 from explain import engine
 from explain.api import Explainer
-from explain.architectures.base import TokenSets
+from explain.architectures.base import TokenSets, refuse_meta_inputs
 from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.engine import Request, require_causal_lm
 from explain.engine.session import Session
@@ -286,6 +286,7 @@ def generate(
         raise OptionError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if max_new_tokens < 1:
         raise OptionError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    refuse_meta_inputs(prompt)
     if adapter.reads_images:
         encoded = adapter.encode(prompt, explainer.tokenizer)
     elif isinstance(prompt, Mapping):

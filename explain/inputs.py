@@ -158,8 +158,8 @@ def photos(inputs: object) -> list[Any]:
 
 
 def _load_image(image: object) -> Any:
-    """A path, a PIL image or an (H, W, 3) array (uint8, or floats in [0, 1]) as a PIL
-    RGB image."""
+    """A path, a PIL image or an (H, W, 3) array (integers in 0..255, or floats in
+    [0, 1]) as a PIL RGB image."""
     import numpy as np
     from PIL import Image
 
@@ -168,15 +168,49 @@ def _load_image(image: object) -> Any:
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     if isinstance(image, np.ndarray | Tensor):
-        array = np.asarray(image.detach().cpu() if isinstance(image, Tensor) else image)
+        if isinstance(image, Tensor):  # numpy has no bfloat16: floats as float32
+            image = image.detach().cpu()
+            image = image.float() if image.is_floating_point() else image
+        array = np.asarray(image)
         if array.ndim != 3 or array.shape[-1] != 3:
             raise InputError(f"an image array must be (H, W, 3), got {array.shape}")
-        if array.dtype != np.uint8:
-            array = (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
-        return Image.fromarray(array)
+        return Image.fromarray(_as_bytes(array))
     raise InputError(
         f"an image is a file path, a PIL image or an (H, W, 3) array; got {type(image).__name__}"
     )
+
+
+def _as_bytes(array: Any) -> Any:
+    """An image array as uint8: integers taken as they are, floats in [0, 1] scaled by
+    255. Other values are refused, never clipped: a photo in 0..255 given as floats
+    would otherwise be read as almost white."""
+    import numpy as np
+
+    if array.dtype == np.uint8:
+        return array
+    if np.issubdtype(array.dtype, np.integer):
+        if array.size and (array.min() < 0 or array.max() > 255):
+            raise InputError(
+                f"an image array of integers must hold 0..255, got {array.min()}..{array.max()}"
+            )
+        return array.astype(np.uint8)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise InputError(
+            f"an image array must hold integers in 0..255 or floats in [0, 1], got {array.dtype}"
+        )
+    if not np.isfinite(array).all():
+        raise InputError("an image array holds NaN or infinite values")
+    if array.size and (array.min() < 0.0 or array.max() > 1.0):
+        low, high = float(array.min()), float(array.max())
+        hint = (
+            "a photo in 0..255 given as floats: divide it by 255, or give it as uint8"
+            if high > 1.0 and low >= 0.0
+            else "clip it to [0, 1] if that is what it means"
+        )
+        raise InputError(
+            f"an image array of floats must hold values in [0, 1], got {low:g}..{high:g}; {hint}"
+        )
+    return (array * 255).round().astype(np.uint8)
 
 
 def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 import pytest
 import torch
 
-from explain import METHODS, Explainer, ExplainError, OptionError, TargetError
+from explain import METHODS, Explainer, ExplainError, InputError, OptionError, TargetError
 from explain.architectures import FAMILIES, TokenSets
-from explain.architectures.base import Adapter
+from explain.architectures.base import Adapter, Detector
 from explain.engine import supported_methods
 from explain.rules import LRP_NEEDS
 from explain.testing import TINY_MODELS, ModelState, TinyCase, tiny_case
@@ -252,6 +252,28 @@ def test_a_score_goes_only_to_the_methods_that_differentiate_one(family, method)
     assert given.score == default.score == "logit"
     for name, relevance in default.relevances.items():
         _close(given.relevances[name], relevance)
+
+
+def _on_meta(inputs):
+    """`inputs` with every tensor on the meta device (shapes, no values)."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to("meta")
+    if isinstance(inputs, Mapping):
+        return {key: _on_meta(value) for key, value in inputs.items()}
+    if isinstance(inputs, list | tuple):
+        return type(inputs)(_on_meta(value) for value in inputs)
+    return inputs
+
+
+@pytest.mark.parametrize("family", _family_params())
+def test_inputs_on_the_meta_device_are_refused_before_the_forward(family):
+    """Issue 37: PyTorch's NotImplementedError from the first check that read a value."""
+    meta = _on_meta(_case(family).batch)
+    with pytest.raises(InputError, match="is on the meta device, which holds no values"):
+        _explain(family, meta)
+    if not isinstance(_adapter(_case(family)), Detector):  # a detector has no trace()
+        with pytest.raises(InputError, match="meta device"):
+            Explainer(_case(family).model, spec=_case(family).spec).trace(meta)
 
 
 class _Names:

@@ -116,6 +116,15 @@ def test_no_side_effects_and_clear_refusals(detr):
         explainer.explain(IMAGES, queries=6)
     with pytest.raises(OptionError, match="not available"):
         explainer.explain(IMAGES, method="rollout")
+    # Issue 37: 1.5 was explained as query 1, "0.5" accepted, None a raw TypeError.
+    for queries in (1.5, [1.0, 2.0], torch.tensor([[0.5], [1.5]]), [True, False], "1"):
+        with pytest.raises(OptionError, match=r"queries must be .* query indices"):
+            explainer.explain(IMAGES, queries=queries)
+    for threshold in ("0.5", None, True, [0.5]):
+        with pytest.raises(OptionError, match="threshold must be a number in"):
+            explainer.explain(IMAGES, threshold=threshold)
+    with pytest.raises(OptionError, match=r"threshold must be in \[0, 1\), got nan"):
+        explainer.explain(IMAGES, threshold=float("nan"))
     assert before.differences(ModelState.capture(detr)) == []
 
 

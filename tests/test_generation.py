@@ -238,6 +238,9 @@ def test_errors_say_what_to_do():
         generate(explainer, "w10 w11")
     with pytest.raises(OptionError, match="max_new_tokens"):
         generate(explainer, ref.padded_batch(PROMPTS, "left"), max_new_tokens=0)
+    meta = {k: v.to("meta") for k, v in ref.padded_batch(PROMPTS, "left").items()}
+    with pytest.raises(InputError, match="input_ids is on the meta device"):
+        generate(explainer, meta)
     with pytest.raises(OptionError, match="decoder-only"):
         explain_generation(Explainer(ref.tiny_text_model("bert-classifier")), "w1")
 

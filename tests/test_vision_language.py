@@ -313,6 +313,28 @@ def test_an_image_prompt_as_people_give_it(model, processor, tmp_path):
     assert by_path.tokens is not None and "<image>" in by_path.tokens[0]
 
 
+def test_a_photo_array_is_read_as_its_values_say(model, processor):
+    """Integers are 0..255, floats [0, 1]; anything else is refused before the forward,
+    never clipped (issue 37: a photo in 0..255 as floats was read as almost white)."""
+    photo = _photo(3)
+    explainer = Explainer(model, tokenizer=processor)
+    expected = explainer.explain(_chat(processor, photo, "w12")).relevances["image"]
+    for same in (photo.astype(np.int64), photo / 255.0, torch.from_numpy(photo / 255.0).float()):
+        found = explainer.explain(_chat(processor, same, "w12")).relevances["image"]
+        torch.testing.assert_close(found, expected, rtol=0, atol=0)
+    refused = {
+        r"floats must hold values in \[0, 1\], got 0\.\.25\d; .*divide it by 255": photo * 1.0,
+        r"got -0\.5\.\.0\.99\d*; clip it to \[0, 1\]": np.clip(photo / 255.0, 0.0, 1.0)
+        - 0.5 * (photo == 0),
+        "NaN or infinite": np.where(photo == 0, np.nan, photo / 255.0),
+        r"integers must hold 0\.\.255, got 0\.\.5\d\d": photo.astype(np.int64) * 2,
+        "got bool": photo > 127,
+    }
+    for message, array in refused.items():
+        with pytest.raises(InputError, match=message):
+            explainer.explain(_chat(processor, array, "w12"))
+
+
 def test_no_side_effects_after_answers_and_failures(model, processor):
     explainer = Explainer(model, tokenizer=processor)
     before = ModelState.capture(model)
@@ -896,6 +918,26 @@ def test_qwen2_vl_no_side_effects_and_what_is_refused_says_why(qwen2_vl):
         explainer.explain(dict(inputs, pixel_values=inputs["pixel_values"][:-4]))
 
 
+def _ramp(height: int, width: int) -> np.ndarray:
+    """A smooth photo: red down, green across."""
+    rows, cols = np.meshgrid(np.linspace(0, 1, height), np.linspace(0, 1, width), indexing="ij")
+    return (np.stack([rows, cols, rows * 0 + 0.5], axis=-1) * 255).round().astype(np.uint8)
+
+
+def test_qwen2_vl_a_grid_with_height_and_width_swapped_is_refused(qwen2_vl):
+    """As many patches either way, but the patches of a photo join up only one way (issue
+    37: the map came back 8 x 4 over patches laid out 4 x 8)."""
+    model, processor = qwen2_vl
+    explainer = Explainer(model)
+    for photo, (gh, gw) in ((_ramp(48, 80), (4, 6)), (_ramp(80, 48), (6, 4))):
+        inputs = _qwen2_vl_inputs(processor, [(photo, "w12"), (photo[::-1], "w13")])
+        assert inputs["image_grid_thw"].tolist() == [[1, gh, gw]] * 2
+        assert explainer.explain(inputs).relevances["image"].shape == (2, gh, gw)
+        swapped = inputs["image_grid_thw"][:, [0, 2, 1]]
+        with pytest.raises(InputError, match=rf"is {gw} x {gh} patches .* join up as {gh} x {gw}"):
+            explainer.explain(dict(inputs, image_grid_thw=swapped))
+
+
 def test_qwen2_vl_maps_go_back_onto_the_whole_photo():
     # Qwen2-VL resizes a 48 x 80 photo to 32 x 48 (whole 16-pixel blocks within its most
     # pixels, the aspect squashed a little, nothing cropped):
@@ -1305,6 +1347,14 @@ def test_idefics3_the_tile_layout_from_the_tokens_or_given_and_what_is_refused(i
             Explainer(model).explain(dict(inputs, pixel_attention_mask=mask))
     with pytest.raises(InputError, match=r"\(B, images, 3, H, W\)"):
         Explainer(model).explain(dict(inputs, pixel_values=inputs["pixel_values"][0]))
+    # The tile layout is read from tokens the tokenizer knows: a negative id (an
+    # OverflowError in the tokenizer, issue 37) or one past it meets the model's check.
+    for bad in (-3, 2**40):
+        ids = torch.as_tensor(inputs["input_ids"]).clone()
+        ids[0, -1] = bad
+        for given in (plain, inputs):
+            with pytest.raises(InputError, match=f"token id {bad} .* outside the model's vocab"):
+                explainer.explain(dict(given, input_ids=ids))
     for method in ("attnlrp", "cp_lrp", "transformer_attribution"):
         with pytest.raises(OptionError, match="explained by the attention methods"):
             explainer.explain(chat, method=method)

@@ -7,8 +7,10 @@ called, which token is read out, and how token relevance maps back onto the inpu
 
 from __future__ import annotations
 
+import functools
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -37,6 +39,8 @@ __all__ = [
     "TokenSets",
     "mean_rows",
     "one_hot_rows",
+    "refuse_meta_inputs",
+    "this_thread_only",
     "validate_image_batch",
     "whole_output",
 ]
@@ -46,6 +50,20 @@ def whole_output(output: Tensor) -> Tensor:
     """`AttentionSite.probabilities` for a module whose whole output is the probabilities
     (a dropout or identity module the probabilities pass on their way to the values)."""
     return output
+
+
+def this_thread_only(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """`hook` (a forward hook or pre-hook), acting only in the thread that makes it, the
+    one whose call installs it: another thread's forward through a module the model
+    shares (a second model with the same vision tower, run or trained meanwhile) runs as
+    if the hook were not there, and is never recorded as the call's."""
+    owner = threading.get_ident()
+
+    @functools.wraps(hook)
+    def in_its_thread(*args: Any, **kwargs: Any) -> Any:
+        return hook(*args, **kwargs) if threading.get_ident() == owner else None
+
+    return in_its_thread
 
 
 class TokenSets(StrEnum):
@@ -336,3 +354,21 @@ def validate_image_batch(
     if images.is_inference():  # made under inference_mode: autograd cannot save it
         images = images.clone()
     return images
+
+
+def refuse_meta_inputs(inputs: object, name: str = "an input") -> None:
+    """Refuse tensors on the meta device anywhere in `inputs` (a tensor, or mappings and
+    lists of them, an image prompt's photos included): they have shapes but no values,
+    so every check of the values would fail with PyTorch's own error."""
+    if isinstance(inputs, Tensor):
+        if inputs.is_meta:
+            raise InputError(
+                f"{name} is on the meta device, which holds no values: give the tensors "
+                "themselves (on the CPU or the model's device)"
+            )
+    elif isinstance(inputs, Mapping):
+        for key, value in inputs.items():
+            refuse_meta_inputs(value, key if isinstance(key, str) else name)
+    elif isinstance(inputs, list | tuple):
+        for value in inputs:
+            refuse_meta_inputs(value, name)

@@ -197,6 +197,13 @@ class CustomTransformer(Adapter):
     def prepare(self, inputs: object) -> Prepared:
         if isinstance(inputs, Tensor) and inputs.is_floating_point():
             return self._prepare_images(inputs)
+        text = isinstance(inputs, Tensor) or (isinstance(inputs, Mapping) and "input_ids" in inputs)
+        if text and self.spec.patch_size is not None:  # its forward would fail on token ids
+            raise InputError(
+                f"this model takes images (B, C, H, W): its TransformerSpec names a patch_size "
+                f"({self.spec.patch_size}); got token ids. A model that reads text is "
+                "described without patch_size"
+            )
         if isinstance(inputs, Tensor):
             return self._prepare_text({"input_ids": inputs}, positional=True)
         if isinstance(inputs, Mapping) and "input_ids" in inputs:

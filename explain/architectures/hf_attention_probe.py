@@ -25,6 +25,7 @@ import contextlib
 import sys
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -135,7 +136,9 @@ def _probed_sdpa(
         module, query, key, value, attention_mask, *args, scaling=scaling, **kwargs
     )
     probe = _PROBES.get(module)
-    if probe is None:  # not one of the explained model's attention modules
+    # Not one of the explained model's attention modules, or another thread's forward
+    # through a module it shares (it gets sdpa's output, as without explain).
+    if probe is None or not registered.in_this_thread():
         return output, None
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     groups = query.shape[1] // key.shape[1]
@@ -146,28 +149,36 @@ def _probed_sdpa(
 
 class _Registration:
     """The wrapper's entries in transformers' attention registries, present while at least
-    one call needs them (the registries are process-wide: calls in parallel share them)."""
+    one call needs them (the registries are process-wide: calls in parallel share them),
+    and the threads whose calls need them: the wrapper shows only their forwards."""
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._users = 0
+        self._threads: Counter[int] = Counter()  # thread -> its calls inside
+
+    def in_this_thread(self) -> bool:
+        """Whether the running thread is inside a call that needs the wrapper."""
+        return threading.get_ident() in self._threads
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+        me = threading.get_ident()
         with self._guard:
-            if self._users == 0:
+            if not self._threads:
                 AttentionInterface.register(IMPLEMENTATION, _probed_sdpa)
                 AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-            self._users += 1
+            self._threads[me] += 1
         try:
             yield
         finally:
             with self._guard:
-                self._users -= 1
-                if self._users == 0:  # `register` has no inverse: remove the entries
+                self._threads[me] -= 1
+                if not self._threads[me]:
+                    del self._threads[me]
+                if not self._threads:  # `register` has no inverse: remove the entries
                     AttentionInterface._global_mapping.pop(IMPLEMENTATION, None)
                     AttentionMaskInterface._global_mapping.pop(IMPLEMENTATION, None)
 

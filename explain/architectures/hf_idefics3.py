@@ -65,11 +65,14 @@ def tile_layout(
         return None
     rows: list[list[int]] = []
     cols: list[list[int]] = []
+    known = len(text)
     for sample in input_ids.tolist():
         rows.append([])
         cols.append([])
         row = col = 0
-        for token in text.convert_ids_to_tokens(sample):
+        # An id the tokenizer does not know (a negative one overflows it) is no tile tag;
+        # the model's vocabulary check then names it.
+        for token in text.convert_ids_to_tokens([i for i in sample if 0 <= i < known]):
             if token == _GLOBAL_IMAGE:
                 rows[-1].append(row)
                 cols[-1].append(col)

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import whole_output
+from explain.architectures.base import this_thread_only, whole_output
 from explain.architectures.hf_attention_probe import (
     AttentionProbe,
     probe_of,
@@ -165,11 +165,11 @@ def packed_recording(
         undo.enter_context(registered())
         for probe in probes:
             undo.callback(probe.clear)
-        handle = tower.register_forward_pre_hook(see_images, with_kwargs=True)
+        handle = tower.register_forward_pre_hook(this_thread_only(see_images), with_kwargs=True)
         undo.callback(handle.remove)
         for probe, projection in zip(probes, projections, strict=True):
             handle = projection.register_forward_pre_hook(
-                lambda module, args, p=probe: (p.show(args[0]), *args[1:])
+                this_thread_only(lambda module, args, p=probe: (p.show(args[0]), *args[1:]))
             )
             undo.callback(handle.remove)
         yield

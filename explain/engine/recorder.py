@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from explain.architectures.base import this_thread_only
 from explain.engine.fused import FusedBlock
 from explain.engine.session import Session
 from explain.errors import ExplainError, TargetError
@@ -154,9 +155,18 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self._fused_outputs.clear()
         self._active = False
 
+    def _hook(
+        self, module: nn.Module, hook: Callable[..., Any], *, pre: bool = False, **options: Any
+    ) -> None:
+        """Register a forward hook (`pre`: a forward pre-hook) that acts only in this
+        thread, whose call this is (another thread's forward through a module the model
+        shares is not this call's), and remove it with the recorder's others."""
+        register = module.register_forward_pre_hook if pre else module.register_forward_hook
+        self._handles.append(register(this_thread_only(hook), **options))
+
     def _install_hooks(self) -> None:
         for module, hook in self._module_hooks:
-            self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
+            self._hook(module, hook, with_kwargs=True)
         # A module may serve several blocks (ALBERT runs one shared layer L times): it gets
         # one hook, which hands its k-th call in a forward pass to the k-th block it serves.
         # A site whose probabilities are no tensor of the model (`AttentionSite.recomputed`)
@@ -169,42 +179,41 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         explicit_sites = () if self._fused else [s for s in declared if s.recomputed is None]
         for module, sites in _occurrences(explicit_sites, lambda s: s.module):
             turn = _Rotation(sites)
-            self._handles.append(
-                module.register_forward_hook(
-                    lambda module, args, output, t=turn: self._see_attention(
-                        (site := t.next()).layer,
-                        site.probabilities(output if site.seen_in == "output" else args),
-                    )
-                )
+            self._hook(
+                module,
+                lambda module, args, output, t=turn: self._see_attention(
+                    (site := t.next()).layer,
+                    site.probabilities(output if site.seen_in == "output" else args),
+                ),
             )
         blocks = _occurrences(range(self.adapter.num_layers), lambda i: self.adapter.blocks[i])
         if self.session.differentiable:
             first, indices = blocks[0]
             turn = _Rotation(indices)
-            self._handles.append(
-                first.register_forward_pre_hook(
-                    lambda module, args, kwargs, t=turn: (
-                        self._enter_first_block(module, args, kwargs) if t.next() == 0 else None
-                    ),
-                    with_kwargs=True,
-                )
+            self._hook(
+                first,
+                lambda module, args, kwargs, t=turn: (
+                    self._enter_first_block(module, args, kwargs) if t.next() == 0 else None
+                ),
+                pre=True,
+                with_kwargs=True,
             )
             # Further stacks (a dual encoder's second tower, a decoder) start from leaves too.
             for entry in self.adapter.entry_blocks[1:]:
-                self._handles.append(
-                    entry.register_forward_pre_hook(
-                        lambda module, args, kwargs: _as_leaf(args, kwargs)[:2], with_kwargs=True
-                    )
+                self._hook(
+                    entry,
+                    lambda module, args, kwargs: _as_leaf(args, kwargs)[:2],
+                    pre=True,
+                    with_kwargs=True,
                 )
         if self._keep_hidden:
             for block, indices in blocks:
                 turn = _Rotation(indices)
-                self._handles.append(
-                    block.register_forward_hook(
-                        lambda module, args, output, t=turn: self._see_hidden(
-                            t.next() + 1, self.adapter.block_output(output)
-                        )
-                    )
+                self._hook(
+                    block,
+                    lambda module, args, output, t=turn: self._see_hidden(
+                        t.next() + 1, self.adapter.block_output(output)
+                    ),
                 )
 
     def _install_fused_hooks(self, sites: Sequence[FusedAttentionSite]) -> None:
@@ -212,20 +221,20 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             raise ExplainError("the fused path does not support layers shared between blocks")
         for site in sites:
             block = self._fused_blocks[site.layer] = FusedBlock(site)
-            self._handles += [
-                site.query.register_forward_hook(lambda m, a, out, b=block: b.see_query(out)),
-                site.key.register_forward_hook(lambda m, a, out, b=block: b.see_key(out)),
-                site.value.register_forward_hook(lambda m, a, out, b=block: b.see_value(out)),
-                site.output.register_forward_pre_hook(
-                    lambda m, args, layer=site.layer: self._see_fused_output(layer, args[0])
-                ),
-            ]
+            self._hook(site.query, lambda m, a, out, b=block: b.see_query(out))
+            self._hook(site.key, lambda m, a, out, b=block: b.see_key(out))
+            self._hook(site.value, lambda m, a, out, b=block: b.see_value(out))
+            self._hook(
+                site.output,
+                lambda m, args, layer=site.layer: self._see_fused_output(layer, args[0]),
+                pre=True,
+            )
             if site.mask_module is not None:
-                self._handles.append(
-                    site.mask_module.register_forward_pre_hook(
-                        lambda m, args, kwargs, b=block: b.see_mask(args, kwargs),
-                        with_kwargs=True,
-                    )
+                self._hook(
+                    site.mask_module,
+                    lambda m, args, kwargs, b=block: b.see_mask(args, kwargs),
+                    pre=True,
+                    with_kwargs=True,
                 )
 
     # -- forward hooks ----------------------------------------------------------------------

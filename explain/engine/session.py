@@ -25,7 +25,11 @@ parameters) and each flag's owner (a Hugging Face config), from entry to exit, i
 process-wide table outside the model (no attribute is written onto the user's objects).
 So two sessions that would change a shared object, two models sharing one config or two
 heads sharing one backbone, take turns, each saving and restoring the state the user left,
-never the other call's; sessions on disjoint models run in parallel. A session waits
+never the other call's; sessions on disjoint models run in parallel. Forwards outside
+any session (another thread running a second model that shares a module, a tower, with
+this one) are not held back: the hooks a call registers act only in its own thread
+(`this_thread_only`), so they are never recorded, but they see the shared module as the
+call has set it (eval mode, requires_grad, flags). A session waits
 until all it needs is free and then takes it all at once, so two waiting sessions never
 hold part of what the other needs. Nesting:
 
@@ -51,7 +55,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from explain.architectures.base import Adapter
+from explain.architectures.base import Adapter, this_thread_only
 from explain.errors import ExplainError, NestedExplanationError
 from explain.layout import FlagSetting, FusedPath, ModuleHook
 
@@ -194,7 +198,7 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 self._undo.enter_context(context)
             self._set_flags(flags)
             for module, hook in self._hooks:
-                handle = module.register_forward_hook(hook, with_kwargs=True)
+                handle = module.register_forward_hook(this_thread_only(hook), with_kwargs=True)
                 self._undo.callback(handle.remove)
         except BaseException:
             self._give_back()

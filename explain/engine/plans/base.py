@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter
+from explain.architectures.base import Adapter, refuse_meta_inputs
 from explain.detections import Detections
 from explain.engine.passes import (
     AttentionGradientPass,
@@ -235,6 +235,7 @@ class Plan:
 
     def prepare(self, inputs: Any) -> None:
         """Validate the inputs (raw texts tokenized with the Explainer's tokenizer)."""
+        refuse_meta_inputs(inputs)
         self._use(self.adapter.prepare(self.adapter.encode(inputs, self.tokenizer)))
         class_specific = self.spec is None or self.spec.class_specific
         require_explicit_target(self.request.target, self.adapter.feature_output, class_specific)

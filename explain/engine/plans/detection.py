@@ -15,6 +15,7 @@ The detections themselves (queries, labels, scores, boxes) are `Explanation.dete
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,12 +58,16 @@ class DetectionPlan(Plan):
         assert isinstance(adapter, Detector)  # TokenSets.DETECTION is a Detector's
         self.detector = adapter
         options = dict(request.options)
-        self.threshold = float(options.pop("threshold", DEFAULT_THRESHOLD))
+        threshold = options.pop("threshold", DEFAULT_THRESHOLD)
         self._queries = options.pop("queries", None)
         if options:
             raise OptionError(
                 f"detectors take only the options 'threshold' and 'queries'; got {sorted(options)}"
             )
+        # A string or None is not read as a number (the threshold "0.5" was accepted).
+        if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+            raise OptionError(f"threshold must be a number in [0, 1), got {threshold!r}")
+        self.threshold = float(threshold)
         if not 0.0 <= self.threshold < 1.0:
             raise OptionError(f"threshold must be in [0, 1), got {self.threshold}")
         if request.start_layer is not None:
@@ -166,11 +171,20 @@ def _query_table(queries: Any, batch: int, count: int, device: torch.device) -> 
     if isinstance(queries, bool):
         raise OptionError("queries must be query indices, not a bool")
     try:
-        table = torch.as_tensor(queries, device=device).long()
+        table = torch.as_tensor(queries, device=device)
     except (TypeError, ValueError, RuntimeError):
+        table = None
+    # Indices only: a float such as 1.5 would be cut to query 1 by .long().
+    if (
+        table is None
+        or table.is_floating_point()
+        or table.is_complex()
+        or table.dtype == torch.bool
+    ):
         raise OptionError(
-            f"queries must be an int, B ints or a (B, K) tensor; got {queries!r}"
-        ) from None
+            f"queries must be an int, B ints or a (B, K) tensor of query indices; got {queries!r}"
+        )
+    table = table.long()
     if table.dim() == 0:
         table = table.expand(batch, 1)
     elif table.dim() == 1:
