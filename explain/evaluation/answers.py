@@ -12,6 +12,7 @@ answer. Prompts are padded on the left (as generation pads), answers on the righ
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,11 +24,19 @@ from explain.api import Explainer
 from explain.architectures import Adapter
 from explain.engine import Session, require_causal_lm
 from explain.errors import OptionError
+from explain.evaluation.evidence import RECALL_K
 from explain.evaluation.perturbation import FRACTIONS
-from explain.evaluation.protocol import EvaluationProtocol, method_options
+from explain.evaluation.protocol import (
+    EvaluationProtocol,
+    Field,
+    Records,
+    as_terms,
+    method_options,
+)
 from explain.generation import Generation, GenerationExplanation, explain_generation
 
 __all__ = [
+    "ANSWER_FIELDS",
     "AnswerBatch",
     "AnswerProtocol",
     "answer_scores",
@@ -39,6 +48,19 @@ __all__ = [
     "weighted_mean",
     "weighted_terms",
 ]
+
+
+ANSWER_FIELDS: Mapping[str, Field] = {
+    "right": Field(int, 0, 1),
+    "log_probability": Field(float, high=0.0),
+    "positive": Field(float, high=0.0, width=len(FRACTIONS)),
+    "negative": Field(float, high=0.0, width=len(FRACTIONS)),
+    "evidence": Field(int, 0, 1),
+    "hits": Field(float, 0.0, 1.0, width=len(RECALL_K)),
+    "rank": Field(float, low=0.0),
+}
+"""The records both tests write per example: answered right, the answer's log-probability
+as it is and along both removal orders, and the evidence recall (`recall_records`)."""
 
 
 def forward_batch_size(forward_batch: int | None, default: int) -> int:
@@ -295,6 +317,58 @@ class AnswerProtocol(EvaluationProtocol):
     def special(self, batch: AnswerBatch) -> Tensor:
         """(B, P) bool: the prompts' special tokens and padding."""
         return torch.isin(batch.input_ids, self.special_ids) | ~batch.attention_mask.bool()
+
+    def copy_scores(
+        self, batch: AnswerBatch, rows: Tensor, inverse: Tensor, **copies: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The (B, R) log-probabilities of the answers of `removal_copies`' requests, from
+        its distinct copies (their `rows`, and their `input_ids` or `pixel_values`), and
+        (B,) whether the model answers each prompt right (request 0: the prompt as it is)."""
+        scores, right = answer_scores(
+            self.explainer.adapter, batch, rows, forward_batch=self.forward_batch, **copies
+        )
+        return scores[inverse], right[inverse[:, 0]]
+
+    @abstractmethod
+    def weighted(self, records: Records, weight: Tensor) -> dict[str, Tensor]:
+        """`terms` of the means over the examples of 0/1 `weight` (the right ones, or the
+        wrong ones for the JSON's "wrong")."""
+
+    def terms(self, records: Records) -> dict[str, Tensor]:
+        return self.weighted(records, as_terms(records["right"]))
+
+    @staticmethod
+    def recall_terms(records: Records, weight: Tensor) -> dict[str, Tensor]:
+        """The evidence recall's terms over the examples of `weight` that have evidence."""
+        recall = {"hits": as_terms(records["hits"]), "rank": as_terms(records["rank"])}
+        return weighted_terms(recall, weight * as_terms(records["evidence"]), "scored")
+
+    @staticmethod
+    def recall_numbers(sums: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+        """PREFIXhit@k and PREFIXrank from the sums of `recall_terms`."""
+        numbers = {
+            f"{prefix}hit@{k}": weighted_mean(sums, f"hits@{i}", "scored")
+            for i, k in enumerate(RECALL_K)
+        }
+        return {**numbers, f"{prefix}rank": weighted_mean(sums, "rank", "scored")}
+
+    def summary(self, records: Records) -> tuple[dict[str, Tensor], dict[str, Any]]:
+        """The sums over the right examples, and the summary both tests share: the share
+        answered right, the ranking numbers, the same numbers over the wrong ones, and
+        the mean log-probability curves."""
+        right = as_terms(records["right"])
+        sums = {key: value.sum() for key, value in self.weighted(records, right).items()}
+        wrong = {key: value.sum() for key, value in self.weighted(records, 1.0 - right).items()}
+        curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
+        for order in ("positive", "negative"):
+            curves[order] = [float(v) for v in log_probability_curve(sums, order, "counted")]
+        return sums, {
+            "accuracy": float(right.mean()),
+            "right": int(right.sum()),
+            **self.totals(sums, len(right)),
+            "wrong": {"count": int(len(right) - right.sum()), **self.totals(wrong, len(right))},
+            "curves": curves,
+        }
 
 
 def log_probability_curve(sums: Mapping[str, Tensor], order: str, weight: str) -> list[Tensor]:

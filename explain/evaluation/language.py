@@ -45,9 +45,9 @@ from torch import Tensor, nn
 
 from explain.errors import InputError, OptionError
 from explain.evaluation.answers import (
+    ANSWER_FIELDS,
     AnswerBatch,
     AnswerProtocol,
-    answer_scores,
     log_probability_curve,
     over_answer,
     removal_copies,
@@ -157,16 +157,10 @@ class LanguageEvidenceTest(AnswerProtocol):
     }
 
     fields: ClassVar[Mapping[str, Field]] = {
-        "right": Field(int, 0, 1),
+        **ANSWER_FIELDS,
         "tokens": Field(int, low=0),
-        "log_probability": Field(float, high=0.0),
         "comprehensiveness": Field(float, -1.0, 1.0, width=len(ERASER_FRACTIONS)),
         "sufficiency": Field(float, -1.0, 1.0, width=len(ERASER_FRACTIONS)),
-        "positive": Field(float, high=0.0, width=len(FRACTIONS)),
-        "negative": Field(float, high=0.0, width=len(FRACTIONS)),
-        "evidence": Field(int, 0, 1),
-        "hits": Field(float, 0.0, 1.0, width=len(RECALL_K)),
-        "rank": Field(float, low=0.0),
     }
 
     def settings(self) -> dict[str, Any]:
@@ -226,50 +220,21 @@ class LanguageEvidenceTest(AnswerProtocol):
         self, batch: AnswerBatch, relevance: Tensor, removable: Tensor
     ) -> tuple[Tensor, Tensor]:
         """(B, R) log-probabilities of the answers with the tokens of each request of
-        `removed_tokens` replaced, and (B,) whether the model answers each prompt right;
-        every distinct copy once, in batched forwards."""
+        `removed_tokens` replaced, and (B,) whether the model answers each prompt right."""
         rows, removed, inverse = removed_tokens(relevance, removable)
         ids = torch.where(removed, self.replacement, batch.input_ids[rows])
-        scores, right = answer_scores(
-            self.explainer.adapter,
-            batch,
-            rows,
-            input_ids=ids,
-            forward_batch=self.forward_batch,
-        )
-        return scores[inverse], right[inverse[:, 0]]
+        return self.copy_scores(batch, rows, inverse, input_ids=ids)
 
-    def _terms(self, records: Records, weight: Tensor) -> dict[str, Tensor]:
-        """The terms of the means over the examples of 0/1 `weight` (right or wrong)."""
-
-        def rows(key: str) -> Tensor:
-            return torch.tensor(records[key], dtype=torch.float64)
-
-        answer = {
-            key: rows(key)
-            for key in (
-                "log_probability",
-                "comprehensiveness",
-                "sufficiency",
-                "positive",
-                "negative",
-            )
-        }
-        recall = {"hits": rows("hits"), "rank": rows("rank")}
-        scored = weight * as_terms(records["evidence"])
+    def weighted(self, records: Records, weight: Tensor) -> dict[str, Tensor]:
+        keys = ("log_probability", "comprehensiveness", "sufficiency", "positive", "negative")
+        answer = {key: as_terms(records[key]) for key in keys}
         return {
             **weighted_terms(answer, weight, "counted"),
-            **weighted_terms(recall, scored, "scored"),
+            **self.recall_terms(records, weight),
         }
-
-    def terms(self, records: Records) -> dict[str, Tensor]:
-        return self._terms(records, as_terms(records["right"]))
 
     def from_sums(self, sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
-        numbers = {
-            f"hit@{k}": weighted_mean(sums, f"hits@{i}", "scored") for i, k in enumerate(RECALL_K)
-        }
-        numbers["rank"] = weighted_mean(sums, "rank", "scored")
+        numbers = self.recall_numbers(sums, prefix="")
         for key in ("comprehensiveness", "sufficiency"):
             per_fraction = [
                 weighted_mean(sums, f"{key}@{i}", "counted") for i in range(len(ERASER_FRACTIONS))
@@ -281,12 +246,7 @@ class LanguageEvidenceTest(AnswerProtocol):
         return numbers
 
     def summarize(self, records: Records) -> dict[str, Any]:
-        right = as_terms(records["right"])
-        sums = {key: value.sum() for key, value in self._terms(records, right).items()}
-        wrong = {key: v.sum() for key, v in self._terms(records, 1.0 - right).items()}
-        curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
-        for order in ("positive", "negative"):
-            curves[order] = [float(v) for v in log_probability_curve(sums, order, "counted")]
+        sums, summary = self.summary(records)
         eraser: dict[str, list[float]] = {"fractions": list(ERASER_FRACTIONS)}
         for key in ("comprehensiveness", "sufficiency"):
             eraser[key] = [
@@ -294,15 +254,8 @@ class LanguageEvidenceTest(AnswerProtocol):
                 for i in range(len(ERASER_FRACTIONS))
             ]
         return {
-            "accuracy": float(right.mean()),
-            "right": int(right.sum()),
+            **summary,
             "with_evidence": int(sums["scored"]),
-            **self.totals(sums, len(right)),
-            "wrong": {
-                "count": int(len(right) - right.sum()),
-                **self.totals(wrong, len(right)),
-            },
             "removable_tokens": float(as_terms(records["tokens"]).mean()),
-            "curves": curves,
             "eraser": eraser,
         }

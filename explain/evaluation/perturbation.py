@@ -192,10 +192,6 @@ class PerturbationTest(ImageProtocol):
     def scale(self) -> str:
         return f"AUC: {AUC_RANGES[self.auc_range]} (auc_range {self.auc_range})."
 
-    def classify(self, pixels: Tensor) -> Tensor:
-        """Predicted classes of (M, 3, H, W) [0, 1] pixels, `forward_batch` at a time."""
-        return self.logits(pixels).argmax(dim=-1)
-
     def evaluate(self, method: str, examples: Sequence[ImageExample], *, seed: int = 0) -> Records:
         pixels, labels = self.stack(examples)
         inputs = self.normalize(pixels)

@@ -202,10 +202,6 @@ class ROADTest(ImageProtocol):
             records[key] = hits.int().tolist()
         return records
 
-    def classify(self, pixels: Tensor) -> Tensor:
-        """Predicted classes of (M, 3, H, W) [0, 1] pixels, `forward_batch` at a time."""
-        return self.logits(pixels).argmax(dim=-1)
-
     def terms(self, records: Records) -> dict[str, Tensor]:
         return hit_terms(records, ("morf", "lerf"))
 

@@ -109,11 +109,6 @@ class SaCoTest(ImageProtocol):
             "map, each replaced alone by the image's per-channel mean; the mean over images."
         )
 
-    def probabilities(self, logits: Tensor) -> Tensor:
-        """(M, classes) probabilities: sigmoid per class or softmax over the classes."""
-        logits = logits.double()
-        return logits.sigmoid() if self.multi_label else logits.softmax(dim=-1)
-
     def evaluate(self, method: str, examples: Sequence[ImageExample], *, seed: int = 0) -> Records:
         pixels, labels = self.stack(examples)
         explanation = self.explainer.explain(

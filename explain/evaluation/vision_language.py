@@ -46,9 +46,9 @@ from torch import Tensor, nn
 
 from explain.errors import InputError, OptionError
 from explain.evaluation.answers import (
+    ANSWER_FIELDS,
     AnswerBatch,
     AnswerProtocol,
-    answer_scores,
     log_probability_curve,
     over_answer,
     removal_copies,
@@ -158,16 +158,10 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
     }
 
     fields: ClassVar[Mapping[str, Field]] = {
-        "right": Field(int, 0, 1),
-        "log_probability": Field(float, high=0.0),
-        "positive": Field(float, high=0.0, width=len(FRACTIONS)),
-        "negative": Field(float, high=0.0, width=len(FRACTIONS)),
+        **ANSWER_FIELDS,
         "object": Field(int, 0, 1),
         "pointing": Field(float, 0.0, 1.0),
         **SEGMENTATION_FIELDS,
-        "evidence": Field(int, 0, 1),
-        "hits": Field(float, 0.0, 1.0, width=len(RECALL_K)),
-        "rank": Field(float, low=0.0),
     }
 
     def settings(self) -> dict[str, Any]:
@@ -265,34 +259,18 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
         gone = patch_pixels(gone, tuple(pixels.shape[-2:]))[:, None]
         black = torch.tensor(self.black, dtype=pixels.dtype)[None, :, None, None]
         copies = torch.where(gone, black, pixels[rows])
-        scores, right = answer_scores(
-            self.explainer.adapter,
-            batch,
-            rows,
-            pixel_values=copies,
-            forward_batch=self.forward_batch,
-        )
-        return scores[inverse], right[inverse[:, 0]]
+        return self.copy_scores(batch, rows, inverse, pixel_values=copies)
 
-    def _terms(self, records: Records, weight: Tensor) -> dict[str, Tensor]:
-        """The terms of the means over the examples of 0/1 `weight` (right or wrong)."""
-
-        def rows(key: str) -> Tensor:
-            return torch.tensor(records[key], dtype=torch.float64)
-
-        answer = {key: rows(key) for key in ("log_probability", "positive", "negative")}
-        on_object = weight * as_terms(records["object"])
-        segmentation = segmentation_terms(records)
-        pointing = {"pointing": rows("pointing"), **segmentation}
-        text = {"hits": rows("hits"), "rank": rows("rank")}
+    def weighted(self, records: Records, weight: Tensor) -> dict[str, Tensor]:
+        answer = {
+            key: as_terms(records[key]) for key in ("log_probability", "positive", "negative")
+        }
+        pointing = {"pointing": as_terms(records["pointing"]), **segmentation_terms(records)}
         return {
             **weighted_terms(answer, weight, "counted"),
-            **weighted_terms(pointing, on_object, "on_object"),
-            **weighted_terms(text, weight * as_terms(records["evidence"]), "scored"),
+            **weighted_terms(pointing, weight * as_terms(records["object"]), "on_object"),
+            **self.recall_terms(records, weight),
         }
-
-    def terms(self, records: Records) -> dict[str, Tensor]:
-        return self._terms(records, as_terms(records["right"]))
 
     def from_sums(self, sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         numbers = {
@@ -304,24 +282,12 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
             numbers[f"{order}_auc"] = perturbation_auc(
                 log_probability_curve(sums, order, "counted")
             )
-        for i, k in enumerate(RECALL_K):
-            numbers[f"text_hit@{k}"] = weighted_mean(sums, f"hits@{i}", "scored")
-        numbers["text_rank"] = weighted_mean(sums, "rank", "scored")
-        return numbers
+        return {**numbers, **self.recall_numbers(sums, prefix="text_")}
 
     def summarize(self, records: Records) -> dict[str, Any]:
-        right = as_terms(records["right"])
-        sums = {key: value.sum() for key, value in self._terms(records, right).items()}
-        wrong = {key: v.sum() for key, v in self._terms(records, 1.0 - right).items()}
-        curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
-        for order in ("positive", "negative"):
-            curves[order] = [float(v) for v in log_probability_curve(sums, order, "counted")]
+        sums, summary = self.summary(records)
         return {
-            "accuracy": float(right.mean()),
-            "right": int(right.sum()),
+            **summary,
             "on_object": int(sums["on_object"]),
             "with_text_evidence": int(sums["scored"]),
-            **self.totals(sums, len(right)),
-            "wrong": {"count": int(len(right) - right.sum()), **self.totals(wrong, len(right))},
-            "curves": curves,
         }
