@@ -10,6 +10,7 @@ from evaluation_fixtures import MEAN, STD, SquaresDataset, train_squares_model
 from explain import Explainer
 from explain.errors import InputError
 from explain.evaluation import FRACTIONS, ROADTest, SaCoTest, linear_imputation, saco
+from explain.evaluation.datasets import ImageExample
 from explain.evaluation.perturbation import removed_count
 from explain.evaluation.protocol import records_problem
 from explain.evaluation.saco import salience_groups
@@ -101,9 +102,13 @@ def heatmap_of(model, example, method="generic"):
 
 def test_road_without_noise_matches_a_plain_loop(model, squares):
     protocol = ROADTest(model, MEAN, STD, noise=0.0, forward_batch=7)
-    records = protocol.evaluate("generic", squares[:3])
+    # the third example's label is wrong: it starts as a miss, as in the perturbation test
+    wrong = ImageExample(image=squares[2].image, label=(squares[2].label + 1) % 4)
+    examples = [squares[0], squares[1], wrong]
+    records = protocol.evaluate("generic", examples)
     assert records_problem(records, ROADTest.fields, 3) is None
-    for row, example in enumerate(squares[:3]):
+    assert records["correct"] == [1, 1, 0]
+    for row, example in enumerate(examples):
         heatmap, _ = heatmap_of(model, example)
         values = heatmap.flatten().tolist()
         for key, sign in (("morf", -1.0), ("lerf", 1.0)):
@@ -201,6 +206,10 @@ def test_saco_records_match_a_plain_loop(model, squares):
 
 def test_saco_needs_no_label_and_separates_a_map_from_noise(model, squares):
     protocol = SaCoTest(model, MEAN, STD, multi_label=False)
+    relabelled = [ImageExample(image=e.image, label=(e.label + 1) % 4) for e in squares]
+    wrong = protocol.evaluate("generic", relabelled)
+    assert protocol.summarize(wrong)["accuracy"] == 0.0
+    assert wrong["saco"] == protocol.evaluate("generic", squares)["saco"]
     generic = protocol.summarize(protocol.evaluate("generic", squares))
     noise = protocol.summarize(protocol.evaluate("random", squares))
     assert generic["saco"] > noise["saco"] + 0.3
