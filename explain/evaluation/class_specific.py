@@ -128,11 +128,6 @@ class ClassSpecificTest(ImageProtocol):
         "denser_on_target": Field(int, 0, 1),
     }
 
-    def probabilities(self, logits: Tensor) -> Tensor:
-        """(M, classes) probabilities: sigmoid per class or softmax over the classes."""
-        logits = logits.double()
-        return logits.sigmoid() if self.multi_label else logits.softmax(dim=-1)
-
     def evaluate(
         self, method: str, examples: Sequence[TwoObjectExample], *, seed: int = 0
     ) -> Records:
