@@ -9,14 +9,18 @@ attribute `module.weight` is not always what the forward used:
 - accelerate's offloading (`cpu_offload`, `disk_offload`, a `device_map` with "cpu" or
   "disk") keeps the weight on the meta device between forwards and loads it from its
   weights map for each forward, on the hooks' execution device;
-- weight-only quantisation keeps integers and scales: torchao's weight tensors and
-  optimum-quanto's `qweight` compute as their dequantised values.
+- weight-only quantisation keeps integers and scales: torchao's weight tensors,
+  optimum-quanto's `qweight` and bitsandbytes' 4-bit weights compute as their
+  dequantised values;
+- PEFT's `ModulesToSaveWrapper` (a trained copy of a layer, e.g. a classifier head) runs
+  its active copy.
 
 `used_weight` gives the tensor the forward multiplies by, as a plain tensor; `acts_as`
 the torch layer class whose computation the module performs with it, so that a rule
 written for `nn.Linear` or `nn.Conv2d` covers the wrapped layer exactly; `base_layer` the
-module that holds the layer's geometry (channels, kernel size, stride). None of these
-imports the wrapping libraries: they are recognised by their classes' modules.
+module that holds the layer's geometry (channels, kernel size, stride). They recognise
+the wrapping libraries by their classes' modules and import none of them (bitsandbytes'
+dequantisation excepted, for its own weights).
 """
 
 from __future__ import annotations
@@ -48,12 +52,35 @@ def _is_quanto(module: nn.Module) -> bool:
     return type(module).__module__.startswith("optimum.quanto.") and hasattr(module, "qweight")
 
 
+def _is_bitsandbytes_4bit(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("bitsandbytes.") and hasattr(
+        getattr(module, "weight", None), "quant_state"
+    )
+
+
+def _runs(module: nn.Module) -> nn.Module:
+    """The module that a PEFT `ModulesToSaveWrapper` (a trained copy of a layer, e.g. a
+    classifier head) runs in its forward: its active adapter's copy, or the original
+    module where no adapter of it is active; any other module itself."""
+    while type(module).__name__ == "ModulesToSaveWrapper" and type(module).__module__.startswith(
+        "peft."
+    ):
+        active = module.active_adapters
+        copies = module.modules_to_save
+        if module.disable_adapters or not active or any(name not in copies for name in active):
+            module = module.original_module
+        else:
+            module = copies[active[0]]
+    return module
+
+
 def base_layer(module: nn.Module) -> nn.Module:
     """The layer a wrapper stands for (a PEFT layer's base layer, however deep), which
     holds its geometry: `in_channels`, `kernel_size`, `out_features`, ...; `module` itself
     otherwise."""
+    module = _runs(module)
     while _is_peft_layer(module):
-        module = module.base_layer
+        module = _runs(module.base_layer)
     return module
 
 
@@ -62,9 +89,11 @@ def acts_as(module: nn.Module) -> type[nn.Module]:
     torch layer inside a LoRA layer or an optimum-quanto layer (weight-only), the module's
     own class otherwise (also for a wrapper that computes something else, DoRA or a PEFT
     tuner other than LoRA, which no rule written for the torch layer covers)."""
+    module = _runs(module)
     if _is_peft_layer(module):
         return acts_as(module.base_layer) if _adds_delta_weights(module) else type(module)
-    if _is_quanto(module) and getattr(module, "activation_qtype", None) is None:
+    quantised = _is_quanto(module) and getattr(module, "activation_qtype", None) is None
+    if quantised or _is_bitsandbytes_4bit(module):
         return next(cls for cls in type(module).__mro__ if cls.__module__.startswith("torch.nn"))
     return type(module)
 
@@ -76,6 +105,7 @@ def used_weight(module: nn.Module, name: str = "weight") -> Tensor | None:
     weights map, quantised weights dequantised (module docstring). A plain layer's own
     parameter comes as it is, not detached (no dispatched op): the rules read it under
     no_grad."""
+    module = _runs(module)
     if _is_peft_layer(module):
         tensor = used_weight(module.base_layer, name)
         if name != "weight" or tensor is None or module.merged or module.disable_adapters:
@@ -86,6 +116,11 @@ def used_weight(module: nn.Module, name: str = "weight") -> Tensor | None:
         return tensor
     if name == "weight" and _is_quanto(module) and module.qweight is not None:
         tensor = module.qweight
+    elif name == "weight" and _is_bitsandbytes_4bit(module):
+        from bitsandbytes.functional import dequantize_4bit
+
+        weight = module.weight  # dequantised in the dtype it was quantised from
+        return dequantize_4bit(weight.data, weight.quant_state)
     else:
         tensor = getattr(module, name, None)
     if tensor is None:
