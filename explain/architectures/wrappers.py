@@ -19,7 +19,7 @@
   dequantised weights and explains as such; a model that quantises its activations is
   refused (`refuse_quantised_activations`).
 - A transformers pipeline or a SentenceTransformer is not a module: `runnable` gives the
-  model and the tokenizer to explain it with (explain.architectures.sentence_transformers
+  model and the tokenizer to explain it with (explain.architectures.sentence_encoding
   for the latter).
 
 The wrapped model runs on the device of its parameters (for DataParallel, the first
@@ -35,7 +35,13 @@ from torch import nn
 
 from explain.errors import UnsupportedModelError
 
-__all__ = ["execution_device", "refuse_quantised_activations", "runnable", "unwrap"]
+__all__ = [
+    "execution_device",
+    "execution_devices",
+    "refuse_quantised_activations",
+    "runnable",
+    "unwrap",
+]
 
 
 def unwrap(model: nn.Module) -> nn.Module:

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from explain.errors import UnsupportedModelError
+
 __all__ = ["acts_as", "base_layer", "used_weight"]
 
 
@@ -140,7 +142,7 @@ def _offloaded(module: nn.Module, name: str) -> Tensor:
         weights = getattr(each, "weights_map", None)
         if weights is not None and name in weights:
             return weights[name].to(each.execution_device)
-    raise RuntimeError(
+    raise UnsupportedModelError(
         f"{type(module).__name__}.{name} is on the meta device and no accelerate hook "
-        "holds its values"
+        "holds its values: load the weights (or dispatch the model with accelerate) first"
     )
