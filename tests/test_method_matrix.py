@@ -44,18 +44,20 @@ def _case(family: str) -> TinyCase:
 
 
 def _finite_or_refused_up_front(
-    model: torch.nn.Module, supported: bool, call: Callable[[], Any]
+    model: torch.nn.Module, supported: bool | None, call: Callable[[], Any]
 ) -> None:
+    """A finite result, or an ExplainError before the model ran; `supported` (None: not
+    checked) says which of the two the engine's listing promises."""
     calls: list[int] = []  # one entry per forward of the model
     handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         try:
             result = call()
         except ExplainError:
-            assert not supported, "a method listed as supported was refused"
+            assert supported is not True, "a method listed as supported was refused"
             assert calls == [], "refused after the model ran: not up front"
             return
-        assert supported, "a method not listed as supported ran"
+        assert supported is not False, "a method not listed as supported ran"
         for name, relevance in result.relevances.items():
             assert torch.isfinite(relevance).all(), f"non-finite {name} relevance"
     finally:

@@ -56,6 +56,7 @@ import torch
 from torch import nn
 
 from explain.architectures.base import Adapter, this_thread_only
+from explain.architectures.wrappers import execution_devices
 from explain.errors import ExplainError, NestedExplanationError
 from explain.layout import FlagSetting, FusedPath, ModuleHook
 
@@ -135,6 +136,12 @@ def _reset_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _set_requires_grad(module: nn.Module, name: str, flag: bool) -> None:
+    parameter = module._parameters.get(name)
+    if parameter is not None:
+        parameter.requires_grad_(flag)
 
 
 class Session(contextlib.AbstractContextManager["Session"]):
@@ -217,9 +224,9 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 self._held = None
 
     def _fork_rng(self) -> None:
-        devices = sorted(
-            {p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"}
-        )
+        # The parameters' devices, and those accelerate runs offloaded modules on.
+        found = {p.device for p in self.model.parameters()} | execution_devices(self.model)
+        devices = sorted({device.index or 0 for device in found if device.type == "cuda"})
         self._undo.enter_context(torch.random.fork_rng(devices=devices))
 
     def _freeze(self, modules: list[nn.Module]) -> None:
@@ -229,10 +236,17 @@ class Session(contextlib.AbstractContextManager["Session"]):
         self._undo.callback(lambda: [setattr(m, "training", mode) for m, mode in modes])
         for module in modules:
             module.training = False
-        flags = [(p, p.requires_grad) for p in self.model.parameters()]
-        self._undo.callback(lambda: [p.requires_grad_(flag) for p, flag in flags])
-        for parameter, _ in flags:
-            parameter.requires_grad_(False)
+        # Restored by owner and name, not on the parameter objects: accelerate's offloading
+        # replaces an offloaded parameter with a new one at every forward.
+        flags = [
+            (module, name, parameter.requires_grad)
+            for module in modules
+            for name, parameter in module._parameters.items()
+            if parameter is not None
+        ]
+        self._undo.callback(lambda: [_set_requires_grad(*flag) for flag in flags])
+        for module, name, _ in flags:
+            _set_requires_grad(module, name, False)
 
     def _set_flags(self, flags: Sequence[FlagSetting]) -> None:
         for setting in flags:

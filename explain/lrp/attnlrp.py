@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from explain.errors import ExplainError, UnsupportedModelError
 from explain.layout import TokenLayout
+from explain.lrp.weights import used_weight
 
 __all__ = [
     "VARIANTS",
@@ -271,8 +272,9 @@ def _layer_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) 
         _, _, scale = torch.native_layer_norm(
             x, list(module.normalized_shape), None, None, module.eps
         )
-        if module.weight is not None:
-            scale = module.weight * scale
+        weight = used_weight(module)  # where accelerate offloads it, not module.weight
+        if weight is not None:
+            scale = weight * scale
 
     dtype = x.dtype  # not x itself: the rule must not keep the input alive
 
@@ -293,7 +295,7 @@ def _rms_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) ->
         eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
     with torch.no_grad():
         scale = torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
-        weight = getattr(module, "weight", None)
+        weight = used_weight(module)  # where accelerate offloads it, not module.weight
         if weight is not None:
             gain = 1.0 + weight.float() if type(module).__name__.startswith("Gemma") else weight
             scale = scale * gain.float()
