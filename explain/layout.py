@@ -201,6 +201,16 @@ class TokenLayout:
         mask[:, self.num_prefix_tokens :] = True
         return mask
 
+    def last_block_keys(self, batch: int, device: torch.device) -> Tensor:
+        """(B, N) bool over the last block's tokens, which the readout row is over: the
+        keys a map of the last block averages over. `key_mask`, except for a windowed
+        layout, whose last block runs on a smaller grid than the input's (every token of
+        it a patch)."""
+        if self.windows:
+            tokens = self.windows[-1].num_tokens
+            return torch.ones(batch, tokens, dtype=torch.bool, device=device)
+        return self.key_mask(batch, device)
+
     @classmethod
     def image(
         cls, grid: tuple[int, int], input_size: tuple[int, int], num_prefix_tokens: int = 1
