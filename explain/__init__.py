@@ -24,9 +24,11 @@ from explain.errors import (
 )
 from explain.explanation import Explanation, Trace
 from explain.rules import METHODS, register_method
+from explain.targets import Contrast
 
 __all__ = [
     "METHODS",
+    "Contrast",
     "ExplainError",
     "Explainer",
     "Explanation",
