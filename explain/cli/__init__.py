@@ -8,7 +8,18 @@ import sys
 from collections.abc import Sequence
 
 from explain import __version__
-from explain.cli import clip, detect, evaluate, generate, image, models, seq2seq, serve, text
+from explain.cli import (
+    cite,
+    clip,
+    detect,
+    evaluate,
+    generate,
+    image,
+    models,
+    seq2seq,
+    serve,
+    text,
+)
 from explain.errors import ExplainError
 from explain.io import check_writable
 from explain.viz.text import printable
@@ -37,7 +48,7 @@ def check_outputs(args: argparse.Namespace) -> None:
 
 
 # Subcommand modules, in the order `explain --help` lists them.
-COMMANDS = [clip, detect, evaluate, generate, image, models, seq2seq, serve, text]
+COMMANDS = [cite, clip, detect, evaluate, generate, image, models, seq2seq, serve, text]
 
 
 def build_parser() -> argparse.ArgumentParser:
