@@ -169,9 +169,10 @@ def ablated_targets(
                 prepared = adapter.prepare(
                     {"input_ids": sequences[part, :width], "attention_mask": masks[part, :width]}
                 )
-                logits = adapter.logits_at(prepared, at[part] - 1).double()
+                device = prepared.arguments["input_ids"].device
+                logits = adapter.logits_at(prepared, (at[part] - 1).to(device)).double()
                 chosen = logits.log_softmax(dim=-1).gather(
-                    -1, answer.expand(logits.shape[0], -1)[..., None].to(logits.device)
+                    -1, answer.to(device).expand(logits.shape[0], -1)[..., None]
                 )
                 found.append(chosen[..., 0].sum(dim=1).cpu())
         total += weight * torch.cat(found)
