@@ -24,6 +24,7 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.viz.choice_script import choice_script
+from explain.viz.shade_script import SHADE_SCRIPT
 from explain.viz.text import colour
 
 __all__ = ["cite_html"]
@@ -31,25 +32,12 @@ __all__ = ["cite_html"]
 TOP_LISTED = 5
 """The spans the page lists for the chosen answer token (or the whole answer)."""
 
-_SCRIPT = """
+_SCRIPT = (
+    SHADE_SCRIPT
+    + """
 const rows = JSON.parse(document.getElementById("relevance").textContent);
 const texts = JSON.parse(document.getElementById("span-texts").textContent);
 const labels = JSON.parse(document.getElementById("choice-labels").textContent);
-const red = [178, 24, 43], blue = [33, 102, 172];
-function shade(value, scale) {
-  const s = scale > 0 ? Math.max(-1, Math.min(1, value / scale)) : 0;
-  const end = s >= 0 ? red : blue, w = Math.abs(s);
-  return end.map(c => Math.round(255 + (c - 255) * w));
-}
-// WCAG 2 relative luminance; black or white text, whichever contrasts more (>= 4.58:1).
-function luminance(rgb) {
-  const l = rgb.map(c => c / 255).map(c => c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4);
-  return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2];
-}
-function ink(rgb) {
-  const y = luminance(rgb);
-  return (y + 0.05) / 0.05 >= 1.05 / (y + 0.05) ? "black" : "white";
-}
 function choose(g) {
   const row = rows[g];
   const scale = Math.max(0, ...row.map(Math.abs));
@@ -75,6 +63,7 @@ function choose(g) {
     "span relevance for " + labels[g] + " (address #" + (g + 1) + ")";
 }
 """
+)
 
 _CHOICE = choice_script("span.choice", "rows")
 
