@@ -185,6 +185,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--init", type=Path, help="go on training the model saved in this folder (its record too)"
+    )
     args = parser.parse_args()
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -204,13 +207,19 @@ def main() -> None:
         attn_implementation="sdpa",
     )
     model = LlamaForCausalLM(config)
+    earlier = {"steps": 0, "minutes": 0.0, "seed": 10_000_000}
+    if args.init is not None:
+        model = LlamaForCausalLM.from_pretrained(args.init)
+        earlier = json.loads((args.init / "training.json").read_text())
     optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     # A short warm-up, then the rate held: the lookup is learnt in a sudden drop of the
     # loss whose step is not known in advance.
     schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda s: min(1.0, (s + 1) / 200))
     tokenizer = build_tokenizer()
     started = time.time()
-    seed = 10_000_000  # training seeds; evaluation examples use seeds below
+    # Training seeds go on from 10_000_000 (a resumed run's where the last stopped); the
+    # evaluation examples' are below.
+    seed = earlier.get("seed", 10_000_000 + earlier["steps"] * args.batch_size)
     with tqdm(range(args.steps), desc="training", unit="step", mininterval=30) as steps:
         for _ in steps:
             if time.time() - started > args.minutes * 60:
@@ -233,9 +242,10 @@ def main() -> None:
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
     record = {
-        "steps": steps.n,
+        "steps": earlier["steps"] + steps.n,
+        "seed": seed,
         "batch_size": args.batch_size,
-        "minutes": round((time.time() - started) / 60, 1),
+        "minutes": round(earlier["minutes"] + (time.time() - started) / 60, 1),
         "accuracy": found,
         "examples": f"seeds 0..199, {FACTS} facts and {FILLERS} filler sentences",
     }
