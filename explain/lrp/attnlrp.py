@@ -361,8 +361,9 @@ def _layer_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) 
 
 def _rms_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
     """Identity rule: y = x * weight / rms(x) with the rms a constant (computed in float32,
-    as the models do), so the gradient of x is grad * weight / rms. Gemma's norms scale by
-    (1 + weight)."""
+    as the models do), so the gradient of x is grad * weight / rms, the weight applied as
+    the model applies it: in its own dtype, or, for Gemma's norms, as (1 + weight) in
+    float32."""
     x = _first_tensor(args, kwargs)
     eps = getattr(module, "variance_epsilon", None)
     if eps is None:
@@ -370,9 +371,10 @@ def _rms_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) ->
     with torch.no_grad():
         scale = torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
         weight = used_weight(module)  # where accelerate offloads it, not module.weight
-        if weight is not None:
-            gain = 1.0 + weight.float() if type(module).__name__.startswith("Gemma") else weight
-            scale = scale * gain.float()
+        if weight is not None and type(module).__name__.startswith("Gemma"):
+            scale = scale * (1.0 + weight.float())
+        elif weight is not None:
+            scale = scale.to(weight.dtype) * weight
         scale = scale.to(output.dtype)
     dtype = x.dtype  # not x itself: the rule must not keep the input alive
     return _ruled(x, output, lambda grad: (grad * scale).to(dtype))
