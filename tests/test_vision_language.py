@@ -125,6 +125,8 @@ def reference(model, one, position, target, depth, method="generic"):
     ids, mask = one["input_ids"], one["attention_mask"]
     pixels = one["pixel_values"].clone().requires_grad_(True)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    if model.config.model_type == "paligemma":  # it counts from 1
+        positions = positions + 1
     # The tower on its own, its maps returned; its projected features put in place of the
     # image tokens by hand; then the language model on those embeddings.
     image = eager.model.get_image_features(pixel_values=pixels, output_attentions=True)
@@ -466,10 +468,12 @@ def _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method
     }
     assert results["fused"].settings["attention_path"] == "streamed"
     for name in ("image", "text"):
+        # float32's tolerance: the explicit path is transformers' eager attention, whose
+        # softmax is float32 even in a float64 model (a few entries differ by 1.5e-5)
         torch.testing.assert_close(
             results["fused"].relevances[name],
             results["explicit"].relevances[name],
-            rtol=1e-5,
+            rtol=1e-4,
             atol=1e-9,
         )
 
