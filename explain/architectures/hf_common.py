@@ -28,6 +28,7 @@ from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.inputs import is_raw_text
 from explain.layout import AttentionSite, FlagSetting, TokenLayout
 from explain.lrp.attnlrp import AttnLrpSites, Gate, Projection
+from explain.lrp.weights import base_layer
 
 __all__ = [
     "HFAdapter",
@@ -460,8 +461,9 @@ def _projections(layer: int, attention: nn.Module) -> tuple[list[Projection], li
             Projection(fused, slice(queries + keys, None))
         ]
     fused = getattr(attention, "qkv", None)  # Qwen2-VL's tower: q, k, v side by side
-    if isinstance(fused, nn.Linear) and fused.out_features % 3 == 0:
-        width = fused.out_features // 3
+    outputs = getattr(base_layer(fused), "out_features", None) if fused is not None else None
+    if isinstance(outputs, int) and outputs % 3 == 0:  # (also under a LoRA layer)
+        width = outputs // 3
         return [Projection(fused, slice(0, 2 * width))], [Projection(fused, slice(2 * width, None))]
     fused = getattr(attention, "query_key_value", None)  # GPT-NeoX: q, k, v per head
     if isinstance(fused, nn.Module) and hasattr(attention, "head_size"):
