@@ -24,6 +24,7 @@ from explain import METHODS, Explainer, ExplainError
 from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.architectures.registry import FAMILIES as REGISTERED
 from explain.engine import Request, supported_methods
+from explain.engine.plans.image_text import reaches_tower
 from explain.generation import Generation, explain_generation
 from explain.testing import TINY_MODELS, TinyCase, tiny_case
 
@@ -193,10 +194,9 @@ def test_every_method_on_answers_about_images_is_finite_or_refused_up_front(fami
     request = Request(prompt_length=answer.prompt_length)
     supported = method in supported_methods(explainer.adapter, request)
     for depth in ("lm", "tower"):
-        folds_tower = METHODS[method].default_start_layer is not None
         _finite_or_refused_up_front(
             case.model,
-            supported and (depth == "lm" or folds_tower),
+            supported and (depth == "lm" or reaches_tower(METHODS[method])),
             lambda depth=depth: (
                 explain_generation(explainer, answer, method=method, depth=depth).explanation
             ),

@@ -27,9 +27,9 @@ from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold, TwoSetColumnFold
 from explain.errors import OptionError, TargetError
-from explain.layout import ModuleHook, Prepared, TokenSet
+from explain.layout import InputHook, ModuleHook, Prepared, TokenLayout, TokenSet
 from explain.lrp import RULE_SETS
-from explain.lrp.attnlrp import AttnLrpCall, attnlrp_hooks
+from explain.lrp.attnlrp import AttnLrpCall, AttnLrpSites, Embedding, attnlrp_hooks
 from explain.rules import Method, Need, Sink
 
 __all__ = [
@@ -64,7 +64,8 @@ class ColumnSink(Protocol):
     `parts()` are (the set's model-wide layers, the set's sink, or a `ReadOut` for a set
     read out by another's result) per token set, which the fold of all columns at once
     stacks set by set (explain.engine.spread); empty for a fold over several sets at
-    once. A method needing the input's relevance receives it with `add_input`."""
+    once. A method needing the input's relevance receives it with `add_input`: the
+    walk's, or one relevance per embedding the plan reads (`PlanView.embeddings`)."""
 
     layers: Sequence[int]
 
@@ -72,7 +73,7 @@ class ColumnSink(Protocol):
 
     def parts(self) -> list[tuple[Sequence[int], Sink | ReadOut]]: ...
 
-    def add_input(self, relevance: Tensor) -> None: ...
+    def add_input(self, *relevance: Tensor) -> None: ...
 
     def result(self) -> Any: ...
 
@@ -109,6 +110,10 @@ class PlanView(Protocol):
     def read_columns(self, sinks: Sequence[ColumnSink]) -> PerColumn:
         """Every column's token relevance per set, from the columns' sinks in order: as
         `read` of each, with work that a plan can do for all columns at once done once."""
+
+    def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
+        """Where AttnLRP and CP-LRP read relevance (the family's `sites` offer them), each
+        with the layout of its tokens, the one nearest the score first (`AttnLrpCall`)."""
 
 
 class Pass(ABC):
@@ -181,7 +186,7 @@ class Pass(ABC):
         *,
         differentiable: bool,
         fused: bool = False,
-        hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+        hooks: Sequence[tuple[nn.Module, ModuleHook | InputHook]] = (),
     ) -> Session:
         """The session that borrows the model for this pass, on the chosen path."""
         path = self.adapter.fused_path() if fused else None
@@ -355,8 +360,10 @@ class LrpWalkPass(Pass):
 
 class EmbeddingGradientPass(Pass):
     """AttnLRP and CP-LRP: one forward with the method's gradient rules hooked on the
-    model's modules for the call, whose word- or patch-embedding output is the graph's
-    leaf; then one batched backward of every column to it, embedding x gradient summed
+    model's modules for the call, whose embeddings the plan chooses (`embeddings`: the
+    word- or patch-embedding output, the graph's leaf; a vision-language model's
+    language-model input and, at depth "tower", its tower's patch embeddings beneath
+    it); then one batched backward of every column to them, embedding x gradient summed
     over the hidden size, into each column's sink. The rules hold on either attention
     path."""
 
@@ -371,8 +378,9 @@ class EmbeddingGradientPass(Pass):
     def run(self) -> tuple[Columns, PerColumn]:
         spec, plan = self.spec, self.plan
         assert spec.gradient_rules is not None
-        call = AttnLrpCall()
         sites = self.adapter.attnlrp_sites()
+        reads = plan.embeddings(sites)
+        call = AttnLrpCall([embedding for embedding, _ in reads])
         hooks = attnlrp_hooks(self.adapter.model, sites, spec.gradient_rules, call)  # type: ignore[arg-type]
         with self._session(differentiable=True, fused=self.fused(), hooks=hooks):
             columns = plan.columns(plan.forward())
@@ -382,13 +390,18 @@ class EmbeddingGradientPass(Pass):
                     "callable's scores must be computed from the model output it receives"
                 )
             sinks = plan.column_sinks(columns.scores.shape[1])
-            for chunk, (gradients,) in column_gradients(
-                columns.scores, [call.tensor], self.memory_budget
+            for chunk, gradients in column_gradients(
+                columns.scores, call.tensors, self.memory_budget
             ):
-                # Every column of the chunk at once: (C, B, N), then one per sink.
-                relevances = call.relevance(gradients, plan.prepared.layout).unbind()
+                # Every column of the chunk at once: (C, B, N) per read, then one per sink.
+                relevances = [
+                    call.relevance(gradient, layout, read).unbind()
+                    for read, (gradient, (_, layout)) in enumerate(
+                        zip(gradients, reads, strict=True)
+                    )
+                ]
                 for row, k in enumerate(chunk):
-                    sinks[k].add_input(relevances[row])
+                    sinks[k].add_input(*(relevance[row] for relevance in relevances))
         return columns, plan.read_columns(sinks)
 
 

@@ -13,7 +13,8 @@ For the duration of the call the session
   entering what the path needs in place besides them (`Adapter.path_context`,
   `FusedPath.context`: an attention function registered in a library), and
 - registers the module hooks that change what the model computes for the call (the
-  Gradient x Input rules of AttnLRP and CP-LRP: canonizers in zennit's terms).
+  Gradient x Input rules of AttnLRP and CP-LRP: canonizers in zennit's terms), on a
+  module's output or, for an `InputHook`, on its inputs.
 
 Every change is undone on exit, in reverse order, whether the call succeeded or not: one
 undo list, each entry pushed just after its change is made. Recording what the model
@@ -58,7 +59,7 @@ from torch import nn
 from explain.architectures.base import Adapter, this_thread_only
 from explain.architectures.wrappers import execution_devices
 from explain.errors import ExplainError, NestedExplanationError
-from explain.layout import FlagSetting, FusedPath, ModuleHook
+from explain.layout import FlagSetting, FusedPath, InputHook, ModuleHook
 
 __all__ = ["Session"]
 
@@ -154,8 +155,9 @@ class Session(contextlib.AbstractContextManager["Session"]):
         fused: the adapter's fused attention path when the call keeps the fused kernel
             (its flags are set, and a recorder recomputes attention from its sites);
             None: the explicit path's flags (`Adapter.path_flags`).
-        hooks: (module, forward hook) pairs that change what the model computes for the
-            call, registered after every other change and removed first.
+        hooks: (module, hook) pairs that change what the model computes for the call: a
+            forward hook, or an `InputHook` run before the module; registered after every
+            other change and removed first.
     """
 
     def __init__(
@@ -164,7 +166,7 @@ class Session(contextlib.AbstractContextManager["Session"]):
         *,
         differentiable: bool = False,
         fused: FusedPath | None = None,
-        hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+        hooks: Sequence[tuple[nn.Module, ModuleHook | InputHook]] = (),
     ) -> None:
         self.adapter = adapter
         self.model: nn.Module = adapter.model
@@ -205,7 +207,12 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 self._undo.enter_context(context)
             self._set_flags(flags)
             for module, hook in self._hooks:
-                handle = module.register_forward_hook(this_thread_only(hook), with_kwargs=True)
+                if isinstance(hook, InputHook):
+                    handle = module.register_forward_pre_hook(
+                        this_thread_only(hook.hook), with_kwargs=True
+                    )
+                else:
+                    handle = module.register_forward_hook(this_thread_only(hook), with_kwargs=True)
                 self._undo.callback(handle.remove)
         except BaseException:
             self._give_back()

@@ -42,7 +42,8 @@ from explain.engine.targets import (
     select_scores,
 )
 from explain.errors import ExplainError, OptionError
-from explain.layout import Prepared, TokenSet
+from explain.layout import Prepared, TokenLayout, TokenSet
+from explain.lrp.attnlrp import AttnLrpSites, Embedding
 from explain.rules import LRP_NEEDS, METHODS, Method, RuleContext, Sink
 
 __all__ = [
@@ -336,6 +337,12 @@ class Plan:
         """Every column's token relevance per set (`read` of each column's sink); a plan
         that can read all columns at once overrides it."""
         return [self.read(column, sink) for column, sink in enumerate(sinks)]
+
+    def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
+        """Where AttnLRP and CP-LRP read relevance, each with the layout of its tokens
+        (explain.engine.passes `EmbeddingGradientPass`): the family's embeddings, over the
+        prepared inputs' tokens."""
+        return [(sites.read, self.prepared.layout)]
 
     # -- scores -------------------------------------------------------------------------
 
