@@ -91,8 +91,11 @@ class HFQwen2VL(VisionLanguageModel):
             for flag in super().path_flags()
         ]
 
-    def path_context(self) -> AbstractContextManager[Any]:
-        return self._packed_recording()
+    @contextlib.contextmanager
+    def path_context(self) -> Iterator[None]:
+        """The language model's finite eager masks, and the tower's packed recording."""
+        with super().path_context(), self._packed_recording():
+            yield
 
     def _packed_recording(self) -> AbstractContextManager[Any]:
         projections = [module.proj for module in self._tower_attention]

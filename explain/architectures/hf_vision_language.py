@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,6 +42,7 @@ from explain.architectures.hf_common import (
     recorded_output,
     sliced_logits,
 )
+from explain.architectures.hf_registries import finite_eager_masks
 from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.finite import nonfinite_error
 from explain.inputs import encode_image_prompt, is_image_prompt, token_strings
@@ -225,6 +227,11 @@ class VisionLanguageModel(LanguageModel):
             embedding_argument="inputs_embeds",
             tower=Embedding(patches, axis=1 if isinstance(patches, nn.Conv2d) else -1),
         )
+
+    def path_context(self) -> AbstractContextManager[Any]:
+        """The eager masks of a float64 model kept finite (hf_registries): a left-padded
+        prompt's pads would otherwise make every token's logits NaN."""
+        return finite_eager_masks()
 
     def fused_path(self) -> FusedPath | None:
         """sdpa for the tower and the language model alike, q, k, v seen through the

@@ -11,7 +11,8 @@ For the duration of the call the session
 - puts every module in eval mode and turns off every parameter's `requires_grad`,
 - sets the attention-path flags (the explicit path's, or the fused path's), after
   entering what the path needs in place besides them (`Adapter.path_context`,
-  `FusedPath.context`: an attention function registered in a library), and
+  `FusedPath.context`: an attention function registered in a library); a call that
+  records no attention (generating) may keep the model on its own path instead, and
 - registers the module hooks that change what the model computes for the call (the
   Gradient x Input rules of AttnLRP and CP-LRP: canonizers in zennit's terms), on a
   module's output or, for an `InputHook`, on its inputs.
@@ -155,6 +156,9 @@ class Session(contextlib.AbstractContextManager["Session"]):
         fused: the adapter's fused attention path when the call keeps the fused kernel
             (its flags are set, and a recorder recomputes attention from its sites);
             None: the explicit path's flags (`Adapter.path_flags`).
+        own_path: keep the attention path the model's user chose (no flags, no path
+            context), for a call that records no attention: what it computes is then
+            what the model computes without `explain`. Not with `fused`.
         hooks: (module, hook) pairs that change what the model computes for the call: a
             forward hook, or an `InputHook` run before the module; registered after every
             other change and removed first.
@@ -167,11 +171,15 @@ class Session(contextlib.AbstractContextManager["Session"]):
         differentiable: bool = False,
         fused: FusedPath | None = None,
         hooks: Sequence[tuple[nn.Module, ModuleHook | InputHook]] = (),
+        own_path: bool = False,
     ) -> None:
+        if own_path and fused is not None:
+            raise ExplainError("a Session on the model's own path cannot take the fused path")
         self.adapter = adapter
         self.model: nn.Module = adapter.model
         self.differentiable = differentiable
         self.fused = fused
+        self.own_path = own_path
         self._hooks = tuple(hooks)
         self._undo = contextlib.ExitStack()  # every change's undo, last change first
         self._held: frozenset[int] | None = None
@@ -189,9 +197,16 @@ class Session(contextlib.AbstractContextManager["Session"]):
             )
         if self.active:
             raise ExplainError("a Session cannot be entered twice")
-        flags = self.fused.flags if self.fused is not None else self.adapter.path_flags()
+        flags: Sequence[FlagSetting] = ()
+        if self.fused is not None:
+            flags = self.fused.flags
+        elif not self.own_path:
+            flags = self.adapter.path_flags()
+        # On its own path too the flags' owners are held: no other call may switch the
+        # path of a config this model shares while this one runs.
+        owners = [flag.owner for flag in (self.adapter.path_flags() if self.own_path else flags)]
         modules = list(self.model.modules())
-        held = frozenset(id(obj) for obj in [*modules, *(flag.owner for flag in flags)])
+        held = frozenset(id(obj) for obj in [*modules, *owners])
         _HOLDINGS.acquire(held)  # a shared module or config: other sessions wait
         self._held = held
         try:
@@ -200,9 +215,11 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 torch.enable_grad() if self.differentiable else torch.no_grad()
             )
             self._freeze(modules)
-            context = self.adapter.path_context() if self.fused is None else None
+            context = None
             if self.fused is not None and self.fused.context is not None:
                 context = self.fused.context()
+            elif self.fused is None and not self.own_path:
+                context = self.adapter.path_context()
             if context is not None:
                 self._undo.enter_context(context)
             self._set_flags(flags)
