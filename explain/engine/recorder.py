@@ -403,7 +403,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
     def backward_batched(
         self,
         scores: Tensor,
-        on_gradient: TargetGradientCallback,
+        on_gradient: TargetGradientCallback | None = None,
         *,
         max_bytes: int | None = None,
         on_block: BlockCallback | None = None,
@@ -441,6 +441,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                         record, gradient = self._record(layer, grad)
                         on_block(layer, slice(columns.start, columns.stop), record, gradient)
                         continue
+                    assert on_gradient is not None, "give on_gradient or on_block"
                     attention = self._attention(layer)
                     for row, column in enumerate(columns):
                         attention_grad = self._attention_grad(layer, grad[row])
