@@ -90,6 +90,11 @@ class Adapter(ABC):
     needs to reach the input. A family that has one defines it in its own file; None
     (default): the LRP methods are refused before any forward."""
 
+    lrp_covers: ClassVar[str | None] = None
+    """Which of the family's models its LRP walk covers, where not all of them, said where
+    the family's methods are listed (`explain models`); None: every model, as far as the
+    family can tell without one (`lrp_missing` asks each model)."""
+
     attnlrp_sites: Callable[[], AttnLrpSites] | None = None
     """Optional method `attnlrp_sites() -> AttnLrpSites`: where the gradient rules of
     AttnLRP and CP-LRP attach in the family's modules (explain.lrp.attnlrp). A family
@@ -152,6 +157,13 @@ class Adapter(ABC):
         tokens dropped), or text tokens with pads exactly 0 (`TokenLayout.to_input_space`).
         A family whose input differs overrides it."""
         return layout.to_input_space(token_relevance)
+
+    def lrp_missing(self) -> str | None:
+        """What the family's LRP walk lacks for this model (a sentence for an error
+        message), or None: nothing. Asked before any forward, of a family with a walk
+        (`lrp_walk`), so that a model its walk does not cover is refused the LRP methods
+        as any other missing capability is. Optional: the default is None."""
+        return None
 
     def path_context(self) -> AbstractContextManager[Any] | None:
         """What the explicit path needs in place for the call besides its flags (as

@@ -117,8 +117,9 @@ class Pass(ABC):
         return {"attention_path": self.taken, "memory_budget": self.memory_budget}
 
     @classmethod
-    def missing(cls, adapter: Adapter) -> str | None:
-        """What `adapter` lacks for this pass, said for an error message; None: nothing."""
+    def missing(cls, adapter: Adapter | type[Adapter]) -> str | None:
+        """What `adapter` (a model's, or a family's class: what every model of it has)
+        lacks for this pass, said for an error message; None: nothing."""
         return None
 
     @classmethod
@@ -233,10 +234,11 @@ class LrpWalkPass(Pass):
     serves = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
 
     @classmethod
-    def missing(cls, adapter: Adapter) -> str | None:
+    def missing(cls, adapter: Adapter | type[Adapter]) -> str | None:
         if adapter.lrp_walk is None:
             return "the LRP methods need relevance rules for the family's modules, which it lacks"
-        return None
+        # A model, not only its family: does the family's walk cover it?
+        return adapter.lrp_missing() if isinstance(adapter, Adapter) else None
 
     @classmethod
     def check_request(cls, spec: Method, request: Request) -> None:
@@ -315,7 +317,7 @@ class EmbeddingGradientPass(Pass):
     serves = frozenset({Need.EMBEDDING_GRADIENTS})
 
     @classmethod
-    def missing(cls, adapter: Adapter) -> str | None:
+    def missing(cls, adapter: Adapter | type[Adapter]) -> str | None:
         if adapter.attnlrp_sites is None:
             return "its family does not say where the rules of AttnLRP and CP-LRP attach"
         return None
