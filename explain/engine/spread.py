@@ -51,8 +51,7 @@ class ColumnSink(Protocol):
 class FoldFeed:
     """A `explain.engine.recorder.BlockCallback` that hands every block of a call to
     `sink` (module docstring). `max_bytes` bounds the temporaries of a fused block: its
-    spread's, or its dA's when recomputed whole (for as many columns at a time as fit).
-    `streams` says whether every block of the sink is taken as a product."""
+    spread's, or its dA's when recomputed whole (for as many columns at a time as fit)."""
 
     def __init__(self, sink: ColumnSink, max_bytes: int) -> None:
         self._sink = sink
@@ -60,7 +59,12 @@ class FoldFeed:
         self._max_bytes = max_bytes
         self._masks: dict[int, tuple[Tensor, Tensor | None, bool]] = {}
         self._pieces: dict[Pieces, tuple[Tensor, Tensor, Tensor]] = {}
-        self.streams = bool(self._layers) and all(map(sink.spread_of, self._layers))
+
+    @property
+    def streams(self) -> bool:
+        """Whether every block of the sink is taken as a product: on the fused path, the
+        call then builds no N x N map ("streamed")."""
+        return bool(self._layers) and all(map(self._sink.spread_of, self._layers))
 
     @torch.no_grad()
     def add(

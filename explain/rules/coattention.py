@@ -1,29 +1,11 @@
-"""Relevance of two token sets (ICCV 2021): encoder-decoder and co-attention rules.
+"""Relevance of two token sets (ICCV 2021): the encoder-decoder and co-attention rules.
 
-Two token sets q (queries: a decoder, or a second stream) and i (an encoder, or the first
-stream) carry four relevance matrices per sample: R_qq, R_qi, R_iq, R_ii, starting at
-R_qq = I, R_ii = I, R_qi = R_iq = 0. Every attention block updates them with its
-gradient-weighted matrix Abar = mean_h (G * A)+ (the `generic` block matrix):
-
-- self-attention of set s (other set o): R_ss += Abar @ R_ss and R_so += Abar @ R_so,
-  both with the matrices before the update;
-- cross-attention with queries from s and keys from o:
-  R_so += norm(R_ss)^T @ Abar @ norm(R_oo) and R_oo += Abar @ R_os, all from the matrices
-  before the block, where norm(R) = I + (R - I) / rowsum(R - I), rows of R - I that sum
-  to zero staying zero. The normalisation lives only inside this update.
-
-An encoder-decoder is the one-directional case (R_iq stays 0, so encoder self-attention
-reduces to R_ii += Abar @ R_ii and cross-attention only adds to R_qi); a two-stream model
-with co-attention in both directions (LXMERT-style) uses the same two functions, so a new
-architecture is an adapter, never a new rule.
-
-Unlike the one-stack rules these cannot be folded as a readout row: the cross update needs
-the full normalised matrices. `TwoSetFold` therefore keeps every block's (B, N, N) matrix
-as its gradient arrives (last block first) and replays the blocks in forward order.
-`ColumnTwoSetFolds` does the same for the C score columns of a call (the positions of a
-decoder sequence, the detections of an image) at once: every block's matrices as one
-(C, B, N, N) tensor, the replay batched over columns and samples, so that its cost in
-operations does not grow with the columns.
+Two sets q and i carry four relevance matrices per sample (R_qq = I, R_ii = I, R_qi =
+R_iq = 0 to start), which every block updates with its Abar = mean_h (G * A)+ by its role
+(`BlockRole`: self-, cross- or co-attention). The cross update needs the full normalised
+matrices, so these rules cannot fold a readout row: `TwoSetFold` keeps every block's
+matrix and replays the blocks in forward order, for every column of a call at once.
+docs/multimodal.md ("Encoder-decoders", "Co-attention") gives the rules.
 """
 
 from __future__ import annotations
