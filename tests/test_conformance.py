@@ -19,7 +19,7 @@ from explain.architectures import FAMILIES
 from explain.architectures.base import Adapter, Detector, EncoderDecoder
 from explain.architectures.dual_encoder import DualEncoder
 from explain.engine import supported_methods
-from explain.rules import LRP_NEEDS
+from explain.rules import LRP_NEEDS, Need
 from explain.testing import TINY_MODELS, ModelState, TinyCase, tiny_case
 
 OPTIONAL = {"open_clip": "open_clip"}  # family -> the package its models come from
@@ -209,6 +209,10 @@ def test_explicit_equals_fused_or_fused_is_refused(family, method):
     assert fused.target.tolist() == explicit.target.tolist()
     # float32 rounding: its epsilon (1.2e-7) on relevance of order 0.1
     tolerance = dict(rtol=1e-5, atol=1e-8) if family.startswith(FLOAT32_SOFTMAX) else {}
+    if tolerance and Need.EMBEDDING_GRADIENTS in METHODS[method].needs:
+        # Gradient x Input sums signed products over the hidden size: its small entries
+        # keep the float32 softmax's absolute error, 1e-5 to 3e-5 of themselves here
+        tolerance["rtol"] = 1e-4
     for name, relevance in explicit.relevances.items():
         _close(fused.relevances[name], relevance, **tolerance)
 

@@ -27,9 +27,9 @@ from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.engine.spread import ColumnSink, FoldFeed
 from explain.errors import OptionError, TargetError
-from explain.layout import ModuleHook, Prepared, TokenSet
+from explain.layout import InputHook, ModuleHook, Prepared, TokenLayout, TokenSet
 from explain.lrp import RULE_SETS
-from explain.lrp.attnlrp import AttnLrpCall, attnlrp_hooks
+from explain.lrp.attnlrp import AttnLrpCall, AttnLrpSites, Embedding, attnlrp_hooks
 from explain.rules import Method, Need
 
 __all__ = [
@@ -81,6 +81,10 @@ class PlanView(Protocol):
 
     def read(self, sink: ColumnSink) -> Relevances:
         """Every column's token relevance per set, from the call's sink."""
+
+    def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
+        """Where AttnLRP and CP-LRP read relevance (the family's `sites` offer them), each
+        with the layout of its tokens, the one nearest the score first (`AttnLrpCall`)."""
 
 
 class Pass(ABC):
@@ -154,7 +158,7 @@ class Pass(ABC):
         *,
         differentiable: bool,
         fused: bool = False,
-        hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+        hooks: Sequence[tuple[nn.Module, ModuleHook | InputHook]] = (),
     ) -> Session:
         """The session that borrows the model for this pass, on the chosen path."""
         path = self.adapter.fused_path() if fused else None
@@ -309,8 +313,10 @@ class LrpWalkPass(Pass):
 
 class EmbeddingGradientPass(Pass):
     """AttnLRP and CP-LRP: one forward with the method's gradient rules hooked on the
-    model's modules for the call, whose word- or patch-embedding output is the graph's
-    leaf; then one batched backward of every column to it, embedding x gradient summed
+    model's modules for the call, whose embeddings the plan chooses (`embeddings`: the
+    word- or patch-embedding output, the graph's leaf; a vision-language model's
+    language-model input and, at depth "tower", its tower's patch embeddings beneath
+    it); then one batched backward of every column to them, embedding x gradient summed
     over the hidden size, into the call's sink. The rules hold on either attention
     path."""
 
@@ -326,8 +332,9 @@ class EmbeddingGradientPass(Pass):
         spec, plan = self.spec, self.plan
         assert spec.gradient_rules is not None
         sink = plan.sink()
-        call = AttnLrpCall()
         sites = self.adapter.attnlrp_sites()
+        reads = plan.embeddings(sites)
+        call = AttnLrpCall([embedding for embedding, _ in reads])
         hooks = attnlrp_hooks(self.adapter.model, sites, spec.gradient_rules, call)  # type: ignore[arg-type]
         with self._session(differentiable=True, fused=self.fused(), hooks=hooks):
             columns = plan.columns(plan.forward())
@@ -336,11 +343,16 @@ class EmbeddingGradientPass(Pass):
                     "the explained score does not depend on the model's embeddings: a target "
                     "callable's scores must be computed from the model output it receives"
                 )
-            for chunk, (gradients,) in column_gradients(
-                columns.scores, [call.tensor], self.memory_budget
-            ):  # every column of the chunk at once: (c, B, N)
-                relevances = call.relevance(gradients, plan.prepared.layout)
-                sink.add_input(slice(chunk.start, chunk.stop), relevances)
+            for chunk, gradients in column_gradients(
+                columns.scores, call.tensors, self.memory_budget
+            ):  # every column of the chunk at once: (c, B, N) per embedding read
+                relevances = [
+                    call.relevance(gradient, layout, read)
+                    for read, (gradient, (_, layout)) in enumerate(
+                        zip(gradients, reads, strict=True)
+                    )
+                ]
+                sink.add_input(slice(chunk.start, chunk.stop), *relevances)
         return columns, plan.read(sink)
 
 

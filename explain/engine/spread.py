@@ -28,8 +28,10 @@ class ColumnSink(Protocol):
     per token set (each a method's `explain.rules.Fold`), or one fold over both sets.
     `layers` are the model-wide blocks it reads; `spread_of(layer)` says whether a block
     may be handed over as its product `u @ Abar` (`fold`) rather than as whole maps
-    (`add`). A method needing the input's relevance receives it with `add_input`;
-    `result()` is what the plan reads every column's relevance from."""
+    (`add`). A method needing the input's relevance receives it with `add_input`, for a
+    chunk of columns: the walk's, or one relevance per embedding the plan reads
+    (`PlanView.embeddings`); `result()` is what the plan reads every column's relevance
+    from."""
 
     layers: list[int] | range
 
@@ -43,7 +45,7 @@ class ColumnSink(Protocol):
         self, layer: int, columns: slice, spread: Callable[[Tensor], Tensor], rowsum: RowSum
     ) -> None: ...
 
-    def add_input(self, columns: slice, relevance: Tensor) -> None: ...
+    def add_input(self, columns: slice, *relevance: Tensor) -> None: ...
 
     def result(self) -> Any: ...
 

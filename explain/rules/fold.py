@@ -15,6 +15,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from explain.errors import UnsupportedModelError
 from explain.layout import WindowedBlock
 from explain.rules.registry import RuleContext, SpreadMode
 
@@ -26,15 +27,18 @@ __all__ = [
     "RowSum",
     "Split",
     "WindowedFold",
+    "WindowedLastBlock",
     "attention_spread",
     "chunk_rows",
     "compute_dtype",
     "from_windows",
     "joined",
+    "last_block",
     "readout_fold",
     "spread_maps",
     "to_windows",
     "unmerge",
+    "unmerge_to",
     "vecmat",
     "weighted_spread",
 ]
@@ -276,6 +280,15 @@ class LastBlock:
         return joined(self._maps)
 
 
+def last_block(context: RuleContext, compute: LastBlockMap, *rows: Tensor) -> LastBlock:
+    """The fold of a last-block method for `context`'s layout, `rows` (R, B, N) over the
+    last block's tokens: read in the last block's one window where the blocks attend within
+    windows (`TokenLayout.windows`, `WindowedLastBlock`), else over every token."""
+    if context.layout.windows:
+        return WindowedLastBlock(context.num_layers, compute, *rows, windows=context.layout.windows)
+    return LastBlock(context.num_layers, compute, *rows)
+
+
 # -- windowed attention (Swin) ------------------------------------------------------------
 
 
@@ -314,6 +327,15 @@ def unmerge(vector: Tensor, grid: tuple[int, int]) -> Tensor:
     return spread.reshape(*lead, grid[0] * grid[1])
 
 
+def unmerge_to(vector: Tensor, grid: tuple[int, int], target: tuple[int, int]) -> Tensor:
+    """(..., N) over `grid` -> (..., N') over the larger `target` grid of an earlier stage:
+    every patch merging between them undone (`unmerge`), the last one first."""
+    while grid != target:
+        grid = (2 * grid[0], 2 * grid[1])
+        vector = unmerge(vector, grid)
+    return vector
+
+
 class WindowedFold(ReadoutFold):
     """`readout @ M_last ... M_first` for a windowed model (Swin, `TokenLayout.windows`),
     `readout` (R, B, N_last) over the last block's grid; the result (C, B, N_0) is over
@@ -350,10 +372,48 @@ class WindowedFold(ReadoutFold):
     def _descend(self, rows: Tensor, grid: tuple[int, int]) -> Tensor:
         """`rows` (c, B, n) carried through the patch mergings between their grid and the
         larger `grid`."""
-        while rows.shape[-1] != grid[0] * grid[1]:
-            merged = self._grids[rows.shape[-1]]
-            rows = unmerge(rows, (2 * merged[0], 2 * merged[1]))
-        return rows
+        return unmerge_to(rows, self._grids[rows.shape[-1]], grid)
 
     def result(self) -> Tensor:
         return self._descend(super().result(), self._blocks[0].grid)
+
+
+class WindowedLastBlock(LastBlock):
+    """A last-block method on a windowed model (Swin, `TokenLayout.windows`) whose last
+    block attends in one window over its whole grid, as Swin's last stage does at the size
+    it was built for (7 x 7 tokens in one 7 x 7 window at 224 pixels): that block's
+    recorded attention, (B * 1, H, w, w), is then the attention over all of its tokens,
+    in the window's order. The rows (R, B, N_last), over the last block's grid as the
+    readout rows are, are put in that order (`to_windows`: the cyclic shift, which a window
+    as large as its grid does not have, would be undone too), the method's map is
+    computed as for any other model, put back on the grid (`from_windows`) and carried
+    through the patch mergings down to the input patch grid (`unmerge_to`, as
+    `WindowedFold` does).
+
+    A last block cut into several windows has no attention between them: its tokens are
+    never read together, and the model is refused before any forward."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        compute: LastBlockMap,
+        *rows: Tensor,
+        windows: tuple[WindowedBlock, ...],
+    ) -> None:
+        last = windows[-1]
+        if last.num_windows > 1:
+            (height, width), (wr, wc) = last.grid, last.window
+            raise UnsupportedModelError(
+                "this method reads the last block's attention over all of its tokens at "
+                f"once, but this model's last stage attends within {last.num_windows} "
+                f"windows of {wr}x{wc} tokens on its {height}x{width} grid, which never "
+                "attend to each other; use generic, rollout or raw_attention, which fold "
+                "windowed attention, or a model whose last stage is one window (Swin at "
+                "the image size it was built for)"
+            )
+        super().__init__(num_layers, compute, *(to_windows(row, last) for row in rows))
+        self._windows = windows
+
+    def result(self) -> Tensor:
+        last, first = self._windows[-1], self._windows[0]
+        return unmerge_to(from_windows(super().result(), last), last.grid, first.grid)

@@ -149,6 +149,15 @@ class Method:
         """Whether the method differentiates the target score (one backward per target)."""
         return bool(self.needs & {Need.ATTENTION_GRADIENTS, Need.EMBEDDING_GRADIENTS})
 
+    @property
+    def linear_in_score(self) -> bool:
+        """Whether the relevance is linear in the explained score: Gradient x Input under
+        rules fixed by the forward (AttnLRP, CP-LRP), so the relevance of a sum or a
+        difference of scores is the sum or difference of their relevances, even across
+        forwards that share the input. The attention rules clamp (generic, attention
+        GradCAM) or ignore the score (rollout), and are not."""
+        return Need.EMBEDDING_GRADIENTS in self.needs
+
     def options(self) -> dict[str, Any]:
         """The method's options (the builder's keyword parameters) with their defaults."""
         parameters = list(inspect.signature(self.build).parameters.values())[1:]

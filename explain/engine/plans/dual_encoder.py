@@ -42,6 +42,7 @@ class DualEncoderPlan(Plan):
         "similarity of two towers, which explain does not have"
     )
     trace_score = "logit"
+    contrast_refused = "a dual encoder's target picks the text an image is paired with"
 
     adapter: DualEncoder
 

@@ -1,9 +1,10 @@
 """The plan of a vision-language model: which part of the picture, and which words of the
 prompt, made the model say its next token or each token of an answer. The method's fold
-runs over the language model's blocks, as for a language model; its relevance splits
-into "text" (the prompt) and "image" (at the image tokens, carried back onto the photo),
-at depth "lm" or continued through the tower's blocks ("tower"). docs/multimodal.md
-("Vision-language models") says how.
+runs over the language model's blocks, as for a language model (AttnLRP and CP-LRP read
+the language model's input embeddings); its relevance splits into "text" (the prompt)
+and "image" (at the image tokens, carried back onto the photo), at depth "lm" or
+continued through the tower ("tower"). docs/multimodal.md ("Vision-language models")
+says how.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
     ColumnSink,
+    EmbeddingGradientPass,
     ForwardPass,
     Relevances,
 )
@@ -28,14 +30,23 @@ from explain.engine.request import Request
 from explain.engine.targets import select_scores
 from explain.errors import OptionError
 from explain.layout import ImagePrepared, ImageTokens, TokenLayout
-from explain.rules import Fold, Method, RuleContext
+from explain.lrp.attnlrp import AttnLrpSites, Embedding
+from explain.rules import Fold, Method, Need, RuleContext
 from explain.rules.fold import ReadoutFold, RowSum, joined
 from explain.rules.registry import SpreadMode
 
-__all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextPlan", "ImageTextSink"]
+__all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextPlan", "ImageTextSink", "reaches_tower"]
 
 Depth = Literal["lm", "tower"]
 DEPTHS: tuple[Depth, ...] = ("lm", "tower")
+
+
+def reaches_tower(spec: Method) -> bool:
+    """Whether `spec` continues through the tower at depth "tower": a method that
+    aggregates over blocks (its fold read out by the language model's) or reads
+    Gradient x Input at the embeddings (carried on to the tower's patch embeddings); a
+    method that reads one fixed block does not."""
+    return spec.default_start_layer is not None or Need.EMBEDDING_GRADIENTS in spec.needs
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,7 @@ class ImageTextSink:
         self._image = image
         self._build_tower = tower
         self._towers: dict[int, Fold] = {}  # first column of a chunk -> its tower's fold
+        self._tower_inputs: dict[int, Tensor] = {}  # ... -> AttnLRP's at the tower
         self._waiting: list[tuple[int, slice, Tensor, Tensor | None]] = []
         text_layers = [offset + layer for layer in text.layers]
         self.layers: list[int] = ([*tower_layers] if tower is not None else []) + text_layers
@@ -135,8 +147,15 @@ class ImageTextSink:
             raise RuntimeError("a tower block arrived before the language model's fold ended")
         tower.fold(layer, slice(None), spread, rowsum)  # type: ignore[attr-defined]
 
-    def add_input(self, columns: slice, relevance: Tensor) -> None:
-        raise TypeError("vision-language models take no input relevance")
+    def add_input(self, columns: slice, text: Tensor, tower: Tensor | None = None) -> None:
+        """AttnLRP's and CP-LRP's relevance (`ImageTextPlan.embeddings`) for `columns`: at
+        the language model's input embeddings (c, B, T) and, at depth "tower", at the
+        tower's patch embeddings (c, the tower's batch, tower tokens; or its patches, for a
+        tower that runs them packed), which is then the tower's result."""
+        self._text.add_input(columns, text)  # type: ignore[attr-defined]  # an InputFold (Need)
+        if tower is not None:
+            tokens = self._image.tokens.tower_tokens
+            self._tower_inputs[columns.start or 0] = tower.reshape(len(tower), -1, tokens)
 
     def _tower(self, columns: slice) -> Fold | None:
         """The tower's fold of `columns`, made from the language model's rows at the image
@@ -156,6 +175,8 @@ class ImageTextSink:
         text = self._text.result()
         if self._build_tower is None:
             return text, None
+        if self._tower_inputs:
+            return text, joined(self._tower_inputs)
         waiting, self._waiting = self._waiting, []
         for layer, columns, attention, gradients in waiting:
             self.add(layer, columns, attention, gradients)
@@ -171,12 +192,10 @@ class ImageTextPlan(Plan):
     """
 
     serves = ImageTextModel
-    passes = frozenset({ForwardPass, AttentionGradientPass})
+    passes = frozenset({ForwardPass, AttentionGradientPass, EmbeddingGradientPass})
     refused_because = (
-        "vision-language models are explained by the attention methods: the LRP walks "
-        "have no rules for their projectors and towers, and AttnLRP and CP-LRP read "
-        "Gradient x Input at an embedding module's output, while the image tokens enter "
-        "the language model after it (the model's forward scatters them in)"
+        "vision-language models are explained by the attention methods, AttnLRP and "
+        "CP-LRP: the LRP walks have no rules for their projectors and towers"
     )
     generates: ClassVar[bool] = True
     adapter: ImageTextModel
@@ -196,11 +215,11 @@ class ImageTextPlan(Plan):
                 "token: trace a prefix of it with its next token as the target"
             )
         super().__init__(adapter, spec, replace(request, options=options), tokenizer)
-        if spec is not None and depth == "tower" and spec.default_start_layer is None:
+        if spec is not None and depth == "tower" and not reaches_tower(spec):
             raise OptionError(
-                f"depth='tower' continues an aggregation over blocks through the tower's "
-                f"blocks; method {spec.name!r} reads one fixed block (use generic or rollout, "
-                "or depth='lm')"
+                f"depth='tower' continues an aggregation over blocks, or a gradient, through "
+                f"the tower's blocks; method {spec.name!r} reads one fixed block (use "
+                "generic, rollout, attnlrp or cp_lrp, or depth='lm')"
             )
         if self.generation and request.target is not None:
             raise OptionError(
@@ -261,6 +280,19 @@ class ImageTextPlan(Plan):
         context = RuleContext(readouts, replace(layout, token_mask=mask), count, text_start)
         text_fold = spec.fold(context, options)
         return ImageTextSink(text_fold, text.layers.start, self.image, tower, tower_layers)
+
+    def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
+        """AttnLRP and CP-LRP read the language model's input embeddings (over the text's
+        tokens, the image tokens among them) and, at depth "tower", the tower's patch
+        embeddings beneath them (over the tower's tokens, its prefix tokens 0)."""
+        _, text = self.sets
+        reads = [(sites.read, text.layout)]
+        if self.depth == "tower":
+            assert sites.tower is not None  # a vision-language model's sites have it
+            tokens = self.image.tokens
+            layout = TokenLayout.image(tokens.grid, tokens.input_size, tokens.tower_prefix)
+            reads.append((sites.tower, layout))
+        return reads
 
     def read(self, sink: ColumnSink) -> Relevances:
         """Every column's folds, mapped onto the photo and the text at once
