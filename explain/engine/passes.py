@@ -181,8 +181,8 @@ class ForwardPass(Pass):
         plan = self.plan
         sink = plan.sink()
         fused = self.fused()
-        feed = FoldFeed(sink, self.memory_budget)
-        stream = fused and feed.streams
+        feed = FoldFeed(sink, self.memory_budget) if fused else None
+        stream = feed is not None and feed.streams
         with (
             self._session(differentiable=False, fused=fused) as session,
             Recorder(
@@ -194,7 +194,7 @@ class ForwardPass(Pass):
         ):
             columns = plan.columns(plan.forward())
             if stream:
-                recorder.stream_attention(feed.add)
+                recorder.stream_attention(feed.add)  # type: ignore[union-attr]  # streams
                 self.taken = "streamed"
         count = columns.scores.shape[1]
         return columns, {  # a map every column reads out alike serves every target
@@ -206,7 +206,8 @@ class ForwardPass(Pass):
 class AttentionGradientPass(Pass):
     """One forward, then one backward of every score column (vectorised over columns,
     chunked to the memory budget), every block handed to the call's sink as its gradients
-    arrive, for a chunk of columns at once (explain.engine.spread.FoldFeed)."""
+    arrive, for a chunk of columns at once: a map straight to the call's sink, a block
+    recorded from q, k and v through explain.engine.spread.FoldFeed."""
 
     serves = frozenset({Need.ATTENTION_GRADIENTS})
 
@@ -214,19 +215,20 @@ class AttentionGradientPass(Pass):
         plan = self.plan
         sink = plan.sink()
         fused = self.fused()
-        feed = FoldFeed(sink, self.memory_budget)
         with (
             self._session(differentiable=True, fused=fused) as session,
             Recorder(session, track=sink.layers) as recorder,
         ):
+            feed = FoldFeed(sink, self.memory_budget) if recorder.recomputes else None
+            on_block = sink.add if feed is None else feed.add
             columns = plan.columns(plan.forward())
             if columns.scores.shape[1] == 1:
-                recorder.backward(columns.scores[:, 0].sum(), on_block=feed.add)
+                recorder.backward(columns.scores[:, 0].sum(), on_block=on_block)
             else:
                 recorder.backward_batched(
-                    columns.scores, max_bytes=self.memory_budget, on_block=feed.add
+                    columns.scores, max_bytes=self.memory_budget, on_block=on_block
                 )
-        if fused and feed.streams:
+        if fused and feed is not None and feed.streams:
             self.taken = "streamed"
         return columns, plan.read(sink)
 

@@ -65,9 +65,9 @@ def rollout_split(rows: Tensor, rowsum: RowSum) -> tuple[Tensor, Tensor]:
     return scaled, scaled
 
 
-def _spread_only(rows: Tensor, rowsum: RowSum) -> tuple[Tensor, Tensor]:
+def _spread_only(rows: Tensor, rowsum: RowSum) -> tuple[Tensor, None]:
     """v @ M: v spreads, nothing is kept (explain.rules.fold.Split)."""
-    return rows, torch.zeros_like(rows)
+    return rows, None
 
 
 @register_method("raw_attention", needs={Need.ATTENTION}, class_specific=False)

@@ -52,9 +52,9 @@ RowSum = Callable[[], Tensor | None]
 """Abar's row sums (B, N), computed only when a split reads them; None where every row
 sums to 1."""
 
-Split = Callable[[Tensor, RowSum], tuple[Tensor, Tensor]]
+Split = Callable[[Tensor, RowSum], tuple[Tensor, Tensor | None]]
 """One factor of a readout fold: (the rows v (c, B, N), Abar's row sums) -> (u, kept),
-so that the rows become `kept + u @ Abar`."""
+so that the rows become `kept + u @ Abar` (`u @ Abar` where nothing is kept: None)."""
 
 
 def compute_dtype(tensor: Tensor) -> torch.dtype:
@@ -209,7 +209,8 @@ class ReadoutFold:
     ) -> Tensor:
         """The rows after block `layer`'s factor (every later block folded)."""
         product, kept = self._split(rows, rowsum)
-        return kept + spread(product).to(kept.dtype)
+        spread_rows = spread(product)
+        return spread_rows if kept is None else kept + spread_rows.to(kept.dtype)
 
     def expects(self, columns: slice) -> int | None:
         """The block that `columns` fold next (None: every block is folded)."""
