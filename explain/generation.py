@@ -36,7 +36,7 @@ from torch import Tensor
 
 from explain import engine
 from explain.api import Explainer
-from explain.architectures.base import TokenSets, refuse_meta_inputs
+from explain.architectures.base import EncoderDecoder, refuse_meta_inputs
 from explain.architectures.hf_registries import finite_eager_masks
 from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.engine import Request, require_causal_lm
@@ -414,7 +414,7 @@ def generate_target(explainer: Explainer, inputs: Any, max_new_tokens: int = 20)
     explanation.
     """
     adapter = explainer.adapter
-    if adapter.token_sets != TokenSets.ENCODER_DECODER:
+    if not isinstance(adapter, EncoderDecoder):
         raise OptionError(f"{adapter.family}: generate_target is for encoder-decoder models")
     source = {k: v for k, v in dict(inputs).items() if not k.startswith("decoder_")}
     model = adapter.model

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import LanguageModel, TokenSets, validate_image_batch
+from explain.architectures.base import ImageTextModel, validate_image_batch
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
     attention_in,
@@ -90,7 +90,7 @@ def block_sources(grid: tuple[int, int], block: int, device: torch.device) -> Te
     return (corners[:, None] + inside[None, :]).to(device)
 
 
-class VisionLanguageModel(LanguageModel):
+class VisionLanguageModel(ImageTextModel):
     """The adapter contract of a vision-language model (module docstring).
 
     Subclasses give the tower and language-model stacks, the tower blocks the language
@@ -103,7 +103,6 @@ class VisionLanguageModel(LanguageModel):
     image prompt (`is_image_prompt`).
     """
 
-    token_sets: ClassVar[TokenSets | None] = TokenSets.IMAGE_TEXT
     reads_images: ClassVar[bool] = True
     token_types: ClassVar[bool] = False
     """Whether the model takes `token_type_ids` (PaliGemma: 0 for the image-and-prompt

@@ -1,50 +1,12 @@
 """The session: borrowing a model for one call, and giving it back exactly as found.
 
-Everything in `explain` that runs a model (an explanation's passes, a trace, generation,
-the forwards of evaluation and of a dual encoder's pairing) does it inside a `Session`.
-For the duration of the call the session
-
-- holds the model's parts (see Threads below),
-- forks the global RNG (CPU and the model's CUDA devices), so that nothing the model
-  does inside the call changes the random numbers training will draw next,
-- enables autograd (`differentiable`) or disables it,
-- puts every module in eval mode and turns off every parameter's `requires_grad`,
-- sets the attention-path flags (the explicit path's, or the fused path's), after
-  entering what the path needs in place besides them (`Adapter.path_context`,
-  `FusedPath.context`: an attention function registered in a library); a call that
-  records no attention (generating) may keep the model on its own path instead, and
-- registers the module hooks that change what the model computes for the call (the
-  Gradient x Input rules of AttnLRP and CP-LRP: canonizers in zennit's terms), on a
-  module's output or, for an `InputHook`, on its inputs.
-
-Every change is undone on exit, in reverse order, whether the call succeeded or not: one
-undo list, each entry pushed just after its change is made. Recording what the model
-computes is not the session's job: a `Recorder` (explain.engine.recorder) does it inside
-an active session.
-
-Threads: a session holds every object it changes, the model's modules (so its
-parameters) and each flag's owner (a Hugging Face config), from entry to exit, in a
-process-wide table outside the model (no attribute is written onto the user's objects).
-So two sessions that would change a shared object, two models sharing one config or two
-heads sharing one backbone, take turns, each saving and restoring the state the user left,
-never the other call's; sessions on disjoint models run in parallel. Forwards outside
-any session (another thread running a second model that shares a module, a tower, with
-this one) are not held back: the hooks a call registers act only in its own thread
-(`this_thread_only`), so they are never recorded, but they see the shared module as the
-call has set it (eval mode, requires_grad, flags). A session waits
-until all it needs is free and then takes it all at once, so two waiting sessions never
-hold part of what the other needs. Nesting:
-
-- a session for an object this thread already holds is refused (an `explain` inside a
-  target callable on the same model): explanations on one model cannot be nested;
-- a nested session on another model is allowed, unless waiting for it would close a
-  cycle (thread 1 explains A and, inside, B; thread 2 explains B and, inside, A): the
-  session that would close it is refused with `NestedExplanationError` instead of
-  deadlocking, and its outer call unwinds, which frees what the other thread waits for.
-
-After `fork`, the child process starts with an empty table except for what the forking
-thread itself held (`os.register_at_fork`): the threads that held the rest do not exist in
-the child, and a copied lock they held would never be released.
+Everything that runs a model does it inside a `Session`: it holds the model's parts
+against other calls, forks the RNG, sets autograd, eval mode, `requires_grad`, the
+attention path's flags (a call that records no attention may keep the model's own path)
+and the rule hooks of the call, and undoes every change on exit,
+in reverse order, whatever happened. Recording is the `Recorder`'s job, inside it.
+docs/architecture.md ("Borrowing the model") says how threads, nesting and `fork` are
+handled.
 """
 
 from __future__ import annotations
