@@ -104,7 +104,9 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<s> assistant {% endif %}"
 )
 """The chat template: "<s> user <image> what colour is the star? <s> assistant", then
-the answer and "</s>"."""
+the answer and "</s>"; messages hold text, or lists of {"type": "image"} and {"type":
+"text", "text": ...} entries, as the processors of LLaVA and its kin take them (the tiny
+test VLMs of explain.testing.tiny_vlm share it)."""
 
 _ABSENT_ASKED = 0.25  # "colour" and "shape" ask about an absent kind or colour this often
 _LEFT_OF_LEFTMOST = 0.25  # "left" asks about the leftmost object at most this often
