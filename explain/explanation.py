@@ -15,7 +15,7 @@ from torch import Tensor
 
 from explain.detections import Detections
 from explain.errors import ExplainError, InputError, OptionError
-from explain.export import read_payload, write_payload
+from explain.export import numpy_array, read_payload, write_payload
 from explain.finite import all_finite, check_finite
 from explain.normalize import normalize_per_sample
 from explain.rules.display import display_values, scale_note
@@ -110,10 +110,9 @@ class Explanation:
         return normalize_per_sample(grid, sample_dims=2) if normalize else grid
 
     def to_numpy(self) -> np.ndarray:
-        """The relevance as a numpy array on the CPU (bfloat16 widened to float32), for
-        your own plots and pipelines; `to_dict()` has everything else."""
-        relevance = self.relevance.detach().cpu()
-        return (relevance.float() if relevance.dtype == torch.bfloat16 else relevance).numpy()
+        """The relevance as a numpy array on the CPU (bfloat16 and float8 widened to
+        float32), for your own plots and pipelines; `to_dict()` has everything else."""
+        return numpy_array(self.relevance)
 
     def _header(self) -> dict[str, Any]:
         return {
@@ -124,13 +123,21 @@ class Explanation:
             "input_size": list(self.input_size) if self.input_size is not None else None,
             "tokens": self.tokens,
             "relevances": list(self.relevances),
+            "saved_as_relevance": self._saved_as_relevance(),
             "settings": dict(self.settings),
         }
 
+    def _saved_as_relevance(self) -> str | None:
+        """The modality whose entry is the `relevance` tensor itself (a single-input
+        model's one entry, a multimodal model's first set), which `save` writes once, as
+        `relevance`; None when no entry is."""
+        return next((n for n, t in self.relevances.items() if t is self.relevance), None)
+
     def _tensors(self) -> dict[str, Tensor]:
         tensors = {"relevance": self.relevance, "logits": self.logits, "target": self.target}
+        left_out = self._saved_as_relevance()
         for name, tensor in self.relevances.items():
-            if tensor is not self.relevance:  # the single-input entry is `relevance` itself
+            if name != left_out:
                 tensors[f"relevances.{name}"] = tensor
         return tensors
 
@@ -141,7 +148,7 @@ class Explanation:
         lists), tokens, method, score, input_size, settings.
         """
         header = self._header()
-        del header["format"], header["version"]
+        del header["format"], header["version"], header["saved_as_relevance"]
         header["relevances"] = {
             name: tensor.detach().cpu().double().tolist()
             for name, tensor in self.relevances.items()
@@ -166,8 +173,8 @@ class Explanation:
 
         Only the explanation's own tensors are read. A damaged file, or one whose contents
         are not an explanation's (a method that is not a name, targets that do not match
-        the batch, complex or unsigned relevance, ...), raises InputError naming what is
-        wrong; nothing in the file is ever executed."""
+        the batch, a modality whose map is missing, complex or unsigned relevance, ...),
+        raises InputError naming what is wrong; nothing in the file is ever executed."""
 
         def wanted(header: dict[str, Any]) -> list[str]:
             names = [f"relevances.{name}" for name in _checked_header(header, path)["relevances"]]
@@ -175,6 +182,12 @@ class Explanation:
 
         tensors, header = read_payload(path, wanted)
         relevance, logits, target = _checked_tensors(tensors, header, path)
+        missing = [name for name in header["relevances"] if f"relevances.{name}" not in tensors]
+        # Files written before the header named it left out at most one map, `relevance`'s.
+        left_out = header.get("saved_as_relevance", missing[0] if len(missing) == 1 else None)
+        for name in missing:
+            if name != left_out:
+                raise _damaged(path, f"its header names the modality {name!r}, whose map it lacks")
         relevances = {
             name: tensors.get(f"relevances.{name}", relevance) for name in header["relevances"]
         }
@@ -261,6 +274,9 @@ def _checked_header(header: dict[str, Any], path: str | os.PathLike[str]) -> dic
     names = header.get("relevances")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise _damaged(path, "relevances is not a list of modality names")
+    left_out = header.get("saved_as_relevance")
+    if left_out is not None and left_out not in names:
+        raise _damaged(path, f"saved_as_relevance is {left_out!r}, not one of its modalities")
     tokens = header.get("tokens")
     if tokens is not None and not (
         isinstance(tokens, list)

@@ -6,39 +6,122 @@ those, by the file's suffix:
 
 - `.safetensors`: the tensors as they are (dtype kept), the header as the file's
   `"explain"` metadata entry; readable without `explain` by any safetensors library.
-- `.npz`: numpy arrays (bfloat16 widened to float32, which numpy lacks), the header as
-  the string array `__explain__`; `np.load(path)` reads it without pickle.
+- `.npz`: numpy arrays (bfloat16 and float8 widened to float32, which numpy lacks), the
+  header as the string array `__explain__`; `np.load(path)` reads it without pickle.
 - `.json`: one object, the header plus each tensor as nested lists (and its dtype, so
   that loading restores it exactly): made for text explanations, readable anywhere.
 
-Every file is written atomically (see explain.io.atomic_write).
+Every file the tool writes, these and every other output (figures, pages, reports,
+caches), is written atomically (`atomic_write`), and a command checks its outputs can be
+written before any work (`check_writable`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
 import os
+import tempfile
 import zipfile
 import zlib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from explain.errors import InputError, OptionError
-from explain.io import atomic_write
 
-__all__ = ["FORMATS", "MAX_HEADER_BYTES", "read_payload", "suffix_of", "write_payload"]
+__all__ = [
+    "FORMATS",
+    "MAX_HEADER_BYTES",
+    "atomic_write",
+    "check_writable",
+    "numpy_array",
+    "read_payload",
+    "suffix_of",
+    "write_payload",
+]
 
 FORMATS = ("npz", "safetensors", "json")
 """The formats `--save` and `Explanation.save` write, named by their file suffix."""
 
 _HEADER = "__explain__"
+
+
+def _umask() -> int:
+    """The process's file-creation mask (reading it means setting it; set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO]:
+    """Write `path` through a temporary file in the same folder, renamed on success.
+
+    Readers see the old file or the complete new one, never a half-written one; on an
+    exception the temporary file is removed and `path` is untouched.
+    """
+    target = Path(path)
+    if target.is_dir():  # a last guard: commands check their outputs before any work
+        raise InputError(f"{target} is a folder; cannot write a file there")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.", suffix=".partial"
+        )
+    except (FileExistsError, NotADirectoryError):
+        raise InputError(
+            f"{target} cannot be written: a file is in the way of its folder"
+        ) from None
+    except OSError as error:  # a folder that cannot be made or written into (/proc, ...)
+        raise InputError(
+            f"{target} cannot be written: its folder {target.parent}: "
+            f"{error.strerror or error}; choose a folder you can write files into"
+        ) from None
+    try:
+        # mkstemp makes the file private (0600); give it the mode open() would have given
+        # it, so outputs are as readable as any other file the user writes.
+        os.fchmod(descriptor, 0o666 & ~_umask())
+        with os.fdopen(descriptor, mode) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+def check_writable(path: str | os.PathLike[str], *, folder: bool, option: str) -> None:
+    """Refuse, before any work is done, an output that cannot be written: `path` is a
+    folder to write into (`folder`) or a file to write; `option` names it in the message.
+
+    The nearest existing folder on the way must be a folder that takes a new file (checked
+    by creating and removing a temporary one there); nothing else is created.
+    """
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        kind = "a file, not a folder" if folder else "a folder; give a file name"
+        raise InputError(f"{option} {path} is {kind}")
+    existing = path if folder else path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"{option} {path} cannot be made: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise InputError(
+            f"{option} {path} cannot be written: {existing}: {error.strerror or error}"
+        ) from None
 
 
 def suffix_of(path: str | os.PathLike[str]) -> str:
@@ -52,9 +135,14 @@ def suffix_of(path: str | os.PathLike[str]) -> str:
     return suffix
 
 
-def _numpy(tensor: Tensor) -> np.ndarray:
+_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+
+
+def numpy_array(tensor: Tensor) -> np.ndarray:
+    """`tensor` as a numpy array on the CPU; floating types numpy lacks (bfloat16, the
+    float8 types) widened to float32, which holds each of their values exactly."""
     tensor = tensor.detach().cpu()
-    if tensor.dtype == torch.bfloat16:
+    if tensor.is_floating_point() and tensor.dtype not in _NUMPY_FLOATS:
         tensor = tensor.float()
     return tensor.numpy()
 
@@ -72,8 +160,13 @@ def write_payload(
     if kind == "safetensors":
         from safetensors.torch import save
 
+        # Copies: safetensors refuses tensors that share memory, as the maps of one sample
+        # cut from a batch's (`relevance` and its modality's entry) do.
         data = save(
-            {name: t.detach().cpu().contiguous() for name, t in tensors.items()},
+            {
+                name: t.detach().cpu().clone(memory_format=torch.contiguous_format)
+                for name, t in tensors.items()
+            },
             metadata={"explain": text},
         )
         with atomic_write(path) as handle:
@@ -81,14 +174,16 @@ def write_payload(
     elif kind == "npz":
         buffer = io.BytesIO()
         np.savez_compressed(
-            buffer, **{name: _numpy(t) for name, t in tensors.items()}, **{_HEADER: np.array(text)}
+            buffer,
+            **{name: numpy_array(t) for name, t in tensors.items()},
+            **{_HEADER: np.array(text)},
         )
         with atomic_write(path) as handle:
             handle.write(buffer.getvalue())
     else:
         document = {
             **header,
-            "tensors": {name: _numpy(t).tolist() for name, t in tensors.items()},
+            "tensors": {name: numpy_array(t).tolist() for name, t in tensors.items()},
             "dtypes": {name: str(t.dtype).removeprefix("torch.") for name, t in tensors.items()},
         }
         text = _strict_json(document, "the tensors (JSON has no NaN or infinity)")

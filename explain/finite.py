@@ -18,10 +18,17 @@ from explain.errors import ExplainError, InputError
 __all__ = ["all_finite", "check_finite", "nonfinite_error", "nonfinite_samples"]
 
 
+def _finite(values: Tensor) -> Tensor:
+    """Elementwise finiteness of floating-point `values`; float8 types have no isfinite
+    kernel, so they are widened first (exactly: float32 holds every float8 value)."""
+    values = values.detach()
+    return (values.float() if values.element_size() == 1 else values).isfinite()
+
+
 def all_finite(values: Iterable[Tensor]) -> bool:
     """Whether every value of every tensor is finite, read from the device once for all of
     them (`check_finite` then names the samples, on the rare path where one is not)."""
-    flags = [v.detach().isfinite().all() for v in values if v.is_floating_point() and v.numel()]
+    flags = [_finite(v).all() for v in values if v.is_floating_point() and v.numel()]
     return not flags or bool(torch.stack(flags).all())
 
 
@@ -29,7 +36,7 @@ def nonfinite_samples(values: Tensor) -> list[int]:
     """Indices along the first axis of the samples that hold a NaN or infinite value."""
     if values.numel() == 0 or not values.is_floating_point():
         return []
-    bad = ~values.detach().isfinite().reshape(values.shape[0], -1).all(dim=1)
+    bad = ~_finite(values).reshape(values.shape[0], -1).all(dim=1)
     return bad.nonzero().flatten().tolist()
 
 

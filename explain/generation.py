@@ -2,8 +2,9 @@
 
 `generate` runs the model's own `generate` on prompts (texts, a tokenized batch, or chat
 conversations put through the tokenizer's chat template) without leaving a trace on the
-model: it runs inside a recorder that computes nothing, so modes, flags and the global
-RNG are restored afterwards, and no cache outlives the call. `explain_generation` then
+model: it runs inside a session (modes and the global RNG restored afterwards, no cache
+outliving the call) on the model's own attention path, since nothing is recorded: its
+tokens are those of the model's own generate. `explain_generation` then
 explains every generated token from ONE forward pass over prompt + continuation: column g
 of the (B, G, T) relevance reads out at position P + g - 1 (P: the padded prompt width)
 and explains the token generated at P + g over everything before it, exactly what a
@@ -12,6 +13,10 @@ next-token explanation of the prefix would give. The explanation runs on the eng
 serves all columns; forward-only methods fold every column from the same attention maps.
 A vision-language model's answer about an image is explained the same way, over the image
 and the prompt (explain.engine.plans.image_text).
+
+`GenerationExplanation.answer` is what every view of one continuation shows (the
+terminal, page and figure of `explain generate`): its tokens, special ones included, and
+for each generated token the tokens it rests on, the token it is read out at left out.
 
 `generate_target` generates an encoder-decoder's target sequence for its sources, to be
 explained position by position (`position="all"`) like any encoder-decoder input.
@@ -31,16 +36,18 @@ from torch import Tensor
 
 from explain import engine
 from explain.api import Explainer
-from explain.architectures.base import TokenSets
+from explain.architectures.base import EncoderDecoder, refuse_meta_inputs
+from explain.architectures.hf_registries import finite_eager_masks
 from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.engine import Request, require_causal_lm
 from explain.engine.session import Session
+from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
 from explain.explanation import Explanation
-from explain.targets import Score
-from explain.tokenizing import is_raw_text
+from explain.inputs import is_raw_text
 
 __all__ = [
+    "Answer",
     "Generation",
     "GenerationExplanation",
     "Prompt",
@@ -48,6 +55,7 @@ __all__ = [
     "generate",
     "generate_target",
     "is_chat",
+    "rests_on",
 ]
 
 Message = Mapping[str, str]
@@ -86,6 +94,58 @@ class Generation:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.extra}
 
 
+def rests_on(row: Tensor, readout: int, count: int = 3) -> list[int]:
+    """The positions of the `count` most relevant tokens of `row` among those read before
+    position `readout` (the token the prediction is read out at), most relevant first.
+
+    The readout token itself is left out: every rule gives it its own identity term,
+    which would put it first for almost every token and say nothing about the rest (the
+    figure hatches it, off the scale, for the same reason). A `readout` past the end of
+    `row` leaves every position in."""
+    before = row[: max(readout, 0)]
+    if before.numel() == 0:
+        return []
+    return before.topk(min(count, before.numel())).indices.tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """One prompt's continuation as every view of it shows it: `explain generate`'s
+    terminal lines, its page and its figure say the same thing from this.
+
+    Attributes:
+        tokens: the prompt's tokens without its padding, then the generated ones up to
+            and including the end token. Special tokens the model wrote (an end token,
+            a tile marker) are kept, in every view: each was generated and explained.
+        prompt_length: how many of `tokens` are the prompt.
+        relevance: (G, len(tokens)) row g: every token's relevance for generated token
+            g (a vision-language model's: over the text, image tokens 0).
+        ids: the G generated token ids.
+    """
+
+    tokens: list[str]
+    prompt_length: int
+    relevance: Tensor
+    ids: list[int]
+
+    @property
+    def generated(self) -> list[str]:
+        """The G generated tokens."""
+        return self.tokens[self.prompt_length :]
+
+    def readout(self, g: int) -> int:
+        """The position generated token g is read out at: the one just before it."""
+        return self.prompt_length + g - 1
+
+    def rests_on(self, g: int, count: int = 3) -> list[int]:
+        """The positions (in `tokens`) generated token g rests on most (see `rests_on`)."""
+        return rests_on(self.relevance[g], self.readout(g), count)
+
+    def text(self, tokenizer: Any) -> str:
+        """The generated tokens as text, special tokens kept as every view shows them."""
+        return tokenizer.decode(self.ids, skip_special_tokens=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationExplanation:
     """`explanation.relevance` (B, G, T): row g is the relevance of every token for the
@@ -95,6 +155,24 @@ class GenerationExplanation:
 
     explanation: Explanation
     generation: Generation
+
+    def answer(self, sample: int = 0) -> Answer:
+        """Sample `sample`'s continuation as the views show it (see `Answer`); needs the
+        token strings, which an Explainer with a tokenizer gives."""
+        tokens = self.explanation.tokens
+        if tokens is None:
+            raise InputError("the explanation has no tokens: create the Explainer with a tokenizer")
+        generation = self.generation
+        width = generation.prompt_length
+        count = int(generation.generated[sample].sum())
+        first = int((~generation.attention_mask[sample, :width].bool()).sum())  # left pads
+        relevance = self.explanation.relevances.get("text", self.explanation.relevance)
+        return Answer(
+            tokens=list(tokens[sample][first : width + count]),
+            prompt_length=width - first,
+            relevance=relevance[sample, :count, first : width + count],
+            ids=generation.input_ids[sample, width : width + count].tolist(),
+        )
 
 
 def is_chat(prompt: object) -> bool:
@@ -210,6 +288,7 @@ def generate(
         raise OptionError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if max_new_tokens < 1:
         raise OptionError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    refuse_meta_inputs(prompt)
     if adapter.reads_images:
         encoded = adapter.encode(prompt, explainer.tokenizer)
     elif isinstance(prompt, Mapping):
@@ -257,7 +336,14 @@ def generate(
         options = {"suppress_tokens": [adapter.image_token_id], **options}
     held = adapter.generating() if isinstance(adapter, VisionLanguageModel) else None
     inputs = adapter.model_arguments(extra) if isinstance(adapter, VisionLanguageModel) else extra
-    with Session(adapter), held or contextlib.nullcontext():
+    # Nothing is recorded: the model generates on its own attention path, as its own
+    # generate would, with finite eager masks (a float64 model on eager attention
+    # otherwise continues a left-padded prompt with NaN logits, read as pad tokens).
+    with (
+        Session(adapter, own_path=True),
+        finite_eager_masks(),
+        held or contextlib.nullcontext(),
+    ):
         try:
             sequences = model.generate(
                 input_ids=prepared.arguments["input_ids"],
@@ -323,15 +409,16 @@ def generate_target(explainer: Explainer, inputs: Any, max_new_tokens: int = 20)
     """`inputs` with the decoder sequence the model generates for them (greedy): adds
     decoder_input_ids and decoder_attention_mask (real up to the first end token).
 
-    Generation runs inside a recorder that computes nothing: the model is in eval mode,
-    the RNG is forked and everything is restored afterwards, as for an explanation.
+    Generation runs inside a session on the model's own attention path: the model is in
+    eval mode, the RNG is forked and everything is restored afterwards, as for an
+    explanation.
     """
     adapter = explainer.adapter
-    if adapter.token_sets != TokenSets.ENCODER_DECODER:
+    if not isinstance(adapter, EncoderDecoder):
         raise OptionError(f"{adapter.family}: generate_target is for encoder-decoder models")
     source = {k: v for k, v in dict(inputs).items() if not k.startswith("decoder_")}
     model = adapter.model
-    with Session(adapter):
+    with Session(adapter, own_path=True):
         sequences = model.generate(**source, max_new_tokens=max_new_tokens, do_sample=False)
     eos = model.generation_config.eos_token_id
     eos_ids = torch.as_tensor([] if eos is None else eos, device=sequences.device).flatten()

@@ -1,5 +1,5 @@
 """Min-max normalisation of relevance maps, shared by `Explanation.heatmap` and the
-overlay on a user's photo (explain.preprocessing)."""
+overlay on a user's photo (explain.loading.preprocessing)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Text explanations in words: adding sub-tokens up to words, and explaining the
-similarity of two texts under a sentence encoder (tokenizing is explain.tokenizing's).
+similarity of two texts under a sentence encoder (texts are encoded by explain.inputs).
 
 Word pieces are grouped into words by the tokenizers' own markers, so that no
 re-tokenization is needed: WordPiece marks a continuation with a leading "##", byte-level
@@ -19,8 +19,8 @@ from torch import Tensor
 from explain.api import Explainer
 from explain.errors import InputError, OptionError, UnsupportedModelError
 from explain.explanation import Explanation
+from explain.inputs import encode
 from explain.rules import get_method
-from explain.tokenizing import encode
 
 __all__ = [
     "SimilarityExplanation",

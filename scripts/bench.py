@@ -28,7 +28,7 @@ an idle 2-core machine.
 Long prompts (`--cases long`): a narrow BERT (4 blocks, width 64, 4 heads) and a narrow
 Llama of the same shape at 1024, 4096 and 16384 tokens, one input, against the same
 floor: there the attention maps (N x N per block and head) dominate, and the fused
-path's streaming fold (explain.fused) is what keeps generic near the floor. Their tables
+path's streaming fold (explain.engine.fused) is what keeps generic near the floor. Their tables
 replace the "Long prompts" section of `--out` and leave the rest of the file as it is
 (and a run of the other cases keeps that section).
 
@@ -91,9 +91,9 @@ from tqdm import tqdm
 
 from explain import Explainer
 from explain.architectures import adapter_for
-from explain.fused import CPU_FUSED_MIN_TOKENS, choose_path, default_memory_budget
+from explain.engine.fused import CPU_FUSED_MIN_TOKENS, choose_path, default_memory_budget
+from explain.export import atomic_write
 from explain.generation import Generation, explain_generation
-from explain.io import atomic_write
 
 FLOOR = "floor (forward + input backward)"
 REFERENCE = "reference loop (per input, papers' code)"
@@ -237,7 +237,7 @@ SMOKE_LLAMA = dict(
 SMOKE_KERNEL = dict(heads=8, kv_heads=2, head_dim=16)
 SMOKE_TOKENS = 64
 """A smoke run divides the Llama cases' tokens by this (4k, 16k, 32k -> 64, 256, 512:
-the longest beyond explain.fused.CPU_FUSED_MIN_TOKENS, so the streamed fold runs too),
+the longest beyond explain.engine.fused.CPU_FUSED_MIN_TOKENS, so the streamed fold runs too),
 and the generation's prompt by it and its generated tokens by 16."""
 
 
@@ -401,9 +401,12 @@ def method(
     return lambda: explainer.explain(inputs, method=name, **kw)
 
 
-def generation_floor(model: torch.nn.Module, inputs: Any, width: int) -> Callable[[], None]:
+def generation_floor(
+    model: torch.nn.Module, inputs: Any, width: int, log_probability: bool = False
+) -> Callable[[], None]:
     """A generation's floor: one forward, then one backward of every generated token's
-    logit to the first block's input, batched over the tokens (`is_grads_batched`)."""
+    logit (or `log_probability`) to the first block's input, batched over the tokens
+    (`is_grads_batched`)."""
     adapter = adapter_for(model)
     prepared = adapter.prepare(inputs)
     ids = inputs["input_ids"]
@@ -411,6 +414,8 @@ def generation_floor(model: torch.nn.Module, inputs: Any, width: int) -> Callabl
 
     def step(leaf: list[torch.Tensor]) -> None:
         logits = adapter.logits_at(prepared, positions.expand(ids.shape[0], -1))
+        if log_probability:
+            logits = logits.log_softmax(dim=-1)
         scores = logits.gather(-1, ids[:, width:, None])[..., 0]  # (B, G)
         count = scores.shape[1]
         one_hot = torch.eye(count, dtype=scores.dtype, device=scores.device)[:, None, :]
@@ -1198,7 +1203,7 @@ What the rows measure:
   backward from the summed predicted logits to the first block's input. No explanation
   can cost less: every gradient method needs this forward and this backward.
 - **generic**, **rollout**: `Explainer(model).explain(inputs, method=...)`, the attention
-  path chosen automatically (`explain.fused.choose_path`, README "Attention paths":
+  path chosen automatically (`explain.engine.fused.choose_path`, README "Attention paths":
   on CPU explicit below {threshold} tokens where the maps fit the memory budget, fused
   and streamed from there on). `rollout` needs no backward at all.
 - **attnlrp**, **cp_lrp**: the same for AttnLRP and CP-LRP (one forward under their

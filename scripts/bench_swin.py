@@ -7,7 +7,7 @@ Rows (medians of interleaved rounds after a warm-up, ratios against the floor of
 run): the floor (one forward and one backward of timm's `swin_tiny_patch4_window7_224`,
 random weights, parameters frozen, from the summed predicted logits to the input);
 `generic` and `rollout` through `Explainer`; and the fold alone, given every block's
-recorded windows: windowed (explain.rules.windowed) against dense (each block's (N, N)
+recorded windows: windowed (explain.rules.fold) against dense (each block's (N, N)
 matrix materialised from its windows, zeros across windows, the readout row folded
 through it). The section goes between its markers in the output file; other sections are
 left as they are.
@@ -25,21 +25,21 @@ import torch
 
 from explain import Explainer
 from explain.architectures.registry import adapter_for
-from explain.architectures.windows import WindowedLayout
-from explain.io import atomic_write
-from explain.rules.gradient import generic_step, gradient_weighted
-from explain.rules.windowed import WindowedFold, to_windows, unmerge
+from explain.export import atomic_write
+from explain.layout import TokenLayout
+from explain.rules.fold import WindowedFold, to_windows, unmerge
+from explain.rules.gradient import generic_split, gradient_weighted
 
 BEGIN = "<!-- windowed attention: scripts/bench_swin.py -->"
 END = "<!-- end of windowed attention -->"
 
 
-def dense_fold(layout: WindowedLayout, records, readout: torch.Tensor) -> torch.Tensor:
+def dense_fold(layout: TokenLayout, records, readout: torch.Tensor) -> torch.Tensor:
     """The fold with every block's (N, N) matrix built: the cost windows avoid."""
     vector = readout
-    grid = layout.blocks[-1].grid
-    for layer in reversed(range(len(layout.blocks))):
-        block = layout.blocks[layer]
+    grid = layout.windows[-1].grid
+    for layer in reversed(range(len(layout.windows))):
+        block = layout.windows[layer]
         while grid != block.grid:
             grid = (2 * grid[0], 2 * grid[1])
             vector = unmerge(vector, grid)
@@ -55,17 +55,20 @@ def dense_fold(layout: WindowedLayout, records, readout: torch.Tensor) -> torch.
             rows = index[:, k]
             matrix[:, rows[0][:, None], rows[0][None, :]] = per_window[:, k]
         vector = vector + torch.bmm(vector[:, None], matrix)[:, 0]
-    while grid != layout.blocks[0].grid:
+    while grid != layout.windows[0].grid:
         grid = (2 * grid[0], 2 * grid[1])
         vector = unmerge(vector, grid)
     return vector
 
 
-def windowed_fold(layout: WindowedLayout, records, readout: torch.Tensor) -> torch.Tensor:
-    fold = WindowedFold(readout, layout, range(len(layout.blocks)), gradient_weighted, generic_step)
-    for layer in reversed(range(len(layout.blocks))):
-        fold.add(layer, *records[layer])
-    return fold.result()
+def windowed_fold(layout: TokenLayout, records, readout: torch.Tensor) -> torch.Tensor:
+    fold = WindowedFold(
+        readout[None], layout.windows, range(len(layout.windows)), gradient_weighted, generic_split
+    )
+    for layer in reversed(range(len(layout.windows))):
+        attention, gradient = records[layer]
+        fold.add(layer, slice(0, 1), attention, gradient[None])  # one column
+    return fold.result()[0]
 
 
 def main() -> None:
@@ -80,10 +83,10 @@ def main() -> None:
     images = torch.randn(1, 3, 224, 224)
     explainer = Explainer(model)
     layout = adapter_for(model).prepare(images).layout
-    assert isinstance(layout, WindowedLayout)
+    assert layout.windows
     trace = explainer.trace(images, score="logit")
     records = list(zip(trace.attentions, trace.attention_grads, strict=True))
-    readout = torch.full((1, layout.readout_tokens), 1.0 / layout.readout_tokens)
+    readout = torch.full((1, layout.windows[-1].num_tokens), 1.0 / layout.windows[-1].num_tokens)
     torch.testing.assert_close(
         windowed_fold(layout, records, readout), dense_fold(layout, records, readout)
     )
@@ -112,8 +115,8 @@ def main() -> None:
     median = {name: statistics.median(times) for name, times in seconds.items()}
     floor_s = median["floor (forward + backward)"]
     dense_s = median["fold only, dense (N x N per block)"]
-    largest = max(b.num_tokens for b in layout.blocks)
-    window = max(b.window_tokens for b in layout.blocks)
+    largest = max(b.num_tokens for b in layout.windows)
+    window = max(b.window_tokens for b in layout.windows)
     rows = [
         BEGIN,
         "## Windowed attention (Swin)",

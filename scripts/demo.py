@@ -24,8 +24,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from explain import METHODS, Explainer
-from explain.io import atomic_write
-from explain.loading import load_model
+from explain.export import atomic_write
+from explain.loading.specs import load_model
 from explain.viz import batch_figure, explanation_grid, heatmap_figure, save_figure, save_image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +158,7 @@ def generation_demo(out: Path) -> list[Path]:
     import tempfile
 
     from explain.generation import explain_generation
-    from explain.hub import quiet_transformers
+    from explain.loading.hub import quiet_transformers
     from explain.testing.tiny_lm import save_tiny_lm
     from explain.viz.generation import generation_html
     from explain.viz.generation_figure import generation_figure
@@ -168,14 +168,15 @@ def generation_demo(out: Path) -> list[Path]:
         loaded = load_model(save_tiny_lm(Path(folder) / "tiny-llama"))
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     found = explain_generation(explainer, "w12 w30 w41 w17 w25 w9", max_new_tokens=8)
-    result, generation = found.explanation, found.generation
-    width, count = generation.prompt_length, int(generation.generated[0].sum())
-    tokens = result.tokens[0][: width + count]
-    matrix = result.relevance[0, :count, : width + count]
+    answer = found.answer()  # what `explain generate` shows, in the terminal, page and PNG
+    tokens, width, matrix = answer.tokens, answer.prompt_length, answer.relevance
+    rests = [answer.rests_on(g) for g in range(len(answer.generated))]
     title = "tiny random Llama (shows the pictures, not a trained model)"
     page = out / "generation.html"
     with atomic_write(page, "w") as handle:
-        handle.write(generation_html(tokens, width, matrix, method="generic", title=title))
+        handle.write(
+            generation_html(tokens, width, matrix, method="generic", rests_on=rests, title=title)
+        )
     picture = out / "generation.png"
     save_figure(generation_figure(matrix, tokens, width, method="generic", title=title), picture)
     return [page, picture]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from explain.hub import quiet_transformers
+from explain.loading.hub import quiet_transformers
 from explain.testing import HUB_SPECS, fill_hub_cache
 
 

@@ -1,9 +1,12 @@
 """Generate docs/results.md: every registered method on the zoo models, with the papers'
 protocols (perturbation and segmentation on shapes-vit and digits-vit, token F1 on
-minilm-sentiment).
+minilm-sentiment), ROAD and SaCo on the image models, and the known-evidence tests of the
+language model (at 512, 1024 and 2048 tokens) and the vision-language model (at depths
+"lm" and "tower").
 
     OMP_NUM_THREADS=1 python scripts/results.py --images 400 --sentences 300
     OMP_NUM_THREADS=1 python scripts/results.py --models shapes-swin   # only its tables
+    OMP_NUM_THREADS=1 python scripts/results.py --models recall-llama shapes-llava
 
 Each table is one `explain evaluate` run (resumable: rerunning reuses finished chunks in
 outputs/results/*.json.parts/). The document says which command made it and compares the
@@ -20,23 +23,47 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from explain.errors import ModelLoadError
+from explain.errors import ModelLoadError, OptionError
 from explain.evaluation import PROTOCOLS, perturbation_auc
 from explain.evaluation.evaluate import evaluate_model
 from explain.evaluation.report import markdown_table
-from explain.io import atomic_write
-from explain.zoo import ZOO
+from explain.export import atomic_write
+from explain.loading.zoo import ZOO
 
-RUNS = (
-    ("shapes-vit", "perturbation"),
-    ("shapes-vit", "segmentation"),
-    ("shapes-vit", "class-specific"),
-    ("shapes-swin", "perturbation"),
-    ("shapes-swin", "class-specific"),
-    ("digits-vit", "perturbation"),
-    ("digits-vit", "segmentation"),
-    ("minilm-sentiment", "rationale"),
+RUNS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("shapes-vit", "perturbation", {}),
+    ("shapes-vit", "segmentation", {}),
+    ("shapes-vit", "class-specific", {}),
+    ("shapes-vit", "road", {}),
+    ("shapes-vit", "saco", {}),
+    ("shapes-swin", "perturbation", {}),
+    ("shapes-swin", "class-specific", {}),
+    ("shapes-swin", "road", {}),
+    ("shapes-swin", "saco", {}),
+    ("digits-vit", "perturbation", {}),
+    ("digits-vit", "segmentation", {}),
+    ("digits-vit", "road", {}),
+    ("digits-vit", "saco", {}),
+    ("minilm-sentiment", "rationale", {}),
+    ("recall-llama", "language-evidence", {"length": 512}),
+    ("recall-llama", "language-evidence", {"length": 1024}),
+    ("recall-llama", "language-evidence", {"length": 2048}),
+    ("shapes-llava", "vision-language-evidence", {"depth": "lm"}),
+    ("shapes-llava", "vision-language-evidence", {"depth": "tower"}),
 )
+"""Every table: (zoo model, protocol, the options of `evaluate_model` that set it apart)."""
+
+ANSWERS = ("language-evidence", "vision-language-evidence")
+
+
+def run_label(options: dict[str, Any]) -> str:
+    """How a table's heading and file name tell its options apart ("" for none)."""
+    if "length" in options:
+        return f"{options['length']} tokens"
+    if "depth" in options:
+        return f"depth {options['depth']}"
+    return ""
+
 
 # CVPR 2021, ImageNet validation, ViT-B/16: negative-perturbation AUC, predicted class.
 PAPER_NEGATIVE = {"transformer_attribution": 54.16, "rollout": 53.1, "attention_gradcam": 41.52}
@@ -63,8 +90,9 @@ DATA_NOTES = {
         "the same held-out scenes as `zoo:shapes-vit` (single-object scenes for the "
         "perturbation test, two-object scenes for the class-specific test). The model is a "
         "Swin Transformer (windowed attention, three stages, patch merging between them) "
-        "on a 16 x 16 patch grid, so only the methods that fold windowed attention run "
-        "(`generic`, `rollout`, `raw_attention`) with the `random` baseline"
+        "on a 16 x 16 patch grid, so only the methods that fold or read windowed attention "
+        "run (`generic`, `rollout`, `raw_attention`; `attention_gradcam`, whose last stage "
+        "is one 4 x 4 window) with the `random` baseline"
     ),
     "digits-vit": (
         "the 400 held-out scikit-learn digits; they have no masks, so the segmentation masks "
@@ -75,7 +103,60 @@ DATA_NOTES = {
         "held-out sentences whose rationale is known by construction (the sentiment words and "
         "a negation); token F1 of the top-k words, explained for the predicted class"
     ),
+    "recall-llama": (
+        "held-out recall prompts (seeds never used in training) of 512, 1024 and 2048 tokens: "
+        "facts `key value .` among distractor facts and filler words, and a question about "
+        "one key at the end; the answer is its value (two tokens), its evidence the asked "
+        "fact's key and value tokens. Each answer is explained token by token and its map is "
+        "the sum of its tokens' maps; the numbers count the examples the model answers "
+        "right (the share is the first column)"
+    ),
+    "shapes-llava": (
+        "held-out shapes scenes, one templated question each (what colour is the star, is "
+        "there a ring, what shape is the red object, what is left of the circle); the "
+        "evidence is the mask of the object the answer is about (answers about no object, "
+        '"no", "none", "nothing", are left out of the pointing game and the mIoU) and, '
+        "on the text side, the question's words that name what it asks about; explained at "
+        'depth "lm" (the language model\'s fold) and "tower" (on through the vision tower)'
+    ),
 }
+
+PROTOCOL_NOTES = {
+    "road": (
+        "ROAD (Rong et al., ICML 2022): the pixels of the predicted class's map are removed "
+        "most relevant first (MoRF, lower is better) or least relevant first (LeRF, higher is "
+        "better) as in the perturbation test, but filled by noisy linear imputation from "
+        "their neighbours instead of zeroed, so that the removal's shape does not tell the "
+        "model the class; AUCs of top-1 accuracy on the perturbation test's scale.\n"
+    ),
+    "saco": (
+        "SaCo (Wu et al., CVPR 2024): the pixels are cut into ten equal groups by the map's "
+        "relevance and each group is replaced alone by the image's mean; SaCo is the share of "
+        "the pairs of groups, weighted by their difference in total relevance, where the more "
+        "relevant group lowers the predicted class's probability more (1: all, -1: none, a "
+        "map carrying no order: 0).\n"
+    ),
+    "language-evidence": (
+        "Evidence hit@k: an evidence token is among the k most relevant prompt tokens (the "
+        "readout position and special tokens excluded; ties broken at random, expected "
+        "values); rank: the expected rank of the first evidence token (lower is better). "
+        "Comprehensiveness and sufficiency (ERASER): the drop of the answer's probability when "
+        "the most relevant 1, 5, 10, 20 and 50% of the context's tokens are replaced "
+        "(higher is better) or are all that is kept (lower is better), averaged. Positive and "
+        "negative AUC: the answer's mean log-probability as 10% to 90% of the context's "
+        "tokens are replaced, most (lower is better) or least (higher is better) relevant "
+        "first. The question is never replaced.\n"
+    ),
+    "vision-language-evidence": (
+        "Pointing game: the image map's maximum lies within one patch of the object the answer "
+        "is about; mIoU: the map thresholded at its mean against that object's mask. Positive "
+        "and negative AUC: the answer's mean log-probability as 10% to 90% of the patches "
+        "are set to black, most (lower is better) or least (higher is better) relevant "
+        "first. Text hit@k and rank: the question's evidence words among the prompt's text "
+        "tokens, as for the language model.\n"
+    ),
+}
+"""What each newer protocol does, printed above its tables."""
 
 
 DISCUSSION = """
@@ -124,13 +205,14 @@ CLASS_SPECIFIC_NOTE = """\
 The class-specific test explains each object's class in a two-object scene. Perturbation:
 the pixels of that class's map are zeroed, most relevant first (positive) or least
 relevant first (negative), and the class's mean sigmoid probability is tracked (AUC on the
-same scale as above); "other kept" tracks the OTHER object's class along the positive
-order (a map that is about its own class takes its object away first and leaves the
-other's). mIoU: the map thresholded at its mean against the explained object's mask, the
-other object counted as background. "Denser on target": the share of examples whose map
-is denser (mean over the object's pixels) on the explained object than on the other one.
-A class-agnostic map is the same for both classes of a scene, so exactly one of the
-scene's two examples finds its own object denser: 0.5 by construction.
+same scale as above); "other kept AUC" is the AUC of the OTHER object's class along the
+same positive order (higher is better: a map that is about its own class takes its object
+away first and leaves the other's). mIoU: the map thresholded at its mean against the
+explained object's mask, the other object counted as background. "Denser on target": the
+share of examples whose map is denser (mean over the object's pixels) on the explained
+object than on the other one. A class-agnostic map is the same for both classes of a
+scene, so exactly one of the scene's two examples finds its own object denser: 0.5 by
+construction.
 """
 
 
@@ -242,10 +324,14 @@ def class_specific_findings(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def first_trapezoids(runs: dict[tuple[str, str], dict[str, Any]]) -> str:
+Runs = dict[tuple[str, str, str], dict[str, Any]]
+"""Results by (model, protocol, run label)."""
+
+
+def first_trapezoids(runs: Runs) -> str:
     """How much starting at x = 0 adds to the positive AUCs of each perturbation table."""
     parts = []
-    for (model, protocol), results in runs.items():
+    for (model, protocol, _), results in runs.items():
         if protocol == "perturbation":
             added = [
                 5 * (curve[0] + curve[1])
@@ -276,10 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=256, help="images per image run")
     parser.add_argument("--sentences", type=int, default=300, help="sentences per text run")
+    parser.add_argument(
+        "--answers", type=int, default=256, help="prompts per language or vision-language run"
+    )
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--out", type=Path, default=Path("outputs/results"))
     parser.add_argument("--doc", type=Path, default=Path("docs/results.md"))
-    models = tuple(dict.fromkeys(model for model, _ in RUNS))
+    models = tuple(dict.fromkeys(model for model, _, _ in RUNS))
     parser.add_argument(
         "--models",
         nargs="+",
@@ -293,25 +382,32 @@ def main(argv: list[str] | None = None) -> int:
     command = (f"OMP_NUM_THREADS={threads} " if threads else "") + shlex.join(
         ["python", "scripts/results.py", *(sys.argv[1:] if argv is None else argv)]
     )
-    runs: dict[tuple[str, str], dict[str, Any]] = {}
+    runs: Runs = {}
     missing: dict[str, str] = {}
-    for model, protocol in RUNS:
-        if model not in args.models:
+    for model, protocol, options in RUNS:
+        if model not in args.models or model in missing:
             continue
-        limit = args.sentences if protocol == "rationale" else args.images
+        limit = {"rationale": args.sentences, **dict.fromkeys(ANSWERS, args.answers)}
+        label = run_label(options)
+        name = "-".join([model, protocol, *(str(value) for value in options.values())])
         try:
-            runs[model, protocol] = evaluate_model(
+            runs[model, protocol, label] = evaluate_model(
                 protocol,
                 f"zoo:{model}",
-                args.out / f"{model}-{protocol}.json",
-                limit=limit,
+                args.out / f"{name}.json",
+                limit=limit.get(protocol, args.images),
                 batch_size=args.batch_size,
+                **options,
             )
-        except ModelLoadError:  # a zoo model not trained in this checkout yet
+        except ModelLoadError:  # a zoo model not trained (or not in) this checkout yet
             missing[model] = (
                 "the model had no trained weights in this checkout when this page was "
                 f"generated; `python {ZOO[model].script}` trains it, then rerun this script"
+                if model in ZOO
+                else "the model is not in this checkout's zoo yet"
             )
+        except OptionError as error:  # its held-out set is not registered yet
+            missing[model] = f"{error}"
     header = [
         "# Results: every method on the zoo models\n",
         "Generated by `scripts/results.py` with\n",
@@ -327,7 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         "to x = 0.9, so at most 90 (`--auc-range 10-90` integrates over 10% to 90% only); "
         "segmentation pixel accuracy, mIoU and mAP of the map thresholded at its mean; "
         "token F1 of the top-k words. Added here: the class-specific test on two-object "
-        "scenes (below the shapes-vit tables).\n",
+        "scenes (below the shapes-vit tables); ROAD (removal by noisy linear imputation "
+        "instead of zeros) and SaCo (do more relevant pixels matter more) on the image "
+        "models; and, on models whose evidence is known, the language-evidence test "
+        "(evidence recall, ERASER comprehensiveness and sufficiency, the answer's "
+        "log-probability as its most or least relevant tokens are replaced) and the "
+        "vision-language-evidence test (pointing game, mIoU, the answer's log-probability as "
+        "patches are removed, the question's words on the text side). docs/methods.md "
+        "defines every number.\n",
         "Every number that ranks methods is followed by its bootstrap standard error (±; "
         "1000 resamples of the examples); in each column the best value and every value "
         "within noise of it are **bold** (the central 95% of the paired bootstrap "
@@ -345,17 +448,19 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(f"These tables were generated by `{command.strip()}`.\n")
         if model in missing or model not in args.models:
             sections.append(f"Not evaluated: {missing.get(model, 'not run for this page')}\n")
-        for (run_model, protocol), results in runs.items():
+        for (run_model, protocol, label), results in runs.items():
             if run_model == model:
+                heading = f"{protocol}, {label}" if label else protocol
                 sections.append(
-                    f"### {protocol} (n = {results['n']})\n\n"
+                    f"### {heading} (n = {results['n']})\n\n"
                     + (CLASS_SPECIFIC_NOTE + "\n" if protocol == "class-specific" else "")
+                    + (PROTOCOL_NOTES[protocol] + "\n" if protocol in PROTOCOL_NOTES else "")
                     + markdown_table(results, PROTOCOLS[protocol].columns)
                 )
                 if protocol == "class-specific":
                     sections.append(class_specific_findings(results) + "\n")
     papers = ("shapes-vit", "digits-vit")
-    if any((model, "perturbation") not in runs for model in papers) and kept_rest.strip():
+    if any((model, "perturbation", "") not in runs for model in papers) and kept_rest.strip():
         sections.append(kept_rest)
     else:
         sections.append("## Against the papers\n")
@@ -364,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sections.append(
                 f"On `zoo:{model}`:\n\n"
-                + comparison(runs[model, "perturbation"], runs[model, "segmentation"])
+                + comparison(runs[model, "perturbation", ""], runs[model, "segmentation", ""])
                 + "\n"
             )
         sections.append(DISCUSSION.format(first_trapezoid=first_trapezoids(runs)))

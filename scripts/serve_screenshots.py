@@ -1,7 +1,7 @@
 """The README's screenshots of `explain serve`, taken from the real page in Debian's
 headless chromium: the gallery of 16 held-out shapes scenes (zoo:shapes-vit; one filed
-under a wrong label), and one
-scene's view (generic, attnlrp and rollout x its two top classes).
+under a wrong label), each captioned with every class found in it, and one scene's view
+(generic, attnlrp and rollout x its two top classes, over the scene in grey).
 
     python scripts/serve_screenshots.py            # writes docs/images/serve-*.png
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from playwright.sync_api import expect
 
-from explain.loading import load_model
+from explain.loading.specs import load_model
 from explain.serve import BackgroundServer, ResultCache, Workbench, build_app, read_data
 from explain.serve.demo import headless_chromium, scene_folder
 
@@ -41,7 +41,7 @@ def main() -> None:
             page.wait_for_selector("#progress", state="hidden")
             page.select_option("#sort", "confidence-asc")
             time.sleep(0.5)  # thumbnails decoded
-            page.screenshot(path=args.out / "serve-gallery.png")
+            page.screenshot(path=args.out / "serve-gallery.png", full_page=True)
             page.click(".card >> nth=0")
             page.wait_for_selector("#grid canvas")
             for method in ("attnlrp", "rollout"):

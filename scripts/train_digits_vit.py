@@ -18,7 +18,7 @@ from torch import Tensor
 from vit_training import Recipe, arguments, save, train
 
 from explain.data import digits
-from explain.zoo import build_model
+from explain.loading.zoo import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MONITOR = 150

@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from explain.data import sentiment
-from explain.zoo import build_model, minilm_folder, save_zoo_model
+from explain.loading.zoo import build_model, minilm_folder, save_zoo_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ["bert.encoder.layer.5.", "bert.pooler.", "classifier."]

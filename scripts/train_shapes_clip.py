@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerFast
 from vit_training import Recipe, arguments, save, train
 
 from explain.data import captions, shapes
-from explain.zoo import build_model
+from explain.loading.zoo import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SIZE, PATCH = 64, 8

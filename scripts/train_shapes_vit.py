@@ -30,8 +30,8 @@ from tqdm import tqdm
 from vit_training import Recipe, arguments, save, train
 
 from explain.data import shapes
-from explain.io import atomic_write
-from explain.zoo import build_model
+from explain.export import atomic_write
+from explain.loading.zoo import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from explain.zoo import save_zoo_model
+from explain.loading.zoo import save_zoo_model
 
 
 def arguments(description: str, out: Path, *, epochs: int, lr: float) -> argparse.ArgumentParser:

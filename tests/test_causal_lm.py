@@ -16,7 +16,7 @@ import reference_hf as ref
 import torch
 
 from explain import Explainer, OptionError
-from explain.architectures.hf_causal_lm import HuggingFaceCausalLM, is_decoder_only_lm
+from explain.architectures.hf_causal_lm import HFCausalLM, is_decoder_only_lm
 from explain.testing import ModelState, tiny_lm
 
 METHODS = ["raw_attention", "rollout", "generic", "attention_gradcam"]
@@ -55,7 +55,7 @@ def _check(result, batch, references, method):
 def test_left_padded_batch_matches_each_text_alone(family, method):
     batch = ref.padded_batch(TEXTS, "left")
     explainer = Explainer(_model(family))
-    assert isinstance(explainer.adapter, HuggingFaceCausalLM)
+    assert isinstance(explainer.adapter, HFCausalLM)
     result = explainer.explain(batch, target=TARGETS, method=method)
     _check(result, batch, _references(family), method)
 
@@ -166,6 +166,6 @@ def test_the_tested_families_are_listed():
     supported = readme.split("## Supported models", 1)[1].split("\n## ", 1)[0]
     names = ["Llama", "Granite", "Mistral", "Mixtral", "Qwen2", "Qwen3", "Gemma 2", "Gemma 3"]
     for name in [*names, "Phi-3", "OLMo 2", "GPT-NeoX", "GPT-2"]:
-        assert name in HuggingFaceCausalLM.family and name in supported
+        assert name in HFCausalLM.family and name in supported
     for class_name in tiny_lm.FAMILIES.values():
         assert f"`{class_name}`" in supported

@@ -17,7 +17,7 @@ from explain import Explainer
 from explain.cli import build_parser, main
 from explain.cli.image import parse_targets, unique_stems
 from explain.errors import TargetError
-from explain.io import load_images
+from explain.loading.preprocessing import load_images
 from explain.testing import tiny_vit
 from explain.viz import heatmap_figure, overlay, save_figure
 
@@ -78,6 +78,28 @@ def test_help_documents_every_option():
                 assert "default" in action.help, f"`explain {name}` {action.dest}: no default"
 
 
+def test_no_arguments_print_the_commands_and_a_hint(capsys):
+    status, out, err = _run(capsys)
+    assert status == 2 and out == ""
+    for command in ("clip", "detect", "evaluate", "generate", "image", "models", "text"):
+        assert re.search(rf"^    {command} +\w", err, flags=re.MULTILINE), command
+    assert "Start with `explain models`" in err and "explain COMMAND --help" in err
+
+
+@pytest.mark.parametrize("columns", ["60", "80", "100", "132"])
+def test_help_never_breaks_a_line_inside_a_hyphenated_word(monkeypatch, columns):
+    # argparse wraps with textwrap, which breaks after hyphens: "hf-hub:org/name" came
+    # out as "hf- hub:" once the line was re-wrapped.
+    monkeypatch.setenv("COLUMNS", columns)
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in commands.choices.items():
+        text = command.format_help()
+        assert not re.search(r"\w-\n\s*\w", text), name
+        assert "hf- " not in text, name
+        if any("--model" in action.option_strings for action in command._actions):
+            assert "hf-hub:org/name" in text, name
+
+
 def test_version(capsys):
     from explain import __version__
 
@@ -113,8 +135,8 @@ def test_image_save_writes_the_raw_explanation(capsys, tmp_path, model_folder):
 
 
 def test_models_lists_the_zoo_families_and_methods(capsys):
+    from explain.loading.zoo import ZOO
     from explain.rules import METHODS
-    from explain.zoo import ZOO
 
     status, out, _ = _run(capsys, "models")
     assert status == 0
@@ -123,6 +145,56 @@ def test_models_lists_the_zoo_families_and_methods(capsys):
     assert "timm VisionTransformer" in out
     for method in METHODS:
         assert method in out
+
+
+def test_models_lists_the_methods_each_family_takes(capsys):
+    from explain.architectures import adapter_for
+    from explain.architectures.registry import FAMILIES
+    from explain.engine import supported_methods
+    from explain.testing import TINY_MODELS
+
+    status, out, _ = _run(capsys, "models")
+    assert status == 0
+    lines = out.splitlines()
+    listed = {
+        line.strip(): lines[i + 1].strip().removeprefix("methods: ").split(", ")
+        for i, line in enumerate(lines[:-1])
+        if lines[i + 1].strip().startswith("methods: ")
+    }
+    swin = "timm SwinTransformer and SwinTransformerV2 (windowed attention, mean-pooled)"
+    assert listed[swin] == ["attention_gradcam", "generic", "random", "raw_attention", "rollout"]
+    # Each family's line says what its models take: what the engine accepts for the
+    # family's tiny model (a model of it, not its declarations read another way).
+    for name, family in FAMILIES.items():
+        adapter = adapter_for(TINY_MODELS[name]().model)
+        assert listed[family.load().family] == supported_methods(adapter), name
+    assert len(listed) == len(FAMILIES) + 1  # and your own transformer (TransformerSpec)
+
+
+def test_image_all_methods_runs_every_method_the_model_takes(capsys, tmp_path):
+    from explain.data import shapes
+    from explain.viz import save_image
+
+    save_image(shapes.ShapesDataset("heldout", 1).scene(0).image, tmp_path / "scene.png")
+    out = tmp_path / "out"
+    status, _, err = _run(
+        capsys, "image", tmp_path / "scene.png", "--model", "zoo:shapes-swin", "--method", "all",
+        "--target", "0", "--out", out,
+    )  # fmt: skip
+    assert status == 0
+    written = sorted(path.name for path in out.iterdir())
+    taken = ("attention_gradcam", "generic", "random", "raw_attention", "rollout")
+    assert written == [f"scene_{method}_0-circle.png" for method in taken]
+    refused = "attnlrp, cp_lrp, lrp, partial_lrp, transformer_attribution"
+    assert f"--method all: zoo:shapes-swin does not take {refused} (its attention is" in err
+    # a method named on its own is refused, naming those the model takes, before any file
+    status, _, err = _run(
+        capsys, "image", tmp_path / "scene.png", "--model", "zoo:shapes-swin", "--method",
+        "generic,attnlrp", "--out", tmp_path / "named",
+    )  # fmt: skip
+    supported = "attention_gradcam, generic, random, raw_attention, rollout"
+    assert status == 2 and f"supported methods: {supported}" in err
+    assert not (tmp_path / "named").exists() or not any((tmp_path / "named").iterdir())
 
 
 def test_image_writes_one_overlay_per_image_method_and_class(capsys, tmp_path, model_folder):
@@ -488,7 +560,7 @@ def test_every_planned_output_is_checked_before_any_work(
 
 def test_atomic_write_refuses_a_folder_with_a_clear_error(tmp_path):
     from explain.errors import InputError
-    from explain.io import atomic_write
+    from explain.export import atomic_write
 
     (tmp_path / "taken").mkdir()
     (tmp_path / "file").write_text("x")

@@ -293,6 +293,27 @@ def test_cli_writes_one_figure_per_image(tmp_path, capsys):
     assert main(["clip", str(images), "--text", "x", "--model", str(tmp_path / "none")]) == 2
 
 
+def test_cli_never_overwrites_an_output_of_images_with_the_same_name(tmp_path, capsys):
+    from PIL import Image
+
+    from explain.cli import main
+
+    inputs = [tmp_path / "a" / "photo.png", tmp_path / "b" / "photo.png", tmp_path / "photo.jpg"]
+    for shade, path in zip((40, 120, 200), inputs, strict=True):
+        path.parent.mkdir(exist_ok=True)
+        Image.new("RGB", (64, 64), (shade, 30, 30)).save(path)
+    out = tmp_path / "out"
+    argv = ["clip", *map(str, inputs), "--text", "a circle", "--model", "zoo:shapes-clip"]
+    assert main([*argv, "--save", "npz", "--out", str(out)]) == 0
+    stems = ["photo", "photo-2", "photo-3"]
+    expected = [f"{stem}_clip.{suffix}" for stem in stems for suffix in ("png", "npz")]
+    assert sorted(path.name for path in out.iterdir()) == sorted(expected)
+    from explain import Explanation
+
+    saved = [Explanation.load(out / f"{stem}_clip.npz").settings["input"] for stem in stems]
+    assert saved == [str(path) for path in inputs]
+
+
 def test_clip_figure_checks_its_inputs():
     from explain.viz.multimodal import clip_figure
 

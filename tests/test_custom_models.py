@@ -14,6 +14,7 @@ from explain import (
     METHODS,
     Explainer,
     ExplainError,
+    InputError,
     TransformerSpec,
     UnsupportedModelError,
     explain,
@@ -203,6 +204,12 @@ def test_spec_mistakes_get_errors_that_say_what_to_do():
     _, spec = tiny_custom_vit()
     with pytest.raises(UnsupportedModelError):
         Explainer(model, spec=spec).explain(images, method="transformer_attribution")
+    # An image model given text: refused before its forward (issue 37: a raw TypeError
+    # from forward(input_ids=...), or conv2d on token ids)
+    texts = _texts()
+    for given in (texts, texts["input_ids"]):
+        with pytest.raises(InputError, match=r"takes images \(B, C, H, W\).*patch_size \(8\)"):
+            Explainer(model, spec=spec).explain(given)
 
 
 @pytest.mark.parametrize(

@@ -184,7 +184,7 @@ def test_sentiment_token_rationales_mark_the_subword_tokens_of_rationale_words()
     from transformers import AutoTokenizer
 
     from explain.data import sentiment
-    from explain.zoo import minilm_folder
+    from explain.loading.zoo import minilm_folder
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_folder())
     batch = sentiment.sentences("heldout", 6)

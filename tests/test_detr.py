@@ -116,38 +116,96 @@ def test_no_side_effects_and_clear_refusals(detr):
         explainer.explain(IMAGES, queries=6)
     with pytest.raises(OptionError, match="not available"):
         explainer.explain(IMAGES, method="rollout")
+    # Issue 37: 1.5 was explained as query 1, "0.5" accepted, None a raw TypeError.
+    for queries in (1.5, [1.0, 2.0], torch.tensor([[0.5], [1.5]]), [True, False], "1"):
+        with pytest.raises(OptionError, match=r"queries must be .* query indices"):
+            explainer.explain(IMAGES, queries=queries)
+    for threshold in ("0.5", None, True, [0.5]):
+        with pytest.raises(OptionError, match="threshold must be a number in"):
+            explainer.explain(IMAGES, threshold=threshold)
+    with pytest.raises(OptionError, match=r"threshold must be in \[0, 1\), got nan"):
+        explainer.explain(IMAGES, threshold=float("nan"))
     assert before.differences(ModelState.capture(detr)) == []
 
 
-def test_explain_detect_writes_one_figure_per_image_with_its_detections(tmp_path, capsys):
-    import numpy as np
-    from PIL import Image
+@pytest.fixture(scope="module")
+def detr_folder(tmp_path_factory):
+    """A tiny DETR saved with its image processor, as `explain detect --model` reads it."""
     from transformers import DetrImageProcessor
 
-    from explain.cli import main
-
-    folder = tmp_path / "detr"
+    folder = tmp_path_factory.mktemp("detr")
     tiny_detr().save_pretrained(folder)
     DetrImageProcessor(size={"shortest_edge": 64, "longest_edge": 96}).save_pretrained(folder)
-    pixels = (np.random.default_rng(0).random((70, 90, 3)) * 255).astype("uint8")
-    Image.fromarray(pixels).save(tmp_path / "photo.png")
-    out = tmp_path / "out"
-    status = main(
-        ["detect", str(tmp_path / "photo.png"), "--model", str(folder), "--out", str(out)]
+    return folder
+
+
+def _save_photo(path, seed=0):
+    import numpy as np
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pixels = (np.random.default_rng(seed).random((70, 90, 3)) * 255).astype("uint8")
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def test_explain_detect_writes_one_figure_per_image_with_its_detections(
+    detr_folder, tmp_path, capsys, monkeypatch
+):
+    import explain.viz
+    from explain.cli import main
+
+    drawn = []
+    save = explain.viz.save_figure
+    monkeypatch.setattr(
+        explain.viz, "save_figure", lambda figure, path: drawn.append(figure) or save(figure, path)
     )
-    assert status == 0
+    photo = _save_photo(tmp_path / "photo.png")
+    out = tmp_path / "out"
+    assert main(["detect", str(photo), "--model", str(detr_folder), "--out", str(out)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 6 and all("LABEL_0" in line and "box" in line for line in lines)
-    assert (out / "photo-detections.png").is_file()
-    assert main(["detect", str(tmp_path / "photo.png"), "--model", "zoo:shapes-vit"]) == 2
+    assert len(lines) == 7 and all("LABEL_0" in line and "box" in line for line in lines[:6])
+    # named as `explain image --grid` names its figures, and said so
+    assert lines[6] == str(out / "photo_grid.png") and (out / "photo_grid.png").is_file()
+    (figure,) = drawn
+    # a title (model, image, method), a colour key and the rule (caption) below
+    texts = [text.get_text() for text in figure.texts]
+    assert f"explain detect: {detr_folder}: photo.png (generic;" in texts[-1]
+    assert "min-max scaled to its own range" in texts[0] and "box" in texts[0]
+    panels, keys = figure.axes[:6], figure.axes[6:]
+    assert [key.get_ylabel() for key in keys] == ["each map's own range"]
+    assert [panel.get_title() for panel in panels] == ["LABEL_0 0.84"] * 6
+    assert all(len(panel.patches) == 1 for panel in panels)  # each detection's box
+    # six detections in rows of four, not a strip of six small panels
+    rows = sorted({round(panel.get_position().y0, 3) for panel in panels}, reverse=True)
+    assert len(rows) == 2
+    assert [round(p.get_position().y0, 3) for p in panels] == [rows[0]] * 4 + [rows[1]] * 2
+    assert panels[0].get_position().width * figure.get_size_inches()[0] >= 2.0  # inches
+    assert main(["detect", str(photo), "--model", "zoo:shapes-vit"]) == 2
     assert "explains object detectors" in capsys.readouterr().err
+
+
+def test_explain_detect_never_overwrites_an_output_of_images_with_the_same_name(
+    detr_folder, tmp_path, capsys
+):
+    from explain.cli import main
+
+    inputs = [tmp_path / "a" / "photo.png", tmp_path / "b" / "photo.png", tmp_path / "photo.jpg"]
+    for seed, path in enumerate(inputs):
+        _save_photo(path, seed)
+    out = tmp_path / "out"
+    assert main(["detect", *map(str, inputs), "--model", str(detr_folder), "--out", str(out)]) == 0
+    written = [line for line in capsys.readouterr().out.splitlines() if line.endswith(".png")]
+    names = ["photo_grid.png", "photo-2_grid.png", "photo-3_grid.png"]
+    assert written == [str(out / name) for name in names]
+    assert sorted(path.name for path in out.iterdir()) == sorted(names)
 
 
 def test_a_hub_id_loads_with_its_image_processor(tmp_path, monkeypatch):
     import huggingface_hub
     from transformers import DetrImageProcessor
 
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
     from explain.testing import cache_hub_repo
 
     folder = tmp_path / "saved"

@@ -118,7 +118,7 @@ def run_shell(code: str, cwd: Path, name: str) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
 def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch) -> None:
     """Each page's blocks, in order: Python exec'd, shell run by bash, skips compiled."""
@@ -151,14 +151,15 @@ def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch) -> None:
 
 def test_every_page_has_its_examples_found() -> None:
     """The block parser sees the examples (a broken regex must not pass as 'nothing to run')."""
-    counts = {page.name: len(blocks(page)) for page in PAGES}
+    counts = {page.relative_to(ROOT).as_posix(): len(blocks(page)) for page in PAGES}
     assert counts["README.md"] >= 8
-    assert counts["gradients.md"] >= 6
-    assert counts["multimodal.md"] >= 6
-    assert counts["custom-models.md"] >= 3
+    assert counts["docs/gradients.md"] >= 6
+    assert counts["docs/multimodal.md"] >= 6
+    assert counts["docs/custom-models.md"] >= 3
     for page in PAGES:  # every fence, indented or not, opens or closes a found block
         fences = len(_FENCE.findall(page.read_text(encoding="utf-8")))
-        assert 2 * counts[page.name] == fences, f"{page.name}: a code block is not found"
+        name = page.relative_to(ROOT).as_posix()
+        assert 2 * counts[name] == fences, f"{name}: a code block is not found"
 
 
 def test_help_examples_run(tmp_path: Path) -> None:
@@ -179,3 +180,91 @@ def test_evaluate_help_example_is_two_lines() -> None:
     from explain.cli import evaluate
 
     assert "random \\\n        --limit" in evaluate.__doc__
+
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _prose(page: Path) -> str:
+    """A page without its fenced code blocks (a `# comment` in code is no heading)."""
+    lines, in_code = [], False
+    for line in page.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        elif not in_code:
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation but hyphens
+    and underscores dropped, spaces as hyphens (a repeated heading gets -1, -2, ...)."""
+    found: set[str] = set()
+    for heading in re.findall(r"^#+ (.+)$", _prose(page), flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        count = 0
+        while (slug if count == 0 else f"{slug}-{count}") in found:
+            count += 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_link_between_the_pages_resolves(page: Path) -> None:
+    """Every relative link of README.md and docs/ names a file that exists and, for a
+    page, a heading it has: the docs index and the guides never send a reader nowhere."""
+    for target in _LINK.findall(_prose(page)):
+        if re.match(r"[a-z]+:", target):  # https:, mailto: (not checked offline)
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        assert linked.exists(), f"{page.name}: {target} names no file"
+        if anchor:
+            assert linked.suffix == ".md", f"{page.name}: {target}: an anchor into a non-page"
+            assert anchor in _anchors(linked), f"{page.name}: {target}: no such heading"
+
+
+def test_the_docs_index_leads_to_every_page_and_every_kind_of_model() -> None:
+    """docs/README.md: from a ViT, a Llama, a LLaVA and a DETR (and the other kinds) to
+    their pages, and a link to every guide; README's list links every guide too."""
+    index = ROOT / "docs" / "README.md"
+    rows = {
+        line.split("|")[1].strip(): _LINK.findall(line)
+        for line in _prose(index).splitlines()
+        if line.startswith("| a")
+    }
+    for kind in ("a ViT", "a Llama", "a LLaVA", "a DETR"):
+        row = next((links for name, links in rows.items() if name.startswith(kind)), None)
+        assert row, f"the docs index has no row for {kind}"
+    guides = {page.name for page in (ROOT / "docs").glob("*.md")} - {"README.md"}
+    linked = {Path(target.partition("#")[0]).name for target in _LINK.findall(_prose(index))}
+    assert guides <= linked, f"the docs index does not link {sorted(guides - linked)}"
+    readme = _LINK.findall(_prose(ROOT / "README.md"))
+    listed = {Path(t.partition("#")[0]).name for t in readme if t.startswith("docs/")}
+    assert guides | {"README.md"} <= listed, f"README does not link {guides - listed}"
+
+
+def test_readme_keeps_each_story_under_its_own_heading() -> None:
+    """The walkthroughs are sections of their own (not inside a list item), and the
+    Promises section holds every promise (none left under Attention paths)."""
+    text = _prose(ROOT / "README.md")
+    sections = {
+        part.split("\n", 1)[0]: part for part in re.split(r"^## ", text, flags=re.MULTILINE)
+    }
+    bold = re.compile(r"^- \*\*([^*]+)\*\*", flags=re.MULTILINE)
+    assert bold.findall(sections["Attention paths"]) == ["explicit", "streamed", "fused"]
+    promises = [title.rstrip(".") for title in bold.findall(sections["Promises"])]
+    assert {"Finite numbers only", "Clear errors"} <= set(promises)
+    code = {block.code: block for block in blocks(ROOT / "README.md")}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for heading, command in (
+        ("Language models: every token they generate", "save_tiny_lm('tiny-llama')"),
+        ("Vision-language models: which part of the photo", "save_tiny_llava('tiny-llava')"),
+    ):
+        block = next(b for source, b in code.items() if command in source)
+        start = readme.index(f"## {heading}\n")
+        end = readme.index("\n## ", start + 1)
+        assert start < readme.index(command) < end, heading
+        assert block.lang == "bash" and not block.marker  # run as written, at top level
+        line = readme.splitlines()[block.line - 1]
+        assert not line.startswith(" "), heading

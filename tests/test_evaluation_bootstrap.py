@@ -13,12 +13,18 @@ from evaluation_fixtures import MEAN, STD, SquaresDataset, train_squares_model
 
 from explain.cli import main
 from explain.evaluation import (
+    ERASER_FRACTIONS,
     FRACTIONS,
+    RECALL_K,
     TOP_K,
     ClassSpecificTest,
+    LanguageEvidenceTest,
     PerturbationTest,
     RationaleTest,
+    ROADTest,
+    SaCoTest,
     SegmentationTest,
+    VisionLanguageEvidenceTest,
     run_evaluation,
 )
 from explain.evaluation.bootstrap import (
@@ -32,7 +38,7 @@ from explain.evaluation.bootstrap import (
 from explain.evaluation.perturbation import CURVES as PERTURBATION_CURVES
 from explain.evaluation.protocol import concatenate_records
 from explain.evaluation.runner import work_folder
-from explain.zoo import WEIGHTS, zoo_root
+from explain.loading.zoo import WEIGHTS, zoo_root
 
 
 class MeanOf:
@@ -213,6 +219,33 @@ def _random_records(protocol_name, count, generator):
             "denser_on_target": ints(2),
             **segmentation,
         }
+    if protocol_name == "road":
+        records = {"label": ints(3), "predicted": ints(3), "correct": ints(2)}
+        return {**records, "morf": ints(2, len(FRACTIONS)), "lerf": ints(2, len(FRACTIONS))}
+    if protocol_name == "saco":
+        return {"label": ints(3), "predicted": ints(3), "saco": floats(), "drops": floats(10)}
+    # The evidence tests: numbers over the right examples (about 9 in 10 here, so that
+    # every draw holds some), recall over those with evidence.
+    answers = {
+        "right": (torch.rand(count, generator=generator) < 0.9).int().tolist(),
+        "log_probability": [-5 * x for x in floats()],
+        "positive": [[-5 * x for x in row] for row in floats(len(FRACTIONS))],
+        "negative": [[-5 * x for x in row] for row in floats(len(FRACTIONS))],
+        "evidence": (torch.rand(count, generator=generator) < 0.8).int().tolist(),
+        "hits": floats(len(RECALL_K)),
+        "rank": [1 + 9 * x for x in floats()],
+    }
+    if protocol_name == "language-evidence":
+        eraser = len(ERASER_FRACTIONS)
+        return {
+            **answers,
+            "tokens": ints(100),
+            "comprehensiveness": floats(eraser),
+            "sufficiency": floats(eraser),
+        }
+    if protocol_name == "vision-language-evidence":
+        on_object = (torch.rand(count, generator=generator) < 0.8).int().tolist()
+        return {**answers, "object": on_object, "pointing": floats(), **segmentation}
     f1 = floats(len(TOP_K))
     return {"label": ints(2), "predicted": ints(2), "precision": f1, "recall": f1, "f1": f1}
 
@@ -224,6 +257,10 @@ def _random_records(protocol_name, count, generator):
         (SegmentationTest, {}),
         (ClassSpecificTest, {"auc_range": "10-90", "multi_label": True}),
         (RationaleTest, {}),
+        (ROADTest, {"auc_range": "0-90"}),
+        (SaCoTest, {"multi_label": False}),
+        (LanguageEvidenceTest, {}),
+        (VisionLanguageEvidenceTest, {}),
     ],
 )
 def test_each_draw_equals_summarising_the_resampled_records(protocol_class, attributes):

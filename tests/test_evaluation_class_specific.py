@@ -16,8 +16,8 @@ from explain.evaluation.datasets import ImageExample, TwoObjectExample
 from explain.evaluation.datasets.zoo import ShapesPairs, heldout_dataset
 from explain.evaluation.evaluate import real_dataset
 from explain.evaluation.protocol import records_problem
+from explain.loading.zoo import WEIGHTS, zoo_root
 from explain.testing import ModelState
-from explain.zoo import WEIGHTS, zoo_root
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,20 @@ def test_summary_is_the_auc_of_the_mean_probability(model, pairs):
     assert summary["miou"] == pytest.approx((inter[0] / union[0] + inter[1] / union[1]) / 2)
 
 
+def test_every_column_of_the_table_is_defined_under_it(model, pairs):
+    from explain.evaluation.report import markdown_table
+
+    protocol = ClassSpecificTest(model, MEAN, STD, multi_label=True)
+    summary = protocol.summarize(protocol.evaluate("generic", list(pairs)[:2]))
+    table = markdown_table(
+        {"results": {"generic": summary}, "scale": protocol.scale()}, protocol.columns
+    )
+    notes = table.split("\n\n", 1)[1]
+    for column in protocol.columns.values():
+        assert f"{column.header}: " in notes, column.header
+    assert "other kept AUC: the OTHER object's class's probability" in notes
+
+
 def test_single_label_models_are_scored_by_their_softmax(model, pairs):
     example = pairs[0]
     records = ClassSpecificTest(model, MEAN, STD, multi_label=False).evaluate("rollout", [example])
@@ -171,7 +185,7 @@ def test_shapes_pairs_explain_each_object_of_a_two_object_scene():
     reason="shapes-vit is not trained in this checkout (python scripts/train_shapes_vit.py)",
 )
 def test_class_agnostic_maps_sit_at_chance_and_class_specific_ones_do_not():
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
 
     loaded = load_model("zoo:shapes-vit")
     dataset = heldout_dataset("zoo:shapes-vit", loaded.image_size, two_objects=True)

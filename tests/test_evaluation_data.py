@@ -16,7 +16,7 @@ from explain.cli import main
 from explain.errors import InputError
 from explain.evaluation.datasets import EraserMovies, ImageNetFolder, ImageNetSegmentation
 from explain.evaluation.datasets.zoo import SentimentHeldout, ShapesHeldout, heldout_dataset
-from explain.zoo import save_zoo_model
+from explain.loading.zoo import save_zoo_model
 
 # -- ImageNet validation folder ----------------------------------------------------------
 
@@ -236,6 +236,31 @@ def test_evaluate_command_on_an_imagenet_folder_and_a_gtsegs_file(tiny_model_fol
     summary = json.loads(output.read_text())["results"]["random"]
     assert 0.0 <= summary["miou"] <= 1.0 and 0.0 <= summary["map"] <= 1.0
     assert summary["accuracy"] is None  # the file holds masks, not labels
+
+
+def test_evaluate_command_runs_road_and_saco_on_an_imagenet_folder(tiny_model_folder, tmp_path):
+    squares = SquaresDataset(4)
+    write_imagenet_folder(
+        tmp_path / "val",
+        [
+            (f"n{e.label}", f"{i}.png", (e.image.permute(1, 2, 0).numpy() * 255).astype(np.uint8))
+            for i, e in enumerate(squares)
+        ],
+    )
+    for protocol, keys in (("road", ("morf_auc", "lerf_auc")), ("saco", ("saco",))):
+        output = tmp_path / "results" / f"{protocol}.json"
+        status = main(
+            ["evaluate", protocol, "--model", str(tiny_model_folder), "--data",
+             str(tmp_path / "val"), "--methods", "generic,random", "--batch-size", "3",
+             "--output", str(output), "--quiet"]
+        )  # fmt: skip
+        assert status == 0
+        results = json.loads(output.read_text())
+        assert (results["protocol"], results["n"]) == (protocol, 4)
+        for summary in results["results"].values():
+            assert all(isinstance(summary[key], float) for key in keys)
+            assert set(summary["standard_errors"]) == set(keys)
+        assert output.with_suffix(".md").exists() and output.with_suffix(".png").exists()
 
 
 def test_evaluate_command_errors_are_one_line(tiny_model_folder, tmp_path, capsys):

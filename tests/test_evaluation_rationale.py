@@ -18,7 +18,7 @@ def minilm():
     from transformers import AutoTokenizer, BertForSequenceClassification
     from transformers.utils import logging
 
-    from explain.zoo import minilm_folder
+    from explain.loading.zoo import minilm_folder
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()

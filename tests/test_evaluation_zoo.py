@@ -8,7 +8,7 @@ import torch
 
 from explain.evaluation import PerturbationTest, SegmentationTest
 from explain.evaluation.datasets.zoo import heldout_dataset
-from explain.zoo import WEIGHTS, zoo_root
+from explain.loading.zoo import WEIGHTS, zoo_root
 
 pytestmark = pytest.mark.skipif(
     not (zoo_root() / "shapes-vit" / WEIGHTS).is_file(),
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def shapes():
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,15 +119,19 @@ def test_save_refuses_an_unknown_format(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def _tampered(tmp_path, suffix, header=None, tensors=None):
-    """A saved `_text_like` explanation with header fields or tensors replaced."""
+def _tampered(tmp_path, suffix, header=None, tensors=None, drop=(), original=None):
+    """A saved explanation (`_text_like`'s by default) with header fields or tensors
+    replaced, and the tensors and header fields named in `drop` left out."""
     from explain.export import write_payload
 
-    original = _text_like()
+    original = original or _text_like()
     path = tmp_path / f"tampered.{suffix}"
-    write_payload(
-        path, {**original._tensors(), **(tensors or {})}, {**original._header(), **(header or {})}
-    )
+    tensors = {**original._tensors(), **(tensors or {})}
+    header = {**original._header(), **(header or {})}
+    for name in drop:
+        tensors.pop(name, None)
+        header.pop(name, None)
+    write_payload(path, tensors, header)
     return path
 
 
@@ -235,3 +240,90 @@ def test_settings_that_json_cannot_hold_are_refused_before_writing(tmp_path, suf
     with pytest.raises(OptionError, match="cannot be written as JSON"):
         result.save(tmp_path / f"r.{suffix}")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors", "json"])
+def test_a_modality_whose_map_the_file_lacks_is_refused_not_filled_in(tmp_path, suffix):
+    """`save` writes the map of the modality `relevance` is (here "text") once, as
+    `relevance`, and names it in the header; every other modality's map must be there.
+    (Issue 37: a missing map was filled with `relevance`, a (2, 4) text map for images.)"""
+    original = _text_like()
+    assert original._header()["saved_as_relevance"] == "text"
+    assert "relevances.text" not in original._tensors()  # the one map left out on purpose
+    _assert_same(Explanation.load(_tampered(tmp_path, suffix)), original)
+    cut = _tampered(tmp_path, suffix, drop=["relevances.image"])
+    with pytest.raises(InputError, match="names the modality 'image', whose map it lacks"):
+        Explanation.load(cut)
+    extra = _tampered(tmp_path, suffix, header={"relevances": ["text", "image", "audio"]})
+    with pytest.raises(InputError, match="'audio', whose map it lacks"):
+        Explanation.load(extra)
+    # A batch cut into samples (as --save writes them) holds every map: none may be missing.
+    sliced = Explanation(
+        **{**vars(original), "relevances": {k: v[:] for k, v in original.relevances.items()}}
+    )
+    assert sliced._header()["saved_as_relevance"] is None
+    for name in ("relevances.text", "relevances.image"):
+        with pytest.raises(InputError, match="whose map it lacks"):
+            Explanation.load(_tampered(tmp_path, suffix, drop=[name], original=sliced))
+    named = _tampered(tmp_path, suffix, header={"saved_as_relevance": "audio"})
+    with pytest.raises(InputError, match="saved_as_relevance is 'audio'"):
+        Explanation.load(named)
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors", "json"])
+def test_a_file_written_before_the_header_named_its_left_out_map_still_loads(tmp_path, suffix):
+    """Such a file left out at most one map, the one `relevance` is; two missing are refused."""
+    original = _text_like()
+    path = _tampered(tmp_path, suffix, drop=["saved_as_relevance"])
+    loaded = Explanation.load(path)
+    _assert_same(loaded, original)
+    assert loaded.relevances["text"] is loaded.relevance
+    both = _tampered(tmp_path, suffix, drop=["saved_as_relevance", "relevances.image"])
+    with pytest.raises(InputError, match="whose map it lacks"):
+        Explanation.load(both)
+
+
+def test_one_sample_cut_from_a_batch_saves_in_every_format(tmp_path):
+    """`explain image --save` writes each image's sample of the batch's result: its
+    `relevance` and its modality's entry are views of one tensor, which safetensors
+    refuses to write as they are (issue 37's sweep: a raw RuntimeError)."""
+    batch = _image_explanation()
+    one = Explanation(
+        **{
+            **vars(batch),
+            "relevance": batch.relevance[1:2],
+            "logits": batch.logits[1:2],
+            "target": batch.target[1:2],
+            "relevances": {"image": batch.relevance[1:2]},
+        }
+    )
+    for suffix in ("npz", "safetensors", "json"):
+        one.save(tmp_path / f"one.{suffix}")
+        _assert_same(Explanation.load(tmp_path / f"one.{suffix}"), one)
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("path", ["/proc/explain-test/result.npz", "/proc/result.json"])
+def test_saving_where_no_file_can_be_written_is_a_clear_error(path):
+    """A folder that cannot be made (/proc takes no new folder) or written into (nor a new
+    file): an InputError naming the folder, not a raw FileNotFoundError (issue 37)."""
+    with pytest.raises(InputError, match=r"cannot be written: its folder /proc"):
+        _text_like().save(path)
+
+
+@pytest.mark.parametrize("suffix", ["npz", "safetensors", "json"])
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16], ids=str)
+def test_low_precision_relevance_saves_and_loads(tmp_path, suffix, dtype):
+    """float8 has no isfinite kernel and numpy has no float8 nor bfloat16: such maps are
+    checked and written widened to float32 (exact: it holds each of their values), and come
+    back in their own dtype where the format keeps it (safetensors, JSON)."""
+    values = torch.tensor([[0.0, 0.5, -0.25, 448.0], [0.0, 1.0, 0.0, -2.0]])
+    original = Explanation(**{**vars(_text_like()), "relevance": values.to(dtype)})
+    with pytest.raises(ExplainError, match="not finite"):  # the check widens, not skips
+        Explanation(**{**vars(original), "relevance": values.clone().fill_(float("nan")).to(dtype)})
+    original.save(tmp_path / f"r.{suffix}")
+    loaded = Explanation.load(tmp_path / f"r.{suffix}")
+    kept = dtype if suffix != "npz" else torch.float32
+    assert loaded.relevance.dtype == kept
+    assert torch.equal(loaded.relevance, original.relevance.to(kept))
+    assert np.array_equal(original.to_numpy(), values.to(dtype).float().numpy())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -103,7 +104,7 @@ def test_the_page_refuses_shapes_that_do_not_fit():
     from explain import InputError
 
     with pytest.raises(InputError, match="do not fit"):
-        generation_html(["a", "b"], 2, torch.zeros(1, 2), method="generic")
+        generation_html(["a", "b"], 2, torch.zeros(1, 2), method="generic", rests_on=[[0]])
 
 
 def test_not_a_language_model(tmp_path, capsys):
@@ -153,3 +154,167 @@ def test_a_png_that_is_a_folder_is_refused_before_the_page_is_written(folder, tm
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--png" in err and "is a folder" in err
     assert not (tmp_path / "p.html").exists()  # refused before anything was written
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the command saves, as they are saved."""
+    import explain.viz
+
+    figures = []
+    save = explain.viz.save_figure
+    monkeypatch.setattr(
+        explain.viz,
+        "save_figure",
+        lambda figure, path: figures.append(figure) or save(figure, path),
+    )
+    return figures
+
+
+def _page_tokens(page: str, kind: str) -> list[str]:
+    """The text of the page's spans of class `kind` (generated tokens, answer words)."""
+    import html
+
+    found = re.findall(rf'<span class="{kind}"[^>]*>([^<]*)</span>', page)
+    return [html.unescape(token) for token in found]
+
+
+def _rests(page: str) -> list[str]:
+    import html
+
+    return [html.unescape(text) for text in re.findall(r'data-rests="([^"]*)"', page)]
+
+
+def _printed_lines(printed: str) -> list[tuple[str, list[str]]]:
+    """The terminal's `'token' <- 'a', 'b', 'c'` lines, read back."""
+    import ast
+
+    lines = []
+    for line in printed.splitlines():
+        if " <- " in line:
+            token, sources = line.split(" <- ")
+            lines.append((ast.literal_eval(token.strip()), list(ast.literal_eval(f"[{sources}]"))))
+    return lines
+
+
+def test_the_terminal_page_and_figure_show_the_same_continuation(folder, tmp_path, capsys, drawn):
+    # With a chat, the tiny Llama ends its answer with "</s>": a special token it wrote,
+    # explained like the others, so every view shows it (the terminal once hid it).
+    page_path = tmp_path / "page.html"
+    argv = ["generate", "w12 w30 w41", "--model", str(folder), "--chat", "--max-new-tokens"]
+    assert main([*argv, "5", "--html", str(page_path)]) == 0
+    printed = capsys.readouterr().out
+    page = page_path.read_text()
+    on_page = _page_tokens(page, "tok gen")
+    (figure,) = drawn
+    in_figure = [label.get_text() for label in figure.axes[0].get_yticklabels()]
+    continuation = next(line for line in printed.splitlines() if line.startswith("continuation:"))
+    assert on_page[-1] == "</s>"
+    assert continuation.split()[1:] == on_page == in_figure
+    assert [token for token, _ in _printed_lines(printed)] == on_page
+
+
+def test_what_each_token_rests_on_leaves_out_its_readout_token_everywhere(folder, tmp_path, capsys):
+    page_path = tmp_path / "page.html"
+    argv = ["generate", PROMPT, "--model", str(folder), "--max-new-tokens", "4"]
+    assert main([*argv, "--html", str(page_path)]) == 0
+    lines = _printed_lines(capsys.readouterr().out)
+    explainer = Explainer(tiny_lm.tiny_causal_lm("llama"), tokenizer=tiny_lm.tiny_tokenizer())
+    found = explain_generation(explainer, PROMPT, max_new_tokens=4)
+    tokens = found.explanation.tokens[0]
+    matrix = found.explanation.relevance[0].double().numpy()
+    width = found.generation.prompt_length
+    readouts = []
+    for g, (token, sources) in enumerate(lines):
+        # the three largest relevance values among the tokens before the readout token
+        # (the one just before the explained token): its own identity term is no evidence
+        readout = width + g - 1
+        order = np.argsort(-matrix[g, :readout], kind="stable")[:3]
+        assert token == tokens[width + g]
+        assert sources == [tokens[i] for i in order]
+        readouts.append(matrix[g, readout] > matrix[g, :readout].max())
+    assert all(readouts)  # the readout token would have come first in every line
+    assert _rests(page_path.read_text()) == [", ".join(sources) for _, sources in lines]
+
+
+@pytest.fixture(scope="module")
+def smolvlm_photo(tmp_path_factory):
+    """A tiny SmolVLM saved with its processor, and a photo it answers about with tile
+    markers among its words (special tokens)."""
+    from PIL import Image
+
+    from explain.testing.tiny_vlm import tiny_idefics3, tiny_idefics3_processor
+
+    folder = tmp_path_factory.mktemp("tiny-smolvlm")
+    tiny_idefics3(kind="smolvlm").save_pretrained(folder)
+    tiny_idefics3_processor("smolvlm").save_pretrained(folder)
+    photo = folder / "photo.png"
+    pixels = (np.random.default_rng(0).random((40, 60, 3)) * 255).astype(np.uint8)
+    Image.fromarray(pixels).save(photo)
+    return folder, photo
+
+
+def test_a_vision_language_answer_is_the_same_in_the_terminal_page_and_figure(
+    smolvlm_photo, tmp_path, capsys, drawn
+):
+    folder, photo = smolvlm_photo
+    page_path = tmp_path / "page.html"
+    argv = ["generate", "--image", str(photo), "w12 w13", "--model", str(folder)]
+    assert main([*argv, "--max-new-tokens", "4", "--html", str(page_path)]) == 0
+    printed = capsys.readouterr().out
+    page = page_path.read_text()
+    words = _page_tokens(page, "word")
+    (figure,) = drawn
+    titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+    answer = next(line for line in printed.splitlines() if line.startswith("answer:"))
+    assert any(word.startswith("<row_") for word in words)  # the tile markers it wrote
+    assert answer.split()[1:] == words == titles[1:]
+    lines = _printed_lines(printed)
+    assert [word for word, _ in lines] == words
+    # what each word rests on: the same in the terminal and on the page, among the
+    # question's tokens as the page shows them ("[image]" for the photo), the first
+    # word's readout token (the question's last) left out
+    data = re.search(r'<script type="application/json" id="answer">(.*?)</script>', page)
+    rests = [word["rests"] for word in json.loads(data.group(1))]
+    assert rests == [", ".join(sources) for _, sources in lines]
+    shown = _page_tokens(page, "tok")
+    assert all(source in shown for _, sources in lines for source in sources)
+    assert shown[-1] not in lines[0][1]
+
+
+def test_the_vision_language_figure_has_a_title_and_says_each_label_once(
+    smolvlm_photo, tmp_path, capsys, drawn
+):
+    folder, photo = smolvlm_photo
+    argv = ["generate", "--image", str(photo), "w12 w13", "--model", str(folder)]
+    assert main([*argv, "--max-new-tokens", "7", "--out", str(tmp_path)]) == 0
+    (figure,) = drawn
+    heading = figure.texts[-1].get_text().replace("\n", " ")
+    assert f"explain generate: {folder} (generic, depth lm)" in heading
+    assert "question: w12 w13" in heading
+    panels = [axis for axis in figure.axes if axis.get_title()]
+    titles = [axis.get_title() for axis in panels]
+    assert titles[0] == "photo" and titles.count("photo") == 1 and len(titles) == 8
+    assert all(axis.get_ylabel() == "" for axis in figure.axes[:-1])  # no row labels
+    assert [key.get_ylabel() for key in figure.axes[len(panels) :]] == ["each map's own range"]
+    # the photo and 7 words: in rows of 5 (the photo and 4 words, then 4 more), read
+    # left to right, top to bottom
+    rows = [round(axis.get_position().y0, 3) for axis in panels]
+    assert rows == [rows[0]] * 5 + [rows[5]] * 3 and rows[5] < rows[0]
+
+
+def test_an_answer_drops_its_prompts_padding_and_reads_before_its_readout():
+    from explain.generation import rests_on
+
+    tokenizer = tiny_lm.tiny_tokenizer()
+    explainer = Explainer(tiny_lm.tiny_causal_lm("llama"), tokenizer=tokenizer)
+    found = explain_generation(explainer, ["w10 w11 w12 w13", "w20"], max_new_tokens=3)
+    short = found.answer(1)  # its prompt is left-padded to the longer one's width
+    alone = tokenizer.convert_ids_to_tokens(tokenizer("w20")["input_ids"])
+    assert short.tokens[: short.prompt_length] == alone
+    assert short.relevance.shape == (len(short.generated), len(short.tokens))
+    assert short.text(tokenizer) == " ".join(short.generated)
+    row = torch.tensor([0.5, 3.0, -1.0, 9.0, 7.0])
+    assert rests_on(row, readout=3) == [1, 0, 2]  # 9.0, the readout's, and 7.0 after it: out
+    assert rests_on(row, readout=3, count=1) == [1]
+    assert rests_on(row, readout=0) == [] and rests_on(row, readout=9) == [3, 4, 1]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import explain.hub
+import explain.loading.hub
 from explain import Explainer
 from explain.errors import (
     GatedRepoError,
@@ -24,7 +24,7 @@ from explain.errors import (
     RepoNotFoundError,
     UnsupportedModelError,
 )
-from explain.loading import load_model
+from explain.loading.specs import load_model
 from explain.testing import HUB_SPECS, cache_hub_repo, fill_hub_cache
 
 timm = pytest.importorskip("timm")
@@ -172,7 +172,8 @@ def test_no_such_repository_and_no_network_are_told_apart(hub, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
     monkeypatch.delenv("HF_HUB_OFFLINE")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr("explain.hub.hub_reachable", lambda: True)  # the client's own failure
+    # the client's own failure
+    monkeypatch.setattr("explain.loading.hub.hub_reachable", lambda: True)
     with pytest.raises(HubUnreachableError, match=r"cannot reach the Hugging Face Hub.*network"):
         load_model("someone/model")
 
@@ -186,7 +187,7 @@ def no_network(filled, monkeypatch):
     cache, _ = filled
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", *explain.hub._PROXIES):
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", *explain.loading.hub._PROXIES):
         monkeypatch.delenv(name, raising=False)
     lookups = []
 
@@ -210,7 +211,7 @@ def test_without_network_a_hub_name_fails_at_once_and_cached_ones_load(no_networ
 def test_behind_a_proxy_the_hub_is_not_probed(monkeypatch):
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     monkeypatch.setattr("socket.create_connection", lambda *a, **k: pytest.fail("probed"))
-    assert explain.hub.hub_reachable()
+    assert explain.loading.hub.hub_reachable()
 
 
 def test_unsupported_architecture_names_the_families_before_any_weights(hub, filled, tmp_path):

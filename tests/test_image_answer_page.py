@@ -19,7 +19,15 @@ def page_file(tmp_path_factory):
     photo = np.zeros((8, 12, 3), dtype=np.uint8)
     maps = torch.stack([torch.zeros(8, 12), torch.ones(8, 12)])
     relevance = torch.tensor([[0.5, -0.2, 1.0], [0.1, 0.9, 1.0]])
-    html = answer_html(photo, maps, ["a", "[image]", "?"], relevance, ["red", "circle"], 2)
+    html = answer_html(
+        photo,
+        maps,
+        ["a", "[image]", "?"],
+        relevance,
+        ["red", "circle"],
+        2,
+        rests_on=[[0, 1], [1, 0]],
+    )
     path = tmp_path_factory.mktemp("page") / "answer.html"
     path.write_text(html, encoding="utf-8")
     return path
@@ -41,3 +49,22 @@ def test_address_keyboard_and_clicks(page_file):
         page.keyboard.press("Enter")
         assert "word 2 of 2: circle" in _status(page)
         assert page.evaluate("location.hash") == "#2"
+
+
+def test_the_status_line_names_what_the_chosen_token_rests_on(page_file, tmp_path):
+    from explain.viz.generation import generation_html
+
+    # the generation page: token 2 ("d") rests most on "a" then "<b>" (escaped, shown
+    # as written), its readout token "c" left out by the caller's rests_on
+    rows = torch.tensor([[0.1, 0.9, 2.0, 0.0, 0.0], [0.7, 0.5, 0.1, 3.0, 0.0]])
+    text = generation_html(
+        ["a", "<b>", "c", "d", "e"], 3, rows, method="generic", rests_on=[[1, 0], [0, 1, 2]]
+    )
+    generation = tmp_path / "generation.html"
+    generation.write_text(text, encoding="utf-8")
+    with chromium() as context:
+        page = context.new_page()
+        page.goto(page_file.as_uri() + "#1")
+        assert _status(page).endswith("word 1 of 2: red rests most on a, [image]")
+        page.goto(generation.as_uri() + "#2")
+        assert _status(page).endswith("e rests most on a, <b>, c")

@@ -10,7 +10,8 @@ import torch
 
 from explain import Explainer
 from explain.errors import ExplainError, HubUnreachableError, ModelLoadError
-from explain.loading import LoadedModel, load_model
+from explain.loading.loaded_model import LoadedModel
+from explain.loading.specs import load_model
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
@@ -92,7 +93,7 @@ def test_timm_name_not_cached_offline_says_so(tmp_path, monkeypatch):
 @pytest.fixture
 def bert_folder(tmp_path):
     """A tiny BERT classifier saved with save_pretrained, with a real tokenizer."""
-    from explain.zoo import minilm_folder
+    from explain.loading.zoo import minilm_folder
 
     config = transformers.BertConfig(
         vocab_size=30522,

@@ -13,8 +13,8 @@ from PIL import Image
 
 from explain.cli import main
 from explain.errors import ModelLoadError, OptionError
-from explain.loading import load_model
-from explain.zoo import zoo_root
+from explain.loading.specs import load_model
+from explain.loading.zoo import zoo_root
 
 transformers = pytest.importorskip("transformers")
 

@@ -15,7 +15,8 @@ import reference_vit as ref_vit
 from explain import METHODS, Explainer, TargetError, UnsupportedModelError
 from explain.engine.recorder import Recorder
 from explain.engine.session import Session
-from explain.lrp import CHEFER, ORIGINAL, rules, tape_for
+from explain.lrp import CHEFER, ORIGINAL
+from explain.lrp import propagation as rules
 from explain.testing import ModelState, hook_counts, tiny_vit
 
 LRP_METHODS = ["transformer_attribution", "partial_lrp", "lrp"]
@@ -249,7 +250,7 @@ def test_chefer_rules_conserve_relevance_through_every_block():
     model = tiny_vit(depth=3, num_heads=2).double()
     images = _images(3, (32, 32))
     explainer = Explainer(model)
-    tape = tape_for(explainer.adapter, to_input=False)
+    tape = explainer.adapter.lrp_walk(to_input=False)
     prepared = explainer.adapter.prepare(images)
     with (
         Session(explainer.adapter) as session,
@@ -271,7 +272,7 @@ def test_chefer_rules_conserve_relevance_through_every_block():
 def recorded_tape(model, inputs, *, to_input=True):
     """A model's LRP tape after one recorded forward."""
     explainer = Explainer(model)
-    tape = tape_for(explainer.adapter, to_input=to_input)
+    tape = explainer.adapter.lrp_walk(to_input=to_input)
     prepared = explainer.adapter.prepare(inputs)
     with Session(explainer.adapter) as session, Recorder(session, module_hooks=tape.hooks):
         explainer.adapter.forward(prepared)
@@ -281,7 +282,7 @@ def recorded_tape(model, inputs, *, to_input=True):
 def cast_tape(tape, model64):
     """`tape`'s recorded activations, cast to float64, on a float64 copy of its model."""
     explainer = Explainer(model64)
-    copy = tape_for(explainer.adapter, to_input=True)
+    copy = explainer.adapter.lrp_walk(to_input=True)
     for name in ("blocks", "head", "embedding"):
         stores = getattr(tape, name, None)
         if stores is None:

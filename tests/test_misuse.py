@@ -66,7 +66,7 @@ def test_unknown_options_list_the_methods_options(vit, images):
     [
         ({"target": 2**70}, TargetError, "target class 1180591620717411303424 is out of range"),
         ({"target": -(2**70)}, TargetError, "is out of range"),
-        ({"target": [2**70, 1]}, TargetError, "cannot read target"),
+        ({"target": [2**70, 1]}, TargetError, "target class 1180591620717411303424 is out of"),
         ({"target": {1, 2}}, TargetError, "got a set"),
         ({"target": {0: 1, 1: 2}}, TargetError, "got a dict"),
         ({"target": torch.tensor([1 + 0j, 2 + 0j])}, TargetError, "integers, got torch.complex64"),
@@ -93,6 +93,27 @@ def test_options_of_the_wrong_type_are_clear_errors(vit, images, options, error,
     with pytest.raises(error, match=re.escape(message) if "(" in message else message):
         Explainer(vit).explain(images, **options)
     assert before.differences(ModelState.capture(vit)) == []
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("circle", "target 'circle' names classes; explain takes class indices"),
+        (["circle", 0], "names classes; explain takes class indices"),
+        ([[1], [2, 3]], "cannot read target [[1], [2, 3]] as class indices: give an int,"),
+        ([None, 1], "cannot read target [None, 1] as class indices: give an int,"),
+    ],
+)
+def test_a_target_that_is_not_class_indices_says_what_to_give(vit, images, target, message):
+    # A class name (the command line's --target takes names, explain class indices) or a
+    # ragged or untyped list: the error says what explain takes and how to get there,
+    # in its own words, not PyTorch's ("new(): invalid data type 'str'").
+    with pytest.raises(TargetError) as raised:
+        Explainer(vit).explain(images, target=target)
+    text = str(raised.value)
+    assert message in text
+    assert "classes.index" in text or "a callable" in text
+    assert not any(torch_words in text for torch_words in ("new()", "dim 1", "infer dtype"))
 
 
 def test_options_of_the_right_kind_are_accepted_in_any_integer_or_real_type(vit, images):

@@ -114,7 +114,7 @@ def test_the_registry_imports_no_family():
 
 def _package_of(module: str, modules: dict[str, Path]) -> str:
     """The package a module belongs to: `explain.pkg` for anything under explain/pkg/,
-    and the module itself for a top-level module (explain.targets)."""
+    and the module itself for a top-level module (explain.errors)."""
     parts = module.split(".")
     if len(parts) > 2 or modules[module].name == "__init__.py":
         return ".".join(parts[:2])
@@ -132,3 +132,68 @@ def test_the_package_graph_has_no_cycle():
         graph.setdefault(source, set()).update(targets - {source})
     cycle = _cycle(graph)
     assert cycle is None, "package import cycle: " + " -> ".join(cycle)
+
+
+def test_the_shared_data_types_import_nothing_of_explain():
+    """explain.layout is the bottom of the house: every package may import it, and it
+    imports none."""
+    modules = _modules()
+    assert _imports("explain.layout", modules["explain.layout"], modules) == set()
+
+
+def test_no_rule_module_imports_a_family_or_the_adapters():
+    """The rules are family-free maths: neither the method package (explain.rules) nor the
+    LRP maths (explain.lrp) imports explain.architectures; what differs per family comes
+    through the adapter contract and the data of explain.layout."""
+    modules = _modules()
+    for name, path in modules.items():
+        if _package_of(name, modules) in ("explain.rules", "explain.lrp"):
+            imported = _imports(name, path, modules)
+            assert not {m for m in imported if m.startswith("explain.architectures")}, name
+
+
+def test_the_engine_imports_no_family_module():
+    """A plan or pass knows the adapter contract (base.py) and the shared data, never one
+    family's file."""
+    from explain.architectures.registry import FAMILIES
+
+    modules = _modules()
+    family_modules = {family.module for family in FAMILIES.values()}
+    family_modules |= {
+        "explain.architectures.hf_vision_language",
+        "explain.architectures.hf_common",
+    }
+    for name, path in modules.items():
+        if _package_of(name, modules) == "explain.engine":
+            assert not _imports(name, path, modules) & family_modules, name
+
+
+def _string_imports(path: Path) -> list[str]:
+    """Calls in `path` that import an explain module named by a string constant."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and node.args:
+            first = node.args[0]
+            named = isinstance(first, ast.Constant) and isinstance(first.value, str)
+            if named and first.value.startswith("explain"):
+                function = ast.unparse(node.func)
+                if function.endswith(("import_module", "__import__", "LazyImport")):
+                    found.append(ast.unparse(node))
+    return found
+
+
+def test_no_module_imports_another_by_a_string():
+    """A string import is an edge the graph tests cannot see. The registry names its
+    families by module, but only modules of its own package, imported on use."""
+    from explain.architectures.registry import FAMILIES
+
+    modules = _modules()
+    found = {name: _string_imports(path) for name, path in modules.items()}
+    assert {name: calls for name, calls in found.items() if calls} == {}
+    assert all(family.module.startswith("explain.architectures.") for family in FAMILIES.values())
+
+
+def test_the_string_import_finder_sees_one(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('import importlib\nimportlib.import_module("explain.lrp.walk")\n')
+    assert _string_imports(path) == ["importlib.import_module('explain.lrp.walk')"]

@@ -251,7 +251,7 @@ def _vision_language_answer(kind: str, new: int):
     token), as a `Generation`."""
     import numpy as np
 
-    from explain.image_prompts import encode_image_prompt
+    from explain.inputs import encode_image_prompt
     from explain.testing import tiny_vlm
 
     if kind == "llava":
@@ -327,8 +327,8 @@ def _vision_language_floor(
 
 def _vision_language_cases() -> list[tuple[str, str, str]]:
     """(family, method, depth) for every method a vision-language answer takes, at both
-    depths where the method folds over blocks (the others read one block: depth "lm")."""
-    from explain.engine.plans.image_text import DEPTHS, ImageTextPlan
+    depths where the method reaches the tower (the others read one block: depth "lm")."""
+    from explain.engine.plans.image_text import DEPTHS, ImageTextPlan, reaches_tower
 
     methods = sorted(
         name for name, spec in METHODS.items() if pass_for(spec) in ImageTextPlan.passes
@@ -338,7 +338,7 @@ def _vision_language_cases() -> list[tuple[str, str, str]]:
         for family in ("llava", "paligemma", "idefics3", "qwen2_vl")
         for method in methods
         for depth in DEPTHS
-        if depth == "lm" or METHODS[method].default_start_layer is not None
+        if depth == "lm" or reaches_tower(METHODS[method])
     ]
 
 

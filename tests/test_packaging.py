@@ -86,7 +86,7 @@ def test_wheel_install_explains_a_zoo_model(tmp_path: Path):
         [
             str(python),
             "-c",
-            "import explain, explain.zoo as z; print(explain.__file__, z.zoo_root())",
+            "import explain, explain.loading.zoo as z; print(explain.__file__, z.zoo_root())",
         ],
         tmp_path,
         env,

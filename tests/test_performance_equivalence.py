@@ -19,13 +19,13 @@ import torch
 
 from explain import Explainer
 from explain.architectures import adapter_for
-from explain.errors import OptionError
-from explain.fused import (
+from explain.engine.fused import (
     CPU_FUSED_MIN_TOKENS,
     choose_path,
     default_memory_budget,
     explicit_map_bytes,
 )
+from explain.errors import OptionError
 from explain.testing import ModelState, tiny_vit
 
 PATHS = ("explicit", "fused")

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from explain.explanation import Explanation
-from explain.io import load_images
-from explain.preprocessing import ImagePreprocessing, read_image
+from explain.inputs import read_image
+from explain.loading.preprocessing import ImagePreprocessing, load_images
 
 PHOTO_SIZE = (200, 320)  # (H, W): wider than high, as most photos
 
@@ -143,7 +143,7 @@ def test_an_image_over_pils_decompression_bomb_limit_is_a_clear_error(tmp_path, 
     from PIL import Image as PILImage
 
     from explain.errors import InputError
-    from explain.preprocessing import read_image
+    from explain.inputs import read_image
 
     path = tmp_path / "large.png"
     PILImage.new("RGB", (64, 64)).save(path)
@@ -167,7 +167,7 @@ def test_an_image_over_pils_decompression_bomb_limit_is_a_clear_error(tmp_path, 
 )
 def test_preprocessing_settings_are_checked_where_they_enter(fields, message):
     from explain.errors import OptionError
-    from explain.preprocessing import ImagePreprocessing
+    from explain.loading.preprocessing import ImagePreprocessing
 
     settings = {"size": (32, 32), "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), **fields}
     with pytest.raises(OptionError, match=message):

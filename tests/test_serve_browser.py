@@ -15,12 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from serve_fixtures import chromium, serving
+from serve_fixtures import chromium, request, serving
 
 from explain import Explainer, Explanation
+from explain.engine import Request, supported_methods
+from explain.inputs import read_image
 from explain.loading import load_model
-from explain.preprocessing import read_image
 from explain.serve.demo import scene_folder
+from explain.viz.image import greyed
 
 SCENES = 10
 expect = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'").expect
@@ -137,6 +139,27 @@ def test_gallery_fills_sorts_and_filters(browser, image_server):
     page.close()
 
 
+def test_the_gallery_shows_every_class_a_multi_label_model_finds(browser, image_server, shapes_vit):
+    """shapes-vit scores six independent yes/no classes: a scene of a circle, a star and
+    a cross is captioned with all three (each above one half), not with its top class."""
+    page = open_page(browser, image_server.url)
+    expect(page.locator(".card .verdict[data-confidence]")).to_have_count(SCENES)
+    settled(page)
+    several = 0
+    for path in page.eval_on_selector_all(".card", "cards => cards.map(c => c.dataset.path)"):
+        photo = read_image(image_server.data / path)
+        confidences = reference_logits(shapes_vit, photo).double().sigmoid()
+        present = [int(i) for i in confidences.argsort(descending=True) if confidences[i] > 0.5]
+        verdict = page.inner_text(f".card[data-path='{path}'] .verdict")
+        listed = ", ".join(
+            f"{shapes_vit.classes[i]} ({100 * float(confidences[i]):.1f}%)" for i in present
+        )
+        assert verdict.startswith(listed), (path, verdict)
+        several += len(present) > 1
+    assert several >= 5  # most scenes hold two or three kinds
+    page.close()
+
+
 def test_the_first_pass_shows_its_progress_and_fills_the_gallery(browser, shapes_vit, tmp_path):
     data = scene_folder(tmp_path / "data", 3)
     release = threading.Event()
@@ -240,12 +263,143 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
     page.close()
 
 
+def open_image(page, path, methods=("generic",), rule="per_map"):
+    """Open the gallery image `path` with `methods` ticked under `rule`, settled."""
+    page.click(f".card[data-path='{path}']")
+    page.wait_for_selector("#grid canvas[data-method=generic]")
+    for method in methods:
+        if method != "generic":
+            page.check(f"#methods input[value={method}]")
+            page.wait_for_selector(f"#grid canvas[data-method={method}]")
+    if rule != "per_map":
+        page.select_option("#rule", rule)
+        expect(page.locator("#caption")).not_to_contain_text("Each map")
+    settled(page)
+
+
+def chroma(pixels: np.ndarray) -> np.ndarray:
+    """How far from grey each pixel is: its largest minus its smallest channel."""
+    rgb = pixels[..., :3].astype(int)
+    return rgb.max(axis=-1) - rgb.min(axis=-1)
+
+
+def test_maps_are_drawn_over_the_image_in_grey(browser, image_server):
+    """As the figures draw them (explain.viz.image.greyed): every colour on a map is
+    relevance, so a red circle under a map is never taken for heat."""
+    page = open_page(browser, image_server.url)
+    asked = []
+    page.on("request", lambda sent: "/api/view" in sent.url and asked.append(sent.url))
+    path = "circle/scene_0.png"
+    open_image(page, path)
+    # The picture under the maps is the figures' grey copy of the image the model sees.
+    (under,) = {url for url in asked if "background=grey" in url}
+    _, colour, _ = request(f"{image_server.url}api/view?item={path}")
+    status, grey, _ = request(under)
+    assert status == 200
+    colour_pixels = png_pixels(colour)[..., :3]
+    expected = np.round(greyed(colour_pixels) * 255)
+    assert np.abs(png_pixels(grey)[..., :3] - expected).max() <= 1
+
+    # What is drawn: where the map is transparent (no relevance there or next to it),
+    # the canvas is grey although the image is coloured there.
+    display = np.array(page.evaluate("state.answer").get("methods")[0]["maps"][0]["display"])
+    drawn = canvas_pixels(page, "#grid canvas[data-method=generic]")
+    rows, columns = display.shape
+    patch = drawn.shape[0] // rows
+    seen = chroma(colour_pixels)
+    shown, under_colour = [], []
+    for r in range(rows):
+        for c in range(columns):
+            around = display[max(r - 1, 0) : r + 2, max(c - 1, 0) : c + 2]
+            if display[r, c] < 0.005 and around.max() < 0.02:
+                shown.append(chroma(drawn[r * patch + patch // 2, c * patch + patch // 2]))
+                step = colour_pixels.shape[0] // rows
+                under_colour.append(seen[r * step + step // 2, c * step + step // 2])
+    assert len(shown) > 10
+    assert max(under_colour) > 20  # the image is coloured in these places...
+    assert max(shown) <= 6  # ...and the map shows it in grey
+    page.close()
+
+
+def test_signed_panels_carry_the_mark_their_key_promises(browser, image_server):
+    """AttnLRP's maps are signed, generic's are not: with both on screen, the diverging
+    key is titled for the panels marked ±, and exactly the signed panels carry the mark."""
+    page = open_page(browser, image_server.url)
+    for rule in ("per_map", "shared"):
+        open_image(page, "circle/scene_0.png", ("generic", "attnlrp"), rule)
+        titles = page.eval_on_selector_all(
+            "#keys .key",
+            "ks => ks.map(k => [k.dataset.signed, k.querySelector('.title').textContent])",
+        )
+        assert [signed for signed, _ in titles] == ["false", "true"]
+        assert "marked ±" in titles[1][1] and "±" not in titles[0][1]
+        panels = page.eval_on_selector_all(
+            "#grid .panel",
+            """ps => ps.map(p => {
+                const canvas = p.querySelector('canvas').getBoundingClientRect();
+                const mark = p.querySelector('.mark');
+                const box = mark && mark.getBoundingClientRect();
+                return [p.querySelector('canvas').dataset.method, mark && mark.textContent,
+                        !box || (box.left >= canvas.left && box.right <= canvas.right
+                                 && box.top >= canvas.top && box.bottom <= canvas.bottom)];
+            })""",
+        )
+        assert sorted(panels) == [["attnlrp", "±", True], ["generic", None, True]]
+        page.click("#back")
+    page.close()
+
+
+def test_signed_and_unsigned_maps_each_get_their_own_shared_scale(
+    browser, image_server, shapes_vit
+):
+    """Under "one scale", generic (peaks near 0.03) and AttnLRP (near 2) are drawn on two
+    shared scales, each with its key: on one red-blue scale generic would look blank."""
+    page = open_page(browser, image_server.url)
+    path = "circle/scene_0.png"
+    open_image(page, path, ("generic", "attnlrp"), "shared")
+    page.fill("#top", "2")
+    page.dispatch_event("#top", "change")
+    expect(page.locator("#grid canvas")).to_have_count(4)
+    settled(page)
+    classes = page.eval_on_selector_all(
+        "#grid canvas[data-method=generic]", "cs => cs.map(c => Number(c.dataset.class))"
+    )
+    photo = read_image(image_server.data / path)
+    generic = reference(shapes_vit, photo, "generic", classes).double()
+    attnlrp = reference(shapes_vit, photo, "attnlrp", classes).double()
+    unsigned_peak, signed_peak = float(generic.abs().max()), float(attnlrp.abs().max())
+    assert signed_peak > 20 * unsigned_peak  # what made generic invisible on one scale
+    keys = page.eval_on_selector_all(
+        "#keys .key",
+        "ks => ks.map(k => [k.dataset.signed, "
+        "[...k.querySelectorAll('.ends span')].map(s => s.textContent)])",
+    )
+    assert keys == [
+        ["false", ["0", f"{unsigned_peak:.3g}"]],
+        ["true", [f"{-signed_peak:.3g}", "0", f"{signed_peak:.3g}"]],
+    ]
+    scales = {"generic": (generic, unsigned_peak), "attnlrp": (attnlrp, signed_peak)}
+    for entry in page.evaluate("state.answer")["methods"]:
+        maps, peak = scales[entry["method"]]
+        for k, shown in enumerate(entry["maps"]):
+            assert shown["signed"] == (entry["method"] == "attnlrp")
+            np.testing.assert_allclose(shown["display"], maps[k] / peak, rtol=1e-4, atol=1e-6)
+    # What is drawn: generic's strongest patch is in full colour, not near-white.
+    for k, column in enumerate(classes):
+        drawn = canvas_pixels(page, f"#grid canvas[data-method=generic][data-class='{column}']")
+        r, c = divmod(int(generic[k].argmax()), generic.shape[-1])
+        patch = drawn.shape[0] // generic.shape[-2]
+        assert chroma(drawn[r * patch + patch // 2, c * patch + patch // 2]) > 40
+    page.close()
+
+
 def reference_logits(loaded, photo):
     result = Explainer(loaded.model).explain(loaded.preprocessing([photo]), method="generic")
     return result.logits[0]
 
 
 def test_upload_by_drop_and_by_file_input(browser, image_server, shapes_vit, tmp_path):
+    """An upload is explained as a gallery image, and titled by its file's name."""
     from PIL import Image
 
     from explain.data.shapes import SPLITS, render_scene
@@ -270,14 +424,31 @@ def test_upload_by_drop_and_by_file_input(browser, image_server, shapes_vit, tmp
     )
     page.wait_for_selector("#grid canvas[data-method=generic]")
     settled(page)
-    assert page.inner_text("#image-title").startswith("upload/")
+    assert page.inner_text("#image-title") == "dropped.png"  # its name, not its SHA-256
     canvas = "#grid canvas[data-method=generic] >> nth=0"
     assert int(page.get_attribute(canvas, "data-class")) == predicted
     value, row, column = hover_value(page, canvas, "#hover", 30, 200)
     expected = reference(shapes_vit, photo, "generic", [predicted])[0, row, column]
     torch.testing.assert_close(torch.tensor(value), expected)
 
-    # The file chooser; a file that is not an image is refused with a message.
+    # The file chooser. A black image holds no shape: no class reaches one half, and
+    # the page says so instead of "predicted" its top class.
+    page.click("#back")
+    black = tmp_path / "black.png"
+    Image.fromarray(np.zeros((64, 64, 3), dtype=np.uint8)).save(black)
+    page.set_input_files("#upload", str(black))
+    expect(page.locator("#image-title")).to_have_text("black.png")
+    page.wait_for_selector("#grid canvas[data-method=generic]")
+    settled(page)
+    confidences = reference_logits(shapes_vit, read_image(black)).double().sigmoid()
+    assert confidences.max() < 0.5
+    top = int(confidences.argmax())
+    assert page.inner_text("#image-prediction") == (
+        f"no class above one half (highest: {shapes_vit.classes[top]} "
+        f"({100 * float(confidences[top]):.1f}%))"
+    )
+
+    # A file that is not an image is refused with a message.
     page.click("#back")
     not_image = tmp_path / "notes.png"
     not_image.write_text("not an image")
@@ -324,6 +495,14 @@ def test_text_view_token_relevance(browser, tmp_path):
             "rows => rows.map(r => r.querySelector('.token:nth-child(3)').style.backgroundColor)",
         )
         assert len(set(colours)) > 1
+        # AttnLRP's rows are signed, generic's are not: the signed rows carry the ± mark
+        # that the diverging key's title promises.
+        rows = page.eval_on_selector_all(
+            "#text-results .token-row",
+            "rows => rows.map(r => [r.dataset.signed, r.querySelectorAll('.mark').length])",
+        )
+        assert sorted(rows) == [["false", 0]] * 2 + [["true", 1]] * 2
+        assert "marked ±" in page.inner_text("#text-keys .key[data-signed=true] .title")
 
         # Export: the view as PNG (tokens on their colours), the relevance as json.
         with page.expect_download() as download:
@@ -369,16 +548,144 @@ def test_generation_view_click_a_word(browser, tmp_path):
         coloured = page.eval_on_selector_all(
             "#generation .token", "ts => ts.map(t => t.style.backgroundColor !== '')"
         )
-        assert coloured == [i < width + 1 for i in range(len(tokens))]
+        # generated token 1 is read out at generated token 0 (position `width`): that
+        # token is hatched, off the scale, as in the figure; the ones before are coloured
+        assert coloured == [i < width for i in range(len(tokens))]
+        hatched = page.eval_on_selector_all(
+            "#generation .token", "ts => ts.map(t => t.classList.contains('readout-token'))"
+        )
+        assert hatched == [i == width for i in range(len(tokens))]
         for index in (0, width):
             page.hover(f"#generation .token >> nth={index}")
             shown = float(page.get_attribute("#gen-hover", "data-value"))
             torch.testing.assert_close(
                 torch.tensor(shown), found.explanation.relevance[0, 1, index]
             )
+        assert "off the scale" in page.inner_text("#gen-hover")
         with page.expect_download() as download:
             page.click("#gen-export-png")
         assert png_pixels(Path(download.value.path()).read_bytes())[..., :3].std() > 20
+        page.close()
+
+
+def test_the_generation_view_says_what_each_token_rests_on_as_the_terminal_does(browser, tmp_path):
+    """The page's "generated mostly from" names what `Answer.rests_on` names (what
+    `explain generate` prints and the figure writes): the token a generated token is read
+    out at is left out, though its own identity term makes it the largest of the row."""
+    from explain.generation import explain_generation
+    from explain.testing.tiny_lm import save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "tiny-llama", "llama")
+    loaded = load_model(folder)
+    with serving(loaded, str(folder), None, tmp_path / "cache") as server:
+        page = open_page(browser, server.url)
+        page.fill("#prompt", "w10 w11 w12 w13")
+        page.fill("#max-new-tokens", "4")
+        page.select_option("#gen-method", "generic")
+        page.click("#generate")
+        page.wait_for_selector("#generation .token.generated")
+        settled(page)
+        explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+        found = explain_generation(explainer, "w10 w11 w12 w13", max_new_tokens=4)
+        answer = found.answer()
+        tokens = page.eval_on_selector_all("#generation .token", "ts => ts.map(t => t.textContent)")
+        assert tokens == answer.tokens
+        for g, word in enumerate(answer.generated):
+            page.click(f"#generation .token.generated >> nth={g}")
+            row, readout = answer.relevance[g], answer.readout(g)
+            assert int(row[: readout + 1].argmax()) == readout  # the identity term
+            rests = answer.rests_on(g)
+            assert rests and readout not in rests
+            values = [page.evaluate("v => format(v)", float(row[i])) for i in rests]
+            listed = ", ".join(
+                f"{answer.tokens[i]} ({v})" for i, v in zip(rests, values, strict=True)
+            )
+            assert page.inner_text("#gen-hover") == f"{word} was generated mostly from: {listed}"
+        page.close()
+
+
+def test_the_language_model_page_offers_its_methods_keys_its_colours_and_clears_failures(
+    browser, tmp_path
+):
+    """A language model's page: no "classes" from its config's LABEL_0/LABEL_1, only the
+    methods that explain its generations (not full `lrp`), a colour key for the token
+    clicked, and a failed request leaves none of the previous answer on screen."""
+    from explain.generation import explain_generation
+    from explain.testing.tiny_lm import save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "tiny-llama", "llama")
+    loaded = load_model(folder)
+    assert loaded.classes  # the config names two, which the page must not show
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    with serving(loaded, str(folder), None, tmp_path / "cache") as server:
+        page = open_page(browser, server.url)
+        header = page.inner_text("#model")
+        assert "language model" in header and "class" not in header
+        offered = page.eval_on_selector_all("#gen-method option", "os => os.map(o => o.value)")
+        assert offered == supported_methods(explainer.adapter, Request(prompt_length=1))
+        assert "lrp" not in offered
+
+        page.fill("#prompt", "w10 w11 w12")
+        page.fill("#max-new-tokens", "3")
+        page.select_option("#gen-method", "attnlrp")
+        page.click("#generate")
+        page.wait_for_selector("#generation .token.generated")
+        settled(page)
+        assert page.locator("#gen-keys .key").count() == 0  # no row coloured yet
+        found = explain_generation(explainer, "w10 w11 w12", max_new_tokens=3, method="attnlrp")
+        width = found.generation.prompt_length
+        for g in range(int(found.generation.generated[0].sum())):
+            page.click(f"#generation .token.generated >> nth={g}")
+            row = found.explanation.relevance[0, g, : width + g - 1]  # off: the readout
+            signed = bool(row.min() < 0)
+            key = page.eval_on_selector_all(
+                "#gen-keys .key", "ks => ks.map(k => [k.dataset.signed, k.innerText])"
+            )
+            assert len(key) == 1 and key[0][0] == str(signed).lower()
+            assert ("0" in key[0][1]) == signed  # a signed key is centred at zero
+
+        # The page was loaded when `lrp` was offered (a stale page): the server refuses
+        # it, and the attnlrp answer leaves the screen with the message.
+        page.evaluate("document.getElementById('gen-method').add(new Option('lrp', 'lrp'))")
+        page.select_option("#gen-method", "lrp")
+        page.click("#generate")
+        page.wait_for_selector("#message:not([hidden])")
+        assert "not available" in page.inner_text("#message")
+        for emptied in ("#generation", "#gen-keys", "#gen-caption"):
+            assert page.inner_html(emptied) == "", emptied
+        page.close()
+
+
+def test_an_image_page_offers_only_the_methods_its_model_takes(browser, tmp_path):
+    """Swin's windowed attention takes some methods and not others: the page offers the
+    ones the engine says it takes, and a refused method clears the maps shown before."""
+    loaded = load_model("zoo:shapes-swin")
+    data = scene_folder(tmp_path / "data", 2)
+    with serving(loaded, "zoo:shapes-swin", data, tmp_path / "cache") as server:
+        page = open_page(browser, server.url)
+        path = page.get_attribute(".card >> nth=0", "data-path")
+        open_image(page, path)
+        offered = page.eval_on_selector_all("#methods input", "bs => bs.map(b => b.value)")
+        assert offered == supported_methods(Explainer(loaded.model).adapter)
+        assert len(offered) < len(
+            supported_methods(Explainer(load_model("zoo:shapes-vit").model).adapter)
+        )
+        assert page.locator("#grid canvas").count() == 1
+
+        page.evaluate(
+            """() => {
+                const box = document.createElement('input');
+                box.type = 'checkbox';
+                box.value = 'lrp';
+                box.addEventListener('change', () => busy(explainImage()));
+                document.getElementById('methods').append(box);
+            }"""
+        )
+        page.check("#methods input[value=lrp]")
+        page.wait_for_selector("#message:not([hidden])")
+        assert "not available" in page.inner_text("#message")
+        assert page.locator("#grid canvas").count() == 0
+        assert page.inner_html("#keys") == "" and page.inner_text("#caption") == ""
         page.close()
 
 

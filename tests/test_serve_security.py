@@ -22,8 +22,8 @@ import torch
 from serve_fixtures import request, serving, wait_for_gallery
 
 from explain import Explainer, InputError
-from explain.loading import load_model
-from explain.preprocessing import read_image
+from explain.inputs import read_image
+from explain.loading.specs import load_model
 from explain.serve.data import OutsideDataError, read_data, resolve
 from explain.serve.demo import scene_folder
 from explain.serve.uploads import MAX_BYTES
@@ -247,6 +247,14 @@ BAD_REQUESTS = [
     ("api/export", b'{"format": "exe", "item": "I"}', "application/json", 400, "npz or json"),
     ("api/export", b'{"format": "npz"}', "application/json", 400, "names the `item`"),
     ("api/export", b'{"format": "npz", "item": "I", "captions": ["a"]}', JSON, 400, "no clip view"),
+    # Class indices no int64 holds, and negative ones: out of range, before any work.
+    ("api/export", b'{"format": "npz", "item": "I", "classes": [%d]}' % 10**30, JSON, 400, "range"),
+    ("api/export", b'{"format": "json", "item": "I", "classes": [%d]}' % 2**63, JSON, 400, "range"),
+    ("api/export", b'{"format": "npz", "item": "I", "classes": [-1]}', JSON, 400, "range"),
+    ("api/explain/image", b'{"item": "I", "classes": [%d]}' % 2**63, JSON, 400, "range"),
+    # 100,000 levels of nesting in 200 KB: Python's JSON parser runs out of stack.
+    ("api/export", b"[" * 100_000 + b"]" * 100_000, JSON, 400, "nested too deeply"),
+    ("api/explain/image", b'{"item": ' * 50_000 + b"1" + b"}" * 50_000, JSON, 400, "nested"),
 ]
 
 
@@ -269,7 +277,7 @@ def test_unknown_routes_and_methods(server):
 
 
 def test_an_unexpected_failure_is_a_500_without_a_traceback(server, monkeypatch):
-    def broken(photo):
+    def broken(*args):
         raise RuntimeError("secret internals at /home/user/model.py line 3")
 
     monkeypatch.setattr(server.workbench, "view_png", broken)
@@ -280,10 +288,63 @@ def test_an_unexpected_failure_is_a_500_without_a_traceback(server, monkeypatch)
     assert "RuntimeError" in message and "secret internals" not in message
 
 
-def test_another_host_name_is_refused(server):
-    """DNS rebinding: a web page's own host name pointed at 127.0.0.1 gets nowhere."""
-    status, _, _ = request(server.url + "api/info", headers={"Host": "evil.example:80"})
+def test_an_export_takes_at_most_as_many_classes_as_a_view(server, monkeypatch):
+    """Each class is a backward pass and a map in the file: 1,000 took seconds and 20,000
+    gigabytes. Refused before the model runs, as the explain views refuse them."""
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the model ran for a refused export")
+
+    monkeypatch.setattr(server.workbench.explainer, "explain", refused)
+    item = wait_for_gallery(server.url)["items"][0]["path"]
+    for classes in ([0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4], list(range(6)) * 20_000):
+        body = {"format": "npz", "item": item, "classes": classes}
+        status, answer, _ = request(server.url + "api/export", body)
+        assert status == 400
+        assert f"at most 10 classes at once, got {len(classes)}" in error_of(status, answer)
+
+
+@pytest.mark.parametrize("host", ["evil.example:80", "evil.example", "127.0.0.1.evil.example",
+                                  "127.0.0.1@evil.example", "[::2]:80", "", "[::1"])  # fmt: skip
+def test_another_host_name_is_refused(server, host):
+    """DNS rebinding: a web page's own host name pointed at 127.0.0.1 gets nowhere; the
+    refusal is a JSON error like every other."""
+    status, body, _ = request(server.url + "api/info", headers={"Host": host})
     assert status == 400
+    assert "does not answer to the host" in error_of(status, body)
+
+
+def test_the_loopback_names_are_accepted_with_or_without_a_port(server):
+    port = server.url.rsplit(":", 1)[1].strip("/")
+    for host in ("127.0.0.1", f"127.0.0.1:{port}", "localhost", "LOCALHOST:1", "[::1]", "[::1]:80"):
+        assert request(server.url + "api/info", headers={"Host": host})[0] == 200, host
+
+
+def test_a_client_that_leaves_mid_upload_is_one_line_in_the_log(setup, shapes_vit, capfd):
+    import socket
+    import time
+
+    root, data = setup
+    with serving(shapes_vit, "zoo:shapes-vit", data, root / "cache-gone") as running:
+        host, port = running.url.removeprefix("http://").strip("/").split(":")
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(
+                b"POST /api/upload HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Explain-Upload: 1\r\n"
+                b"Content-Length: 1000000\r\n\r\n" + _png()[:1000]
+            )
+            time.sleep(0.2)  # the server is reading the body
+        deadline = time.monotonic() + 10
+        log = ""
+        while "closed the connection" not in log and time.monotonic() < deadline:
+            time.sleep(0.05)
+            log += capfd.readouterr().err
+        assert request(running.url + "api/info")[0] == 200  # and it serves on
+    log += capfd.readouterr().err
+    lines = [line for line in log.splitlines() if line.strip()]
+    assert lines == [
+        "explain serve: POST /api/upload: the client closed the connection before the "
+        "request was complete"
+    ], log
 
 
 def _tree(folder: Path) -> dict[str, tuple[int, int]]:
@@ -390,28 +451,63 @@ def test_a_second_visit_uses_the_cache(setup, shapes_vit, tmp_path, monkeypatch)
     assert len(list((cache / "results").iterdir())) == stored + 2 * 3  # logits, map
 
 
-def test_the_command_prints_its_address_writes_only_its_cache_and_stops_on_ctrl_c(setup, tmp_path):
+def _ipv6_loopback() -> bool:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        (None, "http://127.0.0.1:"),
+        pytest.param(
+            "::1",
+            "http://[::1]:",
+            marks=pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here"),
+        ),
+    ],
+)
+def test_the_command_prints_its_address_writes_only_its_cache_and_stops_on_ctrl_c(
+    setup, tmp_path, host, address
+):
+    """Also on the IPv6 loopback address, a local address: the Host header is checked
+    there too. Nothing is written in HOME or TMPDIR (`import timm` made the inductor's
+    $TMPDIR/torchinductor_$USER): only under --cache."""
     _, data = setup
-    home = tmp_path / "home"  # the command writes nothing here: only under --cache
+    home, scratch = tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MPL"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path.cwd()), HOME=str(home))
+    scratch.mkdir()
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MPL", "TORCHINDUCTOR"))
+    }
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path.cwd()), HOME=str(home), TMPDIR=str(scratch))
     command = [sys.executable, "-m", "explain.cli", "serve", str(data), "--model", "zoo:shapes-vit"]
     command += ["--port", "0", "--cache", str(tmp_path / "cache")]
+    command += ["--host", host] if host else []
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
         line = process.stdout.readline()
-        assert " on http://127.0.0.1:" in line, line + process.stderr.read()
+        assert f" on {address}" in line, line + process.stderr.read()
         url = line.rsplit(" on ", 1)[1].strip()
         assert f"cache folder {tmp_path / 'cache'}" in process.stdout.readline()
         status, body, _ = request(url + "api/info")
         assert status == 200 and json.loads(body)["kind"] == "image"
+        status, body, _ = request(url + "api/info", headers={"Host": "attacker.example"})
+        assert status == 400 and "attacker.example" in error_of(status, body)
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
         assert "stopped" in process.stderr.read()
         assert not any(home.iterdir())
+        assert not any(scratch.iterdir())
+        assert (tmp_path / "cache" / "torchinductor").is_dir()
     finally:
         process.kill()
         process.wait()
@@ -464,7 +560,10 @@ def test_a_single_label_gallery_is_right_when_the_top_class_is_the_label(tmp_pat
         top = int(logits.argmax())
         assert item["prediction"]["index"] == top
         assert item["prediction"]["confidence"] == pytest.approx(float(probabilities[top]))
-        assert item["prediction"]["present"] == [loaded.classes[top]]
+        confidence = pytest.approx(float(probabilities[top]))
+        assert item["prediction"]["present"] == [
+            {"name": loaded.classes[top], "confidence": confidence}
+        ]
         assert item["correct"] == (loaded.classes[top] == item["label"])
     assert [item["correct"] for item in gallery["items"]].count(False) >= 1
 
@@ -488,7 +587,7 @@ def test_results_of_an_overwritten_checkpoint_are_not_reused(tmp_path):
 
 
 def test_a_vision_language_model_is_refused_with_the_command_that_explains_it(tmp_path):
-    from explain.loaded_model import LoadedModel
+    from explain.loading.loaded_model import LoadedModel
     from explain.serve import ResultCache, Workbench
     from explain.testing.tiny_vlm import tiny_llava, tiny_vlm_tokenizer
 
@@ -505,7 +604,7 @@ def test_a_vision_language_model_is_refused_with_the_command_that_explains_it(tm
 def test_an_object_detector_is_refused_with_the_command_that_explains_it(tmp_path):
     """A detector comes with its own image processor (variable sizes, padded batches),
     which the gallery's views do not draw."""
-    from explain.loaded_model import LoadedModel
+    from explain.loading.loaded_model import LoadedModel
     from explain.serve import ResultCache, Workbench
     from explain.testing import tiny_vit
 

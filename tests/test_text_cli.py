@@ -298,3 +298,18 @@ def test_encoder_save_keeps_both_sides(tmp_path, capsys):
     assert set(saved.relevances) == {"text", "pair"} and saved.score == "cosine_similarity"
     assert saved.settings["pair"] == "Music on stage." and saved.logits.shape == (1, 1)
     assert saved.settings["pair_tokens"][0][0] == "[CLS]"
+
+
+def test_all_methods_runs_every_method_a_language_model_takes(tmp_path, capsys):
+    from explain.testing.tiny_lm import save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "tiny-llama")
+    assert main(["text", "w12 w13", "--model", str(folder), "--method", "all"]) == 0
+    captured = capsys.readouterr()
+    ran = [line[1:-1] for line in captured.out.splitlines() if line.startswith("[")]
+    assert ran == [
+        "attention_gradcam", "attnlrp", "cp_lrp", "generic", "random", "raw_attention", "rollout",
+    ]  # fmt: skip
+    assert "does not take lrp, partial_lrp, transformer_attribution (the LRP methods" in (
+        captured.err
+    )

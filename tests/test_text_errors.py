@@ -132,7 +132,7 @@ def test_an_image_model_without_classifier_needs_a_score():
 
 
 def test_clip_tokenizes_raw_texts_with_the_explainers_tokenizer():
-    from explain.loading import load_model
+    from explain.loading.specs import load_model
 
     loaded = load_model("zoo:shapes-clip")
     images = torch.randn(2, 3, *loaded.image_size, generator=torch.Generator().manual_seed(0))

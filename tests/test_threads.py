@@ -98,3 +98,71 @@ def test_a_target_may_explain_another_model():
 
     Explainer(outer).explain(images, target=target)
     torch.testing.assert_close(inner_maps[0], Explainer(inner).explain(images).relevance)
+
+
+@pytest.mark.parametrize("path", ["explicit", "fused"])
+def test_a_model_sharing_a_tower_runs_in_another_thread_during_an_explanation(path):
+    """Model B shares its vision tower with model A. While A is explained (inside its
+    target callable: between A's forward and backward, its hooks in place), another thread
+    runs a training step of B. A's recording never sees B's forward (issue 37: B's backward
+    raised inside explain's hooks, and A's call failed); B computes what it computes
+    alone, but with the state the explanation gives the shared tower for the call (eval
+    mode, requires_grad off, the explicit path's eager attention: see the README, Threads),
+    so its tower gets no gradient meanwhile."""
+    import numpy as np
+
+    from explain.inputs import encode_image_prompt
+    from explain.testing.tiny_vlm import tiny_llava, tiny_llava_processor
+
+    a, processor = tiny_llava("clip").double(), tiny_llava_processor("clip")
+    b = tiny_llava("clip", seed=1).double()
+    b.model.vision_tower = a.model.vision_tower  # one module, one config
+    photo = (np.random.default_rng(0).random((40, 60, 3)) * 255).astype(np.uint8)
+    chat = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": photo}, {"type": "text", "text": "w12"}],
+        }
+    ]
+    inputs = encode_image_prompt(chat, processor)
+    inputs["pixel_values"] = inputs["pixel_values"].double()
+    tower_weight = a.model.vision_tower.embeddings.patch_embedding.weight
+
+    def train_b() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One step of B: its logits, its head's gradient and the shared tower's."""
+        b.zero_grad(set_to_none=True)
+        logits = b(**inputs).logits
+        logits.sum().backward()
+        tower = None if tower_weight.grad is None else tower_weight.grad.clone()
+        return logits.detach(), b.lm_head.weight.grad.clone(), tower
+
+    alone = train_b()
+    assert alone[2] is not None
+    explainer = Explainer(a, tokenizer=processor, attention_path=path)
+    expected = explainer.explain(chat, depth="tower").relevances["image"]
+    during: list = []
+
+    def target(logits: torch.Tensor) -> torch.Tensor:
+        def work() -> None:
+            try:
+                during.append(train_b())
+            except BaseException as error:  # reported below, in the main thread
+                during.append(error)
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join()
+        return logits.argmax(dim=-1)
+
+    found = explainer.explain(chat, depth="tower", target=target).relevances["image"]
+    torch.testing.assert_close(found, expected, rtol=1e-10, atol=1e-12)
+    (step,) = during
+    assert not isinstance(step, BaseException), repr(step)
+    logits, head, tower = step
+    # The fused path's wrapper gives B sdpa's own output; the explicit path's eager flag
+    # is the shared config's, and CLIP's eager attention takes its softmax in float32.
+    tolerance = dict(rtol=1e-10, atol=1e-12) if path == "fused" else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(logits, alone[0], **tolerance)
+    torch.testing.assert_close(head, alone[1], **tolerance)
+    assert tower is None  # the tower's requires_grad is off for the explanation
+    assert a.model.vision_tower.config._attn_implementation == "sdpa"

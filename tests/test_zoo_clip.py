@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from explain import Explainer
 from explain.data import captions, shapes
 from explain.errors import ModelLoadError
-from explain.loading import load_model
-from explain.zoo import WEIGHTS, load_zoo_model, zoo_root
+from explain.loading.specs import load_model
+from explain.loading.zoo import WEIGHTS, load_zoo_model, zoo_root
 
 pytest.importorskip("transformers")
 

@@ -3,16 +3,7 @@ one small file per model family, imported only when a model is matched against i
 
 from __future__ import annotations
 
-from explain.architectures.base import (
-    Adapter,
-    AttentionSite,
-    FlagSetting,
-    LazyImport,
-    Prepared,
-    TokenLayout,
-    TokenSet,
-    TokenSets,
-)
+from explain.architectures.base import Adapter
 from explain.architectures.registry import (
     ADAPTERS,
     FAMILIES,
@@ -21,6 +12,7 @@ from explain.architectures.registry import (
     register_family,
     supported_families,
 )
+from explain.layout import AttentionSite, FlagSetting, Prepared, TokenLayout, TokenSet
 
 __all__ = [
     "ADAPTERS",
@@ -28,11 +20,9 @@ __all__ = [
     "Adapter",
     "AttentionSite",
     "FlagSetting",
-    "LazyImport",
     "Prepared",
     "TokenLayout",
     "TokenSet",
-    "TokenSets",
     "adapter_for",
     "register_adapter",
     "register_family",

@@ -7,43 +7,44 @@ called, which token is read out, and how token relevance maps back onto the inpu
 
 from __future__ import annotations
 
-import importlib
+import functools
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from explain.architectures.wrappers import execution_device
 from explain.errors import InputError
 from explain.finite import check_finite
-from explain.tokenizing import encode, is_raw_text, token_strings
+from explain.inputs import encode, is_raw_text, token_strings
+from explain.layout import (
+    AttentionSite,
+    FlagSetting,
+    FusedPath,
+    Prepared,
+    TokenLayout,
+    TokenSet,
+)
+from explain.lrp.attnlrp import AttnLrpSites
+from explain.lrp.walk import LrpWalk
 
 __all__ = [
     "Adapter",
-    "AttentionSite",
     "Detector",
-    "FlagSetting",
-    "FusedAttentionSite",
-    "FusedPath",
+    "EncoderDecoder",
+    "ImageTextModel",
     "LanguageModel",
-    "LazyImport",
-    "ModuleHook",
-    "Pieces",
-    "Prepared",
-    "TokenLayout",
-    "TokenSet",
-    "TokenSets",
     "mean_rows",
     "one_hot_rows",
+    "refuse_meta_inputs",
+    "this_thread_only",
     "validate_image_batch",
     "whole_output",
 ]
-
-Modality = Literal["image", "text"]
 
 
 def whole_output(output: Tensor) -> Tensor:
@@ -52,237 +53,18 @@ def whole_output(output: Tensor) -> Tensor:
     return output
 
 
-@dataclass(frozen=True)
-class AttentionSite:
-    """Where one block's post-softmax attention probabilities can be seen in the forward.
+def this_thread_only(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """`hook` (a forward hook or pre-hook), acting only in the thread that makes it, the
+    one whose call installs it: another thread's forward through a module the model
+    shares (a second model with the same vision tower, run or trained meanwhile) runs as
+    if the hook were not there, and is never recorded as the call's."""
+    owner = threading.get_ident()
 
-    The recorder puts a forward hook on `module`; `probabilities(output)` picks the
-    (B, H, N, N) tensor that the block multiplies with its values out of the module's output.
+    @functools.wraps(hook)
+    def in_its_thread(*args: Any, **kwargs: Any) -> Any:
+        return hook(*args, **kwargs) if threading.get_ident() == owner else None
 
-    Models with two token sets (dual encoders, encoder-decoders) have several stacks of
-    blocks: `layer` is then unique over the whole model, `stack` names the block's stack
-    (e.g. "image", "text", "source", "target") and `kind` is "self", or "cross" for
-    attention whose keys come from another stack (queries (B, H, N_q, N_k)).
-    """
-
-    layer: int
-    module: nn.Module
-    probabilities: Callable[[Any], Tensor]
-    stack: str = "main"
-    kind: Literal["self", "cross"] = "self"
-    seen_in: Literal["output", "input"] = "output"
-    """Where the probabilities are: in the module's output (`probabilities` gets the
-    output), or among its positional inputs (`probabilities` gets the args tuple), for a
-    module the probabilities enter, such as a module that computes A @ V."""
-    recomputed: FusedAttentionSite | None = None
-    """Where the block's probabilities are no tensor of the model (a packed sequence
-    attended piece by piece, explain.architectures.hf_packed_attention): the fused site
-    whose q, k, v and output the recorder recomputes them from, and their gradient from
-    dO (explain.fused), on either path; `probabilities` is then never called."""
-
-
-ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
-"""A forward hook (module, args, kwargs, output) -> None that only reads what it is given,
-or -> a replacement output equal in value whose gradient follows a rule (explain.lrp.attnlrp)."""
-
-
-@dataclass(frozen=True)
-class FlagSetting:
-    """An attribute the session (explain.engine.session) sets for the duration of a call
-    and then restores."""
-
-    owner: object
-    name: str
-    value: object
-
-
-@dataclass(frozen=True)
-class Pieces:
-    """A block's mask said by its shape: every sequence of the block's batch is cut into
-    contiguous pieces of `lengths` tokens (alike in every sequence), and a token attends
-    only within its own piece (a packed tower's windows,
-    explain.architectures.hf_packed_attention). A fold then takes the pieces one by one
-    (explain.engine.spread) and no (N x N) mask is ever built, unless a whole map is
-    asked for (`dense`)."""
-
-    lengths: tuple[int, ...]
-
-    def dense(self, device: torch.device) -> Tensor:
-        """(1, 1, N, N) bool: True where query and key lie in the same piece."""
-        sizes = torch.tensor(self.lengths, device=device)
-        piece = torch.arange(len(self.lengths), device=device).repeat_interleave(sizes)
-        return (piece[:, None] == piece[None, :])[None, None]
-
-
-@dataclass(frozen=True)
-class FusedAttentionSite:
-    """Where one block's q, k, v and attention output can be seen on the fused path.
-
-    With a fused scaled-dot-product kernel the attention probabilities never exist as a
-    tensor. They are recomputed from q and k, `A = softmax(q k^T * scale)`, and their
-    gradient from v and the gradient of the attention output, `dA = dO v^T`. The recorder
-    puts forward hooks on `query` and `key` (their outputs are q and k, (B, H, N, d),
-    before the scale) and on `value` (`values(output)` picks v, (B, H, N, d), out of its
-    output), and a forward pre-hook on `output`, whose first input is the attention output
-    that `heads(x)` turns back into (B, H, N, d). Where the query and key modules output
-    (B, N, H * d), `queries` and `keys` split the heads. Where the kernel takes an attention
-    mask, a forward pre-hook on `mask_module` reads it with `masks(args, kwargs)`: a bool
-    mask (True = attend) or an additive float mask that broadcasts to (B, H, N, N), a
-    `Pieces`, or None.
-    """
-
-    layer: int
-    query: nn.Module
-    key: nn.Module
-    value: nn.Module
-    values: Callable[[Tensor], Tensor]
-    output: nn.Module
-    heads: Callable[[Tensor], Tensor]
-    scale: float
-    queries: Callable[[Tensor], Tensor] | None = None
-    keys: Callable[[Tensor], Tensor] | None = None
-    mask_module: nn.Module | None = None
-    masks: Callable[[tuple[Any, ...], dict[str, Any]], Tensor | Pieces | None] | None = None
-    causal: bool = False
-    """Queries attend to keys at or before their own position only, on top of the mask:
-    the recomputation then builds the causal mask by chunks of rows (never N x N) and
-    skips the keys after a chunk's last row."""
-
-
-@dataclass(frozen=True)
-class FusedPath:
-    """An adapter's fused-attention capability: its sites and the flags that keep the
-    fused kernel on (and checkpointing off) for the duration of a call."""
-
-    sites: Sequence[FusedAttentionSite]
-    flags: Sequence[FlagSetting]
-    context: Callable[[], AbstractContextManager[Any]] | None = None
-    """What the path needs in place for the call besides its flags (an entry in a
-    library's registry that a flag names), entered before the flags are set and exited
-    after they are restored; None: nothing."""
-
-
-@dataclass(frozen=True)
-class TokenLayout:
-    """How the model's token sequence relates to the input.
-
-    `token_mask` (B, N) marks the real tokens (False at padding); it is None when every
-    token is real, as in images.
-    """
-
-    modality: Modality
-    num_tokens: int
-    num_prefix_tokens: int = 0
-    grid: tuple[int, int] | None = None
-    input_size: tuple[int, int] | None = None
-    token_mask: Tensor | None = None
-
-    def key_mask(self, batch: int, device: torch.device) -> Tensor:
-        """(B, N) bool: the tokens a relevance map is over (patches, or real text tokens)."""
-        if self.token_mask is not None:
-            return self.token_mask.to(device=device, dtype=torch.bool)
-        mask = torch.zeros(batch, self.num_tokens, dtype=torch.bool, device=device)
-        mask[:, self.num_prefix_tokens :] = True
-        return mask
-
-    @classmethod
-    def image(
-        cls, grid: tuple[int, int], input_size: tuple[int, int], num_prefix_tokens: int = 1
-    ) -> TokenLayout:
-        """The layout of an image: `num_prefix_tokens` (class, distillation, register
-        tokens) followed by the patches of a `grid` in row-major order."""
-        return cls(
-            modality="image",
-            num_tokens=num_prefix_tokens + grid[0] * grid[1],
-            num_prefix_tokens=num_prefix_tokens,
-            grid=(int(grid[0]), int(grid[1])),
-            input_size=(int(input_size[0]), int(input_size[1])),
-        )
-
-    @classmethod
-    def text(cls, mask: Tensor) -> TokenLayout:
-        """The layout of a (B, T) text batch: every position a token, pads (mask 0) False."""
-        return cls(modality="text", num_tokens=mask.shape[1], token_mask=mask.bool())
-
-    def patch_grid(self, token_relevance: Tensor) -> Tensor:
-        """(..., N) relevance over an image's tokens -> (..., gh, gw) over its patch grid
-        (the prefix tokens, class and register tokens, dropped)."""
-        assert self.grid is not None, "patch_grid needs an image layout"
-        patches = token_relevance[..., self.num_prefix_tokens :]
-        return patches.reshape(*patches.shape[:-1], *self.grid)
-
-    def unpadded(self, token_relevance: Tensor) -> Tensor:
-        """(B, ..., N) relevance over text tokens with every padding position exactly 0."""
-        assert self.token_mask is not None, "unpadded needs a text layout"
-        mask = self.token_mask
-        shape = (mask.shape[0],) + (1,) * (token_relevance.dim() - 2) + (mask.shape[1],)
-        return token_relevance * mask.reshape(shape).to(token_relevance.dtype)
-
-    def to_input_space(self, token_relevance: Tensor) -> Tensor:
-        """Token relevance on the input: an image's patch grid, or text tokens with pads 0."""
-        if self.modality == "image":
-            return self.patch_grid(token_relevance)
-        return self.unpadded(token_relevance)
-
-
-@dataclass(frozen=True)
-class TokenSet:
-    """One set of tokens whose relevance an explanation returns (`Explanation.relevances`).
-
-    A single-stack model has one set, named after its modality; a dual encoder has
-    "image" and "text" (each tower explained on its own), an encoder-decoder "source" and
-    "target". `layers` are the model-wide numbers of the set's attention sites, `readout`
-    (B, N) its readout row, and `default_start_layer` the start layer used when the caller
-    gives none (None: the method's own default; -1: the set's last block).
-    """
-
-    name: str
-    layers: range
-    layout: TokenLayout
-    readout: Tensor
-    default_start_layer: int | None = None
-
-
-class TokenSets(StrEnum):
-    """How a model with two token sets is explained (`Adapter.token_sets`); a str, so it
-    compares equal to its value."""
-
-    DUAL_ENCODER = "dual_encoder"
-    """Two towers scored by the similarity of their outputs (CLIP): each (image, text)
-    pair is explained as its own sample, each tower with the chosen method."""
-    IMAGE_TEXT = "image_text"
-    """A vision tower feeding image tokens into a decoder-only language model (LLaVA):
-    the language model's fold read at the image tokens, optionally continued through the
-    tower (explain.engine.plans.image_text); relevances {"image", "text"}."""
-    ENCODER_DECODER = "encoder_decoder"
-    """An encoder read by a decoder through cross-attention: the two-set rules of
-    explain.rules.coattention, read out at a decoder position."""
-    DETECTION = "detection"
-    """A detector (DETR): an encoder over image tokens read by object queries through
-    cross-attention; each detection is explained at its query (explain.engine.plans.detection)."""
-
-
-@dataclass(frozen=True)
-class LazyImport:
-    """A function or class named by module and attribute, imported on first use: how an
-    adapter declares a capability that lives in explain.lrp (its LRP walk, where the
-    AttnLRP and CP-LRP rules attach) without ever importing that code."""
-
-    module: str
-    name: str
-
-    def load(self) -> Callable[..., Any]:
-        """The named function or class."""
-        return getattr(importlib.import_module(self.module), self.name)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """Validated inputs on the model's device and in its dtype, with their token layout."""
-
-    batch_size: int
-    layout: TokenLayout
-    arguments: dict[str, Tensor]
+    return in_its_thread
 
 
 class Adapter(ABC):
@@ -290,28 +72,35 @@ class Adapter(ABC):
 
     A family file subclasses `Adapter`, implements the abstract members below and names
     its class in explain.architectures.registry. Capabilities are declared, never probed:
-    `token_sets` (two token sets), `lrp_walk` (the LRP methods), `rule_sites` (AttnLRP
-    and CP-LRP), `pooled_by_mean` (a sentence encoder), `reads_text` (a tokenizer serves
-    it), `fused_path()` (the fused attention kernel); the defaults describe a single-stack
-    image model with none of them. A decoder-only language model subclasses
-    `LanguageModel`, whose generations it explains.
+    `lrp_walk` (the LRP methods) and `attnlrp_sites` (AttnLRP and CP-LRP), optional
+    methods defined in the family's own file, `pooled_by_mean` (a sentence encoder),
+    `reads_text` (a tokenizer serves it), `fused_path()` (the fused attention kernel); the
+    defaults describe a single-stack image model with none of them. A model of another
+    kind subclasses that kind's contract, which the engine's plan for it names
+    (explain.engine.plans): `LanguageModel` (a decoder-only language model, whose
+    generations it explains), `ImageTextModel`, `EncoderDecoder`, `Detector`, or
+    explain.architectures.dual_encoder's `DualEncoder`.
     """
 
     family: ClassVar[str]
     """Human-readable name of the family, used in error messages and `explain models`."""
 
-    token_sets: ClassVar[TokenSets | None] = None
-    """None for one token sequence; models with two token sets declare how they are
-    explained (relevances {"image", "text"} or {"source", "target"})."""
+    lrp_walk: Callable[..., LrpWalk] | None = None
+    """Optional method `lrp_walk(*, to_input: bool) -> LrpWalk`: the family's LRP walk
+    (explain.lrp.walk), which the LRP methods need; `to_input` also captures what full LRP
+    needs to reach the input. A family that has one defines it in its own file; None
+    (default): the LRP methods are refused before any forward."""
 
-    lrp_walk: ClassVar[LazyImport | None] = None
-    """The family's LRP walk, which the LRP methods need: a class in explain.lrp, called as
-    `cls(adapter, to_input=...)`, that satisfies explain.lrp's `Tape`; None: the LRP
-    methods are refused."""
+    lrp_covers: ClassVar[str | None] = None
+    """Which of the family's models its LRP walk covers, where not all of them, said where
+    the family's methods are listed (`explain models`); None: every model, as far as the
+    family can tell without one (`lrp_missing` asks each model)."""
 
-    rule_sites: ClassVar[LazyImport | None] = None
-    """Where AttnLRP and CP-LRP attach in the family's modules: a function (in
-    explain.lrp.attnlrp_sites) from the adapter to its `RuleSites`; None: they are refused."""
+    attnlrp_sites: Callable[[], AttnLrpSites] | None = None
+    """Optional method `attnlrp_sites() -> AttnLrpSites`: where the gradient rules of
+    AttnLRP and CP-LRP attach in the family's modules (explain.lrp.attnlrp). A family
+    that has them defines it in its own file; None (default): they are refused before
+    any forward."""
 
     methods: ClassVar[frozenset[str] | None] = None
     """None: every method the family's capabilities allow. A family whose attention only
@@ -370,6 +159,13 @@ class Adapter(ABC):
         A family whose input differs overrides it."""
         return layout.to_input_space(token_relevance)
 
+    def lrp_missing(self) -> str | None:
+        """What the family's LRP walk lacks for this model (a sentence for an error
+        message), or None: nothing. Asked before any forward, of a family with a walk
+        (`lrp_walk`), so that a model its walk does not cover is refused the LRP methods
+        as any other missing capability is. Optional: the default is None."""
+        return None
+
     def path_context(self) -> AbstractContextManager[Any] | None:
         """What the explicit path needs in place for the call besides its flags (as
         `FusedPath.context`: entered before the flags are set, exited after they are
@@ -386,7 +182,7 @@ class Adapter(ABC):
         of their own (a vision-language model's tower and language model): each of the
         stack's `blocks` computes `maps` (tokens x tokens) attention maps over `prepared`
         (its batch times its heads). For the explicit path's memory estimate
-        (explain.fused.explicit_map_bytes); None (default): every block attends over
+        (explain.engine.fused.explicit_map_bytes); None (default): every block attends over
         `prepared.layout`'s tokens, batch times the model's heads maps each."""
         return None
 
@@ -398,7 +194,7 @@ class Adapter(ABC):
 
     def encode(self, inputs: object, tokenizer: Any) -> object:
         """`inputs` with raw texts (a string or a list of strings) tokenized by the
-        Explainer's `tokenizer` into a padded batch (explain.tokenizing.encode); anything else
+        Explainer's `tokenizer` into a padded batch (explain.inputs.encode); anything else
         as given. A family whose raw inputs look different overrides it."""
         if tokenizer is not None and is_raw_text(inputs):
             return encode(tokenizer, inputs)
@@ -416,7 +212,7 @@ class Adapter(ABC):
     def feature_output(self) -> str | None:
         """None when the output holds class scores. For a model without a classifier (its
         output is features, e.g. a pooled embedding), a sentence saying so and what to
-        explain instead: class targets are then refused (explain.targets)."""
+        explain instead: class targets are then refused (explain.engine.targets)."""
         return None
 
     @property
@@ -436,11 +232,22 @@ class Adapter(ABC):
 
     @property
     def parameter(self) -> Tensor:
-        """Any parameter of the model: it tells the device and floating dtype to use."""
-        try:
-            return next(self.model.parameters())
-        except StopIteration:  # a parameter-free model cannot be a transformer
-            raise TypeError("the model has no parameters") from None
+        """A tensor that tells the device and the floating dtype to use: the model's first
+        floating-point parameter, or, where accelerate dispatches the model (its weights
+        perhaps offloaded to the meta device), an empty tensor of that dtype on the
+        hooks' execution device, where the inputs go."""
+        found = None
+        for parameter in self.model.parameters():
+            if parameter.is_floating_point():
+                found = parameter
+                break
+            found = found if found is not None else parameter
+        if found is None:  # a parameter-free model cannot be a transformer
+            raise TypeError("the model has no parameters")
+        device = execution_device(self.model)
+        if device is None or device == found.device:
+            return found
+        return found.new_empty(0, device=device)
 
 
 class LanguageModel(Adapter):
@@ -467,13 +274,30 @@ class LanguageModel(Adapter):
         return (tokens == positions.to(mask.device)[..., None]).to(self.parameter.dtype)
 
 
+class ImageTextModel(LanguageModel):
+    """The contract of a vision-language model's adapter (LLaVA): a vision tower whose
+    image tokens a decoder-only language model reads. `prepare` gives an `ImagePrepared`
+    (where each text's image tokens lie and how they go back onto the tower and the
+    photo), `sets` the "image" (the tower's blocks) and "text" (the language model's)
+    token sets; the image-text plan (explain.engine.plans.image_text) explains the next
+    token or an answer over both. explain.architectures.hf_vision_language holds what
+    the Hugging Face families share."""
+
+
+class EncoderDecoder(Adapter):
+    """The contract of an encoder-decoder's adapter (BART, T5): an encoder read by a
+    decoder through cross-attention. Its attention sites name their stack ("source" or
+    "target") and kind ("self" or "cross"); its inputs carry `decoder_input_ids` and
+    `decoder_attention_mask`; `sets` are "source" and "target". The encoder-decoder plan
+    (explain.engine.plans.encoder_decoder) reads the two-set rules of
+    explain.rules.coattention at a decoder position."""
+
+
 class Detector(Adapter):
     """The contract of an object detector's adapter (DETR): queries read the image's
     tokens, and each query predicts a box and class scores. A detection plan
     (explain.engine.plans.detection) chooses the detections from `class_probabilities` and
     explains each at its query."""
-
-    token_sets = TokenSets.DETECTION
 
     @property
     @abstractmethod
@@ -550,3 +374,21 @@ def validate_image_batch(
     if images.is_inference():  # made under inference_mode: autograd cannot save it
         images = images.clone()
     return images
+
+
+def refuse_meta_inputs(inputs: object, name: str = "an input") -> None:
+    """Refuse tensors on the meta device anywhere in `inputs` (a tensor, or mappings and
+    lists of them, an image prompt's photos included): they have shapes but no values,
+    so every check of the values would fail with PyTorch's own error."""
+    if isinstance(inputs, Tensor):
+        if inputs.is_meta:
+            raise InputError(
+                f"{name} is on the meta device, which holds no values: give the tensors "
+                "themselves (on the CPU or the model's device)"
+            )
+    elif isinstance(inputs, Mapping):
+        for key, value in inputs.items():
+            refuse_meta_inputs(value, key if isinstance(key, str) else name)
+    elif isinstance(inputs, list | tuple):
+        for value in inputs:
+            refuse_meta_inputs(value, name)

@@ -15,22 +15,22 @@ q * scaling, k and v (key/value heads repeated to the query heads), the mask and
 kernel's output to small identity modules of the adapter's own (an `AttentionProbe`
 per attention module, never attached to the model; `Probes` shows every call, a packed
 module's probe its pieces together, explain.architectures.hf_packed_attention). The
-recorder hooks those as it hooks a `FusedAttentionSite`'s modules (explain.fused), and
+recorder hooks those as it hooks a `FusedAttentionSite`'s modules (explain.engine.fused), and
 the model computes exactly what its sdpa path computes.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
-from explain.architectures.base import FlagSetting, FusedAttentionSite, FusedPath, whole_output
+from explain.architectures.base import whole_output
+from explain.architectures.hf_registries import Entry, Registration
+from explain.layout import FlagSetting, FusedAttentionSite, FusedPath
 
 __all__ = [
     "IMPLEMENTATION",
@@ -134,7 +134,9 @@ def _probed_sdpa(
         module, query, key, value, attention_mask, *args, scaling=scaling, **kwargs
     )
     probe = _PROBES.get(module)
-    if probe is None:  # not one of the explained model's attention modules
+    # Not one of the explained model's attention modules, or another thread's forward
+    # through a module it shares (it gets sdpa's output, as without explain).
+    if probe is None or not registered.in_this_thread():
         return output, None
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     groups = query.shape[1] // key.shape[1]
@@ -143,35 +145,17 @@ def _probed_sdpa(
     return probe.see(query * scale, key, value, attention_mask, output), None
 
 
-class _Registration:
-    """The wrapper's entries in transformers' attention registries, present while at least
-    one call needs them (the registries are process-wide: calls in parallel share them)."""
+def _probe_entries() -> list[Entry]:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._users = 0
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-        with self._guard:
-            if self._users == 0:
-                AttentionInterface.register(IMPLEMENTATION, _probed_sdpa)
-                AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-            self._users += 1
-        try:
-            yield
-        finally:
-            with self._guard:
-                self._users -= 1
-                if self._users == 0:  # `register` has no inverse: remove the entries
-                    AttentionInterface._global_mapping.pop(IMPLEMENTATION, None)
-                    AttentionMaskInterface._global_mapping.pop(IMPLEMENTATION, None)
+    return [
+        (AttentionInterface, IMPLEMENTATION, lambda previous: _probed_sdpa),
+        (AttentionMaskInterface, IMPLEMENTATION, lambda previous: sdpa_mask),
+    ]
 
 
-registered = _Registration()
+registered = Registration(_probe_entries)
 """The wrapper's registration for one call (a context manager, counted across calls)."""
 
 

@@ -18,26 +18,25 @@ explained by explain.generation, on top of this adapter.
 from __future__ import annotations
 
 import inspect
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    FusedPath,
-    LanguageModel,
-    Prepared,
-    TokenLayout,
-)
+from explain.architectures.base import LanguageModel
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
-    HuggingFaceAdapter,
+    HFAdapter,
     last_real_token,
     positions_from_mask,
     prepare_text,
     sliced_logits,
 )
+from explain.architectures.hf_registries import finite_eager_masks
+from explain.layout import FusedPath, Prepared, TokenLayout
 
-__all__ = ["HuggingFaceCausalLM", "is_decoder_only_lm"]
+__all__ = ["HFCausalLM", "is_decoder_only_lm"]
 
 
 def is_decoder_only_lm(model: nn.Module) -> bool:
@@ -74,7 +73,7 @@ def _max_tokens(config: object) -> int | None:
     return None
 
 
-class HuggingFaceCausalLM(HuggingFaceAdapter, LanguageModel):
+class HFCausalLM(HFAdapter, LanguageModel):
     family = (
         "Hugging Face decoder-only language models, ...ForCausalLM and GPT2LMHeadModel; "
         "tested: Llama, Granite, Mistral, Mixtral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, "
@@ -104,6 +103,11 @@ class HuggingFaceCausalLM(HuggingFaceAdapter, LanguageModel):
         return Prepared(
             batch_size=mask.shape[0], layout=TokenLayout.text(mask), arguments=arguments
         )
+
+    def path_context(self) -> AbstractContextManager[Any]:
+        """The eager masks of a float64 model kept finite (hf_registries): a left pad's
+        query would otherwise make every token's logits NaN."""
+        return finite_eager_masks()
 
     def logits_at(self, prepared: Prepared, positions: Tensor | slice) -> Tensor:
         """(B, P) positions, or a slice of them, -> the (B, P, vocab) logits there, without

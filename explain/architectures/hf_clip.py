@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import FlagSetting, Prepared, TokenLayout, validate_image_batch
+from explain.architectures.base import validate_image_batch
 from explain.architectures.dual_encoder import DualEncoder
 from explain.architectures.hf_common import (
     eager_attention_flags,
@@ -26,7 +26,8 @@ from explain.architectures.hf_common import (
     prepare_text,
 )
 from explain.errors import InputError
-from explain.tokenizing import encode, is_raw_text
+from explain.inputs import encode, is_raw_text
+from explain.layout import FlagSetting, Prepared, TokenLayout
 
 __all__ = ["HFClip"]
 
@@ -67,7 +68,7 @@ class HFClip(DualEncoder):
 
     def encode(self, inputs: object, tokenizer: Any) -> object:
         """Raw texts under "text" (or "input_ids") tokenized with the Explainer's tokenizer
-        (explain.tokenizing.encode); without one, an error that says how to give token ids."""
+        (explain.inputs.encode); without one, an error that says how to give token ids."""
         if not isinstance(inputs, Mapping):
             return inputs
         key = next((k for k in ("text", "input_ids") if is_raw_text(inputs.get(k))), None)

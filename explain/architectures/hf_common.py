@@ -23,14 +23,18 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, AttentionSite, FlagSetting, LazyImport, TokenLayout
+from explain.architectures.base import Adapter
 from explain.errors import ExplainError, InputError, UnsupportedModelError
-from explain.tokenizing import is_raw_text
+from explain.inputs import is_raw_text
+from explain.layout import AttentionSite, FlagSetting, TokenLayout
+from explain.lrp.attnlrp import AttnLrpSites, Gate, Projection
+from explain.lrp.weights import base_layer
 
 __all__ = [
-    "HuggingFaceAdapter",
+    "HFAdapter",
     "attention_in",
     "attention_spec",
+    "attnlrp_sites_of",
     "config_objects",
     "eager_attention_flags",
     "find_blocks",
@@ -124,7 +128,7 @@ def attention_in(block: nn.Module, record: tuple[type, int, str | None]) -> nn.M
 
 
 def sdpa_attention_flags(model: nn.Module) -> list[FlagSetting]:
-    """Flags for the fused path (explain.fused): every config on "sdpa", the kernel whose
+    """Flags for the fused path (explain.engine.fused): every config on "sdpa", the kernel whose
     q, k, v and output the fused sites read, and gradient checkpointing off."""
     return [
         FlagSetting(flag.owner, flag.name, "sdpa") if flag.value == "eager" else flag
@@ -175,7 +179,7 @@ def num_prefix_tokens(model: nn.Module) -> int:
     return 2 if is_transformers_class(model, "deit", ("DeiTPreTrainedModel",)) else 1
 
 
-class HuggingFaceAdapter(Adapter):
+class HFAdapter(Adapter):
     """Base of the transformers families: blocks, attention sites and the eager path.
 
     Subclasses say which models they take (`matches`) and how inputs are prepared and read
@@ -183,8 +187,6 @@ class HuggingFaceAdapter(Adapter):
     family whose blocks run in another order, or more than once (ALBERT's shared layer),
     overrides `find_blocks`.
     """
-
-    rule_sites = LazyImport("explain.lrp.attnlrp_sites", "hf_sites")
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
@@ -222,8 +224,51 @@ class HuggingFaceAdapter(Adapter):
     def path_flags(self) -> Sequence[FlagSetting]:
         return eager_attention_flags(self.model)
 
+    # -- text --------------------------------------------------------------------------------
 
-# -- text --------------------------------------------------------------------------------
+    def attnlrp_sites(self) -> AttnLrpSites:
+        """Where AttnLRP and CP-LRP attach in a transformers model with one token sequence
+        (BERT family, GPT-2, decoder-only language models): every block's rules found
+        as `attnlrp_sites_of` finds them; relevance at `get_input_embeddings()`'s output
+        (scaled embeddings included, as in Gemma)."""
+        embedding = self.model.get_input_embeddings()
+        return attnlrp_sites_of(
+            self.model,
+            [site.module for site in self.attention_sites()],
+            embedding=embedding,
+            embedding_axis=1 if isinstance(embedding, nn.Conv2d) else -1,
+            tanh_inputs=_functional_tanh_heads(self.model),
+        )
+
+
+def attnlrp_sites_of(model: nn.Module, attention: Sequence[nn.Module], **read: Any) -> AttnLrpSites:
+    """Where AttnLRP and CP-LRP attach in a transformers `model` whose blocks' attention
+    modules are `attention` (in block order; one shared by several blocks counts once, as
+    ALBERT's): each has its projections as children, found by name (query/key/value in
+    BERT, RoBERTa, ALBERT, ELECTRA; q_lin/k_lin/v_lin in DistilBERT; q_proj/k_proj/v_proj
+    in Llama, Qwen, Gemma, CLIP, SigLIP, ...; or a fused c_attn in GPT-2, qkv_proj in
+    Phi-3, query_key_value per head in GPT-NeoX, qkv in Qwen2-VL's tower); gated MLPs
+    anywhere in `model` have gate_proj, up_proj, act_fn, or Phi-3's gate_up_proj. `read`
+    says where the relevance is read (`AttnLrpSites`' embedding fields)."""
+    queries_keys, values = [], []
+    seen: set[int] = set()
+    for layer, module in enumerate(attention):
+        if id(module) in seen:  # ALBERT: one shared layer serves every block
+            continue
+        seen.add(id(module))
+        found_queries_keys, found_values = _projections(layer, module)
+        queries_keys += found_queries_keys
+        values += found_values
+    gates = []
+    for module in model.modules():
+        if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "act_fn")):
+            gates.append(Gate(module.act_fn, Projection(module.up_proj)))
+        elif all(hasattr(module, name) for name in ("gate_up_proj", "activation_fn")):
+            half = module.gate_up_proj.out_features // 2  # Phi-3: gate, then up
+            gates.append(
+                Gate(module.activation_fn, Projection(module.gate_up_proj, slice(half, None)))
+            )
+    return AttnLrpSites(queries_keys=queries_keys, values=values, gates=gates, **read)
 
 
 def _as_integer_tensor(name: str, value: object, *, flags: bool = False) -> Tensor:
@@ -387,3 +432,57 @@ def sliced_logits(
         return model(**arguments, use_cache=False).logits[:, start:stop:step]
     logits = model(**arguments, use_cache=False, logits_to_keep=length - start).logits
     return logits[:, : stop - start : step]
+
+
+# -- where AttnLRP and CP-LRP attach ------------------------------------------------------
+
+_SEPARATE_PROJECTIONS = (
+    ("query", "key", "value"),
+    ("q_lin", "k_lin", "v_lin"),
+    ("q_proj", "k_proj", "v_proj"),
+)
+
+
+def _projections(layer: int, attention: nn.Module) -> tuple[list[Projection], list[Projection]]:
+    """(the projections of q and k, those of v) in one attention module."""
+    for names in _SEPARATE_PROJECTIONS:
+        modules = [getattr(attention, name, None) for name in names]
+        if all(isinstance(module, nn.Module) for module in modules):
+            return [Projection(modules[0]), Projection(modules[1])], [Projection(modules[2])]
+    fused = getattr(attention, "c_attn", None)  # GPT-2: q, k, v side by side
+    if isinstance(fused, nn.Module) and hasattr(attention, "split_size"):
+        width = attention.split_size
+        return [Projection(fused, slice(0, 2 * width))], [Projection(fused, slice(2 * width, None))]
+    fused = getattr(attention, "qkv_proj", None)  # Phi-3: q, then k and v of the kv heads
+    if isinstance(fused, nn.Module) and hasattr(attention, "num_key_value_heads"):
+        queries = attention.config.num_attention_heads * attention.head_dim
+        keys = attention.num_key_value_heads * attention.head_dim
+        return [Projection(fused, slice(0, queries + keys))], [
+            Projection(fused, slice(queries + keys, None))
+        ]
+    fused = getattr(attention, "qkv", None)  # Qwen2-VL's tower: q, k, v side by side
+    outputs = getattr(base_layer(fused), "out_features", None) if fused is not None else None
+    if isinstance(outputs, int) and outputs % 3 == 0:  # (also under a LoRA layer)
+        width = outputs // 3
+        return [Projection(fused, slice(0, 2 * width))], [Projection(fused, slice(2 * width, None))]
+    fused = getattr(attention, "query_key_value", None)  # GPT-NeoX: q, k, v per head
+    if isinstance(fused, nn.Module) and hasattr(attention, "head_size"):
+        size = attention.head_size
+        starts = range(0, fused.out_features, 3 * size)
+        return [Projection(fused, slice(s, s + 2 * size)) for s in starts], [
+            Projection(fused, slice(s + 2 * size, s + 3 * size)) for s in starts
+        ]
+    raise UnsupportedModelError(
+        f"block {layer}: attnlrp/cp_lrp found no query, key and value projections in "
+        f"{type(attention).__name__}"
+    )
+
+
+def _functional_tanh_heads(model: nn.Module) -> list[nn.Module]:
+    """Classification heads that call torch.tanh on their dense layer's output (RoBERTa and
+    XLM-R's `...ClassificationHead`): that dense layer."""
+    return [
+        module.dense
+        for module in model.modules()
+        if type(module).__name__ in ("RobertaClassificationHead", "XLMRobertaClassificationHead")
+    ]

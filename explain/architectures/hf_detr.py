@@ -27,27 +27,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    AttentionSite,
-    Detector,
-    FlagSetting,
-    Prepared,
-    TokenLayout,
-    TokenSet,
-    one_hot_rows,
-    validate_image_batch,
-)
+from explain.architectures.base import Detector, one_hot_rows, validate_image_batch
 from explain.architectures.hf_common import (
     eager_attention_flags,
     is_transformers_class,
     probabilities_at,
 )
 from explain.errors import InputError
+from explain.layout import AttentionSite, FlagSetting, Prepared, TokenLayout, TokenSet
 
-__all__ = ["HuggingFaceDetr"]
+__all__ = ["HFDetr"]
 
 
-class HuggingFaceDetr(Detector):
+class HFDetr(Detector):
     family = (
         "Hugging Face DetrForObjectDetection and ConditionalDetrForObjectDetection "
         "(per-detection maps, boxes and labels)"

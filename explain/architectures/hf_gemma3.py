@@ -18,11 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures.hf_common import is_transformers_class
-from explain.architectures.hf_vision_language import (
-    ImageTokens,
-    VisionLanguageModel,
-    block_sources,
-)
+from explain.architectures.hf_vision_language import VisionLanguageModel, block_sources
+from explain.layout import ImageTokens
 
 __all__ = ["HFGemma3"]
 

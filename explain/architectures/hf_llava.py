@@ -16,8 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures.hf_common import is_transformers_class
-from explain.architectures.hf_vision_language import ImageTokens, VisionLanguageModel
+from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.errors import UnsupportedModelError
+from explain.layout import ImageTokens
 
 __all__ = ["HFLlava"]
 

@@ -19,10 +19,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Prepared
 from explain.architectures.hf_clip import HFClip
 from explain.architectures.hf_common import is_transformers_class
 from explain.errors import InputError, UnsupportedModelError
+from explain.layout import Prepared
 
 __all__ = ["HFSiglip", "attention_pool_readout"]
 

@@ -20,15 +20,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    Adapter,
-    AttentionSite,
-    FlagSetting,
-    Prepared,
-    mean_rows,
-    validate_image_batch,
-    whole_output,
-)
+from explain.architectures.base import Adapter, mean_rows, validate_image_batch, whole_output
 from explain.architectures.hf_common import (
     eager_attention_flags,
     is_transformers_class,
@@ -36,16 +28,15 @@ from explain.architectures.hf_common import (
 )
 from explain.architectures.windows import (
     WINDOWED_METHODS,
-    WindowedBlock,
-    WindowedLayout,
     windowed_layout,
 )
 from explain.errors import InputError, UnsupportedModelError
+from explain.layout import AttentionSite, FlagSetting, Prepared, WindowedBlock
 
-__all__ = ["HuggingFaceSwin"]
+__all__ = ["HFSwin"]
 
 
-class HuggingFaceSwin(Adapter):
+class HFSwin(Adapter):
     family = "Hugging Face SwinForImageClassification and Swinv2ForImageClassification"
     methods = WINDOWED_METHODS
 
@@ -126,6 +117,5 @@ class HuggingFaceSwin(Adapter):
 
     def readout(self, prepared: Prepared) -> Tensor:
         layout = prepared.layout
-        assert isinstance(layout, WindowedLayout)
-        tokens = layout.readout_tokens  # the pooler averages the last stage's tokens
+        tokens = layout.windows[-1].num_tokens  # the pooler averages the last stage's tokens
         return mean_rows(prepared.batch_size, tokens, range(tokens), self.parameter)

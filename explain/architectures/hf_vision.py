@@ -1,7 +1,7 @@
 """Hugging Face image classifiers beyond ViT and DeiT: DINOv2 (with and without register
 tokens), BEiT and SigLIP's vision tower.
 
-Blocks, attention modules and the eager path come from `HuggingFaceAdapter`. What differs
+Blocks, attention modules and the eager path come from `HFAdapter`. What differs
 between the families is the token layout (class and register tokens before the patches)
 and how the classification head reads the last hidden state, which fixes the readout row:
 
@@ -23,30 +23,25 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    FusedAttentionSite,
-    FusedPath,
-    Prepared,
-    TokenLayout,
-    validate_image_batch,
-)
+from explain.architectures.base import validate_image_batch
 from explain.architectures.hf_common import (
-    HuggingFaceAdapter,
+    HFAdapter,
     is_transformers_class,
     sdpa_attention_flags,
     split_heads,
 )
 from explain.errors import InputError
+from explain.layout import FusedAttentionSite, FusedPath, Prepared, TokenLayout
 
 __all__ = [
-    "HuggingFaceBeit",
-    "HuggingFaceDinov2",
-    "HuggingFaceImageClassifier",
-    "HuggingFaceSiglipClassifier",
+    "HFBeit",
+    "HFDinov2",
+    "HFImageClassifier",
+    "HFSiglipClassifier",
 ]
 
 
-class HuggingFaceImageClassifier(HuggingFaceAdapter):
+class HFImageClassifier(HFAdapter):
     """A transformers image classifier over `prefix_tokens` + patch tokens; subclasses say
     which models they take, how many prefix tokens there are and how the head reads them."""
 
@@ -108,7 +103,7 @@ class HuggingFaceImageClassifier(HuggingFaceAdapter):
         return layout.patch_grid(token_relevance)
 
     def fused_path(self) -> FusedPath | None:
-        """The sdpa kernel (explain.fused): q, k, v are the outputs of the q, k and v
+        """The sdpa kernel (explain.engine.fused): q, k, v are the outputs of the q, k and v
         projections, the kernel's output enters the output projection; images have no
         attention mask."""
         if not self.fused:
@@ -135,7 +130,7 @@ class HuggingFaceImageClassifier(HuggingFaceAdapter):
         return FusedPath(sites=sites, flags=sdpa_attention_flags(self.model))
 
 
-class HuggingFaceDinov2(HuggingFaceImageClassifier):
+class HFDinov2(HFImageClassifier):
     family = (
         "Hugging Face Dinov2ForImageClassification and "
         "Dinov2WithRegistersForImageClassification (class token + patch mean head)"
@@ -159,7 +154,7 @@ class HuggingFaceDinov2(HuggingFaceImageClassifier):
         row[:, prefix:] = 0.5 / (row.shape[1] - prefix)
 
 
-class HuggingFaceBeit(HuggingFaceImageClassifier):
+class HFBeit(HFImageClassifier):
     family = "Hugging Face BeitForImageClassification (patch mean or class token head)"
     fused = False  # the relative position bias enters the kernel, and no module shows it
 
@@ -177,7 +172,7 @@ class HuggingFaceBeit(HuggingFaceImageClassifier):
             row[:, 0] = 1.0
 
 
-class HuggingFaceSiglipClassifier(HuggingFaceImageClassifier):
+class HFSiglipClassifier(HFImageClassifier):
     family = "Hugging Face SiglipForImageClassification (mean of all tokens)"
 
     @classmethod

@@ -21,26 +21,18 @@ import contextlib
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    AttentionSite,
-    FlagSetting,
-    FusedPath,
-    LanguageModel,
-    Prepared,
-    TokenLayout,
-    TokenSet,
-    TokenSets,
-    validate_image_batch,
-)
+from explain.architectures.base import ImageTextModel, validate_image_batch
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
     attention_in,
+    attnlrp_sites_of,
     eager_attention_flags,
     find_blocks,
     last_real_token,
@@ -50,109 +42,23 @@ from explain.architectures.hf_common import (
     recorded_output,
     sliced_logits,
 )
+from explain.architectures.hf_registries import finite_eager_masks
 from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.finite import nonfinite_error
-from explain.image_prompts import encode_image_prompt, is_image_prompt
-from explain.tokenizing import token_strings
+from explain.inputs import encode_image_prompt, is_image_prompt, token_strings
+from explain.layout import (
+    AttentionSite,
+    FlagSetting,
+    FusedPath,
+    ImagePrepared,
+    ImageTokens,
+    Prepared,
+    TokenLayout,
+    TokenSet,
+)
+from explain.lrp.attnlrp import AttnLrpSites, Embedding
 
-__all__ = ["DeviceCheck", "ImagePrepared", "ImageTokens", "VisionLanguageModel", "block_sources"]
-
-
-@dataclass(frozen=True)
-class ImageTokens:
-    """How one image's tower tokens become image tokens of the text, and where the tower's
-    images lie on the photo.
-
-    Most families run each photo through the tower as one image. Idefics3 and SmolVLM
-    split it into `tiles` = (rows, cols) square tiles and add the whole photo downscaled to
-    one tile (the global image), each its own image of the tower's batch: the tiles in
-    raster order, then the global image. Their maps are put together on the photo's grid
-    of tile patches (rows * gh, cols * gw): each tile's patches where the tile lies, and
-    each patch of the global image, which covers rows x cols of those cells, shared out
-    equally over them (the relevance is conserved).
-
-    Attributes:
-        grid: (gh, gw) the tower's patch grid (of each tile).
-        tower_prefix: tokens before the patches in the tower (a class token: 1).
-        sources: (n, m) long: row j holds the m tower tokens (in the tower's order) that
-            image token j of the text was made from, each with an equal share (m = 1 for a
-            projector that maps token by token); the same for every image of the tower's
-            batch. Indices, not an (n x tower tokens) matrix: a photo of thousands of
-            patches costs no square table.
-        input_size: (H, W) pixels of the processed photo the photo's grid lies on.
-        tiles: (rows, cols) of a photo split into tiles; (0, 0): not split, the tower's
-            image is the photo.
-        order: (gh * gw,) the patch (row-major on the grid) at each of the tower's patch
-            positions, for a tower that runs its patches in an order of its own (Qwen2-VL:
-            2 x 2 blocks contiguous; Qwen2.5-VL: window by window); None: row-major.
-    """
-
-    grid: tuple[int, int]
-    tower_prefix: int
-    sources: Tensor
-    input_size: tuple[int, int]
-    tiles: tuple[int, int] = (0, 0)
-    order: Tensor | None = None
-
-    @property
-    def per_image(self) -> int:
-        """Image tokens each image of the tower's batch puts into the text."""
-        return self.sources.shape[0]
-
-    @property
-    def tower_tokens(self) -> int:
-        return self.tower_prefix + self.grid[0] * self.grid[1]
-
-    @property
-    def tower_images(self) -> int:
-        """Images of the tower's batch per photo: the tiles and the global image, or 1."""
-        rows, cols = self.tiles
-        return rows * cols + 1 if rows else 1
-
-    @property
-    def photo_grid(self) -> tuple[int, int]:
-        """(gh, gw) of the map returned per photo: the tiles' patches side by side."""
-        rows, cols = self.tiles
-        if not rows:
-            return self.grid
-        return rows * self.grid[0], cols * self.grid[1]
-
-    def to_tower(self, relevance: Tensor) -> Tensor:
-        """(..., n) relevance over one image's image tokens -> (..., tower tokens): each
-        image token's relevance shared out equally over its sources."""
-        count = self.sources.shape[1]
-        shares = (relevance / count).repeat_interleave(count, dim=-1)
-        tower = relevance.new_zeros(*relevance.shape[:-1], self.tower_tokens)
-        return tower.index_add_(-1, self.sources.flatten().to(relevance.device), shares)
-
-    def in_grid_order(self, tower_relevance: Tensor) -> Tensor:
-        """(..., tower tokens) in the tower's order -> the same with the patches in
-        row-major order on the grid (the prefix tokens first, as they are)."""
-        if self.order is None:
-            return tower_relevance
-        patches = tower_relevance[..., self.tower_prefix :]
-        row_major = patches.index_select(-1, torch.argsort(self.order).to(patches.device))
-        return torch.cat([tower_relevance[..., : self.tower_prefix], row_major], dim=-1)
-
-    def to_photo(self, tower_relevance: Tensor) -> Tensor:
-        """(..., k * tower images, tower tokens) in the tower's order -> (..., k, tokens on
-        the photo): as it is for a photo that is one image of the tower (its prefix tokens
-        kept, the patch grid last, row-major), else the tiles' patches side by side on the
-        photo's grid, flattened, with the global image's patches shared out over the
-        rows x cols cells each covers."""
-        tower_relevance = self.in_grid_order(tower_relevance)
-        rows, cols = self.tiles
-        lead = tower_relevance.shape[:-2]
-        if not rows:
-            return tower_relevance.reshape(*lead, -1, self.tower_tokens)
-        gh, gw = self.grid
-        patches = tower_relevance[..., self.tower_prefix :]
-        images = patches.reshape(*lead, -1, self.tower_images, gh, gw)
-        tiles = images[..., : rows * cols, :, :].reshape(*lead, -1, rows, cols, gh, gw)
-        tiles = tiles.transpose(-3, -2).reshape(*lead, -1, rows * gh, cols * gw)
-        whole = images[..., -1, :, :] / (rows * cols)
-        whole = whole.repeat_interleave(rows, dim=-2).repeat_interleave(cols, dim=-1)
-        return (tiles + whole).flatten(-2)
+__all__ = ["DeviceCheck", "VisionLanguageModel", "block_sources"]
 
 
 @dataclass(frozen=True)
@@ -164,20 +70,6 @@ class DeviceCheck:
 
     holds: Tensor
     error: Callable[[], ExplainError]
-
-
-@dataclass(frozen=True)
-class ImagePrepared(Prepared):
-    """A vision-language model's prepared inputs, with what its checks found out about
-    the images, so that no later step reads the device again for it.
-
-    Attributes:
-        tokens: how each image becomes image tokens (the family's `image_tokens`).
-        image_at: (B, k * n) each text's image-token positions, image by image.
-    """
-
-    tokens: ImageTokens
-    image_at: Tensor
 
 
 def _heads(config: Any) -> int:
@@ -198,7 +90,7 @@ def block_sources(grid: tuple[int, int], block: int, device: torch.device) -> Te
     return (corners[:, None] + inside[None, :]).to(device)
 
 
-class VisionLanguageModel(LanguageModel):
+class VisionLanguageModel(ImageTextModel):
     """The adapter contract of a vision-language model (module docstring).
 
     Subclasses give the tower and language-model stacks, the tower blocks the language
@@ -211,7 +103,6 @@ class VisionLanguageModel(LanguageModel):
     image prompt (`is_image_prompt`).
     """
 
-    token_sets: ClassVar[TokenSets | None] = TokenSets.IMAGE_TEXT
     reads_images: ClassVar[bool] = True
     token_types: ClassVar[bool] = False
     """Whether the model takes `token_type_ids` (PaliGemma: 0 for the image-and-prompt
@@ -266,6 +157,14 @@ class VisionLanguageModel(LanguageModel):
         return num_blocks
 
     @property
+    def tower_embedding(self) -> nn.Module:
+        """The tower's patch embedding: the module whose output holds each image's patches
+        as they enter the tower, before any position or class token is added (a
+        convolution's (images, D, gh, gw), or flattened patches (patches, D) in the
+        tower's order); by default the tower's input embeddings."""
+        return self.tower.get_input_embeddings()
+
+    @property
     def image_token_id(self) -> int:
         """The token id that stands for one image token in the text."""
         return int(self.model.config.image_token_id)
@@ -313,6 +212,26 @@ class VisionLanguageModel(LanguageModel):
     def path_flags(self) -> Sequence[FlagSetting]:
         return eager_attention_flags(self.model)
 
+    def attnlrp_sites(self) -> AttnLrpSites:
+        """Where AttnLRP and CP-LRP attach: every block's rules, the tower's and the
+        language model's, found as in any transformers model (`attnlrp_sites_of`); the
+        relevance read at the language model's `inputs_embeds` (the image features
+        scattered in among the word embeddings) and, at depth "tower", on at the tower's
+        patch embeddings (`tower_embedding`)."""
+        patches = self.tower_embedding
+        return attnlrp_sites_of(
+            self.model,
+            [site.module for site in self._sites],
+            embedding=self.language_model,
+            embedding_argument="inputs_embeds",
+            tower=Embedding(patches, axis=1 if isinstance(patches, nn.Conv2d) else -1),
+        )
+
+    def path_context(self) -> AbstractContextManager[Any]:
+        """The eager masks of a float64 model kept finite (hf_registries): a left-padded
+        prompt's pads would otherwise make every token's logits NaN."""
+        return finite_eager_masks()
+
     def fused_path(self) -> FusedPath | None:
         """sdpa for the tower and the language model alike, q, k, v seen through the
         attention interface (hf_attention_probe), where every attention module
@@ -332,7 +251,7 @@ class VisionLanguageModel(LanguageModel):
     # -- inputs -------------------------------------------------------------------------
 
     def encode(self, inputs: object, tokenizer: Any) -> object:
-        """An image prompt (explain.image_prompts) put through the processor (the
+        """An image prompt (explain.inputs) put through the processor (the
         Explainer's tokenizer) and its chat template, left-padded; anything else as given."""
         if not is_image_prompt(inputs):
             return inputs

@@ -11,25 +11,21 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    Prepared,
-    TokenLayout,
-    mean_rows,
-    validate_image_batch,
-)
+from explain.architectures.base import mean_rows, validate_image_batch
 from explain.architectures.hf_common import (
-    HuggingFaceAdapter,
+    HFAdapter,
     is_transformers_class,
     num_prefix_tokens,
 )
 from explain.errors import InputError
+from explain.layout import Prepared, TokenLayout
 
-__all__ = ["HuggingFaceViT"]
+__all__ = ["HFViT"]
 
 _WITH_TEACHER = "DeiTForImageClassificationWithTeacher"
 
 
-class HuggingFaceViT(HuggingFaceAdapter):
+class HFViT(HFAdapter):
     family = (
         "Hugging Face ViTForImageClassification, DeiTForImageClassification and "
         "DeiTForImageClassificationWithTeacher"

@@ -5,9 +5,10 @@ class, and the module is imported only when a model is matched against it (or th
 family's name is asked for). The family modules import nothing from here, so the module
 graph has no loop. A new family is:
 
-1. one file in explain/architectures/ defining an `Adapter` subclass (base.py: the
-   abstract members, plus any capability it declares: `fused_path()`, `lrp_walk`,
-   `token_sets`, `pooled_by_mean`);
+1. one file in explain/architectures/ holding everything family-specific: an `Adapter`
+   subclass, or a subclass of its kind's contract (base.py: the abstract members, plus
+   any capability it declares: `fused_path()`, `pooled_by_mean`, and the optional
+   methods `lrp_walk` and `attnlrp_sites`, whose walk and sites live in the same file);
 2. one `register_family(name, module, class)` line below;
 3. one entry `name: builder` in explain.testing.TINY_MODELS (a tiny model from a config
    and two inputs), which tests/test_conformance.py runs every contract on.
@@ -25,7 +26,7 @@ from torch import nn
 
 from explain.architectures.base import Adapter
 from explain.architectures.scope import unsupported_model_message
-from explain.architectures.wrappers import unwrap
+from explain.architectures.wrappers import refuse_quantised_activations, unwrap
 from explain.errors import UnsupportedModelError
 
 __all__ = [
@@ -95,7 +96,8 @@ def adapter_for(model: nn.Module) -> Adapter:
             f"expected a torch.nn.Module, got {type(model).__name__}; supported families: "
             + "; ".join(supported_families())
         )
-    model = unwrap(model)  # DataParallel, DistributedDataParallel, torch.compile
+    model = unwrap(model)  # DataParallel, DistributedDataParallel, torch.compile, PEFT
+    refuse_quantised_activations(model)
     for cls in adapter_classes():
         if cls.matches(model):
             return cls(model)
@@ -103,23 +105,21 @@ def adapter_for(model: nn.Module) -> Adapter:
 
 
 register_family("timm_vit", "explain.architectures.timm_vit", "TimmVisionTransformer")
-register_family("hf_text_encoder", "explain.architectures.hf_bert", "HuggingFaceTextEncoder")
+register_family("hf_text_encoder", "explain.architectures.hf_bert", "HFTextEncoder")
 register_family("hf_clip", "explain.architectures.hf_clip", "HFClip")
-register_family("hf_causal_lm", "explain.architectures.hf_causal_lm", "HuggingFaceCausalLM")
+register_family("hf_causal_lm", "explain.architectures.hf_causal_lm", "HFCausalLM")
 register_family("hf_encoder_decoder", "explain.architectures.hf_seq2seq", "HFEncoderDecoder")
-register_family("hf_vit", "explain.architectures.hf_vit", "HuggingFaceViT")
+register_family("hf_vit", "explain.architectures.hf_vit", "HFViT")
 register_family("open_clip", "explain.architectures.open_clip", "OpenClip")
 register_family("timm_eva", "explain.architectures.timm_eva", "TimmEva")
 register_family("timm_beit", "explain.architectures.timm_beit", "TimmBeit")
-register_family("hf_dinov2", "explain.architectures.hf_vision", "HuggingFaceDinov2")
-register_family("hf_beit", "explain.architectures.hf_vision", "HuggingFaceBeit")
-register_family(
-    "hf_siglip_classifier", "explain.architectures.hf_vision", "HuggingFaceSiglipClassifier"
-)
+register_family("hf_dinov2", "explain.architectures.hf_vision", "HFDinov2")
+register_family("hf_beit", "explain.architectures.hf_vision", "HFBeit")
+register_family("hf_siglip_classifier", "explain.architectures.hf_vision", "HFSiglipClassifier")
 register_family("hf_siglip", "explain.architectures.hf_siglip", "HFSiglip")
 register_family("timm_swin", "explain.architectures.timm_swin", "TimmSwin")
-register_family("hf_swin", "explain.architectures.hf_swin", "HuggingFaceSwin")
-register_family("hf_detr", "explain.architectures.hf_detr", "HuggingFaceDetr")
+register_family("hf_swin", "explain.architectures.hf_swin", "HFSwin")
+register_family("hf_detr", "explain.architectures.hf_detr", "HFDetr")
 register_family("hf_llava", "explain.architectures.hf_llava", "HFLlava")
 register_family("hf_paligemma", "explain.architectures.hf_paligemma", "HFPaliGemma")
 register_family("hf_gemma3", "explain.architectures.hf_gemma3", "HFGemma3")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from explain.architectures.base import LazyImport
-from explain.architectures.timm_vit import TimmBlocks, is_timm_class
+from explain.architectures.timm_vit import TimmBlocks, is_timm_class, timm_attnlrp_sites
+from explain.lrp.attnlrp import AttnLrpSites
 
 __all__ = ["TimmEva"]
 
@@ -26,8 +26,10 @@ class TimmEva(TimmBlocks):
         "timm Eva (EVA, EVA-02 with rotary embeddings and SwiGLU, DINOv3 with register "
         "tokens; class-token, patch-mean or attention-pooling readout)"
     )
-    rule_sites = LazyImport("explain.lrp.attnlrp_sites", "timm_sites")
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
         return is_timm_class(model, "Eva")
+
+    def attnlrp_sites(self) -> AttnLrpSites:
+        return timm_attnlrp_sites(self)

@@ -7,7 +7,7 @@ post-softmax probabilities, relative position bias and shift mask included, are 
 output of `block.attn.attn_drop`, (B * windows, H, w, w): the very tensor that multiplies
 the values. Each block's grid, window and shift are read off the block
 (`input_resolution`, `window_size`, `shift_size`, which timm has already clipped to the
-grid), so the layout (explain.architectures.windows) is the model's own.
+grid), so the layout (explain.architectures.windows, explain.layout) is the model's own.
 """
 
 from __future__ import annotations
@@ -16,14 +16,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from explain.architectures.base import (
-    Adapter,
-    AttentionSite,
-    FlagSetting,
-    Prepared,
-    mean_rows,
-    validate_image_batch,
-)
+from explain.architectures.base import Adapter, mean_rows, validate_image_batch
 from explain.architectures.timm_vit import (
     headless_timm_model,
     is_timm_class,
@@ -31,11 +24,11 @@ from explain.architectures.timm_vit import (
 )
 from explain.architectures.windows import (
     WINDOWED_METHODS,
-    WindowedBlock,
-    WindowedLayout,
     windowed_layout,
 )
 from explain.errors import InputError, UnsupportedModelError
+from explain.layout import AttentionSite, FlagSetting, Prepared, WindowedBlock
+from explain.lrp.weights import base_layer
 
 __all__ = ["TimmSwin"]
 
@@ -89,7 +82,8 @@ class TimmSwin(Adapter):
 
     def prepare(self, inputs: object) -> Prepared:
         patch_embed = self.model.patch_embed
-        images = validate_image_batch(inputs, patch_embed.proj.in_channels, self.parameter)
+        channels = base_layer(patch_embed.proj).in_channels  # also under a LoRA Conv2d
+        images = validate_image_batch(inputs, channels, self.parameter)
         height, width = images.shape[-2:]
         expected = tuple(patch_embed.img_size)
         if (height, width) != expected:
@@ -107,8 +101,7 @@ class TimmSwin(Adapter):
 
     def readout(self, prepared: Prepared) -> Tensor:
         layout = prepared.layout
-        assert isinstance(layout, WindowedLayout)
-        tokens = layout.readout_tokens  # the head averages the last stage's tokens
+        tokens = layout.windows[-1].num_tokens  # the head averages the last stage's tokens
         return mean_rows(prepared.batch_size, tokens, range(tokens), self.parameter)
 
 

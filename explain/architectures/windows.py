@@ -6,71 +6,32 @@ block attends within square windows of its grid, after rolling the grid by a cyc
 into one. A block's attention is therefore recorded per window, (B * windows, H, w, w)
 with w the tokens of a window, never as one (N, N) matrix over the grid.
 
-`WindowedLayout` is the `TokenLayout` of such a model: the input patch grid (where
-relevance is returned) plus, per block, its grid, window and shift (`WindowedBlock`). The
-rules (explain.rules.windowed) fold the readout row through exactly this description;
-the adapters (explain.architectures.timm_swin, hf_swin) read it off the model.
+The `TokenLayout` of such a model holds the input patch grid (where relevance is
+returned) and, per block, its grid, window and shift (`TokenLayout.windows`, each an
+explain.layout.WindowedBlock). The rules fold the readout row through exactly this
+description (explain.rules.fold); the adapters (explain.architectures.timm_swin,
+hf_swin) read it off the model with `windowed_layout`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import pairwise
 
-from explain.architectures.base import TokenLayout
 from explain.errors import InputError
+from explain.layout import TokenLayout, WindowedBlock
 
-__all__ = ["WINDOWED_METHODS", "WindowedBlock", "WindowedLayout", "windowed_layout"]
+__all__ = ["WINDOWED_METHODS", "windowed_layout"]
 
-WINDOWED_METHODS = frozenset({"generic", "rollout", "raw_attention", "random"})
-"""The methods whose rules fold windowed attention (explain.rules.windowed), and the
-random baseline: a windowed family's `Adapter.methods`."""
-
-
-@dataclass(frozen=True)
-class WindowedBlock:
-    """One block's view of its stage: a `grid` (rows, columns) of tokens in row-major
-    order, cut into windows of `window` (rows, columns) tokens after rolling the grid by
-    `-shift` (the cyclic shift, undone after the attention). Windows are numbered
-    row-major over the grid, tokens row-major inside a window, as timm and transformers
-    both partition them."""
-
-    grid: tuple[int, int]
-    window: tuple[int, int]
-    shift: tuple[int, int]
-
-    @property
-    def num_tokens(self) -> int:
-        return self.grid[0] * self.grid[1]
-
-    @property
-    def num_windows(self) -> int:
-        return (self.grid[0] // self.window[0]) * (self.grid[1] // self.window[1])
-
-    @property
-    def window_tokens(self) -> int:
-        return self.window[0] * self.window[1]
-
-
-@dataclass(frozen=True)
-class WindowedLayout(TokenLayout):
-    """A hierarchical image model's layout: the input patch grid (`grid`, no prefix
-    tokens) and every block's `WindowedBlock` in forward order. Between two consecutive
-    blocks whose grids differ sits a patch merging (each grid half the size of the one
-    before); the readout row is over the last block's grid."""
-
-    blocks: tuple[WindowedBlock, ...] = ()
-
-    @property
-    def readout_tokens(self) -> int:
-        """The tokens the head reads: those of the last block's grid."""
-        return self.blocks[-1].num_tokens
+WINDOWED_METHODS = frozenset({"generic", "rollout", "raw_attention", "attention_gradcam", "random"})
+"""The methods whose rules read windowed attention (explain.rules.fold: the folds, and
+attention GradCAM on a last stage of one window), and the random baseline: a windowed
+family's `Adapter.methods`."""
 
 
 def windowed_layout(
     blocks: list[WindowedBlock], input_size: tuple[int, int], family: str
-) -> WindowedLayout:
-    """The layout of `blocks` for an input of `input_size` pixels, checked: every grid a
+) -> TokenLayout:
+    """The windowed layout of `blocks` for an input of `input_size` pixels, checked: every grid a
     whole number of windows, and every change of grid a 2 x 2 merge. `family` names the
     model in the errors."""
     for index, block in enumerate(blocks):
@@ -89,11 +50,10 @@ def windowed_layout(
                 "an image whose size the model was built for"
             )
     first = blocks[0].grid
-    return WindowedLayout(
+    return TokenLayout(
         modality="image",
         num_tokens=first[0] * first[1],
-        num_prefix_tokens=0,
         grid=first,
         input_size=(int(input_size[0]), int(input_size[1])),
-        blocks=tuple(blocks),
+        windows=tuple(blocks),
     )

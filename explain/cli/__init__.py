@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Sequence
 
 from explain import __version__
-from explain.cli import clip, detect, evaluate, generate, image, models, seq2seq, serve, text
+from explain.cli import (
+    cite,
+    clip,
+    detect,
+    evaluate,
+    generate,
+    image,
+    models,
+    seq2seq,
+    serve,
+    text,
+)
+from explain.cli.options import HelpFormatter
 from explain.errors import ExplainError
-from explain.io import check_writable
+from explain.export import check_writable
 from explain.viz.text import printable
 
 __all__ = ["build_parser", "check_outputs", "main"]
@@ -25,7 +38,7 @@ OUTPUTS = {
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Refuse output destinations that cannot be written, before any work (explain.io):
+    """Refuse output destinations that cannot be written, before any work (explain.export):
     the output options, then every file a command can name from its arguments alone
     (its `planned` outputs: --save files, figures next to a page, a results' table...)."""
     for name, (option, folder) in OUTPUTS.items():
@@ -36,17 +49,33 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_writable(planned.path, folder=planned.folder, option=planned.option)
 
 
+HINT = (
+    "Start with `explain models` (the zoo, the model families and the methods each takes), "
+    "then `explain COMMAND --help`; the README walks through each command."
+)
+"""What `explain` alone and `explain --help` say after the commands."""
+
 # Subcommand modules, in the order `explain --help` lists them.
-COMMANDS = [clip, detect, evaluate, generate, image, models, seq2seq, serve, text]
+COMMANDS = [cite, clip, detect, evaluate, generate, image, models, seq2seq, serve, text]
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (every subcommand registered)."""
     parser = argparse.ArgumentParser(
-        prog="explain", description="Why a transformer made its prediction."
+        prog="explain",
+        description="Why a transformer made its prediction.",
+        epilog=HINT,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"explain {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        # every command's help is wrapped at spaces only (a command may still lay out its
+        # description by hand with its own formatter_class)
+        parser_class=functools.partial(argparse.ArgumentParser, formatter_class=HelpFormatter),
+    )
     for command in COMMANDS:
         command.register(commands)
     return parser
@@ -59,7 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     torchrun every process checks the same arguments, so only rank 0 prints the error:
     one line, not one per process.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # the commands, not just "required"
+        parser.print_help(sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         check_outputs(args)  # before any model is loaded or anything computed
         return args.run(args)

@@ -42,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from explain.api import Explainer
+    from explain.architectures.dual_encoder import DualEncoder
     from explain.cli.image import collect_images, unique_stems
-    from explain.preprocessing import read_image
+    from explain.inputs import read_image
     from explain.viz import check_style, save_figure
     from explain.viz.multimodal import clip_figure
 
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     preprocessing = loaded.preprocessing
     if (
-        explainer.adapter.token_sets != "dual_encoder"
+        not isinstance(explainer.adapter, DualEncoder)
         or loaded.tokenizer is None
         or preprocessing is None
     ):

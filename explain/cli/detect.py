@@ -3,8 +3,10 @@
 Each image goes through the model's own image processor (resize, normalise, pad); every
 detection whose class probability is above `--threshold` is explained with the
 encoder-decoder rule in one batched backward, its map put back on the original image
-(padding cut off, resize undone) with its box. One PNG per image, a panel per detection,
-written atomically; one line per detection on stdout.
+(padding cut off, resize undone) with its box. One figure per image, OUT/STEM_grid.png
+(as `explain image --grid` names its figures; images of the same name get STEM-2, ...):
+a panel per detection, titled with its label and score, under a title, with a colour key
+and the scaling rule; written atomically. One line per detection on stdout.
 """
 
 from __future__ import annotations
@@ -14,14 +16,20 @@ import argparse
 import numpy as np
 import torch
 
-from explain.cli.image import collect_images
-from explain.cli.options import add_model_arguments, add_out_argument, load
+from explain.cli.image import collect_images, unique_stems
+from explain.cli.options import Planned, add_model_arguments, add_out_argument, load
 from explain.detections import maps_on_images
 from explain.engine.plans import DEFAULT_THRESHOLD
 from explain.errors import OptionError, TargetError
-from explain.preprocessing import read_image
+from explain.inputs import read_image
 
 __all__ = ["register"]
+
+
+def planned(args: argparse.Namespace) -> list[Planned]:
+    """The figure of every image."""
+    stems = unique_stems(collect_images(args.images))
+    return [Planned(args.out / f"{stem}_grid.png", "--out") for stem in stems]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         )
     explainer = Explainer(loaded.model)
     args.out.mkdir(parents=True, exist_ok=True)
-    for path in collect_images(args.images):
+    paths = collect_images(args.images)
+    for path, stem in zip(paths, unique_stems(paths), strict=True):
         photo = read_image(path)
         inputs = processor(images=[photo], return_tensors="pt")
         batch = {"pixel_values": inputs["pixel_values"], "pixel_mask": inputs["pixel_mask"]}
@@ -56,8 +65,14 @@ def run(args: argparse.Namespace) -> int:
         for name, score, box in zip(names, scores, corners.tolist(), strict=True):
             print(f"{path}: {name} {score:.3f} box {[round(v, 1) for v in box]}")
         picture = torch.from_numpy(np.asarray(photo, dtype=np.float32) / 255.0)
-        figure = detection_figure(picture, maps, corners, names, scores)
-        save_figure(figure, args.out / f"{path.stem}-detections.png")
+        title = (
+            f"explain detect: {args.model}: {path.name} ({result.method}; the detections "
+            f"above {args.threshold:g})"
+        )
+        figure = detection_figure(picture, maps, corners, names, scores, title=title)
+        out = args.out / f"{stem}_grid.png"
+        save_figure(figure, out)
+        print(out)
     return 0
 
 
@@ -80,4 +95,4 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="explain the detections whose class probability is above this; default: %(default)s",
     )
     add_out_argument(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, planned=planned)

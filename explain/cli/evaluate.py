@@ -1,10 +1,13 @@
 r"""`explain evaluate`: score methods with the perturbation, segmentation,
-class-specific or rationale test.
+class-specific, ROAD, SaCo or rationale test, or against the known evidence of a
+language model's or a vision-language model's answers.
 
     explain evaluate perturbation --model zoo:shapes-vit --methods generic,rollout,random \
         --limit 500 --batch-size 16 --output results/shapes-perturbation.json
     explain evaluate class-specific --model zoo:shapes-vit --limit 256 \
         --output results/shapes-class-specific.json
+    explain evaluate language-evidence --model ./my-llm --data answers.jsonl \
+        --replacement the --output results/llm-evidence.json
 
 Without --data a zoo model is scored on its own held-out set. The run shows a
 progress bar, can be interrupted and rerun to resume (finished chunks are kept
@@ -22,9 +25,22 @@ import os
 import sys
 from pathlib import Path
 
-from explain.cli.options import Planned, add_model_arguments
+from explain.cli.options import Planned, RawDescriptionHelpFormatter, add_model_arguments
 
 __all__ = ["register"]
+
+_PROTOCOLS = (
+    "perturbation",
+    "segmentation",
+    "class-specific",
+    "road",
+    "saco",
+    "rationale",
+    "language-evidence",
+    "vision-language-evidence",
+)
+"""The protocols' command-line names (explain.evaluation.PROTOCOLS, which this module does
+not import before a command runs)."""
 
 
 def planned(args: argparse.Namespace) -> list[Planned]:
@@ -55,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
         forward_batch=args.forward_batch,
         auc_range=args.auc_range,
         split=args.split,
+        length=args.length,
+        depth=args.depth,
+        replacement=args.replacement,
         device=None if args.device == "auto" else args.device,
         dtype=args.dtype,
         offline=args.offline,
@@ -74,13 +93,12 @@ def run(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "evaluate",
-        help="score methods with the perturbation, segmentation, class-specific or rationale test",
+        help="score methods with the perturbation, segmentation, class-specific, ROAD, SaCo or "
+        "rationale test, or against the known evidence of a (vision-)language model's answers",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "protocol", choices=["perturbation", "segmentation", "class-specific", "rationale"]
-    )
+    parser.add_argument("protocol", choices=list(_PROTOCOLS))
     add_model_arguments(
         parser,
         takes="the model to score",
@@ -91,9 +109,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--data",
-        help="an ImageNet validation folder (perturbation), gtsegs_ijcv.mat (segmentation) "
-        "or an ERASER movies folder (rationale), see the README's 'Evaluation data' for "
-        "where to get each; default: a zoo model's held-out set",
+        help="an ImageNet validation folder (perturbation, road, saco), gtsegs_ijcv.mat "
+        "(segmentation), an ERASER movies folder (rationale) or a JSON lines file of answer "
+        "examples (language-evidence), see the README's 'Evaluation data' for where to get "
+        "each; default: a zoo model's held-out set",
     )
     parser.add_argument("--split", default="test", help="ERASER split (default: test)")
     parser.add_argument("--limit", type=int, help="evaluate only the first N examples")
@@ -103,14 +122,35 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--forward-batch",
         type=int,
-        help="most perturbed images per forward pass (default: a whole chunk's)",
+        help="most perturbed inputs per forward pass (default: a whole chunk's images; 32 "
+        "prompts for the evidence tests)",
+    )
+    parser.add_argument(
+        "--length",
+        type=int,
+        help="language-evidence on a zoo model: the held-out prompts' length in tokens "
+        "(default: the data set's)",
+    )
+    parser.add_argument(
+        "--depth",
+        choices=["lm", "tower"],
+        default="lm",
+        help="vision-language-evidence: explain through the language model only, or on "
+        "through the vision tower (default: lm)",
+    )
+    parser.add_argument(
+        "--replacement",
+        metavar="TOKEN",
+        help="language-evidence: the token that replaces removed tokens (default: the data "
+        "set's, else the tokenizer's unknown or pad token)",
     )
     parser.add_argument(
         "--auc-range",
         choices=["0-90", "10-90"],
         default="0-90",
-        help="what the perturbation AUCs integrate over: from the unperturbed image (x = 0, "
-        "at most 90) or over 10%%-90%% removed only (at most 80) (default: 0-90)",
+        help="what the perturbation, class-specific and ROAD AUCs integrate over: from the "
+        "unperturbed image (x = 0, at most 90) or over 10%%-90%% removed only (at most 80) "
+        "(default: 0-90)",
     )
     parser.add_argument("--output", required=True, help="the results JSON file")
     parser.add_argument("--quiet", action="store_true", help="no progress bar, no table")

@@ -9,7 +9,9 @@ highlights its relevance over everything before it, and a PNG of the (generated 
 
 The model is a Hugging Face ...ForCausalLM folder (save_pretrained, with its tokenizer) or
 hub id; explain.testing.tiny_lm.save_tiny_lm writes a tiny random one for trying the
-command offline.
+command offline. The terminal prints the continuation (every token the model wrote,
+special ones included) and what each generated token rests on most, the token it is read
+out at left out: the page and the figure show the same (explain.generation.Answer).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 from pathlib import Path
 
 from explain.cli import image_answer
+from explain.cli.answer_lines import print_rests_on
 from explain.cli.options import (
     Planned,
     add_model_arguments,
@@ -50,8 +53,8 @@ def planned(args: argparse.Namespace) -> list[Planned]:
 
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
+    from explain.export import atomic_write
     from explain.generation import explain_generation
-    from explain.io import atomic_write
     from explain.rules import get_method
     from explain.viz import save_figure
     from explain.viz.generation import generation_html
@@ -75,34 +78,31 @@ def run(args: argparse.Namespace) -> int:
     found = explain_generation(
         explainer, prompt, max_new_tokens=args.max_new_tokens, method=args.method
     )
-    result, generation = found.explanation, found.generation
-    assert result.tokens is not None
-    width = generation.prompt_length
-    count = int(generation.generated[0].sum())
-    first = int((~generation.attention_mask[0, :width].bool()).sum())  # the prompt's pads
-    tokens = result.tokens[0][first : width + count]
-    matrix = result.relevance[0, :count, first : width + count]
-    ids = generation.input_ids[0, width : width + count].tolist()
-    print("continuation:", printable(loaded.tokenizer.decode(ids, skip_special_tokens=True)))
-    prompt_tokens = width - first
-    generated = tokens[prompt_tokens:]
-    for g, (token, row) in enumerate(zip(generated, matrix, strict=True)):
-        before = row[: prompt_tokens + g]
-        top = before.topk(min(3, before.numel())).indices.tolist()
-        print(f"  {token!r:>16} <- " + ", ".join(repr(tokens[i]) for i in top))
+    answer = found.answer()
+    print("continuation:", printable(answer.text(loaded.tokenizer)))
+    print_rests_on(answer.generated, answer.tokens, answer.rests_on)
     title = f"explain generate: {args.model}"
-    page = generation_html(tokens, prompt_tokens, matrix, method=args.method, title=title)
+    page = generation_html(
+        answer.tokens,
+        answer.prompt_length,
+        answer.relevance,
+        method=args.method,
+        title=title,
+        rests_on=[answer.rests_on(g) for g in range(len(answer.generated))],
+    )
     with atomic_write(args.html, "w") as handle:
         handle.write(page)
     png = args.png or args.html.with_suffix(".png")
-    figure = generation_figure(matrix, tokens, prompt_tokens, method=args.method, title=title)
+    figure = generation_figure(
+        answer.relevance, answer.tokens, answer.prompt_length, method=args.method, title=title
+    )
     save_figure(figure, png)
     print(args.html)
     print(png)
     if args.save:
         raw = args.out / f"generation.{args.save}"
         settings = {"model": args.model, "prompt": args.prompt, "chat": args.chat}
-        dataclasses.replace(result, settings=settings).save(raw)
+        dataclasses.replace(found.explanation, settings=settings).save(raw)
         print(raw)
     return 0
 
@@ -115,8 +115,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         epilog='Example: explain generate "The capital of France is" --model ./my-llama '
         "--out answers (writes answers/generation.html and answers/generation.png). Offline, "
         'explain.testing.tiny_lm.save_tiny_lm("tiny-llama") saves a tiny random Llama folder '
-        "to try it on (README, Supported models). A photo: explain generate --image "
-        'photo.jpg "What is in the picture?" --model PATH',
+        "to try it on (README, Language models). A photo: explain generate --image "
+        'photo.jpg "What is in the picture?" --model PATH (offline, '
+        'explain.testing.tiny_vlm.save_tiny_llava("tiny-llava") saves a tiny random LLaVA '
+        "with its processor: README, Vision-language models)",
     )
     parser.add_argument(
         "prompt", metavar="PROMPT", help="the text to continue (with --image: the question)"

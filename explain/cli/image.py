@@ -28,6 +28,7 @@ from torch import Tensor
 
 from explain.cli.methods import (
     add_method_arguments,
+    methods_the_model_takes,
     parse_methods,
     score_for,
     start_layer_for,
@@ -44,7 +45,7 @@ from explain.cli.options import (
 )
 from explain.errors import InputError, TargetError
 from explain.explanation import Explanation
-from explain.preprocessing import read_image
+from explain.inputs import read_image
 from explain.viz.image import BACKGROUNDS, class_label
 
 __all__ = [
@@ -217,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
     columns = parse_targets(args.target, loaded.classes, num_classes)
     target = _target_callable(columns)
     explainer = Explainer(loaded.model)
+    methods = methods_the_model_takes(args.method, methods, explainer.adapter, args.model)
     settings = {
         method: {
             "score": score_for(method, args.score),

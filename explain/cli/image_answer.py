@@ -5,7 +5,7 @@ The question and the photo go through the model's processor and chat template as
 user message; the model answers greedily, and every word of the answer is explained from
 one forward pass (explain.generation, explain.engine.plans.image_text) at the chosen depth.
 Each map is drawn back on the photo with the processor's resize, crop and padding undone
-(explain.image_prompts). Two files are written atomically: the page (click a word: its
+(explain.inputs). Two files are written atomically: the page (click a word: its
 map over the photo, the question's tokens coloured beside it) and a PNG of the answer's
 words, each with its map.
 """
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from explain.cli.answer_lines import print_rests_on
 from explain.cli.options import load
 from explain.errors import InputError
 
@@ -49,11 +50,12 @@ def _question_tokens(
 
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
-    from explain.generation import explain_generation
-    from explain.io import atomic_write
-    from explain.preprocessing import read_image
+    from explain.export import atomic_write
+    from explain.generation import explain_generation, rests_on
+    from explain.inputs import read_image
     from explain.viz import save_figure
     from explain.viz.image_answer import answer_figure, answer_html
+    from explain.viz.text import printable
 
     if not args.prompt.strip():
         raise InputError("the question is empty: there is nothing to answer")
@@ -75,41 +77,45 @@ def run(args: argparse.Namespace) -> int:
         depth=args.depth or "lm",
     )
     result, generation = found.explanation, found.generation
-    assert result.tokens is not None
-    width = generation.prompt_length
-    count = int(generation.generated[0].sum())
-    first = int((~generation.attention_mask[0, :width].bool()).sum())  # the prompt's pads
+    answer = found.answer()
+    count = len(answer.generated)
     images = result.relevances["image"][0, :count]
     images = images[:, None] if images.dim() == 3 else images  # (G, k, gh, gw)
     on_photo = loaded.preprocessing.to_original(images[:, 0], (photo.height, photo.width))
-    ids = generation.input_ids[0]
-    is_image = ids[first:width] == explainer.adapter.image_token_id  # type: ignore[attr-defined]
+    first = generation.prompt_length - answer.prompt_length  # the prompt's left padding
+    ids = generation.input_ids[0, first : generation.prompt_length]
+    is_image = ids == explainer.adapter.image_token_id  # type: ignore[attr-defined]
     tokens, relevance = _question_tokens(
-        result.tokens[0][first:width],
+        answer.tokens[: answer.prompt_length],
         is_image,
-        result.relevances["text"][0, :count, first:width],
+        answer.relevance[:, : answer.prompt_length],
         images,
     )
-    words = result.tokens[0][width : width + count]
-    processor = loaded.tokenizer
-    print(
-        "answer:", processor.decode(ids[width : width + count].tolist(), skip_special_tokens=True)
+    # The question as shown: word g is read out at the question's last token plus g, so
+    # only the first word's readout token is among them.
+    readout = len(tokens) - 1
+    rests = [rests_on(relevance[g], readout + g) for g in range(count)]
+    print("answer:", printable(answer.text(loaded.tokenizer)))
+    print_rests_on(answer.generated, tokens, rests.__getitem__)
+    title = (
+        f"explain generate: {args.model} ({result.method}, depth {result.settings['depth']}); "
+        f"question: {args.prompt}"
     )
-    title = f"explain generate: {args.model} ({result.method}, depth {result.settings['depth']})"
     pixels = np.asarray(photo)
     page = answer_html(
         pixels,
         on_photo,
         tokens,
         relevance,
-        words,
-        readout=len(tokens) - 1,
+        answer.generated,
+        readout=readout,
+        rests_on=rests,
         title=title,
     )
     with atomic_write(args.html, "w") as handle:
         handle.write(page)
     png = args.png or args.html.with_suffix(".png")
-    save_figure(answer_figure(pixels, on_photo, words), png)
+    save_figure(answer_figure(pixels, on_photo, answer.generated, title=title), png)
     print(args.html)
     print(png)
     if args.save:

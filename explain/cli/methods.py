@@ -10,7 +10,13 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["add_method_arguments", "parse_methods", "score_for", "start_layer_for"]
+__all__ = [
+    "add_method_arguments",
+    "methods_the_model_takes",
+    "parse_methods",
+    "score_for",
+    "start_layer_for",
+]
 
 
 def add_method_arguments(parser: argparse.ArgumentParser, **target: Any) -> None:
@@ -54,6 +60,29 @@ def parse_methods(text: str, option: str = "--method") -> list[str]:
     for name in names:
         get_method(name)  # unknown names fail before the model is loaded
     return list(dict.fromkeys(names))
+
+
+def methods_the_model_takes(text: str, methods: list[str], adapter: Any, model: str) -> list[str]:
+    """The methods of `--method` (`text`, read into `methods` by `parse_methods`) to run
+    on `model` (its `adapter`). `all` means every method the model takes: the others are
+    left out with a note on stderr that names them and why (explain.engine.refusals).
+    Methods named one by one are all run: one the model does not take is refused by the
+    engine, naming those it takes, before anything is written."""
+    from explain.engine import refusals
+
+    if text.strip() != "all":
+        return methods
+    refused = refusals(adapter)
+    reasons: dict[str, list[str]] = {}
+    for name in methods:
+        if name in refused:
+            reasons.setdefault(refused[name], []).append(name)
+    for reason, names in reasons.items():
+        print(
+            f"explain: note: --method all: {model} does not take {', '.join(names)} ({reason})",
+            file=sys.stderr,
+        )
+    return [name for name in methods if name not in refused]
 
 
 def start_layer_for(method: str, start_layer: int | None) -> int | None:

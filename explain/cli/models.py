@@ -1,4 +1,5 @@
-"""`explain models`: the zoo, the supported model families and the registered methods."""
+"""`explain models`: the zoo, the supported model families with the methods each takes,
+and the registered methods."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ __all__ = ["register"]
 
 
 def run(args: argparse.Namespace) -> int:
-    from explain.architectures import supported_families
     from explain.architectures.custom import CustomTransformer
+    from explain.architectures.registry import adapter_classes
+    from explain.engine import supported_methods
+    from explain.loading.zoo import WEIGHTS, ZOO, zoo_root
     from explain.rules import METHODS
-    from explain.zoo import WEIGHTS, ZOO, zoo_root
 
     root = zoo_root()  # the checkout's models/, or the installed package's copy
     print(f"Zoo models (--model zoo:NAME; data, recipe and accuracy in {root}/NAME/card.md):")
@@ -19,10 +21,14 @@ def run(args: argparse.Namespace) -> int:
         missing = not (root / name / WEIGHTS).is_file()
         note = f"  [not trained here yet: python {entry.script}]" if missing else ""
         print(f"  zoo:{name:20s} {entry.summary}{note}")
-    print("Supported model families:")
-    for family in supported_families():
-        print(f"  {family}")
-    print(f"  {CustomTransformer.family}")
+    print("Supported model families, each with the methods it takes (--method all runs these):")
+    lrp = sorted(name for name, spec in METHODS.items() if spec.lrp_rules)
+    for adapter in [*reversed(adapter_classes()), CustomTransformer]:
+        print(f"  {adapter.family}")
+        methods = supported_methods(adapter)
+        print(f"      methods: {', '.join(methods)}")
+        if adapter.lrp_covers and set(lrp) <= set(methods):
+            print(f"      ({', '.join(lrp)}: {adapter.lrp_covers} only)")
     print("  (out of scope: CvT, PVT, MaxViT and deformable attention, whose tokens mix outside")
     print("   attention maps; Swin is served above)")
     print("Methods (--method):")
@@ -34,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "models",
-        help="list the zoo, the supported model families and the methods",
+        help="list the zoo, the supported model families (with the methods each takes) and "
+        "the methods",
         description=__doc__,
     )
     parser.set_defaults(run=run)

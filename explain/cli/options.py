@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from explain.export import FORMATS
-from explain.loaded_model import LoadedModel
-from explain.loading import DEVICES, DTYPES, load_model
+from explain.loading.loaded_model import LoadedModel
+from explain.loading.specs import DEVICES, DTYPES, load_model
 
 __all__ = [
     "MODEL_SPECS",
+    "HelpFormatter",
     "Planned",
+    "RawDescriptionHelpFormatter",
     "add_model_arguments",
     "add_out_argument",
     "add_save_option",
@@ -36,6 +38,29 @@ MODEL_SPECS = (
 """What `--model` takes, for help texts and the README."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help layout, wrapped at spaces only: a line never breaks inside
+    `hf-hub:org/name` or `--max-new-tokens` (textwrap breaks at hyphens by default,
+    and re-wrapping then reads the break as a space: "hf- hub:")."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            " ".join(text.split()),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+        )
+
+
+class RawDescriptionHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """`HelpFormatter` for a command whose description is laid out by hand (kept as
+    written); its options' help is wrapped at spaces only."""
+
+
 def add_model_arguments(
     parser: argparse.ArgumentParser, *, takes: str, examples: str | None = None
 ) -> None:
@@ -45,7 +70,7 @@ def add_model_arguments(
     # Wrapped here: a command whose description is preformatted (RawDescriptionHelpFormatter)
     # would print the group's description as one long line; others re-wrap it anyway.
     shown = f" Examples: {examples}." if examples else ""
-    about = textwrap.fill(f"{takes}. {MODEL_SPECS}{shown}", width=78)
+    about = textwrap.fill(f"{takes}. {MODEL_SPECS}{shown}", width=78, break_on_hyphens=False)
     group = parser.add_argument_group("model", about)
     group.add_argument("--model", required=True, metavar="SPEC", help=f"{takes} (see above)")
     group.add_argument(

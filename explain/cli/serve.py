@@ -9,7 +9,6 @@ network, writes only under its cache folder (printed at start), and stops on Ctr
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ def listen_on(host: str | None) -> tuple[str, str | None]:
 def run(args: argparse.Namespace) -> int:
     try:
         from explain.serve import ResultCache, Workbench, build_app, default_cache_folder, read_data
+        from explain.serve.app import allowed_hosts_for
         from explain.serve.server import address, bind
         from explain.serve.server import run as serve_forever
     except ImportError as error:
@@ -44,9 +44,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     data = read_data(args.data)
     cache = ResultCache(args.cache or default_cache_folder())
-    # matplotlib (the page's colormaps) makes its config folder on import: in the cache
-    # too, so that nothing is written outside the folder printed below.
-    os.environ.setdefault("MPLCONFIGDIR", str(cache.folder / "matplotlib"))
+    cache.keep_library_caches_inside()  # nothing is written outside the folder printed below
     loaded = load(args)
     workbench = Workbench(loaded, cache, args.model)
     if workbench.kind in ("text", "generation") and data.kind == "images":
@@ -66,10 +64,7 @@ def run(args: argparse.Namespace) -> int:
         sock = bind(host, args.port)
     except OSError as error:
         raise OptionError(f"cannot listen on {host}:{args.port}: {error.strerror}") from None
-    # The Host header is checked against the loopback names (no DNS rebinding) unless
-    # the server listens elsewhere, where the user's own names for the machine must work.
-    local = host in (LOOPBACK, "localhost")
-    app = build_app(workbench, data, allowed_hosts=None if local else ["*"])
+    app = build_app(workbench, data, allowed_hosts=allowed_hosts_for(host))
     print(f"explain serve: {args.model} ({workbench.kind}) on {address(sock)}", flush=True)
     print(f"explain serve: cache folder {cache.folder}", flush=True)
     print("explain serve: press Ctrl-C to stop", flush=True)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from explain.cli.methods import (
     add_method_arguments,
+    methods_the_model_takes,
     parse_methods,
     score_for,
     start_layer_for,
@@ -30,7 +31,7 @@ from explain.errors import InputError, TargetError
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
     from explain.api import Explainer
     from explain.explanation import Explanation
-    from explain.loading import LoadedModel
+    from explain.loading.specs import LoadedModel
 
 __all__ = ["register"]
 
@@ -89,7 +90,7 @@ def planned(args: argparse.Namespace) -> list[Planned]:
 
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
-    from explain.io import atomic_write
+    from explain.export import atomic_write
     from explain.rules.display import display_values, scale_note
     from explain.viz.text import document_html, note_html, printable, to_html, to_terminal
 
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer; see `explain image`")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    methods = methods_the_model_takes(args.method, methods, explainer.adapter, args.model)
     encoder = getattr(explainer.adapter, "pooled_by_mean", False)
     if encoder != (args.pair is not None):
         raise InputError(

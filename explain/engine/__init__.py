@@ -5,7 +5,9 @@
 them. The session (session.py) borrows the model for a call, the recorder (recorder.py)
 records what it computes, the passes (passes.py) are the ways through the model a
 method's needs choose, and the plans (plans/) say how each kind of model maps the
-request onto them.
+request onto them. targets.py turns a target and a score into the differentiated
+scalars; fused.py chooses the attention path and recomputes attention on the fused one;
+spread.py and kernels/ fold all columns of a call at once.
 """
 
 from explain.engine.plans import (
@@ -18,7 +20,7 @@ from explain.engine.plans import (
     resolve_start_layer,
 )
 from explain.engine.request import Request, StartLayer
-from explain.engine.run import check, explain, supported_methods, trace
+from explain.engine.run import check, explain, refusals, supported_methods, trace
 from explain.engine.session import Session
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "check",
     "check_tokenizer",
     "explain",
+    "refusals",
     "require_causal_lm",
     "resolve_score",
     "resolve_start_layer",

@@ -5,7 +5,7 @@ mode, no parameter gradients, the attention path's flags, the RNG forked, the lo
 recorder keeps each block's attention probabilities from the forward pass and receives
 their gradients in the backward pass through tensor hooks on the same tensors (Chefer et
 al.'s `save_attn_gradients`), optionally does the same for hidden states, and on the fused
-path recomputes attention and its gradient from q, k, v (explain.fused), as it does on
+path recomputes attention and its gradient from q, k, v (explain.engine.fused), as it does on
 either path for a block whose probabilities are no tensor of the model (a packed
 sequence attended piece by piece: `AttentionSite.recomputed`). It also registers
 the forward hooks that only read activations for a rule (the LRP walk's). On exit every
@@ -26,10 +26,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from explain.architectures.base import FusedAttentionSite, FusedPath, ModuleHook
+from explain.architectures.base import this_thread_only
+from explain.engine.fused import FusedBlock
 from explain.engine.session import Session
 from explain.errors import ExplainError, TargetError
-from explain.fused import FusedBlock
+from explain.layout import FusedAttentionSite, FusedPath, ModuleHook
 
 __all__ = [
     "BATCHED_GRADIENT_BYTES",
@@ -53,7 +54,8 @@ attention (B, H, N, N) on the explicit path, with dA (C, B, H, N, N); on the fus
 (and for a recomputed site, `AttentionSite.recomputed`) it is the block itself (q, k, v
 and mask), with dO per head (C, B, H, N, d), so that no N x N map need ever be built.
 The gradient is None without a backward; the columns are a chunk of a batched
-backward's, or all of them (slice(None))."""
+backward's, or all of them (slice(None)). It runs outside autograd: a fold of the maps
+builds no graph."""
 
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
@@ -77,7 +79,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         session: the active session that has borrowed the model; its `fused` path, when
             set, is recorded by recomputing each block's attention and its gradient from
             q, k, v and the gradient of the attention output just in time
-            (explain.fused), instead of reading the explicit path's maps.
+            (explain.engine.fused), instead of reading the explicit path's maps.
         on_attention: called with every block's attention in the forward pass.
         track: layers whose attention is kept for a gradient (their grad is requested).
         hidden_states: also keep hidden states (block 0 input, every block output) and
@@ -154,9 +156,18 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         self._fused_outputs.clear()
         self._active = False
 
+    def _hook(
+        self, module: nn.Module, hook: Callable[..., Any], *, pre: bool = False, **options: Any
+    ) -> None:
+        """Register a forward hook (`pre`: a forward pre-hook) that acts only in this
+        thread, whose call this is (another thread's forward through a module the model
+        shares is not this call's), and remove it with the recorder's others."""
+        register = module.register_forward_pre_hook if pre else module.register_forward_hook
+        self._handles.append(register(this_thread_only(hook), **options))
+
     def _install_hooks(self) -> None:
         for module, hook in self._module_hooks:
-            self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
+            self._hook(module, hook, with_kwargs=True)
         # A module may serve several blocks (ALBERT runs one shared layer L times): it gets
         # one hook, which hands its k-th call in a forward pass to the k-th block it serves.
         # A site whose probabilities are no tensor of the model (`AttentionSite.recomputed`)
@@ -169,42 +180,41 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
         explicit_sites = () if self._fused else [s for s in declared if s.recomputed is None]
         for module, sites in _occurrences(explicit_sites, lambda s: s.module):
             turn = _Rotation(sites)
-            self._handles.append(
-                module.register_forward_hook(
-                    lambda module, args, output, t=turn: self._see_attention(
-                        (site := t.next()).layer,
-                        site.probabilities(output if site.seen_in == "output" else args),
-                    )
-                )
+            self._hook(
+                module,
+                lambda module, args, output, t=turn: self._see_attention(
+                    (site := t.next()).layer,
+                    site.probabilities(output if site.seen_in == "output" else args),
+                ),
             )
         blocks = _occurrences(range(self.adapter.num_layers), lambda i: self.adapter.blocks[i])
         if self.session.differentiable:
             first, indices = blocks[0]
             turn = _Rotation(indices)
-            self._handles.append(
-                first.register_forward_pre_hook(
-                    lambda module, args, kwargs, t=turn: (
-                        self._enter_first_block(module, args, kwargs) if t.next() == 0 else None
-                    ),
-                    with_kwargs=True,
-                )
+            self._hook(
+                first,
+                lambda module, args, kwargs, t=turn: (
+                    self._enter_first_block(module, args, kwargs) if t.next() == 0 else None
+                ),
+                pre=True,
+                with_kwargs=True,
             )
             # Further stacks (a dual encoder's second tower, a decoder) start from leaves too.
             for entry in self.adapter.entry_blocks[1:]:
-                self._handles.append(
-                    entry.register_forward_pre_hook(
-                        lambda module, args, kwargs: _as_leaf(args, kwargs)[:2], with_kwargs=True
-                    )
+                self._hook(
+                    entry,
+                    lambda module, args, kwargs: _as_leaf(args, kwargs)[:2],
+                    pre=True,
+                    with_kwargs=True,
                 )
         if self._keep_hidden:
             for block, indices in blocks:
                 turn = _Rotation(indices)
-                self._handles.append(
-                    block.register_forward_hook(
-                        lambda module, args, output, t=turn: self._see_hidden(
-                            t.next() + 1, self.adapter.block_output(output)
-                        )
-                    )
+                self._hook(
+                    block,
+                    lambda module, args, output, t=turn: self._see_hidden(
+                        t.next() + 1, self.adapter.block_output(output)
+                    ),
                 )
 
     def _install_fused_hooks(self, sites: Sequence[FusedAttentionSite]) -> None:
@@ -212,20 +222,20 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             raise ExplainError("the fused path does not support layers shared between blocks")
         for site in sites:
             block = self._fused_blocks[site.layer] = FusedBlock(site)
-            self._handles += [
-                site.query.register_forward_hook(lambda m, a, out, b=block: b.see_query(out)),
-                site.key.register_forward_hook(lambda m, a, out, b=block: b.see_key(out)),
-                site.value.register_forward_hook(lambda m, a, out, b=block: b.see_value(out)),
-                site.output.register_forward_pre_hook(
-                    lambda m, args, layer=site.layer: self._see_fused_output(layer, args[0])
-                ),
-            ]
+            self._hook(site.query, lambda m, a, out, b=block: b.see_query(out))
+            self._hook(site.key, lambda m, a, out, b=block: b.see_key(out))
+            self._hook(site.value, lambda m, a, out, b=block: b.see_value(out))
+            self._hook(
+                site.output,
+                lambda m, args, layer=site.layer: self._see_fused_output(layer, args[0]),
+                pre=True,
+            )
             if site.mask_module is not None:
-                self._handles.append(
-                    site.mask_module.register_forward_pre_hook(
-                        lambda m, args, kwargs, b=block: b.see_mask(args, kwargs),
-                        with_kwargs=True,
-                    )
+                self._hook(
+                    site.mask_module,
+                    lambda m, args, kwargs, b=block: b.see_mask(args, kwargs),
+                    pre=True,
+                    with_kwargs=True,
                 )
 
     # -- forward hooks ----------------------------------------------------------------------
@@ -313,6 +323,13 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             del self._fused_outputs[layer]
             self._fused_blocks[layer].release()
 
+    @property
+    def recomputes(self) -> bool:
+        """Whether some block is recorded from its q, k and v (the fused path, or a site
+        whose probabilities are no tensor of the model) rather than as its map: its
+        record (`BlockCallback`) is then a `FusedBlock`."""
+        return bool(self._fused_blocks)
+
     def stream_attention(self, on_block: BlockCallback) -> None:
         """After a `stream_forward` forward: every block (no gradient) to `on_block`, last
         block first, each released once it has been handed over."""
@@ -394,7 +411,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
     def backward_batched(
         self,
         scores: Tensor,
-        on_gradient: TargetGradientCallback,
+        on_gradient: TargetGradientCallback | None = None,
         *,
         max_bytes: int | None = None,
         on_block: BlockCallback | None = None,
@@ -428,10 +445,12 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 for position in reversed(range(len(layers))):
                     layer, grad = layers[position], grads[position]
                     grads[position] = None  # type: ignore[call-overload]  # free as we go
-                    if on_block is not None:
+                    if on_block is not None:  # outside autograd, as within a backward
                         record, gradient = self._record(layer, grad)
-                        on_block(layer, slice(columns.start, columns.stop), record, gradient)
+                        with torch.no_grad():
+                            on_block(layer, slice(columns.start, columns.stop), record, gradient)
                         continue
+                    assert on_gradient is not None, "give on_gradient or on_block"
                     attention = self._attention(layer)
                     for row, column in enumerate(columns):
                         attention_grad = self._attention_grad(layer, grad[row])

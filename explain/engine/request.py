@@ -7,9 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from explain.engine.fused import AttentionPath
+from explain.engine.targets import Score, Target
 from explain.errors import OptionError
-from explain.fused import AttentionPath
-from explain.targets import Score, Target
 
 __all__ = ["Request", "StartLayer", "integer_option"]
 
@@ -32,9 +32,9 @@ class Request:
     options: Mapping[str, Any] = field(default_factory=dict)
     attention_path: AttentionPath = "auto"
     memory_budget: int | None = None
-    """Bytes the attention maps may take (explain.fused.choose_path: the explicit path
+    """Bytes the attention maps may take (explain.engine.fused.choose_path: the explicit path
     where its maps fit, the streamed fold's chunks); None: the device's default
-    (explain.fused.default_memory_budget)."""
+    (explain.engine.fused.default_memory_budget)."""
     prompt_length: int | None = None
     """A generation (explain.generation): the inputs are prompts of this padded width
     followed by decoder-only language-model continuations, and every continuation token

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from explain.architectures.base import Adapter
+from explain.engine.fused import choose_path, default_memory_budget
 from explain.engine.passes import Pass, pass_for
 from explain.engine.plans import Plan, plan_kind
 from explain.engine.recorder import Recorder
@@ -24,13 +25,14 @@ from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.errors import TargetError, UnsupportedModelError
 from explain.explanation import Explanation, Trace
-from explain.fused import choose_path, default_memory_budget
 from explain.rules import METHODS, Method, get_method
 
-__all__ = ["check", "explain", "supported_methods", "trace"]
+__all__ = ["check", "explain", "refusals", "supported_methods", "trace"]
 
 
-def _missing_link(spec: Method, kind: type[Plan], adapter: Adapter) -> Exception | None:
+def _missing_link(
+    spec: Method, kind: type[Plan], adapter: Adapter | type[Adapter]
+) -> Exception | None:
     """The error for the first missing link of method -> pass -> plan -> adapter, or None."""
     chosen = pass_for(spec)
     if chosen not in kind.passes or (kind.methods is not None and spec.name not in kind.methods):
@@ -59,16 +61,29 @@ def check(spec: Method, kind: type[Plan], adapter: Adapter, request: Request) ->
     return chosen
 
 
-def _supported(kind: type[Plan], adapter: Adapter) -> list[str]:
+def _supported(kind: type[Plan], adapter: Adapter | type[Adapter]) -> list[str]:
     return [
         name for name, spec in sorted(METHODS.items()) if _missing_link(spec, kind, adapter) is None
     ]
 
 
-def supported_methods(adapter: Adapter, request: Request | None = None) -> list[str]:
+def supported_methods(
+    adapter: Adapter | type[Adapter], request: Request | None = None
+) -> list[str]:
     """The names of the methods that `adapter`'s model can be explained with, in calls of
-    `request`'s kind (a generation, when it has a `prompt_length`; default: any other)."""
+    `request`'s kind (a generation, when it has a `prompt_length`; default: any other).
+    Capabilities are declared on the adapter's class, so a family's adapter class answers
+    for every model of the family (`explain models` lists them so)."""
     return _supported(plan_kind(adapter, request or Request()), adapter)
+
+
+def refusals(adapter: Adapter | type[Adapter], request: Request | None = None) -> dict[str, str]:
+    """The methods `adapter`'s model cannot be explained with (in calls of `request`'s
+    kind, as for `supported_methods`), each with the reason, the missing link of method ->
+    pass -> plan -> adapter that `check` would name."""
+    kind = plan_kind(adapter, request or Request())
+    found = {name: _missing_link(spec, kind, adapter) for name, spec in sorted(METHODS.items())}
+    return {name: str(error) for name, error in found.items() if error is not None}
 
 
 def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None) -> Explanation:
@@ -79,22 +94,15 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
     chosen = check(spec, kind, adapter, request)
     plan = kind(adapter, spec, request, tokenizer)
     plan.prepare(inputs)
-    plan.sink()  # bad options and start layers fail before any model work
     plan.choose_inputs()
     run = chosen(adapter, spec, plan, request)
-    columns, per_column = run.run()
-    layouts = {token_set.name: token_set.layout for token_set in plan.sets}
+    columns, relevances = run.run()
     if not run.mapped:  # onto the input (patch grids, text with pads 0), all columns at once
-        mapped = {
-            name: adapter.to_input_space(
-                torch.stack([column[name] for column in per_column], dim=1), layout
-            ).unbind(dim=1)
-            for name, layout in layouts.items()
+        relevances = {
+            token_set.name: adapter.to_input_space(relevances[token_set.name], token_set.layout)
+            for token_set in plan.sets
         }
-        per_column = [
-            {name: mapped[name][k] for name in per_column[k]} for k in range(len(per_column))
-        ]
-    relevances = {name: r.detach() for name, r in plan.finish(per_column, columns).items()}
+    relevances = {name: r.detach() for name, r in plan.finish(relevances, columns).items()}
     first = plan.sets[0]
     return Explanation(
         relevance=relevances[first.name],
@@ -106,7 +114,11 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         relevances=relevances,
         tokens=plan.tokens(),
         detections=plan.detections(),
-        settings={**plan.settings(), **run.settings},
+        settings={
+            **plan.settings(),
+            **run.settings,
+            **({} if plan.foil is None else {"foil": plan.foil.tolist()}),
+        },
     )
 
 

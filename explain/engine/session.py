@@ -1,44 +1,12 @@
 """The session: borrowing a model for one call, and giving it back exactly as found.
 
-Everything in `explain` that runs a model (an explanation's passes, a trace, generation,
-the forwards of evaluation and of a dual encoder's pairing) does it inside a `Session`.
-For the duration of the call the session
-
-- holds the model's parts (see Threads below),
-- forks the global RNG (CPU and the model's CUDA devices), so that nothing the model
-  does inside the call changes the random numbers training will draw next,
-- enables autograd (`differentiable`) or disables it,
-- puts every module in eval mode and turns off every parameter's `requires_grad`,
-- sets the attention-path flags (the explicit path's, or the fused path's), after
-  entering what the path needs in place besides them (`Adapter.path_context`,
-  `FusedPath.context`: an attention function registered in a library), and
-- registers the module hooks that change what the model computes for the call (the
-  Gradient x Input rules of AttnLRP and CP-LRP: canonizers in zennit's terms).
-
-Every change is undone on exit, in reverse order, whether the call succeeded or not: one
-undo list, each entry pushed just after its change is made. Recording what the model
-computes is not the session's job: a `Recorder` (explain.engine.recorder) does it inside
-an active session.
-
-Threads: a session holds every object it changes, the model's modules (so its
-parameters) and each flag's owner (a Hugging Face config), from entry to exit, in a
-process-wide table outside the model (no attribute is written onto the user's objects).
-So two sessions that would change a shared object, two models sharing one config or two
-heads sharing one backbone, take turns, each saving and restoring the state the user left,
-never the other call's; sessions on disjoint models run in parallel. A session waits
-until all it needs is free and then takes it all at once, so two waiting sessions never
-hold part of what the other needs. Nesting:
-
-- a session for an object this thread already holds is refused (an `explain` inside a
-  target callable on the same model): explanations on one model cannot be nested;
-- a nested session on another model is allowed, unless waiting for it would close a
-  cycle (thread 1 explains A and, inside, B; thread 2 explains B and, inside, A): the
-  session that would close it is refused with `NestedExplanationError` instead of
-  deadlocking, and its outer call unwinds, which frees what the other thread waits for.
-
-After `fork`, the child process starts with an empty table except for what the forking
-thread itself held (`os.register_at_fork`): the threads that held the rest do not exist in
-the child, and a copied lock they held would never be released.
+Everything that runs a model does it inside a `Session`: it holds the model's parts
+against other calls, forks the RNG, sets autograd, eval mode, `requires_grad`, the
+attention path's flags (a call that records no attention may keep the model's own path)
+and the rule hooks of the call, and undoes every change on exit,
+in reverse order, whatever happened. Recording is the `Recorder`'s job, inside it.
+docs/architecture.md ("Borrowing the model") says how threads, nesting and `fork` are
+handled.
 """
 
 from __future__ import annotations
@@ -51,8 +19,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from explain.architectures.base import Adapter, FlagSetting, FusedPath, ModuleHook
+from explain.architectures.base import Adapter, this_thread_only
+from explain.architectures.wrappers import execution_devices
 from explain.errors import ExplainError, NestedExplanationError
+from explain.layout import FlagSetting, FusedPath, InputHook, ModuleHook
 
 __all__ = ["Session"]
 
@@ -132,6 +102,12 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+def _set_requires_grad(module: nn.Module, name: str, flag: bool) -> None:
+    parameter = module._parameters.get(name)
+    if parameter is not None:
+        parameter.requires_grad_(flag)
+
+
 class Session(contextlib.AbstractContextManager["Session"]):
     """Borrow `adapter.model` for one call (module docstring).
 
@@ -142,8 +118,12 @@ class Session(contextlib.AbstractContextManager["Session"]):
         fused: the adapter's fused attention path when the call keeps the fused kernel
             (its flags are set, and a recorder recomputes attention from its sites);
             None: the explicit path's flags (`Adapter.path_flags`).
-        hooks: (module, forward hook) pairs that change what the model computes for the
-            call, registered after every other change and removed first.
+        own_path: keep the attention path the model's user chose (no flags, no path
+            context), for a call that records no attention: what it computes is then
+            what the model computes without `explain`. Not with `fused`.
+        hooks: (module, hook) pairs that change what the model computes for the call: a
+            forward hook, or an `InputHook` run before the module; registered after every
+            other change and removed first.
     """
 
     def __init__(
@@ -152,12 +132,16 @@ class Session(contextlib.AbstractContextManager["Session"]):
         *,
         differentiable: bool = False,
         fused: FusedPath | None = None,
-        hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+        hooks: Sequence[tuple[nn.Module, ModuleHook | InputHook]] = (),
+        own_path: bool = False,
     ) -> None:
+        if own_path and fused is not None:
+            raise ExplainError("a Session on the model's own path cannot take the fused path")
         self.adapter = adapter
         self.model: nn.Module = adapter.model
         self.differentiable = differentiable
         self.fused = fused
+        self.own_path = own_path
         self._hooks = tuple(hooks)
         self._undo = contextlib.ExitStack()  # every change's undo, last change first
         self._held: frozenset[int] | None = None
@@ -175,9 +159,16 @@ class Session(contextlib.AbstractContextManager["Session"]):
             )
         if self.active:
             raise ExplainError("a Session cannot be entered twice")
-        flags = self.fused.flags if self.fused is not None else self.adapter.path_flags()
+        flags: Sequence[FlagSetting] = ()
+        if self.fused is not None:
+            flags = self.fused.flags
+        elif not self.own_path:
+            flags = self.adapter.path_flags()
+        # On its own path too the flags' owners are held: no other call may switch the
+        # path of a config this model shares while this one runs.
+        owners = [flag.owner for flag in (self.adapter.path_flags() if self.own_path else flags)]
         modules = list(self.model.modules())
-        held = frozenset(id(obj) for obj in [*modules, *(flag.owner for flag in flags)])
+        held = frozenset(id(obj) for obj in [*modules, *owners])
         _HOLDINGS.acquire(held)  # a shared module or config: other sessions wait
         self._held = held
         try:
@@ -186,14 +177,21 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 torch.enable_grad() if self.differentiable else torch.no_grad()
             )
             self._freeze(modules)
-            context = self.adapter.path_context() if self.fused is None else None
+            context = None
             if self.fused is not None and self.fused.context is not None:
                 context = self.fused.context()
+            elif self.fused is None and not self.own_path:
+                context = self.adapter.path_context()
             if context is not None:
                 self._undo.enter_context(context)
             self._set_flags(flags)
             for module, hook in self._hooks:
-                handle = module.register_forward_hook(hook, with_kwargs=True)
+                if isinstance(hook, InputHook):
+                    handle = module.register_forward_pre_hook(
+                        this_thread_only(hook.hook), with_kwargs=True
+                    )
+                else:
+                    handle = module.register_forward_hook(this_thread_only(hook), with_kwargs=True)
                 self._undo.callback(handle.remove)
         except BaseException:
             self._give_back()
@@ -212,9 +210,9 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 self._held = None
 
     def _fork_rng(self) -> None:
-        devices = sorted(
-            {p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"}
-        )
+        # The parameters' devices, and those accelerate runs offloaded modules on.
+        found = {p.device for p in self.model.parameters()} | execution_devices(self.model)
+        devices = sorted({device.index or 0 for device in found if device.type == "cuda"})
         self._undo.enter_context(torch.random.fork_rng(devices=devices))
 
     def _freeze(self, modules: list[nn.Module]) -> None:
@@ -224,10 +222,17 @@ class Session(contextlib.AbstractContextManager["Session"]):
         self._undo.callback(lambda: [setattr(m, "training", mode) for m, mode in modes])
         for module in modules:
             module.training = False
-        flags = [(p, p.requires_grad) for p in self.model.parameters()]
-        self._undo.callback(lambda: [p.requires_grad_(flag) for p, flag in flags])
-        for parameter, _ in flags:
-            parameter.requires_grad_(False)
+        # Restored by owner and name, not on the parameter objects: accelerate's offloading
+        # replaces an offloaded parameter with a new one at every forward.
+        flags = [
+            (module, name, parameter.requires_grad)
+            for module in modules
+            for name, parameter in module._parameters.items()
+            if parameter is not None
+        ]
+        self._undo.callback(lambda: [_set_requires_grad(*flag) for flag in flags])
+        for module, name, _ in flags:
+            _set_requires_grad(module, name, False)
 
     def _set_flags(self, flags: Sequence[FlagSetting]) -> None:
         for setting in flags:

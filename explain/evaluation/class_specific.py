@@ -102,9 +102,20 @@ class ClassSpecificTest(ImageProtocol):
         return {**super().settings(), "multi_label": self.multi_label}
 
     def scale(self) -> str:
+        # Every column defined under the table: a reader of OUTPUT.md has nothing else.
         return (
             f"AUC of the class's mean probability: {AUC_RANGES[self.auc_range]} "
-            f"(auc_range {self.auc_range})."
+            f"(auc_range {self.auc_range}). Each example explains one object's class (the "
+            "target) in a scene with another object of another class. target probability: "
+            "the target class's probability before any pixel is removed. positive AUC, "
+            "target: that probability as the pixels the target's map ranks most relevant "
+            "are zeroed first; negative AUC, target: least relevant first. other kept AUC: "
+            "the OTHER object's class's probability along the same positive order (a map "
+            "about its own class takes the target's object away first and keeps the "
+            "other's). mIoU, target vs rest: the map thresholded at its mean against the "
+            "target's mask, the other object counted as background. denser on target: the "
+            "share of examples whose map's mean is higher over the target's object than "
+            "over the other's (0.5 by construction for a map that ignores the class)."
         )
 
     fields: ClassVar[Mapping[str, Field]] = {
@@ -116,11 +127,6 @@ class ClassSpecificTest(ImageProtocol):
         **SEGMENTATION_FIELDS,
         "denser_on_target": Field(int, 0, 1),
     }
-
-    def probabilities(self, logits: Tensor) -> Tensor:
-        """(M, classes) probabilities: sigmoid per class or softmax over the classes."""
-        logits = logits.double()
-        return logits.sigmoid() if self.multi_label else logits.softmax(dim=-1)
 
     def evaluate(
         self, method: str, examples: Sequence[TwoObjectExample], *, seed: int = 0

@@ -18,47 +18,85 @@ import torch
 from explain.errors import OptionError
 from explain.evaluation.class_specific import ClassSpecificTest
 from explain.evaluation.datasets.base import EvaluationDataset
+from explain.evaluation.language import LanguageEvidenceTest
 from explain.evaluation.perturbation import PerturbationTest
 from explain.evaluation.protocol import EvaluationProtocol
 from explain.evaluation.rationale import RationaleTest
+from explain.evaluation.road import ROADTest
 from explain.evaluation.runner import run_evaluation
+from explain.evaluation.saco import SaCoTest
 from explain.evaluation.segmentation import SegmentationTest
+from explain.evaluation.vision_language import VisionLanguageEvidenceTest
 
-__all__ = ["evaluate_model", "real_dataset"]
+__all__ = ["evaluate_model", "real_dataset", "replacement_token"]
 
 _MODALITY = {
     "perturbation": "image",
     "segmentation": "image",
     "class-specific": "image",
+    "road": "image",
+    "saco": "image",
     "rationale": "text",
+    "language-evidence": "text",
+    "vision-language-evidence": "vision_language",
 }
+
+_ANSWERS = ("language-evidence", "vision-language-evidence")
+"""The protocols that explain a generative model's answers."""
 
 
 def real_dataset(
     protocol: str, data: str | os.PathLike[str], image_size: tuple[int, int] | None, split: str
 ) -> EvaluationDataset:
-    """The user's data for `protocol`: an ImageNet validation folder (perturbation), the
-    `gtsegs_ijcv.mat` file (segmentation) or an ERASER movies folder (rationale)."""
+    """The user's data for `protocol`: an ImageNet validation folder (perturbation, ROAD,
+    SaCo), the `gtsegs_ijcv.mat` file (segmentation), an ERASER movies folder (rationale)
+    or a JSON lines file of answer examples (language-evidence)."""
     from explain.evaluation import datasets
+    from explain.evaluation.datasets.answers import AnswerFile
 
-    if protocol == "class-specific":
+    if protocol in ("class-specific", "vision-language-evidence"):
+        zoo = "zoo:shapes-vit" if protocol == "class-specific" else "a known-evidence zoo model"
         raise OptionError(
-            "the class-specific test runs on a zoo model's two-object scenes "
-            "(--model zoo:shapes-vit, no --data); there is no real data set for it yet"
+            f"the {protocol} test runs on a zoo model's held-out set (--model {zoo}, no "
+            "--data); there is no real data set for it yet"
         )
     size = image_size or (224, 224)
-    if protocol == "perturbation":
+    if protocol in ("perturbation", "road", "saco"):
         return datasets.ImageNetFolder(data, size=size)
     if protocol == "segmentation":
         return datasets.ImageNetSegmentation(data, size=size)
+    if protocol == "language-evidence":
+        return AnswerFile(data)
     return datasets.EraserMovies(data, split=split)
+
+
+def replacement_token(tokenizer: Any, word: str | None, dataset: object) -> int:
+    """The token that replaces removed tokens in the language-evidence test: `word` where
+    given (a token of the tokenizer's vocabulary), else the data set's own
+    (`dataset.replacement`), else the tokenizer's unknown token, else its pad token."""
+    if word is not None:
+        found = tokenizer.convert_tokens_to_ids(word)
+        if found is None or (found == tokenizer.unk_token_id and word != tokenizer.unk_token):
+            raise OptionError(f"--replacement {word!r} is not a token of the model's vocabulary")
+        return int(found)
+    for found in (
+        getattr(dataset, "replacement", None),
+        tokenizer.unk_token_id,
+        tokenizer.pad_token_id,
+    ):
+        if found is not None:
+            return int(found)
+    raise OptionError(
+        "the tokenizer has no unknown or pad token to replace removed tokens with; name one "
+        "with --replacement"
+    )
 
 
 def _device(device: str | torch.device | None) -> torch.device:
     """The device to evaluate on, checked before the model is loaded (explain.loading's
     rule); by default the rank's GPU if there is one (under torchrun each process takes
     its own)."""
-    from explain.loading import resolve_device
+    from explain.loading.specs import resolve_device
 
     if device is None and torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -77,6 +115,9 @@ def evaluate_model(
     forward_batch: int | None = None,
     auc_range: str = "0-90",
     split: str = "test",
+    length: int | None = None,
+    depth: str = "lm",
+    replacement: str | None = None,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     offline: bool = False,
@@ -86,24 +127,30 @@ def evaluate_model(
     """Evaluate `methods` (default: every one the model supports) of `model` with `protocol`.
 
     Args:
-        protocol: "perturbation", "segmentation", "class-specific" or "rationale".
+        protocol: "perturbation", "segmentation", "class-specific", "road", "saco",
+            "rationale", "language-evidence" or "vision-language-evidence".
         model: a spec for `explain.loading.load_model`.
         output: the results JSON; the .md table, .png plot and .parts/ work folder go
             next to it.
         data: the real data set (see `real_dataset`); None uses a zoo model's held-out set.
         limit: evaluate only the first `limit` examples.
         batch_size: examples explained together, and the unit of resuming.
-        forward_batch: most perturbed images per forward pass (perturbation,
-            class-specific).
+        forward_batch: most perturbed inputs per forward pass (all but segmentation
+            and rationale).
         auc_range: what the AUCs integrate over: "0-90" (from the unperturbed x = 0) or
-            "10-90" (perturbation, class-specific).
+            "10-90" (perturbation, class-specific, road).
         split: the ERASER split (rationale with `data`).
+        length: the prompts' length in tokens, for a zoo language model's held-out
+            prompts (language-evidence; None: the data set's default).
+        depth: "lm" or "tower" (vision-language-evidence).
+        replacement: the token that replaces removed tokens (language-evidence; default:
+            the data set's, else the tokenizer's unknown or pad token).
         device: where the model runs; default the (rank's) GPU if there is one.
         dtype, offline, allow_missing_weights: as `load_model` takes them.
     """
     from explain.architectures.registry import adapter_for
-    from explain.engine import supported_methods
-    from explain.evaluation.datasets.zoo import heldout_dataset
+    from explain.engine import Request, supported_methods
+    from explain.evaluation.datasets.zoo import answer_dataset, heldout_dataset
     from explain.loading import load_model
 
     if protocol not in _MODALITY:
@@ -120,41 +167,62 @@ def evaluate_model(
             f"the {protocol} test is for {_MODALITY[protocol]} models; {model} is a "
             f"{loaded.modality} model"
         )
-    module = loaded.model
-    bound: EvaluationProtocol
-    if protocol == "rationale":
-        bound = RationaleTest(module, loaded.tokenizer)
+    dataset: EvaluationDataset
+    if data is not None:
+        dataset = real_dataset(protocol, data, loaded.image_size, split)
+    elif protocol in _ANSWERS:
+        dataset = answer_dataset(str(model), loaded, length)
     else:
-        if loaded.mean is None or loaded.std is None:
-            raise OptionError(f"{model} does not say how its inputs are normalised (mean, std)")
-        if protocol == "perturbation":
-            bound = PerturbationTest(
-                module, loaded.mean, loaded.std, forward_batch=forward_batch, auc_range=auc_range
-            )
-        elif protocol == "class-specific":
-            bound = ClassSpecificTest(
-                module,
-                loaded.mean,
-                loaded.std,
-                multi_label=loaded.multi_label,
-                forward_batch=forward_batch,
-                auc_range=auc_range,
-            )
-        else:
-            bound = SegmentationTest(module, loaded.mean, loaded.std)
-    if data is None:
         dataset = heldout_dataset(
             str(model), loaded.image_size, two_objects=protocol == "class-specific"
         )
-    else:
-        dataset = real_dataset(protocol, data, loaded.image_size, split)
+    module = loaded.model
+    bound = _bind(protocol, loaded, dataset, forward_batch, auc_range, depth, replacement)
+    # An answer is explained as a generation: the methods a generation takes.
+    request = Request(prompt_length=1) if protocol in _ANSWERS else None
     return run_evaluation(
         bound,
         dataset,
-        list(methods) if methods else supported_methods(adapter_for(module)),
+        list(methods) if methods else supported_methods(adapter_for(module), request),
         Path(output),
         model_name=str(model),
         batch_size=batch_size,
         limit=limit,
         progress=progress,
     )
+
+
+def _bind(
+    protocol: str,
+    loaded: Any,
+    dataset: EvaluationDataset,
+    forward_batch: int | None,
+    auc_range: str,
+    depth: str,
+    replacement: str | None,
+) -> EvaluationProtocol:
+    """`protocol` bound to the loaded model (and, for the language-evidence test, to the
+    data set's replacement token)."""
+    module = loaded.model
+    if protocol == "rationale":
+        return RationaleTest(module, loaded.tokenizer)
+    if protocol == "language-evidence":
+        token = replacement_token(loaded.tokenizer, replacement, dataset)
+        return LanguageEvidenceTest(module, loaded.tokenizer, token, forward_batch=forward_batch)
+    if protocol == "vision-language-evidence":
+        return VisionLanguageEvidenceTest(
+            module, loaded.tokenizer, depth=depth, forward_batch=forward_batch
+        )
+    if loaded.mean is None or loaded.std is None:
+        raise OptionError(f"{loaded.name} does not say how its inputs are normalised (mean, std)")
+    mean, std = loaded.mean, loaded.std
+    if protocol == "perturbation":
+        return PerturbationTest(module, mean, std, forward_batch=forward_batch, auc_range=auc_range)
+    if protocol == "road":
+        return ROADTest(module, mean, std, forward_batch=forward_batch, auc_range=auc_range)
+    labels = {"multi_label": loaded.multi_label, "forward_batch": forward_batch}
+    if protocol == "class-specific":
+        return ClassSpecificTest(module, mean, std, **labels, auc_range=auc_range)
+    if protocol == "saco":
+        return SaCoTest(module, mean, std, **labels)
+    return SegmentationTest(module, mean, std)

@@ -40,12 +40,17 @@ __all__ = [
     "CURVES",
     "FRACTIONS",
     "PerturbationTest",
+    "accuracy_curve",
     "checked_auc_range",
     "curve_hits",
+    "hit_terms",
     "perturbation_auc",
     "perturbed_copies",
     "removal_order",
+    "removal_rank",
+    "removal_ranks",
     "removed_count",
+    "removed_masks",
 ]
 
 FRACTIONS: tuple[float, ...] = tuple(k / 10 for k in range(1, 10))
@@ -74,17 +79,37 @@ def removal_order(heatmaps: Tensor, positive: bool) -> Tensor:
     return torch.sort(heatmaps.flatten(1), dim=1, descending=positive, stable=True).indices
 
 
+def removal_rank(order: Tensor) -> Tensor:
+    """(B, N) elements in the order they are removed -> (B, N) the rank at which each
+    element is removed, 0 first (the inverse permutation)."""
+    positions = torch.arange(order.shape[1], device=order.device).expand_as(order)
+    return torch.empty_like(order).scatter_(1, order, positions)
+
+
+def removed_masks(order: Tensor, fractions: Sequence[float]) -> Tensor:
+    """(F, B, N) bool: for each fraction p, the first floor(p * N) elements of the (B, N)
+    `order`."""
+    count = order.shape[1]
+    cuts = torch.tensor([removed_count(p, count) for p in fractions], device=order.device)
+    return removal_rank(order)[None] < cuts[:, None, None]
+
+
 def perturbed_copies(pixels: Tensor, order: Tensor, fractions: Sequence[float]) -> Tensor:
     """Copies of (B, C, H, W) `pixels` with the first floor(p * H * W) pixels of `order`
     zeroed in every channel, one copy per fraction p: shape (F, B, C, H, W)."""
     batch, _, height, width = pixels.shape
-    count = height * width
-    positions = torch.arange(count, device=order.device).expand(batch, -1)
-    rank = torch.empty_like(order).scatter_(1, order, positions)  # removal rank of each pixel
-    cuts = torch.tensor([removed_count(p, count) for p in fractions], device=order.device)
-    keep = rank[None] >= cuts[:, None, None]  # (F, B, H * W)
+    keep = ~removed_masks(order, fractions)
     keep = keep.view(len(fractions), batch, 1, height, width).to(pixels.device, pixels.dtype)
     return pixels[None] * keep
+
+
+def removal_ranks(scores: Tensor, allowed: Tensor, positive: bool) -> Tensor:
+    """(B, N) scores -> (B, N) long: when each allowed element is removed (0 first), most
+    relevant first (`positive`) or least relevant first, ties in position order; elements
+    not allowed get N (never removed)."""
+    last = float("-inf") if positive else float("inf")
+    order = removal_order(torch.where(allowed, scores, last)[:, None, :], positive)
+    return torch.where(allowed, removal_rank(order), scores.shape[1])
 
 
 AUC_RANGES: dict[str, str] = {
@@ -167,10 +192,6 @@ class PerturbationTest(ImageProtocol):
     def scale(self) -> str:
         return f"AUC: {AUC_RANGES[self.auc_range]} (auc_range {self.auc_range})."
 
-    def classify(self, pixels: Tensor) -> Tensor:
-        """Predicted classes of (M, 3, H, W) [0, 1] pixels, `forward_batch` at a time."""
-        return self.logits(pixels).argmax(dim=-1)
-
     def evaluate(self, method: str, examples: Sequence[ImageExample], *, seed: int = 0) -> Records:
         pixels, labels = self.stack(examples)
         inputs = self.normalize(pixels)
@@ -206,18 +227,14 @@ class PerturbationTest(ImageProtocol):
         return records
 
     def terms(self, records: Records) -> dict[str, Tensor]:
-        terms = {"correct": as_terms(records["correct"])}
-        for curve in CURVES:
-            hits = torch.tensor(records[curve], dtype=torch.float64).reshape(-1, len(FRACTIONS))
-            terms.update({f"{curve}@{i}": hits[:, i] for i in range(len(FRACTIONS))})
-        return terms
+        return hit_terms(records, CURVES)
 
     def from_sums(self, sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         ranked = {}
         for curve in CURVES:
             sign, whose = curve.split("_")
             ranked[f"{sign}_auc_{whose}"] = perturbation_auc(
-                _curve(sums, curve, count), auc_range=self.auc_range
+                accuracy_curve(sums, curve, count), auc_range=self.auc_range
             )
         return ranked
 
@@ -225,12 +242,22 @@ class PerturbationTest(ImageProtocol):
         sums, count = self.summed(records)
         curves: dict[str, list[float]] = {"fractions": [0.0, *FRACTIONS]}
         for curve in CURVES:
-            curves[curve] = [float(value) for value in _curve(sums, curve, count)]
+            curves[curve] = [float(value) for value in accuracy_curve(sums, curve, count)]
         return {"accuracy": curves[CURVES[0]][0], **self.totals(sums, count), "curves": curves}
 
 
-def _curve(sums: Mapping[str, Tensor], curve: str, count: int) -> list[Tensor]:
-    """The mean accuracy at x = 0 and after each fraction, from sums of `terms`."""
+def hit_terms(records: Records, curves: Sequence[str]) -> dict[str, Tensor]:
+    """The per-example terms of accuracy curves (see `EvaluationProtocol.terms`): the
+    unperturbed "correct" and, per curve, CURVE@i, its hit at the i-th fraction."""
+    terms = {"correct": as_terms(records["correct"])}
+    for curve in curves:
+        hits = torch.tensor(records[curve], dtype=torch.float64).reshape(-1, len(FRACTIONS))
+        terms.update({f"{curve}@{i}": hits[:, i] for i in range(len(FRACTIONS))})
+    return terms
+
+
+def accuracy_curve(sums: Mapping[str, Tensor], curve: str, count: int) -> list[Tensor]:
+    """The mean accuracy at x = 0 and after each fraction, from sums of `hit_terms`."""
     return [sums["correct"] / count, *(sums[f"{curve}@{i}"] / count for i in range(len(FRACTIONS)))]
 
 
@@ -241,12 +268,15 @@ def curve_hits(
     heatmaps: Tensor,
     positive: bool,
     fractions: Sequence[float] = FRACTIONS,
+    remove: Callable[[Tensor, Tensor, Sequence[float]], Tensor] = perturbed_copies,
 ) -> Tensor:
-    """(B, F) bool: whether each image is still classified correctly at each fraction.
+    """(B, F) bool: whether each image is still classified correctly at each fraction,
+    its pixels removed by `remove` (pixels, order, fractions) -> (F, B, C, H, W) copies:
+    zeroed by default (`perturbed_copies`).
 
     All fractions of the chunk go to `classify` together, so it can batch them.
     """
     order = removal_order(heatmaps, positive)
-    copies = perturbed_copies(pixels, order, fractions)
+    copies = remove(pixels, order, fractions)
     classes = classify(copies.flatten(0, 1)).view(len(fractions), len(pixels))
     return (classes == labels[None]).T

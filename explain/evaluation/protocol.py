@@ -226,6 +226,20 @@ class ImageProtocol(EvaluationProtocol):
         std = torch.tensor(self.std, device=pixels.device, dtype=pixels.dtype)
         return (pixels - mean[:, None, None]) / std[:, None, None]
 
+    multi_label: bool = False
+    """True when each logit is an independent yes/no decision (a class's probability is its
+    sigmoid), False for one softmax over the classes (set by the tests that read
+    probabilities)."""
+
+    def probabilities(self, logits: Tensor) -> Tensor:
+        """(M, classes) float64 probabilities: sigmoid per class or softmax over the classes."""
+        logits = logits.double()
+        return logits.sigmoid() if self.multi_label else logits.softmax(dim=-1)
+
+    def classify(self, pixels: Tensor) -> Tensor:
+        """Predicted classes of (M, 3, H, W) [0, 1] pixels, `forward_batch` at a time."""
+        return self.logits(pixels).argmax(dim=-1)
+
     def logits(self, pixels: Tensor) -> Tensor:
         """(M, classes) logits of (M, 3, H, W) [0, 1] pixels, `forward_batch` at a time,
         on the CPU."""

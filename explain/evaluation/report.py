@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from explain.evaluation.protocol import Column
-from explain.io import atomic_write
+from explain.export import atomic_write
 from explain.viz.literal import literal_text
 
 __all__ = ["markdown_table", "plot_results"]
@@ -20,7 +21,9 @@ def _decimals(value: float) -> int:
 
 def _cell(value: Any, error: float | None = None, marked: bool = False) -> str:
     """A number to 2 decimals (3 below 1.5), its standard error to as many, bold when
-    `marked`."""
+    `marked`; "n/a" for a number no example defines (NaN, or null in a results file)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
     if not isinstance(value, float):
         return str(value)
     places = _decimals(value)
@@ -100,9 +103,11 @@ def _plot_lines(axis, lines: list[tuple[str, list[float], list[float]]]) -> None
 
 @literal_text
 def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
-    """Save the protocol's curves as a PNG (atomically): accuracy (perturbation) or the
-    class probabilities (class-specific) against the removed fraction, token F1 against k
-    (rationale), or bars (segmentation).
+    """Save the protocol's curves as a PNG (atomically): accuracy (perturbation, ROAD),
+    the class probabilities (class-specific) or the answer's log-probability (language-
+    and vision-language-evidence, with ERASER's curves) against the removed fraction,
+    token F1 against k (rationale), each group's probability drop (SaCo), or bars
+    (segmentation).
 
     Legends sit beside their axes, never on the data; the constrained layout makes room.
     Methods with identical curves are all visible: the later ones dashed on top, their
@@ -158,6 +163,32 @@ def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> No
         axis.set_xlabel("k (top-k words)")
         axis.set_ylabel("token F1")
         axis.legend(**_BESIDE)
+    elif protocol in _CURVE_PANELS:
+        panels = _CURVE_PANELS[protocol]
+        rows = (len(panels) + 1) // 2
+        figure = Figure(figsize=(13, 4.5 * rows), layout="constrained")
+        axes = figure.subplots(rows, 2, squeeze=False).flatten()
+        for axis, (block, curve, title, xlabel, ylabel) in zip(axes, panels, strict=True):
+            lines = [
+                (method, summary[block]["fractions"], summary[block][curve])
+                for method, summary in per_method.items()
+            ]
+            _plot_lines(axis, lines)
+            axis.set_title(title)
+            axis.set_xlabel(xlabel)
+            axis.set_ylabel(ylabel)
+        axes[1].legend(**_BESIDE)  # the areas are in the table
+    elif protocol == "saco":
+        figure = Figure(figsize=(8, 4), layout="constrained")
+        axis = figure.subplots()
+        lines = []
+        for method, summary in per_method.items():
+            groups = [float(k + 1) for k in range(len(summary["drops"]))]
+            lines.append((f"{method} ({summary['saco']:.2f})", groups, summary["drops"]))
+        _plot_lines(axis, lines)
+        axis.set_xlabel("group of pixels, most relevant first")
+        axis.set_ylabel("mean drop of the class's probability")
+        axis.legend(**_BESIDE, title="method (SaCo)")
     else:
         figure = Figure(figsize=(10, 4), layout="constrained")
         axis = figure.subplots()
@@ -174,6 +205,27 @@ def plot_results(results: Mapping[str, Any], path: str | os.PathLike[str]) -> No
     figure.savefig(buffer, format="png", dpi=100)
     with atomic_write(path) as handle:
         handle.write(buffer.getvalue())
+
+
+_REMOVED = "fraction removed"
+_CURVE_PANELS: dict[str, tuple[tuple[str, str, str, str, str], ...]] = {
+    "language-evidence": (
+        ("curves", "positive", "most relevant tokens first", _REMOVED, "answer log-probability"),
+        ("curves", "negative", "least relevant tokens first", _REMOVED, "answer log-probability"),
+        ("eraser", "comprehensiveness", "comprehensiveness", "share removed", "drop of p(answer)"),
+        ("eraser", "sufficiency", "sufficiency", "share kept", "drop of p(answer)"),
+    ),
+    "vision-language-evidence": (
+        ("curves", "positive", "most relevant patches first", _REMOVED, "answer log-probability"),
+        ("curves", "negative", "least relevant patches first", _REMOVED, "answer log-probability"),
+    ),
+    "road": (
+        ("curves", "morf", "most relevant first (MoRF), imputed", _REMOVED, "top-1 accuracy"),
+        ("curves", "lerf", "least relevant first (LeRF), imputed", _REMOVED, "top-1 accuracy"),
+    ),
+}
+"""The curve panels of the protocols that draw curves: (summary block, curve, title,
+x label, y label) per panel, the x values being the block's "fractions"."""
 
 
 def _auc_key(curve: str) -> str:

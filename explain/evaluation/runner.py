@@ -48,7 +48,7 @@ from explain.evaluation.protocol import (
     records_problem,
 )
 from explain.evaluation.report import markdown_table, plot_results
-from explain.io import atomic_write
+from explain.export import atomic_write
 from explain.rules import get_method
 
 __all__ = ["run_evaluation", "weights_digest", "work_folder"]

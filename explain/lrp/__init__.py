@@ -1,11 +1,11 @@
-"""The LRP engine: relevance propagation for the LRP-based methods (CVPR 2021).
-
-`rules` holds the per-operation relevance rules; one module per model family walks the
-family's stock modules with them (`timm_vit`, `hf_bert`), declared by the family's adapter
-(`Adapter.lrp_walk`); `walk` defines what a walk offers. explain.engine runs the calls.
+"""The LRP maths, family-free: the per-operation relevance rules and their rule sets
+(`propagation`), what a family's LRP walk offers and shares (`walk`), and the gradient
+rules of AttnLRP and CP-LRP (`attnlrp`). Each family's walk and AttnLRP sites live in its
+own file in explain.architectures (`Adapter.lrp_walk`, `Adapter.attnlrp_sites`);
+explain.engine runs the calls.
 """
 
-from explain.lrp.rules import CHEFER, ORIGINAL, RULE_SETS, RuleSet
-from explain.lrp.walk import Tape, tape_for
+from explain.lrp.propagation import CHEFER, ORIGINAL, RULE_SETS, RuleSet
+from explain.lrp.walk import LrpWalk
 
-__all__ = ["CHEFER", "ORIGINAL", "RULE_SETS", "RuleSet", "Tape", "tape_for"]
+__all__ = ["CHEFER", "ORIGINAL", "RULE_SETS", "LrpWalk", "RuleSet"]

@@ -7,7 +7,8 @@ Routes (JSON unless said otherwise):
     GET  /api/info                the model: kind, classes, methods, normalisation rules
     GET  /api/gallery             the folder's images with their predictions so far
     GET  /api/sentences           the sentences of a text file
-    GET  /api/view?item=ITEM      PNG: the image as the model sees it
+    GET  /api/view?item=ITEM      PNG: the image as the model sees it (&background=grey:
+                                  in grey, as the maps are drawn over it)
     GET  /api/file?path=PATH      an image of the gallery, as it is
     POST /api/upload              an image as the request body -> its ITEM (upload/SHA)
     POST /api/explain/image       {item, methods, classes|top, rule}
@@ -21,10 +22,11 @@ Security: the only files read are the gallery's images under DATA (DataSource.im
 and uploads in the cache folder the server names at start; uploads are checked before
 decoding (explain.serve.uploads); POSTs must be JSON or carry the upload header, so
 another web site cannot post to the server through the browser (both need a CORS
-preflight, which is never granted); the Host header must name the loopback address unless
-the server was started on another host (no DNS rebinding). Errors are JSON
-`{"error": message}` with a 4xx status; an unexpected failure is a 500 with a one-line
-message, its traceback only in the server's log.
+preflight, which is never granted); the Host header must name a loopback address
+(127.0.0.1, localhost, [::1]) unless the server was started on another host (no DNS
+rebinding). Errors are JSON `{"error": message}` with a 4xx status, the refusal of a
+Host header too; an unexpected failure is a 500 with a one-line message, its traceback
+only in the server's log. A client that goes away mid-request is one line in the log.
 """
 
 from __future__ import annotations
@@ -38,30 +40,35 @@ from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from explain.errors import ExplainError, InputError
-from explain.io import atomic_write
-from explain.preprocessing import read_image
+from explain.export import atomic_write
+from explain.inputs import read_image
 from explain.serve.data import DataSource, OutsideDataError
 from explain.serve.gallery import GalleryPass
 from explain.serve.uploads import MAX_BYTES, UploadError, read_upload
 from explain.serve.workbench import DEFAULT_METHOD, Workbench
 
-__all__ = ["UPLOAD_HEADER", "build_app"]
+__all__ = ["LOOPBACK_HOSTS", "UPLOAD_HEADER", "allowed_hosts_for", "build_app"]
 
 UPLOAD_HEADER = "X-Explain-Upload"
 """The header an upload must carry (a custom header: cross-site posts need a preflight)."""
 MAX_JSON_BYTES = 1 << 20
 """The largest JSON request body accepted."""
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+"""The names of this machine that only this machine reaches: a server listening on one
+of them accepts only these in the Host header."""
 _UPLOAD_ITEM = re.compile(r"upload/([0-9a-f]{64})")
 _STATIC_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 _HEADERS = {
@@ -74,12 +81,20 @@ _HEADERS = {
 }
 
 
+def allowed_hosts_for(listening_on: str) -> list[str] | None:
+    """The `allowed_hosts` of `build_app` for a server listening on `listening_on`: the
+    loopback names (None) for a loopback address, else any (["*"]): the user's own
+    names for a machine reachable from the network must work."""
+    return None if listening_on in LOOPBACK_HOSTS else ["*"]
+
+
 def build_app(
     workbench: Workbench, data: DataSource, *, allowed_hosts: list[str] | None = None
 ) -> Starlette:
-    """The app serving `workbench` over `data`. `allowed_hosts`: Host header values
-    accepted (default: the loopback names only); ["*"] for a server on another host.
-    The gallery's background pass starts with the app and stops with it."""
+    """The app serving `workbench` over `data`. `allowed_hosts`: the host names accepted
+    in the Host header, IPv6 addresses without brackets (default: LOOPBACK_HOSTS); ["*"]
+    for a server on another host. The gallery's background pass starts with the app and
+    stops with it."""
     gallery = GalleryPass(workbench, data)
     static = _static_files()
     handlers = _Handlers(workbench, data, gallery)
@@ -107,17 +122,52 @@ def build_app(
         Route("/api/explain/generation", handlers.explain_generation, methods=["POST"]),
         Route("/api/export", handlers.export, methods=["POST"]),
     ]
-    hosts = allowed_hosts or ["127.0.0.1", "localhost"]
+    hosts = allowed_hosts or list(LOOPBACK_HOSTS)
     return Starlette(
         routes=routes,
-        middleware=[Middleware(TrustedHostMiddleware, allowed_hosts=hosts)],
+        middleware=[] if "*" in hosts else [Middleware(_HostCheck, hosts=hosts)],
         exception_handlers={
             ExplainError: _explain_error,
             HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
             Exception: _internal_error,
         },
         lifespan=lifespan,
     )
+
+
+class _HostCheck:
+    """Refuses a request whose Host header names no host of `hosts` (DNS rebinding: a
+    web site's own name pointed at 127.0.0.1), with the JSON error every refusal uses."""
+
+    def __init__(self, app: ASGIApp, hosts: list[str]) -> None:
+        self.app = app
+        self.hosts = frozenset(host.lower() for host in hosts)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            header = Headers(scope=scope).get("host", "")
+            if _host_name(header) not in self.hosts:
+                if scope["type"] == "websocket":  # closed before it opens: a 403
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                message = f"this server does not answer to the host {header!r}"
+                await _json({"error": message}, 400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _host_name(header: str) -> str | None:
+    """The host a Host header names, lower case, an IPv6 address without its brackets
+    ("[::1]:8000" -> "::1"); None for anything but host[:port]."""
+    try:
+        parts = urlsplit(f"//{header}")
+        parts.port  # noqa: B018  (reading it checks it: a port that is no number raises)
+    except ValueError:
+        return None
+    if parts.username is not None or parts.path or parts.query or parts.fragment:
+        return None
+    return parts.hostname
 
 
 def _static_files() -> dict[str, Path]:
@@ -151,6 +201,17 @@ async def _http_error(request: Request, error: Exception) -> Response:
     return _json({"error": error.detail}, error.status_code)
 
 
+async def _client_gone(request: Request, error: Exception) -> Response:
+    """A client that closed its connection mid-request (a cancelled upload): one line in
+    the log, and an answer nobody receives."""
+    print(
+        f"explain serve: {request.method} {request.url.path}: the client closed the "
+        "connection before the request was complete",
+        file=sys.stderr,
+    )
+    return Response(status_code=400)
+
+
 async def _internal_error(request: Request, error: Exception) -> Response:
     print(f"explain serve: {request.method} {request.url.path} failed: {error!r}", file=sys.stderr)
     return _json({"error": f"internal error ({type(error).__name__}); see the server's log"}, 500)
@@ -165,6 +226,8 @@ async def _body(request: Request) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise HTTPException(400, f"the request is not valid JSON: {error}") from None
+    except RecursionError:
+        raise HTTPException(400, "the request's JSON is nested too deeply") from None
     if not isinstance(body, dict):
         raise HTTPException(400, "the request must be a JSON object")
     return body
@@ -249,7 +312,10 @@ class _Handlers:
 
     async def view(self, request: Request) -> Response:
         item = request.query_params.get("item", "")
-        png = await run_in_threadpool(lambda: self.workbench.view_png(self._photo(item)[0]))
+        background = request.query_params.get("background", "colour")
+        png = await run_in_threadpool(
+            lambda: self.workbench.view_png(self._photo(item)[0], background)
+        )
         return Response(png, media_type="image/png", headers=_HEADERS)
 
     async def file(self, request: Request) -> Response:

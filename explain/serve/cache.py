@@ -3,7 +3,7 @@
 Results are JSON files keyed by what produced them (the model, as `model_identity` names
 it, the method, the input file's SHA-256 and the class), so a second visit, or a restart
 on the same folder, reads them instead of recomputing. Every file is written atomically
-(explain.io.atomic_write): a crash leaves complete files or none.
+(explain.export.atomic_write): a crash leaves complete files or none.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from explain.io import atomic_write
+from explain.export import atomic_write
 
 __all__ = ["ResultCache", "default_cache_folder", "model_identity"]
 
@@ -43,8 +43,8 @@ def default_cache_folder() -> Path:
 
 class ResultCache:
     """JSON results under `folder`/results, uploads under `folder`/uploads and exports
-    under `folder`/exports (and, from `explain serve`, matplotlib's config folder under
-    `folder`/matplotlib); nothing is written anywhere else."""
+    under `folder`/exports (and, from `explain serve`, the caches libraries make on their
+    own: `keep_library_caches_inside`); nothing is written anywhere else."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder).resolve()
@@ -52,6 +52,14 @@ class ResultCache:
         self.exports = self.folder / "exports"
         for sub in (self.folder / "results", self.uploads, self.exports):
             sub.mkdir(parents=True, exist_ok=True)
+
+    def keep_library_caches_inside(self) -> None:
+        """Point the caches that libraries make on import at this folder, unless the
+        user named them: matplotlib's config folder (`folder`/matplotlib; the page's
+        colormaps import matplotlib) and PyTorch's inductor cache (`folder`/torchinductor;
+        `import timm` makes $TMPDIR/torchinductor_$USER). Call it before the model loads."""
+        os.environ.setdefault("MPLCONFIGDIR", str(self.folder / "matplotlib"))
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(self.folder / "torchinductor"))
 
     @staticmethod
     def key(*parts: object) -> str:

@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from explain.errors import ExplainError
-from explain.preprocessing import read_image
+from explain.inputs import read_image
 from explain.serve.data import DataSource, file_sha256
 from explain.serve.workbench import Workbench
 
@@ -66,7 +66,7 @@ class GalleryPass:
             entry = {"path": item.path, "label": item.label, **entries.get(item.path, {})}
             prediction = entry.get("prediction")
             if prediction is not None and item.label is not None:
-                entry["correct"] = item.label in prediction["present"]
+                entry["correct"] = any(c["name"] == item.label for c in prediction["present"])
             items.append(entry)
         done = sum(1 for item in self.data.images if item.path in entries)
         return {

@@ -5,8 +5,8 @@ Everything runs through the public API (`Explainer.explain`, `explain_generation
 `Explanation.save`), so concurrent requests on the one model are serialised by the
 engine's own lock and leave the model exactly as found. Raw relevance maps are cached
 per (model, method, input hash, class): the page's scaling, which depends on what is
-shown together, is computed from them at answer time with explain.viz.scaling, whose
-caption states the rule.
+shown together, is computed from them at answer time (explain.serve.scales), with the
+caption that states the rule.
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ import torch
 from torch import Tensor
 
 from explain.api import Explainer
+from explain.engine import Request, supported_methods
 from explain.errors import ExplainError, InputError, TargetError
 from explain.explanation import Explanation
-from explain.loaded_model import LoadedModel
+from explain.loading.loaded_model import LoadedModel
 from explain.rules import METHODS
 from explain.serve.cache import ResultCache, model_identity
-from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL, scale_maps
+from explain.serve.scales import ViewScale, check_rule, scale_view
+from explain.viz.image import BACKGROUNDS, greyed
+from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL
 
 __all__ = ["DEFAULT_METHOD", "Workbench"]
 
@@ -40,6 +43,15 @@ MAX_CAPTIONS = 10
 """The most captions one CLIP view compares."""
 MAX_NEW_TOKENS = 64
 """The most tokens the generation view generates."""
+_INDEX_END = 2**63
+"""One past the largest index a class can have (a target is an int64 tensor)."""
+_GREY = " The image is shown in grey: every colour is relevance."
+"""What an image view's caption adds: the maps are drawn over the image in grey."""
+_OFF_THE_SCALE = (
+    " The token a generated token is read out at (the one just before it, hatched grey) is "
+    "off the scale: its own identity term would swamp the rest."
+)
+"""What the generation view's caption adds, as the figure and the terminal say it."""
 
 Kind = Literal["image", "text", "generation", "clip"]
 
@@ -53,6 +65,9 @@ class Workbench:
             local path, part of every cache key: explain.serve.cache.model_identity).
         kind: "image" (classifier), "text" (classifier), "generation" (a language model)
             or "clip" (an image-text dual encoder).
+        methods: the methods this model can be explained with in its view, as the
+            engine decides before any forward (explain.engine.supported_methods): the
+            only ones the page offers and the views accept.
     """
 
     def __init__(self, loaded: LoadedModel, cache: ResultCache, spec: str) -> None:
@@ -62,16 +77,21 @@ class Workbench:
         self._identity = model_identity(spec)
         self.explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
         self.kind: Kind = _kind(loaded)
+        # A language model's view explains generations, which some methods cannot fold.
+        request = Request(prompt_length=1) if self.kind == "generation" else None
+        self.methods: list[str] = supported_methods(self.explainer.adapter, request)
 
     def info(self) -> dict[str, Any]:
         """What the page needs to draw its controls."""
         return {
             "model": self.spec,
             "kind": self.kind,
-            "classes": list(self.loaded.classes or []),
+            # A language model's config names classes (LABEL_0, LABEL_1) its head never
+            # scores: its view explains generated tokens, not classes.
+            "classes": [] if self.kind == "generation" else list(self.loaded.classes or []),
             "multi_label": self.loaded.multi_label,
-            "methods": sorted(METHODS),
-            "default_method": DEFAULT_METHOD,
+            "methods": self.methods,
+            "default_method": DEFAULT_METHOD if DEFAULT_METHOD in self.methods else self.methods[0],
             "rules": list(RULES),
             "image_size": list(self.loaded.image_size) if self.loaded.image_size else None,
             "colormaps": {"sequential": _lut(SEQUENTIAL), "diverging": _lut(DIVERGING)},
@@ -87,20 +107,25 @@ class Workbench:
         images = preprocessing(list(photos))
         return images.to(device=self.loaded.device, dtype=self.loaded.dtype)
 
-    def view_png(self, photo: Any) -> bytes:
+    def view_png(self, photo: Any, background: str = "colour") -> bytes:
         """The image as the model sees it (resized, cropped, normalisation undone), as PNG:
-        the maps are drawn over exactly these pixels."""
+        the maps are drawn over exactly these pixels. `background="grey"`: in grey, as
+        the figures draw it under their maps (explain.viz.image.greyed), so that every
+        colour on a map is relevance and a red object is never taken for heat."""
         from PIL import Image
 
+        if background not in BACKGROUNDS:
+            raise InputError(f"background must be one of {', '.join(BACKGROUNDS)}")
         preprocessing = self.loaded.preprocessing
         if preprocessing is None:
             raise InputError(f"{self.spec} takes no images")
         pixels = preprocessing([photo])[0].float()
         mean = torch.tensor(preprocessing.mean)[:, None, None]
         std = torch.tensor(preprocessing.std)[:, None, None]
-        rgb = ((pixels * std + mean).clamp(0, 1) * 255).round().byte().permute(1, 2, 0)
+        rgb = (pixels * std + mean).clamp(0, 1)
+        shown = greyed(rgb) if background == "grey" else rgb.permute(1, 2, 0).numpy()
         buffer = io.BytesIO()
-        Image.fromarray(rgb.numpy()).save(buffer, format="PNG")
+        Image.fromarray((shown * 255).round().astype(np.uint8)).save(buffer, format="PNG")
         return buffer.getvalue()
 
     def predict_images(self, photos: Sequence[Any], hashes: Sequence[str]) -> list[dict]:
@@ -126,14 +151,18 @@ class Workbench:
         """Methods x classes maps of one image (`classes`, or the `top` highest), raw and
         scaled together by `rule`, with the caption that states the rule."""
         self._require("image")
-        methods = _checked_methods(methods)
+        methods = self._checked_methods(methods)
+        check_rule(rule)
         logits = self._logits(file_hash, lambda: self.model_input([photo]))
         columns = self._columns(logits, classes, top)
         grids = {
             method: self._maps(method, file_hash, columns, lambda: self.model_input([photo]))
             for method in methods
         }
-        return self._answer(logits, columns, grids, rule)
+        answer = self._answer(logits, columns, grids, rule)
+        if answer["caption"]:
+            answer["caption"] += _GREY
+        return answer
 
     def export(
         self,
@@ -145,12 +174,14 @@ class Workbench:
     ) -> Path:
         """The explanation of `classes` (none: the predicted class) with `method`, written
         by `Explanation.save` to a file under the cache's exports folder (`suffix`: ".npz"
-        or ".json")."""
-        (method,) = _checked_methods([method])
-        target = torch.tensor([list(classes)]) if classes else None
+        or ".json"). At most MAX_CLASSES classes, as in the views: each one is a backward
+        pass and a map in the file."""
+        (method,) = self._checked_methods([method])
+        classes = self._checked_classes(classes)
+        target = torch.tensor([classes]) if classes else None
         result = self.explainer.explain(make_inputs(), target=target, method=method)
         result = _with_settings(result, {"model": self.spec, **settings})
-        name = ResultCache.key(self._identity, method, list(classes), settings) + suffix
+        name = ResultCache.key(self._identity, method, classes, settings) + suffix
         path = self.cache.exports / name
         result.save(path)
         return path
@@ -168,7 +199,8 @@ class Workbench:
         """Token relevance of `text` for methods x classes, scaled together by `rule`."""
         self._require("text")
         text = _checked_text(text)
-        methods = _checked_methods(methods)
+        methods = self._checked_methods(methods)
+        check_rule(rule)
         text_hash = hashlib.sha256(text.encode()).hexdigest()
         logits = self._logits(text_hash, lambda: [text])
         columns = self._columns(logits, classes, top)
@@ -182,32 +214,37 @@ class Workbench:
         return answer
 
     def explain_generation(self, prompt: str, max_new_tokens: int, method: str) -> dict[str, Any]:
-        """Generate a continuation of `prompt` and explain each generated token: row g of
-        `rows` is the relevance of every earlier token for generated token g."""
+        """Generate a continuation of `prompt` and explain each generated token, as the
+        terminal and the figure show it (explain.generation.Answer): row g of `rows` is
+        the relevance of every earlier token for generated token g, up to the token it
+        is read out at (`readouts[g]`), which is off the colour scale (`display[g]` stops
+        before it: its own identity term would swamp the rest) and out of `rests_on[g]`,
+        the tokens it was generated mostly from."""
         from explain.generation import explain_generation
 
         self._require("generation")
         prompt = _checked_text(prompt)
-        (method,) = _checked_methods([method])
+        (method,) = self._checked_methods([method])
         if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
             raise InputError(f"max_new_tokens must be 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
         found = explain_generation(self.explainer, prompt, max_new_tokens, method=method)
-        result, generation = found.explanation, found.generation
-        width = generation.prompt_length
-        count = int(generation.generated[0].sum())
-        first = int((~generation.attention_mask[0, :width].bool()).sum())  # left padding
-        tokens = list(result.tokens[0][first : width + count])
-        matrix = result.relevance[0, :count, first : width + count].float().cpu().numpy()
-        prompt_tokens = width - first
-        rows = [matrix[g, : prompt_tokens + g] for g in range(count)]
-        scaled = [scale_maps([row]) for row in rows]
+        answer = found.answer(0)
+        matrix = answer.relevance.float().cpu().numpy()
+        generated = range(len(answer.generated))
+        readouts = [answer.readout(g) for g in generated]
+        rows = [matrix[g, : readouts[g] + 1] for g in generated]
+        scaled = [scale_view([row[:-1]]) for row in rows]
         return {
             "method": method,
-            "tokens": tokens,
-            "prompt_tokens": prompt_tokens,
+            "tokens": answer.tokens,
+            "prompt_tokens": answer.prompt_length,
             "rows": [row.tolist() for row in rows],
+            "readouts": readouts,
+            "rests_on": [answer.rests_on(g) for g in generated],
             "display": [s.maps[0].tolist() for s in scaled],
-            "caption": scaled[0].caption() if scaled else "",
+            "signed": [s.signed[0] for s in scaled],
+            "keys": [s.keys for s in scaled],  # each row's own: the page shows the one clicked
+            "caption": scaled[0].caption + _OFF_THE_SCALE if scaled else "",
         }
 
     # --- CLIP ------------------------------------------------------------------------
@@ -215,7 +252,7 @@ class Workbench:
     def explain_clip(self, photo: Any, captions: Sequence[str], method: str) -> dict[str, Any]:
         """The image's map and each caption's token relevance for every caption, with
         the zero-shot probability of each caption."""
-        (method,) = _checked_methods([method])
+        (method,) = self._checked_methods([method])
         inputs = self.clip_inputs(photo, captions)
         captions = [c.strip() for c in captions]
         result = self.explainer.explain(
@@ -225,7 +262,7 @@ class Workbench:
         special = set(tokenizer.all_special_ids)
         probabilities = result.logits.float().softmax(dim=-1)[0]
         image_maps = result.relevance[0].float().cpu().numpy()
-        scaled = scale_maps(list(image_maps))
+        scaled = scale_view(list(image_maps))
         answers = []
         for k, caption in enumerate(captions):
             ids = inputs["input_ids"][k].tolist()
@@ -234,17 +271,24 @@ class Workbench:
                 i for i, (t, m) in enumerate(zip(ids, mask, strict=True)) if m and t not in special
             ]
             values = result.relevances["text"][0, k, kept].float().cpu().numpy()
+            words = scale_view([values]) if len(kept) else None
             answers.append(
                 {
                     "caption": caption,
                     "probability": float(probabilities[k]),
-                    "map": _map_json(image_maps[k], scaled, k),
+                    "map": scaled.map_json(image_maps[k], k),
                     "tokens": tokenizer.convert_ids_to_tokens([ids[i] for i in kept]),
                     "values": values.tolist(),
-                    "display": scale_maps([values]).maps[0].tolist() if len(kept) else [],
+                    "display": words.maps[0].tolist() if words else [],
+                    "signed": words.signed[0] if words else False,
                 }
             )
-        return {"method": method, "captions": answers, "caption": scaled.caption()}
+        return {
+            "method": method,
+            "captions": answers,
+            "caption": scaled.caption + _GREY,
+            "keys": scaled.keys,
+        }
 
     def clip_inputs(self, photo: Any, captions: Sequence[str]) -> dict[str, Tensor]:
         """A CLIP model's inputs for one image and `captions` (checked)."""
@@ -256,6 +300,20 @@ class Workbench:
         return {**texts, "pixel_values": self.model_input([photo])}
 
     # --- shared ----------------------------------------------------------------------
+
+    def _checked_methods(self, methods: Sequence[str]) -> list[str]:
+        """`methods` without repeats, once each is one this model takes (`self.methods`)."""
+        if not methods:
+            raise InputError("choose at least one method")
+        for method in methods:
+            if method not in METHODS:
+                raise InputError(f"unknown method {method!r}; known: {', '.join(sorted(METHODS))}")
+            if method not in self.methods:
+                raise InputError(
+                    f"method {method!r} is not available for {self.spec} ({self.kind} "
+                    f"model); it takes: {', '.join(self.methods)}"
+                )
+        return list(dict.fromkeys(methods))
 
     def _require(self, *kinds: Kind) -> None:
         if self.kind not in kinds:
@@ -289,12 +347,13 @@ class Workbench:
         return ResultCache.key(self._identity, method, input_hash, column)
 
     def _prediction(self, logits: Tensor) -> dict[str, Any]:
-        """The top class and its confidence, and the classes the model says are present:
-        the top one, or for independent yes/no classes each one above one half."""
+        """The top class and its confidence, and the classes the model says are present,
+        each with its confidence, highest first: the top one, or for independent yes/no
+        classes every one above one half (none, when no class reaches it)."""
         confidences = _confidences(logits, self.loaded.multi_label)
         index = int(logits.argmax())
         present = (
-            [int(i) for i in (confidences > 0.5).nonzero().flatten()]
+            [int(i) for i in confidences.argsort(descending=True) if confidences[i] > 0.5]
             if self.loaded.multi_label
             else [index]
         )
@@ -302,7 +361,9 @@ class Workbench:
             "index": index,
             "name": self._name(index),
             "confidence": float(confidences[index]),
-            "present": [self._name(i) for i in present],
+            "present": [
+                {"name": self._name(i), "confidence": float(confidences[i])} for i in present
+            ],
         }
 
     def _name(self, index: int) -> str:
@@ -313,17 +374,23 @@ class Workbench:
         """The classes to explain: `classes` as given (checked), else the `top` highest."""
         count = logits.numel()
         if classes:
-            for index in classes:
-                if not 0 <= index < count:
-                    raise TargetError(f"class {index} is out of range (0..{count - 1})")
-            chosen = list(dict.fromkeys(classes))
-        else:
-            if not 1 <= top <= min(count, MAX_CLASSES):
-                raise TargetError(f"top must be 1..{min(count, MAX_CLASSES)}, got {top}")
-            chosen = logits.argsort(descending=True)[:top].tolist()
-        if len(chosen) > MAX_CLASSES:
-            raise TargetError(f"at most {MAX_CLASSES} classes at once")
-        return chosen
+            return self._checked_classes(classes, count)
+        if not 1 <= top <= min(count, MAX_CLASSES):
+            raise TargetError(f"top must be 1..{min(count, MAX_CLASSES)}, got {top}")
+        return logits.argsort(descending=True)[:top].tolist()
+
+    def _checked_classes(self, classes: Sequence[int], count: int | None = None) -> list[int]:
+        """`classes` without repeats, once there are at most MAX_CLASSES of them and each
+        is an index of the model's `count` classes (None: any index a class can have, the
+        engine checks it against the model's output). Checked before any model work:
+        each class is a backward pass and a map."""
+        if len(classes) > MAX_CLASSES:
+            raise TargetError(f"at most {MAX_CLASSES} classes at once, got {len(classes)}")
+        for index in classes:
+            if not 0 <= index < (count or _INDEX_END):
+                within = f" (0..{count - 1})" if count else ""
+                raise TargetError(f"class {index} is out of range{within}")
+        return list(dict.fromkeys(classes))
 
     def _maps(
         self, method: str, input_hash: str, columns: list[int], make_inputs: Callable[[], Any]
@@ -358,18 +425,18 @@ class Workbench:
         rule: str,
     ) -> dict[str, Any]:
         """The JSON answer: the classes, each method's maps (raw and scaled by `rule`
-        over every map shown) or its error, and the caption that states the rule."""
-        if rule not in RULES:
-            raise InputError(f"unknown normalisation {rule!r}; use one of {', '.join(RULES)}")
+        over every map shown, explain.serve.scales) or its error, the colour keys and
+        the caption that states the rule."""
         confidences = _confidences(logits, self.loaded.multi_label)
         drawn = [m for maps in grids.values() if not isinstance(maps, str) for m in maps]
-        scaled = scale_maps(drawn, rule) if drawn else None
+        scaled: ViewScale | None = scale_view(drawn, rule) if drawn else None
         methods, position = [], 0
         for method, maps in grids.items():
             if isinstance(maps, str):
                 methods.append({"method": method, "error": maps})
                 continue
-            entries = [_map_json(m, scaled, position + i) for i, m in enumerate(maps)]
+            assert scaled is not None
+            entries = [scaled.map_json(m, position + i) for i, m in enumerate(maps)]
             position += len(maps)
             methods.append({"method": method, "maps": entries})
         return {
@@ -380,20 +447,9 @@ class Workbench:
             ],
             "methods": methods,
             "rule": rule,
-            "caption": scaled.caption() if scaled else "",
-            "keys": _keys(scaled) if scaled else [],
+            "caption": scaled.caption if scaled else "",
+            "keys": scaled.keys if scaled else [],
         }
-
-
-def _keys(scaled: Any) -> list[dict[str, Any]]:
-    """The colour keys a view needs (sequential, diverging or both), with their ends
-    labelled as explain.viz labels its figures' keys."""
-    keys = []
-    needed = scaled.keys()  # FigureScale's keys: False sequential, True diverging
-    for signed in needed:
-        _, labels = scaled.key_ticks(signed)
-        keys.append({"signed": signed, "labels": labels, "title": scaled.key_label(signed)})
-    return keys
 
 
 def _kind(loaded: LoadedModel) -> Kind:
@@ -421,32 +477,12 @@ def _confidences(logits: Tensor, multi_label: bool) -> Tensor:
     return logits.sigmoid() if multi_label else logits.softmax(dim=-1)
 
 
-def _checked_methods(methods: Sequence[str]) -> list[str]:
-    if not methods:
-        raise InputError("choose at least one method")
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise InputError(f"unknown method {unknown[0]!r}; known: {', '.join(sorted(METHODS))}")
-    return list(dict.fromkeys(methods))
-
-
 def _checked_text(text: str) -> str:
     if not isinstance(text, str) or not text.strip():
         raise InputError("the text is empty")
     if len(text) > 2000:
         raise InputError(f"the text has {len(text)} characters; at most 2000")
     return text.strip()
-
-
-def _map_json(raw: np.ndarray, scaled: Any, position: int) -> dict[str, Any]:
-    """One map for the page: raw values (hover), display values in [0, 1] or [-1, 1]
-    (colour) and a note for all-zero or constant maps."""
-    return {
-        "values": raw.tolist(),
-        "display": scaled.maps[position].tolist(),
-        "signed": scaled.signed[position],
-        "note": scaled.notes[position],
-    }
 
 
 def _lut(name: str) -> list[list[int]]:

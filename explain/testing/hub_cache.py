@@ -87,7 +87,7 @@ def fill_hub_cache(cache: str | os.PathLike[str]) -> dict[str, nn.Module]:
             cache_hub_repo(cache, f"timm/{name}", folder)
             models[spec] = model
 
-        from explain.zoo import minilm_folder
+        from explain.loading.zoo import minilm_folder
 
         labels = ("NEGATIVE", "POSITIVE")
         text = transformers.DistilBertForSequenceClassification(

@@ -1,8 +1,9 @@
 """One image's detections: a panel per detection, its map over the image and its box.
 
 Matplotlib is imported only when drawing. The maps come from
-`explain.detections.maps_on_images` (on the original image, each min-max normalised on
-its own: the caption says so), the boxes from `Detections.corners`.
+`explain.detections.maps_on_images` (on the original image), the boxes from
+`Detections.corners`. The panels run in reading order, `MAPS_PER_ROW` to a row, under a
+title, with a colour key and the scaling rule, as the other figures.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ import numpy as np
 from torch import Tensor
 
 from explain.errors import InputError
-from explain.viz.image import overlay
+from explain.viz.image import MAPS_PER_ROW, _reading_order_panels
+from explain.viz.literal import literal_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["detection_figure"]
 
-_PANEL_INCHES = 2.6
 
-
+@literal_text
 def detection_figure(
     image: Tensor | np.ndarray,
     maps: Tensor,
@@ -31,13 +32,16 @@ def detection_figure(
     labels: Sequence[str],
     scores: Sequence[float],
     *,
+    title: str | None = None,
     cmap: str | None = None,
     alpha: float = 0.8,
+    background: str = "grey",
+    maps_per_row: int = MAPS_PER_ROW,
 ) -> Figure:
-    """The `image` (3, H, W) or (H, W, 3) in [0, 1] once per detection: panel k shows
-    `maps[k]` (H, W) in [0, 1] over it, the box `corners[k]` (x0, y0, x1, y1 pixels) and
-    the title "label score"."""
-    from matplotlib.figure import Figure
+    """The `image` (3, H, W) or (H, W, 3) in [0, 1] once per detection, under `title`
+    (e.g. the model, the image and the method): panel k shows `maps[k]` (H, W) over it
+    (each map scaled on its own, as the key and the caption say), the box `corners[k]`
+    (x0, y0, x1, y1 pixels) and the title "label score"; `maps_per_row` panels to a row."""
     from matplotlib.patches import Rectangle
 
     count = maps.shape[0]
@@ -46,24 +50,20 @@ def detection_figure(
             f"give one map, box, label and score per detection (got {count} maps, "
             f"{corners.shape[0]} boxes, {len(labels)} labels, {len(scores)} scores; at least one)"
         )
-    height, width = maps.shape[-2:]
-    aspect = height / width
-    figure = Figure(figsize=(count * _PANEL_INCHES, _PANEL_INCHES * aspect + 0.7))
-    for k in range(count):
-        axis = figure.add_subplot(1, count, k + 1)
-        axis.imshow(overlay(image, maps[k].detach().cpu().numpy(), cmap=cmap, alpha=alpha))
-        axis.set_xticks([])
-        axis.set_yticks([])
-        x0, y0, x1, y1 = (float(v) for v in corners[k])
+    figure, panels = _reading_order_panels(
+        image,
+        [m.detach().cpu().double().numpy() for m in maps],
+        [f"{label} {score:.2f}" for label, score in zip(labels, scores, strict=True)],
+        title=title,
+        note="Green: each detection's predicted box.",
+        per_row=maps_per_row,
+        cmap=cmap,
+        alpha=alpha,
+        background=background,
+    )
+    for axis, box in zip(panels, corners.tolist(), strict=True):
+        x0, y0, x1, y1 = (float(v) for v in box)
         axis.add_patch(
             Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="lime", linewidth=1.5)
         )
-        axis.set_title(f"{labels[k]} {scores[k]:.2f}", fontsize=9)
-    figure.text(
-        0.5,
-        0.02,
-        "each detection's map (generic rule, encoder-decoder form), min-max scaled per map",
-        ha="center",
-        fontsize=7,
-    )
     return figure

@@ -7,8 +7,10 @@ JSON array of numbers that a few lines of inline script read when a token is cho
 Colours are the diverging scale of explain.viz.text (red for, blue against), scaled per
 chosen token by the largest magnitude among the tokens before it, the token the
 prediction is read out at excluded: its own relevance (the identity term of the rules)
-would otherwise swamp every other token's; it is drawn hatched grey, off the scale. Token
-text is black or white, whichever contrasts more with its colour (WCAG AA). Generated
+would otherwise swamp every other token's; it is drawn hatched grey, off the scale. The
+status line names the tokens the chosen one rests on most, the readout token left out
+(explain.generation.rests_on, as the terminal and the figure say). Token text is black
+or white, whichever contrasts more with its colour (WCAG AA). Generated
 tokens are chosen by click, or by Tab and Enter; the page opens on generated token 1, or
 on token g (counted from 1, as the status line counts) of the address `page.html#g`,
 which choosing a token updates.
@@ -24,27 +26,15 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.viz.choice_script import choice_script
+from explain.viz.shade_script import SHADE_SCRIPT
 from explain.viz.text import colour
 
 __all__ = ["generation_html"]
 
-_SCRIPT = """
+_SCRIPT = (
+    SHADE_SCRIPT
+    + """
 const rows = JSON.parse(document.getElementById("relevance").textContent);
-const red = [178, 24, 43], blue = [33, 102, 172];
-function shade(value, scale) {
-  const s = scale > 0 ? Math.max(-1, Math.min(1, value / scale)) : 0;
-  const end = s >= 0 ? red : blue, w = Math.abs(s);
-  return end.map(c => Math.round(255 + (c - 255) * w));
-}
-// WCAG 2 relative luminance; black or white text, whichever contrasts more (>= 4.58:1).
-function luminance(rgb) {
-  const l = rgb.map(c => c / 255).map(c => c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4);
-  return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2];
-}
-function ink(rgb) {
-  const y = luminance(rgb);
-  return (y + 0.05) / 0.05 >= 1.05 / (y + 0.05) ? "black" : "white";
-}
 function choose(g) {
   const row = rows[g], prompt = PROMPT, at = prompt + g;
   let scale = 0;
@@ -60,11 +50,14 @@ function choose(g) {
     span.title = t < at ? row[t].toPrecision(4) + off : "";
     if (span.dataset.g !== undefined) span.setAttribute("aria-pressed", String(t === at));
   });
+  const chosen = document.querySelector('span.gen[data-g="' + g + '"]');
   document.getElementById("status").textContent =
     "relevance for generated token " + (g + 1) + " of " + rows.length +
-    " (address #" + (g + 1) + ")";
+    " (address #" + (g + 1) + "): " + chosen.textContent + " rests most on " +
+    chosen.dataset.rests;
 }
 """
+)
 
 _CHOICE = choice_script("span.gen", "rows")
 
@@ -86,12 +79,15 @@ def generation_html(
     relevance: Tensor,
     *,
     method: str,
+    rests_on: Sequence[Sequence[int]],
     title: str = "explain generate",
 ) -> str:
     """The page for one sequence: `tokens` (T) of prompt + continuation, the first
     `prompt_length` of them the prompt, and `relevance` (G, T), row g for the token at
     `prompt_length + g` (rows past the continuation's end are left out by the caller).
-    The heading reads "TITLE: METHOD", `method` being the one that made `relevance`."""
+    `rests_on[g]`: the positions generated token g rests on most, most relevant first
+    (`Answer.rests_on`). The heading reads "TITLE: METHOD", `method` being the one that
+    made `relevance`."""
     count = relevance.shape[0]
     if relevance.dim() != 2 or relevance.shape[1] != len(tokens):
         raise InputError(
@@ -103,6 +99,8 @@ def generation_html(
             f"{count} generated tokens after a prompt of {prompt_length} do not fit in "
             f"{len(tokens)} tokens"
         )
+    if len(rests_on) != count:
+        raise InputError(f"{count} generated tokens but {len(rests_on)} rests_on lists")
     rows = [[round(float(v), 6) for v in row] for row in relevance.detach().cpu().double()]
     # "<" escaped too: the JSON lives in a <script> element, which "</script>" would end.
     data = json.dumps(rows).replace("<", "\\u003c")
@@ -110,11 +108,14 @@ def generation_html(
     for index, token in enumerate(tokens[: prompt_length + count]):
         generated = index >= prompt_length
         # Generated tokens are buttons: reachable with Tab, chosen with Enter or Space.
-        attributes = (
-            f' data-g="{index - prompt_length}" tabindex="0" role="button" aria-pressed="false"'
-            if generated
-            else ""
-        )
+        attributes = ""
+        if generated:
+            g = index - prompt_length
+            sources = ", ".join(tokens[i] for i in rests_on[g]) or "nothing read before it"
+            attributes = (
+                f' data-g="{g}" tabindex="0" role="button" aria-pressed="false"'
+                f' data-rests="{html.escape(sources)}"'
+            )
         kind = "tok gen" if generated else "tok"
         spans.append(
             f'<span class="{kind}" data-t="{index}"{attributes}>{html.escape(token)}</span>'

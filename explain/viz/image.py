@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from explain.errors import ExplainError, InputError
-from explain.io import atomic_write
+from explain.export import atomic_write
 from explain.viz.literal import literal_text
 from explain.viz.scaling import DIVERGING, SEQUENTIAL, FigureScale, scale_maps
 
@@ -222,9 +222,10 @@ def _panel_figure(
     caption: str,
     panel_inches: float = _PANEL_INCHES,
     title_lines: int = 1,
+    title: str | None = None,
 ) -> tuple[Figure, list[list], object]:
-    """A figure with `shape[i]` panels in row i, each `aspect` (height / width) high, and
-    `caption` below them, wrapped to the figure's width.
+    """A figure with `shape[i]` panels in row i, each `aspect` (height / width) high,
+    `title` above them and `caption` below them, both wrapped to the figure's width.
 
     Returns the figure, its panels row by row, and the box (left, bottom, width, height
     in figure fractions) of the colour key, or None; it spans every row.
@@ -240,16 +241,22 @@ def _panel_figure(
     width = left + panels_w + (_BAR_INCHES if colorbar else _GAP_INCHES)
     lines = caption_lines(caption, width)
     caption_h = 0.1 + _CAPTION_LINE_INCHES * len(lines)
-    height = len(shape) * (panel_h + title_h) + caption_h
+    heading = caption_lines(title, width, title=True) if title else []
+    heading_h = 0.1 + _TITLE_LINE_INCHES * len(heading) if heading else 0.0
+    top = len(shape) * (panel_h + title_h) + caption_h  # the panels' top edge
+    height = top + heading_h
     figure = Figure(figsize=(width, height))
     figure.text(0.5, 0.06 / height, "\n".join(lines), ha="center", va="bottom", fontsize=7)
+    if heading:
+        figure.text(0.5, 1 - 0.06 / height, "\n".join(heading), ha="center", va="top",
+                    fontsize=9)  # fmt: skip
 
     def box(x: float, y: float, w: float, h: float) -> tuple[float, float, float, float]:
         return (x / width, y / height, w / width, h / height)
 
     rows = []
     for i, count in enumerate(shape):
-        bottom = height - (i + 1) * (panel_h + title_h)
+        bottom = top - (i + 1) * (panel_h + title_h)
         rows.append(
             [
                 figure.add_axes(box(left + j * (panel_w + _GAP_INCHES), bottom, panel_w, panel_h))
@@ -258,18 +265,73 @@ def _panel_figure(
         )
     bar = None
     if colorbar:
-        top = height - title_h
-        bottom = height - len(shape) * (panel_h + title_h)
-        bar = box(left + panels_w + 0.15, bottom, 0.15, top - bottom)
+        bottom = top - len(shape) * (panel_h + title_h)
+        bar = box(left + panels_w + 0.15, bottom, 0.15, top - title_h - bottom)
     return figure, rows, bar
+
+
+def _reading_order_panels(
+    image: Tensor | np.ndarray,
+    heatmaps: Sequence[Tensor | np.ndarray],
+    titles: Sequence[str],
+    *,
+    title: str | None = None,
+    opening: str | None = None,
+    note: str | None = None,
+    per_row: int = MAPS_PER_ROW,
+    cmap: str | None = None,
+    alpha: float = 0.8,
+    background: str = "grey",
+) -> tuple[Figure, list]:
+    """One image's maps side by side in reading order under `title`: the plain image
+    first when `opening` names it (its panel title), then each of `heatmaps` (raw
+    relevance, each scaled on its own) titled with `titles`, `per_row` maps to a row (one
+    more panel with the opening image), so that many maps stay readable instead of a
+    wide strip; a colour key at the right and the rule below, followed by `note` (what
+    else the panels show). Returns the figure and the maps' panels, in order (e.g. to
+    draw a box on each)."""
+    rgb = _to_hwc(image)
+    if not heatmaps or len(heatmaps) != len(titles):
+        raise InputError(
+            f"give one title per map and at least one map (got {len(heatmaps)} maps, "
+            f"{len(titles)} titles)"
+        )
+    if per_row < 1:
+        raise InputError(f"per_row must be at least 1, got {per_row}")
+    check_style(cmap, alpha, background)
+    scaled = scale_maps([_to_map(m) for m in heatmaps])
+    count = len(heatmaps) + (opening is not None)
+    columns = per_row + (opening is not None)
+    shape = [min(columns, count - start) for start in range(0, count, columns)]
+    figure, rows, bar = _panel_figure(
+        shape,
+        rgb.shape[0] / rgb.shape[1],
+        colorbar=True,
+        labels=False,
+        caption=" ".join(filter(None, [figure_caption(scaled, background), note])),
+        title=title,
+    )
+    panels = [axis for row in rows for axis in row]
+    if opening is not None:
+        _draw_panel(panels[0], rgb, None, cmap, alpha)
+        panels[0].set_title(opening, fontsize=9)
+        panels = panels[1:]
+    mark = len(scaled.keys()) > 1
+    for k, (axis, name) in enumerate(zip(panels, titles, strict=True)):
+        _draw_scaled(axis, rgb, scaled, k, cmap, alpha, background=background, mark_signed=mark)
+        axis.set_title(name, fontsize=9)
+    assert bar is not None
+    _draw_colorbar(figure, bar, scaled, cmap)
+    return figure, panels
 
 
 def _draw_colorbar(
     figure: Figure, area: tuple[float, float, float, float], scale: FigureScale, cmap: str | None
 ) -> None:
-    """The colour keys of the figure's rule in `area`: relevance values on a shared scale,
-    else the ends of each map's own range; the sequential key above the diverging one
-    when the figure has both unsigned and signed maps (the signed panels are marked ±)."""
+    """The colour keys of the figure's rule in `area`: relevance values on a shared scale
+    (one per kind of map), else the ends of each map's own range; the sequential key above
+    the diverging one when the figure has both unsigned and signed maps (the signed panels
+    are marked ±)."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 

@@ -9,11 +9,15 @@ inline script apply. Token colours are the diverging scale of explain.viz.text (
 blue against), scaled per word by the largest magnitude among the question's tokens
 without the token the prediction is read out at (the identity term of the rules would
 swamp every other token; it is framed instead). A run of image tokens is shown as one
-"[image]" token carrying the sum of the image's map. The page opens on the first word,
-or on word g (counted from 1) of the address `page.html#g`; a click or Enter on a
-word shows it and updates the address.
+"[image]" token carrying the sum of the image's map. The status line names the tokens
+the chosen word rests on most, the readout token left out (explain.generation.rests_on,
+as the terminal says). The page opens on the first word, or on word g (counted from 1)
+of the address `page.html#g`; a click or Enter on a word shows it and updates the
+address.
 
-The figure: the photo, then one panel per word with its map over the photo.
+The figure: under a title (the model, the method, the question), the photo, then one
+panel per word with its map over the photo, in reading order, wrapping after
+`MAPS_PER_ROW` words; a colour key and the scaling rule.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.viz.choice_script import choice_script
-from explain.viz.image import grid_figure, overlay
+from explain.viz.image import MAPS_PER_ROW, _reading_order_panels, overlay
+from explain.viz.literal import literal_text
 from explain.viz.text import colour
 
 if TYPE_CHECKING:
@@ -53,7 +58,8 @@ function choose(g) {
   document.querySelectorAll("span.word").forEach(span =>
     span.classList.toggle("chosen", Number(span.dataset.g) === g));
   document.getElementById("status").textContent =
-    "relevance for the answer's word " + (g + 1) + " of " + words.length + ": " + word.word;
+    "relevance for the answer's word " + (g + 1) + " of " + words.length + ": " + word.word +
+    " rests most on " + word.rests;
 }
 """
 
@@ -106,6 +112,7 @@ def answer_html(
     words: Sequence[str],
     readout: int | None = None,
     *,
+    rests_on: Sequence[Sequence[int]],
     title: str = "explain generate",
 ) -> str:
     """The page for one answer.
@@ -118,7 +125,10 @@ def answer_html(
         relevance: (G, len(tokens)) each word's relevance over those tokens.
         words: the G answer words.
         readout: the index in `tokens` the first word is read out at (framed, and left
-            out of the colour scale); None when it is not among them.
+            out of the colour scale; word g is read out g tokens later, past the
+            question); None when it is not among them.
+        rests_on: per word, the indices in `tokens` it rests on most, most relevant first
+            (explain.generation.rests_on).
     """
     picture = _photo(photo)
     count = len(words)
@@ -132,6 +142,8 @@ def answer_html(
             f"relevance must be (words, tokens) = ({count}, {len(tokens)}), "
             f"got {tuple(relevance.shape)}"
         )
+    if len(rests_on) != count:
+        raise InputError(f"{count} words but {len(rests_on)} rests_on lists")
     entries = []
     for g in range(count):
         row = [float(v) for v in relevance[g].detach().cpu().double()]
@@ -149,6 +161,7 @@ def answer_html(
                 "light": [scale > 0 and abs(v) > 0.6 * scale for v in row],
                 "values": [f"{v:.4g}" for v in row],
                 "readout": at if at is not None else -1,
+                "rests": ", ".join(tokens[t] for t in rests_on[g]) or "nothing read before it",
             }
         )
     # "<" escaped too: the JSON lives in a <script> element, which "</script>" would end.
@@ -178,12 +191,25 @@ def answer_html(
     )
 
 
-def answer_figure(photo: np.ndarray, maps: Tensor, words: Sequence[str]) -> Figure:
-    """The photo, then one panel per answer word with its (G, H, W) map over the photo,
-    each map scaled to its own range."""
+@literal_text
+def answer_figure(
+    photo: np.ndarray,
+    maps: Tensor,
+    words: Sequence[str],
+    *,
+    title: str | None = None,
+    maps_per_row: int = MAPS_PER_ROW,
+) -> Figure:
+    """Under `title` (e.g. the model, the method and the question), the photo, then one
+    panel per answer word with its (G, H, W) map over the photo, titled with the word, in
+    reading order (`maps_per_row` words to a row, the photo opening the first); each map
+    scaled to its own range, stated by the colour key and the caption."""
     if maps.dim() != 3 or maps.shape[0] != len(words) or not words:
         raise InputError(
             f"maps must be (words, H, W) for {len(words)} words, got {tuple(maps.shape)}"
         )
     heat = [m.detach().cpu().double().numpy() for m in maps]
-    return grid_figure(_photo(photo), [heat], rows=["answer"], columns=list(words))
+    figure, _ = _reading_order_panels(
+        _photo(photo), heat, list(words), title=title, opening="photo", per_row=maps_per_row
+    )
+    return figure

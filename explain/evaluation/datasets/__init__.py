@@ -5,7 +5,9 @@ Real data for users who have it (`ImageNetFolder`, `ImageNetSegmentation`,
 """
 
 from explain.evaluation.datasets.base import (
+    AnswerExample,
     EvaluationDataset,
+    ImageAnswerExample,
     ImageExample,
     TextExample,
     TwoObjectExample,
@@ -15,8 +17,10 @@ from explain.evaluation.datasets.imagenet import ImageNetFolder
 from explain.evaluation.datasets.imagenet_segmentation import ImageNetSegmentation
 
 __all__ = [
+    "AnswerExample",
     "EraserMovies",
     "EvaluationDataset",
+    "ImageAnswerExample",
     "ImageExample",
     "ImageNetFolder",
     "ImageNetSegmentation",

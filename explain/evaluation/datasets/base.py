@@ -1,4 +1,7 @@
-"""What an evaluation dataset yields: images with labels (and masks), or words with rationales.
+"""What an evaluation dataset yields: images with labels (and masks), words with
+rationales, or prompts with the answer a generative model should give and where its
+evidence lies (`AnswerExample` for language models, `ImageAnswerExample` for
+vision-language models).
 
 Datasets are plain sequences (`len`, indexing) of examples, so the runner can cut them into
 chunks by index, shard the chunks over processes and resume a run chunk by chunk.
@@ -13,7 +16,14 @@ from torch import Tensor
 
 from explain.errors import InputError
 
-__all__ = ["EvaluationDataset", "ImageExample", "TextExample", "TwoObjectExample"]
+__all__ = [
+    "AnswerExample",
+    "EvaluationDataset",
+    "ImageAnswerExample",
+    "ImageExample",
+    "TextExample",
+    "TwoObjectExample",
+]
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,100 @@ class TextExample:
             )
 
 
-Example = TypeVar("Example", ImageExample, TextExample, covariant=True)
+def _positions(name: str, positions: tuple[int, ...], length: int) -> None:
+    """Refuse token positions outside a prompt of `length` tokens, or given twice."""
+    outside = [p for p in positions if isinstance(p, bool) or not 0 <= p < length]
+    if outside:
+        raise InputError(f"{name} positions {outside} lie outside the prompt's {length} tokens")
+    if len(set(positions)) != len(positions):
+        raise InputError(f"{name} positions {list(positions)} name a token twice")
+
+
+def _prompt_and_answer(input_ids: tuple[int, ...], answer: tuple[int, ...]) -> None:
+    if not input_ids:
+        raise InputError("an answer example needs a prompt (input_ids is empty)")
+    if not answer:
+        raise InputError("an answer example needs at least one answer token")
+
+
+@dataclass(frozen=True)
+class AnswerExample:
+    """A prompt for a decoder-only language model, the answer it should give, and which
+    prompt tokens are the answer's evidence (the language-evidence test).
+
+    Attributes:
+        input_ids: the prompt's token ids exactly as the model reads them (special tokens
+            and chat template included), unpadded.
+        answer: the answer's token ids (at least one), scored teacher-forced after the
+            prompt.
+        evidence: positions in `input_ids` of the evidence (e.g. the tokens of the asked
+            fact); empty when the example has none (such examples are left out of the
+            evidence recall, and counted).
+        kept: positions that removal never touches: the question and the chat template.
+    """
+
+    input_ids: tuple[int, ...]
+    answer: tuple[int, ...]
+    evidence: tuple[int, ...] = ()
+    kept: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _prompt_and_answer(self.input_ids, self.answer)
+        _positions("evidence", self.evidence, len(self.input_ids))
+        _positions("kept", self.kept, len(self.input_ids))
+
+
+@dataclass(frozen=True)
+class ImageAnswerExample:
+    """A question about an image for a vision-language model, the answer it should give,
+    the object the answer is about and the question's evidence words (the
+    vision-language-evidence test).
+
+    Attributes:
+        input_ids: the prompt's token ids as the model's processor makes them (the image
+            placeholder expanded to the image tokens, the chat template included),
+            unpadded.
+        pixel_values: (3, H, W) the image as the model takes it (normalised by the
+            processor); one image per prompt.
+        answer: the answer's token ids (at least one).
+        mask: (H, W) bool on the grid of `pixel_values`: the pixels of the object the
+            answer is about; all False when it is about none ("no", "nothing"), and such
+            examples are left out of the pointing game and the mIoU (and counted).
+        text_evidence: positions in `input_ids` of the question's words the answer rests
+            on (e.g. the asked object's name); may be empty.
+        token_type_ids: the processor's token types where the model takes them
+            (PaliGemma, Gemma 3), else None.
+    """
+
+    input_ids: tuple[int, ...]
+    pixel_values: Tensor
+    answer: tuple[int, ...]
+    mask: Tensor
+    text_evidence: tuple[int, ...] = ()
+    token_type_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _prompt_and_answer(self.input_ids, self.answer)
+        if self.pixel_values.dim() != 3 or self.pixel_values.shape[0] != 3:
+            raise InputError(
+                "an image answer example takes one (3, H, W) image as pixel_values, got "
+                f"{tuple(self.pixel_values.shape)}"
+            )
+        if tuple(self.mask.shape) != tuple(self.pixel_values.shape[-2:]):
+            raise InputError(
+                f"mask {tuple(self.mask.shape)} and pixel_values "
+                f"{tuple(self.pixel_values.shape[-2:])} differ in size"
+            )
+        _positions("text evidence", self.text_evidence, len(self.input_ids))
+        if self.token_type_ids is not None and len(self.token_type_ids) != len(self.input_ids):
+            raise InputError(
+                f"{len(self.token_type_ids)} token types for {len(self.input_ids)} tokens"
+            )
+
+
+Example = TypeVar(
+    "Example", ImageExample, TextExample, AnswerExample, ImageAnswerExample, covariant=True
+)
 
 
 @runtime_checkable

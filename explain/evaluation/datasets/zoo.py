@@ -9,6 +9,8 @@
   used here is DERIVED from the strokes: the pixels whose upsampled ink is at least 0.5.
 - `minilm-sentiment`: held-out sentences; the rationale is the words that decide the
   label (the sentiment words and a negation), known by construction.
+- the models with known evidence (a language model, a vision-language model): held-out
+  prompts with their answers and evidence, in the model's own tokens (`ANSWER_SETS`).
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ from explain.evaluation.datasets.base import (
 
 if TYPE_CHECKING:
     from explain.data.shapes import Scene
+    from explain.loading import LoadedModel
 
 __all__ = [
+    "ANSWER_SETS",
     "HELDOUT",
     "TWO_OBJECTS",
     "DigitsHeldout",
     "SentimentHeldout",
     "ShapesHeldout",
     "ShapesPairs",
+    "answer_dataset",
     "heldout_dataset",
 ]
 
@@ -195,3 +200,24 @@ def heldout_dataset(
         hint = "" if two_objects else "; pass --data"
         raise OptionError(f"{name!r} has no {kind} (zoo models with one: {', '.join(sets)}){hint}")
     return sets[name](image_size)
+
+
+ANSWER_SETS: dict[str, Callable[[LoadedModel, int | None], EvaluationDataset]] = {}
+"""Zoo model name -> its held-out prompts with answers and known evidence (the language-
+and vision-language-evidence tests: `AnswerExample`s or `ImageAnswerExample`s), made with
+the loaded model's tokenizer or processor; the int is the prompt length in tokens for a
+language model (None: its own default), ignored by a vision-language model. A known-
+evidence zoo model's data module adds its entry here; a data set may name the token that
+replaces removed tokens as its `replacement`."""
+
+
+def answer_dataset(name: str, loaded: LoadedModel, length: int | None = None) -> EvaluationDataset:
+    """The held-out answers of zoo model `name` (with or without the `zoo:` prefix)."""
+    name = name.removeprefix("zoo:")
+    if name not in ANSWER_SETS:
+        known = ", ".join(ANSWER_SETS) or "none yet"
+        raise OptionError(
+            f"{name!r} has no built-in prompts with known evidence (zoo models with them: "
+            f"{known}); pass --data with a JSON lines file of answer examples"
+        )
+    return ANSWER_SETS[name](loaded, length)

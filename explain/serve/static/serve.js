@@ -11,6 +11,7 @@ const state = {
   info: null,
   gallery: null,
   item: null, // the image being viewed: a gallery path or upload/SHA
+  names: new Map(), // upload/SHA -> the name of the file uploaded (what the page calls it)
   answer: null, // the last image answer
   text: null, // the last explained text
   textAnswer: null,
@@ -89,8 +90,9 @@ function format(value) {
   return Number(value).toPrecision(4);
 }
 
-// Draw `map` ({values, display, signed, note}) over the loaded image `picture` on a new
-// canvas; hovering it reports the raw value of the patch under the pointer to `readout`.
+// Draw `map` ({values, display, signed, marked, note}) over the loaded image `picture`
+// (the image in grey: loadPicture) on a new canvas; hovering it reports the raw value of
+// the patch under the pointer to `readout`.
 function mapCanvas(picture, map, label, readout) {
   const rows = map.display.length;
   const columns = map.display[0].length;
@@ -99,6 +101,7 @@ function mapCanvas(picture, map, label, readout) {
   canvas.width = Math.round(picture.naturalWidth * scale);
   canvas.height = Math.round(picture.naturalHeight * scale);
   canvas.className = "map";
+  canvas.dataset.signed = String(map.signed);
   const context = canvas.getContext("2d");
   context.drawImage(picture, 0, 0, canvas.width, canvas.height);
   const grid = document.createElement("canvas");
@@ -127,12 +130,32 @@ function mapCanvas(picture, map, label, readout) {
   return canvas;
 }
 
+// The ± of a signed map in a view that also shows unsigned ones: it reads the diverging
+// key, as that key's title says.
+function signedMark() {
+  const mark = document.createElement("span");
+  mark.className = "mark";
+  mark.textContent = "±";
+  mark.title = "signed map: red for, blue against (the ± key)";
+  return mark;
+}
+
+// `canvas` in a panel that carries the ± mark when `map.marked`.
+function panel(canvas, map) {
+  const box = document.createElement("div");
+  box.className = "panel";
+  box.append(canvas);
+  if (map.marked) box.append(signedMark());
+  return box;
+}
+
 // The colour keys of a view: each a gradient with its ends labelled (the rule's units).
 function drawKeys(container, keys) {
   container.replaceChildren(
     ...keys.map((key) => {
       const box = document.createElement("div");
       box.className = "key";
+      box.dataset.signed = String(key.signed);
       const title = document.createElement("div");
       title.className = "title";
       title.textContent = key.title;
@@ -159,13 +182,20 @@ function drawKeys(container, keys) {
   );
 }
 
+// The image `item` as the maps are drawn over it: in grey, as the figures draw it, so
+// that every colour is relevance and a red object is never taken for heat.
 function loadPicture(item) {
   return new Promise((resolve, reject) => {
     const picture = new Image();
     picture.onload = () => resolve(picture);
-    picture.onerror = () => reject(new Error(`cannot load the image ${item}`));
-    picture.src = `/api/view?item=${encodeURIComponent(item)}`;
+    picture.onerror = () => reject(new Error(`cannot load the image ${nameOf(item)}`));
+    picture.src = `/api/view?item=${encodeURIComponent(item)}&background=grey`;
   });
+}
+
+// What the page calls `item`: a gallery image's path, an upload's file name.
+function nameOf(item) {
+  return state.names.get(item) || item;
 }
 
 function download(blob, name) {
@@ -194,7 +224,7 @@ function exportSheet(container, name) {
     const box = canvas.getBoundingClientRect();
     context.drawImage(canvas, box.left - origin.left, box.top - origin.top, box.width, box.height);
   }
-  const texts = container.querySelectorAll("th, .caption, .title, .ends span, .row-label, .token, .note, .error");
+  const texts = container.querySelectorAll("th, .caption, .title, .ends span, .row-label, .token, .panel .mark, .note, .error");
   for (const element of texts) {
     const box = element.getBoundingClientRect();
     const style = getComputedStyle(element);
@@ -246,6 +276,24 @@ function classSelect(select) {
   state.info.classes.forEach((name, index) => select.add(new Option(`${name} (${index})`, String(index))));
 }
 
+// What the model says an image shows, one part per class: its top class, or for a model
+// of independent yes/no classes every class above one half, highest first (and so when
+// none reaches it).
+function predictionParts(prediction) {
+  const named = (name, confidence) => `${name} (${(100 * confidence).toFixed(1)}%)`;
+  if (!state.info.multi_label) return [named(prediction.name, prediction.confidence)];
+  if (!prediction.present.length) {
+    return [`no class above one half (highest: ${named(prediction.name, prediction.confidence)})`];
+  }
+  return prediction.present.map((c) => named(c.name, c.confidence));
+}
+
+// Empty the elements `ids`: a request that failed leaves no earlier answer on screen
+// under the settings that failed.
+function clear(...ids) {
+  for (const id of ids) $(id).replaceChildren();
+}
+
 function targetOf(topInput, classSelectElement) {
   const chosen = classSelectElement.value;
   return chosen === "" ? { top: Number(topInput.value) || 1 } : { classes: [Number(chosen)] };
@@ -280,7 +328,13 @@ function drawGallery() {
     if (item.error) verdict.textContent = item.error;
     else if (item.prediction) {
       const mark = item.correct === undefined ? "" : item.correct ? " ✓" : ` ✗ (${item.label})`;
-      verdict.textContent = `${item.prediction.name} ${(100 * item.prediction.confidence).toFixed(1)}%${mark}`;
+      const parts = predictionParts(item.prediction).map((part) => {
+        const span = document.createElement("span");
+        span.className = "part"; // one class per line at most: never "cross (" / "98.0%)"
+        span.textContent = part;
+        return span;
+      });
+      verdict.replaceChildren(...parts.flatMap((span, i) => (i ? [", ", span] : [span])), mark);
       verdict.dataset.confidence = String(item.prediction.confidence);
     } else if (state.info.kind === "image") verdict.textContent = "…";
     return card;
@@ -316,13 +370,13 @@ function openItem(item) {
   state.item = item;
   if (state.info.kind === "clip") {
     show("clip-view");
-    $("clip-title").textContent = item;
+    $("clip-title").textContent = nameOf(item);
     $("clip-results").replaceChildren();
-    if ($("captions").value.trim()) explainClip();
+    if ($("captions").value.trim()) busy(explainClip());
   } else {
     show("image-view");
-    $("image-title").textContent = item;
-    explainImage();
+    $("image-title").textContent = nameOf(item);
+    busy(explainImage());
   }
 }
 
@@ -334,6 +388,7 @@ async function upload(file) {
     body: file,
   });
   const { item } = await response.json();
+  state.names.set(item, file.name);
   openItem(item);
 }
 
@@ -347,11 +402,21 @@ async function explainImage() {
     ...targetOf($("top"), $("class")),
   };
   const ticket = ++state.ticket;
-  const [answer, picture] = await Promise.all([post("/api/explain/image", body), loadPicture(state.item)]);
+  let answer, picture;
+  try {
+    [answer, picture] = await Promise.all([post("/api/explain/image", body), loadPicture(state.item)]);
+  } catch (error) {
+    if (ticket === state.ticket) {
+      state.answer = null;
+      clear("grid", "keys", "caption");
+    }
+    throw error;
+  }
   if (ticket !== state.ticket) return;
   state.answer = answer;
-  const p = answer.prediction;
-  $("image-prediction").textContent = `predicted ${p.name} (${(100 * p.confidence).toFixed(1)}%)`;
+  const { multi_label: multiLabel } = state.info;
+  const lead = !multiLabel ? "predicted " : answer.prediction.present.length ? "present: " : "";
+  $("image-prediction").textContent = lead + predictionParts(answer.prediction).join(", ");
   $("caption").textContent = answer.caption;
   drawKeys($("keys"), answer.keys);
   const cell = (entry, k) => {
@@ -367,7 +432,7 @@ async function explainImage() {
     const canvas = mapCanvas(picture, map, `${entry.method} · ${column.name}`, $("hover"));
     canvas.dataset.method = entry.method;
     canvas.dataset.class = String(column.index);
-    box.append(canvas);
+    box.append(panel(canvas, map));
     if (map.note) {
       const note = document.createElement("div");
       note.className = "note";
@@ -435,7 +500,14 @@ async function explainText(text) {
     rule: $("text-rule").value,
     ...targetOf($("text-top"), $("text-class")),
   };
-  const answer = await post("/api/explain/text", body);
+  let answer;
+  try {
+    answer = await post("/api/explain/text", body);
+  } catch (error) {
+    state.textAnswer = null;
+    clear("text-results", "text-keys", "text-caption");
+    throw error;
+  }
   state.textAnswer = answer;
   $("text-caption").textContent = answer.caption;
   drawKeys($("text-keys"), answer.keys);
@@ -451,19 +523,23 @@ async function explainText(text) {
     entry.maps.forEach((map, k) => {
       const column = answer.classes[k];
       const label = `${entry.method} · ${column.name} (${(100 * column.confidence).toFixed(1)}%)`;
-      blocks.push(tokenRow(label, answer.tokens, map.values, map.display, map.signed, $("text-hover")));
+      blocks.push(tokenRow(label, answer.tokens, map, $("text-hover")));
     });
   }
   $("text-results").replaceChildren(...blocks);
 }
 
-// A labelled row of tokens coloured by `display`, reporting `values` on hover.
-function tokenRow(label, tokens, values, display, signed, readout) {
+// A labelled row of tokens coloured by `map.display` on its scale (`map.signed`; marked
+// ± with `map.marked`), reporting `map.values` on hover.
+function tokenRow(label, tokens, map, readout) {
+  const { values, display, signed } = map;
   const row = document.createElement("div");
   row.className = "token-row";
+  row.dataset.signed = String(signed);
   const title = document.createElement("div");
   title.className = "row-label";
   title.textContent = label;
+  if (map.marked) title.append(" ", signedMark());
   const line = document.createElement("div");
   line.className = "tokens";
   tokens.forEach((token, i) => {
@@ -498,11 +574,19 @@ async function listSentences(list, onPick) {
 
 async function generate(prompt) {
   if (prompt !== undefined) $("prompt").value = prompt;
-  const answer = await post("/api/explain/generation", {
-    prompt: $("prompt").value,
-    max_new_tokens: Number($("max-new-tokens").value) || 8,
-    method: $("gen-method").value,
-  });
+  clear("gen-keys");
+  let answer;
+  try {
+    answer = await post("/api/explain/generation", {
+      prompt: $("prompt").value,
+      max_new_tokens: Number($("max-new-tokens").value) || 8,
+      method: $("gen-method").value,
+    });
+  } catch (error) {
+    clear("generation", "gen-caption");
+    $("gen-hover").textContent = "";
+    throw error;
+  }
   $("gen-caption").textContent = answer.caption;
   const spans = answer.tokens.map((token, i) => {
     const span = document.createElement("span");
@@ -517,26 +601,32 @@ async function generate(prompt) {
   });
   $("generation").replaceChildren(...spans);
 
+  // Generated token g: every token before it coloured by its relevance for g, except the
+  // token g is read out at (answer.readouts[g]), hatched grey and off the scale, as in the
+  // figure; what g rests on most is the server's (explain.generation.Answer.rests_on).
   function pick(g) {
     const row = answer.rows[g];
+    const readout = answer.readouts[g];
+    const chosen = answer.tokens[answer.prompt_tokens + g];
+    drawKeys($("gen-keys"), answer.keys[g]);
     spans.forEach((span, i) => {
       span.classList.toggle("chosen", i === answer.prompt_tokens + g);
-      if (i < row.length) {
-        span.style.backgroundColor = cssColour(answer.display[g][i], false);
+      span.classList.toggle("readout-token", i === readout);
+      span.style.backgroundColor = i < readout ? cssColour(answer.display[g][i], answer.signed[g]) : "";
+      if (i <= readout) {
+        const off = i === readout ? " (the token it is read out at: its own identity term, off the scale)" : "";
         span.dataset.value = String(row[i]);
         span.onmouseenter = () => {
-          $("gen-hover").textContent = `${answer.tokens[answer.prompt_tokens + g]} ← ${span.textContent} = ${format(row[i])}`;
+          $("gen-hover").textContent = `${chosen} ← ${span.textContent} = ${format(row[i])}${off}`;
           $("gen-hover").dataset.value = String(row[i]);
         };
       } else {
-        span.style.backgroundColor = "";
         delete span.dataset.value;
         span.onmouseenter = null;
       }
     });
-    const order = row.map((v, i) => [v, i]).sort((a, b) => b[0] - a[0]).slice(0, 3);
-    const top = order.map(([v, i]) => `${answer.tokens[i]} (${format(v)})`).join(", ");
-    $("gen-hover").textContent = `${answer.tokens[answer.prompt_tokens + g]} was generated mostly from: ${top}`;
+    const rests = answer.rests_on[g].map((i) => `${answer.tokens[i]} (${format(row[i])})`);
+    $("gen-hover").textContent = `${chosen} was generated mostly from: ${rests.join(", ") || "nothing read before it"}`;
   }
 }
 
@@ -548,17 +638,24 @@ function captionLines() {
 
 async function explainClip() {
   const captions = captionLines();
-  const [answer, picture] = await Promise.all([
-    post("/api/explain/clip", { item: state.item, captions, method: $("clip-method").value }),
-    loadPicture(state.item),
-  ]);
+  let answer, picture;
+  try {
+    [answer, picture] = await Promise.all([
+      post("/api/explain/clip", { item: state.item, captions, method: $("clip-method").value }),
+      loadPicture(state.item),
+    ]);
+  } catch (error) {
+    clear("clip-results", "clip-keys", "clip-caption");
+    throw error;
+  }
   $("clip-caption").textContent = answer.caption;
+  drawKeys($("clip-keys"), answer.keys);
   const blocks = answer.captions.map((entry) => {
     const block = document.createElement("div");
     block.className = "clip-caption";
     const label = `${entry.caption} (p = ${entry.probability.toFixed(3)})`;
-    block.append(mapCanvas(picture, entry.map, label, $("clip-hover")));
-    block.append(tokenRow(label, entry.tokens, entry.values, entry.display, false, $("clip-hover")));
+    block.append(panel(mapCanvas(picture, entry.map, label, $("clip-hover")), entry.map));
+    block.append(tokenRow(label, entry.tokens, entry, $("clip-hover")));
     return block;
   });
   $("clip-results").replaceChildren(...blocks);
@@ -569,7 +666,9 @@ async function explainClip() {
 async function start() {
   state.info = await (await call("/api/info")).json();
   const { kind, classes } = state.info;
-  $("model").textContent = `${state.info.model} · ${kind} model${classes.length ? ` · ${classes.length} classes` : ""}`;
+  const what = { image: "image classifier", text: "text classifier", generation: "language model", clip: "image-text model" }[kind];
+  const counted = classes.length ? ` · ${classes.length} classes${state.info.multi_label ? " (independent yes/no)" : ""}` : "";
+  $("model").textContent = `${state.info.model} · ${what}${counted}`;
   document.body.dataset.kind = kind;
   if (kind === "image" || kind === "clip") {
     show("gallery-view");
@@ -593,19 +692,19 @@ async function start() {
       drop.classList.remove("over");
       busy(upload(event.dataTransfer.files[0]));
     });
-    $("export-png").addEventListener("click", () => exportSheet($("image-sheet"), `${stem(state.item)}_view.png`));
+    $("export-png").addEventListener("click", () => exportSheet($("image-sheet"), `${stem(nameOf(state.item))}_view.png`));
     for (const format of ["npz", "json"]) {
       $(`export-${format}`).addEventListener("click", () => {
         const body = imageExportBody(format);
-        busy(exportFile(body, `${stem(state.item)}_${body.method}.${format}`));
+        busy(exportFile(body, `${stem(nameOf(state.item))}_${body.method}.${format}`));
       });
     }
     $("explain-clip").addEventListener("click", () => busy(explainClip()));
-    $("clip-export-png").addEventListener("click", () => exportSheet($("clip-sheet"), `${stem(state.item)}_clip.png`));
+    $("clip-export-png").addEventListener("click", () => exportSheet($("clip-sheet"), `${stem(nameOf(state.item))}_clip.png`));
     for (const format of ["npz", "json"]) {
       $(`clip-export-${format}`).addEventListener("click", () => {
         const body = { format, item: state.item, captions: captionLines(), method: $("clip-method").value };
-        busy(exportFile(body, `${stem(state.item)}_clip_${body.method}.${format}`));
+        busy(exportFile(body, `${stem(nameOf(state.item))}_clip_${body.method}.${format}`));
       });
     }
     await refreshGallery();

@@ -1,7 +1,7 @@
 """`LoadedModel`: a model ready to explain, with what it takes to feed it and name its outputs.
 
-Its own module so that the loaders (`explain.loading` for every spec, `explain.zoo` for
-the zoo) both build it without importing each other.
+Its own module so that the loaders (explain.loading.specs for every spec,
+explain.loading.zoo for the zoo) both build it without importing each other.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from explain.preprocessing import ImagePreprocessing
+from explain.loading.preprocessing import ImagePreprocessing
 
 __all__ = ["LoadedModel"]
 

@@ -29,8 +29,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, FusedAttentionSite, Pieces, TokenLayout
+from explain.architectures.base import Adapter
 from explain.errors import OptionError
+from explain.layout import FusedAttentionSite, Pieces, TokenLayout
 
 __all__ = [
     "ATTENTION_PATHS",

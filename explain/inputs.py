@@ -1,17 +1,16 @@
-"""Image prompts as people give them, for vision-language models: an image (a file path,
-a PIL image or an (H, W, 3) array) with a question, or a chat whose messages hold
-{"type": "image", "image": ...} and {"type": "text", "text": ...} entries.
+"""Inputs as people give them, encoded for the model: raw texts through the tokenizer
+(`encode`), image prompts through a vision-language model's processor and its chat
+template (`encode_image_prompt`), image files read (`read_image`); and the tokens named
+back (`token_strings`). What the adapters need of a tokenizer or processor.
 
-`encode_image_prompt` puts them through the model's processor and its chat template
-(left-padded, as generation appends on the right); `photos` gives the images back as
-PIL images, to draw maps on; `photo_preprocessing` says where the model's input lies on
-each photo (the processor's resize, crop and padding), so that a map over the model's
-input is drawn back on the photo (`ImagePreprocessing.to_original`).
+An image prompt is an image (a file path, a PIL image or an (H, W, 3) array) with a
+question, or a chat whose messages hold {"type": "image", "image": ...} and
+{"type": "text", "text": ...} entries.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,101 @@ from typing import Any
 from torch import Tensor
 
 from explain.errors import InputError
-from explain.preprocessing import ImagePreprocessing, read_image
 
-__all__ = ["encode_image_prompt", "is_image_prompt", "photo_preprocessing", "photos"]
+__all__ = [
+    "checked_texts",
+    "encode",
+    "encode_image_prompt",
+    "is_image_prompt",
+    "is_raw_text",
+    "photos",
+    "read_image",
+    "token_strings",
+]
+
+
+def is_raw_text(inputs: object) -> bool:
+    """A string, or a non-empty list or tuple that holds a string: what a user means as
+    text (a mixed list is text with a mistake in it, refused by `checked_texts`)."""
+    return isinstance(inputs, str) or (
+        isinstance(inputs, list | tuple)
+        and len(inputs) > 0
+        and any(isinstance(text, str) for text in inputs)
+    )
+
+
+def checked_texts(texts: object) -> list[str]:
+    """`texts` (one text or a sequence of texts) as a list of strings with some content,
+    or an InputError that says which entry is not."""
+    batch = [texts] if isinstance(texts, str) else list(texts)  # type: ignore[call-overload]
+    if not batch:
+        raise InputError("no texts given: pass a text or a non-empty list of texts")
+    for index, text in enumerate(batch):
+        if not isinstance(text, str):
+            raise InputError(
+                f"text {index} is a {type(text).__name__} ({text!r}), not a string; pass "
+                "texts as strings only"
+            )
+        if not text.strip():
+            raise InputError(f"text {index} is empty: there is nothing to explain")
+    return batch
+
+
+def encode(tokenizer: Any, texts: str | Sequence[str]) -> Any:
+    """Tokenize `texts` into a padded batch for `Explainer.explain`.
+
+    Empty or blank texts are refused (there is nothing to explain), and so are texts of
+    which the tokenizer keeps no token (invisible or control characters only). Nothing is
+    truncated silently: a text longer than the model takes is refused when explained. The
+    batch is padded on the right whatever the tokenizer's `padding_side`: every supported
+    model reads right padding, and a classifier that reads the first token needs it.
+    """
+    batch = checked_texts(texts)
+    encoded = tokenizer(
+        batch,
+        padding=True,
+        truncation=False,
+        padding_side="right",
+        return_special_tokens_mask=True,
+        return_tensors="pt",
+        verbose=False,  # an over-long text gets explain's error, not a logged warning too
+    )
+    special = encoded.pop("special_tokens_mask")
+    mask = encoded.get("attention_mask")
+    real = ~special.bool() if mask is None else mask.bool() & ~special.bool()
+    for index in (~real.any(dim=1)).nonzero().flatten().tolist():
+        raise InputError(
+            f"text {index} ({batch[index]!r}) has no token: the tokenizer drops all of its "
+            "characters (invisible or control characters), so there is nothing to explain"
+        )
+    return encoded
+
+
+def token_strings(tokenizer: Any, input_ids: Tensor) -> list[list[str]]:
+    """Per text, the token string at every position (padding included), aligned with the
+    relevance."""
+    return [tokenizer.convert_ids_to_tokens(row.tolist()) for row in input_ids.cpu()]
+
+
+# -- images and image prompts ------------------------------------------------------------
+
+
+def read_image(path: str | os.PathLike[str]) -> Any:
+    """The image file `path` as an RGB PIL image, fully read (InputError if unreadable)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except FileNotFoundError:
+        raise InputError(f"image file not found: {path}") from None
+    except Image.DecompressionBombError as error:
+        raise InputError(
+            f"{path} is too large to read safely ({error}); if you trust the file, raise "
+            "PIL.Image.MAX_IMAGE_PIXELS before explaining it"
+        ) from None
+    except (UnidentifiedImageError, OSError) as error:
+        raise InputError(f"cannot read {path} as an image: {error}") from None
 
 
 def is_image_prompt(inputs: object) -> bool:
@@ -67,8 +158,8 @@ def photos(inputs: object) -> list[Any]:
 
 
 def _load_image(image: object) -> Any:
-    """A path, a PIL image or an (H, W, 3) array (uint8, or floats in [0, 1]) as a PIL
-    RGB image."""
+    """A path, a PIL image or an (H, W, 3) array (integers in 0..255, or floats in
+    [0, 1]) as a PIL RGB image."""
     import numpy as np
     from PIL import Image
 
@@ -77,15 +168,49 @@ def _load_image(image: object) -> Any:
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     if isinstance(image, np.ndarray | Tensor):
-        array = np.asarray(image.detach().cpu() if isinstance(image, Tensor) else image)
+        if isinstance(image, Tensor):  # numpy has no bfloat16: floats as float32
+            image = image.detach().cpu()
+            image = image.float() if image.is_floating_point() else image
+        array = np.asarray(image)
         if array.ndim != 3 or array.shape[-1] != 3:
             raise InputError(f"an image array must be (H, W, 3), got {array.shape}")
-        if array.dtype != np.uint8:
-            array = (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
-        return Image.fromarray(array)
+        return Image.fromarray(_as_bytes(array))
     raise InputError(
         f"an image is a file path, a PIL image or an (H, W, 3) array; got {type(image).__name__}"
     )
+
+
+def _as_bytes(array: Any) -> Any:
+    """An image array as uint8: integers taken as they are, floats in [0, 1] scaled by
+    255. Other values are refused, never clipped: a photo in 0..255 given as floats
+    would otherwise be read as almost white."""
+    import numpy as np
+
+    if array.dtype == np.uint8:
+        return array
+    if np.issubdtype(array.dtype, np.integer):
+        if array.size and (array.min() < 0 or array.max() > 255):
+            raise InputError(
+                f"an image array of integers must hold 0..255, got {array.min()}..{array.max()}"
+            )
+        return array.astype(np.uint8)
+    if not np.issubdtype(array.dtype, np.floating):
+        raise InputError(
+            f"an image array must hold integers in 0..255 or floats in [0, 1], got {array.dtype}"
+        )
+    if not np.isfinite(array).all():
+        raise InputError("an image array holds NaN or infinite values")
+    if array.size and (array.min() < 0.0 or array.max() > 1.0):
+        low, high = float(array.min()), float(array.max())
+        hint = (
+            "a photo in 0..255 given as floats: divide it by 255, or give it as uint8"
+            if high > 1.0 and low >= 0.0
+            else "clip it to [0, 1] if that is what it means"
+        )
+        raise InputError(
+            f"an image array of floats must hold values in [0, 1], got {low:g}..{high:g}; {hint}"
+        )
+    return (array * 255).round().astype(np.uint8)
 
 
 def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:
@@ -159,45 +284,3 @@ def _without_images(conversation: Sequence[Mapping[str, Any]]) -> list[dict[str,
         }
         for message in conversation
     ]
-
-
-def photo_preprocessing(processor: Any) -> ImagePreprocessing:
-    """Where the model's input lies on a photo, from a vision-language processor's image
-    processor: its resize and centre crop (`ImagePreprocessing.from_processor`), and
-    LLaVA's `do_pad`, which pads the photo to a square before resizing (so the whole
-    photo is seen, letterboxed: the "longer" fit).
-
-    Qwen2-VL's processor resizes each photo to whole blocks of `patch_size * merge_size`
-    pixels near its own size, cropping nothing: the model's input is the whole photo,
-    squashed by less than a block, so a map over it is stretched over the photo (the
-    "exact" fit; `size` is then one block, as the input's size varies per photo).
-    Idefics3's and SmolVLM's resize each photo to whole tiles (`max_image_size`) near its
-    own shape, cropping nothing, and split it into them: the tiles' map spans the whole
-    photo alike."""
-    images = getattr(processor, "image_processor", processor)
-    block = _whole_photo_block(images)
-    if block is not None:
-        return ImagePreprocessing(
-            size=(block, block),
-            mean=tuple(float(m) for m in images.image_mean),
-            std=tuple(float(s) for s in images.image_std),
-            fit="exact",
-        )
-    found = ImagePreprocessing.from_processor(images)
-    if getattr(images, "do_pad", False):
-        found = dataclasses.replace(found, resize=found.size, fit="longer")
-    return found
-
-
-def _whole_photo_block(images: Any) -> int | None:
-    """The side of the blocks an image processor resizes each whole photo to a number of,
-    near its own size, or None: Qwen2-VL's and Qwen2.5-VL's merged blocks of patches
-    (`merge_size`, and pixel counts as sizes), Idefics3's and SmolVLM's tiles (the
-    photo's longer side resized, then each side up to whole `max_image_size` tiles)."""
-    size = getattr(images, "size", None) or {}
-    if hasattr(images, "merge_size") and "longest_edge" in size and "height" not in size:
-        return int(images.patch_size) * int(images.merge_size)
-    tile = getattr(images, "max_image_size", None)
-    if isinstance(tile, Mapping) and "longest_edge" in tile:
-        return int(tile["longest_edge"])
-    return None

