@@ -1,16 +1,20 @@
 """Train the zoo's `recall-llama`: a small Llama that recalls values from long contexts.
 
-A stock Hugging Face `LlamaForCausalLM` (2 blocks, tied embeddings, a 226-word vocabulary)
-trained from scratch on the associative recall of `explain.data.recall`: facts
+A stock Hugging Face `LlamaForCausalLM` (2 blocks, tied embeddings, the word-level
+vocabulary of `explain.data.recall`) trained from scratch on associative recall: facts
 `key value .` scattered among distractor facts and filler words, then a question `? key`
-whose answer is the value. Measured here, a 2-block Llama trained on 512-token prompts
-with one question each stays at chance: so every training sequence asks about every fact
-it states (the multi-query format, `recall.training_sequence`, whose first question is the
-evaluation prompt), and the training starts on short, dense contexts and lengthens them
-(a curriculum): each stage trains until the running exact-match accuracy of the answers it
-sees passes a threshold, and the last stage (the trained length) then trains for a fixed
-number of steps while the learning rate decays to zero. Everything follows from the seed;
-on one thread the run is reproducible bit for bit.
+whose answer is the value.
+
+Measured here, a 2-block Llama trained on long prompts with one question each stays at
+chance. So every training sequence asks about every fact it states (the multi-query
+format, `recall.training_sequence`, whose first question is the evaluation prompt), and
+training starts on short, dense contexts and lengthens them (a curriculum): each stage
+trains until the running exact-match accuracy of the answers it sees (teacher-forced, over
+the last `--window` steps) passes `--threshold`. At the last stage (the trained length)
+the greedy accuracy on validation prompts is measured every `--check-every` steps; the
+model is written whenever it is the best so far, and training stops when it reaches
+`--target` (or, as a guard, after `--cpu-minutes` of CPU time). Everything follows from
+the seed: on one thread the run is reproducible bit for bit (short of the CPU-time guard).
 
 Training examples are the "train" split's first seeds, validation examples the last seeds
 of the same split; the "heldout" split is only read by scripts/zoo_accuracy.py, which
@@ -22,18 +26,18 @@ writes the card's numbers.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
 from explain.data import recall
-from explain.evaluation.recall_checks import answer_accuracy
-from explain.zoo import build_model, save_zoo_model
+from explain.evaluation.recall_answers import answer_accuracy
+from explain.loading.zoo import build_model, save_zoo_model
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json"]
@@ -49,11 +53,11 @@ class Stage:
 
 
 def parse_stages(text: str) -> list[Stage]:
-    """"64:8:32,128:12:16" -> stages (length:facts:batch), shortest first."""
+    """ "55:8:32,128:12:16" -> stages (length:facts:batch), shortest first."""
     return [Stage(*(int(part) for part in item.split(":"))) for item in text.split(",")]
 
 
-def config(width: int, depth: int, heads: int, length: int) -> dict:
+def config(width: int, depth: int, heads: int, init: float, length: int) -> dict[str, Any]:
     """The zoo config: LlamaConfig's arguments, the task, the tokenizer files."""
     tokenizer = recall.build_tokenizer()
     return {
@@ -67,10 +71,12 @@ def config(width: int, depth: int, heads: int, length: int) -> dict:
             "num_hidden_layers": depth,
             "num_attention_heads": heads,
             "num_key_value_heads": heads,
-            # Rotary positions have no table: this is only the longest prompt the card
-            # measures (4x the trained length), not a limit of the weights.
+            # Rotary positions have no table: this is not a limit of the weights, only
+            # what the engine allows: twice the longest prompts the card measures (4x the
+            # trained length), for the evidence protocols' longer prompts.
             "max_position_embeddings": 8 * length,
             "tie_word_embeddings": True,
+            "initializer_range": init,
             "bos_token_id": tokenizer.bos_token_id,
             "eos_token_id": tokenizer.eos_token_id,
             "pad_token_id": tokenizer.pad_token_id,
@@ -98,11 +104,12 @@ def answers_right(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Per answer of the batch (teacher-forced): every one of its tokens predicted."""
     predicted = logits[:, :-1].argmax(-1)
     targets = labels[:, 1:]
-    hits = predicted[targets != recall.IGNORE] == targets[targets != recall.IGNORE]
+    answered = targets != recall.IGNORE
+    hits = predicted[answered] == targets[answered]
     return hits.reshape(-1, recall.VALUE_TOKENS).all(dim=1)
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -110,7 +117,11 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument(
+        "--init", type=float, default=None, help="initializer_range (default 1 / sqrt(width))"
+    )
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--warmup", type=int, default=50, help="steps of linear warm-up")
     parser.add_argument(
         "--stages",
         default="55:8:32,128:12:16,256:16:8,512:16:8",
@@ -118,18 +129,23 @@ def main() -> None:
     )
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--window", type=int, default=20, help="steps the threshold averages")
-    parser.add_argument("--final-steps", type=int, default=600)
-    parser.add_argument("--max-steps", type=int, default=6000, help="all stages together")
+    parser.add_argument("--check-every", type=int, default=100)
+    parser.add_argument("--target", type=float, default=0.98, help="validation accuracy")
+    parser.add_argument("--cpu-minutes", type=float, default=19.0)
     parser.add_argument("--validation", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     # One thread: on a busy 2-core machine two threads ran six times slower than one.
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def main() -> None:
+    args = arguments()
     torch.set_num_threads(args.threads)
     started, cpu_started = time.time(), time.process_time()
     stages = parse_stages(args.stages)
-    settings = config(args.width, args.depth, args.heads, stages[-1].length)
+    init = args.init if args.init is not None else args.width**-0.5
+    settings = config(args.width, args.depth, args.heads, init, stages[-1].length)
     torch.manual_seed(args.seed)
     model = build_model(settings).train()
     optimiser = torch.optim.AdamW(
@@ -144,71 +160,91 @@ def main() -> None:
         model.train()
         return score
 
+    def cpu_minutes() -> float:
+        return (time.process_time() - cpu_started) / 60
+
+    def save(step: int, seed: int, history: list[dict], stopped: str) -> None:
+        settings["training"] = {
+            "script": "scripts/train_recall_lm.py",
+            "seed": args.seed,
+            "examples": f"train split, seeds 0..{seed - 1}, in order",
+            "validation": f"train split, the last {args.validation} seeds (greedy answers)",
+            "initializer_range": init,
+            "learning_rate": args.lr,
+            "optimiser": f"AdamW (betas 0.9, 0.98, weight decay 0.01), {args.warmup} steps of "
+            "linear warm-up, then constant; gradient norm clipped at 1",
+            "threshold": args.threshold,
+            "window": args.window,
+            "target": args.target,
+            "stages": history,
+            "steps": step,
+            "stopped": stopped,
+            "minutes": round((time.time() - started) / 60, 1),
+            "cpu_minutes": round(cpu_minutes(), 1),
+            "threads": args.threads,
+        }
+        recall.build_tokenizer().save_pretrained(args.out)
+        # Tied embeddings: the head is the embedding matrix, shipped once.
+        save_zoo_model(args.out, model.eval(), settings, trained=["model."])
+        model.train()
+
     history: list[dict] = []
-    stage, stage_steps, final_step, seed, recent = 0, 0, 0, 0, []
-    with tqdm(total=args.max_steps, desc="training", unit="step") as bar:
-        for step in range(args.max_steps):
-            current = stages[stage]
-            last = stage == len(stages) - 1
-            if last:  # linear decay to zero over the final steps
-                scale = 1 - final_step / args.final_steps
-                for group in optimiser.param_groups:
-                    group["lr"] = args.lr * scale
-            ids, labels = batch(current, range(seed, seed + current.batch))
-            seed += current.batch
-            logits = model(input_ids=ids).logits
-            loss = F.cross_entropy(
-                logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=recall.IGNORE
-            )
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimiser.step()
-            with torch.no_grad():
-                recent = [*recent[-(args.window - 1) :], answers_right(logits, labels).float().mean().item()]
-            running = sum(recent) / len(recent)
-            stage_steps += 1
-            final_step += last
-            bar.update(1)
-            bar.set_postfix(length=current.length, loss=f"{loss.item():.3f}", answers=f"{running:.3f}")
-            if not last and len(recent) == args.window and running >= args.threshold:
+    stage, stage_steps, seed, recent, best, step = 0, 0, 0, [], -1.0, 0
+    stopped = f"the CPU-time guard ({args.cpu_minutes} minutes)"
+    bar = tqdm(desc="training", unit="step", mininterval=10)
+    while cpu_minutes() < args.cpu_minutes:
+        current = stages[stage]
+        for group in optimiser.param_groups:
+            group["lr"] = args.lr * min(1.0, (step + 1) / args.warmup)
+        ids, labels = batch(current, range(seed, seed + current.batch))
+        seed += current.batch
+        logits = model(input_ids=ids).logits
+        loss = F.cross_entropy(
+            logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=recall.IGNORE
+        )
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        with torch.no_grad():
+            right = answers_right(logits, labels).float().mean().item()
+        recent = [*recent[-(args.window - 1) :], right]
+        running = sum(recent) / len(recent)
+        step, stage_steps = step + 1, stage_steps + 1
+        bar.update(1)
+        bar.set_postfix(length=current.length, loss=f"{loss.item():.3f}", answers=f"{running:.3f}")
+        if stage < len(stages) - 1:
+            if len(recent) == args.window and running >= args.threshold:
                 score = validate(current.length)
                 history.append({**asdict(current), "steps": stage_steps, "validation": score})
                 bar.write(
                     f"length {current.length}: {running:.3f} of the answers right after "
-                    f"{stage_steps} steps; validation {score:.3f}"
+                    f"{stage_steps} steps ({cpu_minutes():.1f} CPU minutes); validation "
+                    f"{score:.3f}"
                 )
                 stage, stage_steps, recent = stage + 1, 0, []
-            if last and final_step == args.final_steps:
-                break
-    if not last or final_step < args.final_steps:
+        elif stage_steps % args.check_every == 0:
+            score = validate(current.length)
+            bar.write(
+                f"length {current.length}, step {stage_steps}: validation {score:.3f} "
+                f"({cpu_minutes():.1f} CPU minutes)"
+            )
+            if score > best:
+                best = score
+                record = {**asdict(current), "steps": stage_steps, "validation": score}
+                done = score >= args.target
+                reason = f"validation reached {args.target}" if done else "best so far"
+                save(step, seed, [*history, record], reason)
+                if done:
+                    stopped = reason
+                    break
+    bar.close()
+    print(f"stopped at step {step}: {stopped}; best validation {best:.3f}")
+    if best < 0:
         raise SystemExit(
-            f"the curriculum did not reach its last stage's end in {args.max_steps} steps "
-            f"(stopped at stage {stage}, length {current.length}); nothing was written"
+            f"the curriculum did not reach its last stage (stopped at length "
+            f"{stages[stage].length}) in {args.cpu_minutes} CPU minutes; nothing was written"
         )
-    score = validate(stages[-1].length)
-    history.append({**asdict(stages[-1]), "steps": stage_steps, "validation": score})
-    print(f"validation accuracy at {stages[-1].length} tokens: {score:.4f}")
-    settings["training"] = {
-        "script": "scripts/train_recall_lm.py",
-        "seed": args.seed,
-        "examples": f"train split, seeds 0..{seed - 1}, in order",
-        "validation": f"train split, the last {args.validation} seeds",
-        "learning_rate": args.lr,
-        "optimiser": "AdamW (betas 0.9, 0.98, weight decay 0.01), gradient norm clipped at 1, "
-        "constant rate until the last stage, then linear decay to 0",
-        "threshold": args.threshold,
-        "window": args.window,
-        "final_steps": args.final_steps,
-        "stages": history,
-        "steps": step + 1,
-        "minutes": round((time.time() - started) / 60, 1),
-        "cpu_minutes": round((time.process_time() - cpu_started) / 60, 1),
-        "threads": args.threads,
-    }
-    recall.build_tokenizer().save_pretrained(args.out)
-    path = save_zoo_model(args.out, model.eval(), settings)
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
 
 
 if __name__ == "__main__":

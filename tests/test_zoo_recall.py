@@ -1,76 +1,76 @@
-"""The zoo's recall-llama: loads offline with its tokenizer, explains a next token, answers
-held-out questions from their evidence, and its card states what it measures."""
+"""The zoo's recall-llama: it loads offline with its word-level tokenizer, answers held-out
+questions far above what a model that does not find the asked fact can, its answers rest on
+the facts its examples record (replacing the asked value changes them, replacing every
+other fact does not), its held-out prompts are registered for `explain evaluate
+language-evidence`, and the explainer explains its answers."""
 
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
 
 from explain import Explainer
+from explain.cli import main
 from explain.data import recall
-from explain.evaluation.recall_checks import answer_accuracy, evidence_checks, greedy_answers
+from explain.evaluation.datasets.zoo import answer_dataset
+from explain.evaluation.recall_answers import (
+    answer_accuracy,
+    evidence_check,
+    greedy_answers,
+    trained_length,
+)
 from explain.loading import load_model
-from explain.zoo import read_config, zoo_root
+from explain.loading.zoo import CONFIG, WEIGHTS, read_config, zoo_root
 
 pytest.importorskip("transformers")
 
 NAME = "recall-llama"
+FLOOR = 0.8
+"""Held-out accuracy a model must pass on the test's sample. A model that answers a value of
+its context without finding the asked key is right one time in as many facts as the
+prompt states (16 at 512 tokens); one that makes up a value, one time in 2,880."""
 
 
 @functools.cache
-def _loaded():
-    return load_model(f"zoo:{NAME}")
+def loaded():
+    return load_model(f"zoo:{NAME}", offline=True)
 
 
-@functools.cache
-def _length() -> int:
-    return read_config(zoo_root() / NAME)["task"]["length"]
-
-
-def test_loads_offline_with_its_word_level_tokenizer():
+def test_it_loads_offline_with_its_tokenizer_and_is_small():
     from transformers import LlamaForCausalLM
 
-    loaded = _loaded()
-    assert isinstance(loaded.model, LlamaForCausalLM) and not loaded.model.training
-    assert loaded.modality == "text"
-    example = recall.make_example(recall.SPLITS["heldout"][0], _length())
-    assert loaded.tokenizer(example.text)["input_ids"] == list(example.input_ids)
-    assert len(loaded.tokenizer) == loaded.model.config.vocab_size == len(recall.VOCABULARY)
-    weights = zoo_root() / NAME / "model.safetensors"
-    assert weights.stat().st_size <= 5e6
+    model = loaded()
+    assert isinstance(model.model, LlamaForCausalLM) and not model.model.training
+    assert model.modality == "text"
+    assert model.model.lm_head.weight is model.model.model.embed_tokens.weight  # tied
+    folder = zoo_root() / NAME
+    assert (folder / WEIGHTS).stat().st_size <= 5e6
+    for name in read_config(folder)["tokenizer_files"] + [CONFIG]:
+        assert (folder / name).is_file(), name
+    example = recall.make_example(recall.SPLITS["heldout"][0], trained_length(model))
+    assert model.tokenizer(example.text)["input_ids"] == list(example.input_ids)
+    assert len(model.tokenizer) == model.model.config.vocab_size == len(recall.VOCABULARY)
 
 
-def test_explains_the_next_token_of_a_held_out_question():
-    loaded = _loaded()
-    example = recall.examples("heldout", 1, _length())[0]
-    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-    result = explainer.explain(example.text, method="generic")
-    assert result.relevance.shape == (1, example.length)
-    assert torch.isfinite(result.relevance).all()
-    # what is explained is the model's next token: its greedy first answer word
-    assert result.target.flatten().tolist() == [greedy_answers(loaded.model, [example])[0][0]]
-
-
-def test_answers_held_out_questions_above_a_floor_no_broken_model_reaches():
-    """A model that copied a random value of its context would answer 1 in 16 (the facts
-    of a prompt); 0.8 leaves room for a few misses among 40 questions only."""
-    examples = recall.examples("heldout", 40, _length())
-    assert answer_accuracy(_loaded().model, examples) >= 0.8
+def test_heldout_answers_pass_the_floor():
+    examples = recall.examples("heldout", 40, trained_length(loaded()))
+    assert answer_accuracy(loaded().model, examples) >= FLOOR
 
 
 def test_answers_rest_on_the_recorded_evidence():
-    checks = evidence_checks(_loaded().model, recall.examples("heldout", 30, _length()))
-    assert checks.count == 30
-    assert checks.evidence_changes >= 0.8
-    assert checks.distractors_kept >= 0.9
+    check = evidence_check(loaded(), 30)
+    assert check.count == 30 and check.right >= FLOOR * 30
+    assert check.evidence_changes >= 0.85 and check.distractors_kept >= 0.9, check.table()
 
 
 def test_greedy_answers_equal_step_by_step_argmax_without_the_cache():
-    """The cached greedy loop against an independent one: full forwards, one token at a time."""
-    model = _loaded().model
-    examples = [*recall.examples("heldout", 3, 128), *recall.examples("heldout", 2, 256, hops=2)]
+    """The cached, batched greedy loop against an independent one: a full forward per
+    token, one prompt at a time."""
+    model = loaded().model
+    examples = [*recall.examples("heldout", 3, 128), *recall.examples("heldout", 2, 192)]
     expected = []
     with torch.no_grad():
         for example in examples:
@@ -79,3 +79,44 @@ def test_greedy_answers_equal_step_by_step_argmax_without_the_cache():
                 ids.append(int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
             expected.append(tuple(ids[example.length :]))
     assert greedy_answers(model, examples, batch_size=2) == expected
+
+
+def test_registered_prompts_point_at_the_asked_fact():
+    """The language-evidence set: the evidence is the key the question asks and the value
+    the answer is; the start token and the question are kept; "the" replaces."""
+    dataset = answer_dataset(f"zoo:{NAME}", loaded(), 128)
+    assert len(dataset) == 1000 and recall.VOCABULARY[dataset.replacement] == "the"
+    for index in range(5):
+        item = dataset[index]
+        question_key = item.input_ids[-recall.KEY_TOKENS :]
+        assert tuple(item.input_ids[p] for p in item.evidence) == (*question_key, *item.answer)
+        assert item.kept == (0, *range(len(item.input_ids) - recall.QUESTION_TOKENS, 128))
+    assert (
+        answer_dataset(NAME, loaded())[0].input_ids
+        == recall.examples("heldout", 1, trained_length(loaded()))[0].input_ids
+    )
+
+
+def test_explain_evaluate_language_evidence_runs_on_it(tmp_path, capsys):
+    output = tmp_path / "recall.json"
+    command = ["evaluate", "language-evidence", "--model", f"zoo:{NAME}", "--length", "96",
+               "--limit", "2", "--methods", "generic", "--output", str(output),
+               "--quiet"]  # fmt: skip
+    assert main(command) == 0
+    results = json.loads(output.read_text())
+    assert (results["protocol"], results["n"]) == ("language-evidence", 2)
+    assert "replaced by token" in results["scale"] and "('the')" in results["scale"]
+    assert list(results["results"]) == ["generic"]
+    assert main([*command[:4], "--length", "8", *command[6:]]) == 2
+    assert "do not fit in 8 tokens" in capsys.readouterr().err
+
+
+def test_the_next_token_of_a_heldout_question_is_explained():
+    model = loaded()
+    example = recall.examples("heldout", 1, 128)[0]
+    explainer = Explainer(model.model, tokenizer=model.tokenizer)
+    result = explainer.explain(example.text, method="generic")
+    assert result.relevance.shape == (1, example.length)
+    assert torch.isfinite(result.relevance).all() and result.relevance.abs().sum() > 0
+    # what is explained is the model's next token: its greedy first answer word
+    assert result.target.flatten().tolist() == [greedy_answers(model.model, [example])[0][0]]

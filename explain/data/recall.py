@@ -44,6 +44,7 @@ __all__ = [
     "FILLER",
     "IGNORE",
     "NUMBERS",
+    "REPLACEMENT",
     "SPECIAL_TOKENS",
     "SPLITS",
     "THINGS",
@@ -115,6 +116,10 @@ FILLER: tuple[str, ...] = (
     "make", "like", "him", "into",
 )  # fmt: skip
 """Filler words between the facts (64 common English words, none a key or value word)."""
+REPLACEMENT = FILLER[0]
+"""The word that stands for a removed token when the evidence protocols remove tokens: a
+filler word ("the"), so that a removed fact reads as filler, not as a token the model never
+saw in training (`<unk>`)."""
 
 VOCABULARY: tuple[str, ...] = (
     *SPECIAL_TOKENS.values(),

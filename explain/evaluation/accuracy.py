@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from explain.evaluation.recall_answers import recall_accuracy
 from explain.evaluation.shapes_answers import question_accuracy
 from explain.loading.loaded_model import LoadedModel
-from explain.loading.zoo import load_zoo_model, read_config, zoo_root
+from explain.loading.zoo import load_zoo_model
 
 __all__ = ["Accuracy", "heldout_accuracy"]
 
@@ -129,31 +130,6 @@ def _shapes_clip_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[
     return exact / count, details
 
 
-@torch.no_grad()
-def _recall_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
-    """Greedy exact match of the whole asked value on held-out prompts of the trained
-    length; details: the same at 2x and 4x that length, the two-hop variant, and the
-    checks that the answer rests on the recorded evidence
-    (explain.evaluation.recall_checks)."""
-    from explain.data import recall
-    from explain.evaluation.recall_checks import answer_accuracy, evidence_checks
-
-    length = read_config(zoo_root() / loaded.name.removeprefix("zoo:"))["task"]["length"]
-    checks = evidence_checks(loaded.model, recall.examples("heldout", count, length))
-    details = {}
-    for factor in (2, 4):
-        longer = recall.examples("heldout", count, factor * length)
-        details[f"{factor}x the length ({factor * length} tokens)"] = answer_accuracy(
-            loaded.model, longer
-        )
-    two_hops = recall.examples("heldout", count, length, hops=2)
-    details["two hops (a b, b c; asked for a's c)"] = answer_accuracy(loaded.model, two_hops)
-    details["asked value replaced: the answer changes"] = checks.evidence_changes
-    details["asked value replaced: the answer is the new value"] = checks.evidence_followed
-    details["every distractor fact replaced: the answer stays"] = checks.distractors_kept
-    return checks.accuracy, details
-
-
 _HELDOUT: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]] = {
     "shapes-vit": (_shapes_accuracy, 2000),
     "shapes-swin": (_shapes_accuracy, 2000),
@@ -161,7 +137,7 @@ _HELDOUT: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]
     "minilm-sentiment": (_sentiment_accuracy, 1000),
     "shapes-clip": (_shapes_clip_accuracy, 1000),
     "shapes-llava": (question_accuracy, 1000),
-    "recall-llama": (_recall_accuracy, 1000),
+    "recall-llama": (recall_accuracy, 1000),
 }
 """Per zoo model: how to measure it on its held-out split, and how many examples by default."""
 
