@@ -116,7 +116,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=ROOT / "models" / "recall-llama")
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--depth", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=4)
     parser.add_argument(
         "--init", type=float, default=None, help="initializer_range (default 1 / sqrt(width))"
     )
@@ -124,7 +124,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=50, help="steps of linear warm-up")
     parser.add_argument(
         "--stages",
-        default="55:8:32,128:12:16,256:16:8,512:16:8",
+        default="24:4:64,55:8:32,128:12:16,256:16:8,512:16:8",
         help="length:facts:batch of each curriculum stage; the last is the trained length",
     )
     parser.add_argument("--threshold", type=float, default=0.9)
@@ -212,7 +212,12 @@ def main() -> None:
         running = sum(recent) / len(recent)
         step, stage_steps = step + 1, stage_steps + 1
         bar.update(1)
-        bar.set_postfix(length=current.length, loss=f"{loss.item():.3f}", answers=f"{running:.3f}")
+        bar.set_postfix(
+            length=current.length,
+            loss=f"{loss.item():.3f}",
+            answers=f"{running:.3f}",
+            refresh=False,
+        )
         if stage < len(stages) - 1:
             if len(recent) == args.window and running >= args.threshold:
                 score = validate(current.length)
