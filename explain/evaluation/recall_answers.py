@@ -3,12 +3,12 @@ that each answer rests on the evidence its example records.
 
 For the examples of `explain.data.recall`: `greedy_answers` runs the model greedily for as
 many tokens as each answer has; `answer_accuracy` is exact match of the whole answer;
-`recall_accuracy` is the number recall-llama's card quotes (at the trained length, with
-2x and 4x that length as details). `evidence_check` asks the model again on two
-counterfactual contexts of each held-out example it answers right (the evidence of a
-wrong answer is not known): `with_evidence_replaced` (the asked value replaced by a fresh
-one: the answer must change) and `with_distractors_replaced` (every other fact's key and
-value replaced: the answer must stay). scripts/zoo_accuracy.py writes both into the card.
+`recall_accuracy` measures a model saved as a zoo folder (whose config names the length it
+was trained at) at that length, with 2x and 4x it as details. `evidence_check` asks the
+model again on two counterfactual contexts of each held-out example it answers right (the
+evidence of a wrong answer is not known): `with_evidence_replaced` (the asked value
+replaced by a fresh one: the answer must change) and `with_distractors_replaced` (every
+other fact's key and value replaced: the answer must stay).
 """
 
 from __future__ import annotations
