@@ -149,7 +149,6 @@ _NUMBER_IDS = np.array([_ID[word] for word in NUMBERS])
 _THING_IDS = np.array([_ID[word] for word in THINGS])
 _FILLER_IDS = np.array([_ID[word] for word in FILLER])
 _KEYS = len(ADJECTIVES) * len(ANIMALS)
-_VALUES = len(NUMBERS) * len(THINGS)
 
 
 @dataclass(frozen=True)
@@ -243,32 +242,31 @@ def default_facts(length: int) -> int:
     return max(2, length // 64 * 2)
 
 
+def _draw_pairs(
+    rng: np.random.Generator,
+    count: int,
+    avoid: set[tuple[int, ...]],
+    firsts: np.ndarray,
+    seconds: np.ndarray,
+) -> list[tuple[int, ...]]:
+    """`count` distinct word pairs (a first word's id, then a second's) drawn uniformly
+    from all pairs, none in `avoid` (which they join)."""
+    pairs: list[tuple[int, ...]] = []
+    while len(pairs) < count:  # rejection: avoided pairs are few next to all pairs
+        for index in rng.choice(len(firsts) * len(seconds), size=count - len(pairs), replace=False):
+            pair = (int(firsts[index // len(seconds)]), int(seconds[index % len(seconds)]))
+            if pair not in avoid:
+                avoid.add(pair)
+                pairs.append(pair)
+    return pairs
+
+
 def _draw_keys(rng: np.random.Generator, count: int, avoid: set[tuple[int, ...]]) -> list:
-    keys: list[tuple[int, ...]] = []
-    while len(keys) < count:  # rejection: avoided keys are few next to the 1024 keys
-        for index in rng.choice(_KEYS, size=count - len(keys), replace=False):
-            key = (
-                int(_ADJECTIVE_IDS[index // len(ANIMALS)]),
-                int(_ANIMAL_IDS[index % len(ANIMALS)]),
-            )
-            if key not in avoid:
-                avoid.add(key)
-                keys.append(key)
-    return keys
+    return _draw_pairs(rng, count, avoid, _ADJECTIVE_IDS, _ANIMAL_IDS)
 
 
 def _draw_values(rng: np.random.Generator, count: int, avoid: set[tuple[int, ...]]) -> list:
-    values: list[tuple[int, ...]] = []
-    while len(values) < count:
-        for index in rng.choice(_VALUES, size=count - len(values), replace=False):
-            value = (
-                int(_NUMBER_IDS[index // len(THINGS)]),
-                int(_THING_IDS[index % len(THINGS)]),
-            )
-            if value not in avoid:
-                avoid.add(value)
-                values.append(value)
-    return values
+    return _draw_pairs(rng, count, avoid, _NUMBER_IDS, _THING_IDS)
 
 
 def _check(length: int, hops: int, facts: int) -> None:
