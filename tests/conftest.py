@@ -5,15 +5,31 @@ from __future__ import annotations
 import os
 
 import pytest
+import tolerances
 import torch
 
 from explain.testing import tiny_vit
 
 
+def pytest_addoption(parser):
+    # The suite must pass on any CPU, whatever its thread count and denormal mode; to see
+    # that it does, run it as well with OMP_NUM_THREADS=1 and =2, and with this option.
+    parser.addoption(
+        "--flush-denormal",
+        action="store_true",
+        help="flush denormal floats to zero for the session (torch.set_flush_denormal; "
+        "x86 with SSE3 only: elsewhere the run stops with a message)",
+    )
+
+
 def pytest_configure(config):
     """No test touches the network: the Hugging Face libraries read HF_HUB_OFFLINE when
-    first imported, which is after this (test modules import them)."""
+    first imported, which is after this (test modules import them). Every float comparison
+    a test makes is checked against the suite's rule (tests/tolerances.py)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tolerances.install()
+    if config.getoption("flush_denormal") and not torch.set_flush_denormal(True):
+        raise pytest.UsageError("--flush-denormal: this CPU cannot flush denormals to zero")
 
 
 # name -> (constructor kwargs, input (H, W))

@@ -276,7 +276,7 @@ def _assert_a_left_padded_batch_equals_each_prompt_alone(
     for row, prompt in enumerate(alone):
         single = run(prompt)
         assert batch.target[row].tolist() == single.target[0].tolist()
-        close = dict(rtol=1e-5, atol=1e-6)
+        close = dict(rtol=1e-4, atol=1e-6)  # float32, summed in other orders in a batch
         image = batch.relevances["image"][row]
         torch.testing.assert_close(image, single.relevances["image"][0], **close)
         text, one = batch.relevances["text"][row], single.relevances["text"][0]
@@ -561,8 +561,11 @@ def test_the_fused_path_builds_no_map_of_a_tower_block(family, method):
     assert maps["whole maps"]
     for name in ("image", "text"):
         assert results["streamed"].relevances[name].abs().sum() > 0
-        torch.testing.assert_close(
-            results["streamed"].relevances[name], results["whole maps"].relevances[name]
+        torch.testing.assert_close(  # float32, folded in other orders
+            results["streamed"].relevances[name],
+            results["whole maps"].relevances[name],
+            rtol=1e-4,
+            atol=1e-6,
         )
 
 
@@ -1418,7 +1421,7 @@ def test_idefics3_the_fused_path_folds_answers_as_the_explicit_path(idefics3, de
     for name in ("image", "text"):  # the explicit path's softmax is float32 (Llama, SigLIP)
         scale = float(explicit.relevances[name].abs().max())
         torch.testing.assert_close(
-            fused.relevances[name], explicit.relevances[name], rtol=1e-5, atol=1e-5 * scale
+            fused.relevances[name], explicit.relevances[name], rtol=1e-4, atol=1e-5 * scale
         )
 
 
