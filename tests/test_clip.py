@@ -13,12 +13,12 @@ import copy
 import pytest
 import torch
 from reference_coattention import generic_readout, gradient_weighted
+from tolerances import FLOAT64
 
 from explain import Explainer, InputError, OptionError, TargetError
 from explain.testing import ModelState
 
 EOS, BOS = 49, 48
-FLOAT64 = dict(rtol=1e-10, atol=1e-13)
 IMAGE_LAYERS, TEXT_LAYERS, GRID = 3, 2, 4
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import pytest
 import torch
+from tolerances import assert_float32_close
 
 from explain import METHODS, Explainer, ExplainError, InputError, OptionError, TargetError
 from explain.architectures import FAMILIES
@@ -86,13 +87,11 @@ def _explain(family: str, inputs=None, *, attention_path="auto", **kwargs):
 
 def _close(actual, expected, *, float32_softmax: bool = False):
     """Equal to float64's rounding; or, between two computations whose float32 softmax
-    rounded differently (below), as float32 keeps: rtol 1e-4, and 1e-6 of the largest
-    magnitude for the small entries that are sums of cancelling terms."""
-    if not float32_softmax:
+    rounded differently (below), as float32 keeps."""
+    if float32_softmax:
+        assert_float32_close(actual, expected)
+    else:
         torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-12)
-        return
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
-    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-6 * scale)
 
 
 # Families whose eager attention (transformers') computes its softmax in float32 even in

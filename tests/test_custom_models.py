@@ -8,6 +8,7 @@ import pytest
 import reference_backbones as refb
 import torch
 import torch.distributed as dist
+from tolerances import FLOAT32, FLOAT64
 from torch import nn
 
 from explain import (
@@ -26,10 +27,6 @@ from explain.testing import (
     tiny_custom_vit,
 )
 
-# The maths against the references in float64; a batch against each input alone in
-# float32 (which sums them in different orders) at what float32 keeps
-FLOAT64 = dict(rtol=1e-10, atol=1e-13)
-FLOAT32 = dict(rtol=1e-4, atol=1e-6)
 ATTENTION_METHODS = ["raw_attention", "rollout", "generic", "attention_gradcam", "random"]
 
 

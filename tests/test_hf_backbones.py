@@ -7,14 +7,10 @@ from __future__ import annotations
 import pytest
 import reference_backbones as refb
 import torch
+from tolerances import FLOAT32, FLOAT64
 
 from explain import Explainer, InputError, OptionError
 from explain.testing import tiny_hf_vision
-
-# The maths against transformers' own attentions in float64; the fused path against the
-# explicit one in float32, which sum in different orders, at what float32 keeps
-FLOAT64 = dict(rtol=1e-10, atol=1e-13)
-FLOAT32 = dict(rtol=1e-4, atol=1e-6)
 
 # name -> (family, config overrides, input (H, W))
 CONFIGS = {

@@ -6,16 +6,11 @@ import copy
 
 import pytest
 import torch
+from tolerances import FLOAT32, FLOAT64
 
 import reference_vit as ref
 from explain import Explainer
 from explain.testing import tiny_vit
-
-# The maths against the references in float64; what float32 keeps between two float32
-# computations that sum in different orders (a batch and its images alone, several
-# targets and each one) at rtol 1e-4 (tests/tolerances.py).
-FLOAT64 = dict(rtol=1e-10, atol=1e-13)
-FLOAT32 = dict(rtol=1e-4, atol=1e-6)
 
 
 def _reference(model, image, method, target=None, start=0, **options):

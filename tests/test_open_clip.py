@@ -16,6 +16,7 @@ import sys
 import pytest
 import torch
 from reference_coattention import generic_readout, gradient_weighted
+from tolerances import FLOAT64
 from torch import Tensor, nn
 
 from explain import Explainer, InputError, OptionError, UnsupportedModelError
@@ -26,7 +27,6 @@ from open_clip.model import CLIP, CLIPTextCfg, CLIPVisionCfg  # noqa: E402
 
 SOT, EOT, VOCAB, CONTEXT = 62, 63, 64, 16
 IMAGE_LAYERS, TEXT_LAYERS, GRID = 2, 2, 4
-FLOAT64 = dict(rtol=1e-10, atol=1e-13)
 
 
 def tiny_open_clip(seed: int = 0, vision: dict | None = None, text: dict | None = None) -> CLIP:

@@ -9,15 +9,12 @@ import copy
 
 import pytest
 import torch
+from tolerances import FLOAT32, FLOAT64
 
 import reference_vit as ref
 from explain import Explainer, InputError
 from explain.testing import ModelState, tiny_siglip
 
-# The maths against the references in float64; a batch against each pair alone in
-# float32 (which sums them in different orders) at what float32 keeps
-FLOAT64 = dict(rtol=1e-10, atol=1e-13)
-FLOAT32 = dict(rtol=1e-4, atol=1e-6)
 GRID = (4, 4)
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 import reference_backbones as refb
 import torch
+from tolerances import FLOAT64
 
 from explain import Explainer, OptionError, UnsupportedModelError
 from explain.testing import tiny_beit, tiny_eva, tiny_vit
-
-FLOAT64 = dict(rtol=1e-10, atol=1e-13)  # the maths, against the references in float64
 
 # name -> (builder, kwargs, input (H, W))
 CONFIGS = {

@@ -28,6 +28,7 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from tolerances import assert_float32_close
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -487,12 +488,10 @@ def _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method
     assert results["fused"].settings["attention_path"] == "streamed"
     for name in ("image", "text"):
         # float32's tolerance: the explicit path is transformers' eager attention, whose
-        # softmax is float32 even in a float64 model (a few entries differ by 1.5e-5)
-        torch.testing.assert_close(
-            results["fused"].relevances[name],
-            results["explicit"].relevances[name],
-            rtol=1e-4,
-            atol=1e-9,
+        # softmax is float32 even in a float64 model (issue 37: llava-siglip's generic map
+        # differed by 1.07e-5 relative on one CPU, past the rtol of 1e-5 it had)
+        assert_float32_close(
+            results["fused"].relevances[name], results["explicit"].relevances[name]
         )
 
 
