@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from serve_fixtures import chromium, request, serving
+from tolerances import FLOAT32
 
 from explain import Explainer, Explanation
 from explain.engine import Request, supported_methods
@@ -520,7 +521,7 @@ def test_text_view_token_relevance(browser, tmp_path):
             [text], target=both, method="attnlrp"
         )
         assert exported.tokens == expected.tokens and exported.target.tolist() == both.tolist()
-        torch.testing.assert_close(exported.relevance.float(), expected.relevance)
+        torch.testing.assert_close(exported.relevance.float(), expected.relevance, **FLOAT32)
         page.close()
 
 
@@ -559,7 +560,7 @@ def test_generation_view_click_a_word(browser, tmp_path):
             page.hover(f"#generation .token >> nth={index}")
             shown = float(page.get_attribute("#gen-hover", "data-value"))
             torch.testing.assert_close(
-                torch.tensor(shown), found.explanation.relevance[0, 1, index]
+                torch.tensor(shown), found.explanation.relevance[0, 1, index], **FLOAT32
             )
         assert "off the scale" in page.inner_text("#gen-hover")
         with page.expect_download() as download:
@@ -719,7 +720,9 @@ def test_clip_view_captions(browser, tmp_path):
             value, row, column = hover_value(
                 page, f"#clip-results canvas >> nth={k}", "#clip-hover", 120, 90
             )
-            torch.testing.assert_close(torch.tensor(value), result.relevance[0, k, row, column])
+            torch.testing.assert_close(
+                torch.tensor(value), result.relevance[0, k, row, column], **FLOAT32
+            )
         images = [
             canvas_pixels(page, f"#clip-results .clip-caption:nth-child({k + 1}) canvas")
             for k in range(2)
@@ -733,6 +736,8 @@ def test_clip_view_captions(browser, tmp_path):
         download.value.save_as(saved)
         exported = Explanation.load(saved)
         assert exported.settings["captions"] == captions
-        torch.testing.assert_close(exported.relevance, result.relevance)
-        torch.testing.assert_close(exported.relevances["text"], result.relevances["text"])
+        torch.testing.assert_close(exported.relevance, result.relevance, **FLOAT32)
+        torch.testing.assert_close(
+            exported.relevances["text"], result.relevances["text"], **FLOAT32
+        )
         page.close()

@@ -204,7 +204,7 @@ def test_a_disk_offloaded_vit_explains_as_the_model_in_memory(tmp_path):
     assert all(parameter.is_meta for parameter in model.parameters())
     _requires_grad(model)
     hooks, values = _hooks(model), _offloaded_values(model)
-    _leaves_alone(model, lambda: _explains_as(model, plain, case.batch, 1e-6))
+    _leaves_alone(model, lambda: _explains_as(model, plain, case.batch, 1e-4))  # float32
     assert _hooks(model) == hooks
     offloaded = _offloaded_values(model)
     assert offloaded.keys() == values.keys()
@@ -227,7 +227,7 @@ def test_a_cpu_offloaded_language_model_generates_and_explains_as_the_model_in_m
         for method in ("generic", "attnlrp", "cp_lrp", "attention_gradcam"):
             actual = explain_generation(explainer, generation, method=method).explanation
             expected = explain_generation(Explainer(plain), generation, method=method)
-            _close(actual.relevance, expected.explanation.relevance, 1e-6)
+            _close(actual.relevance, expected.explanation.relevance, 1e-4)  # float32
 
     _leaves_alone(model, explain_every_way)
     assert _hooks(model) == hooks
@@ -248,7 +248,7 @@ def test_a_device_map_with_a_memory_limit_and_disk_explains_as_the_model_in_memo
         offload_folder=str(tmp_path / "offload"),
     )
     assert "disk" in model.hf_device_map.values()
-    _explains_as(model, case.model, case.batch, 1e-6)
+    _explains_as(model, case.model, case.batch, 1e-4)  # float32
 
 
 # -- quantisation -----------------------------------------------------------------------------
