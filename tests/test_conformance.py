@@ -18,7 +18,7 @@ from explain import METHODS, Explainer, ExplainError, InputError, OptionError, T
 from explain.architectures import FAMILIES, TokenSets
 from explain.architectures.base import Adapter, Detector
 from explain.engine import supported_methods
-from explain.rules import LRP_NEEDS
+from explain.rules import LRP_NEEDS, Need
 from explain.testing import TINY_MODELS, ModelState, TinyCase, tiny_case
 
 OPTIONAL = {"open_clip": "open_clip"}  # family -> the package its models come from
@@ -86,6 +86,8 @@ def _explain(family: str, inputs=None, *, attention_path="auto", **kwargs):
 def _close(actual, expected, *, rtol=1e-9, atol=1e-12):
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
 
+
+PLAIN_EMBEDDING_NEEDS = {Need.EMBEDDING_GRADIENTS, Need.PATH_GRADIENTS, Need.OCCLUSION}
 
 FLOAT32_SOFTMAX = (
     "hf_siglip_classifier",
@@ -206,9 +208,15 @@ def test_explicit_equals_fused_or_fused_is_refused(family, method):
     fused = _explain(family, method=method, attention_path="fused")
     explicit = _explain(family, method=method, attention_path="explicit")
     assert fused.target.tolist() == explicit.target.tolist()
-    # float32 rounding: its epsilon (1.2e-7) on relevance of order 0.1
-    tolerance = dict(rtol=1e-5, atol=1e-8) if family.startswith(FLOAT32_SOFTMAX) else {}
     for name, relevance in explicit.relevances.items():
+        # float32 rounding: its epsilon (1.2e-7) on relevance of order 0.1. A plain
+        # gradient at the embeddings (the input-embedding baselines) also carries the
+        # softmax's Jacobian, which amplifies it about tenfold (2e-6 of the map's largest
+        # value on the tiny Llama, against 2e-7 for AttnLRP's ruled gradient).
+        spec = METHODS[method]
+        plain = spec.needs & PLAIN_EMBEDDING_NEEDS and spec.gradient_rules is None
+        atol = max(1e-8, 1e-5 * float(relevance.abs().max())) if plain else 1e-8
+        tolerance = dict(rtol=1e-5, atol=atol) if family.startswith(FLOAT32_SOFTMAX) else {}
         _close(fused.relevances[name], relevance, **tolerance)
 
 
@@ -242,7 +250,7 @@ def test_an_unsupported_method_is_refused_naming_what_is_supported(family):
 def test_a_score_goes_only_to_the_methods_that_differentiate_one(family, method):
     # As a start layer goes only to the methods that aggregate over blocks: a
     # class-agnostic map or an LRP walk from the logit would ignore the score.
-    if not METHODS[method].needs_gradients:
+    if not METHODS[method].takes_score:
         with pytest.raises(OptionError, match="takes no score"):
             _explain(family, method=method, score="logit")
         assert _explain(family, method=method).score == "logit"

@@ -4,11 +4,14 @@ A pass is one way of running the model for a method (which forward, which backwa
 each score column's sink receives): `ForwardPass` (attention maps only),
 `AttentionGradientPass` (maps and their gradients, every column in one batched
 backward), `LrpWalkPass` (the family's LRP walk, `Adapter.lrp_walk`) and
-`EmbeddingGradientPass` (AttnLRP, CP-LRP: Gradient x Input under rules hooked where
-`Adapter.attnlrp_sites` says). A method runs the first pass in `PASSES` that serves one
-of its needs; each pass says what it needs of an adapter (`missing`, checked before any
-forward) and reaches the model only through a plan (`PlanView`). docs/architecture.md
-("The engine") says how the passes fold every column at once and which path they take.
+`EmbeddingGradientPass` (Gradient x Input at the input embeddings, for AttnLRP and
+CP-LRP under rules hooked where `Adapter.attnlrp_sites` says), `IntegratedGradientPass`
+(integrated gradients: the path's points as copies of the inputs) and `OcclusionPass`
+(each span replaced in its own copy, forwards only). A method runs the first pass in
+`PASSES` that serves one of its needs; each pass says what it needs of an adapter
+(`missing`, checked before any forward) and reaches the model only through a plan
+(`PlanView`). docs/architecture.md ("The engine") says how the passes fold every column
+at once and which path they take.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+import torch
 from torch import Tensor, nn
 
 from explain.architectures.base import Adapter
-from explain.engine.fused import PathChoice, choose_path, default_memory_budget
+from explain.engine.copies import EmbeddingCopies, copy_bytes, copy_chunks
+from explain.engine.fused import PathChoice, choose_path, default_memory_budget, explicit_map_bytes
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
@@ -29,8 +34,11 @@ from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold, TwoSetColu
 from explain.errors import OptionError, TargetError
 from explain.layout import ModuleHook, Prepared, TokenSet
 from explain.lrp import RULE_SETS
-from explain.lrp.attnlrp import AttnLrpCall, attnlrp_hooks
+from explain.lrp.attnlrp import AttnLrpCall, attnlrp_hooks, embedding_relevance, on_layout
 from explain.rules import Method, Need, Sink
+from explain.rules.embedding_baseline import EmbeddingBaseline, embedding_baseline
+from explain.rules.integrated_gradients import integration_points
+from explain.rules.occlusion import occluded_spans, span_relevance
 
 __all__ = [
     "PASSES",
@@ -38,8 +46,11 @@ __all__ = [
     "ColumnSink",
     "Columns",
     "EmbeddingGradientPass",
+    "EmbeddingPass",
     "ForwardPass",
+    "IntegratedGradientPass",
     "LrpWalkPass",
+    "OcclusionPass",
     "Pass",
     "PerColumn",
     "PlanView",
@@ -109,6 +120,12 @@ class PlanView(Protocol):
     def read_columns(self, sinks: Sequence[ColumnSink]) -> PerColumn:
         """Every column's token relevance per set, from the columns' sinks in order: as
         `read` of each, with work that a plan can do for all columns at once done once."""
+
+    def copy_scores(self, copies: int, columns: Columns) -> Tensor:
+        """(copies * B, K): the explained scores of one forward over `copies` copies of
+        the inputs (row c * B + b: copy c of sample b), for the targets `columns` resolved
+        from the inputs themselves; what the copies differ by is the pass's (a hook at the
+        embeddings, explain.engine.copies)."""
 
 
 class Pass(ABC):
@@ -353,34 +370,71 @@ class LrpWalkPass(Pass):
         return columns, per_column
 
 
-class EmbeddingGradientPass(Pass):
-    """AttnLRP and CP-LRP: one forward with the method's gradient rules hooked on the
-    model's modules for the call, whose word- or patch-embedding output is the graph's
-    leaf; then one batched backward of every column to it, embedding x gradient summed
-    over the hidden size, into each column's sink. The rules hold on either attention
-    path."""
-
-    serves = frozenset({Need.EMBEDDING_GRADIENTS})
+class EmbeddingPass(Pass):
+    """What the passes that read the input embeddings share: the family must say where
+    they are (the embedding module of `Adapter.attnlrp_sites`), and the call keeps the
+    fused attention kernel where the model has one, since no attention map is read."""
 
     @classmethod
     def missing(cls, adapter: Adapter) -> str | None:
         if adapter.attnlrp_sites is None:
-            return "its family does not say where the rules of AttnLRP and CP-LRP attach"
+            return (
+                "its family does not say where its input embeddings are (nor where the rules "
+                "of AttnLRP and CP-LRP attach)"
+            )
         return None
+
+    def _embedding(self) -> tuple[nn.Module, int]:
+        """The embedding module, whose output is what the method reads, and the axis of
+        its output that holds the hidden size."""
+        assert self.adapter.attnlrp_sites is not None
+        sites = self.adapter.attnlrp_sites()
+        return sites.embedding, sites.embedding_axis
+
+    def _copies(self, baseline: EmbeddingBaseline, *, differentiable: bool) -> EmbeddingCopies:
+        """The copies' state and hook, on the embedding module."""
+        module, axis = self._embedding()
+        return EmbeddingCopies(module, baseline, axis, differentiable=differentiable)
+
+    def _copy_bytes(self, copies: EmbeddingCopies, fused: bool, *, gradients: bool) -> int:
+        """What one copy of the inputs holds at most (explain.engine.copies.copy_bytes):
+        the explicit path also keeps its attention maps."""
+        prepared = self.plan.prepared
+        maps = (
+            0
+            if fused
+            else explicit_map_bytes(
+                self.adapter,
+                prepared.layout,
+                prepared.batch_size,
+                gradients,
+                self.adapter.attention_maps(prepared),
+            )
+        )
+        return copy_bytes(copies.inputs, self.adapter.num_layers, gradients=gradients, maps=maps)
+
+
+class EmbeddingGradientPass(EmbeddingPass):
+    """Gradient x Input at the input embeddings (plain, AttnLRP, CP-LRP): one forward,
+    with the method's gradient rules hooked on the model's modules for the call where it
+    names any, whose word- or patch-embedding output is the graph's leaf; then one
+    batched backward of every column to it, embedding x gradient summed over the hidden
+    size, into each column's sink. The rules hold on either attention path."""
+
+    serves = frozenset({Need.EMBEDDING_GRADIENTS})
 
     def run(self) -> tuple[Columns, PerColumn]:
         spec, plan = self.spec, self.plan
-        assert spec.gradient_rules is not None
         call = AttnLrpCall()
         sites = self.adapter.attnlrp_sites()
-        hooks = attnlrp_hooks(self.adapter.model, sites, spec.gradient_rules, call)  # type: ignore[arg-type]
+        if spec.gradient_rules is None:  # plain gradients: only the embedding output a leaf
+            call.embedding_axis = sites.embedding_axis
+            hooks = [(sites.embedding, call.hook)]
+        else:
+            hooks = attnlrp_hooks(self.adapter.model, sites, spec.gradient_rules, call)  # type: ignore[arg-type]
         with self._session(differentiable=True, fused=self.fused(), hooks=hooks):
             columns = plan.columns(plan.forward())
-            if not columns.scores.requires_grad:
-                raise TargetError(
-                    "the explained score does not depend on the model's embeddings: a target "
-                    "callable's scores must be computed from the model output it receives"
-                )
+            _require_embedding_gradients(columns.scores)
             sinks = plan.column_sinks(columns.scores.shape[1])
             for chunk, (gradients,) in column_gradients(
                 columns.scores, [call.tensor], self.memory_budget
@@ -392,9 +446,137 @@ class EmbeddingGradientPass(Pass):
         return columns, plan.read_columns(sinks)
 
 
+def _require_embedding_gradients(scores: Tensor) -> None:
+    if not scores.requires_grad:
+        raise TargetError(
+            "the explained score does not depend on the model's embeddings: a target "
+            "callable's scores must be computed from the model output it receives"
+        )
+
+
+class IntegratedGradientPass(EmbeddingPass):
+    """Integrated gradients (explain.rules.integrated_gradients): a forward of the inputs
+    (their embeddings, the targets, the explained scores) and one of the baseline, without
+    a backward; then the path's points as copies of the inputs (explain.engine.copies), as
+    many per forward as the memory budget allows, each chunk's every column differentiated
+    in one batched backward to the copies' embeddings; the gradients weighted by the
+    quadrature and summed, times e - e0, over the hidden size. The call's settings record
+    the path and its completeness: `baseline_score` y(e0) and `convergence_delta`, the
+    relevance's sum minus y(e) - y(e0) (captum's name), per input and column."""
+
+    serves = frozenset({Need.PATH_GRADIENTS})
+
+    def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
+        super().__init__(adapter, spec, plan, request)
+        self._path: dict[str, Any] = {}
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings, **self._path}
+
+    def run(self) -> tuple[Columns, PerColumn]:
+        plan = self.plan
+        options = self.spec.resolved_options(self.request.options)
+        alphas, weights = integration_points(options["steps"], options["quadrature"])
+        layout = plan.prepared.layout
+        baseline = embedding_baseline(options["baseline_token"], layout.modality)
+        copies = self._copies(baseline, differentiable=True)
+        fused = self.fused()
+        with self._session(differentiable=True, fused=fused, hooks=copies.hooks()):
+            with torch.no_grad():
+                columns = plan.columns(plan.forward())
+                copies.along_path(alphas.new_zeros(1))
+                at_baseline = plan.copy_scores(1, columns)
+            inputs = copies.inputs
+            count, batch = columns.scores.shape[1], inputs.shape[0]
+            dtype = inputs.dtype if inputs.dtype == torch.float64 else torch.float32
+            total = inputs.new_zeros((count, *inputs.shape), dtype=dtype)
+            per_copy = self._copy_bytes(copies, fused, gradients=True)
+            for chunk in copy_chunks(len(alphas), per_copy, self.memory_budget):
+                copies.along_path(alphas[chunk.start : chunk.stop])
+                scores = plan.copy_scores(len(chunk), columns)
+                _require_embedding_gradients(scores)
+                step = weights[chunk.start : chunk.stop].to(inputs.device, dtype)
+                step = step.reshape(1, -1, *(1,) * inputs.dim())
+                for part, (gradients,) in column_gradients(
+                    scores, [copies.leaf], self.memory_budget
+                ):
+                    # (C', copies * B, ...) -> the chunk's weighted sum, per column
+                    path = gradients.unflatten(1, (len(chunk), batch)).to(dtype)
+                    total[part.start : part.stop] += (path * step).sum(dim=1)
+        relevance = embedding_relevance(copies.difference, total, copies.axis, layout)
+        sinks = plan.column_sinks(count)
+        for k, sink in enumerate(sinks):
+            sink.add_input(relevance[k])
+        gap = relevance.sum(dim=-1).T - (columns.scores - at_baseline).to(dtype)
+        self._path = {
+            "steps": options["steps"],
+            "quadrature": options["quadrature"],
+            "baseline": baseline.describe(),
+            "baseline_score": _as_target(at_baseline, columns),
+            "convergence_delta": _as_target(gap, columns),
+        }
+        return columns, plan.read_columns(sinks)
+
+
+def _as_target(values: Tensor, columns: Columns) -> list[Any]:
+    """(B, K) per-column values as lists shaped like the call's target: (B,) for one
+    column per input, (B, K) otherwise."""
+    values = values.detach().double().cpu()
+    return (values[:, 0] if columns.classes.dim() == 1 else values).tolist()
+
+
+class OcclusionPass(EmbeddingPass):
+    """Occlusion (explain.rules.occlusion): a forward of the inputs (their embeddings,
+    the targets, the explained scores), then one copy of the inputs per span with the
+    span's embeddings replaced by the baseline's (explain.engine.copies), as many per
+    forward as the memory budget allows, every forward without a backward; each span's
+    drop of every column's score shared out over its tokens."""
+
+    serves = frozenset({Need.OCCLUSION})
+
+    def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
+        super().__init__(adapter, spec, plan, request)
+        self._baseline = ""
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings, "baseline": self._baseline}
+
+    def run(self) -> tuple[Columns, PerColumn]:
+        plan = self.plan
+        options = self.spec.resolved_options(self.request.options)
+        prepared = plan.prepared
+        baseline = embedding_baseline(options["baseline_token"], prepared.layout.modality)
+        spans = occluded_spans(options["spans"], prepared.layout, prepared.batch_size)
+        copies = self._copies(baseline, differentiable=False)
+        fused = self.fused()
+        with self._session(differentiable=False, fused=fused, hooks=copies.hooks()):
+            columns = plan.columns(plan.forward())
+            scores = columns.scores.detach()
+            dtype = scores.dtype if scores.dtype == torch.float64 else torch.float32
+            count, batch = scores.shape[1], scores.shape[0]
+            total = scores.new_zeros((count, batch, spans.shape[-1]), dtype=dtype)
+            per_copy = self._copy_bytes(copies, fused, gradients=False)
+            for chunk in copy_chunks(len(spans), per_copy, self.memory_budget):
+                occluded = spans[chunk.start : chunk.stop].to(scores.device)
+                copies.occluding(occluded)
+                replaced = plan.copy_scores(len(chunk), columns).unflatten(0, (len(chunk), batch))
+                drops = (scores[None] - replaced).to(dtype)
+                total += span_relevance(drops, occluded)
+        self._baseline = baseline.describe()
+        relevance = on_layout(total, prepared.layout)
+        sinks = plan.column_sinks(count)
+        for k, sink in enumerate(sinks):
+            sink.add_input(relevance[k])
+        return columns, plan.read_columns(sinks)
+
+
 PASSES: tuple[type[Pass], ...] = (
     LrpWalkPass,
     EmbeddingGradientPass,
+    IntegratedGradientPass,
+    OcclusionPass,
     AttentionGradientPass,
     ForwardPass,
 )

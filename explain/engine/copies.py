@@ -1,0 +1,193 @@
+"""Copies of a call's inputs that differ at the input embeddings: the batched forwards of
+integrated gradients' path and of occlusion (explain.engine.passes).
+
+S variants of the inputs run as S copies in one batch: the plan repeats its prepared
+inputs (`Adapter.repeated`: copy c of sample b at row c * B + b), and a forward hook on
+the embedding module (`EmbeddingCopies.hook`) puts each copy's embeddings in place of
+the ones the repeated inputs give: `e0 + a (e - e0)` at a point a of the path, or e
+with the occluded tokens' replaced by e0, for the inputs' own embeddings e (seen in the
+call's first forward) and the baseline's e0 (explain.rules.embedding_baseline). The
+copies go in chunks sized by the memory budget (`copy_chunks`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from explain.errors import ExplainError, OptionError
+from explain.rules.embedding_baseline import EmbeddingBaseline
+
+__all__ = [
+    "ACTIVATIONS_PER_BLOCK",
+    "EmbeddingCopies",
+    "check_baseline_token",
+    "copy_bytes",
+    "copy_chunks",
+]
+
+ACTIVATIONS_PER_BLOCK = 20
+"""Tensors of the embeddings' size that one block keeps for its backward, at most (its
+norms' inputs, q, k, v, the attention output, the MLP's wider hidden states): the
+estimate behind `copy_bytes`."""
+
+
+def copy_bytes(embeddings: Tensor, blocks: int, *, gradients: bool, maps: int) -> int:
+    """What one copy of the inputs (`embeddings`, the inputs' own, (B, ...)) holds at most
+    while it runs: with `gradients`, what `blocks` blocks keep for the backward and the
+    copy's embeddings and their gradient; without, a few activations at a time; plus
+    `maps`, the bytes of the attention maps the explicit path keeps (0 on the fused
+    path)."""
+    size = embeddings.numel() * embeddings.element_size()
+    return size * (ACTIVATIONS_PER_BLOCK * blocks + 4 if gradients else 8) + maps
+
+
+def copy_chunks(count: int, per_copy: int, budget: int) -> list[range]:
+    """`count` copies in consecutive chunks of as many as fit in `budget` bytes at
+    `per_copy` bytes each (at least one per chunk)."""
+    size = max(1, min(count, budget // max(per_copy, 1)))
+    return [range(first, min(count, first + size)) for first in range(0, count, size)]
+
+
+class EmbeddingCopies:
+    """The state of one call's embedding hook (module docstring).
+
+    The first forward is the inputs' own: its embeddings e are kept (`inputs`) and the
+    baseline's e0 computed from the same call of the embedding module (`baseline`). Each
+    later forward runs the copies `along_path` or `occluding` last set.
+
+    Args:
+        module: the embedding module, whose output the hook replaces.
+        baseline: what the inputs are blended with.
+        axis: the axis of the embedding output that holds the hidden size (1 for a
+            convolution's (B, D, gh, gw), -1 for (B, N, D)).
+        differentiable: whether the copies' embeddings become the graph's leaf (`leaf`),
+            whose gradient the path integrates.
+    """
+
+    def __init__(
+        self, module: nn.Module, baseline: EmbeddingBaseline, axis: int, *, differentiable: bool
+    ) -> None:
+        check_baseline_token(module, baseline)
+        self.module = module
+        self.axis = axis
+        self._kind = baseline
+        self._differentiable = differentiable
+        self._inputs: Tensor | None = None
+        self._baseline: Tensor | None = None
+        self._alphas: Tensor | None = None
+        self._occluded: Tensor | None = None
+        self._leaf: Tensor | None = None
+
+    def hooks(self) -> list[tuple[nn.Module, Any]]:
+        """The (module, forward hook) pair a session registers for the call."""
+        return [(self.module, self.hook)]
+
+    # -- what the next forward runs -----------------------------------------------------
+
+    def along_path(self, alphas: Tensor) -> None:
+        """The next forward's copy c holds `e0 + alphas[c] (e - e0)`, as captum writes it."""
+        self._alphas, self._occluded = alphas, None
+
+    def occluding(self, occluded: Tensor) -> None:
+        """The next forward's copy c holds e, with e0 at the (C, B, P) `occluded` tokens."""
+        self._alphas, self._occluded = None, occluded
+
+    # -- what the forwards saw ----------------------------------------------------------
+
+    @property
+    def inputs(self) -> Tensor:
+        """The inputs' own embeddings e (B, ...)."""
+        if self._inputs is None:
+            raise ExplainError("the embedding module did not run in the forward pass")
+        return self._inputs
+
+    @property
+    def difference(self) -> Tensor:
+        """e - e0 (B, ...), in the embeddings' dtype."""
+        assert self._baseline is not None
+        return self.inputs - self._baseline
+
+    @property
+    def leaf(self) -> Tensor:
+        """The last forward's copies' embeddings (C * B, ...), the graph's leaf."""
+        if self._leaf is None:
+            raise ExplainError("the embedding module did not run in the copies' forward pass")
+        return self._leaf
+
+    # -- the hook -------------------------------------------------------------------------
+
+    def hook(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor | None:
+        if self._inputs is None:  # the inputs themselves: seen, left as they are
+            self._inputs = output.detach()
+            self._baseline = self._baseline_of(module, args, kwargs, output)
+            return None
+        inputs, baseline = self.inputs, self._baseline
+        assert baseline is not None
+        copies = output.shape[0] // inputs.shape[0]
+        if self._alphas is not None:
+            alphas = self._alphas.to(device=inputs.device, dtype=inputs.dtype)
+            shape = (copies,) + (1,) * inputs.dim()
+            value = (baseline + alphas.reshape(shape) * self.difference).flatten(0, 1)
+        else:
+            assert self._occluded is not None
+            occluded = self._tokens(self._occluded.to(inputs.device), inputs.shape)
+            value = torch.where(occluded, baseline, inputs).flatten(0, 1)
+        if value.shape != output.shape:
+            raise ExplainError(
+                f"the embedding module's output has shape {tuple(output.shape)} for the "
+                f"copies, where {tuple(value.shape)} was expected"
+            )
+        if self._differentiable:
+            value = value.detach().requires_grad_(True)
+            self._leaf = value
+        return value
+
+    def _tokens(self, weights: Tensor, shape: torch.Size) -> Tensor:
+        """(C, B, P) per-token values -> broadcastable to (C, *shape), for embeddings of
+        `shape` (B, ...) whose hidden size lies at the axis."""
+        hidden = self.axis % len(shape)
+        tokens = [size for dim, size in enumerate(shape) if dim not in (0, hidden)]
+        if weights.shape[-1] != torch.Size(tokens).numel():
+            raise ExplainError(
+                f"{weights.shape[-1]} tokens to replace, but the embedding module's output "
+                f"{tuple(shape)} holds {torch.Size(tokens).numel()}"
+            )
+        return weights.reshape(*weights.shape[:2], *tokens).unsqueeze(hidden + 1)
+
+    def _baseline_of(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+        """e0 (B, ...): zeros, or the module's own forward on zeros or on the baseline
+        token at every position (its first tensor argument replaced)."""
+        kind = self._kind
+        if kind.kind == "zero":
+            return torch.zeros_like(output).detach()
+        args, kwargs = list(args), dict(kwargs)
+        if args and isinstance(args[0], Tensor):
+            first = args[0]
+        else:
+            key = next(k for k, v in kwargs.items() if isinstance(v, Tensor))
+            first = kwargs[key]
+        if kind.kind == "zero_input":
+            value = torch.zeros_like(first)
+        else:
+            assert kind.token is not None
+            value = torch.full_like(first, kind.token)
+        if args and args[0] is first:
+            args[0] = value
+        else:
+            kwargs[key] = value
+        with torch.no_grad():
+            return module.forward(*args, **kwargs).detach()
+
+
+def check_baseline_token(module: nn.Module, baseline: EmbeddingBaseline) -> None:
+    """Refuse, before any forward, a baseline token beyond an embedding table."""
+    if baseline.token is None or not isinstance(module, nn.Embedding):
+        return
+    if baseline.token >= module.num_embeddings:
+        raise OptionError(
+            f"baseline_token {baseline.token} is not in the model's vocabulary of "
+            f"{module.num_embeddings} tokens"
+        )

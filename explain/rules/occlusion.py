@@ -1,0 +1,72 @@
+"""Occlusion: how much the explained score drops when a token, a patch or a span of them
+is replaced by a baseline (Zeiler & Fergus, ECCV 2014; leave-one-out for text, Li,
+Monroe & Jurafsky 2016).
+
+Each span (by default each token of a text, each patch of an image) is replaced at the
+embeddings by the baseline's embeddings (explain.rules.embedding_baseline: zero
+embeddings or a stated token for text, zero pixels for images) in its own copy of the
+inputs, and its drop is y(x) - y(x with the span replaced). Every token of a span gets
+the span's drop divided by the span's size, so a span's relevance summed over its tokens
+is its drop. The engine runs the copies in batched forwards without a backward
+(explain.engine.passes `OcclusionPass`); the sink only holds the relevance it delivers.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from explain.errors import OptionError
+from explain.layout import TokenLayout
+from explain.rules.embedding_baseline import embedding_baseline
+from explain.rules.lrp_based import InputRelevance
+from explain.rules.registry import Need, RuleContext, register_method
+
+__all__ = ["occluded_spans", "occlusion", "span_relevance"]
+
+
+def occluded_spans(spans: Tensor | None, layout: TokenLayout, batch: int) -> Tensor:
+    """(S, B, P) bool: which of the P embedded tokens (a text's positions, an image's
+    patches in row-major order; no prefix token) copy s replaces, one copy per span.
+
+    `spans` gives each token's span as an integer, in input space: (B, T) or (T,) for
+    text, (B, gh, gw) or (gh, gw) for an image's patches; -1 for tokens in no span
+    (never replaced, relevance 0). The copies follow the distinct span ids in increasing
+    order. None: every token its own span."""
+    shape = layout.grid if layout.modality == "image" else (layout.num_tokens,)
+    assert shape is not None  # an image layout has its grid
+    count = int(torch.Size(shape).numel())
+    if spans is None:
+        return torch.eye(count, dtype=torch.bool)[:, None, :].expand(count, batch, count)
+    if not isinstance(spans, Tensor) or spans.is_floating_point() or spans.is_complex():
+        raise OptionError("spans must be a tensor of integer span ids (-1: in no span)")
+    if tuple(spans.shape) not in (tuple(shape), (batch, *shape)):
+        raise OptionError(
+            f"spans must have shape {tuple(shape)} or {(batch, *shape)} (a span id per "
+            f"{'token' if layout.modality == 'text' else 'patch'}), got {tuple(spans.shape)}"
+        )
+    spans = spans.long().reshape(-1, count).expand(batch, count).cpu()
+    if (spans < -1).any():
+        raise OptionError("span ids must be >= 0, or -1 for tokens in no span")
+    ids = spans[spans >= 0].unique()
+    if not len(ids):
+        raise OptionError("spans name no span: every token is -1")
+    return spans[None] == ids[:, None, None]
+
+
+def span_relevance(drops: Tensor, occluded: Tensor) -> Tensor:
+    """(K, B, P) token relevance from the (S, B, K) drops of the S copies and the (S, B, P)
+    tokens each replaced: each token gets its span's drop over the span's size."""
+    weights = occluded.to(drops.dtype)
+    sizes = weights.sum(dim=-1, keepdim=True).clamp(min=1)  # (S, B, 1)
+    return torch.einsum("sbk,sbp->kbp", drops, weights / sizes)
+
+
+@register_method("occlusion", needs={Need.OCCLUSION}, class_specific=True)
+def occlusion(
+    context: RuleContext, baseline_token: int | None = None, spans: Tensor | None = None
+) -> InputRelevance:
+    """Occlusion: the score's drop when a token, patch or span is replaced (leave one out)."""
+    embedding_baseline(baseline_token, context.layout.modality)  # refused before any forward
+    occluded_spans(spans, context.layout, context.readout.shape[0])
+    return InputRelevance(context)
