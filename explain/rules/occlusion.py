@@ -22,7 +22,7 @@ from explain.rules.embedding_baseline import embedding_baseline
 from explain.rules.lrp_based import InputRelevance
 from explain.rules.registry import Need, RuleContext, register_method
 
-__all__ = ["occluded_spans", "occlusion", "span_relevance"]
+__all__ = ["SeenRelevance", "occluded_spans", "occlusion", "span_relevance"]
 
 
 def occluded_spans(spans: Tensor | None, layout: TokenLayout, batch: int) -> Tensor:
@@ -62,11 +62,27 @@ def span_relevance(drops: Tensor, occluded: Tensor) -> Tensor:
     return torch.einsum("sbk,sbp->kbp", drops, weights / sizes)
 
 
+class SeenRelevance(InputRelevance):
+    """The sink of occlusion: a token the column does not see (`TokenLayout.token_mask`:
+    a pad, or a token after a generated token's position) gets 0. Replacing it changes
+    the score by nothing but the rounding of another forward's batch, which would
+    otherwise show as relevance."""
+
+    def __init__(self, context: RuleContext) -> None:
+        super().__init__(context)
+        self._seen = context.layout.token_mask
+
+    def add_input(self, relevance: Tensor) -> None:
+        if self._seen is not None:
+            relevance = relevance * self._seen.to(relevance.device, relevance.dtype)
+        super().add_input(relevance)
+
+
 @register_method("occlusion", needs={Need.OCCLUSION}, class_specific=True)
 def occlusion(
     context: RuleContext, baseline_token: int | None = None, spans: Tensor | None = None
-) -> InputRelevance:
+) -> SeenRelevance:
     """Occlusion: the score's drop when a token, patch or span is replaced (leave one out)."""
     embedding_baseline(baseline_token, context.layout.modality)  # refused before any forward
     occluded_spans(spans, context.layout, context.readout.shape[0])
-    return InputRelevance(context)
+    return SeenRelevance(context)
