@@ -5,8 +5,8 @@ S variants of the inputs run as S copies in one batch: the plan repeats its prep
 inputs (`Adapter.repeated`: copy c of sample b at row c * B + b), and a forward hook on
 the embedding module (`EmbeddingCopies.hook`) puts each copy's embeddings in place of
 the ones the repeated inputs give: `e0 + a (e - e0)` at a point a of the path, or e
-with the occluded tokens' replaced by e0, for the inputs' own embeddings e (seen in the
-call's first forward) and the baseline's e0 (explain.rules.embedding_baseline). The
+with the occluded tokens' replaced by e0, for the inputs' own embeddings e (copy 0 of
+the call's first forward) and the baseline's e0 (explain.rules.embedding_baseline). The
 copies go in chunks sized by the memory budget (`copy_chunks`).
 """
 
@@ -54,46 +54,51 @@ def copy_chunks(count: int, per_copy: int, budget: int) -> list[range]:
 class EmbeddingCopies:
     """The state of one call's embedding hook (module docstring).
 
-    The first forward is the inputs' own: its embeddings e are kept (`inputs`) and the
-    baseline's e0 computed from the same call of the embedding module (`baseline`). Each
-    later forward runs the copies `along_path` or `occluding` last set.
+    Each forward runs the copies `blend` last set. In the first, copy 0 must be the
+    inputs themselves (weight 1 everywhere): its embeddings are kept as e (`inputs`), and
+    the baseline's e0 computed from the same call of the embedding module.
 
     Args:
         module: the embedding module, whose output the hook replaces.
         baseline: what the inputs are blended with.
         axis: the axis of the embedding output that holds the hidden size (1 for a
             convolution's (B, D, gh, gw), -1 for (B, N, D)).
+        batch: the inputs' batch size B.
         differentiable: whether the copies' embeddings become the graph's leaf (`leaf`),
             whose gradient the path integrates.
     """
 
     def __init__(
-        self, module: nn.Module, baseline: EmbeddingBaseline, axis: int, *, differentiable: bool
+        self,
+        module: nn.Module,
+        baseline: EmbeddingBaseline,
+        axis: int,
+        batch: int,
+        *,
+        differentiable: bool,
     ) -> None:
         check_baseline_token(module, baseline)
         self.module = module
         self.axis = axis
         self._kind = baseline
+        self._batch = batch
         self._differentiable = differentiable
         self._inputs: Tensor | None = None
         self._baseline: Tensor | None = None
-        self._alphas: Tensor | None = None
-        self._occluded: Tensor | None = None
+        self._weights: Tensor | None = None
         self._leaf: Tensor | None = None
 
     def hooks(self) -> list[tuple[nn.Module, Any]]:
         """The (module, forward hook) pair a session registers for the call."""
         return [(self.module, self.hook)]
 
-    # -- what the next forward runs -----------------------------------------------------
-
-    def along_path(self, alphas: Tensor) -> None:
-        """The next forward's copy c holds `e0 + alphas[c] (e - e0)`, as captum writes it."""
-        self._alphas, self._occluded = alphas, None
-
-    def occluding(self, occluded: Tensor) -> None:
-        """The next forward's copy c holds e, with e0 at the (C, B, P) `occluded` tokens."""
-        self._alphas, self._occluded = None, occluded
+    def blend(self, weights: Tensor) -> None:
+        """The next forward's copies, by the (C, B or 1, P or 1) weight of the inputs for
+        each copy and token (P: the embedded tokens, a text's positions or an image's
+        patches): copy c holds e where its weight is 1, e0 where it is 0, and
+        e0 + w (e - e0) between (a point of integrated gradients' path, as captum writes
+        it)."""
+        self._weights = weights
 
     # -- what the forwards saw ----------------------------------------------------------
 
@@ -119,43 +124,40 @@ class EmbeddingCopies:
 
     # -- the hook -------------------------------------------------------------------------
 
-    def hook(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor | None:
-        if self._inputs is None:  # the inputs themselves: seen, left as they are
-            self._inputs = output.detach()
-            self._baseline = self._baseline_of(module, args, kwargs, output)
-            return None
-        inputs, baseline = self.inputs, self._baseline
-        assert baseline is not None
-        copies = output.shape[0] // inputs.shape[0]
-        if self._alphas is not None:
-            alphas = self._alphas.to(device=inputs.device, dtype=inputs.dtype)
-            shape = (copies,) + (1,) * inputs.dim()
-            value = (baseline + alphas.reshape(shape) * self.difference).flatten(0, 1)
-        else:
-            assert self._occluded is not None
-            occluded = self._tokens(self._occluded.to(inputs.device), inputs.shape)
-            value = torch.where(occluded, baseline, inputs).flatten(0, 1)
+    def hook(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+        if self._inputs is None:  # the first forward's copy 0: the inputs themselves
+            self._inputs = output[: self._batch].detach()
+            self._baseline = self._baseline_of(module, args, kwargs, output)[: self._batch]
+        inputs, baseline, weights = self.inputs, self._baseline, self._weights
+        assert baseline is not None and weights is not None
+        weights = self._on_embeddings(weights.to(inputs.device, inputs.dtype), inputs.shape)
+        blended = baseline + weights * (inputs - baseline)
+        value = torch.where(weights == 1, inputs, torch.where(weights == 0, baseline, blended))
+        value = value.flatten(0, 1)
         if value.shape != output.shape:
             raise ExplainError(
-                f"the embedding module's output has shape {tuple(output.shape)} for the "
-                f"copies, where {tuple(value.shape)} was expected"
+                f"the embedding module's output has shape {tuple(output.shape)} for "
+                f"{output.shape[0] // self._batch} copies of the inputs, where "
+                f"{tuple(value.shape)} was expected"
             )
         if self._differentiable:
             value = value.detach().requires_grad_(True)
             self._leaf = value
         return value
 
-    def _tokens(self, weights: Tensor, shape: torch.Size) -> Tensor:
-        """(C, B, P) per-token values -> broadcastable to (C, *shape), for embeddings of
+    def _on_embeddings(self, weights: Tensor, shape: torch.Size) -> Tensor:
+        """(C, B or 1, P or 1) weights -> broadcastable to (C, *shape), for embeddings of
         `shape` (B, ...) whose hidden size lies at the axis."""
         hidden = self.axis % len(shape)
         tokens = [size for dim, size in enumerate(shape) if dim not in (0, hidden)]
-        if weights.shape[-1] != torch.Size(tokens).numel():
+        count = torch.Size(tokens).numel()
+        if weights.shape[-1] not in (1, count):
             raise ExplainError(
                 f"{weights.shape[-1]} tokens to replace, but the embedding module's output "
-                f"{tuple(shape)} holds {torch.Size(tokens).numel()}"
+                f"{tuple(shape)} holds {count}"
             )
-        return weights.reshape(*weights.shape[:2], *tokens).unsqueeze(hidden + 1)
+        grid = tokens if weights.shape[-1] == count else [1] * len(tokens)
+        return weights.reshape(*weights.shape[:2], *grid).unsqueeze(hidden + 1)
 
     def _baseline_of(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
         """e0 (B, ...): zeros, or the module's own forward on zeros or on the baseline

@@ -121,11 +121,14 @@ class PlanView(Protocol):
         """Every column's token relevance per set, from the columns' sinks in order: as
         `read` of each, with work that a plan can do for all columns at once done once."""
 
-    def copy_scores(self, copies: int, columns: Columns) -> Tensor:
-        """(copies * B, K): the explained scores of one forward over `copies` copies of
-        the inputs (row c * B + b: copy c of sample b), for the targets `columns` resolved
-        from the inputs themselves; what the copies differ by is the pass's (a hook at the
+    def copy_forward(self, copies: int) -> Tensor:
+        """The output of one forward over `copies` copies of the inputs (row c * B + b:
+        copy c of sample b); what the copies differ by is the pass's (a hook at the
         embeddings, explain.engine.copies)."""
+
+    def copy_columns(self, output: Tensor, columns: Columns, copies: int) -> Tensor:
+        """(copies * B, K): the explained scores of the copies' output, for the targets
+        `columns` resolved from the inputs themselves."""
 
 
 class Pass(ABC):
@@ -394,24 +397,25 @@ class EmbeddingPass(Pass):
     def _copies(self, baseline: EmbeddingBaseline, *, differentiable: bool) -> EmbeddingCopies:
         """The copies' state and hook, on the embedding module."""
         module, axis = self._embedding()
-        return EmbeddingCopies(module, baseline, axis, differentiable=differentiable)
+        batch = self.plan.prepared.batch_size
+        return EmbeddingCopies(module, baseline, axis, batch, differentiable=differentiable)
 
     def _copy_bytes(self, copies: EmbeddingCopies, fused: bool, *, gradients: bool) -> int:
         """What one copy of the inputs holds at most (explain.engine.copies.copy_bytes):
-        the explicit path also keeps its attention maps."""
-        prepared = self.plan.prepared
-        maps = (
-            0
-            if fused
-            else explicit_map_bytes(
+        the explicit path also holds attention maps, every block's for a backward, about
+        one block's at a time without."""
+        prepared, blocks = self.plan.prepared, self.adapter.num_layers
+        maps = 0
+        if not fused:
+            kept = explicit_map_bytes(
                 self.adapter,
                 prepared.layout,
                 prepared.batch_size,
                 gradients,
                 self.adapter.attention_maps(prepared),
             )
-        )
-        return copy_bytes(copies.inputs, self.adapter.num_layers, gradients=gradients, maps=maps)
+            maps = kept if gradients else kept // max(blocks, 1)
+        return copy_bytes(copies.inputs, blocks, gradients=gradients, maps=maps)
 
 
 class EmbeddingGradientPass(EmbeddingPass):
@@ -455,14 +459,15 @@ def _require_embedding_gradients(scores: Tensor) -> None:
 
 
 class IntegratedGradientPass(EmbeddingPass):
-    """Integrated gradients (explain.rules.integrated_gradients): a forward of the inputs
-    (their embeddings, the targets, the explained scores) and one of the baseline, without
-    a backward; then the path's points as copies of the inputs (explain.engine.copies), as
-    many per forward as the memory budget allows, each chunk's every column differentiated
-    in one batched backward to the copies' embeddings; the gradients weighted by the
-    quadrature and summed, times e - e0, over the hidden size. The call's settings record
-    the path and its completeness: `baseline_score` y(e0) and `convergence_delta`, the
-    relevance's sum minus y(e) - y(e0) (captum's name), per input and column."""
+    """Integrated gradients (explain.rules.integrated_gradients): one forward without a
+    backward of two copies of the inputs, the inputs themselves (their embeddings, the
+    targets, the explained scores) and the baseline; then the path's points as copies
+    (explain.engine.copies), as many per forward as the memory budget allows, each
+    chunk's every column differentiated in one batched backward to the copies'
+    embeddings; the gradients weighted by the quadrature and summed, times e - e0, over
+    the hidden size. The call's settings record the path and its completeness:
+    `baseline_score` y(e0) and `convergence_delta`, the relevance's sum minus
+    y(e) - y(e0) (captum's name), per input and column."""
 
     serves = frozenset({Need.PATH_GRADIENTS})
 
@@ -478,26 +483,28 @@ class IntegratedGradientPass(EmbeddingPass):
         plan = self.plan
         options = self.spec.resolved_options(self.request.options)
         alphas, weights = integration_points(options["steps"], options["quadrature"])
-        layout = plan.prepared.layout
+        layout, batch = plan.prepared.layout, plan.prepared.batch_size
         baseline = embedding_baseline(options["baseline_token"], layout.modality)
         copies = self._copies(baseline, differentiable=True)
         fused = self.fused()
         with self._session(differentiable=True, fused=fused, hooks=copies.hooks()):
-            with torch.no_grad():
-                columns = plan.columns(plan.forward())
-                copies.along_path(alphas.new_zeros(1))
-                at_baseline = plan.copy_scores(1, columns)
+            with torch.no_grad():  # the inputs, then the baseline
+                copies.blend(torch.tensor([1.0, 0.0])[:, None, None])
+                ends = plan.copy_forward(2)
+                columns = plan.columns(ends[:batch].clone())
+                at_baseline = plan.copy_columns(ends, columns, 2)[batch:]
+                del ends
             inputs = copies.inputs
-            count, batch = columns.scores.shape[1], inputs.shape[0]
+            count = columns.scores.shape[1]
             dtype = inputs.dtype if inputs.dtype == torch.float64 else torch.float32
             total = inputs.new_zeros((count, *inputs.shape), dtype=dtype)
             per_copy = self._copy_bytes(copies, fused, gradients=True)
             for chunk in copy_chunks(len(alphas), per_copy, self.memory_budget):
-                copies.along_path(alphas[chunk.start : chunk.stop])
-                scores = plan.copy_scores(len(chunk), columns)
+                points = slice(chunk.start, chunk.stop)
+                copies.blend(alphas[points, None, None])
+                scores = plan.copy_columns(plan.copy_forward(len(chunk)), columns, len(chunk))
                 _require_embedding_gradients(scores)
-                step = weights[chunk.start : chunk.stop].to(inputs.device, dtype)
-                step = step.reshape(1, -1, *(1,) * inputs.dim())
+                step = weights[points].to(inputs.device, dtype).reshape(1, -1, *[1] * inputs.dim())
                 for part, (gradients,) in column_gradients(
                     scores, [copies.leaf], self.memory_budget
                 ):
@@ -527,11 +534,11 @@ def _as_target(values: Tensor, columns: Columns) -> list[Any]:
 
 
 class OcclusionPass(EmbeddingPass):
-    """Occlusion (explain.rules.occlusion): a forward of the inputs (their embeddings,
-    the targets, the explained scores), then one copy of the inputs per span with the
-    span's embeddings replaced by the baseline's (explain.engine.copies), as many per
-    forward as the memory budget allows, every forward without a backward; each span's
-    drop of every column's score shared out over its tokens."""
+    """Occlusion (explain.rules.occlusion): forwards without a backward, of the inputs
+    themselves (their embeddings, the targets, the explained scores) and of one copy per
+    span with the span's embeddings replaced by the baseline's (explain.engine.copies),
+    as many copies per forward as the memory budget allows; each span's drop of every
+    column's score shared out over its tokens."""
 
     serves = frozenset({Need.OCCLUSION})
 
@@ -547,26 +554,28 @@ class OcclusionPass(EmbeddingPass):
         plan = self.plan
         options = self.spec.resolved_options(self.request.options)
         prepared = plan.prepared
+        batch = prepared.batch_size
         baseline = embedding_baseline(options["baseline_token"], prepared.layout.modality)
-        spans = occluded_spans(options["spans"], prepared.layout, prepared.batch_size)
+        spans = occluded_spans(options["spans"], prepared.layout, batch)
         copies = self._copies(baseline, differentiable=False)
         fused = self.fused()
         with self._session(differentiable=False, fused=fused, hooks=copies.hooks()):
-            columns = plan.columns(plan.forward())
-            scores = columns.scores.detach()
+            copies.blend(torch.ones(1, 1, 1))  # the inputs themselves
+            columns = plan.columns(plan.copy_forward(1))
+            scores = columns.scores
             dtype = scores.dtype if scores.dtype == torch.float64 else torch.float32
-            count, batch = scores.shape[1], scores.shape[0]
-            total = scores.new_zeros((count, batch, spans.shape[-1]), dtype=dtype)
+            total = scores.new_zeros((scores.shape[1], batch, spans.shape[-1]), dtype=dtype)
             per_copy = self._copy_bytes(copies, fused, gradients=False)
             for chunk in copy_chunks(len(spans), per_copy, self.memory_budget):
                 occluded = spans[chunk.start : chunk.stop].to(scores.device)
-                copies.occluding(occluded)
-                replaced = plan.copy_scores(len(chunk), columns).unflatten(0, (len(chunk), batch))
-                drops = (scores[None] - replaced).to(dtype)
+                copies.blend((~occluded).to(dtype))
+                output = plan.copy_forward(len(chunk))
+                replaced = plan.copy_columns(output, columns, len(chunk))
+                drops = (scores[None] - replaced.unflatten(0, (len(chunk), batch))).to(dtype)
                 total += span_relevance(drops, occluded)
         self._baseline = baseline.describe()
         relevance = on_layout(total, prepared.layout)
-        sinks = plan.column_sinks(count)
+        sinks = plan.column_sinks(scores.shape[1])
         for k, sink in enumerate(sinks):
             sink.add_input(relevance[k])
         return columns, plan.read_columns(sinks)

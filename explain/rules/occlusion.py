@@ -22,7 +22,25 @@ from explain.rules.embedding_baseline import embedding_baseline
 from explain.rules.lrp_based import InputRelevance
 from explain.rules.registry import Need, RuleContext, register_method
 
-__all__ = ["SeenRelevance", "occluded_spans", "occlusion", "span_relevance"]
+__all__ = ["SeenRelevance", "check_spans", "occluded_spans", "occlusion", "span_relevance"]
+
+
+def check_spans(spans: Tensor | None, layout: TokenLayout, batch: int) -> tuple[int, ...]:
+    """The input-space shape of the tokens `spans` name (`occluded_spans`), once `spans`
+    is checked to be None or a tensor of integers of that shape (without reading its
+    values); OptionError otherwise."""
+    shape = layout.grid if layout.modality == "image" else (layout.num_tokens,)
+    assert shape is not None  # an image layout has its grid
+    if spans is None:
+        return tuple(shape)
+    if not isinstance(spans, Tensor) or spans.is_floating_point() or spans.is_complex():
+        raise OptionError("spans must be a tensor of integer span ids (-1: in no span)")
+    if tuple(spans.shape) not in (tuple(shape), (batch, *shape)):
+        raise OptionError(
+            f"spans must have shape {tuple(shape)} or {(batch, *shape)} (a span id per "
+            f"{'token' if layout.modality == 'text' else 'patch'}), got {tuple(spans.shape)}"
+        )
+    return tuple(shape)
 
 
 def occluded_spans(spans: Tensor | None, layout: TokenLayout, batch: int) -> Tensor:
@@ -33,22 +51,15 @@ def occluded_spans(spans: Tensor | None, layout: TokenLayout, batch: int) -> Ten
     text, (B, gh, gw) or (gh, gw) for an image's patches; -1 for tokens in no span
     (never replaced, relevance 0). The copies follow the distinct span ids in increasing
     order. None: every token its own span."""
-    shape = layout.grid if layout.modality == "image" else (layout.num_tokens,)
-    assert shape is not None  # an image layout has its grid
-    count = int(torch.Size(shape).numel())
+    count = int(torch.Size(check_spans(spans, layout, batch)).numel())
     if spans is None:
         return torch.eye(count, dtype=torch.bool)[:, None, :].expand(count, batch, count)
-    if not isinstance(spans, Tensor) or spans.is_floating_point() or spans.is_complex():
-        raise OptionError("spans must be a tensor of integer span ids (-1: in no span)")
-    if tuple(spans.shape) not in (tuple(shape), (batch, *shape)):
-        raise OptionError(
-            f"spans must have shape {tuple(shape)} or {(batch, *shape)} (a span id per "
-            f"{'token' if layout.modality == 'text' else 'patch'}), got {tuple(spans.shape)}"
-        )
     spans = spans.long().reshape(-1, count).expand(batch, count).cpu()
-    if (spans < -1).any():
+    ids = spans.unique()  # sorted: one look at the values
+    first = int(ids[0])
+    if first < -1:
         raise OptionError("span ids must be >= 0, or -1 for tokens in no span")
-    ids = spans[spans >= 0].unique()
+    ids = ids[1:] if first == -1 else ids
     if not len(ids):
         raise OptionError("spans name no span: every token is -1")
     return spans[None] == ids[:, None, None]
@@ -84,5 +95,5 @@ def occlusion(
 ) -> SeenRelevance:
     """Occlusion: the score's drop when a token, patch or span is replaced (leave one out)."""
     embedding_baseline(baseline_token, context.layout.modality)  # refused before any forward
-    occluded_spans(spans, context.layout, context.readout.shape[0])
+    check_spans(spans, context.layout, context.readout.shape[0])  # its values: by the pass
     return SeenRelevance(context)

@@ -318,23 +318,22 @@ class Plan:
         index = classes if classes.dim() == 2 else classes[:, None]
         return Columns(select_scores(output, index, self.score), classes, output)
 
-    def copy_scores(self, copies: int, columns: Columns) -> Tensor:
-        """(copies * B, K): the explained scores of one forward over `copies` copies of
-        the inputs (`Adapter.repeated`: row c * B + b is copy c of sample b), for the
-        targets `columns` resolved from the inputs themselves (`copy_columns`); the pass
-        changes the copies at the embeddings (explain.engine.copies)."""
+    def copy_forward(self, copies: int) -> Tensor:
+        """The output of one forward (as `forward`'s) over `copies` copies of the inputs
+        (`Adapter.repeated`: row c * B + b is copy c of sample b), which the pass changes
+        at the embeddings (explain.engine.copies)."""
         inputs = self.prepared
         self.prepared = self.adapter.repeated(inputs, copies)
         try:
-            output = self.forward()
+            return self.forward()
         finally:
             self.prepared = inputs
-        return self.copy_columns(output, columns, copies)
 
     def copy_columns(self, output: Tensor, columns: Columns, copies: int) -> Tensor:
-        """(copies * B, K) scores of the copies' `output`: the classes the inputs' columns
-        explain, or a target callable's scores, the callable given each copy's B rows as
-        it was given the inputs'."""
+        """(copies * B, K) scores of the copies' `output` (`copy_forward`) for the targets
+        `columns` resolved from the inputs themselves: the classes they explain, or a
+        target callable's scores, the callable given each copy's B rows as it was given
+        the inputs'."""
         if columns.custom:
             rows = output.shape[0] // copies
             scores = [self.columns(output[c * rows : (c + 1) * rows]).scores for c in range(copies)]
