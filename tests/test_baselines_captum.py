@@ -10,6 +10,10 @@ are against reference_baselines (tests/test_baselines.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from reference_hf import padded_batch, tiny_text_model
@@ -21,6 +25,7 @@ from explain.testing.tiny_lm import tiny_causal_lm, tiny_tokenizer
 
 captum_attr = pytest.importorskip("captum.attr")
 
+ROOT = Path(__file__).resolve().parent.parent
 TEXTS = [[2, 17, 5, 33, 8, 41, 3], [2, 9, 28, 3], [2, 50, 11, 6, 3]]
 TARGETS = [0, 2, 1]
 PATCH = 8  # tiny_vit's 32 x 32 images in 8 x 8 patches
@@ -156,3 +161,25 @@ def test_gradient_x_input_on_a_generation_equals_inseqs():
     seen = ~theirs.isnan()
     _close(ours.explanation.relevance[0][seen], theirs[seen])
     assert (ours.explanation.relevance[0][~seen] == 0).all()
+
+
+def test_the_benchmark_against_captum_runs_at_tiny_shapes(tmp_path):
+    """scripts/bench_baselines.py --smoke: every case through the same code, the section
+    written between its markers, ours and captum's maps the same."""
+    out = tmp_path / "benchmarks.md"
+    out.write_text("# Benchmarks\n\nkept\n")
+    script = ROOT / "scripts" / "bench_baselines.py"
+    options = ["--smoke", "--rounds", "1", "--steps", "4", "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, str(script), *options],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith("# Benchmarks\n\nkept\n") and "**Smoke run**" in text
+    rows = [line for line in text.splitlines() if line.startswith("| integrated_gradients, ours")]
+    assert len(rows) == 3
+    for row in rows:  # ours / captum, then the largest difference of the maps
+        assert float(row.split("|")[-2]) < 1e-5, row
