@@ -21,6 +21,7 @@ from typing import Any
 from explain.api import Explainer, explain
 from explain.architectures import supported_families
 from explain.architectures.custom import TransformerSpec
+from explain.engine.targets import Contrast
 from explain.errors import (
     ExplainError,
     InputError,
@@ -36,6 +37,7 @@ from explain.rules import METHODS, register_method
 
 __all__ = [
     "METHODS",
+    "Contrast",
     "ExplainError",
     "Explainer",
     "Explanation",

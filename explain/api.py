@@ -10,6 +10,7 @@ from torch import nn
 from explain import engine
 from explain.architectures import Adapter, adapter_for
 from explain.architectures.custom import TransformerSpec
+from explain.architectures.wrappers import runnable
 from explain.engine import Request, StartLayer, check_tokenizer, resolve_start_layer
 from explain.engine.fused import ATTENTION_PATHS, AttentionPath
 from explain.engine.targets import Score, Target
@@ -26,8 +27,12 @@ class Explainer:
     Args:
         model: a supported transformer (see `explain.architectures.supported_families()`),
             used as it is: no copy, no wrapper. Every call leaves it exactly as it was.
+            Also a transformers pipeline (its model) or a SentenceTransformer (its
+            encoder, read out by its pooling), see docs/wrappers.md.
         tokenizer: for text models, the tokenizer whose tokens `Explanation.tokens` names
-            (and that encodes raw texts); a model that reads no text refuses one.
+            (and that encodes raw texts); a model that reads no text refuses one. None
+            takes a pipeline's tokenizer (its processor for a vision-language model) and
+            a SentenceTransformer's tokenization, prompt included.
         attention_path: "auto" (default) keeps the fused attention kernel where that is
             faster and recomputes each block's attention from q, k, v (explain.engine.fused);
             "explicit" or "fused" force one path. Both give the same numbers. Each result
@@ -41,8 +46,9 @@ class Explainer:
             probabilities and readout, see `explain.TransformerSpec` and
             docs/custom-models.md.
 
-    DataParallel, DistributedDataParallel and torch.compile wrappers are looked through:
-    the wrapped model is explained.
+    DataParallel, DistributedDataParallel, torch.compile and PEFT wrappers are looked
+    through: the wrapped model is explained. accelerate's dispatched and offloaded models
+    and weight-only quantised models explain as they run (docs/wrappers.md).
     """
 
     def __init__(
@@ -59,8 +65,13 @@ class Explainer:
                 f"attention_path must be one of {', '.join(ATTENTION_PATHS)}; "
                 f"got {attention_path!r}"
             )
+        model, brought = runnable(model)
         self.model = model
         self.adapter: Adapter = adapter_for(model) if spec is None else spec.adapter(model)
+        if tokenizer is None:  # what a pipeline or a SentenceTransformer brings
+            reads = ("processor", "tokenizer") if self.adapter.reads_images else ("tokenizer",)
+            found = [brought[name] for name in reads if brought.get(name) is not None]
+            tokenizer = found[0] if found and self.adapter.reads_text else None
         check_tokenizer(self.adapter, tokenizer)
         self.tokenizer = tokenizer
         self.attention_path: AttentionPath = attention_path

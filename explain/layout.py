@@ -6,7 +6,8 @@ and every package may import it (docs/architecture.md).
   (`TokenSet`) and prepared inputs (`Prepared`, a vision-language model's
   `ImagePrepared` with its `ImageTokens`);
 - where attention is seen (`AttentionSite`, `FusedAttentionSite`, `FusedPath`,
-  `Pieces`), the flags a call sets (`FlagSetting`) and the hooks it runs (`ModuleHook`).
+  `Pieces`), the flags a call sets (`FlagSetting`) and the hooks it runs (`ModuleHook`,
+  `InputHook`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "FusedPath",
     "ImagePrepared",
     "ImageTokens",
+    "InputHook",
     "Modality",
     "ModuleHook",
     "Pieces",
@@ -41,6 +43,17 @@ Modality = Literal["image", "text"]
 ModuleHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
 """A forward hook (module, args, kwargs, output) -> None that only reads what it is given,
 or -> a replacement output equal in value whose gradient follows a rule (explain.lrp.attnlrp)."""
+
+
+@dataclass(frozen=True)
+class InputHook:
+    """A hook on a module's inputs, run before the module: `hook(module, args, kwargs)`
+    -> None, or the (args, kwargs) to call it with instead (AttnLRP's embeddings read at
+    a language model's `inputs_embeds`, explain.lrp.attnlrp)."""
+
+    hook: Callable[
+        [nn.Module, tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]] | None
+    ]
 
 
 @dataclass(frozen=True)
@@ -200,6 +213,16 @@ class TokenLayout:
         mask = torch.zeros(batch, self.num_tokens, dtype=torch.bool, device=device)
         mask[:, self.num_prefix_tokens :] = True
         return mask
+
+    def last_block_keys(self, batch: int, device: torch.device) -> Tensor:
+        """(B, N) bool over the last block's tokens, which the readout row is over: the
+        keys a map of the last block averages over. `key_mask`, except for a windowed
+        layout, whose last block runs on a smaller grid than the input's (every token of
+        it a patch)."""
+        if self.windows:
+            tokens = self.windows[-1].num_tokens
+            return torch.ones(batch, tokens, dtype=torch.bool, device=device)
+        return self.key_mask(batch, device)
 
     @classmethod
     def image(

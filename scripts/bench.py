@@ -401,9 +401,12 @@ def method(
     return lambda: explainer.explain(inputs, method=name, **kw)
 
 
-def generation_floor(model: torch.nn.Module, inputs: Any, width: int) -> Callable[[], None]:
+def generation_floor(
+    model: torch.nn.Module, inputs: Any, width: int, log_probability: bool = False
+) -> Callable[[], None]:
     """A generation's floor: one forward, then one backward of every generated token's
-    logit to the first block's input, batched over the tokens (`is_grads_batched`)."""
+    logit (or `log_probability`) to the first block's input, batched over the tokens
+    (`is_grads_batched`)."""
     adapter = adapter_for(model)
     prepared = adapter.prepare(inputs)
     ids = inputs["input_ids"]
@@ -411,6 +414,8 @@ def generation_floor(model: torch.nn.Module, inputs: Any, width: int) -> Callabl
 
     def step(leaf: list[torch.Tensor]) -> None:
         logits = adapter.logits_at(prepared, positions.expand(ids.shape[0], -1))
+        if log_probability:
+            logits = logits.log_softmax(dim=-1)
         scores = logits.gather(-1, ids[:, width:, None])[..., 0]  # (B, G)
         count = scores.shape[1]
         one_hot = torch.eye(count, dtype=scores.dtype, device=scores.device)[:, None, :]

@@ -90,8 +90,9 @@ DATA_NOTES = {
         "the same held-out scenes as `zoo:shapes-vit` (single-object scenes for the "
         "perturbation test, two-object scenes for the class-specific test). The model is a "
         "Swin Transformer (windowed attention, three stages, patch merging between them) "
-        "on a 16 x 16 patch grid, so only the methods that fold windowed attention run "
-        "(`generic`, `rollout`, `raw_attention`) with the `random` baseline"
+        "on a 16 x 16 patch grid, so only the methods that fold or read windowed attention "
+        "run (`generic`, `rollout`, `raw_attention`; `attention_gradcam`, whose last stage "
+        "is one 4 x 4 window) with the `random` baseline"
     ),
     "digits-vit": (
         "the 400 held-out scikit-learn digits; they have no masks, so the segmentation masks "

@@ -45,6 +45,11 @@ class _Halve(torch.autograd.Function):
         return grad / 2
 
 
+def halve(x: Tensor) -> Tensor:
+    """`x`, its gradient halved: the uniform rule's share for one factor of a product."""
+    return _Halve.apply(x)
+
+
 def identity(x: Tensor, fn) -> Tensor:
     return _Identity.apply(x, fn)
 
@@ -60,9 +65,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None
     scores = (q @ k.transpose(-2, -1)) * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    scores = _Halve.apply(scores) if variant == "attnlrp" else scores.detach()
+    scores = halve(scores) if variant == "attnlrp" else scores.detach()
     output = scores.softmax(dim=-1) @ v
-    return _Halve.apply(output) if variant == "attnlrp" else output
+    return halve(output) if variant == "attnlrp" else output
 
 
 def _heads(x: Tensor, heads: int) -> Tensor:

@@ -162,7 +162,7 @@ def test_models_lists_the_methods_each_family_takes(capsys):
         if lines[i + 1].strip().startswith("methods: ")
     }
     swin = "timm SwinTransformer and SwinTransformerV2 (windowed attention, mean-pooled)"
-    assert listed[swin] == ["generic", "random", "raw_attention", "rollout"]
+    assert listed[swin] == ["attention_gradcam", "generic", "random", "raw_attention", "rollout"]
     # Each family's line says what its models take: what the engine accepts for the
     # family's tiny model (a model of it, not its declarations read another way).
     for name, family in FAMILIES.items():
@@ -183,11 +183,11 @@ def test_image_all_methods_runs_every_method_the_model_takes(capsys, tmp_path):
     )  # fmt: skip
     assert status == 0
     written = sorted(path.name for path in out.iterdir())
-    taken = ("generic", "random", "raw_attention", "rollout")
+    taken = ("attention_gradcam", "generic", "random", "raw_attention", "rollout")
     assert written == [f"scene_{method}_0-circle.png" for method in taken]
     refused = (
-        "attention_gradcam, attnlrp, cp_lrp, gradient_x_input, integrated_gradients, lrp, "
-        "occlusion, partial_lrp, transformer_attribution"
+        "attnlrp, cp_lrp, gradient_x_input, integrated_gradients, lrp, occlusion, "
+        "partial_lrp, transformer_attribution"
     )
     assert f"--method all: zoo:shapes-swin does not take {refused} (its attention is" in err
     # a method named on its own is refused, naming those the model takes, before any file
@@ -195,7 +195,8 @@ def test_image_all_methods_runs_every_method_the_model_takes(capsys, tmp_path):
         capsys, "image", tmp_path / "scene.png", "--model", "zoo:shapes-swin", "--method",
         "generic,attnlrp", "--out", tmp_path / "named",
     )  # fmt: skip
-    assert status == 2 and "supported methods: generic, random, raw_attention, rollout" in err
+    supported = "attention_gradcam, generic, random, raw_attention, rollout"
+    assert status == 2 and f"supported methods: {supported}" in err
     assert not (tmp_path / "named").exists() or not any((tmp_path / "named").iterdir())
 
 

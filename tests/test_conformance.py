@@ -19,7 +19,7 @@ from explain import METHODS, Explainer, ExplainError, InputError, OptionError, T
 from explain.architectures import FAMILIES, TokenSets
 from explain.architectures.base import Adapter, Detector
 from explain.engine import supported_methods
-from explain.rules import LRP_NEEDS
+from explain.rules import LRP_NEEDS, Need
 from explain.testing import TINY_MODELS, ModelState, TinyCase, tiny_case
 
 OPTIONAL = {"open_clip": "open_clip"}  # family -> the package its models come from
@@ -210,8 +210,14 @@ def test_explicit_equals_fused_or_fused_is_refused(family, method):
     for name, relevance in explicit.relevances.items():
         # float32 rounding: its epsilon (1.2e-7) on relevance of order 0.1; the plain
         # baselines' maps carry more of it (conftest.PLAIN_BASELINES).
-        atol = float32_atol(method, relevance, 1e-8)
-        tolerance = dict(rtol=1e-5, atol=atol) if family.startswith(FLOAT32_SOFTMAX) else {}
+        tolerance = {}
+        if family.startswith(FLOAT32_SOFTMAX):
+            tolerance = dict(rtol=1e-5, atol=float32_atol(method, relevance, 1e-8))
+            if Need.EMBEDDING_GRADIENTS in METHODS[method].needs:
+                # Gradient x Input sums signed products over the hidden size: its small
+                # entries keep the float32 softmax's absolute error, 1e-5 to 3e-5 of
+                # themselves here
+                tolerance["rtol"] = 1e-4
         _close(fused.relevances[name], relevance, **tolerance)
 
 

@@ -24,6 +24,7 @@ from explain import METHODS, Explainer, ExplainError
 from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.architectures.registry import FAMILIES as REGISTERED
 from explain.engine import Request, supported_methods
+from explain.engine.plans.image_text import reaches_tower
 from explain.generation import Generation, explain_generation
 from explain.testing import TINY_MODELS, TinyCase, tiny_case
 
@@ -44,18 +45,20 @@ def _case(family: str) -> TinyCase:
 
 
 def _finite_or_refused_up_front(
-    model: torch.nn.Module, supported: bool, call: Callable[[], Any]
+    model: torch.nn.Module, supported: bool | None, call: Callable[[], Any]
 ) -> None:
+    """A finite result, or an ExplainError before the model ran; `supported` (None: not
+    checked) says which of the two the engine's listing promises."""
     calls: list[int] = []  # one entry per forward of the model
     handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
     try:
         try:
             result = call()
         except ExplainError:
-            assert not supported, "a method listed as supported was refused"
+            assert supported is not True, "a method listed as supported was refused"
             assert calls == [], "refused after the model ran: not up front"
             return
-        assert supported, "a method not listed as supported ran"
+        assert supported is not False, "a method not listed as supported ran"
         for name, relevance in result.relevances.items():
             assert torch.isfinite(relevance).all(), f"non-finite {name} relevance"
     finally:
@@ -191,10 +194,9 @@ def test_every_method_on_answers_about_images_is_finite_or_refused_up_front(fami
     request = Request(prompt_length=answer.prompt_length)
     supported = method in supported_methods(explainer.adapter, request)
     for depth in ("lm", "tower"):
-        folds_tower = METHODS[method].default_start_layer is not None
         _finite_or_refused_up_front(
             case.model,
-            supported and (depth == "lm" or folds_tower),
+            supported and (depth == "lm" or reaches_tower(METHODS[method])),
             lambda depth=depth: (
                 explain_generation(explainer, answer, method=method, depth=depth).explanation
             ),

@@ -402,8 +402,8 @@ def _vision_language_floor(
 
 def _vision_language_cases() -> list[tuple[str, str, str]]:
     """(family, method, depth) for every method a vision-language answer takes, at both
-    depths where the method folds over blocks (the others read one block: depth "lm")."""
-    from explain.engine.plans.image_text import DEPTHS, ImageTextPlan
+    depths where the method reaches the tower (the others read one block: depth "lm")."""
+    from explain.engine.plans.image_text import DEPTHS, ImageTextPlan, reaches_tower
 
     methods = sorted(
         name for name, spec in METHODS.items() if pass_for(spec) in ImageTextPlan.passes
@@ -413,7 +413,7 @@ def _vision_language_cases() -> list[tuple[str, str, str]]:
         for family in ("llava", "paligemma", "idefics3", "qwen2_vl")
         for method in methods
         for depth in DEPTHS
-        if depth == "lm" or METHODS[method].default_start_layer is not None
+        if depth == "lm" or reaches_tower(METHODS[method])
     ]
 
 

@@ -548,16 +548,59 @@ def test_generation_view_click_a_word(browser, tmp_path):
         coloured = page.eval_on_selector_all(
             "#generation .token", "ts => ts.map(t => t.style.backgroundColor !== '')"
         )
-        assert coloured == [i < width + 1 for i in range(len(tokens))]
+        # generated token 1 is read out at generated token 0 (position `width`): that
+        # token is hatched, off the scale, as in the figure; the ones before are coloured
+        assert coloured == [i < width for i in range(len(tokens))]
+        hatched = page.eval_on_selector_all(
+            "#generation .token", "ts => ts.map(t => t.classList.contains('readout-token'))"
+        )
+        assert hatched == [i == width for i in range(len(tokens))]
         for index in (0, width):
             page.hover(f"#generation .token >> nth={index}")
             shown = float(page.get_attribute("#gen-hover", "data-value"))
             torch.testing.assert_close(
                 torch.tensor(shown), found.explanation.relevance[0, 1, index]
             )
+        assert "off the scale" in page.inner_text("#gen-hover")
         with page.expect_download() as download:
             page.click("#gen-export-png")
         assert png_pixels(Path(download.value.path()).read_bytes())[..., :3].std() > 20
+        page.close()
+
+
+def test_the_generation_view_says_what_each_token_rests_on_as_the_terminal_does(browser, tmp_path):
+    """The page's "generated mostly from" names what `Answer.rests_on` names (what
+    `explain generate` prints and the figure writes): the token a generated token is read
+    out at is left out, though its own identity term makes it the largest of the row."""
+    from explain.generation import explain_generation
+    from explain.testing.tiny_lm import save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "tiny-llama", "llama")
+    loaded = load_model(folder)
+    with serving(loaded, str(folder), None, tmp_path / "cache") as server:
+        page = open_page(browser, server.url)
+        page.fill("#prompt", "w10 w11 w12 w13")
+        page.fill("#max-new-tokens", "4")
+        page.select_option("#gen-method", "generic")
+        page.click("#generate")
+        page.wait_for_selector("#generation .token.generated")
+        settled(page)
+        explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+        found = explain_generation(explainer, "w10 w11 w12 w13", max_new_tokens=4)
+        answer = found.answer()
+        tokens = page.eval_on_selector_all("#generation .token", "ts => ts.map(t => t.textContent)")
+        assert tokens == answer.tokens
+        for g, word in enumerate(answer.generated):
+            page.click(f"#generation .token.generated >> nth={g}")
+            row, readout = answer.relevance[g], answer.readout(g)
+            assert int(row[: readout + 1].argmax()) == readout  # the identity term
+            rests = answer.rests_on(g)
+            assert rests and readout not in rests
+            values = [page.evaluate("v => format(v)", float(row[i])) for i in rests]
+            listed = ", ".join(
+                f"{answer.tokens[i]} ({v})" for i, v in zip(rests, values, strict=True)
+            )
+            assert page.inner_text("#gen-hover") == f"{word} was generated mostly from: {listed}"
         page.close()
 
 
@@ -593,7 +636,7 @@ def test_the_language_model_page_offers_its_methods_keys_its_colours_and_clears_
         width = found.generation.prompt_length
         for g in range(int(found.generation.generated[0].sum())):
             page.click(f"#generation .token.generated >> nth={g}")
-            row = found.explanation.relevance[0, g, : width + g]
+            row = found.explanation.relevance[0, g, : width + g - 1]  # off: the readout
             signed = bool(row.min() < 0)
             key = page.eval_on_selector_all(
                 "#gen-keys .key", "ks => ks.map(k => [k.dataset.signed, k.innerText])"

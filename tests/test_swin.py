@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from explain import Explainer, InputError, OptionError
+from explain import Explainer, InputError, OptionError, UnsupportedModelError
 from explain.architectures.registry import adapter_for
 from explain.layout import WindowedBlock
 from explain.testing import SWIN_KINDS, tiny_swin
@@ -103,6 +103,96 @@ def test_the_windowed_fold_equals_the_dense_float64_reference(kind, method, star
     expected = _reference(model, method, target, start_layer or 0)
     assert result.relevance.shape == (2, 16, 16)
     torch.testing.assert_close(result.relevance, expected, rtol=1e-9, atol=1e-12)
+
+
+def _gradcam_reference(model, images: torch.Tensor, target: int) -> torch.Tensor:
+    """Attention GradCAM of class `target` from the last block's dense (N, N) attention
+    and gradient, read out by the mean over the last stage's N tokens (the head's pool):
+    w_h = mean_k (r @ G_h)[k], map (mean_h w_h r @ A_h)+ over the last stage's grid, then
+    carried to the patch grid through the merges as matrices (v @ D)."""
+    trace = Explainer(model).trace(images, target=target, score="logit")
+    layout = adapter_for(model).prepare(images).layout
+    blocks, last = layout.windows, len(layout.windows) - 1
+    attention = _dense(trace.attentions[last], blocks[last])
+    gradient = _dense(trace.attention_grads[last], blocks[last])
+    tokens = blocks[last].num_tokens
+    readout = torch.full((images.shape[0], 1, 1, tokens), 1.0 / tokens, dtype=attention.dtype)
+    weights = (readout @ gradient).mean(dim=-1, keepdim=True)  # (B, H, 1, 1)
+    relevance = (weights * (readout @ attention)).mean(dim=1).clamp(min=0)  # (B, 1, N)
+    for layer in range(last, 0, -1):
+        if blocks[layer].grid != blocks[layer - 1].grid:
+            relevance = relevance @ _merge(blocks[layer - 1].grid).to(relevance.dtype)
+    return relevance[:, 0].reshape(images.shape[0], *layout.grid)
+
+
+@pytest.mark.parametrize("kind", SWIN_KINDS)
+def test_attention_gradcam_equals_the_dense_float64_reference(kind):
+    """The last stage is one 4 x 4 window: its attention, read out by the mean pool, is
+    the map, carried down to the 16 x 16 patch grid. Every class of both images in one
+    call (the columns mapped together) against one trace per class."""
+    model = tiny_swin(kind).double()
+    assert adapter_for(model).prepare(IMAGES).layout.windows[-1].num_windows == 1
+    classes = torch.arange(5).expand(2, 5)
+    result = Explainer(model).explain(IMAGES, target=classes, method="attention_gradcam")
+    assert result.relevance.shape == (2, 5, 16, 16)
+    expected = torch.stack([_gradcam_reference(model, IMAGES, c) for c in range(5)], dim=1)
+    assert expected.amax() > 0 and (expected.flatten(2).amax(-1) == 0).any()  # the clamp bites
+    torch.testing.assert_close(result.relevance, expected, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("kind", ["timm", "hf"])
+def test_attention_gradcam_at_224_pixels_reads_the_last_stage_s_one_7x7_window(kind):
+    """Swin-T's geometry (4 x 4 patches, windows of 7 x 7, four stages at 224 pixels):
+    the last stage's 7 x 7 grid is one window, so GradCAM reads all of it at once."""
+    shape = dict(patch_size=4, window_size=7, embed_dim=8, num_heads=(1, 1, 2, 2))
+    if kind == "timm":
+        from timm.models.swin_transformer import SwinTransformer
+
+        model = SwinTransformer(img_size=224, depths=(1, 1, 1, 1), num_classes=3, **shape)
+    else:
+        from transformers import SwinConfig, SwinForImageClassification
+
+        shape["num_heads"] = list(shape["num_heads"])
+        config = SwinConfig(image_size=224, depths=[1, 1, 1, 1], num_labels=3, **shape)
+        model = SwinForImageClassification(config)
+    model = model.double().eval()
+    images = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1)).double()
+    last = adapter_for(model).prepare(images).layout.windows[-1]
+    assert (last.grid, last.window, last.num_windows) == ((7, 7), (7, 7), 1)
+    result = Explainer(model).explain(images, target=[[0, 1, 2]], method="attention_gradcam")
+    expected = torch.stack([_gradcam_reference(model, images, c) for c in range(3)], dim=1)
+    assert result.relevance.shape == (1, 3, 56, 56) and expected.amax() > 0
+    torch.testing.assert_close(result.relevance, expected, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("kind", ["timm", "hf"])
+def test_attention_gradcam_refuses_a_last_stage_of_several_windows_before_any_forward(kind):
+    """Windows of 2 x 2 tokens leave the last stage's 4 x 4 grid in four windows that
+    never attend to each other: no map over all of it exists to read."""
+    if kind == "timm":
+        from timm.models.swin_transformer import SwinTransformer
+
+        model = SwinTransformer(
+            img_size=32, patch_size=2, window_size=2, embed_dim=8, depths=(1, 1, 1),
+            num_heads=(1, 1, 1), num_classes=3,
+        )  # fmt: skip
+    else:
+        from transformers import SwinConfig, SwinForImageClassification
+
+        config = SwinConfig(
+            image_size=32, patch_size=2, window_size=2, embed_dim=8, depths=[1, 1, 1],
+            num_heads=[1, 1, 1], num_labels=3,
+        )  # fmt: skip
+        model = SwinForImageClassification(config)
+    model.eval()
+    forwards = []
+    model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    explainer = Explainer(model)
+    with pytest.raises(UnsupportedModelError, match="4 windows of 2x2 tokens on its 4x4 grid"):
+        explainer.explain(torch.randn(1, 3, 32, 32), method="attention_gradcam")
+    assert forwards == []
+    generic = explainer.explain(torch.randn(1, 3, 32, 32), method="generic")
+    assert generic.relevance.shape == (1, 16, 16)  # the folds take its windows
 
 
 @pytest.mark.parametrize("kind", ["timm", "timm_v2"])

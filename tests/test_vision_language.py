@@ -125,6 +125,8 @@ def reference(model, one, position, target, depth, method="generic"):
     ids, mask = one["input_ids"], one["attention_mask"]
     pixels = one["pixel_values"].clone().requires_grad_(True)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    if model.config.model_type == "paligemma":  # it counts from 1
+        positions = positions + 1
     # The tower on its own, its maps returned; its projected features put in place of the
     # image tokens by hand; then the language model on those embeddings.
     image = eager.model.get_image_features(pixel_values=pixels, output_attentions=True)
@@ -240,28 +242,46 @@ def test_each_generated_token_equals_the_rule_on_its_prefix(model, processor, de
             assert (result.relevances["text"][row, step][~real] == 0).all()
 
 
-def _assert_a_left_padded_batch_equals_each_prompt_alone(model, processor, depth, answer):
+def _assert_a_left_padded_batch_equals_each_prompt_alone(
+    model, processor, depth, answer, method="generic"
+):
     """Two prompts of different lengths, left-padded to one width (with their answers, as
-    long, after them when `answer`), get the maps each gets alone; the padding exactly 0."""
-    pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
-    chats = _chats(processor, pairs)
+    long, after them when `answer`), get the maps each gets alone; the padding exactly 0.
+    Without a processor (Gemma 3), the prompts are written by hand (`_gemma3_prompts`)."""
+    if processor is None:
+        together = _gemma3_prompts((5, 1))
+        real = together["attention_mask"].bool()
+        alone = [
+            {
+                name: value[row : row + 1, real[row]] if value.dim() == 2 else value[row : row + 1]
+                for name, value in together.items()
+            }
+            for row in range(2)
+        ]
+    else:
+        pairs = [(_photo(0), "w12 w13 w14 w15 w16"), (_photo(1), "w20")]
+        together = _chats(processor, pairs)
+        alone = [_chat(processor, photo, words) for photo, words in pairs]
     explainer = Explainer(model, tokenizer=processor)
 
     def run(prompt):
         if not answer:
-            return explainer.explain(prompt, depth=depth)
-        return explain_generation(explainer, prompt, max_new_tokens=2, depth=depth).explanation
+            return explainer.explain(prompt, method=method, depth=depth)
+        generation = explain_generation(
+            explainer, prompt, max_new_tokens=2, method=method, depth=depth
+        )
+        return generation.explanation
 
-    together = run(chats)
-    for row, (photo, words) in enumerate(pairs):
-        alone = run(_chat(processor, photo, words))
-        assert together.target[row].tolist() == alone.target[0].tolist()
+    batch = run(together)
+    for row, prompt in enumerate(alone):
+        single = run(prompt)
+        assert batch.target[row].tolist() == single.target[0].tolist()
         close = dict(rtol=1e-5, atol=1e-6)
-        image = together.relevances["image"][row]
-        torch.testing.assert_close(image, alone.relevances["image"][0], **close)
-        text, single = together.relevances["text"][row], alone.relevances["text"][0]
-        pad = text.shape[-1] - single.shape[-1]
-        torch.testing.assert_close(text[..., pad:], single, **close)
+        image = batch.relevances["image"][row]
+        torch.testing.assert_close(image, single.relevances["image"][0], **close)
+        text, one = batch.relevances["text"][row], single.relevances["text"][0]
+        pad = text.shape[-1] - one.shape[-1]
+        torch.testing.assert_close(text[..., pad:], one, **close)
         assert (text[..., :pad] == 0).all()
 
 
@@ -354,8 +374,8 @@ def test_what_is_refused_says_why(model, processor):
         explainer.explain(chat, depth="pixels")
     with pytest.raises(OptionError, match="reads one fixed block"):
         explainer.explain(chat, method="raw_attention", depth="tower")
-    for method in ("attnlrp", "cp_lrp", "transformer_attribution"):
-        with pytest.raises(OptionError, match="explained by the attention methods"):
+    for method in ("transformer_attribution", "partial_lrp", "lrp"):
+        with pytest.raises(OptionError, match="no rules for their projectors and towers"):
             explainer.explain(chat, method=method)
     with pytest.raises(InputError, match="needs the model's processor"):
         Explainer(model).explain(chat)
@@ -466,10 +486,12 @@ def _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method
     }
     assert results["fused"].settings["attention_path"] == "streamed"
     for name in ("image", "text"):
+        # float32's tolerance: the explicit path is transformers' eager attention, whose
+        # softmax is float32 even in a float64 model (a few entries differ by 1.5e-5)
         torch.testing.assert_close(
             results["fused"].relevances[name],
             results["explicit"].relevances[name],
-            rtol=1e-5,
+            rtol=1e-4,
             atol=1e-9,
         )
 
@@ -664,6 +686,17 @@ def _qwen_tower_order(grid, window):
     return torch.tensor(order), sizes
 
 
+def _qwen_tower_layout(model, grid):
+    """`_qwen_tower_order` of one image of `grid` patches in `model`'s tower: Qwen2.5-VL's
+    windows of `window_size` pixels, Qwen2-VL's one window, the image."""
+    vision = model.config.vision_config
+    whole = max(grid) // 2
+    window = (
+        vision.window_size // vision.patch_size // 2 if hasattr(vision, "window_size") else whole
+    )
+    return _qwen_tower_order(grid, window)
+
+
 def _qwen_tower_pieces(model, one):
     """The eager model's forward on `one` with the tower's attention function replaced by
     the test's own float64 one, which keeps every piece's probabilities: (output, the
@@ -685,7 +718,7 @@ def _qwen_tower_pieces(model, one):
 
     with mock.patch.object(modeling, "eager_attention_forward", attend):
         out = eager(**one, output_attentions=True, use_cache=False)
-    return eager, out, pieces
+    return out, pieces
 
 
 def _qwen2_vl_reference(model, one, position, target, method="generic", depth="lm"):
@@ -694,7 +727,7 @@ def _qwen2_vl_reference(model, one, position, target, method="generic", depth="l
     `output_attentions`, autograd, and the rule written out; each merged token's relevance
     spread by hand over its 2 x 2 patches, and with depth "tower" folded through the
     tower's blocks from their pieces (`_qwen_tower_pieces`), in the tower's order."""
-    eager, out, pieces = _qwen_tower_pieces(model, one)
+    out, pieces = _qwen_tower_pieces(model, one)
     maps = list(out.attentions)
     flat = [piece for block in pieces for piece in block]
     grads = torch.autograd.grad(out.logits[0, position, target], maps + flat)
@@ -714,12 +747,7 @@ def _qwen2_vl_reference(model, one, position, target, method="generic", depth="l
     if depth == "lm":
         grid = merged.repeat_interleave(2, 1).repeat_interleave(2, 2)
         return grid, text.masked_fill(is_image, 0.0)
-    vision = eager.config.vision_config
-    whole = max(gh, gw) // 2  # Qwen2-VL: one window, the image
-    window = (
-        vision.window_size // vision.patch_size // 2 if hasattr(vision, "window_size") else whole
-    )
-    order, windows = _qwen_tower_order((gh, gw), window)
+    order, windows = _qwen_tower_layout(model, (gh, gw))
     n = gh * gw
     piece_grads = iter(grads[len(maps) :])
     per_block = []  # per block: (A, G) of every image (H, n, n), zero across pieces
@@ -1009,7 +1037,7 @@ def test_qwen2_vl_tiny_towers_run_what_matters():
         inputs = _qwen2_vl_inputs(
             tiny_qwen2_vl_processor(version), [(_photo(0), "w12"), (_photo(1), "w13")]
         )
-        _, _, pieces = _qwen_tower_pieces(model, inputs)
+        _, pieces = _qwen_tower_pieces(model, inputs)
         assert [[piece.shape[-1] for piece in block] for block in pieces] == expected
 
 
@@ -1157,9 +1185,18 @@ def _idefics3_reference(model, one, position, target, depth, method="generic"):
             else:
                 rows.append(_rollout(maps, flat))
         patches = torch.stack(rows).reshape(images, g, g)
+    return _idefics3_photos(patches, one), text.masked_fill(is_image, 0.0)
+
+
+def _idefics3_photos(patches, one):
+    """The maps (images, g, g) of the tower's images (each photo's tiles, then its global
+    image) put together on the photos of `one` (its `rows` and `cols`): (photos, rows * g,
+    cols * g), the tiles side by side and each global patch shared out over the rows x
+    cols cells it covers; a photo not split is its global image alone."""
     rows, cols = int(one["rows"][0][0]), int(one["cols"][0][0])
     if not rows:
-        return patches, text.masked_fill(is_image, 0.0)
+        return patches
+    images, g = patches.shape[0], patches.shape[-1]
     photos = []
     for first in range(0, images, rows * cols + 1):
         photo = torch.zeros(rows * g, cols * g, dtype=torch.float64)
@@ -1170,7 +1207,7 @@ def _idefics3_reference(model, one, position, target, depth, method="generic"):
         whole = patches[first + rows * cols]
         cell_rows, cell_cols = torch.arange(rows * g) // rows, torch.arange(cols * g) // cols
         photos.append(photo + whole[cell_rows][:, cell_cols] / (rows * cols))
-    return torch.stack(photos), text.masked_fill(is_image, 0.0)
+    return torch.stack(photos)
 
 
 def _idefics3_inputs(processor, prompt, photos):
@@ -1355,8 +1392,8 @@ def test_idefics3_the_tile_layout_from_the_tokens_or_given_and_what_is_refused(i
         for given in (plain, inputs):
             with pytest.raises(InputError, match=f"token id {bad} .* outside the model's vocab"):
                 explainer.explain(dict(given, input_ids=ids))
-    for method in ("attnlrp", "cp_lrp", "transformer_attribution"):
-        with pytest.raises(OptionError, match="explained by the attention methods"):
+    for method in ("transformer_attribution", "partial_lrp", "lrp"):
+        with pytest.raises(OptionError, match="no rules for their projectors and towers"):
             explainer.explain(chat, method=method)
     before = ModelState.capture(model)
     explain_generation(explainer, chat, max_new_tokens=2, depth="tower")
@@ -1477,3 +1514,187 @@ def test_readout_rows_at_several_positions_per_text(model, processor):
     expected = torch.nn.functional.one_hot(positions, width).double()
     assert torch.equal(rows, expected)
     assert torch.equal(adapter.readout_at(prepared, positions[:, 0]), expected[:, 0])
+
+
+# -- AttnLRP and CP-LRP -------------------------------------------------------------------
+
+LRP_VARIANTS = ["attnlrp", "cp_lrp"]
+
+
+def _lrp_models():
+    from explain.testing.tiny_vlm import (
+        tiny_idefics3,
+        tiny_idefics3_processor,
+        tiny_qwen2_vl,
+        tiny_qwen2_vl_processor,
+    )
+
+    return {
+        **KINDS,
+        "gemma3": (tiny_gemma3, lambda: None),  # its inputs written by hand: _gemma3_prompts
+        "qwen2": (tiny_qwen2_vl, tiny_qwen2_vl_processor),
+        "qwen2.5": (lambda: tiny_qwen2_vl(version="2.5"), lambda: tiny_qwen2_vl_processor("2.5")),
+        "idefics3": (tiny_idefics3, tiny_idefics3_processor),
+        "smolvlm": (
+            lambda: tiny_idefics3(kind="smolvlm"),
+            lambda: tiny_idefics3_processor("smolvlm"),
+        ),
+    }
+
+
+LRP_FAMILIES = sorted(_lrp_models())
+
+
+@pytest.fixture(scope="module", params=LRP_FAMILIES)
+def lrp_family(request):
+    """Every vision-language family's tiny model in float64, with its processor."""
+    build, processor = _lrp_models()[request.param]
+    return build().double(), processor()
+
+
+def _lrp_prompts(model, processor, pairs):
+    """The inputs for `pairs` of (photo, words), as the model's processor makes them
+    (Gemma 3: written by hand, random pixels, as many words), pixels in float64."""
+    if processor is None:
+        return _gemma3_prompts([len(words.split()) for _, words in pairs])
+    inputs = Explainer(model).adapter.encode(_chats(processor, pairs), processor)
+    inputs = dict(inputs)
+    inputs["pixel_values"] = inputs["pixel_values"].double()
+    return inputs
+
+
+def _lrp_reference(model, one, position, target, variant, depth):
+    """(image maps (k, gh, gw), text (T,)) of one text from the independent re-derivation
+    (reference_vlm_attnlrp), put on the photo by hand family by family: at depth "lm" each
+    image token's relevance shared out over the patches it was made of, at depth "tower"
+    the relevance at the patch embeddings itself (Qwen2-VL's, from the tower's order onto
+    the grid); Idefics3's and SmolVLM's tiles put together on the photo."""
+    import reference_vlm_attnlrp as ref
+
+    text, tower = ref.relevances(model, one, position, target, variant)
+    is_image = one["input_ids"][0] == IMAGE_TOKEN_ID
+    at_images = text[is_image]
+    kind = model.config.model_type
+
+    def shared(tokens, block):  # (k, r, c) tokens, each over its block x block patches
+        return tokens.repeat_interleave(block, 1).repeat_interleave(block, 2) / block**2
+
+    if kind in ("qwen2_vl", "qwen2_5_vl"):
+        images, gh, gw = len(one["image_grid_thw"]), *one["image_grid_thw"][0, 1:].tolist()
+        if depth == "lm":
+            maps = shared(at_images.reshape(images, gh // 2, gw // 2), 2)
+        else:
+            order, _ = _qwen_tower_layout(model, (gh, gw))
+            maps = torch.zeros(images, gh * gw, dtype=torch.float64)
+            maps[:, order] = tower.reshape(images, -1)
+            maps = maps.reshape(images, gh, gw)
+    elif kind in ("idefics3", "smolvlm"):
+        g, s = _tile_patches(model)
+        images = one["pixel_values"].shape[1]
+        tiles = shared(at_images.reshape(images, g // s, g // s), s) if depth == "lm" else tower
+        maps = _idefics3_photos(tiles, one)
+    else:  # LLaVA, PaliGemma, Gemma 3: one tower image per photo
+        images, side = tower.shape[0], tower.shape[-1]
+        if depth == "tower":
+            maps = tower
+        elif kind == "gemma3":  # each pooled token over its k x k patches
+            pooled = round((at_images.numel() // images) ** 0.5)
+            maps = shared(at_images.reshape(images, pooled, pooled), side // pooled)
+        else:  # one image token per patch (after LLaVA's dropped class token)
+            maps = at_images.reshape(images, side, side)
+    return maps, text.masked_fill(is_image, 0.0)
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+@pytest.mark.parametrize("variant", LRP_VARIANTS)
+def test_attnlrp_next_token_equals_the_rederivation(lrp_family, variant, depth):
+    model, processor = lrp_family
+    one = _lrp_prompts(model, processor, [(_photo(0), "w12 w13 w14")])
+    before = ModelState.capture(model)
+    result = Explainer(model).explain(one, method=variant, depth=depth)
+    assert before.differences(ModelState.capture(model)) == []
+    assert result.settings["depth"] == depth and result.method == variant
+    position = one["input_ids"].shape[1] - 1
+    image, text = _lrp_reference(model, one, position, int(result.target[0]), variant, depth)
+    maps = result.relevances["image"]
+    assert maps.shape == (1, *image.shape[-2:]) and maps.dtype == torch.float64
+    torch.testing.assert_close(maps[0], image[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
+    assert maps.abs().sum() > 0 and text.abs().sum() > 0
+
+
+def _prefix(generation, row, end):
+    """Text `row` of `generation` up to `end` (its prompt and the answer's tokens before
+    it), with its photos: one text, as the re-derivation takes it."""
+    batch, width = generation.input_ids.shape
+    one = {}
+    for name, value in generation.inputs().items():
+        value = torch.as_tensor(value)
+        if value.shape == (batch, width):  # along the tokens
+            one[name] = value[row : row + 1, :end]
+        elif name == "pixel_values" and value.dim() == 2:  # Qwen2-VL: every image's patches
+            one[name] = value.reshape(batch, -1, value.shape[-1])[row]
+        else:
+            one[name] = value[row : row + 1]
+    return one
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+@pytest.mark.parametrize("variant", LRP_VARIANTS)
+def test_attnlrp_each_generated_token_equals_the_rederivation_on_its_prefix(
+    lrp_family, variant, depth
+):
+    model, processor = lrp_family
+    explainer = Explainer(model, tokenizer=processor)
+    # prompts of one length: a left-padded float64 row is NaN in the eager reference
+    pairs = [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")]
+    prompts = _gemma3_prompts((4, 4)) if processor is None else _chats(processor, pairs)
+    answer = explain_generation(explainer, prompts, max_new_tokens=3, method=variant, depth=depth)
+    generation = answer.generation
+    steps = generation.generated.shape[1]
+    assert answer.explanation.relevances["image"].shape[:2] == (2, steps)
+
+    def rule(one, position, token):
+        one = {
+            name: value.double() if value.is_floating_point() else value
+            for name, value in one.items()
+        }
+        return _lrp_reference(model, one, position, token, variant, depth)
+
+    _assert_each_answer_token_equals_the_rule(
+        answer, lambda row, end: _prefix(generation, row, end), rule
+    )
+
+
+@pytest.mark.parametrize("variant", LRP_VARIANTS)
+@pytest.mark.parametrize("answer", [False, True])
+@pytest.mark.parametrize("family", LRP_FAMILIES)
+def test_attnlrp_a_left_padded_batch_equals_each_prompt_alone(family, answer, variant):
+    build, processor = _lrp_models()[family]
+    model = build()  # float32: a left-padded float64 row is NaN in the eager reference
+    _assert_a_left_padded_batch_equals_each_prompt_alone(
+        model, processor(), "tower", answer, method=variant
+    )
+
+
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+def test_cp_lrp_conserves_the_logit_of_a_bias_free_model(lrp_family, depth):
+    """With every bias and every additive embedding that is not the explained input zeroed
+    (the towers' position and class embeddings), nothing but the prompt's embeddings and
+    the photo carry relevance into the model: CP-LRP's relevance over the text and the
+    photo sums to the explained logit, through the language model alone (depth "lm") or
+    on through the projector and the tower (depth "tower"), up to the identity rule's
+    1e-10 in f(x) / x. The photo's map keeps every image token's share (Gemma 3's pooling,
+    Qwen2-VL's merger, Idefics3's shuffle, tiles and global image)."""
+    model, processor = lrp_family
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith(("bias", "class_embedding", "position_embedding.weight")):
+                parameter.zero_()
+    one = _lrp_prompts(model, processor, [(_photo(0), "w12 w13 w14")])
+    result = Explainer(model).explain(one, method="cp_lrp", depth=depth)
+    logit = result.logits.gather(1, result.target[:, None])[:, 0]
+    total = result.relevances["image"].sum() + result.relevances["text"].sum()
+    torch.testing.assert_close(total[None], logit, rtol=1e-7, atol=0)
+    assert result.relevances["image"].abs().sum() > 1e-3 * logit.abs().sum()

@@ -89,7 +89,7 @@ def test_overlay_signed_uses_a_diverging_map_centred_at_zero(picture):
 def test_scale_maps_per_map_is_min_max_and_names_flat_maps():
     ramp = np.linspace(2.0, 4.0, 12).reshape(3, 4)
     scaled = scale_maps([ramp, np.zeros((3, 4)), np.full((3, 4), 7.0)])
-    assert scaled.rule == "per_map" and not any(scaled.signed) and scaled.peak is None
+    assert scaled.rule == "per_map" and not any(scaled.signed) and scaled.peaks == {}
     assert np.allclose(scaled.maps[0], (ramp - 2.0) / 2.0)
     assert np.allclose(scaled.maps[1], 0) and np.allclose(scaled.maps[2], 0)
     assert scaled.notes == [None, "all-zero map", "constant map"]
@@ -100,7 +100,7 @@ def test_scale_maps_per_map_is_min_max_and_names_flat_maps():
 def test_scale_maps_shared_keeps_the_maps_comparable():
     strong, weak = np.array([[0.0, 4.0]]), np.array([[0.0, 1.0]])
     scaled = scale_maps([strong, weak], "shared")
-    assert scaled.peak == 4.0
+    assert scaled.peaks == {False: 4.0}
     assert np.allclose(scaled.maps[1], [[0.0, 0.25]])  # a weak map looks weak
     assert scaled.key_ticks(False) == ([0.0, 1.0], ["0", "4"])
     with pytest.raises(InputError, match="unknown scale"):
@@ -122,11 +122,19 @@ def test_scale_maps_signed_maps_reach_full_colour_at_their_99th_percentile():
     assert "signed maps (marked ±) by their 99th percentile of |relevance|" in scaled.caption()
     assert scaled.key_ticks(True)[1] == ["-p99|R|", "0", "+p99|R|"]
     assert scaled.key_label(True) == "signed maps (panels marked ±)"
+    # "shared": one scale per kind, never one red-blue scale for both kinds
     signed = np.array([[-2.0, 1.0]])
-    shared = scale_maps([signed, positive], "shared")
-    assert shared.signed == [True, True] and shared.keys() == [True]
-    assert np.allclose(shared.maps[0], [[-2 / 3, 1 / 3]])
-    assert shared.key_ticks(True)[1] == ["-3", "0", "3"]
+    shared = scale_maps([signed, positive, positive / 100], "shared")
+    assert shared.signed == [True, False, False] and shared.keys() == [False, True]
+    assert shared.peaks == {False: 3.0, True: 2.0}
+    assert np.allclose(shared.maps[0], [[-1.0, 0.5]])
+    assert np.allclose(shared.maps[1], [[1 / 3, 1.0, 2 / 3]])  # full colour on its own key
+    assert np.allclose(shared.maps[2], [[1 / 300, 1 / 100, 2 / 300]])  # weak among its kind
+    assert shared.key_ticks(True)[1] == ["-2", "0", "2"]
+    assert shared.key_ticks(False)[1] == ["0", "3"]
+    assert shared.key_label(True) == "signed maps, marked ± (one shared scale)"
+    assert shared.key_label(False) == "unsigned maps (one shared scale)"
+    assert "unsigned maps 0 to 3, signed maps (marked ±) -2 to 2" in shared.caption()
 
 
 def test_overlay_accepts_channels_last_and_grey_images(picture):
@@ -371,6 +379,40 @@ def test_grid_with_signed_and_unsigned_maps_has_both_keys(picture):
         "signed maps (panels marked ±)",
     ]
     assert "for signed maps (marked ±) by their 99th percentile" in _caption(figure)
+
+
+def test_a_shared_grid_of_signed_and_unsigned_maps_keeps_one_scale_per_kind(picture):
+    """generic-like maps (non-negative, peak 0.03) beside AttnLRP-like ones (signed, peak
+    2): on one red-blue scale the unsigned maps would be drawn almost white. Each kind is
+    drawn on its own shared scale, with its own key in relevance units."""
+    image, _ = picture
+    ramp = torch.linspace(0, 1, 48).expand(32, 48)
+    unsigned = [ramp * 0.03, ramp * 0.015]
+    signed = [(ramp * 2 - 0.5) * 4 / 3, ramp - 0.5]  # -2/3 .. 2 and -0.5 .. 0.5
+    figure = grid_figure(
+        image, [unsigned, signed], rows=["generic", "attnlrp"], columns=["a", "b"],
+        scale="shared",
+    )  # fmt: skip
+    panels = [figure.axes[1:3], figure.axes[4:6]]
+    for axis, heat in zip(panels[0], unsigned, strict=True):  # 0 .. 0.03 on inferno
+        shown = axis.get_images()[0].get_array()
+        assert np.allclose(shown, overlay(image, heat / 0.03)) and not axis.texts
+    for axis, heat in zip(panels[1], signed, strict=True):  # -2 .. 2, diverging, marked
+        shown = axis.get_images()[0].get_array()
+        assert np.allclose(shown, overlay(image, heat / 2.0, signed=True))
+        assert [t.get_text() for t in axis.texts] == ["±"]
+    keys = figure.axes[6:]
+    assert [axis.get_ylabel() for axis in keys] == [
+        "unsigned maps (one shared scale)",
+        "signed maps, marked ± (one shared scale)",
+    ]
+    assert [[t.get_text() for t in axis.get_yticklabels()] for axis in keys] == [
+        ["0", "0.03"],
+        ["-2", "0", "2"],
+    ]
+    assert "One shared scale per kind of map: unsigned maps 0 to 0.03, signed maps" in (
+        _caption(figure)
+    )
 
 
 def test_grid_figure_wraps_many_columns_into_blocks_that_open_with_the_input(picture):

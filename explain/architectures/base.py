@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from explain.architectures.wrappers import execution_device
 from explain.errors import InputError
 from explain.finite import check_finite
 from explain.inputs import encode, is_raw_text, token_strings
@@ -257,11 +258,22 @@ class Adapter(ABC):
 
     @property
     def parameter(self) -> Tensor:
-        """Any parameter of the model: it tells the device and floating dtype to use."""
-        try:
-            return next(self.model.parameters())
-        except StopIteration:  # a parameter-free model cannot be a transformer
-            raise TypeError("the model has no parameters") from None
+        """A tensor that tells the device and the floating dtype to use: the model's first
+        floating-point parameter, or, where accelerate dispatches the model (its weights
+        perhaps offloaded to the meta device), an empty tensor of that dtype on the
+        hooks' execution device, where the inputs go."""
+        found = None
+        for parameter in self.model.parameters():
+            if parameter.is_floating_point():
+                found = parameter
+                break
+            found = found if found is not None else parameter
+        if found is None:  # a parameter-free model cannot be a transformer
+            raise TypeError("the model has no parameters")
+        device = execution_device(self.model)
+        if device is None or device == found.device:
+            return found
+        return found.new_empty(0, device=device)
 
 
 class LanguageModel(Adapter):

@@ -46,6 +46,7 @@ from explain.lrp.walk import (
     require_pass,
     type_name,
 )
+from explain.lrp.weights import used_weight
 from explain.rules.fold import compute_dtype
 
 __all__ = ["HFTextEncoder"]
@@ -359,8 +360,10 @@ class BertWalk:
             relevance = logit_relevance(self.head["logits"], classes, dtype)
             model = self.model
             # classifier, dropout, pooler tanh (pass), pooler dense, first token (LRP-0)
-            relevance = rules.linear(self.head["pooled"], model.classifier.weight, relevance)
-            relevance = rules.linear(self.head["first"], model.bert.pooler.dense.weight, relevance)
+            relevance = rules.linear(self.head["pooled"], used_weight(model.classifier), relevance)
+            relevance = rules.linear(
+                self.head["first"], used_weight(model.bert.pooler.dense), relevance
+            )
             relevance = lrp.select_tokens(tokens.to(dtype), 0, relevance)
             samples, count, width = relevance.shape
             relevance = relevance.reshape(samples * count, width)
@@ -395,14 +398,16 @@ class BertWalk:
         # BertOutput: LN(dense(inter) + ao); LN passes.
         total = lrp.safe_denominator(mlp_branch.to(dtype) + ao)
         from_branch, from_ao = rules.residual(mlp_branch, ao, relevance, total, samples)
-        inter = rules.linear(store["inter"].flatten(0, -2), layer.output.dense.weight, from_branch)
-        into_ff = rules.linear(ao, layer.intermediate.dense.weight, inter)
+        inter = rules.linear(
+            store["inter"].flatten(0, -2), used_weight(layer.output.dense), from_branch
+        )
+        into_ff = rules.linear(ao, used_weight(layer.intermediate.dense), inter)
         relevance = lrp.branch(ao, [into_ff, from_ao], lrp.safe_denominator(ao.to(dtype)))
 
         # BertSelfOutput: LN(dense(o) + x).
         total = lrp.safe_denominator(attn_branch.to(dtype) + x)
         from_attn, from_x = rules.residual(attn_branch, x, relevance, total, samples)
-        dense = layer.attention.output.dense.weight
+        dense = used_weight(layer.attention.output.dense)
         relevance_o = rules.linear(store["o"].flatten(0, -2), dense, from_attn)
 
         batch, heads, tokens, _ = store["attention"].shape
@@ -435,7 +440,7 @@ class BertWalk:
         # rule of one linear map with the three weights stacked, run once.
         of_qkv = of_heads.view(3, batch, heads, tokens, head_dim).permute(1, 3, 0, 2, 4)
         weights = torch.cat(
-            [self_attention.query.weight, self_attention.key.weight, self_attention.value.weight]
+            [used_weight(getattr(self_attention, name)) for name in ("query", "key", "value")]
         )
         projections = rules.linear(x, weights, of_qkv.reshape(batch * tokens, -1))
         # The reference's two branch points: q/k/v share the attention's input, which the

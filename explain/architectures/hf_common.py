@@ -28,11 +28,13 @@ from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.inputs import is_raw_text
 from explain.layout import AttentionSite, FlagSetting, TokenLayout
 from explain.lrp.attnlrp import AttnLrpSites, Gate, Projection
+from explain.lrp.weights import base_layer
 
 __all__ = [
     "HFAdapter",
     "attention_in",
     "attention_spec",
+    "attnlrp_sites_of",
     "config_objects",
     "eager_attention_flags",
     "find_blocks",
@@ -226,41 +228,47 @@ class HFAdapter(Adapter):
 
     def attnlrp_sites(self) -> AttnLrpSites:
         """Where AttnLRP and CP-LRP attach in a transformers model with one token sequence
-        (BERT family, GPT-2, decoder-only language models): the attention module of every
-        block has its projections as children, found by name (query/key/value in BERT,
-        RoBERTa, ALBERT, ELECTRA; q_lin/k_lin/v_lin in DistilBERT; q_proj/k_proj/v_proj in
-        Llama, Qwen, Gemma, ...; or a fused c_attn in GPT-2, qkv_proj in Phi-3,
-        query_key_value per head in GPT-NeoX); gated MLPs have gate_proj, up_proj, act_fn,
-        or Phi-3's gate_up_proj; relevance at `get_input_embeddings()`'s output (scaled
-        embeddings included, as in Gemma)."""
-        queries_keys, values = [], []
-        seen: set[int] = set()
-        for site in self.attention_sites():
-            attention = site.module
-            if id(attention) in seen:  # ALBERT: one shared layer serves every block
-                continue
-            seen.add(id(attention))
-            found_queries_keys, found_values = _projections(site.layer, attention)
-            queries_keys += found_queries_keys
-            values += found_values
-        gates = []
-        for module in self.model.modules():
-            if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "act_fn")):
-                gates.append(Gate(module.act_fn, Projection(module.up_proj)))
-            elif all(hasattr(module, name) for name in ("gate_up_proj", "activation_fn")):
-                half = module.gate_up_proj.out_features // 2  # Phi-3: gate, then up
-                gates.append(
-                    Gate(module.activation_fn, Projection(module.gate_up_proj, slice(half, None)))
-                )
+        (BERT family, GPT-2, decoder-only language models): every block's rules found
+        as `attnlrp_sites_of` finds them; relevance at `get_input_embeddings()`'s output
+        (scaled embeddings included, as in Gemma)."""
         embedding = self.model.get_input_embeddings()
-        return AttnLrpSites(
+        return attnlrp_sites_of(
+            self.model,
+            [site.module for site in self.attention_sites()],
             embedding=embedding,
             embedding_axis=1 if isinstance(embedding, nn.Conv2d) else -1,
-            queries_keys=queries_keys,
-            values=values,
-            gates=gates,
             tanh_inputs=_functional_tanh_heads(self.model),
         )
+
+
+def attnlrp_sites_of(model: nn.Module, attention: Sequence[nn.Module], **read: Any) -> AttnLrpSites:
+    """Where AttnLRP and CP-LRP attach in a transformers `model` whose blocks' attention
+    modules are `attention` (in block order; one shared by several blocks counts once, as
+    ALBERT's): each has its projections as children, found by name (query/key/value in
+    BERT, RoBERTa, ALBERT, ELECTRA; q_lin/k_lin/v_lin in DistilBERT; q_proj/k_proj/v_proj
+    in Llama, Qwen, Gemma, CLIP, SigLIP, ...; or a fused c_attn in GPT-2, qkv_proj in
+    Phi-3, query_key_value per head in GPT-NeoX, qkv in Qwen2-VL's tower); gated MLPs
+    anywhere in `model` have gate_proj, up_proj, act_fn, or Phi-3's gate_up_proj. `read`
+    says where the relevance is read (`AttnLrpSites`' embedding fields)."""
+    queries_keys, values = [], []
+    seen: set[int] = set()
+    for layer, module in enumerate(attention):
+        if id(module) in seen:  # ALBERT: one shared layer serves every block
+            continue
+        seen.add(id(module))
+        found_queries_keys, found_values = _projections(layer, module)
+        queries_keys += found_queries_keys
+        values += found_values
+    gates = []
+    for module in model.modules():
+        if all(hasattr(module, name) for name in ("gate_proj", "up_proj", "act_fn")):
+            gates.append(Gate(module.act_fn, Projection(module.up_proj)))
+        elif all(hasattr(module, name) for name in ("gate_up_proj", "activation_fn")):
+            half = module.gate_up_proj.out_features // 2  # Phi-3: gate, then up
+            gates.append(
+                Gate(module.activation_fn, Projection(module.gate_up_proj, slice(half, None)))
+            )
+    return AttnLrpSites(queries_keys=queries_keys, values=values, gates=gates, **read)
 
 
 def _as_integer_tensor(name: str, value: object, *, flags: bool = False) -> Tensor:
@@ -452,6 +460,11 @@ def _projections(layer: int, attention: nn.Module) -> tuple[list[Projection], li
         return [Projection(fused, slice(0, queries + keys))], [
             Projection(fused, slice(queries + keys, None))
         ]
+    fused = getattr(attention, "qkv", None)  # Qwen2-VL's tower: q, k, v side by side
+    outputs = getattr(base_layer(fused), "out_features", None) if fused is not None else None
+    if isinstance(outputs, int) and outputs % 3 == 0:  # (also under a LoRA layer)
+        width = outputs // 3
+        return [Projection(fused, slice(0, 2 * width))], [Projection(fused, slice(2 * width, None))]
     fused = getattr(attention, "query_key_value", None)  # GPT-NeoX: q, k, v per head
     if isinstance(fused, nn.Module) and hasattr(attention, "head_size"):
         size = attention.head_size

@@ -104,6 +104,11 @@ class HFIdefics3(VisionLanguageModel):
         return self.model.model.text_model
 
     @property
+    def tower_embedding(self) -> nn.Module:
+        """The patch convolution (the tower's input embeddings add the positions to it)."""
+        return self.tower.embeddings.patch_embedding
+
+    @property
     def _shuffle(self) -> int:
         return int(self.model.config.scale_factor)
 

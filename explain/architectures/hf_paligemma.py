@@ -4,8 +4,9 @@ language model that attends over the image-and-prompt prefix in both directions 
 type 0) and over the answer causally (token type 1).
 
 The image tokens come first in the text, one per patch of the tower (SigLIP has no class
-token). Nothing in the prefix attends to the answer, so one forward over prompt and
-answer gives every answer token the maps a next-token explanation of its prefix would.
+token). Nothing in the prefix attends to the answer, so one forward over prompt and answer
+gives every answer token the maps a next-token explanation of its prefix would. PaliGemma
+counts its positions from 1, as its own forward and generation do.
 """
 
 from __future__ import annotations
@@ -41,6 +42,12 @@ class HFPaliGemma(VisionLanguageModel):
         sources = torch.arange(grid[0] * grid[1], device=pixel_values.device)[:, None]
         size = (pixel_values.shape[-2], pixel_values.shape[-1])
         return ImageTokens(grid=grid, tower_prefix=0, sources=sources, input_size=size)
+
+    def position_ids(self, arguments: Mapping[str, Tensor], tokens: ImageTokens) -> Tensor:
+        """Each text's real tokens counted from 1, as PaliGemma's own forward and generation
+        count them (its rotary embedding is relative, but computed in float32 from the
+        absolute positions: other positions round differently)."""
+        return super().position_ids(arguments, tokens) + 1
 
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         """The answer's tokens are of type 1 (causal), as PaliGemma's generation sets them."""

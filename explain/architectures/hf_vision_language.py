@@ -31,6 +31,7 @@ from explain.architectures.base import LanguageModel, TokenSets, validate_image_
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
     attention_in,
+    attnlrp_sites_of,
     eager_attention_flags,
     find_blocks,
     last_real_token,
@@ -53,6 +54,7 @@ from explain.layout import (
     TokenLayout,
     TokenSet,
 )
+from explain.lrp.attnlrp import AttnLrpSites, Embedding
 
 __all__ = ["DeviceCheck", "VisionLanguageModel", "block_sources"]
 
@@ -154,6 +156,14 @@ class VisionLanguageModel(LanguageModel):
         return num_blocks
 
     @property
+    def tower_embedding(self) -> nn.Module:
+        """The tower's patch embedding: the module whose output holds each image's patches
+        as they enter the tower, before any position or class token is added (a
+        convolution's (images, D, gh, gw), or flattened patches (patches, D) in the
+        tower's order); by default the tower's input embeddings."""
+        return self.tower.get_input_embeddings()
+
+    @property
     def image_token_id(self) -> int:
         """The token id that stands for one image token in the text."""
         return int(self.model.config.image_token_id)
@@ -200,6 +210,21 @@ class VisionLanguageModel(LanguageModel):
 
     def path_flags(self) -> Sequence[FlagSetting]:
         return eager_attention_flags(self.model)
+
+    def attnlrp_sites(self) -> AttnLrpSites:
+        """Where AttnLRP and CP-LRP attach: every block's rules, the tower's and the
+        language model's, found as in any transformers model (`attnlrp_sites_of`); the
+        relevance read at the language model's `inputs_embeds` (the image features
+        scattered in among the word embeddings) and, at depth "tower", on at the tower's
+        patch embeddings (`tower_embedding`)."""
+        patches = self.tower_embedding
+        return attnlrp_sites_of(
+            self.model,
+            [site.module for site in self._sites],
+            embedding=self.language_model,
+            embedding_argument="inputs_embeds",
+            tower=Embedding(patches, axis=1 if isinstance(patches, nn.Conv2d) else -1),
+        )
 
     def fused_path(self) -> FusedPath | None:
         """sdpa for the tower and the language model alike, q, k, v seen through the

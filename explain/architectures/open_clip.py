@@ -37,6 +37,7 @@ from explain.architectures.hf_common import prepare_text
 from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.inputs import checked_texts, is_raw_text
 from explain.layout import FlagSetting, Prepared, TokenLayout
+from explain.lrp.weights import base_layer, used_weight
 
 __all__ = ["ExplicitSelfAttention", "OpenClip"]
 
@@ -103,7 +104,9 @@ class ExplicitSelfAttention(nn.Module):
         probabilities = self.probabilities(scores.softmax(dim=-1))
         output = (probabilities @ v).transpose(1, 2).reshape(batch, tokens, width)
         # F.linear, not out_proj(...): the module's own fused forward never calls out_proj.
-        return F.linear(output, mha.out_proj.weight, mha.out_proj.bias), None
+        # The weights out_proj computes with (a LoRA layer's, offloaded, quantised).
+        out_proj = mha.out_proj
+        return F.linear(output, used_weight(out_proj), used_weight(out_proj, "bias")), None
 
 
 class OpenClip(DualEncoder):
@@ -179,7 +182,8 @@ class OpenClip(DualEncoder):
                 "(T, context_length) token ids from open_clip.get_tokenizer(name)(texts)}"
             )
         visual = self.model.visual
-        images = validate_image_batch(inputs["image"], visual.conv1.in_channels, self.parameter)
+        channels = base_layer(visual.conv1).in_channels  # also under a LoRA Conv2d
+        images = validate_image_batch(inputs["image"], channels, self.parameter)
         size = tuple(visual.image_size)
         if tuple(images.shape[-2:]) != size:
             raise InputError(

@@ -26,7 +26,7 @@ from torch import nn
 
 from explain.architectures.base import Adapter
 from explain.architectures.scope import unsupported_model_message
-from explain.architectures.wrappers import unwrap
+from explain.architectures.wrappers import refuse_quantised_activations, unwrap
 from explain.errors import UnsupportedModelError
 
 __all__ = [
@@ -96,7 +96,8 @@ def adapter_for(model: nn.Module) -> Adapter:
             f"expected a torch.nn.Module, got {type(model).__name__}; supported families: "
             + "; ".join(supported_families())
         )
-    model = unwrap(model)  # DataParallel, DistributedDataParallel, torch.compile
+    model = unwrap(model)  # DataParallel, DistributedDataParallel, torch.compile, PEFT
+    refuse_quantised_activations(model)
     for cls in adapter_classes():
         if cls.matches(model):
             return cls(model)

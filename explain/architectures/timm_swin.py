@@ -28,6 +28,7 @@ from explain.architectures.windows import (
 )
 from explain.errors import InputError, UnsupportedModelError
 from explain.layout import AttentionSite, FlagSetting, Prepared, WindowedBlock
+from explain.lrp.weights import base_layer
 
 __all__ = ["TimmSwin"]
 
@@ -81,7 +82,8 @@ class TimmSwin(Adapter):
 
     def prepare(self, inputs: object) -> Prepared:
         patch_embed = self.model.patch_embed
-        images = validate_image_batch(inputs, patch_embed.proj.in_channels, self.parameter)
+        channels = base_layer(patch_embed.proj).in_channels  # also under a LoRA Conv2d
+        images = validate_image_batch(inputs, channels, self.parameter)
         height, width = images.shape[-2:]
         expected = tuple(patch_embed.img_size)
         if (height, width) != expected:

@@ -44,6 +44,7 @@ from explain.lrp.walk import (
     require_pass,
     type_name,
 )
+from explain.lrp.weights import acts_as, base_layer, used_weight
 from explain.rules.fold import compute_dtype
 
 __all__ = [
@@ -137,7 +138,8 @@ class TimmBlocks(Adapter):
 
     def prepare(self, inputs: object) -> Prepared:
         patch_embed = self.model.patch_embed
-        images = validate_image_batch(inputs, patch_embed.proj.in_channels, self.parameter)
+        channels = base_layer(patch_embed.proj).in_channels  # also under a LoRA Conv2d
+        images = validate_image_batch(inputs, channels, self.parameter)
         height, width = images.shape[-2:]
         grid = self._grid(height, width)
         prefix = self.model.num_prefix_tokens
@@ -343,7 +345,7 @@ class TimmVitWalk:
         if to_input:
             embed = model.patch_embed
             require_forward(embed, _PATCH_EMBED, "patch_embed")
-            if type(embed.proj) is not nn.Conv2d:
+            if acts_as(embed.proj) is not nn.Conv2d:
                 raise UnsupportedModelError(
                     f"no LRP rule for {type_name(embed.proj)} at patch_embed.proj: the z^B "
                     "rule covers torch.nn.Conv2d"
@@ -402,8 +404,8 @@ class TimmVitWalk:
     @staticmethod
     def _linear(module: nn.Module, x: Tensor, relevance: Tensor, rules: RuleSet) -> Tensor:
         """The rule set's linear rule over rows; a pass-through head (checked) passes."""
-        if isinstance(module, nn.Linear):
-            return rules.linear(x.flatten(0, -2), module.weight, relevance)
+        if acts_as(module) is nn.Linear:  # also a LoRA or quantised linear (lrp.weights)
+            return rules.linear(x.flatten(0, -2), used_weight(module), relevance)
         return relevance
 
     def _readout(self, relevance: Tensor, rules: RuleSet, dtype: torch.dtype) -> Tensor:
@@ -544,14 +546,14 @@ class TimmVitWalk:
             # either way the patch tokens' sum is patches + their position embedding.
             embedded = store["embedded"].to(dtype)[:, prefix:]
             relevance = patches * lrp.sdiv(relevance, embedded)
-        channels = model.patch_embed.proj.out_channels
+        channels = base_layer(model.patch_embed.proj).out_channels
         relevance = relevance.transpose(1, 2).reshape(batch, channels, *self._grid(image))
         pixels = lrp.conv_input_zb(image, model.patch_embed.proj, relevance).sum(dim=1)
         height, width = store["input"].shape[-2:]  # crop dynamic padding, if any
         return pixels[:, :height, :width]
 
     def _grid(self, image: Tensor) -> tuple[int, int]:
-        proj = self.model.patch_embed.proj
+        proj = base_layer(self.model.patch_embed.proj)  # a LoRA Conv2d keeps it there
         size = []
         for axis, extent in enumerate(image.shape[-2:]):
             span = proj.dilation[axis] * (proj.kernel_size[axis] - 1) + 1

@@ -22,9 +22,10 @@ from explain.layout import TokenLayout, WindowedBlock
 
 __all__ = ["WINDOWED_METHODS", "windowed_layout"]
 
-WINDOWED_METHODS = frozenset({"generic", "rollout", "raw_attention", "random"})
-"""The methods whose rules fold windowed attention (explain.rules.fold), and the
-random baseline: a windowed family's `Adapter.methods`."""
+WINDOWED_METHODS = frozenset({"generic", "rollout", "raw_attention", "attention_gradcam", "random"})
+"""The methods whose rules read windowed attention (explain.rules.fold: the folds, and
+attention GradCAM on a last stage of one window), and the random baseline: a windowed
+family's `Adapter.methods`."""
 
 
 def windowed_layout(

@@ -9,7 +9,18 @@ import sys
 from collections.abc import Sequence
 
 from explain import __version__
-from explain.cli import clip, detect, evaluate, generate, image, models, seq2seq, serve, text
+from explain.cli import (
+    cite,
+    clip,
+    detect,
+    evaluate,
+    generate,
+    image,
+    models,
+    seq2seq,
+    serve,
+    text,
+)
 from explain.cli.options import HelpFormatter
 from explain.errors import ExplainError
 from explain.export import check_writable
@@ -45,7 +56,7 @@ HINT = (
 """What `explain` alone and `explain --help` say after the commands."""
 
 # Subcommand modules, in the order `explain --help` lists them.
-COMMANDS = [clip, detect, evaluate, generate, image, models, seq2seq, serve, text]
+COMMANDS = [cite, clip, detect, evaluate, generate, image, models, seq2seq, serve, text]
 
 
 def build_parser() -> argparse.ArgumentParser:

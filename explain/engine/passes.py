@@ -32,9 +32,16 @@ from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold, TwoSetColumnFold
 from explain.errors import OptionError, TargetError
-from explain.layout import ModuleHook, Prepared, TokenSet
+from explain.layout import InputHook, ModuleHook, Prepared, TokenLayout, TokenSet
 from explain.lrp import RULE_SETS
-from explain.lrp.attnlrp import AttnLrpCall, attnlrp_hooks, embedding_relevance, on_layout
+from explain.lrp.attnlrp import (
+    AttnLrpCall,
+    AttnLrpSites,
+    Embedding,
+    attnlrp_hooks,
+    embedding_relevance,
+    on_layout,
+)
 from explain.rules import Method, Need, Sink
 from explain.rules.embedding_baseline import EmbeddingBaseline, embedding_baseline
 from explain.rules.integrated_gradients import integration_points
@@ -75,7 +82,8 @@ class ColumnSink(Protocol):
     `parts()` are (the set's model-wide layers, the set's sink, or a `ReadOut` for a set
     read out by another's result) per token set, which the fold of all columns at once
     stacks set by set (explain.engine.spread); empty for a fold over several sets at
-    once. A method needing the input's relevance receives it with `add_input`."""
+    once. A method needing the input's relevance receives it with `add_input`: the
+    walk's, or one relevance per embedding the plan reads (`PlanView.embeddings`)."""
 
     layers: Sequence[int]
 
@@ -83,7 +91,7 @@ class ColumnSink(Protocol):
 
     def parts(self) -> list[tuple[Sequence[int], Sink | ReadOut]]: ...
 
-    def add_input(self, relevance: Tensor) -> None: ...
+    def add_input(self, *relevance: Tensor) -> None: ...
 
     def result(self) -> Any: ...
 
@@ -120,6 +128,10 @@ class PlanView(Protocol):
     def read_columns(self, sinks: Sequence[ColumnSink]) -> PerColumn:
         """Every column's token relevance per set, from the columns' sinks in order: as
         `read` of each, with work that a plan can do for all columns at once done once."""
+
+    def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
+        """Where AttnLRP and CP-LRP read relevance (the family's `sites` offer them), each
+        with the layout of its tokens, the one nearest the score first (`AttnLrpCall`)."""
 
     def copy_forward(self, copies: int) -> Tensor:
         """The output of one forward over `copies` copies of the inputs (row c * B + b:
@@ -201,7 +213,7 @@ class Pass(ABC):
         *,
         differentiable: bool,
         fused: bool = False,
-        hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+        hooks: Sequence[tuple[nn.Module, ModuleHook | InputHook]] = (),
     ) -> Session:
         """The session that borrows the model for this pass, on the chosen path."""
         path = self.adapter.fused_path() if fused else None
@@ -421,32 +433,39 @@ class EmbeddingPass(Pass):
 class EmbeddingGradientPass(EmbeddingPass):
     """Gradient x Input at the input embeddings (plain, AttnLRP, CP-LRP): one forward,
     with the method's gradient rules hooked on the model's modules for the call where it
-    names any, whose word- or patch-embedding output is the graph's leaf; then one
-    batched backward of every column to it, embedding x gradient summed over the hidden
-    size, into each column's sink. The rules hold on either attention path."""
+    names any, whose embeddings the plan chooses (`embeddings`: the word- or
+    patch-embedding output, the graph's leaf; a vision-language model's language-model
+    input and, at depth "tower", its tower's patch embeddings beneath it); then one
+    batched backward of every column to them, embedding x gradient summed over the
+    hidden size, into each column's sink. The rules hold on either attention path."""
 
     serves = frozenset({Need.EMBEDDING_GRADIENTS})
 
     def run(self) -> tuple[Columns, PerColumn]:
         spec, plan = self.spec, self.plan
-        call = AttnLrpCall()
         sites = self.adapter.attnlrp_sites()
-        if spec.gradient_rules is None:  # plain gradients: only the embedding output a leaf
-            call.embedding_axis = sites.embedding_axis
-            hooks = [(sites.embedding, call.hook)]
+        reads = plan.embeddings(sites)
+        call = AttnLrpCall([embedding for embedding, _ in reads])
+        if spec.gradient_rules is None:  # plain gradients: the embeddings read, no rule
+            hooks = call.hooks()
         else:
             hooks = attnlrp_hooks(self.adapter.model, sites, spec.gradient_rules, call)  # type: ignore[arg-type]
         with self._session(differentiable=True, fused=self.fused(), hooks=hooks):
             columns = plan.columns(plan.forward())
             _require_embedding_gradients(columns.scores)
             sinks = plan.column_sinks(columns.scores.shape[1])
-            for chunk, (gradients,) in column_gradients(
-                columns.scores, [call.tensor], self.memory_budget
+            for chunk, gradients in column_gradients(
+                columns.scores, call.tensors, self.memory_budget
             ):
-                # Every column of the chunk at once: (C, B, N), then one per sink.
-                relevances = call.relevance(gradients, plan.prepared.layout).unbind()
+                # Every column of the chunk at once: (C, B, N) per read, then one per sink.
+                relevances = [
+                    call.relevance(gradient, layout, read).unbind()
+                    for read, (gradient, (_, layout)) in enumerate(
+                        zip(gradients, reads, strict=True)
+                    )
+                ]
                 for row, k in enumerate(chunk):
-                    sinks[k].add_input(relevances[row])
+                    sinks[k].add_input(*(relevance[row] for relevance in relevances))
         return columns, plan.read_columns(sinks)
 
 

@@ -121,7 +121,11 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
         relevances=relevances,
         tokens=plan.tokens(),
         detections=plan.detections(),
-        settings={**plan.settings(), **run.settings},
+        settings={
+            **plan.settings(),
+            **run.settings,
+            **({} if plan.foil is None else {"foil": plan.foil.tolist()}),
+        },
     )
 
 

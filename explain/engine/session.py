@@ -13,7 +13,8 @@ For the duration of the call the session
   entering what the path needs in place besides them (`Adapter.path_context`,
   `FusedPath.context`: an attention function registered in a library), and
 - registers the module hooks that change what the model computes for the call (the
-  Gradient x Input rules of AttnLRP and CP-LRP: canonizers in zennit's terms).
+  Gradient x Input rules of AttnLRP and CP-LRP: canonizers in zennit's terms), on a
+  module's output or, for an `InputHook`, on its inputs.
 
 Every change is undone on exit, in reverse order, whether the call succeeded or not: one
 undo list, each entry pushed just after its change is made. Recording what the model
@@ -56,8 +57,9 @@ import torch
 from torch import nn
 
 from explain.architectures.base import Adapter, this_thread_only
+from explain.architectures.wrappers import execution_devices
 from explain.errors import ExplainError, NestedExplanationError
-from explain.layout import FlagSetting, FusedPath, ModuleHook
+from explain.layout import FlagSetting, FusedPath, InputHook, ModuleHook
 
 __all__ = ["Session"]
 
@@ -137,6 +139,12 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+def _set_requires_grad(module: nn.Module, name: str, flag: bool) -> None:
+    parameter = module._parameters.get(name)
+    if parameter is not None:
+        parameter.requires_grad_(flag)
+
+
 class Session(contextlib.AbstractContextManager["Session"]):
     """Borrow `adapter.model` for one call (module docstring).
 
@@ -147,8 +155,9 @@ class Session(contextlib.AbstractContextManager["Session"]):
         fused: the adapter's fused attention path when the call keeps the fused kernel
             (its flags are set, and a recorder recomputes attention from its sites);
             None: the explicit path's flags (`Adapter.path_flags`).
-        hooks: (module, forward hook) pairs that change what the model computes for the
-            call, registered after every other change and removed first.
+        hooks: (module, hook) pairs that change what the model computes for the call: a
+            forward hook, or an `InputHook` run before the module; registered after every
+            other change and removed first.
     """
 
     def __init__(
@@ -157,7 +166,7 @@ class Session(contextlib.AbstractContextManager["Session"]):
         *,
         differentiable: bool = False,
         fused: FusedPath | None = None,
-        hooks: Sequence[tuple[nn.Module, ModuleHook]] = (),
+        hooks: Sequence[tuple[nn.Module, ModuleHook | InputHook]] = (),
     ) -> None:
         self.adapter = adapter
         self.model: nn.Module = adapter.model
@@ -198,7 +207,12 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 self._undo.enter_context(context)
             self._set_flags(flags)
             for module, hook in self._hooks:
-                handle = module.register_forward_hook(this_thread_only(hook), with_kwargs=True)
+                if isinstance(hook, InputHook):
+                    handle = module.register_forward_pre_hook(
+                        this_thread_only(hook.hook), with_kwargs=True
+                    )
+                else:
+                    handle = module.register_forward_hook(this_thread_only(hook), with_kwargs=True)
                 self._undo.callback(handle.remove)
         except BaseException:
             self._give_back()
@@ -217,9 +231,9 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 self._held = None
 
     def _fork_rng(self) -> None:
-        devices = sorted(
-            {p.device.index or 0 for p in self.model.parameters() if p.device.type == "cuda"}
-        )
+        # The parameters' devices, and those accelerate runs offloaded modules on.
+        found = {p.device for p in self.model.parameters()} | execution_devices(self.model)
+        devices = sorted({device.index or 0 for device in found if device.type == "cuda"})
         self._undo.enter_context(torch.random.fork_rng(devices=devices))
 
     def _freeze(self, modules: list[nn.Module]) -> None:
@@ -229,10 +243,17 @@ class Session(contextlib.AbstractContextManager["Session"]):
         self._undo.callback(lambda: [setattr(m, "training", mode) for m, mode in modes])
         for module in modules:
             module.training = False
-        flags = [(p, p.requires_grad) for p in self.model.parameters()]
-        self._undo.callback(lambda: [p.requires_grad_(flag) for p, flag in flags])
-        for parameter, _ in flags:
-            parameter.requires_grad_(False)
+        # Restored by owner and name, not on the parameter objects: accelerate's offloading
+        # replaces an offloaded parameter with a new one at every forward.
+        flags = [
+            (module, name, parameter.requires_grad)
+            for module in modules
+            for name, parameter in module._parameters.items()
+            if parameter is not None
+        ]
+        self._undo.callback(lambda: [_set_requires_grad(*flag) for flag in flags])
+        for module, name, _ in flags:
+            _set_requires_grad(module, name, False)
 
     def _set_flags(self, flags: Sequence[FlagSetting]) -> None:
         for setting in flags:

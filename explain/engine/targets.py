@@ -3,11 +3,16 @@
 `target` chooses the class per sample; `score` chooses what of that class is
 differentiated. Samples never mix: the backward pass runs over the sum of the per-sample
 scores, and nothing in an eval-mode transformer couples samples.
+
+A `Contrast` asks why the target rather than a foil: the differentiated score is the
+target's score minus the foil's, from the same forward (Yin and Neubig, "Interpreting
+Language Models with Contrastive Explanations", 2022; inseq's contrastive attribution).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
+from dataclasses import dataclass
 from typing import Literal, Union
 
 import torch
@@ -18,10 +23,12 @@ from explain.finite import check_finite
 
 __all__ = [
     "SCORES",
+    "Contrast",
     "Score",
     "Target",
     "check_score",
     "require_explicit_target",
+    "resolve_foil",
     "resolve_targets",
     "select_scores",
 ]
@@ -34,8 +41,30 @@ _NONFINITE_ADVICE = (
     "expects (too large values overflow the model's dtype) and that its weights are finite"
 )
 
-Target = Union[None, int, Sequence[int], Tensor, Callable[[Tensor], Tensor]]
-"""None (the predicted class), an int, B ints, a (B,) or (B, K) tensor, or a callable.
+Classes = Union[int, Sequence[int], Tensor]
+"""One class for every sample, or one per sample ((B,) ints)."""
+
+
+@dataclass(frozen=True)
+class Contrast:
+    """Why `target` rather than `foil`: the explained score of each sample is the
+    target's score minus the foil's (with `score="log_probability"` or the default
+    "logit", the log-probability difference of the two classes, or next tokens).
+
+    `target` is None (the predicted class) or the classes as a target takes them (an
+    int, or one per sample); `foil` the same, never None. Only the methods that
+    differentiate a score from one forward take a contrast (explain.engine.plans);
+    for those that are linear in the score's gradient (AttnLRP, CP-LRP: Gradient x Input
+    under fixed rules) its relevance is the target's minus the foil's.
+    """
+
+    target: Classes | None
+    foil: Classes
+
+
+Target = Union[None, int, Sequence[int], Tensor, Callable[[Tensor], Tensor], Contrast]
+"""None (the predicted class), an int, B ints, a (B,) or (B, K) tensor, a callable, or a
+`Contrast` of two classes.
 
 A callable maps the model output (B, C) to either class indices (an integer tensor of
 shape (B,) or (B, K)) or directly to the (B,) scores to explain (a floating tensor, e.g. a
@@ -49,6 +78,8 @@ def resolve_targets(output: Tensor, target: Target) -> tuple[Tensor | None, Tens
     Exactly one of the two is not None. `output` is (B, C), or (B, P, C) for P positions
     of each sample checked at once, with a (B, P) tensor of classes as the target.
     """
+    if isinstance(target, Contrast):
+        return _one_class_each(output, target.target, "the contrast's target"), None
     batch, num_classes = output.shape[0], output.shape[-1]
     output_checked = callable(target) and not isinstance(target, Tensor)
     if output_checked:  # before the callable reads it
@@ -134,6 +165,26 @@ def _items(target: object) -> Iterator[object]:
         yield target
 
 
+def _one_class_each(output: Tensor, classes: object, what: str) -> Tensor:
+    """`classes` of a contrast resolved as a target, one per sample: (B,)."""
+    if (callable(classes) and not isinstance(classes, Tensor)) or isinstance(classes, Contrast):
+        raise TargetError(f"{what} must be class indices (an int or one per input)")
+    found, _ = resolve_targets(output, classes)  # type: ignore[arg-type]
+    assert found is not None
+    if found.dim() != 1:
+        raise TargetError(f"{what} must be one class per input, got {tuple(found.shape)}")
+    return found
+
+
+def resolve_foil(output: Tensor, target: Target) -> Tensor | None:
+    """The foil's classes (B,) of a `Contrast` target, None for any other target."""
+    if not isinstance(target, Contrast):
+        return None
+    if target.foil is None:
+        raise TargetError("a contrast needs a foil: the class the target is contrasted with")
+    return _one_class_each(output, target.foil, "the contrast's foil")
+
+
 def _check_class(index: int, num_classes: int) -> None:
     if not 0 <= index < num_classes:
         raise TargetError(
@@ -153,10 +204,13 @@ def require_explicit_target(
         raise TargetError(feature_output)
 
 
-def select_scores(output: Tensor, classes: Tensor, score: Score) -> Tensor:
+def select_scores(
+    output: Tensor, classes: Tensor, score: Score, foil: Tensor | None = None
+) -> Tensor:
     """The differentiated quantity per sample and class: shape of `classes`. `output` is
     (B, C) with (B,) or (B, K) classes, or (B, P, C) with (B, P) classes (one class at
-    each of P positions)."""
+    each of P positions). With a `foil` (B,) (a `Contrast`), each class's score minus
+    the foil's."""
     if score == "logit":
         values = output
     elif score == "probability":
@@ -167,6 +221,8 @@ def select_scores(output: Tensor, classes: Tensor, score: Score) -> Tensor:
         raise TargetError(f"score must be one of {', '.join(SCORES)}; got {score!r}")
     one_each = classes.dim() == output.dim() - 1  # one class per row of classes
     picked = values.gather(-1, classes[..., None] if one_each else classes)
+    if foil is not None:
+        picked = picked - values.gather(-1, foil.reshape(-1, *(1,) * (values.dim() - 1)))
     check_finite(picked, f"the {score} of the target class", _NONFINITE_ADVICE)
     return picked[..., 0] if one_each else picked
 

@@ -7,25 +7,31 @@ the products of two activations (q k^T, A v, gated MLPs), and for CP-LRP no grad
 through the softmax's query-key path nor through a gate. Every modifier keeps the
 forward values bit for bit; nothing is patched: the hooks live on the model's own
 modules for one call (`attnlrp_hooks`), where the family's `AttnLrpSites` say. The
-relevance is read at the embedding output (`AttnLrpCall`). docs/methods.md derives it.
+relevance is read at the embedding output, or at an input of a module where no module
+outputs the embeddings whole (a vision-language model's language model), and may be read
+at several embeddings of one call, each on the way to the next (`AttnLrpCall`).
+docs/methods.md derives it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from explain.errors import ExplainError, UnsupportedModelError
-from explain.layout import TokenLayout
+from explain.layout import InputHook, ModuleHook, TokenLayout
+from explain.lrp.weights import used_weight
 
 __all__ = [
     "VARIANTS",
     "AttnLrpCall",
     "AttnLrpSites",
+    "Embedding",
     "Gate",
     "Projection",
     "Variant",
@@ -36,8 +42,6 @@ __all__ = [
 
 Variant = Literal["attnlrp", "cp_lrp"]
 VARIANTS: tuple[str, ...] = ("attnlrp", "cp_lrp")
-
-ForwardHook = Callable[[nn.Module, tuple[Any, ...], dict[str, Any], Any], Any]
 
 _ACTIVATION_PACKAGES = ("transformers.activations", "timm.layers.activations")
 _ELEMENTWISE = (
@@ -75,6 +79,17 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class Embedding:
+    """Where relevance is read: the output of `module`, or, with `argument`, the tensor
+    its call takes as that keyword argument (read before it runs). `axis` holds the
+    hidden size (1 for a patch convolution's (B, D, gh, gw) output)."""
+
+    module: nn.Module
+    axis: int = -1
+    argument: str | None = None
+
+
+@dataclass(frozen=True)
 class AttnLrpSites:
     """Where a model family's rules attach (the family wiring's answer).
 
@@ -101,35 +116,93 @@ class AttnLrpSites:
     """Modules whose output goes through a functional tanh (not a module), such as
     RoBERTa's classification head: the identity rule is applied through a correction of
     the gradient at their output."""
-
-
-@dataclass
-class AttnLrpCall:
-    """The rules' state for one call: the embedding output of the forward pass, made a
-    leaf that requires grad, and the projections whose hooks have run."""
-
-    embedding_axis: int = -1
-    """The axis of the embedding output that holds the hidden size (1 for a convolution's
-    (B, D, gh, gw) output, -1 for (B, N, D))."""
-    tensors: list[Tensor] = field(default_factory=list)
-    expected: dict[int, str] = field(default_factory=dict)
-    seen: set[int] = field(default_factory=set)
-
-    def hook(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
-        if self.tensors:
-            raise ExplainError(
-                "the embedding module ran twice in one forward pass; AttnLRP/CP-LRP read the "
-                "relevance at its single output"
-            )
-        leaf = output.detach().requires_grad_(True)
-        self.tensors.append(leaf)
-        return leaf
+    embedding_argument: str | None = None
+    """The keyword argument of `embedding`'s call that holds the embeddings, where no
+    module outputs them whole (a vision-language model's language model, whose
+    `inputs_embeds` hold the image features scattered in among the word embeddings);
+    None: `embedding`'s output."""
+    tower: Embedding | None = None
+    """A vision-language model's tower's patch embeddings, beneath `embedding`: the
+    image's relevance read there, carried on through the projector and the tower's
+    blocks (depth "tower")."""
 
     @property
-    def tensor(self) -> Tensor:
-        """The embedding leaf, once the forward pass has run and every rule has attached."""
-        if not self.tensors:
-            raise ExplainError("the embedding module did not run in the forward pass")
+    def read(self) -> Embedding:
+        """Where the relevance is read by default: `embedding`."""
+        return Embedding(self.embedding, self.embedding_axis, self.embedding_argument)
+
+
+class AttnLrpCall:
+    """The rules' state for one call: the embeddings whose relevance is read (`reads`,
+    the first nearest the score), their tensors in the forward pass, and the projections
+    whose hooks have run.
+
+    Every embedding but the last lies on the way from the score to the next one (a
+    vision-language model's language-model input on the way to its tower's patch
+    embeddings): it is read where it is, in the graph. The last becomes the graph's
+    leaf: its tensor detached from what computed it, requiring grad."""
+
+    def __init__(self, reads: Sequence[Embedding]) -> None:
+        self.reads = tuple(reads)
+        self._tensors: list[list[Tensor]] = [[] for _ in self.reads]
+        self.expected: dict[int, str] = {}
+        self.seen: set[int] = set()
+
+    def hooks(self) -> list[tuple[nn.Module, ModuleHook | InputHook]]:
+        """The hook that reads each embedding: a forward hook on the module that outputs
+        it, or an input hook on the module whose call takes it."""
+        hooks: list[tuple[nn.Module, ModuleHook | InputHook]] = []
+        for index, read in enumerate(self.reads):
+            if read.argument is None:
+                hooks.append((read.module, partial(self._output_hook, index)))
+            else:
+                hooks.append((read.module, InputHook(partial(self._input_hook, index))))
+        return hooks
+
+    def _output_hook(
+        self, index: int, module: nn.Module, args: Any, kwargs: Any, output: Tensor
+    ) -> Tensor:
+        return self._keep(index, output)
+
+    def _input_hook(
+        self, index: int, module: nn.Module, args: Any, kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        name = self.reads[index].argument
+        tensor = kwargs.get(name)
+        if not isinstance(tensor, Tensor):
+            raise ExplainError(
+                f"{type(module).__name__} was called without {name}, where the relevance "
+                "of AttnLRP/CP-LRP is read"
+            )
+        return args, {**kwargs, name: self._keep(index, tensor)}
+
+    def _keep(self, index: int, tensor: Tensor) -> Tensor:
+        if self._tensors[index]:
+            raise ExplainError(
+                f"{type(self.reads[index].module).__name__} ran twice in one forward pass; "
+                "AttnLRP/CP-LRP read the relevance at its single embeddings"
+            )
+        if index == len(self.reads) - 1:
+            tensor = tensor.detach().requires_grad_(True)
+        elif not tensor.requires_grad:  # the deeper embeddings did not reach it
+            raise ExplainError(
+                f"the embeddings at {type(self.reads[index].module).__name__} do not depend "
+                f"on those at {type(self.reads[index + 1].module).__name__} in this forward "
+                "pass, so the relevance cannot be carried on to them"
+            )
+        self._tensors[index].append(tensor)
+        return tensor
+
+    @property
+    def tensors(self) -> list[Tensor]:
+        """The embeddings read (one tensor per read), once the forward pass has run and
+        every rule has attached."""
+        for read, tensors in zip(self.reads, self._tensors, strict=True):
+            if not tensors:
+                raise ExplainError(
+                    f"{type(read.module).__name__}, where the relevance is read, did not run "
+                    "in the forward pass"
+                )
         missing = sorted({name for key, name in self.expected.items() if key not in self.seen})
         if missing:
             raise UnsupportedModelError(
@@ -137,13 +210,13 @@ class AttnLrpCall:
                 "as a module (its weights are used directly), so its gradient cannot be "
                 "ruled; use 'generic' for this model"
             )
-        return self.tensors[0]
+        return [tensors[0] for tensors in self._tensors]
 
-    def relevance(self, gradient: Tensor, layout: TokenLayout) -> Tensor:
-        """(B, N) relevance over the layout's tokens: embedding x gradient summed over the
-        hidden size; (C, B, N) from the gradients of C score columns at once (C, B, ...)
-        (`embedding_relevance`)."""
-        return embedding_relevance(self.tensor, gradient, self.embedding_axis, layout)
+    def relevance(self, gradient: Tensor, layout: TokenLayout, read: int = 0) -> Tensor:
+        """(B, N) relevance over the layout's tokens of read `read`: embedding x gradient
+        summed over the hidden size; (C, B, N) from the gradients of C score columns at
+        once (C, B, ...) (`embedding_relevance`)."""
+        return embedding_relevance(self.tensors[read], gradient, self.reads[read].axis, layout)
 
 
 def embedding_relevance(inputs: Tensor, gradient: Tensor, axis: int, layout: TokenLayout) -> Tensor:
@@ -151,12 +224,16 @@ def embedding_relevance(inputs: Tensor, gradient: Tensor, axis: int, layout: Tok
     difference from a baseline's) times `gradient` (B, ...), summed over the hidden size
     at `axis` of `inputs`; (C, B, N) from the gradients of C score columns at once
     (C, B, ...). In float32 at least. Image embeddings hold the patches only: the prefix
-    tokens, which do not come from the image, get 0 (`on_layout`)."""
+    tokens, which do not come from the image, get 0 (`on_layout`). Packed embeddings
+    (N, D), a tower's patches of every image one after the other, give (N,) (the plan
+    regroups them)."""
     columns = gradient.dim() - inputs.dim()  # 0, or 1 for a column axis
     axis = axis if axis < 0 else axis + columns
     dtype = inputs.dtype if inputs.dtype == torch.float64 else torch.float32
     relevance = (inputs.to(dtype) * gradient.to(dtype)).sum(dim=axis)
-    return on_layout(relevance.flatten(columns + 1), layout)
+    if relevance.dim() > columns + 1:  # not packed: (B, tokens) from (B, ..., D)
+        relevance = relevance.flatten(columns + 1)
+    return on_layout(relevance, layout)
 
 
 def on_layout(relevance: Tensor, layout: TokenLayout) -> Tensor:
@@ -170,18 +247,17 @@ def on_layout(relevance: Tensor, layout: TokenLayout) -> Tensor:
 
 def attnlrp_hooks(
     model: nn.Module, sites: AttnLrpSites, variant: Variant, call: AttnLrpCall
-) -> list[tuple[nn.Module, ForwardHook]]:
-    """(module, forward hook) pairs that apply `variant`'s rules to `model` for one call,
-    whose state `call` keeps.
+) -> list[tuple[nn.Module, ModuleHook | InputHook]]:
+    """(module, hook) pairs that apply `variant`'s rules to `model` for one call, whose
+    state `call` keeps (the embeddings it reads among them).
 
-    The embedding leaf comes first; a module with two roles (an activation that gates, a
-    projection whose output is also corrected) gets one hook per role.
+    The embeddings' hooks come first; a module with two roles (an activation that gates,
+    a projection whose output is also corrected) gets one hook per role.
     """
     if variant not in VARIANTS:
         raise ExplainError(f"unknown rule set {variant!r}; known: {', '.join(VARIANTS)}")
     attnlrp = variant == "attnlrp"
     factors = _Factors(call)
-    call.embedding_axis = sites.embedding_axis
     # AttnLRP halves the gradient after q k^T and after A v: q and k get 1/4 where v is
     # ruled on its own, 1/2 where the A v output is; CP-LRP holds q and k constant.
     query_key = (0.5 if sites.attention_outputs else 0.25) if attnlrp else 0.0
@@ -196,7 +272,7 @@ def attnlrp_hooks(
         gated[id(gate.activation)] = 0.5 if attnlrp else None
         factors.add(gate.other, 0.5 if attnlrp else 1.0)
 
-    hooks: list[tuple[nn.Module, ForwardHook]] = [(sites.embedding, call.hook)]
+    hooks: list[tuple[nn.Module, ModuleHook | InputHook]] = call.hooks()
     tanh_inputs = {id(module) for module in sites.tanh_inputs}
     for module in model.modules():
         key = id(module)
@@ -285,8 +361,9 @@ def _layer_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) 
         _, _, scale = torch.native_layer_norm(
             x, list(module.normalized_shape), None, None, module.eps
         )
-        if module.weight is not None:
-            scale = module.weight * scale
+        weight = used_weight(module)  # where accelerate offloads it, not module.weight
+        if weight is not None:
+            scale = weight * scale
 
     dtype = x.dtype  # not x itself: the rule must not keep the input alive
 
@@ -299,24 +376,26 @@ def _layer_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) 
 
 def _rms_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
     """Identity rule: y = x * weight / rms(x) with the rms a constant (computed in float32,
-    as the models do), so the gradient of x is grad * weight / rms. Gemma's norms scale by
-    (1 + weight)."""
+    as the models do), so the gradient of x is grad * weight / rms, the weight applied as
+    the model applies it: in its own dtype, or, for Gemma's norms, as (1 + weight) in
+    float32."""
     x = _first_tensor(args, kwargs)
     eps = getattr(module, "variance_epsilon", None)
     if eps is None:
         eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
     with torch.no_grad():
         scale = torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
-        weight = getattr(module, "weight", None)
-        if weight is not None:
-            gain = 1.0 + weight.float() if type(module).__name__.startswith("Gemma") else weight
-            scale = scale * gain.float()
+        weight = used_weight(module)  # where accelerate offloads it, not module.weight
+        if weight is not None and type(module).__name__.startswith("Gemma"):
+            scale = scale * (1.0 + weight.float())
+        elif weight is not None:
+            scale = scale.to(weight.dtype) * weight
         scale = scale.to(output.dtype)
     dtype = x.dtype  # not x itself: the rule must not keep the input alive
     return _ruled(x, output, lambda grad: (grad * scale).to(dtype))
 
 
-def _gate_hook(factor: float | None) -> ForwardHook:
+def _gate_hook(factor: float | None) -> ModuleHook:
     """Identity rule on an element-wise y = f(x): the gradient of x is `factor` * y / x
     times that of y (LXT's epsilon 1e-10 in the denominator); None: y is a constant."""
 
@@ -358,7 +437,7 @@ class _Factors:
     def __contains__(self, key: int) -> bool:
         return key in self._parts
 
-    def hook(self, module: nn.Module) -> ForwardHook:
+    def hook(self, module: nn.Module) -> ModuleHook:
         parts = self._parts[id(module)][1]
         seen = self._call.seen
 

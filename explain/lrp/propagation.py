@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from explain.lrp.weights import base_layer, used_weight
+
 __all__ = [
     "CHEFER",
     "ORIGINAL",
@@ -229,18 +231,20 @@ def mean_tokens(tokens: Tensor, first: int, relevance: Tensor) -> Tensor:
     return spread
 
 
-def conv_input_zb(x: Tensor, conv: nn.Conv2d, relevance: Tensor) -> Tensor:
-    """The z^B rule on the input convolution, bounded by each sample's min and max value.
+def conv_input_zb(x: Tensor, conv: nn.Module, relevance: Tensor) -> Tensor:
+    """The z^B rule on the input convolution (an nn.Conv2d, or a wrapper that computes as
+    one: explain.lrp.weights), bounded by each sample's min and max value.
 
     `Z = conv(x, W) - conv(lo, W+) - conv(hi, W-) + 1e-9`, `S = R / Z`,
     `R_in = x convT(S, W) - lo convT(S, W+) - hi convT(S, W-)`; bias ignored.
     """
-    weight = conv.weight.detach().to(x.dtype)
+    weight = used_weight(conv).detach().to(x.dtype)
     positive_w, negative_w = weight.clamp(min=0), weight.clamp(max=0)
     low = x.amin(dim=(1, 2, 3), keepdim=True).expand_as(x)
     high = x.amax(dim=(1, 2, 3), keepdim=True).expand_as(x)
+    layer = base_layer(conv)  # a LoRA convolution keeps its geometry on its base layer
     geometry = dict(
-        stride=conv.stride, padding=conv.padding, dilation=conv.dilation, groups=conv.groups
+        stride=layer.stride, padding=layer.padding, dilation=layer.dilation, groups=layer.groups
     )
     z = (
         F.conv2d(x, weight, **geometry)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from explain.errors import UnsupportedModelError
 from explain.layout import ModuleHook
 from explain.lrp.propagation import RuleSet, passes_through
+from explain.lrp.weights import acts_as
 
 __all__ = [
     "LrpWalk",
@@ -115,8 +116,9 @@ def require_pass(module: nn.Module, where: str) -> None:
 
 
 def require_linear(module: nn.Module, where: str, *, may_pass: bool = False) -> None:
-    """nn.Linear (alpha-beta); `may_pass` also accepts a pass-through head (Identity)."""
-    if type(module) is not nn.Linear and not (may_pass and passes_through(module)):
+    """nn.Linear (alpha-beta), also inside a LoRA or weight-only quantised wrapper
+    (explain.lrp.weights); `may_pass` also accepts a pass-through head (Identity)."""
+    if acts_as(module) is not nn.Linear and not (may_pass and passes_through(module)):
         raise UnsupportedModelError(
             f"no LRP rule for {type_name(module)} at {where}: the alpha-beta rule covers "
             "torch.nn.Linear"

@@ -14,8 +14,9 @@ generated tokens) into one (C, B, N) fold, so that one spread per block serves t
 
 A method that reads only the last block (`LastBlock`) writes its map for several columns
 at once, and `ColumnLastBlocks` stacks the columns of a call into one such map. A windowed
-model's blocks (Swin) are folded window by window (`WindowedFold`); `readout_fold` picks
-the fold a layout needs.
+model's blocks (Swin) are folded window by window (`WindowedFold`), and its last block is
+read in its one window (`WindowedLastBlock`); `readout_fold` and `last_block` pick what a
+layout needs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from explain.errors import UnsupportedModelError
 from explain.layout import WindowedBlock
 from explain.rules.registry import RuleContext
 
@@ -39,11 +41,14 @@ __all__ = [
     "Spread",
     "Step",
     "WindowedFold",
+    "WindowedLastBlock",
     "compute_dtype",
     "from_windows",
+    "last_block",
     "readout_fold",
     "to_windows",
     "unmerge",
+    "unmerge_to",
     "vecmat",
 ]
 
@@ -268,6 +273,15 @@ class ColumnLastBlocks:
             block._result = column_map
 
 
+def last_block(context: RuleContext, compute: LastBlockMap, *rows: Tensor) -> LastBlock:
+    """The sink of a last-block method for `context`'s layout, `rows` (B, N) over the last
+    block's tokens: read in the last block's one window where the blocks attend within
+    windows (`TokenLayout.windows`, `WindowedLastBlock`), else over every token."""
+    if context.layout.windows:
+        return WindowedLastBlock(context.num_layers, compute, *rows, windows=context.layout.windows)
+    return LastBlock(context.num_layers, compute, *rows)
+
+
 # -- windowed attention (Swin) ------------------------------------------------------------
 
 
@@ -303,6 +317,15 @@ def unmerge(vector: Tensor, grid: tuple[int, int]) -> Tensor:
     merged = vector.reshape(batch, grid[0] // 2, grid[1] // 2)
     spread = merged.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2) / 4
     return spread.reshape(batch, grid[0] * grid[1])
+
+
+def unmerge_to(vector: Tensor, grid: tuple[int, int], target: tuple[int, int]) -> Tensor:
+    """(B, N) over `grid` -> (B, N') over the larger `target` grid of an earlier stage:
+    every patch merging between them undone (`unmerge`), the last one first."""
+    while grid != target:
+        grid = (2 * grid[0], 2 * grid[1])
+        vector = unmerge(vector, grid)
+    return vector
 
 
 class WindowedFold(ReadoutFold):
@@ -345,11 +368,51 @@ class WindowedFold(ReadoutFold):
 
     def _descend(self, grid: tuple[int, int]) -> None:
         """Undo the patch mergings between the vector's grid and the larger `grid`."""
-        while self._grid != grid:
-            self._grid = (2 * self._grid[0], 2 * self._grid[1])
-            self._vector = unmerge(self._vector, self._grid)
+        self._vector = unmerge_to(self._vector, self._grid, grid)
+        self._grid = grid
 
     def result(self) -> Tensor:
         super().result()  # raises unless every block has been folded
         self._descend(self._blocks[0].grid)
         return self._vector
+
+
+class WindowedLastBlock(LastBlock):
+    """A last-block method on a windowed model (Swin, `TokenLayout.windows`) whose last
+    block attends in one window over its whole grid, as Swin's last stage does at the size
+    it was built for (7 x 7 tokens in one 7 x 7 window at 224 pixels): that block's
+    recorded attention, (B * 1, H, w, w), is then the attention over all of its tokens,
+    in the window's order. The rows (B, N_last), over the last block's grid as the
+    readout row is, are put in that order (`to_windows`: the cyclic shift, which a window
+    as large as its grid does not have, would be undone too), the method's map is
+    computed as for any other model, put back on the grid (`from_windows`) and carried
+    through the patch mergings down to the input patch grid (`unmerge_to`, as
+    `WindowedFold` does).
+
+    A last block cut into several windows has no attention between them: its tokens are
+    never read together, and the model is refused before any forward."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        compute: LastBlockMap,
+        *rows: Tensor,
+        windows: tuple[WindowedBlock, ...],
+    ) -> None:
+        last = windows[-1]
+        if last.num_windows > 1:
+            (height, width), (wr, wc) = last.grid, last.window
+            raise UnsupportedModelError(
+                "this method reads the last block's attention over all of its tokens at "
+                f"once, but this model's last stage attends within {last.num_windows} "
+                f"windows of {wr}x{wc} tokens on its {height}x{width} grid, which never "
+                "attend to each other; use generic, rollout or raw_attention, which fold "
+                "windowed attention, or a model whose last stage is one window (Swin at "
+                "the image size it was built for)"
+            )
+        super().__init__(num_layers, compute, *(to_windows(row, last) for row in rows))
+        self._windows = windows
+
+    def result(self) -> Tensor:
+        last, first = self._windows[-1], self._windows[0]
+        return unmerge_to(from_windows(super().result(), last), last.grid, first.grid)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from explain.rules.fold import LastBlock, ReadoutFold, Spread, readout_fold, vecmat
+from explain.rules.fold import (
+    LastBlock,
+    ReadoutFold,
+    Spread,
+    last_block,
+    readout_fold,
+    vecmat,
+)
 from explain.rules.registry import Need, RuleContext, first_block, register_method
 
 __all__ = [
@@ -62,8 +69,8 @@ def generic(context: RuleContext) -> ReadoutFold:
 def attention_gradcam(context: RuleContext) -> LastBlock:
     """GradCAM on the last block's attention: head weights = mean readout-row gradient."""
     readout = context.readout
-    keys = context.layout.key_mask(readout.shape[0], readout.device)
-    return LastBlock(context.num_layers, gradcam_maps, readout, keys)
+    keys = context.layout.last_block_keys(readout.shape[0], readout.device)
+    return last_block(context, gradcam_maps, readout, keys)
 
 
 def gradcam_maps(rows: tuple[Tensor, ...], attention: Tensor, gradients: Tensor | None) -> Tensor:

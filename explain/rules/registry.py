@@ -142,6 +142,17 @@ class Method:
         that differentiate it, and occlusion, which measures its drop."""
         return self.needs_gradients or Need.OCCLUSION in self.needs
 
+    @property
+    def linear_in_score(self) -> bool:
+        """Whether the relevance is linear in the explained score: Gradient x Input, plain
+        or under rules fixed by the forward (AttnLRP, CP-LRP), integrated gradients (a
+        sum of such gradients along a path fixed by the inputs) and occlusion (a
+        difference of scores), so the relevance of a sum or a difference of scores is the
+        sum or difference of their relevances, even across forwards that share the
+        input. The attention rules clamp (generic, attention GradCAM) or ignore the score
+        (rollout), and are not."""
+        return bool(self.needs & {Need.EMBEDDING_GRADIENTS, Need.PATH_GRADIENTS, Need.OCCLUSION})
+
     def options(self) -> dict[str, Any]:
         """The method's options (the builder's keyword parameters) with their defaults."""
         parameters = list(inspect.signature(self.build).parameters.values())[1:]

@@ -1,13 +1,10 @@
 """How one view of the page turns relevance into colour: each map on its own scale, or one
 shared scale per kind of map, with the colour keys and the caption that say which.
 
-"per_map" is the figures' rule (explain.viz.scaling). "shared" keeps the unsigned maps
-(generic, rollout, ...: non-negative) and the signed maps (AttnLRP, CP-LRP, full LRP)
-on two scales, 0 to the largest unsigned value and -M to M over the largest signed
-magnitude, each with its own key. One red-blue scale for both would draw the unsigned
-maps, whose values are often a hundred times smaller, almost white: a method that found
-something would look as if it found nothing. Where a view holds both kinds, the signed
-panels are marked ±, as the keys say.
+The rules are the figures' (explain.viz.scaling), so a page and a PNG of the same maps
+say the same: "per_map", or "shared", which keeps the unsigned maps and the signed maps
+on two scales, each with its own key, never one red-blue scale for both. Where a view
+holds both kinds, the signed panels are marked ±, as the keys say.
 """
 
 from __future__ import annotations
@@ -68,36 +65,11 @@ def scale_view(maps: Sequence[np.ndarray], rule: str = "per_map") -> ViewScale:
     """Scale the raw maps of one view (at least one) by `rule` ("per_map" or "shared",
     see above)."""
     check_rule(rule)
-    own = scale_maps(maps, "per_map")
-    both = len(set(own.signed)) > 1
-    marked = [signed and both for signed in own.signed]
-    if rule == "per_map":
-        kinds = own.keys()  # False: the sequential key, True: the diverging one
-        keys = [_key(own, signed, own.key_label(signed)) for signed in kinds]
-        return ViewScale(own.maps, own.notes, own.signed, marked, keys, own.caption())
-    display: list[np.ndarray] = [np.empty(0)] * len(maps)
-    groups = {}
-    for kind in sorted(set(own.signed)):  # unsigned first: its key comes first
-        members = [i for i, signed in enumerate(own.signed) if signed == kind]
-        group = scale_maps([maps[i] for i in members], "shared")
-        for position, i in enumerate(members):
-            display[i] = group.maps[position]
-        groups[kind] = group
-    if not both:
-        ((kind, group),) = groups.items()
-        keys = [_key(group, kind, group.key_label(kind))]
-        return ViewScale(display, own.notes, own.signed, marked, keys, group.caption())
-    unsigned, signed = groups[False], groups[True]
-    keys = [
-        _key(unsigned, False, "unsigned maps (one shared scale)"),
-        _key(signed, True, "signed maps, marked ± (one shared scale)"),
-    ]
-    caption = (
-        f"One shared scale per kind of map: unsigned maps 0 to {unsigned.peak:.3g}, signed "
-        f"maps (marked ±) -{signed.peak:.3g} to {signed.peak:.3g} (red for, blue against), "
-        "each with its key; opacity follows |relevance|."
-    )
-    return ViewScale(display, own.notes, own.signed, marked, keys, caption)
+    scaled = scale_maps(maps, rule)
+    kinds = scaled.keys()  # False: the sequential key, True: the diverging one
+    marked = [signed and len(kinds) > 1 for signed in scaled.signed]
+    keys = [_key(scaled, signed, scaled.key_label(signed)) for signed in kinds]
+    return ViewScale(scaled.maps, scaled.notes, scaled.signed, marked, keys, scaled.caption())
 
 
 def _key(scale: FigureScale, signed: bool, title: str) -> dict[str, Any]:

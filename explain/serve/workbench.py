@@ -47,6 +47,11 @@ _INDEX_END = 2**63
 """One past the largest index a class can have (a target is an int64 tensor)."""
 _GREY = " The image is shown in grey: every colour is relevance."
 """What an image view's caption adds: the maps are drawn over the image in grey."""
+_OFF_THE_SCALE = (
+    " The token a generated token is read out at (the one just before it, hatched grey) is "
+    "off the scale: its own identity term would swamp the rest."
+)
+"""What the generation view's caption adds, as the figure and the terminal say it."""
 
 Kind = Literal["image", "text", "generation", "clip"]
 
@@ -209,8 +214,12 @@ class Workbench:
         return answer
 
     def explain_generation(self, prompt: str, max_new_tokens: int, method: str) -> dict[str, Any]:
-        """Generate a continuation of `prompt` and explain each generated token: row g of
-        `rows` is the relevance of every earlier token for generated token g."""
+        """Generate a continuation of `prompt` and explain each generated token, as the
+        terminal and the figure show it (explain.generation.Answer): row g of `rows` is
+        the relevance of every earlier token for generated token g, up to the token it
+        is read out at (`readouts[g]`), which is off the colour scale (`display[g]` stops
+        before it: its own identity term would swamp the rest) and out of `rests_on[g]`,
+        the tokens it was generated mostly from."""
         from explain.generation import explain_generation
 
         self._require("generation")
@@ -219,24 +228,23 @@ class Workbench:
         if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
             raise InputError(f"max_new_tokens must be 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
         found = explain_generation(self.explainer, prompt, max_new_tokens, method=method)
-        result, generation = found.explanation, found.generation
-        width = generation.prompt_length
-        count = int(generation.generated[0].sum())
-        first = int((~generation.attention_mask[0, :width].bool()).sum())  # left padding
-        tokens = list(result.tokens[0][first : width + count])
-        matrix = result.relevance[0, :count, first : width + count].float().cpu().numpy()
-        prompt_tokens = width - first
-        rows = [matrix[g, : prompt_tokens + g] for g in range(count)]
-        scaled = [scale_view([row]) for row in rows]
+        answer = found.answer(0)
+        matrix = answer.relevance.float().cpu().numpy()
+        generated = range(len(answer.generated))
+        readouts = [answer.readout(g) for g in generated]
+        rows = [matrix[g, : readouts[g] + 1] for g in generated]
+        scaled = [scale_view([row[:-1]]) for row in rows]
         return {
             "method": method,
-            "tokens": tokens,
-            "prompt_tokens": prompt_tokens,
+            "tokens": answer.tokens,
+            "prompt_tokens": answer.prompt_length,
             "rows": [row.tolist() for row in rows],
+            "readouts": readouts,
+            "rests_on": [answer.rests_on(g) for g in generated],
             "display": [s.maps[0].tolist() for s in scaled],
             "signed": [s.signed[0] for s in scaled],
             "keys": [s.keys for s in scaled],  # each row's own: the page shows the one clicked
-            "caption": scaled[0].caption if scaled else "",
+            "caption": scaled[0].caption + _OFF_THE_SCALE if scaled else "",
         }
 
     # --- CLIP ------------------------------------------------------------------------

@@ -59,6 +59,14 @@ def _plain_attributes(model: nn.Module) -> Iterator[tuple[str, Any]]:
                     yield f"{name or '<root>'}.config.{key}", getattr(config, key)
 
 
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Equal values; for tensors on the meta device (weights that accelerate offloads,
+    whose values live in its weights map) the same shape and dtype, on meta both."""
+    if a.is_meta or b.is_meta:
+        return a.is_meta and b.is_meta and a.shape == b.shape and a.dtype == b.dtype
+    return torch.equal(a, b)
+
+
 @dataclass
 class ModelState:
     """Everything an explanation call promises to leave unchanged."""
@@ -94,7 +102,7 @@ class ModelState:
         """Human-readable list of what differs between two snapshots (empty if nothing)."""
         found = []
         for name, value in self.parameters.items():
-            if not torch.equal(value, other.parameters[name]):
+            if not _same(value, other.parameters[name]):
                 found.append(f"parameter {name} changed")
         for name, grad in self.grads.items():
             new = other.grads[name]

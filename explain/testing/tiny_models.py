@@ -741,7 +741,7 @@ def tiny_swin(kind: str = "timm", *, num_classes: int = 5, seed: int = 0) -> nn.
         from timm.models.swin_transformer_v2 import SwinTransformerV2
 
         cls = SwinTransformer if kind == "timm" else SwinTransformerV2
-        return _seeded(
+        model = _seeded(
             lambda: cls(
                 img_size=32,
                 patch_size=2,
@@ -753,6 +753,15 @@ def tiny_swin(kind: str = "timm", *, num_classes: int = 5, seed: int = 0) -> nn.
             ),
             seed,
         )
+        if kind == "timm_v2":
+            # timm zero-initialises v2's post-norms (res-post-norm), so that a new model's
+            # blocks add nothing and every attention gradient is 0; a trained model's are
+            # not zero. Set to 1, as transformers initialises them.
+            with torch.no_grad():
+                for block in (b for stage in model.layers for b in stage.blocks):
+                    block.norm1.weight.fill_(1.0)
+                    block.norm2.weight.fill_(1.0)
+        return model
     if kind in ("hf", "hf_v2"):
         import transformers
 

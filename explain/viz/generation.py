@@ -26,27 +26,15 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.viz.choice_script import choice_script
+from explain.viz.shade_script import SHADE_SCRIPT
 from explain.viz.text import colour
 
 __all__ = ["generation_html"]
 
-_SCRIPT = """
+_SCRIPT = (
+    SHADE_SCRIPT
+    + """
 const rows = JSON.parse(document.getElementById("relevance").textContent);
-const red = [178, 24, 43], blue = [33, 102, 172];
-function shade(value, scale) {
-  const s = scale > 0 ? Math.max(-1, Math.min(1, value / scale)) : 0;
-  const end = s >= 0 ? red : blue, w = Math.abs(s);
-  return end.map(c => Math.round(255 + (c - 255) * w));
-}
-// WCAG 2 relative luminance; black or white text, whichever contrasts more (>= 4.58:1).
-function luminance(rgb) {
-  const l = rgb.map(c => c / 255).map(c => c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4);
-  return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2];
-}
-function ink(rgb) {
-  const y = luminance(rgb);
-  return (y + 0.05) / 0.05 >= 1.05 / (y + 0.05) ? "black" : "white";
-}
 function choose(g) {
   const row = rows[g], prompt = PROMPT, at = prompt + g;
   let scale = 0;
@@ -69,6 +57,7 @@ function choose(g) {
     chosen.dataset.rests;
 }
 """
+)
 
 _CHOICE = choice_script("span.gen", "rows")
 

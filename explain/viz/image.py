@@ -328,9 +328,10 @@ def _reading_order_panels(
 def _draw_colorbar(
     figure: Figure, area: tuple[float, float, float, float], scale: FigureScale, cmap: str | None
 ) -> None:
-    """The colour keys of the figure's rule in `area`: relevance values on a shared scale,
-    else the ends of each map's own range; the sequential key above the diverging one
-    when the figure has both unsigned and signed maps (the signed panels are marked ±)."""
+    """The colour keys of the figure's rule in `area`: relevance values on a shared scale
+    (one per kind of map), else the ends of each map's own range; the sequential key above
+    the diverging one when the figure has both unsigned and signed maps (the signed panels
+    are marked ±)."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 

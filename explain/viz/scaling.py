@@ -11,9 +11,14 @@ Relevance has no common unit across methods, so a figure says how its colours we
   pixels would otherwise leave the rest of the map invisibly faint. Colours compare places
   within a map, never maps with each other, so such a figure has a colour key (a map's
   own ends) but no value bar.
-- `"shared"`: every map of the figure on one scale, 0 to the largest relevance in the
-  figure (-M to M, diverging, when any map is signed), with a colour bar in relevance
-  units. Colours compare maps too: a weak map looks weak.
+- `"shared"`: one scale per kind of map, with a colour bar in relevance units each: the
+  unsigned maps (generic, rollout, ...: non-negative) from 0 to the largest of them, the
+  signed maps (AttnLRP, CP-LRP, full LRP) from -M to M over the largest magnitude among
+  them, diverging. Colours compare maps of a kind too: a weak map looks weak. Never one
+  red-blue scale for both kinds: the unsigned maps, whose values are often a hundred
+  times smaller, would be drawn almost white, and a method that found something would
+  look as if it found nothing. Where a figure holds both kinds, the signed panels are
+  marked ±, as their key says.
 
 All-zero and constant maps carry no information about places; they are drawn without
 colour and labelled as such.
@@ -55,14 +60,15 @@ class FigureScale:
         notes: per map, "all-zero map", "constant map" or None.
         signed: per map, whether it is drawn on the diverging scale.
         rule: "per_map" or "shared".
-        peak: the relevance that display value 1 stands for ("shared"), else None.
+        peaks: under "shared", per kind of map present (False: unsigned, True: signed),
+            the relevance that display value 1 stands for; empty under "per_map".
     """
 
     maps: list[np.ndarray]
     notes: list[str | None]
     signed: list[bool]
     rule: str
-    peak: float | None
+    peaks: dict[bool, float]
 
     def keys(self) -> list[bool]:
         """The colour keys the figure needs: False for the sequential one, True for the
@@ -72,10 +78,18 @@ class FigureScale:
     def caption(self) -> str:
         """One line for the figure that states the rule."""
         if self.rule == "shared":
-            low = f"-{self.peak:.3g}" if any(self.signed) else "0"
+            if len(self.keys()) > 1:
+                unsigned, signed = self.peaks[False], self.peaks[True]
+                return (
+                    f"One shared scale per kind of map: unsigned maps 0 to {unsigned:.3g}, "
+                    f"signed maps (marked ±) -{signed:.3g} to {signed:.3g} (red for, blue "
+                    "against), each with its key; opacity follows |relevance|."
+                )
+            (signed,) = self.keys()
+            peak = self.peaks.get(signed, 0.0)
+            low = f"-{peak:.3g}" if signed else "0"
             return (
-                f"One scale for every map ({low} to {self.peak:.3g}, bar); "
-                "opacity follows |relevance|."
+                f"One scale for every map ({low} to {peak:.3g}, bar); opacity follows |relevance|."
             )
         top = f"{SIGNED_PERCENTILE:g}th percentile of |relevance|"
         if all(self.signed):
@@ -96,7 +110,7 @@ class FigureScale:
     def key_ticks(self, signed: bool) -> tuple[list[float], list[str]]:
         """Ticks (display units) and labels of the sequential or the diverging key."""
         if self.rule == "shared":
-            peak = float(self.peak or 0.0)
+            peak = self.peaks.get(signed, 0.0)
             if signed:
                 return [-1.0, 0.0, 1.0], [f"{-peak:.3g}", "0", f"{peak:.3g}"]
             return [0.0, 1.0], ["0", f"{peak:.3g}"]
@@ -108,6 +122,12 @@ class FigureScale:
     def key_label(self, signed: bool) -> str:
         """What a key applies to; with both keys, the signed maps are the panels marked ±."""
         if self.rule == "shared":
+            if len(self.keys()) > 1:
+                return (
+                    "signed maps, marked ± (one shared scale)"
+                    if signed
+                    else "unsigned maps (one shared scale)"
+                )
             return "relevance (shared scale)"
         if len(self.keys()) > 1:
             return "signed maps (panels marked ±)" if signed else "unsigned maps (unmarked)"
@@ -132,12 +152,23 @@ def scale_maps(maps: Sequence[np.ndarray], rule: str = "per_map") -> FigureScale
         raise InputError("a relevance map holds NaN or infinite values; nothing can be drawn")
     notes = [_note(m) for m in raw]
     signed = [note is None and bool(m.min() < 0) for m, note in zip(raw, notes, strict=True)]
-    if rule == "shared":
-        peak = max((float(np.abs(m).max()) for m in raw if m.size), default=0.0)
-        scaled = [m / peak if peak > 0 else np.zeros_like(m) for m in raw]
-        if any(signed):
-            return FigureScale(scaled, notes, [True] * len(raw), rule, peak)
-        return FigureScale([np.clip(m, 0.0, 1.0) for m in scaled], notes, signed, rule, peak)
+    if rule == "shared":  # one scale per kind of map
+        peaks = {
+            kind: max(
+                (
+                    float(np.abs(m).max())
+                    for m, s in zip(raw, signed, strict=True)
+                    if s == kind and m.size
+                ),
+                default=0.0,
+            )
+            for kind in set(signed)
+        }
+        shared = []
+        for m, kind in zip(raw, signed, strict=True):
+            shown = m / peaks[kind] if peaks[kind] > 0 else np.zeros_like(m)
+            shared.append(shown if kind else np.clip(shown, 0.0, 1.0))
+        return FigureScale(shared, notes, signed, rule, peaks)
     scaled = []
     for m, note, negative in zip(raw, notes, signed, strict=True):
         if note is not None:
@@ -147,4 +178,4 @@ def scale_maps(maps: Sequence[np.ndarray], rule: str = "per_map") -> FigureScale
             scaled.append(np.clip(m / (top if top > 0 else np.abs(m).max()), -1.0, 1.0))
         else:
             scaled.append((m - m.min()) / (m.max() - m.min()))
-    return FigureScale(scaled, notes, signed, rule, None)
+    return FigureScale(scaled, notes, signed, rule, {})

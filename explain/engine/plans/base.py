@@ -35,19 +35,23 @@ from explain.engine.passes import (
 from explain.engine.request import Request, StartLayer, integer_option
 from explain.engine.session import Session
 from explain.engine.targets import (
+    Contrast,
     Score,
     check_score,
     require_explicit_target,
+    resolve_foil,
     resolve_targets,
     select_scores,
 )
 from explain.errors import ExplainError, OptionError
-from explain.layout import Prepared, TokenSet
-from explain.rules import METHODS, Method, RuleContext, Sink
+from explain.layout import Prepared, TokenLayout, TokenSet
+from explain.lrp.attnlrp import AttnLrpSites, Embedding
+from explain.rules import LRP_NEEDS, METHODS, Method, RuleContext, Sink
 
 __all__ = [
     "Plan",
     "SetSinks",
+    "check_contrast",
     "check_tokenizer",
     "custom_scores",
     "masked_columns",
@@ -108,6 +112,34 @@ def check_tokenizer(adapter: Adapter, tokenizer: Any) -> None:
             f"{type(adapter.model).__name__} reads no text, so it takes no tokenizer "
             "(the tokenizer names and encodes texts); leave tokenizer unset"
         )
+
+
+def takes_contrast(spec: Method) -> bool:
+    """Whether `spec` can explain a `Contrast` (the difference of two classes' scores):
+    it differentiates a score or measures its drop, and no LRP walk starts it from one
+    class's logit."""
+    return spec.takes_score and not spec.needs & LRP_NEEDS
+
+
+def check_contrast(spec: Method | None, refused_because: str | None) -> None:
+    """Refuse a `Contrast` target before any work where it cannot be explained: by a plan
+    whose targets are not classes of one output (`refused_because` says why), or by a
+    method that differentiates no score or starts an LRP walk from one logit (a trace,
+    `spec` None, follows the contrast's score like any other)."""
+    if refused_because is not None:
+        raise OptionError(f"a contrastive target cannot be explained here: {refused_because}")
+    if spec is None or takes_contrast(spec):
+        return
+    why = (
+        "starts its LRP walk from one class's logit"
+        if spec.needs & LRP_NEEDS
+        else "gives one map whatever the target"
+    )
+    takers = ", ".join(name for name, m in sorted(METHODS.items()) if takes_contrast(m))
+    raise OptionError(
+        f"method {spec.name!r} {why}, so it cannot explain a contrast (the difference of "
+        f"two classes' scores); the methods that can: {takers}"
+    )
 
 
 def custom_scores(score: Score | None) -> None:
@@ -217,6 +249,10 @@ class Plan:
     refusal: ClassVar[type[ExplainError]] = OptionError
     """The error that refuses such a method: the kind refuses it by design (an option)."""
 
+    contrast_refused: ClassVar[str | None] = None
+    """Why this kind of model takes no `Contrast` target; None: it takes one (the
+    difference of two classes' scores of its one output, `columns`)."""
+
     trace_score: ClassVar[Score] = "probability"
     """The score `trace` differentiates when none is given."""
 
@@ -233,6 +269,10 @@ class Plan:
         self.tokenizer = tokenizer
         default = "logit" if spec is not None else self.trace_score
         self.score: Score = resolve_score(spec, request.score, default)
+        if isinstance(request.target, Contrast):
+            check_contrast(spec, self.contrast_refused)
+        self.foil: Tensor | None = None
+        """A contrast's foil classes (B,), once `columns` has resolved them."""
         self.prepared: Prepared
         self.sets: Sequence[TokenSet]
 
@@ -304,6 +344,12 @@ class Plan:
         that can read all columns at once overrides it."""
         return [self.read(column, sink) for column, sink in enumerate(sinks)]
 
+    def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
+        """Where AttnLRP and CP-LRP read relevance, each with the layout of its tokens
+        (explain.engine.passes `EmbeddingGradientPass`): the family's embeddings, over the
+        prepared inputs' tokens."""
+        return [(sites.read, self.prepared.layout)]
+
     # -- scores -------------------------------------------------------------------------
 
     def columns(self, output: Tensor) -> Columns:
@@ -316,7 +362,8 @@ class Plan:
                 custom[:, None], no_class(output.shape[0], output.device), output, custom=True
             )
         index = classes if classes.dim() == 2 else classes[:, None]
-        return Columns(select_scores(output, index, self.score), classes, output)
+        self.foil = resolve_foil(output, self.request.target)
+        return Columns(select_scores(output, index, self.score, self.foil), classes, output)
 
     def copy_forward(self, copies: int) -> Tensor:
         """The output of one forward (as `forward`'s) over `copies` copies of the inputs
@@ -339,7 +386,8 @@ class Plan:
             scores = [self.columns(output[c * rows : (c + 1) * rows]).scores for c in range(copies)]
             return torch.cat(scores)
         index = columns.classes if columns.classes.dim() == 2 else columns.classes[:, None]
-        return select_scores(output, index.repeat(copies, 1), self.score)
+        foil = None if self.foil is None else self.foil.repeat(copies)
+        return select_scores(output, index.repeat(copies, 1), self.score, foil)
 
     def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
         """The relevance per set from the columns' (each (B, ...) on the input): (B, ...),

@@ -44,6 +44,7 @@ class DualEncoderPlan(Plan):
         "embedding module, where the towers have two"
     )
     trace_score = "logit"
+    contrast_refused = "a dual encoder's target picks the text an image is paired with"
 
     def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
         super().__init__(adapter, spec, request, tokenizer)

@@ -48,6 +48,10 @@ class EncoderDecoderPlan(Plan):
     """
 
     passes = frozenset({AttentionGradientPass})
+    contrast_refused = (
+        "an encoder-decoder's targets are its decoder positions' tokens; explain the "
+        "two tokens and subtract (AttnLRP and CP-LRP are linear in the score)"
+    )
     methods = frozenset({"generic"})
     refused_because = (
         "encoder-decoders are explained with the generic rule in its two-token-set form"

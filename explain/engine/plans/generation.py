@@ -108,6 +108,10 @@ class GenerationPlan(Plan):
             OcclusionPass,
         }
     )
+    contrast_refused = (
+        "a generation explains the tokens it generated; contrast two answers with "
+        "explain.cite.explain_contrast"
+    )
     refused_because = (
         "a generation is explained at every generated position from one forward, and an "
         "LRP walk propagates one position's logit per pass"

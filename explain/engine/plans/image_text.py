@@ -22,6 +22,12 @@ Two depths (option `depth`, stated in `Explanation.settings`):
   gradients in the same backward, after the language model's; where the method folds by
   spreads, every column's tower fold starts from its language-model fold's rows
   (explain.engine.spread `ReadOut`) and streams as that one does.
+
+AttnLRP and CP-LRP (`EmbeddingGradientPass`) read Gradient x Input at the language
+model's input embeddings, the image features among them, whose image tokens then go back
+onto the photo as above; at depth "tower" the image's relevance is read instead at the
+tower's patch embeddings, the gradient carried on under the same rules through the
+projector and the tower's blocks (`embeddings`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,13 @@ import torch
 from torch import Tensor
 
 from explain.architectures.base import Adapter, LanguageModel
-from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, ForwardPass
+from explain.engine.passes import (
+    AttentionGradientPass,
+    Columns,
+    ColumnSink,
+    EmbeddingGradientPass,
+    ForwardPass,
+)
 from explain.engine.plans.base import Plan, masked_columns, per_set, resolve_start_layer
 from explain.engine.plans.generation import column_rows, generated_tokens, read_out_at
 from explain.engine.request import Request
@@ -42,12 +54,21 @@ from explain.engine.spread import ReadOut
 from explain.engine.targets import select_scores
 from explain.errors import OptionError
 from explain.layout import ImagePrepared, ImageTokens, TokenLayout
-from explain.rules import Method, RuleContext, Sink
+from explain.lrp.attnlrp import AttnLrpSites, Embedding
+from explain.rules import Method, Need, RuleContext, Sink
 
-__all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextPlan", "ImageTextSink"]
+__all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextPlan", "ImageTextSink", "reaches_tower"]
 
 Depth = Literal["lm", "tower"]
 DEPTHS: tuple[Depth, ...] = ("lm", "tower")
+
+
+def reaches_tower(spec: Method) -> bool:
+    """Whether `spec` continues through the tower at depth "tower": a method that
+    aggregates over blocks (its fold read out by the language model's) or reads
+    Gradient x Input at the embeddings (carried on to the tower's patch embeddings); a
+    method that reads one fixed block does not."""
+    return spec.default_start_layer is not None or Need.EMBEDDING_GRADIENTS in spec.needs
 
 
 @dataclass(frozen=True)
@@ -116,6 +137,7 @@ class ImageTextSink:
         self._tower: Sink | None = None
         self._waiting: list[tuple[int, Tensor, Tensor | None]] = []
         self._text_result: Tensor | None = None
+        self._tower_input: Tensor | None = None
         self._awaited = set(text.layers)  # the text's blocks its fold has yet to see
         text_layers = [offset + layer for layer in text.layers]
         self.layers: list[int] = ([*tower_layers] if tower is not None else []) + text_layers
@@ -144,6 +166,15 @@ class ImageTextSink:
         tower = ReadOut(0, self._tower_layers, self._image.tower_rows, self._start_tower)
         return [text, (range(self._offset), tower)]
 
+    def add_input(self, text: Tensor, tower: Tensor | None = None) -> None:
+        """AttnLRP's and CP-LRP's relevance (`ImageTextPlan.embeddings`): at the language
+        model's input embeddings (B, T) and, at depth "tower", at the tower's patch
+        embeddings (the tower's batch, tower tokens; or its patches, for a tower that
+        runs them packed), which is then the tower's result."""
+        self._text.add_input(text)  # type: ignore[attr-defined]  # an InputSink (Need)
+        if tower is not None:
+            self._tower_input = tower.reshape(-1, self._image.tokens.tower_tokens)
+
     def _text_relevance(self) -> Tensor:
         if self._text_result is None:
             self._text_result = self._text.result()
@@ -168,7 +199,11 @@ class ImageTextSink:
         """(the language model's folded rows (B, T), the tower's (the tower's batch, tower
         tokens) at depth "tower", else None)."""
         text = self._text_relevance()
-        return text, None if self._build_tower is None else self._tower_sink().result()
+        if self._build_tower is None:
+            return text, None
+        if self._tower_input is not None:
+            return text, self._tower_input
+        return text, self._tower_sink().result()
 
 
 class ImageTextPlan(Plan):
@@ -179,12 +214,10 @@ class ImageTextPlan(Plan):
     ({"text": s, "image": s}: the language model's, the tower's), as for dual encoders.
     """
 
-    passes = frozenset({ForwardPass, AttentionGradientPass})
+    passes = frozenset({ForwardPass, AttentionGradientPass, EmbeddingGradientPass})
     refused_because = (
-        "vision-language models are explained by the attention methods: the LRP walks "
-        "have no rules for their projectors and towers, and AttnLRP and CP-LRP read "
-        "Gradient x Input at an embedding module's output, while the image tokens enter "
-        "the language model after it (the model's forward scatters them in)"
+        "vision-language models are explained by the attention methods, AttnLRP and "
+        "CP-LRP: the LRP walks have no rules for their projectors and towers"
     )
     generates: ClassVar[bool] = True
 
@@ -204,11 +237,11 @@ class ImageTextPlan(Plan):
                 "token: trace a prefix of it with its next token as the target"
             )
         super().__init__(adapter, spec, replace(request, options=options), tokenizer)
-        if spec is not None and depth == "tower" and spec.default_start_layer is None:
+        if spec is not None and depth == "tower" and not reaches_tower(spec):
             raise OptionError(
-                f"depth='tower' continues an aggregation over blocks through the tower's "
-                f"blocks; method {spec.name!r} reads one fixed block (use generic or rollout, "
-                "or depth='lm')"
+                f"depth='tower' continues an aggregation over blocks, or a gradient, through "
+                f"the tower's blocks; method {spec.name!r} reads one fixed block (use "
+                "generic, rollout, attnlrp or cp_lrp, or depth='lm')"
             )
         if self.generation and request.target is not None:
             raise OptionError(
@@ -295,6 +328,19 @@ class ImageTextPlan(Plan):
             )
             for readout, mask in rows
         ]
+
+    def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
+        """AttnLRP and CP-LRP read the language model's input embeddings (over the text's
+        tokens, the image tokens among them) and, at depth "tower", the tower's patch
+        embeddings beneath them (over the tower's tokens, its prefix tokens 0)."""
+        _, text = self.sets
+        reads = [(sites.read, text.layout)]
+        if self.depth == "tower":
+            assert sites.tower is not None  # a vision-language model's sites have it
+            tokens = self.image.tokens
+            layout = TokenLayout.image(tokens.grid, tokens.input_size, tokens.tower_prefix)
+            reads.append((sites.tower, layout))
+        return reads
 
     def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
         return self.read_columns([sink])[0]

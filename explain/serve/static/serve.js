@@ -601,27 +601,32 @@ async function generate(prompt) {
   });
   $("generation").replaceChildren(...spans);
 
+  // Generated token g: every token before it coloured by its relevance for g, except the
+  // token g is read out at (answer.readouts[g]), hatched grey and off the scale, as in the
+  // figure; what g rests on most is the server's (explain.generation.Answer.rests_on).
   function pick(g) {
     const row = answer.rows[g];
+    const readout = answer.readouts[g];
+    const chosen = answer.tokens[answer.prompt_tokens + g];
     drawKeys($("gen-keys"), answer.keys[g]);
     spans.forEach((span, i) => {
       span.classList.toggle("chosen", i === answer.prompt_tokens + g);
-      if (i < row.length) {
-        span.style.backgroundColor = cssColour(answer.display[g][i], answer.signed[g]);
+      span.classList.toggle("readout-token", i === readout);
+      span.style.backgroundColor = i < readout ? cssColour(answer.display[g][i], answer.signed[g]) : "";
+      if (i <= readout) {
+        const off = i === readout ? " (the token it is read out at: its own identity term, off the scale)" : "";
         span.dataset.value = String(row[i]);
         span.onmouseenter = () => {
-          $("gen-hover").textContent = `${answer.tokens[answer.prompt_tokens + g]} ← ${span.textContent} = ${format(row[i])}`;
+          $("gen-hover").textContent = `${chosen} ← ${span.textContent} = ${format(row[i])}${off}`;
           $("gen-hover").dataset.value = String(row[i]);
         };
       } else {
-        span.style.backgroundColor = "";
         delete span.dataset.value;
         span.onmouseenter = null;
       }
     });
-    const order = row.map((v, i) => [v, i]).sort((a, b) => b[0] - a[0]).slice(0, 3);
-    const top = order.map(([v, i]) => `${answer.tokens[i]} (${format(v)})`).join(", ");
-    $("gen-hover").textContent = `${answer.tokens[answer.prompt_tokens + g]} was generated mostly from: ${top}`;
+    const rests = answer.rests_on[g].map((i) => `${answer.tokens[i]} (${format(row[i])})`);
+    $("gen-hover").textContent = `${chosen} was generated mostly from: ${rests.join(", ") || "nothing read before it"}`;
   }
 }
 

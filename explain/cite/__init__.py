@@ -1,0 +1,40 @@
+"""Which part of a context an answer came from: span attribution of a language model's
+answer, checked by ablation (`cite`), and contrasts of two answers (`explain_contrast`).
+
+The context is split into spans (explain.cite.spans), put into a prompt with the question
+(explain.cite.prompt), every answer token is explained over the prompt in one batched
+backward (explain.cite.attribution, on explain.generation), and the ranking is checked by
+removing the top spans (explain.cite.check). docs/cite.md is the guide.
+"""
+
+from explain.cite.attribution import (
+    Citation,
+    ContrastExplanation,
+    cite,
+    explain_contrast,
+    span_sums,
+)
+from explain.cite.check import ABLATION, Check, TopKDrop, check_ranking, spearman
+from explain.cite.prompt import TEMPLATE, Context, Prompt, build_prompt, read_context
+from explain.cite.spans import KINDS, Span, split
+
+__all__ = [
+    "ABLATION",
+    "KINDS",
+    "TEMPLATE",
+    "Check",
+    "Citation",
+    "Context",
+    "ContrastExplanation",
+    "Prompt",
+    "Span",
+    "TopKDrop",
+    "build_prompt",
+    "check_ranking",
+    "cite",
+    "explain_contrast",
+    "read_context",
+    "span_sums",
+    "spearman",
+    "split",
+]

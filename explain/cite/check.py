@@ -1,0 +1,237 @@
+"""How far to trust a span ranking for one answer: ContextCite's checks, by ablation.
+
+The target is the answer's log-probability given the prompt (for a contrast, the
+answer's minus the foil's). Ablating a set of spans REMOVES their tokens from the
+prompt: the rest of the prompt (the template, the question, the other spans) is kept in
+order, and the answer follows it; the tokenization is the full prompt's (the tokens of
+the removed spans are cut out, nothing is re-tokenized). Then
+
+- the top-k drop: the target with the whole context minus the target without the k
+  spans that the ranking puts first (k = 1, 3, 5, those below the number of spans),
+  against the mean drop without k spans drawn at random (`draws` draws per k); a ranking
+  worth reading drops the answer far more than chance;
+- the linear datamodeling score (LDS, `lds` > 0): N random ablations, each keeping each
+  span with probability 1/2; the Spearman correlation between the sum of the kept spans'
+  scores and the target under that ablation (Cohen-Wang et al., "ContextCite", NeurIPS
+  2024). 1 is a perfectly ranked linear account of the answer, 0 none.
+
+Every ablation's sequence is built at once (the kept tokens packed to the left, the
+answer after them, padding on the right, where no real token's attention row is ever
+fully masked), and the forwards run batched, in chunks of at most `batch_tokens` tokens,
+on the model's fused attention path where its adapter has one (they need no attention
+maps; transformers' eager path, which the maps need, computes Llama's softmax in
+float32 even for a float64 model).
+The random draws come from their own generator (`seed`), never the global RNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from explain.architectures.base import LanguageModel
+from explain.engine import Session
+from explain.errors import OptionError
+
+__all__ = [
+    "ABLATION",
+    "TOP_K",
+    "Check",
+    "TopKDrop",
+    "ablated_targets",
+    "check_ranking",
+    "spearman",
+]
+
+ABLATION = (
+    "removed: the ablated spans' tokens are cut out of the prompt, the rest of it (template, "
+    "question, other spans) kept in order"
+)
+TOP_K = (1, 3, 5)
+DRAWS = 16
+"""Random span sets per k that the top-k drop is compared with."""
+BATCH_TOKENS = 1 << 15
+"""The most tokens one batched ablation forward takes (rows x sequence length)."""
+
+
+@dataclass(frozen=True)
+class TopKDrop:
+    """The target's drop when the k top-ranked spans are removed, and the mean (and
+    standard deviation) of its drop over `Check.draws` random sets of k spans."""
+
+    k: int
+    top: float
+    random: float
+    random_std: float
+
+
+@dataclass(frozen=True)
+class Check:
+    """The ablation check of one ranking (module doc): `full` is the target with the
+    whole context; `lds` None when not asked for (or undefined: the scores or the targets
+    of the ablations are all equal)."""
+
+    target: str
+    full: float
+    drops: tuple[TopKDrop, ...]
+    draws: int
+    lds: float | None
+    lds_ablations: int
+    seed: int
+    ablation: str = ABLATION
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values, as cite.json holds them."""
+        return {
+            "ablation": self.ablation,
+            "target": self.target,
+            "full": self.full,
+            "top_k": [
+                {"k": d.k, "drop": d.top, "random_drop": d.random, "random_std": d.random_std}
+                for d in self.drops
+            ],
+            "random_draws": self.draws,
+            "lds": self.lds,
+            "lds_ablations": self.lds_ablations,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Check:
+        return cls(
+            target=values["target"],
+            full=values["full"],
+            drops=tuple(
+                TopKDrop(d["k"], d["drop"], d["random_drop"], d["random_std"])
+                for d in values["top_k"]
+            ),
+            draws=values["random_draws"],
+            lds=values["lds"],
+            lds_ablations=values["lds_ablations"],
+            seed=values["seed"],
+            ablation=values["ablation"],
+        )
+
+
+def _ranks(values: Tensor) -> Tensor:
+    """Ranks from 1, ties given their mean rank."""
+    below = (values[None, :] < values[:, None]).sum(dim=1).double()
+    equal = (values[None, :] == values[:, None]).sum(dim=1).double()
+    return below + (equal + 1) / 2
+
+
+def spearman(x: Tensor, y: Tensor) -> float | None:
+    """Spearman's rank correlation of two (N,) tensors (ties: mean ranks), in float64;
+    None where either is constant (the correlation is undefined)."""
+    rx, ry = _ranks(x.double()), _ranks(y.double())
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    norm = rx.norm() * ry.norm()
+    return None if float(norm) == 0.0 else float((rx * ry).sum() / norm)
+
+
+def ablated_targets(
+    adapter: LanguageModel,
+    prompt_ids: Tensor,
+    token_spans: Tensor,
+    answers: Sequence[tuple[Tensor, float]],
+    keep: Tensor,
+    batch_tokens: int = BATCH_TOKENS,
+) -> Tensor:
+    """The target under each ablation: (M,) for `keep` (M, S) (span s kept in ablation m).
+
+    `prompt_ids` (P,) with `token_spans` (P,) (-1: a token of no span, always kept);
+    `answers`: (answer ids (G,), weight) pairs, the target being the weighted sum of the
+    answers' log-probabilities (one answer with weight 1; a contrast, the foil's -1)."""
+    rows, length = keep.shape[0], prompt_ids.shape[0]
+    spans = token_spans.to(keep.device)
+    kept = torch.where(spans >= 0, keep[:, spans.clamp(min=0)], True)  # (M, P)
+    # The kept tokens first, in order (a stable sort of "removed"), then the answer.
+    order = (~kept).long().argsort(dim=1, stable=True)
+    ids = prompt_ids.to(kept.device)[order]
+    lengths = kept.sum(dim=1)  # (M,)
+    total = torch.zeros(rows, dtype=torch.float64)
+    for answer, weight in answers:
+        count = answer.shape[0]
+        at = lengths[:, None] + torch.arange(count)  # (M, G): where the answer goes
+        sequences = torch.cat([ids, ids.new_zeros(rows, count)], dim=1)
+        sequences.scatter_(1, at, answer.to(ids.device).expand(rows, -1))
+        masks = (torch.arange(length + count) < (lengths + count)[:, None]).long()
+        chunk = max(1, batch_tokens // (length + count))
+        found = []
+        with Session(adapter, fused=adapter.fused_path()):
+            for first in range(0, rows, chunk):  # chunks of many ablations each
+                part = slice(first, first + chunk)
+                width = int(lengths[part].max()) + count  # no column of padding only
+                prepared = adapter.prepare(
+                    {"input_ids": sequences[part, :width], "attention_mask": masks[part, :width]}
+                )
+                device = prepared.arguments["input_ids"].device
+                logits = adapter.logits_at(prepared, (at[part] - 1).to(device)).double()
+                chosen = logits.log_softmax(dim=-1).gather(
+                    -1, answer.to(device).expand(logits.shape[0], -1)[..., None]
+                )
+                found.append(chosen[..., 0].sum(dim=1).cpu())
+        total += weight * torch.cat(found)
+    return total
+
+
+def check_ranking(
+    adapter: LanguageModel,
+    prompt_ids: Tensor,
+    token_spans: Tensor,
+    answers: Sequence[tuple[Tensor, float]],
+    scores: Tensor,
+    *,
+    target: str = "log p(answer)",
+    lds: int = 0,
+    draws: int = DRAWS,
+    seed: int = 0,
+    batch_tokens: int = BATCH_TOKENS,
+) -> Check:
+    """The check (module doc) of the span `scores` (S,) of one answer; every ablation
+    (the full context, the top-k sets, the random sets, the LDS ablations) in one batch
+    of forwards (`ablated_targets`)."""
+    if isinstance(lds, bool) or not isinstance(lds, int) or lds < 0:
+        raise OptionError(f"lds is a number of random ablations (0: none), got {lds!r}")
+    if lds == 1:
+        raise OptionError("the LDS is a correlation: it needs at least 2 ablations")
+    count = scores.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    ks = [k for k in TOP_K if k < count]
+    ranked = scores.detach().cpu().double().argsort(descending=True, stable=True)
+    full = torch.ones(1, count, dtype=torch.bool)
+    top = torch.ones(len(ks), count, dtype=torch.bool)
+    chance = torch.ones(len(ks) * draws, count, dtype=torch.bool)
+    for row, k in enumerate(ks):  # one row per k (three at most), every draw at once
+        top[row, ranked[:k]] = False
+        picks = torch.rand(draws, count, generator=generator).argsort(dim=1)[:, :k]
+        chance[row * draws : (row + 1) * draws].scatter_(1, picks, False)
+    halves = torch.rand(lds, count, generator=generator) < 0.5
+    keep = torch.cat([full, top, chance, halves])
+    values = ablated_targets(adapter, prompt_ids, token_spans, answers, keep, batch_tokens)
+    values = values.cpu()
+    whole = values[0]
+    dropped = whole - values
+    drops = []
+    for row, k in enumerate(ks):
+        random = dropped[1 + len(ks) + row * draws : 1 + len(ks) + (row + 1) * draws]
+        drops.append(
+            TopKDrop(k, float(dropped[1 + row]), float(random.mean()), float(random.std()))
+        )
+    lds_value = None
+    if lds:
+        predicted = halves.double() @ scores.detach().cpu().double()
+        lds_value = spearman(predicted, values[-lds:])
+    return Check(
+        target=target,
+        full=float(whole),
+        drops=tuple(drops),
+        draws=draws,
+        lds=lds_value,
+        lds_ablations=lds,
+        seed=seed,
+    )

@@ -1,0 +1,221 @@
+"""`explain cite`: which part of the context a language model's answer came from.
+
+The context (a text file, or a JSON file holding a list of documents or a chat) is split
+into spans, put into a prompt with the question, and the answer (given with --answer, or
+generated) is explained token by token over the prompt in one batched backward; each
+span's relevance is the sum of its tokens' (explain.cite). The ablation check then
+removes the top-1, top-3 and top-5 spans from the prompt and compares the answer's
+log-probability drop with that of as many random spans; --lds N adds the linear
+datamodeling score from N random ablations of half the spans. Three files are written
+atomically into --out: cite.html (the context with its spans highlighted; choose the
+whole answer or one of its tokens), cite.png (the top spans' scores and their relevance
+per answer token) and cite.json (`spans`: text, start and end character offsets into
+the context, score; `check`: the ablation results; everything else Citation.load reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from explain.cli.options import (
+    Planned,
+    add_model_arguments,
+    add_out_argument,
+    load,
+    positive_int,
+)
+from explain.errors import InputError
+
+__all__ = ["register"]
+
+FILES = ("cite.html", "cite.png", "cite.json")
+
+
+def planned(args: argparse.Namespace) -> list[Planned]:
+    return [Planned(args.out / name, "--out") for name in FILES]
+
+
+def read_context_file(path: Path) -> Any:
+    """A .json file's list of documents or chat messages, or any other file's text."""
+    if not path.is_file():
+        raise InputError(f"no such context file: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read the context file {path} as UTF-8 text: {error}") from None
+    if path.suffix.lower() != ".json":
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(
+            f"{path} is not JSON ({error}); a .json context is a list of documents (texts) or "
+            'a chat (a list of {"role", "content"} messages)'
+        ) from None
+
+
+def _lds(text: str) -> int:
+    """An argparse type: 0 (no LDS) or at least 2 random ablations."""
+    value = int(text)
+    if value < 0 or value == 1:
+        raise argparse.ArgumentTypeError(f"must be 0 or at least 2, got {value}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from explain.api import Explainer
+    from explain.cite import cite
+    from explain.export import atomic_write
+    from explain.rules import get_method
+    from explain.viz import save_figure
+    from explain.viz.cite import cite_html
+    from explain.viz.cite_figure import cite_figure, span_label
+    from explain.viz.text import printable
+
+    context = read_context_file(args.context)
+    get_method(args.method)  # an unknown name fails before the model is loaded
+    loaded = load(args)
+    if loaded.modality != "text" or loaded.tokenizer is None:
+        raise InputError(f"{args.model} is not a text model with a tokenizer")
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    result = cite(
+        explainer,
+        context,
+        args.question,
+        args.answer,
+        foil=args.foil,
+        spans=args.spans,
+        method=args.method,
+        **({} if args.template is None else {"template": args.template}),
+        chat=args.chat,
+        max_new_tokens=args.max_new_tokens,
+        lds=args.lds,
+        seed=args.seed,
+    )
+    print("answer:", printable(result.answer))
+    for rank, s in enumerate(result.ranked()[:5], start=1):
+        label = span_label(s, result.spans[s].text)
+        print(f"  {rank}. {float(result.scores[s]):+.4f}  {printable(label)}")
+    assert result.check is not None
+    for drop in result.check.drops:
+        print(
+            f"  top-{drop.k} removed: {result.check.target} drops {drop.top:.3f} "
+            f"(random spans: {drop.random:.3f} +- {drop.random_std:.3f})"
+        )
+    if result.check.lds_ablations:
+        print(f"  LDS over {result.check.lds_ablations} ablations: {result.check.lds}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    title = f"explain cite: {args.model}"
+    rows = torch.cat([result.scores[None], result.span_relevance])
+    texts = [span.text for span in result.spans]
+    foil_tokens = 0 if result.foil_ids is None else result.foil_ids.shape[0]
+    check = result.check.to_dict()
+    page = cite_html(
+        texts,
+        args.question,
+        result.answer_tokens,
+        rows,
+        method=args.method,
+        foil_tokens=foil_tokens,
+        check=check,
+        title=title,
+    )
+    with atomic_write(args.out / "cite.html", "w") as handle:
+        handle.write(page)
+    figure = cite_figure(
+        texts, result.answer_tokens, rows, method=args.method, check=check, title=title
+    )
+    save_figure(figure, args.out / "cite.png")
+    result.save(args.out / "cite.json")
+    for name in FILES:
+        print(args.out / name)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "cite",
+        help="which part of the context a language model's answer came from",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: explain cite --model ./my-llama --context report.txt --question "
+        '"Who signed the treaty?" --lds 64 --out cited (writes cited/cite.html, '
+        "cited/cite.png and cited/cite.json). How far to trust the check: docs/cite.md.",
+    )
+    add_model_arguments(
+        parser,
+        takes="a Hugging Face decoder-only language model with its tokenizer (a "
+        "...ForCausalLM: Llama, Qwen, Mistral, Gemma, Phi, GPT-2 ...)",
+        examples="./my-llama (a save_pretrained folder), HuggingFaceTB/SmolLM2-135M-Instruct",
+    )
+    parser.add_argument(
+        "--context",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="the context: a text file (UTF-8), or a .json file holding a list of documents "
+        '(texts) or a chat (a list of {"role", "content"} messages)',
+    )
+    parser.add_argument("--question", required=True, help="what is asked about the context")
+    parser.add_argument(
+        "--answer",
+        default=None,
+        help="the answer to explain; default: the model's own (greedy, --max-new-tokens)",
+    )
+    parser.add_argument(
+        "--foil",
+        default=None,
+        help="an alternative answer: explain why the answer rather than this one "
+        "(log p(answer) - log p(foil); --method attnlrp or cp_lrp)",
+    )
+    parser.add_argument(
+        "--spans",
+        choices=("sentences", "paragraphs", "lines", "documents", "turns"),
+        default="sentences",
+        help="what the context is split into: sentences (at . ! ? followed by a space, "
+        "not after abbreviations or initials, and at line breaks), paragraphs (at blank "
+        "lines), lines, documents (a JSON list of texts) or turns (a JSON chat); "
+        "default: %(default)s",
+    )
+    parser.add_argument(
+        "--method",
+        default="generic",
+        help="a method name (explain models); default: %(default)s",
+    )
+    parser.add_argument(
+        "--lds",
+        type=_lds,
+        default=0,
+        metavar="N",
+        help="also compute the linear datamodeling score from N random ablations of half "
+        "the spans (batched forwards); default: 0 (not computed)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the check's random spans; default: 0"
+    )
+    parser.add_argument(
+        "--template",
+        default=None,
+        help="the prompt, with {context} before {question}; default: the context, a blank "
+        "line, the question",
+    )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the filled template as a user message through the tokenizer's chat "
+        "template (a chat context always goes through it)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=positive_int,
+        default=32,
+        metavar="N",
+        help="length limit of a generated answer; default: %(default)s",
+    )
+    add_out_argument(parser)
+    parser.set_defaults(run=run, planned=planned)

@@ -1,0 +1,198 @@
+"""A span attribution as one static HTML page: the context with its spans highlighted,
+the answer's tokens to choose from, the top spans listed with their scores, and the
+ablation check that says how far to trust the ranking.
+
+The page is self-contained (no external script, style or font, nothing fetched): texts
+are written into it as escaped HTML, and the span relevances are embedded as a JSON
+array that a few lines of inline script read when a choice is made. Choice 1 is the
+whole answer (each span's score), choice g + 1 answer token g; they are chosen by click,
+or by Tab and Enter, and `page.html#c` opens on choice c (explain.viz.choice_script).
+Colours are the diverging scale of explain.viz.text (red for, blue against), scaled per
+choice by its largest |span relevance|; span text is black or white, whichever contrasts
+more with its colour (WCAG AA). The top-spans list is rebuilt with `textContent`, so no
+text of the context is ever read as markup.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from explain.errors import InputError
+from explain.viz.choice_script import choice_script
+from explain.viz.shade_script import SHADE_SCRIPT
+from explain.viz.text import colour
+
+__all__ = ["cite_html"]
+
+TOP_LISTED = 5
+"""The spans the page lists for the chosen answer token (or the whole answer)."""
+
+_SCRIPT = (
+    SHADE_SCRIPT
+    + """
+const rows = JSON.parse(document.getElementById("relevance").textContent);
+const texts = JSON.parse(document.getElementById("span-texts").textContent);
+const labels = JSON.parse(document.getElementById("choice-labels").textContent);
+function choose(g) {
+  const row = rows[g];
+  const scale = Math.max(0, ...row.map(Math.abs));
+  document.querySelectorAll("span.src").forEach(span => {
+    const s = Number(span.dataset.s), rgb = shade(row[s], scale);
+    span.style.backgroundColor = "rgb(" + rgb.join(", ") + ")";
+    span.style.color = ink(rgb);
+    span.title = "span " + (s + 1) + ": " + row[s].toPrecision(4);
+  });
+  document.querySelectorAll("span.choice").forEach(span => {
+    const chosen = Number(span.dataset.g) === g;
+    span.classList.toggle("chosen", chosen);
+    span.setAttribute("aria-pressed", String(chosen));
+  });
+  const order = row.map((v, s) => s).sort((a, b) => row[b] - row[a] || a - b);
+  const list = document.getElementById("top");
+  list.replaceChildren(...order.slice(0, TOP).map(s => {
+    const item = document.createElement("li");
+    item.textContent = row[s].toPrecision(4) + "  (span " + (s + 1) + ")  " + texts[s].trim();
+    return item;
+  }));
+  document.getElementById("status").textContent =
+    "span relevance for " + labels[g] + " (address #" + (g + 1) + ")";
+}
+"""
+)
+
+_CHOICE = choice_script("span.choice", "rows")
+
+_STYLE = """
+body { font-family: sans-serif; max-width: 60em; margin: 2em auto; line-height: 1.8; }
+span.src { padding: 1px 0; border-radius: 3px; white-space: pre-wrap; }
+p.context { white-space: normal; border-left: 3px solid #ccc; padding-left: 1em; }
+span.choice { cursor: pointer; text-decoration: underline dotted; padding: 2px 3px;
+  border-radius: 3px; white-space: pre-wrap; }
+span.choice:focus-visible { outline: 3px solid #1a5fb4; outline-offset: 1px; }
+span.chosen { outline: 2px solid black; }
+span.foil { color: #555; }
+p.legend, p.note { color: #555; line-height: 1.4; }
+table { border-collapse: collapse; } td, th { padding: 2px 10px; text-align: right; }
+ol#top li { white-space: pre-wrap; }
+"""
+
+
+def _json(value: Any) -> str:
+    # "<" escaped too: the JSON lives in a <script> element, which "</script>" would end.
+    return json.dumps(value).replace("<", "\\u003c")
+
+
+def _check_table(check: Mapping[str, Any]) -> str:
+    """The check's figures as a table and two lines (what was ablated, the LDS)."""
+    rows = "".join(
+        f"<tr><td>{d['k']}</td><td>{d['drop']:.3f}</td><td>{d['random_drop']:.3f} "
+        f"&plusmn; {d['random_std']:.3f}</td></tr>"
+        for d in check["top_k"]
+    )
+    if check["lds_ablations"]:
+        lds = check["lds"]
+        value = "undefined (constant)" if lds is None else f"{lds:.3f}"
+        lds_line = (
+            f"LDS over {check['lds_ablations']} random ablations of half the spans "
+            f"(Spearman): {value}"
+        )
+    else:
+        lds_line = "LDS: not computed (explain cite --lds N)"
+    target = html.escape(check["target"])
+    return (
+        f'<h3>How far to trust this ranking</h3>\n<p class="note">{target} with the whole '
+        f"context: {check['full']:.3f}. Ablation: {html.escape(check['ablation'])}. Drop of "
+        f"{target} when the top-k spans are removed, against the mean (&plusmn; standard "
+        f"deviation) over {check['random_draws']} random sets of k spans (seed "
+        f"{check['seed']}):</p>\n<table><tr><th>k</th><th>top-k drop</th>"
+        f'<th>random drop</th></tr>{rows}</table>\n<p class="note">{html.escape(lds_line)}</p>\n'
+    )
+
+
+def cite_html(
+    spans: Sequence[str],
+    question: str,
+    answer_tokens: Sequence[str],
+    span_relevance: Tensor,
+    *,
+    method: str,
+    foil_tokens: int = 0,
+    check: Mapping[str, Any] | None = None,
+    title: str = "explain cite",
+) -> str:
+    """The page of one answer.
+
+    Args:
+        spans: the S spans' texts, in order (together, the context).
+        question: the question asked.
+        answer_tokens: the G answer tokens (the last `foil_tokens` of them a foil's).
+        span_relevance: (G + 1, S): row 0 each span's score for the whole answer, row
+            g + 1 its relevance for answer token g.
+        method: the method that made the relevances, named in the heading.
+        check: the ablation check as `Check.to_dict` gives it, or None.
+        title: the heading reads "TITLE: METHOD".
+    """
+    count = len(answer_tokens)
+    if span_relevance.dim() != 2 or tuple(span_relevance.shape) != (count + 1, len(spans)):
+        raise InputError(
+            f"span_relevance must be (answer tokens + 1, spans) = ({count + 1}, {len(spans)}), "
+            f"got {tuple(span_relevance.shape)}"
+        )
+    if not 0 <= foil_tokens < count:
+        raise InputError(f"{foil_tokens} foil tokens among {count} answer tokens")
+    values = span_relevance.detach().cpu().double()
+    if not bool(values.isfinite().all()):
+        raise InputError("the span relevances hold NaN or infinite values; nothing is drawn")
+    rows = [[round(float(v), 6) for v in row] for row in values]
+    context = "".join(
+        f'<span class="src" data-s="{s}">{html.escape(text)}</span>' for s, text in enumerate(spans)
+    )
+    answer_end = count - foil_tokens
+    labels = ["the whole answer"] + [
+        f"{'foil' if g >= answer_end else 'answer'} token {g + 1}: {token}"
+        for g, token in enumerate(answer_tokens)
+    ]
+
+    def button(g: int, text: str, kind: str = "") -> str:
+        # Buttons: reachable with Tab, chosen with Enter or Space.
+        return (
+            f'<span class="choice{kind}" data-g="{g}" tabindex="0" role="button" '
+            f'aria-pressed="false">{html.escape(text)}</span>'
+        )
+
+    answer = " ".join(button(g + 1, t) for g, t in enumerate(answer_tokens[:answer_end]))
+    choices = f"{button(0, 'whole answer')} | answer: {answer}"
+    if foil_tokens:
+        foil = " ".join(
+            button(answer_end + g + 1, t, " foil") for g, t in enumerate(answer_tokens[answer_end:])
+        )
+        choices += f" | foil (negated: why the answer rather than this): {foil}"
+    red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
+    heading = html.escape(f"{title}: {method}")
+    script = _SCRIPT.replace("TOP", str(TOP_LISTED))
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f"<title>{heading}</title><style>{_STYLE}</style></head>\n<body>\n"
+        f"<h2>{heading}</h2>\n"
+        '<p class="legend">Choose the whole answer or one of its tokens (click, or Tab and '
+        "Enter): every span of the context is coloured by its relevance for it, "
+        f'<span style="color: rgb{red}">red</span> for, '
+        f'<span style="color: rgb{blue}">blue</span> against, scaled by the largest '
+        "magnitude; the top spans are listed below. The address <code>#c</code> opens "
+        "choice c (1: the whole answer).</p>\n"
+        f'<p>{choices}</p>\n<p id="status"></p>\n'
+        f'<p class="context">{context}</p>\n'
+        f"<p><b>Question:</b> {html.escape(question)}</p>\n"
+        f'<h3>Top spans</h3>\n<ol id="top"></ol>\n'
+        f"{_check_table(check) if check is not None else ''}"
+        f'<script type="application/json" id="relevance">{_json(rows)}</script>\n'
+        f'<script type="application/json" id="span-texts">{_json(list(spans))}</script>\n'
+        f'<script type="application/json" id="choice-labels">{_json(labels)}</script>\n'
+        f"<script>{script}{_CHOICE}</script>\n"
+        "</body></html>\n"
+    )

@@ -1,0 +1,146 @@
+"""A span attribution as a figure: the top spans' scores for the whole answer (bars), and
+their relevance for each answer token (a matrix), with the ablation check in the caption.
+
+The figure says on paper what the page (explain.viz.cite) says: the spans are the
+`TOP_SPANS` with the highest score, labelled by their number and the start of their
+text; the bars are their scores (red for, blue against); the matrix is scaled by its
+largest |value| on the diverging red-blue scale. matplotlib is imported only when
+something is drawn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch import Tensor
+
+from explain.errors import InputError
+from explain.viz.image import _CAPTION_LINE_INCHES, _TITLE_LINE_INCHES, caption_lines
+from explain.viz.literal import literal_text
+from explain.viz.scaling import DIVERGING
+from explain.viz.text import colour
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["TOP_SPANS", "cite_figure", "span_label"]
+
+TOP_SPANS = 10
+_LABEL_CHARS = 40
+_CELL_INCHES = 0.32
+_CHAR_INCHES = 0.075  # an 8 pt tick label character, on average
+
+
+def span_label(index: int, text: str) -> str:
+    """ "[n] the span's first words..." on one line (n counted from 1)."""
+    flat = " ".join(text.split())
+    short = flat if len(flat) <= _LABEL_CHARS else flat[: _LABEL_CHARS - 1] + "…"
+    return f"[{index + 1}] {short}"
+
+
+def _check_caption(check: Mapping[str, Any] | None) -> str:
+    if check is None:
+        return "No ablation check run."
+    parts = [
+        f"top-{d['k']} removed: drop {d['drop']:.2f} (random {d['random_drop']:.2f} ± "
+        f"{d['random_std']:.2f})"
+        for d in check["top_k"]
+    ]
+    if check["lds_ablations"]:
+        lds = check["lds"]
+        parts.append(f"LDS {'undefined' if lds is None else format(lds, '.2f')}")
+    return f"Check, drop of {check['target']}: " + "; ".join(parts) + "."
+
+
+@literal_text
+def cite_figure(
+    spans: Sequence[str],
+    answer_tokens: Sequence[str],
+    span_relevance: Tensor | np.ndarray,
+    *,
+    method: str,
+    check: Mapping[str, Any] | None = None,
+    title: str | None = None,
+) -> Figure:
+    """The figure of one answer.
+
+    Args:
+        spans: the S spans' texts.
+        answer_tokens: the G answer tokens (the rows of the matrix).
+        span_relevance: (G + 1, S) as for explain.viz.cite.cite_html: row 0 the whole
+            answer's scores, row g + 1 answer token g's.
+        method: the method, named in the title; `title`: what was explained.
+        check: the ablation check (`Check.to_dict`), summarised in the caption.
+    """
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    values = (
+        span_relevance.detach().cpu().double().numpy()
+        if isinstance(span_relevance, Tensor)
+        else np.asarray(span_relevance, dtype=float)
+    )
+    count = len(answer_tokens)
+    if values.shape != (count + 1, len(spans)) or count == 0:
+        raise InputError(
+            f"span_relevance must be (answer tokens + 1, spans) = ({count + 1}, {len(spans)}), "
+            f"got {values.shape}"
+        )
+    if not np.isfinite(values).all():
+        raise InputError("the span relevances hold NaN or infinite values; nothing is drawn")
+    order = np.argsort(-values[0], kind="stable")[:TOP_SPANS]
+    labels = [span_label(int(s), spans[s]) for s in order]
+    scores = values[0, order]
+    matrix = values[1:, order].T  # (top spans, G)
+    label_w = 0.4 + _CHAR_INCHES * max(len(label) for label in labels)
+    bars_w = 2.2
+    matrix_w = max(_CELL_INCHES * count, 1.5)
+    panel_h = max(_CELL_INCHES * len(order), 1.2)
+    width = label_w + bars_w + 0.3 + matrix_w + 1.0
+    heading = caption_lines(f"{title}: {method}" if title else method, width, title=True)
+    top = 0.45 + _TITLE_LINE_INCHES * len(heading) + _CHAR_INCHES * max(map(len, answer_tokens))
+    rule = (
+        "Left: the top spans' scores for the whole answer (the sum of their tokens' "
+        "relevance over the answer's tokens). Right: each span's relevance for each answer "
+        "token, scaled by the largest magnitude; red for, blue against. " + _check_caption(check)
+    )
+    lines = caption_lines(rule, width)
+    bottom = 0.45 + _CAPTION_LINE_INCHES * len(lines)
+    height = top + panel_h + bottom
+    figure = Figure(figsize=(width, height))
+    bars = figure.add_axes((label_w / width, bottom / height, bars_w / width, panel_h / height))
+    peak = float(np.abs(scores).max()) or 1.0
+    bars.barh(
+        range(len(order)),
+        scores,
+        color=[tuple(c / 255 for c in colour(float(v), peak)) for v in scores],
+        edgecolor="#555555",
+        linewidth=0.5,
+    )
+    bars.set_yticks(range(len(order)), labels, fontsize=8)
+    bars.set_ylim(len(order) - 0.5, -0.5)
+    bars.axvline(0.0, color="#555555", linewidth=0.8)
+    bars.tick_params(axis="x", labelsize=7)
+    bars.set_xlabel("score (whole answer)", fontsize=8)
+    grid = figure.add_axes(
+        ((label_w + bars_w + 0.3) / width, bottom / height, matrix_w / width, panel_h / height)
+    )
+    reach = float(np.abs(matrix).max()) or 1.0
+    grid.imshow(
+        matrix,
+        cmap=colormaps[DIVERGING],
+        vmin=-reach,
+        vmax=reach,
+        aspect="auto",
+        interpolation="nearest",
+    )
+    grid.set_yticks([])
+    grid.set_xticks(range(count), list(answer_tokens), rotation=90, fontsize=8)
+    grid.xaxis.tick_top()
+    grid.xaxis.set_label_position("top")
+    grid.set_xlabel("answer token", fontsize=8)
+    figure.text(0.5, 1 - 0.08 / height, "\n".join(heading), ha="center", va="top", fontsize=9)
+    figure.text(0.5, 0.06 / height, "\n".join(lines), ha="center", va="bottom", fontsize=7)
+    return figure

@@ -1,0 +1,250 @@
+"""Span attribution (explain.cite): span scores are the sums of the token relevances the
+engine's generation explanation gives, for every method a language model takes; the
+ablation check equals a hand computation (one unpadded forward per ablation) on a tiny
+model; contrasts of two answers equal the difference of the two answers' attributions
+for the methods linear in the score and are refused for the others; the result saves and
+loads; the model is left as found."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from scipy import stats
+
+from explain import Explainer, InputError, OptionError
+from explain.cite import Citation, check_ranking, cite, explain_contrast, spearman
+from explain.cite.check import DRAWS, TOP_K, ablated_targets
+from explain.engine import Request, supported_methods
+from explain.generation import Generation, explain_generation, generate
+from explain.testing import ModelState
+from explain.testing.tiny_lm import tiny_causal_lm, tiny_tokenizer
+
+CONTEXT = "w9 w10 w11. w12 w13! w14 w15 w16.\nw17 w18 w19 w20. w21 w22 w23. w24 w25."
+QUESTION = "w30 w31"
+ANSWER = "w40 w41 w42"
+FOIL = "w43 w44"
+
+
+@functools.cache
+def _explainer() -> Explainer:
+    return Explainer(tiny_causal_lm("llama").double(), tokenizer=tiny_tokenizer())
+
+
+def _methods() -> list[str]:
+    return supported_methods(_explainer().adapter, Request(prompt_length=1))
+
+
+def _log_probability(model, ids: list[int], answer: list[int]) -> float:
+    """log p(answer | ids): one forward over the unpadded sequence."""
+    sequence = torch.tensor([ids + answer])
+    with torch.no_grad():
+        logits = model(input_ids=sequence).logits[0].double().log_softmax(-1)
+    at = torch.arange(len(ids) - 1, len(ids) + len(answer) - 1)
+    return float(logits[at, torch.tensor(answer)].sum())
+
+
+def _ablated(result: Citation, keep: torch.Tensor) -> list[int]:
+    """The prompt's ids without the tokens of the spans `keep` (S,) drops."""
+    return [
+        int(token)
+        for token, span in zip(result.prompt_ids, result.token_spans, strict=True)
+        if span < 0 or keep[span]
+    ]
+
+
+@pytest.mark.parametrize("method", _methods())
+def test_span_scores_are_the_sums_of_the_engines_token_relevances(method):
+    explainer = _explainer()
+    result = cite(explainer, CONTEXT, QUESTION, ANSWER, method=method, check=False)
+    prompt_length = result.prompt_ids.shape[0]
+    count = len(result.spans)
+    # The token relevances are the engine's explanation of prompt + answer, unchanged.
+    ids = torch.cat([result.prompt_ids, result.answer_ids])[None]
+    generation = Generation(ids, torch.ones_like(ids), prompt_length)
+    score = "log_probability" if method not in ("rollout", "raw_attention", "random") else None
+    engine = explain_generation(explainer, generation, method=method, score=score)
+    if method != "random":  # the chance baseline draws anew per call
+        torch.testing.assert_close(
+            result.token_relevance, engine.explanation.relevance[0, :, :prompt_length]
+        )
+    assert result.token_relevance.shape == (3, prompt_length)
+    assert result.span_relevance.shape == (3, count)
+    for s in range(count):
+        inside = [i for i, owner in enumerate(result.token_spans.tolist()) if owner == s]
+        assert inside, f"span {s} has no token"
+        expected = result.token_relevance[:, inside].sum(dim=1)
+        torch.testing.assert_close(result.span_relevance[:, s], expected, rtol=1e-12, atol=0)
+    torch.testing.assert_close(result.scores, result.span_relevance.sum(dim=0))
+    assert result.answer_tokens == ["w40", "w41", "w42"]
+    assert result.check is None
+
+
+def test_a_generated_answer_is_the_models_own_continuation():
+    explainer = _explainer()
+    result = cite(explainer, CONTEXT, QUESTION, max_new_tokens=4, check=False)
+    ids = result.prompt_ids[None]
+    prompt = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    own = generate(explainer, prompt, max_new_tokens=4)
+    width = own.prompt_length
+    assert result.answer_ids.tolist() == own.input_ids[0, width:][own.generated[0]].tolist()
+    assert result.token_relevance.shape[0] == len(result.answer_ids)
+
+
+def test_ablated_targets_equal_one_unpadded_forward_per_ablation():
+    explainer = _explainer()
+    result = cite(explainer, CONTEXT, QUESTION, ANSWER, check=False)
+    spans = len(result.spans)
+    keep = torch.rand(12, spans, generator=torch.Generator().manual_seed(3)) < 0.5
+    keep[0], keep[1] = True, False
+    answer = result.answer_ids.tolist()
+    values = ablated_targets(
+        explainer.adapter,
+        result.prompt_ids,
+        result.token_spans,
+        [(result.answer_ids, 1.0)],
+        keep,
+        batch_tokens=40,  # several chunks
+    )
+    model = explainer.adapter.model
+    expected = [_log_probability(model, _ablated(result, row), answer) for row in keep]
+    torch.testing.assert_close(
+        values, torch.tensor(expected, dtype=torch.float64), rtol=1e-10, atol=1e-10
+    )
+
+
+def test_the_check_against_a_hand_computation():
+    explainer = _explainer()
+    model = explainer.adapter.model
+    before = ModelState.capture(model)
+    result = cite(explainer, CONTEXT, QUESTION, ANSWER, method="attnlrp", lds=24, seed=5)
+    assert before.differences(ModelState.capture(model)) == []
+    check = result.check
+    spans = len(result.spans)
+    answer = result.answer_ids.tolist()
+    full = _log_probability(model, result.prompt_ids.tolist(), answer)
+    assert check.full == pytest.approx(full, rel=1e-10)
+    ranked = sorted(range(spans), key=lambda s: -float(result.scores[s]))
+    # The random sets and LDS ablations, drawn as the check documents it.
+    generator = torch.Generator().manual_seed(5)
+    assert [d.k for d in check.drops] == [k for k in TOP_K if k < spans]
+    for drop in check.drops:
+        keep = torch.ones(spans, dtype=torch.bool)
+        keep[ranked[: drop.k]] = False
+        top = full - _log_probability(model, _ablated(result, keep), answer)
+        assert drop.top == pytest.approx(top, rel=1e-9)
+        picks = torch.rand(DRAWS, spans, generator=generator).argsort(dim=1)[:, : drop.k]
+        random = []
+        for pick in picks:
+            keep = torch.ones(spans, dtype=torch.bool)
+            keep[pick] = False
+            random.append(full - _log_probability(model, _ablated(result, keep), answer))
+        assert drop.random == pytest.approx(
+            float(torch.tensor(random, dtype=torch.float64).mean()), rel=1e-9
+        )
+        assert drop.random_std == pytest.approx(
+            float(torch.tensor(random, dtype=torch.float64).std()), rel=1e-9
+        )
+    halves = torch.rand(24, spans, generator=generator) < 0.5
+    actual = [_log_probability(model, _ablated(result, keep), answer) for keep in halves]
+    predicted = (halves.double() * result.scores.double()).sum(dim=1)
+    assert check.lds == pytest.approx(stats.spearmanr(predicted, actual).statistic, rel=1e-9)
+    assert check.lds_ablations == 24 and check.seed == 5 and check.draws == DRAWS
+    assert "removed" in check.ablation
+
+
+def test_spearman_matches_scipy_with_ties():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 5, (40,), generator=generator).double()
+    y = x + torch.randint(0, 3, (40,), generator=generator)
+    assert spearman(x, y) == pytest.approx(stats.spearmanr(x, y).statistic, rel=1e-12)
+    assert spearman(torch.ones(5), torch.arange(5.0)) is None
+
+
+def test_check_options_are_checked():
+    explainer = _explainer()
+    result = cite(explainer, CONTEXT, QUESTION, ANSWER, check=False)
+    arguments = (explainer.adapter, result.prompt_ids, result.token_spans)
+    answers = [(result.answer_ids, 1.0)]
+    for bad in (-1, 1, True, 2.5):
+        with pytest.raises(OptionError, match=r"(?i)lds"):
+            check_ranking(*arguments, answers, result.scores, lds=bad)
+    with pytest.raises(OptionError, match="check=True"):
+        cite(explainer, CONTEXT, QUESTION, ANSWER, check=False, lds=4)
+
+
+@pytest.mark.parametrize("method", ["attnlrp", "cp_lrp"])
+def test_a_contrast_of_two_answers_is_the_difference_of_their_attributions(method):
+    explainer = _explainer()
+    contrast = cite(explainer, CONTEXT, QUESTION, ANSWER, foil=FOIL, method=method, lds=8)
+    answer = cite(explainer, CONTEXT, QUESTION, ANSWER, method=method, check=False)
+    foil = cite(explainer, CONTEXT, QUESTION, FOIL, method=method, check=False)
+    torch.testing.assert_close(contrast.scores, answer.scores - foil.scores, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        contrast.span_relevance, torch.cat([answer.span_relevance, -foil.span_relevance])
+    )
+    assert contrast.answer_tokens == ["w40", "w41", "w42", "w43", "w44"]
+    model = explainer.adapter.model
+    prompt = contrast.prompt_ids.tolist()
+    full = _log_probability(model, prompt, [40, 41, 42]) - _log_probability(model, prompt, [43, 44])
+    assert contrast.check.full == pytest.approx(full, rel=1e-10)
+    assert contrast.check.target == "log p(answer) - log p(foil)"
+    plain = explain_contrast(explainer, "w9 w10 w11", "w12 w13", "w14", method=method)
+    prompt_ids = torch.tensor(tiny_tokenizer()("w9 w10 w11")["input_ids"])
+
+    def summed(continuation: list[int]) -> torch.Tensor:
+        ids = torch.tensor([[*prompt_ids.tolist(), *continuation]])
+        found = explain_generation(
+            explainer,
+            Generation(ids, torch.ones_like(ids), 3),
+            method=method,
+            score="log_probability",
+        )
+        return found.explanation.relevance[0, :, :3].sum(dim=0)
+
+    torch.testing.assert_close(plain.relevance, summed([12, 13]) - summed([14]))
+    assert plain.foil_tokens == ["w14"] and plain.answer_tokens == ["w12", "w13"]
+
+
+@pytest.mark.parametrize("method", ["generic", "attention_gradcam", "rollout"])
+def test_methods_not_linear_in_the_score_refuse_a_contrast_of_two_answers(method):
+    with pytest.raises(OptionError, match=r"not linear in the explained score.*attnlrp, cp_lrp"):
+        cite(_explainer(), CONTEXT, QUESTION, ANSWER, foil=FOIL, method=method)
+
+
+@pytest.mark.parametrize("suffix", ["json", "npz"])
+def test_a_citation_saves_and_loads(tmp_path, suffix):
+    result = cite(_explainer(), CONTEXT, QUESTION, ANSWER, foil=FOIL, method="attnlrp", lds=4)
+    path = tmp_path / f"cite.{suffix}"
+    result.save(path)
+    loaded = Citation.load(path)
+    for name in ("token_relevance", "span_relevance", "scores", "token_spans"):
+        assert torch.equal(getattr(loaded, name), getattr(result, name)), name
+    for name in ("context", "spans", "kind", "question", "prompt", "context_offset", "foil"):
+        assert getattr(loaded, name) == getattr(result, name), name
+    assert loaded.check == result.check
+    assert loaded.answer_tokens == result.answer_tokens
+    assert loaded.prompt_tokens == result.prompt_tokens
+    if suffix == "json":
+        import json
+
+        document = json.loads(path.read_text())
+        span = document["spans"][2]
+        assert document["context"][span["start"] : span["end"]] == span["text"]
+        assert span["score"] == pytest.approx(float(result.scores[2]))
+        assert document["check"]["top_k"][0]["k"] == 1
+    other = tmp_path / f"explanation.{suffix}"
+    _explainer().explain("w9 w10 w11").save(other)
+    with pytest.raises(InputError, match="not a citation"):
+        Citation.load(other)
+
+
+def test_bad_calls_are_refused():
+    explainer = _explainer()
+    with pytest.raises(InputError, match="answer is empty"):
+        cite(explainer, CONTEXT, QUESTION, " ")
+    with pytest.raises(OptionError, match="generate_options"):
+        cite(explainer, CONTEXT, QUESTION, ANSWER, generate_options={"do_sample": True})
+    with pytest.raises(InputError, match="tokenizer"):
+        cite(Explainer(explainer.adapter.model), CONTEXT, QUESTION, ANSWER)
