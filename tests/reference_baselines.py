@@ -15,6 +15,7 @@ relevance.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import numpy as np
@@ -87,3 +88,72 @@ def hf_text(model: nn.Module, ids: list[int], *, last: bool) -> tuple[Scores, Te
 
     with torch.no_grad():
         return scores, model.get_input_embeddings()(torch.tensor([ids]))
+
+
+def vision_language_gradient_x_input(
+    model: nn.Module, one: dict, position: int, target: int
+) -> tuple[Tensor, Tensor]:
+    """Gradient x Input of a vision-language model's next-token logit `target` read out at
+    `position` of one text: (T,) at the tensor its language model is called with
+    (`inputs_embeds`: the word embeddings with the image features scattered in) and at the
+    output of its tower's patch embedding ((images, gh, gw) for a convolution, (patches,)
+    for flattened patches), from one autograd.grad of the model's own float64 forward (a
+    copy, its parameters requiring grad, so that both tensors lie on the graph)."""
+    from reference_vlm_attnlrp import parts
+
+    copied = copy.deepcopy(model).double()
+    language, patches = parts(copied)
+    seen: dict[str, Tensor] = {}
+    language.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.__setitem__("text", kwargs["inputs_embeds"]),
+        with_kwargs=True,
+    )
+    patches.register_forward_hook(lambda module, args, out: seen.__setitem__("tower", out))
+    arguments = {k: v for k, v in one.items() if k not in ("rows", "cols")}
+    logits = copied(**arguments, use_cache=False).logits
+    text, tower = seen["text"], seen["tower"]
+    text_grad, tower_grad = torch.autograd.grad(logits[0, position, target], [text, tower])
+    axis = 1 if isinstance(patches, nn.Conv2d) else -1
+    return (text * text_grad).sum(dim=-1)[0].detach(), (tower * tower_grad).sum(dim=axis).detach()
+
+
+def vision_language_at_inputs(
+    model: nn.Module, one: dict, position: int, target: int, method: str, steps: int
+) -> tuple[Tensor, Tensor]:
+    """Integrated gradients or occlusion of a vision-language model's next-token logit
+    `target` read out at `position` of one text, at the tensor its language model is
+    called with (`inputs_embeds`: the word embeddings with the image features scattered
+    in), from zero embeddings: (T,) relevance, and zeros shaped as the relevance at the
+    tower's patch embedding would be (the photo's layout; nothing is read there). The
+    model's own float64 forward (a copy), the language model's input replaced by a
+    pre-hook for each point of the path or each occluded token, one at a time."""
+    from reference_vlm_attnlrp import parts
+
+    copied = copy.deepcopy(model).double()
+    language, patches = parts(copied)
+    seen: dict[str, Tensor] = {}
+    replacement: dict[str, Tensor] = {}
+
+    def swap(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        seen.setdefault("text", kwargs["inputs_embeds"].detach())
+        if "value" not in replacement:
+            return None
+        return args, {**kwargs, "inputs_embeds": replacement["value"]}
+
+    language.register_forward_pre_hook(swap, with_kwargs=True)
+    patches.register_forward_hook(lambda module, args, out: seen.setdefault("tower", out))
+    arguments = {k: v for k, v in one.items() if k not in ("rows", "cols")}
+
+    def scores(embeddings: Tensor) -> Tensor:
+        replacement["value"] = embeddings
+        return copied(**arguments, use_cache=False).logits[:, position]
+
+    with torch.no_grad():
+        copied(**arguments, use_cache=False)
+    e = seen["text"]
+    if method == "integrated_gradients":
+        relevance = integrated_gradients(scores, e, torch.zeros_like(e), target, steps)
+    else:
+        relevance = occlusion(scores, e, torch.zeros_like(e), target)
+    axis = 1 if isinstance(patches, nn.Conv2d) else -1
+    return relevance, torch.zeros_like(seen["tower"].sum(dim=axis)).detach()

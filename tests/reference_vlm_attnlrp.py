@@ -143,7 +143,7 @@ def ruled_attention(ruled: nn.Module, variant: str):
         yield
 
 
-def _parts(ruled: nn.Module) -> tuple[nn.Module, nn.Module]:
+def parts(ruled: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The language model and the tower's patch embedding of each family."""
     inner = ruled.model
     if hasattr(inner, "visual"):  # Qwen2-VL, Qwen2.5-VL: flattened patches (N, D)
@@ -161,7 +161,7 @@ def relevances(
     convolution, (patches,) in the tower's order for flattened patches) of the next-token
     logit `target` read out at `position` of one text, under `variant`'s rules."""
     ruled = ruled_copy(model, variant)
-    language, patches = _parts(ruled)
+    language, patches = parts(ruled)
     seen: dict[str, Tensor] = {}
     language.register_forward_pre_hook(
         lambda module, args, kwargs: seen.__setitem__("text", kwargs["inputs_embeds"]),

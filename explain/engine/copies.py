@@ -2,9 +2,10 @@
 integrated gradients' path and of occlusion (explain.engine.passes).
 
 S variants of the inputs run as S copies in one batch: the plan repeats its prepared
-inputs (`Adapter.repeated`: copy c of sample b at row c * B + b), and a forward hook on
-the embedding module (`EmbeddingCopies.hook`) puts each copy's embeddings in place of
-the ones the repeated inputs give: `e0 + a (e - e0)` at a point a of the path, or e
+inputs (`Adapter.repeated`: copy c of sample b at row c * B + b), and a hook where the
+embeddings are (`EmbeddingCopies.hooks`: the embedding module's output, or a vision-language
+model's language-model input) puts each copy's embeddings in place of the ones the
+repeated inputs give: `e0 + a (e - e0)` at a point a of the path, or e
 with the occluded tokens' replaced by e0, for the inputs' own embeddings e (copy 0 of
 the call's first forward) and the baseline's e0 (explain.rules.embedding_baseline). The
 copies go in chunks sized by the memory budget (`copy_chunks`).
@@ -12,12 +13,15 @@ copies go in chunks sized by the memory budget (`copy_chunks`).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from explain.errors import ExplainError, OptionError
+from explain.layout import InputHook, ModuleHook
+from explain.lrp.attnlrp import Embedding
 from explain.rules.embedding_baseline import EmbeddingBaseline
 
 __all__ = [
@@ -59,27 +63,29 @@ class EmbeddingCopies:
     the baseline's e0 computed from the same call of the embedding module.
 
     Args:
-        module: the embedding module, whose output the hook replaces.
-        baseline: what the inputs are blended with.
-        axis: the axis of the embedding output that holds the hidden size (1 for a
-            convolution's (B, D, gh, gw), -1 for (B, N, D)).
+        read: where the embeddings are: a module's output, or the keyword argument a
+            module is called with (a vision-language model's language-model input, its
+            image features among the word embeddings), and the axis of the hidden size
+            (1 for a convolution's (B, D, gh, gw), -1 for (B, N, D)).
+        baseline: what the inputs are blended with: zero embeddings for an argument,
+            which no module of ours computes from a token or from pixels.
         batch: the inputs' batch size B.
         differentiable: whether the copies' embeddings become the graph's leaf (`leaf`),
             whose gradient the path integrates.
     """
 
     def __init__(
-        self,
-        module: nn.Module,
-        baseline: EmbeddingBaseline,
-        axis: int,
-        batch: int,
-        *,
-        differentiable: bool,
+        self, read: Embedding, baseline: EmbeddingBaseline, batch: int, *, differentiable: bool
     ) -> None:
-        check_baseline_token(module, baseline)
-        self.module = module
-        self.axis = axis
+        check_baseline_token(read.module, baseline)
+        if read.argument is not None and baseline.kind != "zero":
+            raise OptionError(
+                f"the embeddings are read at {type(read.module).__name__}'s {read.argument} "
+                "(the image tokens among the words), whose baseline is zero embeddings: "
+                "leave baseline_token unset"
+            )
+        self.read = read
+        self.axis = read.axis
         self._kind = baseline
         self._batch = batch
         self._differentiable = differentiable
@@ -88,9 +94,13 @@ class EmbeddingCopies:
         self._weights: Tensor | None = None
         self._leaf: Tensor | None = None
 
-    def hooks(self) -> list[tuple[nn.Module, Any]]:
-        """The (module, forward hook) pair a session registers for the call."""
-        return [(self.module, self.hook)]
+    def hooks(self) -> list[tuple[nn.Module, ModuleHook | InputHook]]:
+        """The hook a session registers for the call: a forward hook on the module that
+        outputs the embeddings, or an input hook on the module whose call takes them."""
+        read = self.read
+        if read.argument is None:
+            return [(read.module, self._output_hook)]
+        return [(read.module, InputHook(partial(self._input_hook, read.argument)))]
 
     def blend(self, weights: Tensor) -> None:
         """The next forward's copies, by the (C, B or 1, P or 1) weight of the inputs for
@@ -124,10 +134,26 @@ class EmbeddingCopies:
 
     # -- the hook -------------------------------------------------------------------------
 
-    def hook(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+    def _output_hook(self, module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+        if self._inputs is None:
+            self._baseline = self._baseline_of(module, args, kwargs, output)[: self._batch]
+        return self._copies(output)
+
+    def _input_hook(
+        self, name: str, module: nn.Module, args: Any, kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        tensor = kwargs.get(name)
+        if not isinstance(tensor, Tensor):
+            raise ExplainError(f"{type(module).__name__} was called without {name}")
+        if self._inputs is None:
+            self._baseline = torch.zeros_like(tensor[: self._batch]).detach()
+        return args, {**kwargs, name: self._copies(tensor)}
+
+    def _copies(self, output: Tensor) -> Tensor:
+        """The copies' embeddings in place of `output`, the repeated inputs' (module
+        docstring); the first call keeps copy 0's as the inputs' own."""
         if self._inputs is None:  # the first forward's copy 0: the inputs themselves
             self._inputs = output[: self._batch].detach()
-            self._baseline = self._baseline_of(module, args, kwargs, output)[: self._batch]
         inputs, baseline, weights = self.inputs, self._baseline, self._weights
         assert baseline is not None and weights is not None
         weights = self._on_embeddings(weights.to(inputs.device, inputs.dtype), inputs.shape)

@@ -399,18 +399,14 @@ class EmbeddingPass(Pass):
             )
         return None
 
-    def _embedding(self) -> tuple[nn.Module, int]:
-        """The embedding module, whose output is what the method reads, and the axis of
-        its output that holds the hidden size."""
-        assert self.adapter.attnlrp_sites is not None
-        sites = self.adapter.attnlrp_sites()
-        return sites.embedding, sites.embedding_axis
-
     def _copies(self, baseline: EmbeddingBaseline, *, differentiable: bool) -> EmbeddingCopies:
-        """The copies' state and hook, on the embedding module."""
-        module, axis = self._embedding()
+        """The copies' state and hook, where the plan reads the embeddings
+        (`PlanView.embeddings`: one place; a vision-language model's plan refuses these
+        methods at depth "tower", before any forward)."""
+        (read, _), *deeper = self.plan.embeddings(self.adapter.attnlrp_sites())
+        assert not deeper, "the copies replace the embeddings at one place"
         batch = self.plan.prepared.batch_size
-        return EmbeddingCopies(module, baseline, axis, batch, differentiable=differentiable)
+        return EmbeddingCopies(read, baseline, batch, differentiable=differentiable)
 
     def _copy_bytes(self, copies: EmbeddingCopies, fused: bool, *, gradients: bool) -> int:
         """What one copy of the inputs holds at most (explain.engine.copies.copy_bytes):
@@ -511,7 +507,7 @@ class IntegratedGradientPass(EmbeddingPass):
                 copies.blend(torch.tensor([1.0, 0.0])[:, None, None])
                 ends = plan.copy_forward(2)
                 columns = plan.columns(ends[:batch].clone())
-                at_baseline = plan.copy_columns(ends, columns, 2)[batch:]
+                at_baseline = plan.copy_columns(ends[batch:], columns, 1)
                 del ends
             inputs = copies.inputs
             count = columns.scores.shape[1]

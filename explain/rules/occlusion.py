@@ -55,14 +55,13 @@ def occluded_spans(spans: Tensor | None, layout: TokenLayout, batch: int) -> Ten
     if spans is None:
         return torch.eye(count, dtype=torch.bool)[:, None, :].expand(count, batch, count)
     spans = spans.long().reshape(-1, count).expand(batch, count).cpu()
-    ids = spans.unique()  # sorted: one look at the values
-    first = int(ids[0])
-    if first < -1:
+    ids = spans.unique().tolist()  # sorted: one look at the values
+    if ids[0] < -1:
         raise OptionError("span ids must be >= 0, or -1 for tokens in no span")
-    ids = ids[1:] if first == -1 else ids
-    if not len(ids):
+    ids = ids[1:] if ids[0] == -1 else ids
+    if not ids:
         raise OptionError("spans name no span: every token is -1")
-    return spans[None] == ids[:, None, None]
+    return spans[None] == torch.tensor(ids)[:, None, None]
 
 
 def span_relevance(drops: Tensor, occluded: Tensor) -> Tensor:
