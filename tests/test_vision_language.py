@@ -1706,6 +1706,8 @@ def test_the_baselines_at_the_language_model_input_equal_the_reference(lrp_famil
         with pytest.raises(OptionError, match="replaces the language model's input"):
             explainer.explain(one, method=method, depth=depth, **options)
         return
+    with pytest.raises(OptionError, match="baseline is zero embeddings"):
+        explainer.explain(one, method=method, baseline_token=3, **options)
     before = ModelState.capture(model)
     result = explainer.explain(one, method=method, depth=depth, **options)
     assert before.differences(ModelState.capture(model)) == []
