@@ -90,33 +90,6 @@ def hf_text(model: nn.Module, ids: list[int], *, last: bool) -> tuple[Scores, Te
         return scores, model.get_input_embeddings()(torch.tensor([ids]))
 
 
-def vision_language_gradient_x_input(
-    model: nn.Module, one: dict, position: int, target: int
-) -> tuple[Tensor, Tensor]:
-    """Gradient x Input of a vision-language model's next-token logit `target` read out at
-    `position` of one text: (T,) at the tensor its language model is called with
-    (`inputs_embeds`: the word embeddings with the image features scattered in) and at the
-    output of its tower's patch embedding ((images, gh, gw) for a convolution, (patches,)
-    for flattened patches), from one autograd.grad of the model's own float64 forward (a
-    copy, its parameters requiring grad, so that both tensors lie on the graph)."""
-    from reference_vlm_attnlrp import parts
-
-    copied = copy.deepcopy(model).double()
-    language, patches = parts(copied)
-    seen: dict[str, Tensor] = {}
-    language.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.__setitem__("text", kwargs["inputs_embeds"]),
-        with_kwargs=True,
-    )
-    patches.register_forward_hook(lambda module, args, out: seen.__setitem__("tower", out))
-    arguments = {k: v for k, v in one.items() if k not in ("rows", "cols")}
-    logits = copied(**arguments, use_cache=False).logits
-    text, tower = seen["text"], seen["tower"]
-    text_grad, tower_grad = torch.autograd.grad(logits[0, position, target], [text, tower])
-    axis = 1 if isinstance(patches, nn.Conv2d) else -1
-    return (text * text_grad).sum(dim=-1)[0].detach(), (tower * tower_grad).sum(dim=axis).detach()
-
-
 def vision_language_at_inputs(
     model: nn.Module, one: dict, position: int, target: int, method: str, steps: int
 ) -> tuple[Tensor, Tensor]:

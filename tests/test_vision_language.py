@@ -1575,17 +1575,16 @@ def _lrp_prompts(model, processor, pairs):
 
 def _lrp_reference(model, one, position, target, variant, depth):
     """(image maps (k, gh, gw), text (T,)) of one text from the independent re-derivation
-    (reference_vlm_attnlrp; for plain Gradient x Input, the model's own gradient:
-    reference_baselines), put on the photo by hand family by family: at depth "lm" each
+    (reference_vlm_attnlrp; for plain Gradient x Input the model's own gradient, for
+    integrated gradients and occlusion its own forwards: reference_baselines), put on the
+    photo by hand family by family: at depth "lm" each
     image token's relevance shared out over the patches it was made of, at depth "tower"
     the relevance at the patch embeddings itself (Qwen2-VL's, from the tower's order onto
     the grid); Idefics3's and SmolVLM's tiles put together on the photo."""
     import reference_baselines
     import reference_vlm_attnlrp as ref
 
-    if variant == "gradient_x_input":
-        found = reference_baselines.vision_language_gradient_x_input(model, one, position, target)
-    elif variant in ("integrated_gradients", "occlusion"):
+    if variant in ("integrated_gradients", "occlusion"):
         found = reference_baselines.vision_language_at_inputs(
             model, one, position, target, variant, BASELINE_STEPS
         )
@@ -1718,25 +1717,21 @@ def test_the_baselines_at_the_language_model_input_equal_the_reference(lrp_famil
     assert result.relevances["image"].abs().sum() > 0
 
 
-@pytest.mark.parametrize("method", ["integrated_gradients", "occlusion"])
+@pytest.mark.parametrize(
+    ("variant", "depth"),
+    [
+        *((variant, "tower") for variant in [*LRP_VARIANTS, "gradient_x_input"]),
+        ("integrated_gradients", "lm"),  # the copies' methods: depth "lm" only
+        ("occlusion", "lm"),
+    ],
+)
 @pytest.mark.parametrize("answer", [False, True])
 @pytest.mark.parametrize("family", LRP_FAMILIES)
-def test_the_baselines_on_a_left_padded_batch_equal_each_prompt_alone(family, answer, method):
+def test_attnlrp_a_left_padded_batch_equals_each_prompt_alone(family, answer, variant, depth):
     build, processor = _lrp_models()[family]
     model = build()  # float32: a left-padded float64 row is NaN in the eager reference
     _assert_a_left_padded_batch_equals_each_prompt_alone(
-        model, processor(), "lm", answer, method=method
-    )
-
-
-@pytest.mark.parametrize("variant", [*LRP_VARIANTS, "gradient_x_input"])
-@pytest.mark.parametrize("answer", [False, True])
-@pytest.mark.parametrize("family", LRP_FAMILIES)
-def test_attnlrp_a_left_padded_batch_equals_each_prompt_alone(family, answer, variant):
-    build, processor = _lrp_models()[family]
-    model = build()  # float32: a left-padded float64 row is NaN in the eager reference
-    _assert_a_left_padded_batch_equals_each_prompt_alone(
-        model, processor(), "tower", answer, method=variant
+        model, processor(), depth, answer, method=variant
     )
 
 
