@@ -2,8 +2,9 @@
 
 `generate` runs the model's own `generate` on prompts (texts, a tokenized batch, or chat
 conversations put through the tokenizer's chat template) without leaving a trace on the
-model: it runs inside a recorder that computes nothing, so modes, flags and the global
-RNG are restored afterwards, and no cache outlives the call. `explain_generation` then
+model: it runs inside a session (modes and the global RNG restored afterwards, no cache
+outliving the call) on the model's own attention path, since nothing is recorded: its
+tokens are those of the model's own generate. `explain_generation` then
 explains every generated token from ONE forward pass over prompt + continuation: column g
 of the (B, G, T) relevance reads out at position P + g - 1 (P: the padded prompt width)
 and explains the token generated at P + g over everything before it, exactly what a
@@ -35,7 +36,8 @@ from torch import Tensor
 
 from explain import engine
 from explain.api import Explainer
-from explain.architectures.base import TokenSets, refuse_meta_inputs
+from explain.architectures.base import EncoderDecoder, refuse_meta_inputs
+from explain.architectures.hf_registries import finite_eager_masks
 from explain.architectures.hf_vision_language import VisionLanguageModel
 from explain.engine import Request, require_causal_lm
 from explain.engine.session import Session
@@ -334,7 +336,14 @@ def generate(
         options = {"suppress_tokens": [adapter.image_token_id], **options}
     held = adapter.generating() if isinstance(adapter, VisionLanguageModel) else None
     inputs = adapter.model_arguments(extra) if isinstance(adapter, VisionLanguageModel) else extra
-    with Session(adapter), held or contextlib.nullcontext():
+    # Nothing is recorded: the model generates on its own attention path, as its own
+    # generate would, with finite eager masks (a float64 model on eager attention
+    # otherwise continues a left-padded prompt with NaN logits, read as pad tokens).
+    with (
+        Session(adapter, own_path=True),
+        finite_eager_masks(),
+        held or contextlib.nullcontext(),
+    ):
         try:
             sequences = model.generate(
                 input_ids=prepared.arguments["input_ids"],
@@ -400,15 +409,16 @@ def generate_target(explainer: Explainer, inputs: Any, max_new_tokens: int = 20)
     """`inputs` with the decoder sequence the model generates for them (greedy): adds
     decoder_input_ids and decoder_attention_mask (real up to the first end token).
 
-    Generation runs inside a recorder that computes nothing: the model is in eval mode,
-    the RNG is forked and everything is restored afterwards, as for an explanation.
+    Generation runs inside a session on the model's own attention path: the model is in
+    eval mode, the RNG is forked and everything is restored afterwards, as for an
+    explanation.
     """
     adapter = explainer.adapter
-    if adapter.token_sets != TokenSets.ENCODER_DECODER:
+    if not isinstance(adapter, EncoderDecoder):
         raise OptionError(f"{adapter.family}: generate_target is for encoder-decoder models")
     source = {k: v for k, v in dict(inputs).items() if not k.startswith("decoder_")}
     model = adapter.model
-    with Session(adapter):
+    with Session(adapter, own_path=True):
         sequences = model.generate(**source, max_new_tokens=max_new_tokens, do_sample=False)
     eos = model.generation_config.eos_token_id
     eos_ids = torch.as_tensor([] if eos is None else eos, device=sequences.device).flatten()

@@ -28,7 +28,7 @@ from explain.architectures.registry import adapter_for
 from explain.export import atomic_write
 from explain.layout import TokenLayout
 from explain.rules.fold import WindowedFold, to_windows, unmerge
-from explain.rules.gradient import generic_step, gradient_weighted
+from explain.rules.gradient import generic_split, gradient_weighted
 
 BEGIN = "<!-- windowed attention: scripts/bench_swin.py -->"
 END = "<!-- end of windowed attention -->"
@@ -63,11 +63,12 @@ def dense_fold(layout: TokenLayout, records, readout: torch.Tensor) -> torch.Ten
 
 def windowed_fold(layout: TokenLayout, records, readout: torch.Tensor) -> torch.Tensor:
     fold = WindowedFold(
-        readout, layout.windows, range(len(layout.windows)), gradient_weighted, generic_step
+        readout[None], layout.windows, range(len(layout.windows)), gradient_weighted, generic_split
     )
     for layer in reversed(range(len(layout.windows))):
-        fold.add(layer, *records[layer])
-    return fold.result()
+        attention, gradient = records[layer]
+        fold.add(layer, slice(0, 1), attention, gradient[None])  # one column
+    return fold.result()[0]
 
 
 def main() -> None:

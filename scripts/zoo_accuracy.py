@@ -4,7 +4,8 @@
     .venv/bin/python scripts/zoo_accuracy.py --update-cards  # and rewrite the cards' section
 
 Each card's accuracy section sits between the markers below and is only ever written by
-this script, so the number a card quotes is the number this script measures.
+this script, so the number a card quotes is the number this script measures. Models whose
+evidence is known (`EVIDENCE`) get a second section: the known-evidence check's table.
 """
 
 from __future__ import annotations
@@ -16,18 +17,24 @@ import time
 import torch
 
 from explain.evaluation import heldout_accuracy
+from explain.evaluation.shapes_answers import evidence_check
 from explain.export import atomic_write
-from explain.loading.zoo import CARD, ZOO, zoo_root
+from explain.loading.zoo import CARD, ZOO, load_zoo_model, zoo_root
 
 BEGIN = "<!-- heldout-accuracy: written by scripts/zoo_accuracy.py -->"
 END = "<!-- /heldout-accuracy -->"
+EVIDENCE_BEGIN = "<!-- evidence-check: written by scripts/zoo_accuracy.py -->"
+EVIDENCE_END = "<!-- /evidence-check -->"
 HEADLINE = {
     "shapes-vit": "every kind's present/absent decision right (the exact set of kinds)",
     "shapes-swin": "every kind's present/absent decision right (the exact set of kinds)",
     "digits-vit": "top-1",
     "minilm-sentiment": "top-1",
     "shapes-clip": "zero-shot: the closest of the 41 set captions names exactly its kinds",
+    "shapes-llava": "the first answer word (greedy) is the true answer",
 }
+EVIDENCE = {"shapes-llava": (evidence_check, 1000)}
+"""Models whose answers' evidence is known: the check, and its number of held-out examples."""
 
 
 def section(name: str, accuracy, seconds: float) -> str:
@@ -42,6 +49,17 @@ def section(name: str, accuracy, seconds: float) -> str:
         lines.extend(f"- {key}: {100 * value:.2f}%" for key, value in accuracy.details.items())
     lines.append(END)
     return "\n".join(lines)
+
+
+def replace_section(name: str, begin: str, end: str, text: str) -> None:
+    """Rewrite the card's section between `begin` and `end` (markers included) as `text`."""
+    card = zoo_root() / name / CARD
+    content = card.read_text()
+    found = re.search(re.escape(begin) + ".*?" + re.escape(end), content, re.DOTALL)
+    if found is None:
+        raise SystemExit(f"{card} has no section {begin} ... {end}")
+    with atomic_write(card, "w") as handle:
+        handle.write(content[: found.start()] + text + content[found.end() :])
 
 
 def main() -> None:
@@ -67,14 +85,21 @@ def main() -> None:
         for key, value in accuracy.details.items():
             print(f"|   {key} | {100 * value:.2f}% | |")
         if args.update_cards:
-            card = zoo_root() / name / CARD
-            text = card.read_text()
-            found = re.search(re.escape(BEGIN) + ".*?" + re.escape(END), text, re.DOTALL)
-            if found is None:
-                raise SystemExit(f"{card} has no accuracy section ({BEGIN} ... {END})")
-            with atomic_write(card, "w") as handle:
-                handle.write(text[: found.start()] + section(name, accuracy, seconds))
-                handle.write(text[found.end() :])
+            replace_section(name, BEGIN, END, section(name, accuracy, seconds))
+        if name in EVIDENCE:
+            check, default = EVIDENCE[name]
+            started = time.time()
+            count = args.count or default
+            table = check(load_zoo_model(name), count).table()
+            print(table, flush=True)
+            if args.update_cards:
+                text = (
+                    f"{EVIDENCE_BEGIN}\nKnown-evidence check on the first {count} held-out "
+                    f"examples, over those answered right (measured by "
+                    f"`scripts/zoo_accuracy.py` in {time.time() - started:.0f} s; each cell: "
+                    f"share of edits, and how many):\n\n{table}\n{EVIDENCE_END}"
+                )
+                replace_section(name, EVIDENCE_BEGIN, EVIDENCE_END, text)
 
 
 if __name__ == "__main__":

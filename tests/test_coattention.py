@@ -9,7 +9,6 @@ from torch import Tensor
 
 from explain.rules.coattention import (
     BlockRole,
-    ColumnTwoSetFolds,
     TwoSetFold,
     TwoSetRelevance,
     cross_attention_update,
@@ -30,6 +29,17 @@ def _maps(generator: torch.Generator, rows: int, columns: int) -> tuple[Tensor, 
 
 def _abar(attention: Tensor, gradient: Tensor, sample: int) -> Tensor:
     return gradient_weighted(attention[sample], gradient[sample])
+
+
+def _one_column(record: tuple[Tensor, Tensor]) -> tuple[slice, Tensor, Tensor]:
+    """A block's record as a fold takes it for one column: its gradient (1, B, H, n, m)."""
+    attention, gradient = record
+    return slice(0, 1), attention, gradient[None]
+
+
+def _column(state: TwoSetRelevance, column: int) -> TwoSetRelevance:
+    """One column's four matrices, (B, n, m) each."""
+    return TwoSetRelevance(*(state.get(*key)[column] for key in ("qq", "qi", "iq", "ii")))
 
 
 def test_normalize_matches_reference_and_keeps_zero_rows():
@@ -59,8 +69,8 @@ def test_encoder_decoder_fold_matches_reference(encoder_layers, decoder_layers):
         records.append(_maps(generator, NUM_Q, NUM_I))
     fold = TwoSetFold(roles, NUM_Q, NUM_I)
     for layer in reversed(range(len(records))):  # the backward delivers the last block first
-        fold.add(layer, *records[layer])
-    result = fold.result()
+        fold.add(layer, *_one_column(records[layer]))
+    result = _column(fold.result(), 0)
     for b in range(BATCH):
         matrices = [_abar(*record, b) for record in records]
         encoder = matrices[:encoder_layers]
@@ -89,8 +99,8 @@ def test_two_stream_co_attention_matches_reference():
     start = TwoSetRelevance.initial(BATCH, NUM_Q, NUM_I, dtype=torch.float64, device="cpu")
     fold = TwoSetFold(roles, NUM_Q, NUM_I)
     for layer, record in enumerate(records):
-        fold.add(layer, *record)
-    result = fold.result()
+        fold.add(layer, *_one_column(record))
+    result = _column(fold.result(), 0)
     for b in range(BATCH):
         state = {key: start.get(*key)[b] for key in ("qq", "qi", "iq", "ii")}
         for layer in range(0, len(records), 4):
@@ -117,9 +127,11 @@ def test_cross_update_uses_matrices_from_before_the_block():
 def test_missing_block_and_bad_roles_fail_clearly():
     fold = TwoSetFold([BlockRole(0, "i", "self"), BlockRole(1, "q", "self")], NUM_Q, NUM_I)
     generator = torch.Generator().manual_seed(0)
-    fold.add(1, *_maps(generator, NUM_Q, NUM_Q))
+    fold.add(1, *_one_column(_maps(generator, NUM_Q, NUM_Q)))
     with pytest.raises(RuntimeError, match=r"blocks \[0\] never arrived"):
         fold.result()
+    with pytest.raises(RuntimeError, match=r"blocks \[0, 1\] never arrived"):
+        TwoSetFold([BlockRole(0, "i", "self"), BlockRole(1, "q", "self")], NUM_Q, NUM_I).result()
     with pytest.raises(ValueError, match="consecutive"):
         TwoSetFold([BlockRole(1, "i", "self"), BlockRole(0, "q", "self")], NUM_Q, NUM_I)
     with pytest.raises(ValueError, match="pairs"):
@@ -127,9 +139,9 @@ def test_missing_block_and_bad_roles_fail_clearly():
 
 
 def test_every_column_at_once_equals_each_column_alone():
-    """ColumnTwoSetFolds: the rules of C columns batched (two chunks of columns, each
-    delivering its blocks last first, as a chunked batched backward does) equal each
-    column's own TwoSetFold, in float64, and so do the rows each column reads out."""
+    """The rules of C columns batched (two chunks of columns, each delivering its blocks
+    last first, as a chunked batched backward does) equal each column's rules alone, in
+    float64: the chunks joined in column order."""
     generator = torch.Generator().manual_seed(11)
     roles = [BlockRole(0, "i", "self"), BlockRole(1, "q", "self"), BlockRole(2, "q", "cross")]
     shapes = [(NUM_I, NUM_I), (NUM_Q, NUM_Q), (NUM_Q, NUM_I)]
@@ -138,35 +150,16 @@ def test_every_column_at_once_equals_each_column_alone():
     gradients = [
         torch.randn(columns, *a.shape, generator=generator, dtype=torch.float64) for a in attentions
     ]
-    rows = torch.randint(0, NUM_Q, (columns, BATCH), generator=generator)
-    folds = [TwoSetFold(roles, NUM_Q, NUM_I, rows=rows[column]) for column in range(columns)]
-    together = ColumnTwoSetFolds(folds)
-    for chunk in (slice(0, 3), slice(3, 5)):
+    together = TwoSetFold(roles, NUM_Q, NUM_I)
+    for chunk in (slice(3, 5), slice(0, 3)):  # the chunks' order does not matter
         for layer in reversed(range(len(roles))):
             together.add(layer, chunk, attentions[layer], gradients[layer][chunk])
-    together.finish()
-    for column, fold in enumerate(folds):
+    result = together.result()
+    for column in range(columns):
         alone = TwoSetFold(roles, NUM_Q, NUM_I)
         for layer in reversed(range(len(roles))):
-            alone.add(layer, attentions[layer], gradients[layer][column])
-        expected = alone.result()
+            alone.add(layer, *_one_column((attentions[layer], gradients[layer][column])))
+        expected = _column(alone.result(), 0)
         for key in ("qq", "qi", "iq", "ii"):
-            assert torch.allclose(fold.result().get(*key), expected.get(*key), atol=1e-12)
-        samples = torch.arange(BATCH)
-        qi, qq = fold.read()  # each sample's row, read for every column at once
-        assert torch.allclose(qi, expected.qi[samples, rows[column]], atol=1e-12)
-        assert torch.allclose(qq, expected.qq[samples, rows[column]], atol=1e-12)
-    assert not torch.allclose(folds[0].result().qi, folds[1].result().qi)  # columns differ
-
-
-def test_columns_missing_a_block_fail_clearly():
-    roles = [BlockRole(0, "i", "self"), BlockRole(1, "q", "self")]
-    together = ColumnTwoSetFolds([TwoSetFold(roles, NUM_Q, NUM_I) for _ in range(2)])
-    attention, gradient = _maps(torch.Generator().manual_seed(0), NUM_Q, NUM_Q)
-    together.add(1, slice(0, 2), attention, gradient.expand(2, *gradient.shape))
-    with pytest.raises(RuntimeError, match=r"blocks \[0\] never arrived"):
-        together.finish()
-    with pytest.raises(ValueError, match="without the rows"):
-        TwoSetFold(roles, NUM_Q, NUM_I).read()
-    with pytest.raises(ValueError, match="same roles"):
-        ColumnTwoSetFolds([TwoSetFold(roles, NUM_Q, NUM_I), TwoSetFold(roles, NUM_Q, NUM_Q)])
+            assert torch.allclose(result.get(*key)[column], expected.get(*key), atol=1e-12)
+    assert not torch.allclose(result.qi[0], result.qi[1])  # columns differ

@@ -10,6 +10,7 @@ import pytest
 import reference_hf as ref
 import torch
 from conftest import float32_atol
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from explain import Explainer, InputError, OptionError, engine
 from explain.generation import Generation, explain_generation, generate, is_chat
@@ -92,12 +93,10 @@ def test_every_generated_token_equals_the_next_token_explanation(family, method)
 @pytest.mark.parametrize("method", _next_token_methods())
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
 def test_generated_tokens_equal_their_prefixes_in_float64(family, method):
-    """The same to the last digits in float64. The prompts have one length here: the
-    eager attention of transformers gives NaN in float64 at left padding (its mask adds
-    the float64 minimum twice, -inf on the padded rows, whose NaN reaches every row)."""
+    """The same to the last digits in float64, with prompts padded on the left (the eager
+    masks kept finite where transformers' eager softmax reads them in float32)."""
     model = _model(family)
-    even = [prompt[:2] for prompt in PROMPTS]
-    generation = generate(Explainer(model), ref.padded_batch(even, "left"), max_new_tokens=NEW)
+    generation = generate(Explainer(model), ref.padded_batch(PROMPTS, "left"), max_new_tokens=NEW)
     mask = generation.attention_mask.clone()
     mask[1, generation.prompt_length + 2 :] = 0  # the second continuation ends early
     ids = generation.input_ids.masked_fill(mask == 0, 0)
@@ -197,6 +196,76 @@ def test_generation_is_greedy_and_matches_the_model():
     assert torch.equal(predicted, generation.input_ids[:, width:])
 
 
+def _in(family: str, dtype: torch.dtype):
+    """The tiny `family` model in `dtype` (a copy: the cached model stays float32)."""
+    return copy.deepcopy(_model(family)).to(dtype)
+
+
+def _models_own(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's own greedy continuation of `batch`, outside explain."""
+    return model.generate(**batch, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize(
+    ("family", "dtype"),
+    [
+        ("llama", torch.float32),
+        ("llama", torch.float64),
+        ("gpt2", torch.float32),
+        ("gpt2", torch.float64),
+        ("gemma2", torch.float32),
+    ],
+)
+def test_a_left_padded_batch_generates_as_the_models_own_generate(family, dtype):
+    """Token for token what the model's own generate gives: explain generates on the
+    model's own attention path (sdpa for Llama and GPT-2, eager for Gemma 2). Gemma 2 in
+    float64 is left out here: its own generate writes pad tokens after a left-padded prompt
+    (transformers' eager softmax runs in float32, where the float64 mask's lowest value is
+    -inf: a pad's row of NaN reaches every token), see the next test."""
+    model = _in(family, dtype)
+    batch = ref.padded_batch(PROMPTS, "left")
+    generation = generate(Explainer(model), batch, max_new_tokens=NEW)
+    assert torch.equal(generation.input_ids, _models_own(model, batch))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
+def test_a_left_padded_batch_generates_as_each_prompt_alone_in_float64(family):
+    """In float64 each prompt of a left-padded batch is continued exactly as it is alone,
+    unpadded, by the model's own generate: no pad token where the batch's padding once
+    made the logits NaN, Gemma 2 on eager attention included."""
+    model = _in(family, torch.float64)
+    generation = generate(Explainer(model), ref.padded_batch(PROMPTS, "left"), max_new_tokens=NEW)
+    width = generation.prompt_length
+    for row, prompt in enumerate(PROMPTS):
+        alone = _models_own(model, {"input_ids": torch.tensor([prompt])})[0, len(prompt) :]
+        continuation = generation.input_ids[row, width:][generation.generated[row]]
+        assert continuation.tolist() == alone.tolist()
+
+
+@pytest.mark.parametrize("method", _next_token_methods())
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2"])
+def test_a_left_padded_batch_is_explained_as_each_prompt_alone_in_float64(family, method):
+    """Each row of a left-padded batch's generation explanation equals the explanation of
+    its prompt and continuation alone, unpadded, to the last digits in float64; its pads
+    get nothing."""
+    explainer = Explainer(_in(family, torch.float64))
+    generation = generate(explainer, ref.padded_batch(PROMPTS, "left"), max_new_tokens=NEW)
+    batch = explain_generation(explainer, generation, method=method).explanation
+    width = generation.prompt_length
+    for row, prompt in enumerate(PROMPTS):
+        pads = width - len(prompt)
+        alone = Generation(
+            generation.input_ids[row : row + 1, pads:],
+            generation.attention_mask[row : row + 1, pads:],
+            len(prompt),
+        )
+        single = explain_generation(explainer, alone, method=method).explanation
+        torch.testing.assert_close(
+            batch.relevance[row, :, pads:], single.relevance[0], rtol=1e-10, atol=1e-13
+        )
+        assert (batch.relevance[row, :, :pads] == 0).all()
+
+
 def test_generation_and_its_explanation_leave_no_trace():
     model = _model("llama")
     torch.manual_seed(11)
@@ -208,6 +277,7 @@ def test_generation_and_its_explanation_leave_no_trace():
     assert before.differences(ModelState.capture(model)) == []
     assert model.generation_config.to_dict() == config
     assert not [name for name in vars(model) if "cache" in name.lower() and vars(model)[name]]
+    assert AttentionMaskInterface._global_mapping["eager"] is eager_mask  # transformers' own
 
 
 def test_chat_messages_go_through_the_chat_template():

@@ -1,7 +1,7 @@
-"""The last-block methods of every column at once (explain.rules.fold.ColumnLastBlocks,
-explain.engine.spread.LastBlockFold): one map of the last block for all columns, in any
-chunks of columns, equal to each column's own map (float64, 1e-10), on the explicit and
-on the fused path; raw attention is a one-block spread fold."""
+"""The last-block methods of every column at once (explain.rules.fold.LastBlock): one map
+of the last block for all columns, in any chunks of columns, equal to each column's own
+map (float64, 1e-10), on the explicit and on the fused path
+(explain.engine.spread.FoldFeed); raw attention is a one-block spread fold."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from test_streaming import identity_site
 
 from explain import Explainer
 from explain.engine.fused import FusedBlock
-from explain.engine.spread import LastBlockFold
-from explain.layout import TokenLayout
+from explain.engine.plans.base import SetFolds
+from explain.engine.spread import FoldFeed
+from explain.layout import TokenLayout, TokenSet
 from explain.rules import RuleContext, get_method
-from explain.rules.attention import RAW_ATTENTION_SPREAD
-from explain.rules.fold import ColumnLastBlocks, LastBlock
+from explain.rules.fold import LastBlock
 from explain.rules.gradient import gradcam_maps
 from explain.rules.lrp_based import partial_lrp_maps
 
@@ -37,29 +37,39 @@ def _gradcam_reference(readout, keys, attention, gradient):
     return out
 
 
-@pytest.mark.parametrize("chunks", [[slice(None)], [slice(0, 1), slice(1, 3)]])
-def test_column_last_blocks_equal_each_column_alone(chunks):
+@pytest.mark.parametrize("chunks", [[slice(0, 3)], [slice(0, 1), slice(1, 3)]])
+def test_a_last_block_of_every_column_equals_each_column_alone(chunks):
     """Three columns with their own readout rows and kept keys, mapped together (in chunks
-    of columns, as a batched backward delivers them), equal each column's own map and
-    the head-by-head reference."""
+    of columns, as a batched backward delivers them), equal the head-by-head reference of
+    each column."""
     generator = torch.Generator().manual_seed(0)
     attention = torch.rand(2, 3, 9, 9, generator=generator, dtype=torch.float64).softmax(-1)
     gradients = torch.randn(3, 2, 3, 9, 9, generator=generator, dtype=torch.float64)
     readouts = torch.rand(3, 2, 9, generator=generator, dtype=torch.float64)
     keys = torch.rand(3, 2, 9, generator=generator) > 0.3
-    alone = [LastBlock(2, gradcam_maps, readouts[c], keys[c]) for c in range(3)]
-    for c, block in enumerate(alone):
-        block.add(0, attention, gradients[c])  # not the last block: ignored
-        block.add(1, attention, gradients[c])
-    together = [LastBlock(2, gradcam_maps, readouts[c], keys[c]) for c in range(3)]
-    stack = ColumnLastBlocks(together)
+    together = LastBlock(2, gradcam_maps, readouts, keys)
     for columns in reversed(chunks):  # the chunks' order does not matter
-        stack.add(1, columns, attention, gradients[columns])
-    stack.finish()
+        together.add(0, columns, attention, gradients[columns])  # not the last block: ignored
+        together.add(1, columns, attention, gradients[columns])
+    result = together.result()
     for c in range(3):
         expected = _gradcam_reference(readouts[c], keys[c], attention, gradients[c])
-        torch.testing.assert_close(alone[c].result(), expected, rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(together[c].result(), expected, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(result[c], expected, rtol=1e-10, atol=1e-12)
+
+
+def test_columns_sharing_their_rows_read_them_once():
+    """Rows (1, B, N) serve every column of a chunk: a chunk of three columns maps each
+    with its own gradients over the one readout row."""
+    generator = torch.Generator().manual_seed(3)
+    attention = torch.rand(2, 3, 9, 9, generator=generator, dtype=torch.float64).softmax(-1)
+    gradients = torch.randn(3, 2, 3, 9, 9, generator=generator, dtype=torch.float64)
+    readout = torch.rand(1, 2, 9, generator=generator, dtype=torch.float64)
+    keys = torch.ones(1, 2, 9, dtype=torch.bool)
+    shared = LastBlock(1, gradcam_maps, readout, keys)
+    shared.add(0, slice(0, 3), attention, gradients)
+    for c, column in enumerate(shared.result()):
+        expected = _gradcam_reference(readout[0], keys[0], attention, gradients[c])
+        torch.testing.assert_close(column, expected, rtol=1e-10, atol=1e-12)
 
 
 def test_partial_lrp_map_reads_each_columns_row_of_the_clamped_head_mean():
@@ -72,27 +82,23 @@ def test_partial_lrp_map_reads_each_columns_row_of_the_clamped_head_mean():
     torch.testing.assert_close(maps, expected, rtol=1e-12, atol=1e-14)
 
 
-def test_column_last_blocks_refuse_mixed_methods_and_missing_columns():
-    readout = torch.ones(1, 4, dtype=torch.float64)
-    with pytest.raises(ValueError, match="one method"):
-        ColumnLastBlocks(
-            [
-                LastBlock(2, gradcam_maps, readout, readout > 0),
-                LastBlock(2, partial_lrp_maps, readout),
-            ]
-        )
-    stack = ColumnLastBlocks([LastBlock(2, partial_lrp_maps, readout)] * 2)
-    stack.add(1, slice(0, 1), torch.rand(1, 2, 4, 4, dtype=torch.float64), None)
-    with pytest.raises(RuntimeError, match="every column"):
-        stack.finish()
+def test_a_last_block_that_never_arrived_is_refused():
+    readout = torch.ones(1, 1, 4, dtype=torch.float64)
+    block = LastBlock(2, partial_lrp_maps, readout)
+    block.add(0, slice(0, 1), torch.rand(1, 2, 4, 4, dtype=torch.float64), None)
+    with pytest.raises(RuntimeError, match="no block arrived"):
+        block.result()
 
 
 def test_raw_attention_is_a_one_block_spread_fold():
     context = RuleContext(
-        torch.zeros(1, 4), TokenLayout(modality="text", num_tokens=4), num_layers=3, start_layer=2
+        torch.zeros(1, 1, 4),
+        TokenLayout(modality="text", num_tokens=4),
+        num_layers=3,
+        start_layer=2,
     )
-    sink = get_method("raw_attention").sink(context, {})
-    assert sink.spread is RAW_ATTENTION_SPREAD and sink.layers == range(2, 3)
+    fold = get_method("raw_attention").fold(context, {})
+    assert fold.spread == "attention" and fold.layers == range(2, 3)
 
 
 @pytest.mark.parametrize("budget", [1, None])
@@ -114,11 +120,11 @@ def test_attention_gradcam_on_the_fused_path_equals_the_explicit_path_in_float64
         )
 
 
-class _RecordingStack(ColumnLastBlocks):
-    """Notes the columns of every step it is handed."""
+class _RecordingBlock(LastBlock):
+    """Notes the columns of every chunk it is handed."""
 
-    def __init__(self, blocks):
-        super().__init__(blocks)
+    def __init__(self, *args):
+        super().__init__(*args)
         self.steps = []
 
     def add(self, layer, columns, attention, gradients):
@@ -136,15 +142,15 @@ def test_fused_last_block_takes_the_gradients_of_as_many_columns_as_fit_the_budg
     output_grads = torch.randn(3, 2, 2, 5, 4, generator=generator).double()
     readouts = torch.rand(3, 2, 5, generator=generator).double()
     keys = torch.rand(3, 2, 5, generator=generator) > 0.2
-    blocks = [LastBlock(1, gradcam_maps, readouts[c], keys[c]) for c in range(3)]
+    fold = _RecordingBlock(1, gradcam_maps, readouts, keys)
+    layout = TokenLayout(modality="text", num_tokens=5)
+    sink = SetFolds({"text": fold}, [TokenSet("text", range(1), layout, readouts[0])])
     one_column = 2 * 2 * 5 * 5 * 8  # a (B, H, N, N) float64 dA
-    stack = _RecordingStack(blocks)
-    fold = LastBlockFold([(range(1), stack)], max_bytes=one_column)
-    fold.add(0, slice(None), block, output_grads)
-    fold.finish()
-    assert stack.steps == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    FoldFeed(sink, max_bytes=one_column).add(0, slice(0, 3), block, output_grads)
+    assert fold.steps == [slice(0, 1), slice(1, 2), slice(2, 3)]
     attention = block.probabilities()
+    result = fold.result()
     for c in range(3):
         gradient = output_grads[c] @ value.transpose(-2, -1)
         expected = _gradcam_reference(readouts[c], keys[c], attention, gradient)
-        torch.testing.assert_close(blocks[c].result(), expected, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(result[c], expected, rtol=1e-10, atol=1e-12)

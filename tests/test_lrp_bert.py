@@ -12,6 +12,9 @@ from reference_hf import padded_batch, reference, tiny_text_model
 from test_lrp import cast_tape, recorded_tape, walk_in_float64_matches
 
 from explain import Explainer, UnsupportedModelError
+from explain.cli import main
+from explain.cli.methods import methods_the_model_takes, parse_methods
+from explain.engine import refusals, supported_methods
 from explain.testing import ModelState
 
 LRP_METHODS = ["transformer_attribution", "partial_lrp", "lrp"]
@@ -86,10 +89,53 @@ def test_float32_close_to_reference(method, relative):
         )
 
 
-def test_other_text_families_are_named():
-    model = tiny_text_model("roberta-classifier")
-    with pytest.raises(UnsupportedModelError, match="RobertaForSequenceClassification"):
-        Explainer(model).explain(padded_batch(TEXTS[:1]), method="transformer_attribution")
+LRP_METHODS = ("lrp", "partial_lrp", "transformer_attribution")
+
+
+@pytest.mark.parametrize(
+    "name, model_class",
+    [
+        ("roberta-classifier", "RobertaForSequenceClassification"),
+        ("distilbert-classifier", "DistilBertForSequenceClassification"),
+        ("electra-classifier", "ElectraForSequenceClassification"),
+        ("bert-encoder", "BertModel"),
+    ],
+)
+def test_models_the_walk_does_not_cover_are_refused_the_lrp_methods_before_any_forward(
+    name, model_class
+):
+    """The text-encoder family's walk covers BERT classifiers only: every other model of
+    the family is refused the LRP methods by the engine's check, naming the model, before
+    any forward; so they are not among its methods, and `--method all` leaves them out."""
+    model = tiny_text_model(name)
+    explainer = Explainer(model)
+    assert not set(LRP_METHODS) & set(supported_methods(explainer.adapter))
+    reasons = refusals(explainer.adapter)
+    assert all(model_class in reasons[method] for method in LRP_METHODS)
+    forwards = []
+    handle = model.register_forward_pre_hook(lambda module, args: forwards.append(module))
+    try:
+        for method in LRP_METHODS:
+            with pytest.raises(UnsupportedModelError, match=model_class):
+                explainer.explain(padded_batch(TEXTS[:1]), method=method, target=0)
+    finally:
+        handle.remove()
+    assert forwards == []
+    taken = methods_the_model_takes("all", parse_methods("all"), explainer.adapter, name)
+    assert not set(LRP_METHODS) & set(taken) and "generic" in taken
+
+
+def test_bert_classifiers_keep_the_lrp_methods_and_the_family_says_which_it_covers(capsys):
+    adapter = Explainer(_bert()).adapter
+    assert set(LRP_METHODS) <= set(supported_methods(adapter))
+    assert type(adapter).lrp_covers == "BertForSequenceClassification"
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    family = out[out.index(type(adapter).family) :]
+    assert (
+        "(lrp, partial_lrp, transformer_attribution: BertForSequenceClassification only)"
+        in (family.splitlines()[2])
+    )
 
 
 def test_full_lrp_walks_float32_activations_in_float64():

@@ -229,3 +229,48 @@ def test_the_sdpa_wrapper_is_registered_for_the_call_only():
         thread.join(timeout=60)
     assert seen == [True]
     assert not any(IMPLEMENTATION in registry for registry in registries)
+
+
+def test_finite_eager_masks_act_in_the_calls_thread_only():
+    """A float64 causal language model's explicit path keeps transformers' eager masks
+    finite in float32 for its own thread: the registry's "eager" entry is explain's during
+    the call, gives another thread exactly transformers' own mask meanwhile, and is
+    transformers' own again afterwards."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    model = tiny_lm.tiny_causal_lm("llama").to(torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1]])
+    left_padded = {"input_ids": torch.tensor([[0, 0, 4, 14]]), "attention_mask": mask}
+    arguments = {
+        "batch_size": 1,
+        "q_length": 4,
+        "kv_length": 4,
+        "attention_mask": mask.bool(),
+        "dtype": torch.float64,
+    }
+    inside, checked = threading.Event(), threading.Event()
+
+    def target(logits: torch.Tensor) -> torch.Tensor:
+        inside.set()
+        checked.wait(timeout=30)
+        return logits[:, 0]
+
+    results: list[torch.Tensor] = []
+
+    def explain() -> None:
+        results.append(Explainer(model).explain(left_padded, target=target).relevance)
+
+    thread = threading.Thread(target=explain)
+    thread.start()
+    try:
+        assert inside.wait(timeout=30)
+        during = ALL_MASK_ATTENTION_FUNCTIONS["eager"]
+        assert during is not eager_mask
+        elsewhere = during(**arguments)
+        assert torch.equal(elsewhere, eager_mask(**arguments))
+        assert elsewhere.min() == torch.finfo(torch.float64).min
+    finally:
+        checked.set()
+        thread.join(timeout=60)
+    assert ALL_MASK_ATTENTION_FUNCTIONS["eager"] is eager_mask
+    assert len(results) == 1 and bool(torch.isfinite(results[0]).all())

@@ -1,11 +1,13 @@
-"""The fold of all columns at once through spreads (explain.engine.spread): on the
-explicit path from whole maps, on the fused path from q, k, v and dO by chunks of query
-rows ("streamed"); every way equals the per-column fold over whole maps (float64, 1e-10).
+"""The readout fold of every column at once (explain.rules.fold.ReadoutFold): through
+spreads of whole maps on the explicit path, from q, k, v and dO by chunks of query rows on
+the fused path ("streamed", explain.engine.spread.FoldFeed); every way equals each
+column's fold over its block matrices (float64, 1e-10).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 import reference_hf as ref
@@ -14,12 +16,13 @@ import torch
 import explain.engine.kernels.torch_fold as torch_fold
 from explain import Explainer
 from explain.engine.fused import FusedBlock
-from explain.engine.kernels import spread_maps
-from explain.engine.spread import ReadOut, SpreadFold
-from explain.layout import FusedAttentionSite, Pieces
-from explain.rules.attention import ROLLOUT_SPREAD, rollout_step
-from explain.rules.fold import ColumnFolds, ReadoutFold
-from explain.rules.gradient import GENERIC_SPREAD, generic_step, gradient_weighted
+from explain.engine.plans.base import SetFolds
+from explain.engine.plans.image_text import ImageTextSink
+from explain.engine.spread import FoldFeed
+from explain.layout import FusedAttentionSite, Pieces, TokenLayout, TokenSet
+from explain.rules.attention import rollout_split
+from explain.rules.fold import ReadoutFold
+from explain.rules.gradient import generic_split, gradient_weighted
 from explain.testing import tiny_lm, tiny_vit
 
 TEXTS = [[2, 14, 7, 33, 9, 21, 3, 8, 11, 19], [2, 41, 3], [2, 5, 17, 28, 3, 6]]
@@ -29,18 +32,32 @@ def _rollout_matrix(attention, gradient):
     return attention.mean(dim=1)
 
 
-@pytest.mark.parametrize(
-    "block_matrix, step, spread",
-    [
-        (gradient_weighted, generic_step, GENERIC_SPREAD),
-        (_rollout_matrix, rollout_step, ROLLOUT_SPREAD),
-    ],
-)
+def _reference(readout, blocks, matrix, identity_kept, normalised):
+    """One column's readout row folded block by block, last first, with plain products:
+    v <- v @ M + v (generic), or s = v / rowsum(M + I), v <- s @ M + s (rollout)."""
+    vector = readout
+    for attention, gradient in reversed(blocks):
+        block = matrix(attention, gradient)
+        if normalised:
+            vector = vector / (block.sum(dim=-1) + 1.0)
+        vector = torch.einsum("bn,bnm->bm", vector, block) + (vector if identity_kept else 0)
+    return vector
+
+
+_METHODS = [  # (matrix, split, spread mode, normalised)
+    (gradient_weighted, generic_split, "gradient", False),
+    (_rollout_matrix, rollout_split, "attention", True),
+]
+
+
+@pytest.mark.parametrize("matrix, split, mode, normalised", _METHODS)
 @pytest.mark.parametrize("chunks", [[slice(0, 3)], [slice(0, 1), slice(1, 3)]])
-def test_column_folds_equal_each_column_folded_alone(block_matrix, step, spread, chunks):
+def test_a_fold_of_every_column_equals_each_column_folded_alone(
+    matrix, split, mode, normalised, chunks
+):
     """Three columns with their own readout rows, folded together (in chunks of columns,
-    as a batched backward delivers them) through spreads of whole maps, equal each
-    column's own fold over block matrices."""
+    as a batched backward delivers them) from whole maps, through their spreads and
+    through their block matrices, equal each column's plain fold."""
     generator = torch.Generator().manual_seed(0)
     blocks = [
         (
@@ -50,38 +67,42 @@ def test_column_folds_equal_each_column_folded_alone(block_matrix, step, spread,
         for _ in range(3)
     ]
     readouts = torch.rand(3, 2, 9, generator=generator, dtype=torch.float64)
-    alone = [ReadoutFold(readouts[c], range(1, 3), block_matrix, step) for c in range(3)]
-    for layer in (2, 1, 0):
-        for c, fold in enumerate(alone):
-            fold.add(layer, blocks[layer][0], blocks[layer][1][c])
-    together = [
-        ReadoutFold(readouts[c], range(1, 3), block_matrix, step, spread=spread) for c in range(3)
-    ]
-    stack = ColumnFolds(together)
-    gradients = spread.mode == "gradient"
+    spread = ReadoutFold(readouts, range(1, 3), matrix, split, spread=mode)
+    whole = ReadoutFold(readouts, range(1, 3), matrix, split)
     for columns in chunks:
         for layer in (2, 1, 0):
             attention, grads = blocks[layer]
-            grad = grads[columns] if gradients else None
-            rowsum = None if gradients else attention.mean(1).sum(-1)
-            stack.fold(layer, columns, lambda u, a=attention, g=grad: spread_maps(u, a, g), rowsum)
-    stack.finish()
-    for mine, theirs in zip(together, alone, strict=True):
-        torch.testing.assert_close(mine.result(), theirs.result(), rtol=1e-10, atol=1e-12)
+            gradients = grads[columns] if mode == "gradient" else None
+            spread.add(layer, columns, attention, gradients)
+            whole.add(layer, columns, attention, gradients)
+    for c in range(3):
+        column = [(a, g[c] if mode == "gradient" else None) for a, g in blocks[1:]]
+        expected = _reference(readouts[c], column, matrix, True, normalised)
+        torch.testing.assert_close(spread.result()[c], expected, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(whole.result()[c], expected, rtol=1e-10, atol=1e-12)
 
 
-def test_column_folds_refuse_blocks_out_of_order_and_unfinished_folds():
-    readout = torch.ones(1, 4, dtype=torch.float64)
-    folds = ColumnFolds(
-        [ReadoutFold(readout, range(2), gradient_weighted, generic_step, spread=GENERIC_SPREAD)]
-    )
-    with pytest.raises(RuntimeError, match="block 0 arrived before block 1"):
-        folds.fold(0, slice(None), lambda u: u, None)
-    folds.fold(1, slice(None), lambda u: u, None)
-    with pytest.raises(RuntimeError, match="never arrived"):
-        folds.finish()
-    with pytest.raises(ValueError, match="one method over the same blocks"):
-        ColumnFolds([ReadoutFold(readout, range(2), gradient_weighted, generic_step)])
+def test_blocks_wait_for_the_later_ones_and_a_missing_block_is_refused():
+    """A forward hands the blocks first to last: each waits until every later block is
+    folded, and the result equals the last-first order; a fold missing a block refuses
+    its result."""
+    generator = torch.Generator().manual_seed(4)
+    maps = [torch.rand(2, 3, 6, 6, generator=generator, dtype=torch.float64) for _ in range(3)]
+    readout = torch.rand(1, 2, 6, generator=generator, dtype=torch.float64)
+    forward = ReadoutFold(readout, range(3), _rollout_matrix, rollout_split, spread="attention")
+    backward = ReadoutFold(readout, range(3), _rollout_matrix, rollout_split, spread="attention")
+    for layer in range(3):
+        forward.add(layer, slice(None), maps[layer], None)
+    for layer in reversed(range(3)):
+        backward.add(layer, slice(None), maps[layer], None)
+    torch.testing.assert_close(forward.result(), backward.result(), rtol=1e-12, atol=1e-14)
+    expected = _reference(readout[0], [(m, None) for m in maps], _rollout_matrix, True, True)
+    torch.testing.assert_close(forward.result()[0], expected, rtol=1e-10, atol=1e-12)
+    unfinished = ReadoutFold(readout, range(3), _rollout_matrix, rollout_split)
+    unfinished.add(2, slice(None), maps[2], None)
+    unfinished.add(0, slice(None), maps[0], None)
+    with pytest.raises(RuntimeError, match="block 1 never arrived"):
+        unfinished.result()
 
 
 def _bert64():
@@ -144,8 +165,8 @@ def test_streamed_causal_lm_equals_whole_maps_in_float64(monkeypatch, family, me
     model = tiny_lm.tiny_causal_lm(family).double()
     batch = ref.padded_batch(TEXTS, "right")
     options = {"target": [0, 1, 2]} if method == "generic" else {}
-    with monkeypatch.context() as whole_maps:
-        whole_maps.setattr(SpreadFold, "of", classmethod(lambda cls, sinks, max_bytes: None))
+    with monkeypatch.context() as whole_maps:  # no block taken as a spread: whole maps
+        whole_maps.setattr(SetFolds, "spread_of", lambda self, layer: None)
         whole = Explainer(model, attention_path="fused").explain(batch, method=method, **options)
     assert whole.settings["attention_path"] == "fused"
     streamed = Explainer(model, attention_path="fused", memory_budget=1)
@@ -169,16 +190,15 @@ def test_streamed_rollout_equals_explicit_path_in_float64(start_layer):
 
 
 def test_only_head_mean_folds_spread_and_the_others_take_whole_maps():
-    from explain.layout import TokenLayout
     from explain.rules import RuleContext, get_method
 
-    readout = torch.zeros(1, 4)
+    readout = torch.zeros(1, 1, 4)
     layout = TokenLayout(modality="text", num_tokens=4)
     context = RuleContext(readout, layout, num_layers=2, start_layer=0)
-    assert get_method("generic").sink(context, {}).spread is GENERIC_SPREAD
-    assert get_method("rollout").sink(context, {}).spread is ROLLOUT_SPREAD
-    assert get_method("rollout").sink(context, {"discard_ratio": 0.5}).spread is None
-    assert get_method("rollout").sink(context, {"head_fusion": "max"}).spread is None
+    assert get_method("generic").fold(context, {}).spread == "gradient"
+    assert get_method("rollout").fold(context, {}).spread == "attention"
+    assert get_method("rollout").fold(context, {"discard_ratio": 0.5}).spread is None
+    assert get_method("rollout").fold(context, {"head_fusion": "max"}).spread is None
     model = _bert64()
     batch = ref.padded_batch(TEXTS, "right")
     for options in ({"discard_ratio": 0.5}, {"head_fusion": "max"}):
@@ -232,26 +252,17 @@ def test_a_block_mask_becomes_a_key_mask_where_it_is_one():
     assert not bool(_block(additive + 0.5, causal=False).key_mask()[1])  # a bias
 
 
-class _Column:
-    """One column's sinks as a plan gives them to `SpreadFold.of`."""
-
-    def __init__(self, *parts):
-        self._parts = list(parts)
-
-    def parts(self):
-        return self._parts
+def _sink(fold, tokens):
+    """A call's sink of one token set of `tokens` tokens, over `fold`'s blocks."""
+    layout = TokenLayout(modality="text", num_tokens=tokens)
+    token_set = TokenSet("text", range(len(fold.layers)), layout, torch.zeros(1, tokens))
+    return SetFolds({"text": fold}, [token_set])
 
 
-@pytest.mark.parametrize(
-    "block_matrix, step, spread",
-    [
-        (gradient_weighted, generic_step, GENERIC_SPREAD),
-        (_rollout_matrix, rollout_step, ROLLOUT_SPREAD),
-    ],
-)
+@pytest.mark.parametrize("matrix, split, mode, normalised", _METHODS)
 @pytest.mark.parametrize("budget", [1, 1 << 20])
 def test_a_block_in_pieces_folds_piece_by_piece_as_its_dense_map(
-    block_matrix, step, spread, budget
+    matrix, split, mode, normalised, budget
 ):
     """A block attended within contiguous pieces (a packed tower's windows, the last one
     smaller), said by their lengths: folded as a batch of padded pieces, without its
@@ -267,23 +278,19 @@ def test_a_block_in_pieces_folds_piece_by_piece_as_its_dense_map(
     readouts = torch.rand(3, 2, 8, generator=generator, dtype=torch.float64)
     attention = block.probabilities()
     assert attention[:, :, :4, 4:].abs().max() == 0  # nothing across pieces
-    alone = [ReadoutFold(readouts[c], range(1), block_matrix, step) for c in range(3)]
-    for c, fold in enumerate(alone):
-        fold.add(0, attention, output_grads[c] @ value.transpose(-2, -1))
-    together = [
-        ReadoutFold(readouts[c], range(1), block_matrix, step, spread=spread) for c in range(3)
-    ]
-    fold = SpreadFold.of([_Column((range(1), sink)) for sink in together], budget)
-    fold.add(0, slice(None), block, output_grads)
-    fold.finish()
-    for mine, theirs in zip(together, alone, strict=True):
-        torch.testing.assert_close(mine.result(), theirs.result(), rtol=1e-10, atol=1e-12)
+    whole = ReadoutFold(readouts, range(1), matrix, split)
+    gradients = output_grads @ value.transpose(-2, -1)[None]
+    whole.add(0, slice(0, 3), attention, gradients if mode == "gradient" else None)
+    streamed = ReadoutFold(readouts, range(1), matrix, split, spread=mode)
+    FoldFeed(_sink(streamed, 8), budget).add(0, slice(0, 3), block, output_grads)
+    torch.testing.assert_close(streamed.result(), whole.result(), rtol=1e-10, atol=1e-12)
 
 
-def test_a_set_read_out_by_anothers_result_starts_from_its_rows():
-    """A `ReadOut` set (a vision-language model's tower) folds, chunk of columns by chunk,
-    from the rows its reader's folds end with, mapped by its `readout`: equal to each
-    column's two folds in turn; a block of it before its reader's folds end is refused."""
+def test_a_tower_fold_starts_from_the_language_models_rows():
+    """A vision-language model's tower folds, chunk of columns by chunk, from the rows the
+    language model's fold ends with, mapped onto its tokens (`ImageAt.tower_rows`): equal
+    to each column's two folds in turn. In a forward its blocks come first and wait; a
+    block streamed before the language model's fold of its columns ended is refused."""
     generator = torch.Generator().manual_seed(3)
 
     def blocks(tokens):
@@ -298,39 +305,31 @@ def test_a_set_read_out_by_anothers_result_starts_from_its_rows():
     text, tower = blocks(5), blocks(4)  # model-wide layers: tower 0, 1; text 2, 3
     mix = torch.rand(5, 4, generator=generator, dtype=torch.float64)
     readouts = torch.rand(3, 2, 5, generator=generator, dtype=torch.float64)
+    image = types.SimpleNamespace(tower_rows=lambda rows: rows @ mix)
 
-    def fold(readout, stack, c, spread=None):
-        sink = ReadoutFold(readout, range(2), gradient_weighted, generic_step, spread=spread)
-        for layer in (1, 0):
-            sink.add(layer, stack[layer][0], stack[layer][1][c])
-        return sink.result()
+    def fold(rows):
+        return ReadoutFold(rows, range(2), gradient_weighted, generic_split, spread="gradient")
 
-    expected = [fold(fold(readouts[c], text, c) @ mix, tower, c) for c in range(3)]
-    towers = {}
+    def sink():
+        return ImageTextSink(fold(readouts), 2, image, fold, range(2))
 
-    def column(c):
-        text_sink = ReadoutFold(
-            readouts[c], range(2), gradient_weighted, generic_step, spread=GENERIC_SPREAD
-        )
-
-        def start(row, c=c):
-            towers[c] = ReadoutFold(
-                row, range(2), gradient_weighted, generic_step, spread=GENERIC_SPREAD
-            )
-            return towers[c]
-
-        return _Column(
-            (range(2, 4), text_sink), (range(2), ReadOut(0, range(2), lambda v: v @ mix, start))
-        )
-
-    spread = SpreadFold.of([column(c) for c in range(3)], 1 << 20)
+    expected = []
+    for c in range(3):
+        column = [(a, g[c]) for a, g in text]
+        row = _reference(readouts[c], column, gradient_weighted, True, False) @ mix
+        tower_column = [(a, g[c]) for a, g in tower]
+        expected.append(_reference(row, tower_column, gradient_weighted, True, False))
+    together = sink()
     arrivals = [(3, text[1]), (2, text[0]), (1, tower[1]), (0, tower[0])]  # last first
     for columns in (slice(0, 1), slice(1, 3)):  # chunks of a batched backward
         for layer, (attention, grads) in arrivals:
-            spread.add(layer, columns, attention, grads[columns])
-    spread.finish()
-    for c in range(3):
-        torch.testing.assert_close(towers[c].result(), expected[c], rtol=1e-10, atol=1e-12)
-    early = SpreadFold.of([column(c) for c in range(3)], 1 << 20)
-    with pytest.raises(RuntimeError, match="before the fold it is read out by ended"):
-        early.add(1, slice(None), *tower[1])
+            together.add(layer, columns, attention, grads[columns])
+    _, towers = together.result()
+    torch.testing.assert_close(towers, torch.stack(expected), rtol=1e-10, atol=1e-12)
+    forward = sink()  # a forward's order: the tower's blocks wait for the text's fold
+    for layer, (attention, grads) in reversed(arrivals):
+        forward.add(layer, slice(0, 3), attention, grads)
+    torch.testing.assert_close(forward.result()[1], towers, rtol=1e-10, atol=1e-12)
+    early = sink()
+    with pytest.raises(RuntimeError, match="before the language model's fold ended"):
+        early.fold(1, slice(None), lambda rows: rows, lambda: None)

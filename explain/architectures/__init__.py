@@ -3,7 +3,7 @@ one small file per model family, imported only when a model is matched against i
 
 from __future__ import annotations
 
-from explain.architectures.base import Adapter, TokenSets
+from explain.architectures.base import Adapter
 from explain.architectures.registry import (
     ADAPTERS,
     FAMILIES,
@@ -23,7 +23,6 @@ __all__ = [
     "Prepared",
     "TokenLayout",
     "TokenSet",
-    "TokenSets",
     "adapter_for",
     "register_adapter",
     "register_family",

@@ -13,7 +13,6 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from enum import StrEnum
 from typing import Any, ClassVar
 
 import torch
@@ -37,8 +36,9 @@ from explain.lrp.walk import LrpWalk
 __all__ = [
     "Adapter",
     "Detector",
+    "EncoderDecoder",
+    "ImageTextModel",
     "LanguageModel",
-    "TokenSets",
     "mean_rows",
     "one_hot_rows",
     "refuse_meta_inputs",
@@ -68,50 +68,34 @@ def this_thread_only(hook: Callable[..., Any]) -> Callable[..., Any]:
     return in_its_thread
 
 
-class TokenSets(StrEnum):
-    """How a model with two token sets is explained (`Adapter.token_sets`); a str, so it
-    compares equal to its value."""
-
-    DUAL_ENCODER = "dual_encoder"
-    """Two towers scored by the similarity of their outputs (CLIP): each (image, text)
-    pair is explained as its own sample, each tower with the chosen method."""
-    IMAGE_TEXT = "image_text"
-    """A vision tower feeding image tokens into a decoder-only language model (LLaVA):
-    the language model's fold read at the image tokens, optionally continued through the
-    tower (explain.engine.plans.image_text); relevances {"image", "text"}."""
-    ENCODER_DECODER = "encoder_decoder"
-    """An encoder read by a decoder through cross-attention: the two-set rules of
-    explain.rules.coattention, read out at a decoder position."""
-    DETECTION = "detection"
-    """A detector (DETR): an encoder over image tokens read by object queries through
-    cross-attention; each detection is explained at its query (explain.engine.plans.detection)."""
-
-
 class Adapter(ABC):
     """One model family: the small contract the engine (explain.engine) runs against.
 
     A family file subclasses `Adapter`, implements the abstract members below and names
     its class in explain.architectures.registry. Capabilities are declared, never probed:
-    `token_sets` (two token sets), `lrp_walk` (the LRP methods) and `attnlrp_sites`
-    (AttnLRP and CP-LRP), optional methods defined in the family's own file,
-    `pooled_by_mean` (a sentence encoder), `reads_text` (a tokenizer serves it),
-    `fused_path()` (the fused attention kernel); the defaults describe a single-stack
-    image model with none of them. A decoder-only language model subclasses
-    `LanguageModel`, whose generations it explains.
+    `lrp_walk` (the LRP methods) and `attnlrp_sites` (AttnLRP and CP-LRP), optional
+    methods defined in the family's own file, `pooled_by_mean` (a sentence encoder),
+    `reads_text` (a tokenizer serves it), `fused_path()` (the fused attention kernel); the
+    defaults describe a single-stack image model with none of them. A model of another
+    kind subclasses that kind's contract, which the engine's plan for it names
+    (explain.engine.plans): `LanguageModel` (a decoder-only language model, whose
+    generations it explains), `ImageTextModel`, `EncoderDecoder`, `Detector`, or
+    explain.architectures.dual_encoder's `DualEncoder`.
     """
 
     family: ClassVar[str]
     """Human-readable name of the family, used in error messages and `explain models`."""
-
-    token_sets: ClassVar[TokenSets | None] = None
-    """None for one token sequence; models with two token sets declare how they are
-    explained (relevances {"image", "text"} or {"source", "target"})."""
 
     lrp_walk: Callable[..., LrpWalk] | None = None
     """Optional method `lrp_walk(*, to_input: bool) -> LrpWalk`: the family's LRP walk
     (explain.lrp.walk), which the LRP methods need; `to_input` also captures what full LRP
     needs to reach the input. A family that has one defines it in its own file; None
     (default): the LRP methods are refused before any forward."""
+
+    lrp_covers: ClassVar[str | None] = None
+    """Which of the family's models its LRP walk covers, where not all of them, said where
+    the family's methods are listed (`explain models`); None: every model, as far as the
+    family can tell without one (`lrp_missing` asks each model)."""
 
     attnlrp_sites: Callable[[], AttnLrpSites] | None = None
     """Optional method `attnlrp_sites() -> AttnLrpSites`: where the gradient rules of
@@ -191,6 +175,13 @@ class Adapter(ABC):
         tokens dropped), or text tokens with pads exactly 0 (`TokenLayout.to_input_space`).
         A family whose input differs overrides it."""
         return layout.to_input_space(token_relevance)
+
+    def lrp_missing(self) -> str | None:
+        """What the family's LRP walk lacks for this model (a sentence for an error
+        message), or None: nothing. Asked before any forward, of a family with a walk
+        (`lrp_walk`), so that a model its walk does not cover is refused the LRP methods
+        as any other missing capability is. Optional: the default is None."""
+        return None
 
     def path_context(self) -> AbstractContextManager[Any] | None:
         """What the explicit path needs in place for the call besides its flags (as
@@ -300,13 +291,30 @@ class LanguageModel(Adapter):
         return (tokens == positions.to(mask.device)[..., None]).to(self.parameter.dtype)
 
 
+class ImageTextModel(LanguageModel):
+    """The contract of a vision-language model's adapter (LLaVA): a vision tower whose
+    image tokens a decoder-only language model reads. `prepare` gives an `ImagePrepared`
+    (where each text's image tokens lie and how they go back onto the tower and the
+    photo), `sets` the "image" (the tower's blocks) and "text" (the language model's)
+    token sets; the image-text plan (explain.engine.plans.image_text) explains the next
+    token or an answer over both. explain.architectures.hf_vision_language holds what
+    the Hugging Face families share."""
+
+
+class EncoderDecoder(Adapter):
+    """The contract of an encoder-decoder's adapter (BART, T5): an encoder read by a
+    decoder through cross-attention. Its attention sites name their stack ("source" or
+    "target") and kind ("self" or "cross"); its inputs carry `decoder_input_ids` and
+    `decoder_attention_mask`; `sets` are "source" and "target". The encoder-decoder plan
+    (explain.engine.plans.encoder_decoder) reads the two-set rules of
+    explain.rules.coattention at a decoder position."""
+
+
 class Detector(Adapter):
     """The contract of an object detector's adapter (DETR): queries read the image's
     tokens, and each query predicts a box and class scores. A detection plan
     (explain.engine.plans.detection) chooses the detections from `class_probabilities` and
     explains each at its query."""
-
-    token_sets = TokenSets.DETECTION
 
     @property
     @abstractmethod

@@ -1,30 +1,9 @@
-"""Your own transformer: a declarative spec of its blocks, attention and readout.
-
-A model `explain` has no adapter for is explained once you name three things:
-
-- `blocks`: the attention blocks in forward order, as a dotted path in which `*` stands
-  for any one name ("encoder.layers.*", "stages.*.blocks.*"; matches in module order),
-  the path of a container of blocks ("encoder.layers"), or a list of the block modules;
-- `attention`: the path, inside each block, of the module whose output is the block's
-  post-softmax attention probabilities, (B, H, N, N) with one map per head: the module
-  the probabilities pass through on their way to the values (the attention dropout, as
-  in Chefer et al.'s code). With `probabilities="input"`, the module whose first
-  positional input they are (a module that computes A @ V). If the code multiplies the
-  softmax with the values directly, put an `nn.Identity()` between the two and name it;
-- `readout`: which output token the model's head reads: a token index (0 for a class
-  token, -1 for the last one), "mean" (the mean over the patch tokens of an image, or
-  over the real tokens of a text) or "last" (each text's last real token).
-
-Images (B, C, H, W) also need the `patch_size` and the number of `prefix_tokens` (class
-and register tokens) before the patches; texts are (B, T) token ids, or a mapping of
-keyword arguments with `input_ids` and optionally `attention_mask` (0 at padding).
-The model is called as `model(images)`, `model(ids)` or `model(**mapping)` and must
-return (B, C) scores: a tensor, an output object with `.logits`, or a tuple whose first
-element is the scores.
-
-Fused attention (`F.scaled_dot_product_attention`, `nn.MultiheadAttention`) never
-materialises per-head probabilities; such a model gets an ExplainError that says how to
-write the attention explicitly.
+"""Your own transformer: a declarative spec of its blocks, attention and readout
+(`TransformerSpec`), for a model `explain` has no adapter for. docs/custom-models.md
+says what to name (`blocks`, `attention`, `readout`, and for images `patch_size` and
+`prefix_tokens`), how the model is called and what it must return; a model whose
+attention is fused (never materialises per-head probabilities) gets an error that says
+how to write it explicitly.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Two stacks of self-attention blocks, "image" (the vision tower, read out at its 
 token) and "text" (the text tower, read out at the token it pools, EOS). The score is the
 similarity logit of an image with a text. Sites are numbered over the whole model in
 forward order: the vision blocks first (both libraries encode the image first), then the
-text blocks. The engine explains every (image, text) pair as its own sample
-(explain.engine, `TokenSets.DUAL_ENCODER`).
+text blocks. `DualEncoder` is the contract of this kind: the engine's dual-encoder plan
+(explain.engine.plans.dual_encoder) explains every (image, text) pair as its own sample.
 
 A subclass names its towers' blocks, where each block's probabilities are seen, which
 input arguments belong to the images and which to the texts, and where each text is read
@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, TokenSets, one_hot_rows
+from explain.architectures.base import Adapter, one_hot_rows
 from explain.inputs import token_strings
 from explain.layout import AttentionSite, Prepared, TokenLayout, TokenSet
 
@@ -30,7 +30,6 @@ __all__ = ["DualEncoder"]
 class DualEncoder(Adapter):
     """Base class of the CLIP-style adapters (see the module docstring)."""
 
-    token_sets = TokenSets.DUAL_ENCODER
     reads_text = True
     stacks: ClassVar[tuple[str, str]] = ("image", "text")
 

@@ -21,17 +21,15 @@ the model computes exactly what its sdpa path computes.
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import threading
 import weakref
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from torch import Tensor, nn
 
 from explain.architectures.base import whole_output
+from explain.architectures.hf_registries import Entry, Registration
 from explain.layout import FlagSetting, FusedAttentionSite, FusedPath
 
 __all__ = [
@@ -147,43 +145,17 @@ def _probed_sdpa(
     return probe.see(query * scale, key, value, attention_mask, output), None
 
 
-class _Registration:
-    """The wrapper's entries in transformers' attention registries, present while at least
-    one call needs them (the registries are process-wide: calls in parallel share them),
-    and the threads whose calls need them: the wrapper shows only their forwards."""
+def _probe_entries() -> list[Entry]:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._threads: Counter[int] = Counter()  # thread -> its calls inside
-
-    def in_this_thread(self) -> bool:
-        """Whether the running thread is inside a call that needs the wrapper."""
-        return threading.get_ident() in self._threads
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-        me = threading.get_ident()
-        with self._guard:
-            if not self._threads:
-                AttentionInterface.register(IMPLEMENTATION, _probed_sdpa)
-                AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
-            self._threads[me] += 1
-        try:
-            yield
-        finally:
-            with self._guard:
-                self._threads[me] -= 1
-                if not self._threads[me]:
-                    del self._threads[me]
-                if not self._threads:  # `register` has no inverse: remove the entries
-                    AttentionInterface._global_mapping.pop(IMPLEMENTATION, None)
-                    AttentionMaskInterface._global_mapping.pop(IMPLEMENTATION, None)
+    return [
+        (AttentionInterface, IMPLEMENTATION, lambda previous: _probed_sdpa),
+        (AttentionMaskInterface, IMPLEMENTATION, lambda previous: sdpa_mask),
+    ]
 
 
-registered = _Registration()
+registered = Registration(_probe_entries)
 """The wrapper's registration for one call (a context manager, counted across calls)."""
 
 

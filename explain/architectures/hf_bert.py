@@ -40,6 +40,7 @@ from explain.lrp import propagation as lrp
 from explain.lrp.propagation import RuleSet
 from explain.lrp.walk import (
     keep,
+    lacks,
     logit_relevance,
     require_forward,
     require_linear,
@@ -84,6 +85,7 @@ class HFTextEncoder(HFAdapter):
         "(ForSequenceClassification: CLS readout; bare Model: mean-pooled sentence encoder)"
     )
     reads_text = True
+    lrp_covers = "BertForSequenceClassification"
 
     def __init__(self, model: nn.Module) -> None:
         self._package = _family_of(model) or "bert"
@@ -106,6 +108,9 @@ class HFTextEncoder(HFAdapter):
 
     def lrp_walk(self, *, to_input: bool) -> BertWalk:
         return BertWalk(self, to_input=to_input)
+
+    def lrp_missing(self) -> str | None:
+        return lacks(lambda: BertWalk.check(self.model))
 
     @property
     def feature_output(self) -> str | None:
@@ -266,7 +271,7 @@ class BertWalk:
     def __init__(self, adapter: HFTextEncoder, *, to_input: bool) -> None:
         model = adapter.model
         self.model = model
-        self._check(model)
+        self.check(model)
         self.layers = list(model.bert.encoder.layer)
         self.blocks: list[dict[str, Tensor]] = [{} for _ in self.layers]
         self.head: dict[str, Tensor] = {}
@@ -294,7 +299,10 @@ class BertWalk:
             (model.classifier, keep(self.head, "logits")),
         ]
 
-    def _check(self, model: nn.Module) -> None:
+    @staticmethod
+    def check(model: nn.Module) -> None:
+        """Raise UnsupportedModelError unless the walk covers `model`: a BERT classifier
+        whose every module on the path has a rule (`HFTextEncoder.lrp_missing`)."""
         if not type(model).__name__ == "BertForSequenceClassification":
             raise UnsupportedModelError(
                 f"no LRP rules for {type_name(model)}: in the BERT family the LRP methods "

@@ -18,6 +18,8 @@ explained by explain.generation, on top of this adapter.
 from __future__ import annotations
 
 import inspect
+from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +33,7 @@ from explain.architectures.hf_common import (
     prepare_text,
     sliced_logits,
 )
+from explain.architectures.hf_registries import finite_eager_masks
 from explain.layout import FusedPath, Prepared, TokenLayout
 
 __all__ = ["HFCausalLM", "is_decoder_only_lm"]
@@ -100,6 +103,11 @@ class HFCausalLM(HFAdapter, LanguageModel):
         return Prepared(
             batch_size=mask.shape[0], layout=TokenLayout.text(mask), arguments=arguments
         )
+
+    def path_context(self) -> AbstractContextManager[Any]:
+        """The eager masks of a float64 model kept finite (hf_registries): a left pad's
+        query would otherwise make every token's logits NaN."""
+        return finite_eager_masks()
 
     def logits_at(self, prepared: Prepared, positions: Tensor | slice) -> Tensor:
         """(B, P) positions, or a slice of them, -> the (B, P, vocab) logits there, without

@@ -1,33 +1,10 @@
 """Hugging Face `Idefics3ForConditionalGeneration` (and SmolVLM, its subclass in
-explain.architectures.hf_smolvlm): a SigLIP-like tower over square tiles, a connector
-that pixel-shuffles each tile's patch tokens into fewer image tokens, and a Llama
-language model.
-
-The processor resizes a photo's longer side, then each side up to whole tiles (squashing
-the aspect a little, cropping nothing), and splits it into rows x cols tiles plus the
-whole photo downscaled to one tile, the global image; every tile and the global image is
-one image of the tower's batch, in that order (`pixel_values` (B, images, 3, t, t)). A
-photo that needs no splitting is its global image alone (rows = cols = 0). The text holds,
-per photo, `<fake_token_around_image><row_i_col_j>` and the tile's image tokens for each
-tile, then `<fake_token_around_image><global-img>` and the global image's tokens.
-
-The pixel shuffle makes image token (I, J) of a tile, raster order over its (g/s, g/s)
-grid, from the s x s block of patches at rows I*s.., columns J*s.. (`scale_factor` s):
-its relevance is shared out equally over them (`block_sources`, 1/s^2 each). The tiles'
-maps are put side by side on the photo's (rows * g, cols * g) grid, and the global
-image's, whose every patch covers rows x cols of those cells, is shared out equally over
-them (`ImageTokens.to_photo`): one map per photo, the relevance conserved. With depth
-"tower" each tile and the global image is folded through the tower as its own image of
-the tower's batch, read out by its share of the language model's relevance, before the
-maps are put together.
-
-The processor does not return the tile layout (it pops rows and cols): `encode` reads it
-from the `<row_i_col_j>` tokens of the text with the Explainer's tokenizer (the
-processor), and the layout travels among the prepared arguments as `rows` and `cols`
-(B, photos) on the host, which are not the model's (`model_arguments` leaves them out). Without a
-tokenizer, give them with the processor's output (the image processor's
-`return_row_col_info=True`). The photos of one batch must be split alike: the maps are
-stacked.
+explain.architectures.hf_smolvlm): a SigLIP-like tower over square tiles and the whole
+photo downscaled (the global image), a connector that pixel-shuffles each tile's patches
+into fewer image tokens, and a Llama language model. Relevance goes back through the
+shuffle onto the tiles, put together on the photo with the global image shared out over
+them; the tile layout is read from the text's `<row_i_col_j>` tokens. docs/multimodal.md
+("Idefics3 and SmolVLM") says how.
 """
 
 from __future__ import annotations

@@ -1,33 +1,11 @@
 """Attention over a packed sequence of images, seen image by image: the vision towers of
-Qwen2-VL and Qwen2.5-VL.
-
-Such a tower runs every image's patches as one unbatched sequence (N, D), the images one
-after the other, each in the tower's own token order. On the eager and sdpa paths its
-attention module splits q, k and v at the boundaries it is given (`cu_seqlens`: the
-images, or in a windowed block of Qwen2.5-VL its windows, which never straddle two
-images) and calls the attention function once per piece, in a Python loop; it returns no
-probabilities. So its blocks are recorded as the fused path records any block
-(explain.engine.fused), on either path (`AttentionSite.recomputed`):
-
-- the attention function runs as transformers' sdpa through hf_attention_probe's
-  wrapper, which hands every piece's q * scaling, k and v to the module's `PackedProbe`;
-- when the pieces' output enters the module's output projection, the probe shows them to
-  the recorder as one batch of images: q, k and v (k, H, n, d) for k images of n tokens,
-  the mask as the lengths of the pieces of each image (`Pieces`: a token attends only
-  within its own piece; None where the pieces are the images), and the attention output
-  as (k, n, H * d), a view that is handed on to the projection, so that its gradient is
-  dO.
-
-A fold that takes blocks by their spread (generic, rollout: explain.engine.spread) then
-folds each block from q, k, v and dO piece by piece, without any (n x n) map; one that
-needs whole maps gets `A = softmax(q k^T * scale + mask)`, (k, H, n, n), zero across
-windows, which is exactly what the model attends, and its gradient `dA = dO v^T`: one
-dense map per image, in the tower's token order (`ImageTokens.order` puts the result
-back in raster order).
-
-`packed_recording` is what a call needs in place, on either path: the wrapper's
-registration, a pre-hook on the tower that reads its images' grid, and the pre-hooks on
-the output projections.
+Qwen2-VL and Qwen2.5-VL, which attend piece by piece (each image, or a window of one)
+and return no maps. Their blocks are recorded as the fused path records any block, on
+either path (`AttentionSite.recomputed`): transformers' sdpa runs through
+hf_attention_probe's wrapper, which hands every piece's q, k and v to the module's
+`PackedProbe`, shown to the recorder as one batch of images with their pieces (`Pieces`);
+`packed_recording` is what a call needs in place. docs/multimodal.md ("Vision-language
+models", depth "tower" for Qwen2-VL) says what the folds then do with them.
 """
 
 from __future__ import annotations

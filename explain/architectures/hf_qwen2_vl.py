@@ -1,26 +1,10 @@
-"""Hugging Face `Qwen2VLForConditionalGeneration`: a ViT tower over 14-pixel (here any
-`patch_size`) patches of a photo resized to whole 2 x 2 blocks of patches, a merger that
-makes one image token of each 2 x 2 block, and a Qwen2 language model with multimodal
-rotary positions (an image token's position is its row and column on the merged grid).
-
-The processor hands the patches over flattened, `pixel_values` (N, 3 * t * p * p) with
-`image_grid_thw` (k, 3) = (1, h, w) per image, each image's patches ordered block by
-block (the 4 patches of a 2 x 2 block together, row-major inside it; the blocks
-row-major): image token j of the text is block j of the (h / 2, w / 2) merged grid, raster
-order. Its relevance is shared out equally over the block's 4 patches (`ImageTokens.sources`,
-1/4 each, among the tower's tokens in the tower's order) onto the (h, w) patch grid,
-which covers the whole resized photo (`ImageTokens.order` says where each of the tower's
-tokens lies on it).
-
-Depth "tower": the tower runs every image's patches as one unbatched packed sequence and
-attends within each image piece by piece, returning no maps; its blocks are recorded
-from the pieces' q, k and v, per image in the tower's order, and their gradients from the
-attention output's (explain.architectures.hf_packed_attention), so that they fold from
-q, k, v without maps, or make one dense map per image, (k images, H, n, n), for a rule
-that needs it. The same fold as for any tower then runs
-over them, read out by the language model's relevance at the image tokens carried back
-through the merge. Every image of a batch has one grid (`image_arguments`), so the
-images stack; the tower's rows are the images, the texts' in turn.
+"""Hugging Face `Qwen2VLForConditionalGeneration`: a ViT tower over the patches of a photo
+resized to whole 2 x 2 blocks, a merger that makes one image token of each block, and a
+Qwen2 language model with multimodal rotary positions. The patches arrive flattened,
+block by block (`image_grid_thw` per image); an image token's relevance is shared out
+over its block's 4 patches onto the patch grid. At depth "tower" its packed tower is
+recorded piece by piece (explain.architectures.hf_packed_attention). docs/multimodal.md
+("Vision-language models") says how.
 """
 
 from __future__ import annotations
@@ -98,8 +82,11 @@ class HFQwen2VL(VisionLanguageModel):
             for flag in super().path_flags()
         ]
 
-    def path_context(self) -> AbstractContextManager[Any]:
-        return self._packed_recording()
+    @contextlib.contextmanager
+    def path_context(self) -> Iterator[None]:
+        """The language model's finite eager masks, and the tower's packed recording."""
+        with super().path_context(), self._packed_recording():
+            yield
 
     def _packed_recording(self) -> AbstractContextManager[Any]:
         projections = [module.proj for module in self._tower_attention]

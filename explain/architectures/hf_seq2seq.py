@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from explain.architectures.base import Adapter, TokenSets, one_hot_rows, validate_image_batch
+from explain.architectures.base import EncoderDecoder, one_hot_rows, validate_image_batch
 from explain.architectures.hf_common import (
     attention_in,
     eager_attention_flags,
@@ -43,13 +43,12 @@ _CLASSES = {
 }
 
 
-class HFEncoderDecoder(Adapter):
+class HFEncoderDecoder(EncoderDecoder):
     family = (
         "Hugging Face encoder-decoders: BART, Marian, T5 (text to text) and "
         "VisionEncoderDecoderModel with a ViT encoder (image to text); source and target "
         "relevance"
     )
-    token_sets = TokenSets.ENCODER_DECODER
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

@@ -21,13 +21,14 @@ import contextlib
 import dataclasses
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.base import LanguageModel, TokenSets, validate_image_batch
+from explain.architectures.base import ImageTextModel, validate_image_batch
 from explain.architectures.hf_attention_probe import dispatches_attention, probed_fused_path
 from explain.architectures.hf_common import (
     attention_in,
@@ -41,6 +42,7 @@ from explain.architectures.hf_common import (
     recorded_output,
     sliced_logits,
 )
+from explain.architectures.hf_registries import finite_eager_masks
 from explain.errors import ExplainError, InputError, UnsupportedModelError
 from explain.finite import nonfinite_error
 from explain.inputs import encode_image_prompt, is_image_prompt, token_strings
@@ -88,7 +90,7 @@ def block_sources(grid: tuple[int, int], block: int, device: torch.device) -> Te
     return (corners[:, None] + inside[None, :]).to(device)
 
 
-class VisionLanguageModel(LanguageModel):
+class VisionLanguageModel(ImageTextModel):
     """The adapter contract of a vision-language model (module docstring).
 
     Subclasses give the tower and language-model stacks, the tower blocks the language
@@ -101,7 +103,6 @@ class VisionLanguageModel(LanguageModel):
     image prompt (`is_image_prompt`).
     """
 
-    token_sets: ClassVar[TokenSets | None] = TokenSets.IMAGE_TEXT
     reads_images: ClassVar[bool] = True
     token_types: ClassVar[bool] = False
     """Whether the model takes `token_type_ids` (PaliGemma: 0 for the image-and-prompt
@@ -225,6 +226,11 @@ class VisionLanguageModel(LanguageModel):
             embedding_argument="inputs_embeds",
             tower=Embedding(patches, axis=1 if isinstance(patches, nn.Conv2d) else -1),
         )
+
+    def path_context(self) -> AbstractContextManager[Any]:
+        """The eager masks of a float64 model kept finite (hf_registries): a left-padded
+        prompt's pads would otherwise make every token's logits NaN."""
+        return finite_eager_masks()
 
     def fused_path(self) -> FusedPath | None:
         """sdpa for the tower and the language model alike, q, k, v seen through the

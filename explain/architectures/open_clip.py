@@ -1,25 +1,10 @@
 """open_clip's `CLIP` (open_clip_torch 3.x): a dual encoder, explained per tower like
-Hugging Face's CLIPModel (the shared logic is in `dual_encoder`).
-
-Inputs are a mapping {"image": (B, 3, H, W), "text": (T, context_length) token ids}, as
-open_clip's own `model(image, text)` takes them; with open_clip's tokenizer given to the
-Explainer, "text" may also be a string or a list of strings. The score is the similarity
-logit `logit_scale.exp() * cos(image_i, text_j) (+ logit_bias)`, from `model.get_logits`.
-
-Attention path: open_clip's `ResidualAttentionBlock` calls its `nn.MultiheadAttention`
-with `need_weights=False`, the fused kernel, so the probabilities never exist as a tensor
-(and with `need_weights=True` torch returns a reshaped copy, which is not the tensor that
-multiplies the values and never receives a gradient). For the duration of a call, path
-flags put an `ExplicitSelfAttention` in each block's `attn` slot instead: the same weights
-and the same arithmetic, with the probabilities passing through an identity module on
-their way to the values, as timm's `attn_drop` does. The recorder restores every block's
-own module on exit, whether the call succeeded or not.
-
-Readouts: the vision tower's class token (`pool_type="tok"`; attentional pooling and
-patch averaging are refused), and the text token open_clip pools (`text_pool_type`:
-"argmax" = the end-of-text token, the highest id; "eos", "first" or "last"). The texts
-are padded with 0 after their end token and the causal mask keeps every pad out of the
-pooled token's view, so the text relevance is over the tokens up to the pooled one.
+Hugging Face's CLIPModel (the shared logic is in `dual_encoder`). Inputs are {"image",
+"text"} as open_clip's `model(image, text)` takes them (texts may be strings with its
+tokenizer); for the call, path flags put an `ExplicitSelfAttention` (the same weights and
+arithmetic, the probabilities passing through an identity) in each block's fused
+`nn.MultiheadAttention` slot. docs/multimodal.md ("open_clip CLIP") gives the readouts
+and what is refused.
 """
 
 from __future__ import annotations

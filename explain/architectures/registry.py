@@ -6,9 +6,9 @@ family's name is asked for). The family modules import nothing from here, so the
 graph has no loop. A new family is:
 
 1. one file in explain/architectures/ holding everything family-specific: an `Adapter`
-   subclass (base.py: the abstract members, plus any capability it declares:
-   `fused_path()`, `token_sets`, `pooled_by_mean`, and the optional methods `lrp_walk`
-   and `attnlrp_sites`, whose walk and sites live in the same file);
+   subclass, or a subclass of its kind's contract (base.py: the abstract members, plus
+   any capability it declares: `fused_path()`, `pooled_by_mean`, and the optional
+   methods `lrp_walk` and `attnlrp_sites`, whose walk and sites live in the same file);
 2. one `register_family(name, module, class)` line below;
 3. one entry `name: builder` in explain.testing.TINY_MODELS (a tiny model from a config
    and two inputs), which tests/test_conformance.py runs every contract on.

@@ -38,6 +38,7 @@ from explain.lrp.attnlrp import AttnLrpSites, Gate, Projection
 from explain.lrp.propagation import RuleSet
 from explain.lrp.walk import (
     keep,
+    lacks,
     logit_relevance,
     require_forward,
     require_linear,
@@ -197,6 +198,9 @@ class TimmVisionTransformer(TimmBlocks):
     def lrp_walk(self, *, to_input: bool) -> TimmVitWalk:
         return TimmVitWalk(self, to_input=to_input)
 
+    def lrp_missing(self) -> str | None:
+        return lacks(lambda: TimmVitWalk.check(self.model, self.distilled, to_input=False))
+
     def attnlrp_sites(self) -> AttnLrpSites:
         return timm_attnlrp_sites(self)
 
@@ -274,7 +278,7 @@ class TimmVitWalk:
         model = adapter.model
         self.model = model
         self._distilled = adapter.distilled
-        self._check(model, to_input)
+        self.check(model, self._distilled, to_input=to_input)
         self.blocks: list[dict[str, Tensor]] = [{} for _ in model.blocks]
         self.head: dict[str, Tensor] = {}
         self.embedding: dict[str, Tensor] = {}
@@ -314,7 +318,11 @@ class TimmVitWalk:
                 (model.pos_drop, keep(self.embedding, "embedded")),
             ]
 
-    def _check(self, model: nn.Module, to_input: bool) -> None:
+    @staticmethod
+    def check(model: nn.Module, distilled: bool, *, to_input: bool) -> None:
+        """Raise UnsupportedModelError naming the first module on the path (with
+        `to_input`, on full LRP's path to the pixels too) that no rule covers
+        (`TimmVisionTransformer.lrp_missing`)."""
         if getattr(model, "attn_pool", None) is not None:
             raise UnsupportedModelError(
                 "no LRP rule for attention pooling (global_pool='map'); the attention "
@@ -340,7 +348,7 @@ class TimmVitWalk:
                 require_linear(getattr(getattr(block, owner), name), f"{where}.{owner}.{name}")
         for name in ("norm", "fc_norm", "head_drop"):
             require_pass(getattr(model, name), name)
-        for name in ("head", "head_dist") if self._distilled else ("head",):
+        for name in ("head", "head_dist") if distilled else ("head",):
             require_linear(getattr(model, name), name, may_pass=True)
         if to_input:
             embed = model.patch_embed

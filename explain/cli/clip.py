@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from explain.api import Explainer
+    from explain.architectures.dual_encoder import DualEncoder
     from explain.cli.image import collect_images, unique_stems
     from explain.inputs import read_image
     from explain.viz import check_style, save_figure
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     preprocessing = loaded.preprocessing
     if (
-        explainer.adapter.token_sets != "dual_encoder"
+        not isinstance(explainer.adapter, DualEncoder)
         or loaded.tokenizer is None
         or preprocessing is None
     ):

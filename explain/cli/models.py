@@ -22,9 +22,13 @@ def run(args: argparse.Namespace) -> int:
         note = f"  [not trained here yet: python {entry.script}]" if missing else ""
         print(f"  zoo:{name:20s} {entry.summary}{note}")
     print("Supported model families, each with the methods it takes (--method all runs these):")
+    lrp = sorted(name for name, spec in METHODS.items() if spec.lrp_rules)
     for adapter in [*reversed(adapter_classes()), CustomTransformer]:
         print(f"  {adapter.family}")
-        print(f"      methods: {', '.join(supported_methods(adapter))}")
+        methods = supported_methods(adapter)
+        print(f"      methods: {', '.join(methods)}")
+        if adapter.lrp_covers and set(lrp) <= set(methods):
+            print(f"      ({', '.join(lrp)}: {adapter.lrp_covers} only)")
     print("  (out of scope: CvT, PVT, MaxViT and deformable attention, whose tokens mix outside")
     print("   attention maps; Swin is served above)")
     print("Methods (--method):")

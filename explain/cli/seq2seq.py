@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from explain.api import Explainer
+    from explain.architectures.base import EncoderDecoder
     from explain.generation import generate_target
     from explain.viz import save_figure
     from explain.viz.multimodal import relevance_matrix_figure, source_text_figure
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     tokenizer = loaded.tokenizer
-    if explainer.adapter.token_sets != "encoder_decoder" or tokenizer is None:
+    if not isinstance(explainer.adapter, EncoderDecoder) or tokenizer is None:
         raise InputError(
             f"{args.model} is not a text encoder-decoder with a tokenizer (BART, Marian, T5)"
         )

@@ -5,6 +5,8 @@
 - `sentiment`: template sentences with known sentiment words (text classification).
 - `captions`: captions naming the objects of `shapes` scenes, and their word-level
   tokenizer (image-text matching).
+- `shapes_questions`: templated questions about free-colour `shapes` scenes, their
+  answers and the mask of the object each answer is about (vision-language models).
 
 Each has disjoint training and held-out splits; the zoo's models train on the former and
 their cards quote accuracy on the latter.

@@ -21,12 +21,24 @@ that class's object and not at the other objects, the clutter or the texture.
 Clutter is never an object: thin line segments (about one pixel wide) and small dots (at
 most 5 pixels across) in muted colours, while every object is a filled or ringed shape at
 least 16 pixels across (at the default 64 x 64 size), so the two cannot be confused.
+
+Free colours (`colours="free"`): the same scene (background, clutter, kinds, places,
+sizes, rotations) with each object's hue one of the six `COLOURS`, distinct within the
+scene and drawn independently of its kind, so that "what colour is the star?" is a real
+question (explain.data.shapes_questions). The colours come from a random stream of their
+own, so the default scenes, on which the zoo's image models were trained, are unchanged.
+
+A scene is rendered in two steps: `scene_layout` draws everything random (a `Layout`:
+the backdrop, each object's kind, colour, place, size and rotation, the pixel noise) and
+`render_layout` paints it. An edited layout (an object removed, recoloured or reshaped,
+with `dataclasses.replace`) renders the same scene with only that object changed: the
+known-evidence checks of the zoo's vision-language model rest on it.
 """
 
 from __future__ import annotations
 
 import colorsys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -34,14 +46,19 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 __all__ = [
+    "COLOURS",
     "KINDS",
     "KIND_HUES",
     "MEAN",
     "SPLITS",
     "STD",
+    "Layout",
     "Scene",
+    "SceneObject",
     "ShapesDataset",
+    "render_layout",
     "render_scene",
+    "scene_layout",
     "scene_seed",
 ]
 
@@ -51,6 +68,14 @@ KINDS: tuple[str, ...] = ("circle", "square", "triangle", "star", "cross", "ring
 KIND_HUES: tuple[float, ...] = (0.0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6)
 """Signature hue of each kind (HSV hue in [0, 1)): red circles, yellow squares, green
 triangles, cyan stars, blue crosses, magenta rings."""
+
+COLOURS: tuple[str, ...] = ("red", "yellow", "green", "cyan", "blue", "magenta")
+"""The name of each hue of KIND_HUES, in that order: an object's colour is an index into
+both (with the default colours, its kind's index)."""
+
+COLOUR_MODES = ("kind", "free")
+"""How objects are coloured: "kind", each in its kind's signature hue (the default, the
+scenes the zoo's image models know); "free", hues drawn independently of the kinds."""
 
 SPLITS: dict[str, range] = {
     "train": range(0, 1_000_000),
@@ -76,12 +101,15 @@ class Scene:
         masks: (K, H, W) bool, the pixels of each of the K objects (at least half covered).
         kinds: the kind index (into KINDS) of each object; distinct within a scene.
         seed: the seed the scene was rendered from.
+        colours: the colour index (into COLOURS) of each object; with the default
+            colours, its kind.
     """
 
     image: np.ndarray
     masks: np.ndarray
     kinds: tuple[int, ...]
     seed: int
+    colours: tuple[int, ...] = field(default=())
 
     @property
     def labels(self) -> np.ndarray:
@@ -292,38 +320,114 @@ def _place(rng: np.random.Generator, count: int, size: int) -> list[tuple[np.nda
     return placed
 
 
-def _object_colour(rng: np.random.Generator, kind: int) -> np.ndarray:
-    """A bright, saturated RGB colour near the signature hue of `kind`."""
-    hue = (KIND_HUES[kind] + rng.uniform(-_HUE_JITTER, _HUE_JITTER)) % 1.0
-    return np.array(colorsys.hsv_to_rgb(hue, rng.uniform(0.7, 1.0), rng.uniform(0.85, 1.0)))
+@dataclass(frozen=True)
+class SceneObject:
+    """One object of a layout: what it is, where, and how it looks.
+
+    Attributes:
+        kind: index into KINDS.
+        colour: index into COLOURS (its base hue, COLOUR_HUES = KIND_HUES).
+        centre: (x, y) in pixels.
+        radius: its bounding circle's radius in pixels.
+        angle: its rotation in radians.
+        hue_shift, saturation, value: its jitter around the base hue, and its HSV
+            saturation and value (a recoloured object keeps them).
+    """
+
+    kind: int
+    colour: int
+    centre: np.ndarray
+    radius: float
+    angle: float
+    hue_shift: float
+    saturation: float
+    value: float
+
+    @property
+    def rgb(self) -> np.ndarray:
+        """(3,) RGB in [0, 1]: bright and saturated, near the hue of `colour`."""
+        hue = (KIND_HUES[self.colour] + self.hue_shift) % 1.0
+        return np.array(colorsys.hsv_to_rgb(hue, self.saturation, self.value))
 
 
-def render_scene(seed: int, size: int = 64) -> Scene:
-    """Render the scene of `seed` at `size` x `size` pixels (deterministic).
+@dataclass(frozen=True)
+class Layout:
+    """Everything random about a scene, before the objects are painted.
 
-    One to three objects of distinct kinds, each bright in its kind's hue, of random size
-    and rotation, on a dark noise, stripe or gradient background with muted clutter, plus
-    mild pixel noise.
+    Attributes:
+        seed: the scene's seed.
+        backdrop: (H, W, 3) float32, the background with its clutter.
+        objects: the objects, painted in this order (they never overlap).
+        noise: (H, W, 3) float32 pixel noise, added last.
+    """
+
+    seed: int
+    backdrop: np.ndarray
+    objects: tuple[SceneObject, ...]
+    noise: np.ndarray
+
+
+def scene_layout(seed: int, size: int = 64, colours: str = "kind") -> Layout:
+    """Draw the layout of the scene of `seed` at `size` x `size` pixels (deterministic).
+
+    One to three objects of distinct kinds, of random size and rotation, on a dark noise,
+    stripe or gradient background with muted clutter. `colours` is one of COLOUR_MODES:
+    "kind" colours each object in its kind's hue; "free" gives the same layout distinct
+    hues drawn from a stream of their own (seeded by `seed`), independent of the kinds.
     """
     if size < 32:
         raise ValueError(f"scenes need at least 32 x 32 pixels, got {size}")
+    if colours not in COLOUR_MODES:
+        raise ValueError(f"colours must be one of {COLOUR_MODES}, got {colours!r}")
     rng = np.random.default_rng(seed)
-    image = _background(rng, size).copy()
-    _clutter(rng, image, size)
+    backdrop = _background(rng, size).copy()
+    _clutter(rng, backdrop, size)
     count = int(rng.integers(1, 4))
     kinds = tuple(int(k) for k in rng.choice(len(KINDS), size=count, replace=False))
-    masks = np.zeros((count, size, size), dtype=bool)
-    for index, (kind, (centre, radius)) in enumerate(
-        zip(kinds, _place(rng, count, size), strict=True)
-    ):
+    if colours == "free":  # its own stream: the default scenes' draws stay as they were
+        hues = np.random.default_rng([seed, 1]).choice(len(COLOURS), size=count, replace=False)
+    else:
+        hues = np.array(kinds)
+    objects = []
+    for kind, hue, (centre, radius) in zip(kinds, hues, _place(rng, count, size), strict=True):
         angle = rng.uniform(0, 2 * np.pi)
+        shift = rng.uniform(-_HUE_JITTER, _HUE_JITTER)
+        saturation, value = rng.uniform(0.7, 1.0), rng.uniform(0.85, 1.0)
+        objects.append(SceneObject(kind, int(hue), centre, radius, angle, shift, saturation, value))
+    noise = rng.normal(0, 0.03, size=backdrop.shape).astype(np.float32)
+    return Layout(seed=seed, backdrop=backdrop, objects=tuple(objects), noise=noise)
+
+
+def render_layout(layout: Layout) -> Scene:
+    """Paint a layout's objects on its backdrop, add its noise: the scene and its masks."""
+    image = layout.backdrop.copy()
+    size = image.shape[0]
+    masks = np.zeros((len(layout.objects), size, size), dtype=bool)
+    for index, item in enumerate(layout.objects):
         rows, columns, coverage = _coverage(
-            _shape(KINDS[kind], radius, angle), centre, radius, size
+            _shape(KINDS[item.kind], item.radius, item.angle), item.centre, item.radius, size
         )
-        _paint(image, rows, columns, coverage, _object_colour(rng, kind))
+        _paint(image, rows, columns, coverage, item.rgb)
         masks[index, rows, columns] = coverage >= 0.5
-    image += rng.normal(0, 0.03, size=image.shape).astype(np.float32)
-    return Scene(image=np.clip(image, 0, 1), masks=masks, kinds=kinds, seed=seed)
+    image += layout.noise
+    return Scene(
+        image=np.clip(image, 0, 1),
+        masks=masks,
+        kinds=tuple(item.kind for item in layout.objects),
+        seed=layout.seed,
+        colours=tuple(item.colour for item in layout.objects),
+    )
+
+
+def render_scene(seed: int, size: int = 64, colours: str = "kind") -> Scene:
+    """Render the scene of `seed` at `size` x `size` pixels (deterministic).
+
+    One to three objects of distinct kinds, each bright in its kind's hue (or, with
+    `colours="free"`, in distinct hues independent of the kinds), of random size and
+    rotation, on a dark noise, stripe or gradient background with muted clutter, plus
+    mild pixel noise.
+    """
+    return render_layout(scene_layout(seed, size, colours))
 
 
 def normalise(image: np.ndarray) -> Tensor:

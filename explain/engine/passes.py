@@ -1,17 +1,16 @@
 """The passes through a model: how a method's needs (`Need`) are met.
 
 A pass is one way of running the model for a method (which forward, which backward, what
-each score column's sink receives): `ForwardPass` (attention maps only),
+the call's sink receives): `ForwardPass` (attention maps only),
 `AttentionGradientPass` (maps and their gradients, every column in one batched
-backward), `LrpWalkPass` (the family's LRP walk, `Adapter.lrp_walk`) and
-`EmbeddingGradientPass` (Gradient x Input at the input embeddings, for AttnLRP and
-CP-LRP under rules hooked where `Adapter.attnlrp_sites` says), `IntegratedGradientPass`
-(integrated gradients: the path's points as copies of the inputs) and `OcclusionPass`
-(each span replaced in its own copy, forwards only). A method runs the first pass in
+backward), `LrpWalkPass` (the family's LRP walk, `Adapter.lrp_walk`),
+`EmbeddingGradientPass` (Gradient x Input, plain or under AttnLRP's and CP-LRP's rules
+hooked where `Adapter.attnlrp_sites` says), `IntegratedGradientPass` and `OcclusionPass`
+(copies of the inputs changed at the embeddings). A method runs the first pass in
 `PASSES` that serves one of its needs; each pass says what it needs of an adapter
 (`missing`, checked before any forward) and reaches the model only through a plan
-(`PlanView`). docs/architecture.md ("The engine") says how the passes fold every column
-at once and which path they take.
+(`PlanView`). docs/architecture.md ("The path of one call") says how the passes fold
+every column at once and which path they take.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from explain.engine.fused import PathChoice, choose_path, default_memory_budget,
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
-from explain.engine.spread import LastBlockFold, ReadOut, SpreadFold, TwoSetColumnFold
+from explain.engine.spread import ColumnSink, FoldFeed
 from explain.errors import OptionError, TargetError
 from explain.layout import InputHook, ModuleHook, Prepared, TokenLayout, TokenSet
 from explain.lrp import RULE_SETS
@@ -42,7 +41,7 @@ from explain.lrp.attnlrp import (
     embedding_relevance,
     on_layout,
 )
-from explain.rules import Method, Need, Sink
+from explain.rules import Method, Need
 from explain.rules.embedding_baseline import EmbeddingBaseline, embedding_baseline
 from explain.rules.integrated_gradients import integration_points
 from explain.rules.occlusion import occluded_spans, span_relevance
@@ -59,8 +58,8 @@ __all__ = [
     "LrpWalkPass",
     "OcclusionPass",
     "Pass",
-    "PerColumn",
     "PlanView",
+    "Relevances",
     "pass_for",
 ]
 
@@ -77,27 +76,8 @@ class Columns:
     custom: bool = False
 
 
-class ColumnSink(Protocol):
-    """What receives one column's blocks: a plan's per-set sinks, or a two-set fold. Its
-    `parts()` are (the set's model-wide layers, the set's sink, or a `ReadOut` for a set
-    read out by another's result) per token set, which the fold of all columns at once
-    stacks set by set (explain.engine.spread); empty for a fold over several sets at
-    once. A method needing the input's relevance receives it with `add_input`: the
-    walk's, or one relevance per embedding the plan reads (`PlanView.embeddings`)."""
-
-    layers: Sequence[int]
-
-    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
-
-    def parts(self) -> list[tuple[Sequence[int], Sink | ReadOut]]: ...
-
-    def add_input(self, *relevance: Tensor) -> None: ...
-
-    def result(self) -> Any: ...
-
-
-PerColumn = list[dict[str, Tensor]]
-"""Each column's token relevance by token set name."""
+Relevances = dict[str, Tensor]
+"""Every column's token relevance by token set name, (B, C, ...) each."""
 
 
 class PlanView(Protocol):
@@ -113,21 +93,11 @@ class PlanView(Protocol):
     def columns(self, output: Tensor) -> Columns:
         """The score columns of the output."""
 
-    def sink(self, column: int = 0) -> ColumnSink:
-        """A fresh sink for one column."""
+    def sink(self) -> ColumnSink:
+        """The call's sink: the method's folds, for every column."""
 
-    def forward_sinks(self) -> list[ColumnSink]:
-        """The sinks a forward-only method fills from one forward."""
-
-    def column_sinks(self, count: int) -> list[ColumnSink]:
-        """Fresh sinks for columns 0 .. count - 1."""
-
-    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
-        """One column's token relevance per set, from its sink."""
-
-    def read_columns(self, sinks: Sequence[ColumnSink]) -> PerColumn:
-        """Every column's token relevance per set, from the columns' sinks in order: as
-        `read` of each, with work that a plan can do for all columns at once done once."""
+    def read(self, sink: ColumnSink) -> Relevances:
+        """Every column's token relevance per set, from the call's sink."""
 
     def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
         """Where AttnLRP and CP-LRP read relevance (the family's `sites` offer them), each
@@ -177,8 +147,9 @@ class Pass(ABC):
         return {"attention_path": self.taken, "memory_budget": self.memory_budget}
 
     @classmethod
-    def missing(cls, adapter: Adapter) -> str | None:
-        """What `adapter` lacks for this pass, said for an error message; None: nothing."""
+    def missing(cls, adapter: Adapter | type[Adapter]) -> str | None:
+        """What `adapter` (a model's, or a family's class: what every model of it has)
+        lacks for this pass, said for an error message; None: nothing."""
         return None
 
     @classmethod
@@ -220,91 +191,72 @@ class Pass(ABC):
         return Session(self.adapter, differentiable=differentiable, fused=path, hooks=hooks)
 
     @abstractmethod
-    def run(self) -> tuple[Columns, PerColumn]:
+    def run(self) -> tuple[Columns, Relevances]:
         """Run the model: the columns explained and each column's token relevance."""
 
 
 class ForwardPass(Pass):
     """Class-agnostic methods: one forward under no_grad, no backward at all; one map
-    serves every target, unless the plan gives each column its own sink."""
+    serves every target, unless the plan reads each column out by its own rows. On the
+    fused path, where every block folds by its spread, the forward keeps each block's q
+    and k only, and the blocks are folded after it, last first, without maps."""
 
     serves = frozenset({Need.ATTENTION})
 
-    def run(self) -> tuple[Columns, PerColumn]:
+    def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
+        sink = plan.sink()
         fused = self.fused()
-        sinks = plan.forward_sinks()
-        spread = SpreadFold.of(sinks, self.memory_budget)
-        # On the fused path the blocks are folded from q and k after the forward.
-        stream = fused and spread is not None
-
-        def add(layer: int, attention: Tensor) -> None:
-            if spread is not None:
-                spread.keep(layer, attention)
-                return
-            for sink in sinks:
-                sink.add(layer, attention, None)
-
+        feed = FoldFeed(sink, self.memory_budget) if fused else None
+        stream = feed is not None and feed.streams
         with (
             self._session(differentiable=False, fused=fused) as session,
             Recorder(
                 session,
-                on_attention=add,
+                on_attention=lambda layer, attention: sink.add(layer, slice(None), attention, None),
                 stream_forward=stream,
-                observed={layer for sink in sinks for layer in sink.layers},
+                observed=sink.layers,
             ) as recorder,
         ):
             columns = plan.columns(plan.forward())
-            if spread is not None and stream:
-                recorder.stream_attention(spread.add)
-        if spread is not None:
-            spread.fold_kept()
-            spread.finish()
-        if stream:
-            self.taken = "streamed"
-        results = plan.read_columns(sinks)
-        return columns, results if len(sinks) > 1 else results * columns.scores.shape[1]
+            if stream:
+                recorder.stream_attention(feed.add)  # type: ignore[union-attr]  # streams
+                self.taken = "streamed"
+        count = columns.scores.shape[1]
+        return columns, {  # a map every column reads out alike serves every target
+            name: r if r.shape[1] == count else r.repeat(1, count, *(1,) * (r.dim() - 2))
+            for name, r in plan.read(sink).items()
+        }
 
 
 class AttentionGradientPass(Pass):
     """One forward, then one backward of every score column (vectorised over columns,
-    chunked to the memory budget), folding blocks as their gradients arrive: all columns
-    at once where their sinks fold by spreads, read the last block only or fold two token
-    sets (explain.engine.spread), each column into its own sink otherwise."""
+    chunked to the memory budget), every block handed to the call's sink as its gradients
+    arrive, for a chunk of columns at once: a map straight to the call's sink, a block
+    recorded from q, k and v through explain.engine.spread.FoldFeed."""
 
     serves = frozenset({Need.ATTENTION_GRADIENTS})
 
-    def run(self) -> tuple[Columns, PerColumn]:
+    def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
-        first = plan.sink()
+        sink = plan.sink()
         fused = self.fused()
         with (
             self._session(differentiable=True, fused=fused) as session,
-            Recorder(session, track=first.layers) as recorder,
+            Recorder(session, track=sink.layers) as recorder,
         ):
+            feed = FoldFeed(sink, self.memory_budget) if recorder.recomputes else None
+            on_block = sink.add if feed is None else feed.add
             columns = plan.columns(plan.forward())
-            count = columns.scores.shape[1]
-            sinks = [first, *plan.column_sinks(count)[1:]] if count > 1 else [first]
-            fold = (
-                SpreadFold.of(sinks, self.memory_budget)
-                or LastBlockFold.of(sinks, self.memory_budget)
-                or TwoSetColumnFold.of(sinks, self.memory_budget)
-            )
-            on_block = None if fold is None else fold.add
-            if count == 1:
-                recorder.backward(columns.scores[:, 0].sum(), first.add, on_block=on_block)
+            if columns.scores.shape[1] == 1:
+                recorder.backward(columns.scores[:, 0].sum(), on_block=on_block)
             else:
                 recorder.backward_batched(
-                    columns.scores,
-                    lambda k, layer, attention, grad: sinks[k].add(layer, attention, grad),
-                    max_bytes=self.memory_budget,
-                    on_block=on_block,
+                    columns.scores, max_bytes=self.memory_budget, on_block=on_block
                 )
-        if fold is not None:
-            fold.finish()
-            if fused and isinstance(fold, SpreadFold):  # a last block's A is recomputed whole
-                self.taken = "streamed"
-        return columns, plan.read_columns(sinks)
+        if fused and feed is not None and feed.streams:
+            self.taken = "streamed"
+        return columns, plan.read(sink)
 
 
 class LrpWalkPass(Pass):
@@ -314,10 +266,11 @@ class LrpWalkPass(Pass):
     serves = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
 
     @classmethod
-    def missing(cls, adapter: Adapter) -> str | None:
+    def missing(cls, adapter: Adapter | type[Adapter]) -> str | None:
         if adapter.lrp_walk is None:
             return "the LRP methods need relevance rules for the family's modules, which it lacks"
-        return None
+        # A model, not only its family: does the family's walk cover it?
+        return adapter.lrp_missing() if isinstance(adapter, Adapter) else None
 
     @classmethod
     def check_request(cls, spec: Method, request: Request) -> None:
@@ -338,13 +291,14 @@ class LrpWalkPass(Pass):
     def mapped(self) -> bool:
         return self._to_input and self._walk.in_input_space
 
-    def run(self) -> tuple[Columns, PerColumn]:
+    def run(self) -> tuple[Columns, Relevances]:
         spec, plan, walk, to_input = self.spec, self.plan, self._walk, self._to_input
         assert spec.lrp_rules is not None
         rules = RULE_SETS[spec.lrp_rules]
-        first = plan.sink()
-        track = first.layers if spec.needs_gradients else range(0)
-        stop_layer = 0 if to_input or not first.layers else first.layers[0]
+        sink = plan.sink()
+        layers = frozenset(sink.layers)
+        track = sink.layers if spec.needs_gradients else range(0)
+        stop_layer = 0 if to_input or not sink.layers else sink.layers[0]
         with (
             self._session(differentiable=bool(track)) as session,
             Recorder(session, track=track, module_hooks=walk.hooks) as recorder,
@@ -368,21 +322,21 @@ class LrpWalkPass(Pass):
                     lambda k, layer, attention, grad: gradients[k].__setitem__(layer, grad),
                 )
             classes = columns.classes if columns.classes.dim() == 2 else columns.classes[:, None]
-            per_column = []
-            for k in range(count):
-                sink = first if k == 0 else plan.sink(k)
+            for k in range(count):  # each column's walk: a chunk of one column
+                column = slice(k, k + 1)
 
-                def deliver(layer: int, relevance: Tensor, sink: Any = sink, k: int = k) -> None:
-                    if layer in sink.layers:
-                        sink.add(layer, relevance, gradients[k].pop(layer, None))
+                def deliver(layer: int, relevance: Tensor, k: int = k) -> None:
+                    if layer in layers:
+                        gradient = gradients[k].pop(layer, None)
+                        grads = None if gradient is None else gradient[None]
+                        sink.add(layer, slice(k, k + 1), relevance, grads)
 
                 below = walk.propagate(
                     classes[:, k], rules, deliver, stop_layer=stop_layer, to_input=to_input
                 )
                 if to_input:
-                    sink.add_input(below)
-                per_column.append(plan.read(k, sink))
-        return columns, per_column
+                    sink.add_input(column, below[None])
+        return columns, plan.read(sink)
 
 
 class EmbeddingPass(Pass):
@@ -391,7 +345,7 @@ class EmbeddingPass(Pass):
     fused attention kernel where the model has one, since no attention map is read."""
 
     @classmethod
-    def missing(cls, adapter: Adapter) -> str | None:
+    def missing(cls, adapter: Adapter | type[Adapter]) -> str | None:
         if adapter.attnlrp_sites is None:
             return (
                 "its family does not say where its input embeddings are (nor where the rules "
@@ -433,12 +387,13 @@ class EmbeddingGradientPass(EmbeddingPass):
     patch-embedding output, the graph's leaf; a vision-language model's language-model
     input and, at depth "tower", its tower's patch embeddings beneath it); then one
     batched backward of every column to them, embedding x gradient summed over the
-    hidden size, into each column's sink. The rules hold on either attention path."""
+    hidden size, into the call's sink. The rules hold on either attention path."""
 
     serves = frozenset({Need.EMBEDDING_GRADIENTS})
 
-    def run(self) -> tuple[Columns, PerColumn]:
+    def run(self) -> tuple[Columns, Relevances]:
         spec, plan = self.spec, self.plan
+        sink = plan.sink()
         sites = self.adapter.attnlrp_sites()
         reads = plan.embeddings(sites)
         call = AttnLrpCall([embedding for embedding, _ in reads])
@@ -449,20 +404,17 @@ class EmbeddingGradientPass(EmbeddingPass):
         with self._session(differentiable=True, fused=self.fused(), hooks=hooks):
             columns = plan.columns(plan.forward())
             _require_embedding_gradients(columns.scores)
-            sinks = plan.column_sinks(columns.scores.shape[1])
             for chunk, gradients in column_gradients(
                 columns.scores, call.tensors, self.memory_budget
-            ):
-                # Every column of the chunk at once: (C, B, N) per read, then one per sink.
+            ):  # every column of the chunk at once: (c, B, N) per embedding read
                 relevances = [
-                    call.relevance(gradient, layout, read).unbind()
+                    call.relevance(gradient, layout, read)
                     for read, (gradient, (_, layout)) in enumerate(
                         zip(gradients, reads, strict=True)
                     )
                 ]
-                for row, k in enumerate(chunk):
-                    sinks[k].add_input(*(relevance[row] for relevance in relevances))
-        return columns, plan.read_columns(sinks)
+                sink.add_input(slice(chunk.start, chunk.stop), *relevances)
+        return columns, plan.read(sink)
 
 
 def _require_embedding_gradients(scores: Tensor) -> None:
@@ -494,7 +446,7 @@ class IntegratedGradientPass(EmbeddingPass):
     def settings(self) -> dict[str, Any]:
         return {**super().settings, **self._path}
 
-    def run(self) -> tuple[Columns, PerColumn]:
+    def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
         options = self.spec.resolved_options(self.request.options)
         alphas, weights = integration_points(options["steps"], options["quadrature"])
@@ -527,9 +479,8 @@ class IntegratedGradientPass(EmbeddingPass):
                     path = gradients.unflatten(1, (len(chunk), batch)).to(dtype)
                     total[part.start : part.stop] += (path * step).sum(dim=1)
         relevance = embedding_relevance(copies.difference, total, copies.axis, layout)
-        sinks = plan.column_sinks(count)
-        for k, sink in enumerate(sinks):
-            sink.add_input(relevance[k])
+        sink = plan.sink()
+        sink.add_input(slice(None), relevance)
         gap = relevance.sum(dim=-1).T - (columns.scores - at_baseline).to(dtype)
         self._path = {
             "steps": options["steps"],
@@ -538,7 +489,7 @@ class IntegratedGradientPass(EmbeddingPass):
             "baseline_score": _as_target(at_baseline, columns),
             "convergence_delta": _as_target(gap, columns),
         }
-        return columns, plan.read_columns(sinks)
+        return columns, plan.read(sink)
 
 
 def _as_target(values: Tensor, columns: Columns) -> list[Any]:
@@ -565,7 +516,7 @@ class OcclusionPass(EmbeddingPass):
     def settings(self) -> dict[str, Any]:
         return {**super().settings, "baseline": self._baseline}
 
-    def run(self) -> tuple[Columns, PerColumn]:
+    def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
         options = self.spec.resolved_options(self.request.options)
         prepared = plan.prepared
@@ -590,10 +541,9 @@ class OcclusionPass(EmbeddingPass):
                 total += span_relevance(drops, occluded)
         self._baseline = baseline.describe()
         relevance = on_layout(total, prepared.layout)
-        sinks = plan.column_sinks(scores.shape[1])
-        for k, sink in enumerate(sinks):
-            sink.add_input(relevance[k])
-        return columns, plan.read_columns(sinks)
+        sink = plan.sink()
+        sink.add_input(slice(None), relevance)
+        return columns, plan.read(sink)
 
 
 PASSES: tuple[type[Pass], ...] = (

@@ -54,7 +54,8 @@ attention (B, H, N, N) on the explicit path, with dA (C, B, H, N, N); on the fus
 (and for a recomputed site, `AttentionSite.recomputed`) it is the block itself (q, k, v
 and mask), with dO per head (C, B, H, N, d), so that no N x N map need ever be built.
 The gradient is None without a backward; the columns are a chunk of a batched
-backward's, or all of them (slice(None))."""
+backward's, or all of them (slice(None)). It runs outside autograd: a fold of the maps
+builds no graph."""
 
 TargetGradientCallback = Callable[[int, int, Tensor, Tensor], None]
 """Receives (score column k, layer, attention, d score_k / d attention)."""
@@ -322,6 +323,13 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
             del self._fused_outputs[layer]
             self._fused_blocks[layer].release()
 
+    @property
+    def recomputes(self) -> bool:
+        """Whether some block is recorded from its q, k and v (the fused path, or a site
+        whose probabilities are no tensor of the model) rather than as its map: its
+        record (`BlockCallback`) is then a `FusedBlock`."""
+        return bool(self._fused_blocks)
+
     def stream_attention(self, on_block: BlockCallback) -> None:
         """After a `stream_forward` forward: every block (no gradient) to `on_block`, last
         block first, each released once it has been handed over."""
@@ -403,7 +411,7 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
     def backward_batched(
         self,
         scores: Tensor,
-        on_gradient: TargetGradientCallback,
+        on_gradient: TargetGradientCallback | None = None,
         *,
         max_bytes: int | None = None,
         on_block: BlockCallback | None = None,
@@ -437,10 +445,12 @@ class Recorder(contextlib.AbstractContextManager["Recorder"]):
                 for position in reversed(range(len(layers))):
                     layer, grad = layers[position], grads[position]
                     grads[position] = None  # type: ignore[call-overload]  # free as we go
-                    if on_block is not None:
+                    if on_block is not None:  # outside autograd, as within a backward
                         record, gradient = self._record(layer, grad)
-                        on_block(layer, slice(columns.start, columns.stop), record, gradient)
+                        with torch.no_grad():
+                            on_block(layer, slice(columns.start, columns.stop), record, gradient)
                         continue
+                    assert on_gradient is not None, "give on_gradient or on_block"
                     attention = self._attention(layer)
                     for row, column in enumerate(columns):
                         attention_grad = self._attention_grad(layer, grad[row])

@@ -94,22 +94,15 @@ def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = No
     chosen = check(spec, kind, adapter, request)
     plan = kind(adapter, spec, request, tokenizer)
     plan.prepare(inputs)
-    plan.sink()  # bad options and start layers fail before any model work
     plan.choose_inputs()
     run = chosen(adapter, spec, plan, request)
-    columns, per_column = run.run()
-    layouts = {token_set.name: token_set.layout for token_set in plan.sets}
+    columns, relevances = run.run()
     if not run.mapped:  # onto the input (patch grids, text with pads 0), all columns at once
-        mapped = {
-            name: adapter.to_input_space(
-                torch.stack([column[name] for column in per_column], dim=1), layout
-            ).unbind(dim=1)
-            for name, layout in layouts.items()
+        relevances = {
+            token_set.name: adapter.to_input_space(relevances[token_set.name], token_set.layout)
+            for token_set in plan.sets
         }
-        per_column = [
-            {name: mapped[name][k] for name in per_column[k]} for k in range(len(per_column))
-        ]
-    relevances = {name: r.detach() for name, r in plan.finish(per_column, columns).items()}
+    relevances = {name: r.detach() for name, r in plan.finish(relevances, columns).items()}
     first = plan.sets[0]
     return Explanation(
         relevance=relevances[first.name],

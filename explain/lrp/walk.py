@@ -25,6 +25,7 @@ from explain.lrp.weights import acts_as
 __all__ = [
     "LrpWalk",
     "keep",
+    "lacks",
     "logit_relevance",
     "require_forward",
     "require_linear",
@@ -56,6 +57,17 @@ class LrpWalk(Protocol):
         returns the relevance of the model's input with `to_input`, of block
         `stop_layer`'s input tokens with `to_tokens`, and otherwise None: the walk then
         ends as soon as block `stop_layer`'s attention relevance is delivered."""
+
+
+def lacks(check: Callable[[], object]) -> str | None:
+    """What a walk's `check` of a model (which raises UnsupportedModelError naming the
+    first module no rule covers) finds missing, said for an error message; None where it
+    finds nothing (`Adapter.lrp_missing`)."""
+    try:
+        check()
+    except UnsupportedModelError as error:
+        return str(error)
+    return None
 
 
 def type_name(module: nn.Module) -> str:

@@ -12,10 +12,10 @@ from explain.rules import (  # noqa: F401  (registers the methods)
 from explain.rules.registry import (
     LRP_NEEDS,
     METHODS,
+    Fold,
     Method,
     Need,
     RuleContext,
-    Sink,
     get_method,
     register_method,
 )
@@ -23,10 +23,10 @@ from explain.rules.registry import (
 __all__ = [
     "LRP_NEEDS",
     "METHODS",
+    "Fold",
     "Method",
     "Need",
     "RuleContext",
-    "Sink",
     "get_method",
     "register_method",
 ]

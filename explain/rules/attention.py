@@ -8,17 +8,15 @@ import torch
 from torch import Tensor
 
 from explain.errors import OptionError
-from explain.rules.fold import ReadoutFold, Spread, readout_fold, vecmat
+from explain.rules.fold import ReadoutFold, RowSum, readout_fold
 from explain.rules.registry import Need, RuleContext, first_block, register_method
 
 __all__ = [
-    "RAW_ATTENTION_SPREAD",
-    "ROLLOUT_SPREAD",
     "discard_lowest",
     "fuse_heads",
     "raw_attention",
     "rollout",
-    "rollout_step",
+    "rollout_split",
 ]
 
 HeadFusion = Literal["mean", "max", "min"]
@@ -43,8 +41,9 @@ def fuse_heads(attention: Tensor, head_fusion: HeadFusion = "mean") -> Tensor:
 def discard_lowest(matrix: Tensor, ratio: float, protected: Tensor) -> Tensor:
     """Zero the `int(N * ratio)` lowest entries of every row of (B, N, N) `matrix`.
 
-    `protected` (B, N) marks the readout tokens, whose own (diagonal) entries are never
-    dropped, as the rollout reference keeps the class token's attention to itself.
+    `protected` (..., B, N) marks the readout tokens, whose own (diagonal) entries are
+    never dropped, as the rollout reference keeps the class token's attention to itself;
+    the result has its leading dimensions (one matrix per column's readout rows).
     """
     count = int(matrix.shape[-1] * ratio)
     if count == 0:
@@ -52,29 +51,23 @@ def discard_lowest(matrix: Tensor, ratio: float, protected: Tensor) -> Tensor:
     diagonal = torch.diag_embed(protected.to(torch.bool))
     ranked = matrix.masked_fill(diagonal, float("inf"))
     lowest = ranked.topk(count, dim=-1, largest=False).indices
-    return matrix.scatter(-1, lowest, 0.0)
+    return (matrix if ranked.shape == matrix.shape else matrix.expand_as(ranked)).scatter(
+        -1, lowest, 0.0
+    )
 
 
-def rollout_step(vector: Tensor, matrix: Tensor) -> Tensor:
-    """v @ ((M + I) / rowsum(M + I)), without building I: with s = v / rowsum, s @ M + s."""
-    scaled = vector / (matrix.sum(dim=-1) + 1.0)
-    return vecmat(scaled, matrix) + scaled
-
-
-def _rollout_split(vector: Tensor, rowsum: Tensor | None) -> tuple[Tensor, Tensor]:
-    scaled = vector / 2.0 if rowsum is None else vector / (rowsum.to(vector.dtype) + 1.0)
+def rollout_split(rows: Tensor, rowsum: RowSum) -> tuple[Tensor, Tensor]:
+    """v @ ((M + I) / rowsum(M + I)) without building I: with s = v / rowsum, s @ M + s;
+    s spreads through M and is kept (explain.rules.fold.Split). A row of a head mean of
+    attention sums to 1 (`rowsum` None), or to 0 where every key of it is masked."""
+    sums = rowsum()
+    scaled = rows / 2.0 if sums is None else rows / (sums.to(rows.dtype) + 1.0)
     return scaled, scaled
 
 
-ROLLOUT_SPREAD = Spread("attention", _rollout_split)
-"""`rollout_step` with head-mean fusion through the block's spread: s = v / rowsum spreads
-s @ Abar and keeps s (a row of mean_h A sums to 1, or to 0 where every key is masked)."""
-
-
-RAW_ATTENTION_SPREAD = Spread(
-    "attention", lambda vector, rowsum: (vector, torch.zeros_like(vector))
-)
-"""`_spread_only` through the block's spread: v spreads v @ Abar and keeps nothing."""
+def _spread_only(rows: Tensor, rowsum: RowSum) -> tuple[Tensor, None]:
+    """v @ M: v spreads, nothing is kept (explain.rules.fold.Split)."""
+    return rows, None
 
 
 @register_method("raw_attention", needs={Need.ATTENTION}, class_specific=False)
@@ -85,16 +78,11 @@ def raw_attention(context: RuleContext) -> ReadoutFold:
     generated tokens of a generation) is read out by one spread, from the recorded map or
     from q and k without it (explain.engine.spread)."""
     last = range(context.num_layers - 1, context.num_layers)
-    return readout_fold(context, last, _head_mean, _spread_only, spread=RAW_ATTENTION_SPREAD)
+    return readout_fold(context, last, _head_mean, _spread_only, spread="attention")
 
 
 def _head_mean(attention: Tensor, gradient: Tensor | None) -> Tensor:
     return attention.mean(dim=1)
-
-
-def _spread_only(vector: Tensor, matrix: Tensor) -> Tensor:
-    """v @ M (explain.rules.fold.Step): no identity term."""
-    return vecmat(vector, matrix)
 
 
 @register_method(
@@ -104,10 +92,11 @@ def rollout(
     context: RuleContext, head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0
 ) -> ReadoutFold:
     """Attention rollout (Abnar & Zuidema 2020): product of row-normalised (A + I)."""
-    _check_head_fusion(head_fusion)  # before any forward; no tensor op, once per column
+    _check_head_fusion(head_fusion)  # before any forward; no tensor op
     if not 0.0 <= discard_ratio < 1.0:
         raise OptionError(f"discard_ratio must be in [0, 1), got {discard_ratio}")
-    protected = context.readout > 0 if discard_ratio else None
+    readout = context.readout  # one matrix for every column where they share their rows
+    protected = (readout[0] if len(readout) == 1 else readout) > 0 if discard_ratio else None
 
     def block_matrix(attention: Tensor, gradient: Tensor | None) -> Tensor:
         fused = fuse_heads(attention, head_fusion)
@@ -122,5 +111,5 @@ def rollout(
     layers = range(context.start_layer, context.num_layers)
     # Only the head mean without discarding is a spread of A (explain.engine.kernels);
     # max, min and discarding need the block's whole map.
-    spread = ROLLOUT_SPREAD if head_fusion == "mean" and not discard_ratio else None
-    return readout_fold(context, layers, block_matrix, rollout_step, spread=spread)
+    spread = "attention" if head_fusion == "mean" and not discard_ratio else None
+    return readout_fold(context, layers, block_matrix, rollout_split, spread=spread)

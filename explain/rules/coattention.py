@@ -1,29 +1,11 @@
-"""Relevance of two token sets (ICCV 2021): encoder-decoder and co-attention rules.
+"""Relevance of two token sets (ICCV 2021): the encoder-decoder and co-attention rules.
 
-Two token sets q (queries: a decoder, or a second stream) and i (an encoder, or the first
-stream) carry four relevance matrices per sample: R_qq, R_qi, R_iq, R_ii, starting at
-R_qq = I, R_ii = I, R_qi = R_iq = 0. Every attention block updates them with its
-gradient-weighted matrix Abar = mean_h (G * A)+ (the `generic` block matrix):
-
-- self-attention of set s (other set o): R_ss += Abar @ R_ss and R_so += Abar @ R_so,
-  both with the matrices before the update;
-- cross-attention with queries from s and keys from o:
-  R_so += norm(R_ss)^T @ Abar @ norm(R_oo) and R_oo += Abar @ R_os, all from the matrices
-  before the block, where norm(R) = I + (R - I) / rowsum(R - I), rows of R - I that sum
-  to zero staying zero. The normalisation lives only inside this update.
-
-An encoder-decoder is the one-directional case (R_iq stays 0, so encoder self-attention
-reduces to R_ii += Abar @ R_ii and cross-attention only adds to R_qi); a two-stream model
-with co-attention in both directions (LXMERT-style) uses the same two functions, so a new
-architecture is an adapter, never a new rule.
-
-Unlike the one-stack rules these cannot be folded as a readout row: the cross update needs
-the full normalised matrices. `TwoSetFold` therefore keeps every block's (B, N, N) matrix
-as its gradient arrives (last block first) and replays the blocks in forward order.
-`ColumnTwoSetFolds` does the same for the C score columns of a call (the positions of a
-decoder sequence, the detections of an image) at once: every block's matrices as one
-(C, B, N, N) tensor, the replay batched over columns and samples, so that its cost in
-operations does not grow with the columns.
+Two sets q and i carry four relevance matrices per sample (R_qq = I, R_ii = I, R_qi =
+R_iq = 0 to start), which every block updates with its Abar = mean_h (G * A)+ by its role
+(`BlockRole`: self-, cross- or co-attention). The cross update needs the full normalised
+matrices, so these rules cannot fold a readout row: `TwoSetFold` keeps every block's
+matrix and replays the blocks in forward order, for every column of a call at once.
+docs/multimodal.md ("Encoder-decoders", "Co-attention") gives the rules.
 """
 
 from __future__ import annotations
@@ -37,10 +19,10 @@ from torch import Tensor
 
 from explain.rules.fold import compute_dtype
 from explain.rules.gradient import gradient_weighted
+from explain.rules.registry import SpreadMode
 
 __all__ = [
     "BlockRole",
-    "ColumnTwoSetFolds",
     "TwoSetFold",
     "TwoSetRelevance",
     "co_attention_update",
@@ -207,79 +189,30 @@ def _checked_layers(roles: Sequence[BlockRole]) -> range:
 
 
 class TwoSetFold:
-    """Receives blocks like a Sink and applies the two-set rules over `roles` (forward
-    order); `result()` is the four relevance matrices rather than one readout row, and
-    `read()` their rows at `rows`: (B,) the q-set row each sample reads out (a decoder
-    position), where the plan knows it when it makes the fold.
+    """The two-set rules over `roles` (forward order) for every column of a call: each
+    block's Abar = mean_h (G * A)+ for a chunk of columns as one (c, B, n, m) tensor on
+    arrival (the maps are then released), and the rules replayed in forward order once
+    per chunk, as soon as its last block has arrived, batched over its columns and
+    samples. `result()` is the four relevance matrices of every column, (C, B, rows,
+    columns) each, which the plan reads at its rows (`row_at`).
 
-    Blocks may arrive in any order (the backward pass delivers the last block first); each
-    is reduced to Abar = mean_h (G * A)+ on arrival and the raw maps are released. The
-    rules run in forward order in `result()` once every block has arrived. The folds of
-    every column of a call run together in `ColumnTwoSetFolds`, which hands each fold its
-    matrices and its rows.
+    It folds both token sets at once, so it is a plan's sink itself (explain.engine's
+    `ColumnSink`, with `spread_of`); blocks may arrive in any order (the backward pass
+    delivers the last block first).
     """
 
-    def parts(self) -> list:
-        """Per-set sinks: none, the two sets fold together (explain.engine.passes'
-        ColumnSink); the columns' folds are stacked whole (`ColumnTwoSetFolds`)."""
-        return []
+    spread: SpreadMode | None = None
 
-    def __init__(
-        self,
-        roles: Sequence[BlockRole],
-        num_q: int,
-        num_i: int,
-        rows: Tensor | None = None,
-    ) -> None:
+    def __init__(self, roles: Sequence[BlockRole], num_q: int, num_i: int) -> None:
         self.roles = tuple(roles)
         self.shape = (num_q, num_i)
-        self.rows = rows
         self.layers = _checked_layers(self.roles)
-        self._matrices: dict[int, Tensor] = {}
-        self._result: TwoSetRelevance | None = None
-        self._read: tuple[Tensor, Tensor] | None = None
-
-    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
-        if layer in self.layers:
-            self._matrices[layer] = _abar(attention, gradient)
-
-    def result(self) -> TwoSetRelevance:
-        """R_qq, R_qi, R_iq, R_ii after every block."""
-        if self._result is None:
-            _require_every_block(self.layers, self._matrices)
-            self._result = two_set_relevance(self.roles, self._matrices, *self.shape)
-            self._matrices.clear()
-        return self._result
-
-    def read(self) -> tuple[Tensor, Tensor]:
-        """Row `rows[b]` of R_qi and of R_qq for each sample b: (B, num_i) and (B, num_q)."""
-        if self._read is None:
-            if self.rows is None:
-                raise ValueError("this fold was made without the rows to read")
-            self._read = _rows_at(self.result(), self.rows)
-        return self._read
-
-
-class ColumnTwoSetFolds:
-    """The two-set folds of C columns (one `TwoSetFold` each, over the same roles and token
-    sets) run together: each block's Abar for a chunk of columns as one (c, B, n, m)
-    tensor, the rules replayed once per chunk for all of its columns and samples.
-
-    `add(layer, columns, attention, gradients)` takes block `layer` for the columns
-    `columns` (a chunk of the batched backward, or all of them) with their gradients
-    (c, B, H, n, m); a chunk's rules run as soon as its last block has arrived, which
-    frees its matrices. `finish()` hands every column's four matrices back to its fold,
-    whose `result()` then reads them.
-    """
-
-    def __init__(self, folds: Sequence[TwoSetFold]) -> None:
-        first = folds[0]
-        if any(f.roles != first.roles or f.shape != first.shape for f in folds):
-            raise ValueError("ColumnTwoSetFolds needs folds over the same roles and token sets")
-        self.layers = first.layers
-        self._folds = folds
         self._pending: dict[int, dict[int, Tensor]] = {}  # first column of a chunk -> Abar
         self._done: dict[int, TwoSetRelevance] = {}  # first column of a chunk -> its result
+
+    def spread_of(self, layer: int) -> SpreadMode | None:
+        """No block of it is a spread: every block's maps are needed whole."""
+        return None
 
     def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
         if layer not in self.layers:
@@ -288,35 +221,21 @@ class ColumnTwoSetFolds:
         matrices = self._pending.setdefault(start, {})
         matrices[layer] = _abar(attention, gradients)
         if len(matrices) == len(self.layers):
-            fold = self._folds[0]
-            done = two_set_relevance(fold.roles, self._pending.pop(start), *fold.shape)
-            self._done[start] = done
+            del self._pending[start]
+            self._done[start] = two_set_relevance(self.roles, matrices, *self.shape)
 
-    def finish(self) -> None:
+    def result(self) -> TwoSetRelevance:
+        """R_qq, R_qi, R_iq, R_ii after every block, (C, B, rows, columns) each."""
         for matrices in self._pending.values():
             _require_every_block(self.layers, matrices)
+        if not self._done:
+            _require_every_block(self.layers, {})
         chunks = [self._done[start] for start in sorted(self._done)]
-        if sum(chunk.qq.shape[0] for chunk in chunks) != len(self._folds):
-            raise RuntimeError("the blocks never arrived for every column")
-        joined = chunks[0] if len(chunks) == 1 else _joined(chunks)
-        every = {key: joined.get(*key).unbind() for key in _MATRICES}
-        for column, fold in enumerate(self._folds):
-            fold._result = TwoSetRelevance(**{key: every[key][column] for key in _MATRICES})
-        if all(fold.rows is not None for fold in self._folds):  # every column's rows at once
-            rows = torch.stack([fold.rows for fold in self._folds])  # type: ignore[misc]
-            read_qi, read_qq = _rows_at(joined, rows)
-            for fold, qi, qq in zip(self._folds, read_qi.unbind(), read_qq.unbind(), strict=True):
-                fold._read = (qi, qq)
-
-
-def _joined(chunks: Sequence[TwoSetRelevance]) -> TwoSetRelevance:
-    """The matrices of chunks of columns, (c, B, n, m) each, as one (C, B, n, m) each."""
-    return TwoSetRelevance(**{key: torch.cat([c.get(*key) for c in chunks]) for key in _MATRICES})
-
-
-def _rows_at(state: TwoSetRelevance, rows: Tensor) -> tuple[Tensor, Tensor]:
-    """Row `rows[..., b]` of R_qi and of R_qq ((..., B, n, m)) for each sample b."""
-    return row_at(state.qi, rows), row_at(state.qq, rows)
+        if len(chunks) == 1:
+            return chunks[0]
+        return TwoSetRelevance(
+            **{key: torch.cat([chunk.get(*key) for chunk in chunks]) for key in _MATRICES}
+        )
 
 
 def row_at(matrix: Tensor, rows: Tensor) -> Tensor:

@@ -1,74 +1,60 @@
-"""Sinks shared by the rules: folding the readout row, and last-block methods.
+"""The folds the methods share, each over every score column of a call at once: the
+readout fold (window by window for a windowed model) and the last-block map.
 
-Only the readout row of an aggregated matrix M = M_{L-1} ... M_s is ever needed, so it is
-folded right to left as vector-matrix products, `v <- step(v, M_l)` for l = L-1 down to
-s: O(L N^2) per sample instead of O(L N^3). Block matrices may arrive in any order; each
-one is folded as soon as every later block has been, so in the backward pass (last block
-first) every block is folded and freed on arrival.
-
-A fold whose block matrix is a head mean of the attention (rollout, raw attention) or of
-`(dA * A)+` (generic) can also be folded without any block matrix (`Spread`): its step is written
-through the block's spread `u @ Abar`, which explain.engine.kernels computes from q, k,
-v and dO without N x N maps. `ColumnFolds` stacks the folds of several columns (classes,
-generated tokens) into one (C, B, N) fold, so that one spread per block serves them all.
-
-A method that reads only the last block (`LastBlock`) writes its map for several columns
-at once, and `ColumnLastBlocks` stacks the columns of a call into one such map. A windowed
-model's blocks (Swin) are folded window by window (`WindowedFold`), and its last block is
-read in its one window (`WindowedLastBlock`); `readout_fold` and `last_block` pick what a
-layout needs.
+A method is declared once, as one of these over its block matrix; the engine hands the
+blocks over per path (whole maps, or, for a spread, the product `u @ Abar` streamed
+without maps). docs/architecture.md ("Folds") says how, docs/methods.md derives the
+windowed rule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable, Mapping
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from explain.errors import UnsupportedModelError
 from explain.layout import WindowedBlock
-from explain.rules.registry import RuleContext
+from explain.rules.registry import RuleContext, SpreadMode
 
 __all__ = [
-    "ColumnFolds",
-    "ColumnLastBlocks",
+    "BlockMatrix",
     "LastBlock",
     "LastBlockMap",
     "ReadoutFold",
-    "Spread",
-    "Step",
+    "RowSum",
+    "Split",
     "WindowedFold",
     "WindowedLastBlock",
+    "attention_spread",
+    "chunk_rows",
     "compute_dtype",
     "from_windows",
+    "joined",
     "last_block",
     "readout_fold",
+    "spread_maps",
     "to_windows",
     "unmerge",
     "unmerge_to",
     "vecmat",
+    "weighted_spread",
 ]
 
 BlockMatrix = Callable[[Tensor, Tensor | None], Tensor]
-Step = Callable[[Tensor, Tensor], Tensor]
-"""One factor of the fold: (v (B, N), M_l (B, N, N)) -> the new row vector (B, N)."""
+"""A block's matrix Abar from its records: (attention (B, H, N, N), the columns'
+gradients (c, B, H, N, N) or None) -> (B, N, N), or (c, B, N, N) where it depends on the
+gradients."""
 
+RowSum = Callable[[], Tensor | None]
+"""Abar's row sums (B, N), computed only when a split reads them; None where every row
+sums to 1."""
 
-@dataclass(frozen=True)
-class Spread:
-    """A fold step written through the block's spread (module docstring).
-
-    `mode` names Abar for explain.engine.kernels.readout_spread ("gradient": mean_h
-    (dA * A)+, "attention": mean_h A). `split(v, rowsum)` -> (u, kept): the new row vector
-    is `kept + u @ Abar`. `rowsum` (B, N) is Abar's row sums where the step needs them
-    (rollout's normalisation; only for mode "attention", where a row sums to 1 unless
-    every key of it is masked), None where every row sums to 1."""
-
-    mode: Literal["gradient", "attention"]
-    split: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]]
+Split = Callable[[Tensor, RowSum], tuple[Tensor, Tensor | None]]
+"""One factor of a readout fold: (the rows v (c, B, N), Abar's row sums) -> (u, kept),
+so that the rows become `kept + u @ Abar` (`u @ Abar` where nothing is kept: None)."""
 
 
 def compute_dtype(tensor: Tensor) -> torch.dtype:
@@ -76,206 +62,228 @@ def compute_dtype(tensor: Tensor) -> torch.dtype:
     return tensor.dtype if tensor.dtype in (torch.float32, torch.float64) else torch.float32
 
 
-def vecmat(vector: Tensor, matrix: Tensor) -> Tensor:
-    """Per-sample row vector times matrix: (B, N) x (B, N, M) -> (B, M)."""
-    return torch.bmm(vector.unsqueeze(1), matrix).squeeze(1)
+def vecmat(rows: Tensor, matrix: Tensor) -> Tensor:
+    """Rows times matrices: (c, B, N) x (B, N, M), one matrix for every column, or
+    (c, B, N, M), one per column -> (c, B, M)."""
+    if matrix.dim() == rows.dim():
+        return torch.bmm(rows.transpose(0, 1), matrix).transpose(0, 1)
+    columns, batch, count = rows.shape
+    flat = torch.bmm(rows.reshape(columns * batch, 1, count), matrix.flatten(0, 1))
+    return flat.view(columns, batch, -1)
+
+
+def weighted_spread(rows: Tensor, weights: Tensor) -> Tensor:
+    """sum over heads h and query rows i of rows[c, b, i] * weights[c, b, h, i, :]: (C, B,
+    K) from (C, B, r) and (C, B, H, r, K). The head mean's division is the caller's."""
+    columns, batch, count = rows.shape
+    heads, width = weights.shape[2], weights.shape[-1]
+    flat = rows[:, :, None, :].expand(columns, batch, heads, count)
+    flat = flat.reshape(columns * batch, 1, heads * count)
+    out = torch.bmm(flat, weights.reshape(columns * batch, heads * count, width))
+    return out.view(columns, batch, width)
+
+
+def attention_spread(rows: Tensor, attention: Tensor) -> Tensor:
+    """The same with one map for every column: (C, B, r) and (B, H, r, K) -> (C, B, K)."""
+    columns, batch, count = rows.shape
+    heads, width = attention.shape[1], attention.shape[-1]
+    flat = rows.transpose(0, 1)[:, :, None, :].expand(batch, columns, heads, count)
+    flat = flat.reshape(batch, columns, heads * count)
+    out = torch.bmm(flat, attention.reshape(batch, heads * count, width))  # (B, C, K)
+    return out.transpose(0, 1)
+
+
+def spread_maps(rows: Tensor, attention: Tensor, attention_grad: Tensor | None) -> Tensor:
+    """`rows @ Abar` from whole maps, without Abar: rows (C, B, N), A (B, H, N, Nk) and dA
+    (C, B, H, N, Nk) for Abar = mean_h (dA * A)+, or dA None for mean_h A -> (C, B, Nk),
+    in float32 (float64 for float64 rows)."""
+    dtype = torch.float64 if rows.dtype == torch.float64 else torch.float32
+    rows, attention = rows.to(dtype), attention.to(dtype)
+    if attention_grad is None:
+        spread = attention_spread(rows, attention)
+    else:  # not in place: dA may be autograd's own gradient
+        spread = weighted_spread(rows, (attention_grad.to(dtype) * attention).clamp_(min=0))
+    return spread.div_(attention.shape[1])
+
+
+def chunk_rows(rows: Tensor, columns: slice) -> Tensor:
+    """The (c, B, ...) rows of the columns `columns` from (R, B, ...) `rows`: one per
+    column (R = C), or one that every column shares (R = 1), repeated for each (once for
+    slice(None), a forward's blocks that serve every column)."""
+    if len(rows) > 1:
+        return rows[columns]
+    width = 1 if columns.stop is None else columns.stop - (columns.start or 0)
+    return rows if width == 1 else rows.expand(width, *rows.shape[1:])
+
+
+def joined(chunks: Mapping[int, Tensor]) -> Tensor:
+    """Per-chunk results (the first column of a chunk -> its (c, B, ...)) as one (C, B,
+    ...) in column order."""
+    if not chunks:
+        raise RuntimeError("no block arrived; cannot finish the fold")
+    if len(chunks) == 1:
+        return next(iter(chunks.values()))
+    return torch.cat([chunks[start] for start in sorted(chunks)])
 
 
 class ReadoutFold:
-    """Fold `readout @ M_{last} ... M_{first}` over blocks `layers`.
+    """`readout @ M_last ... M_first` over blocks `layers`, for every column of a call.
 
-    `block_matrix(attention, gradient)` reduces one block's records to its (B, N, N)
-    matrix; `step` applies one factor to the row vector. `spread`, where the method has
-    one, folds the same step without block matrices (`Spread`, `ColumnFolds`).
+    Only the readout rows of the aggregated matrix are ever needed, so they are folded
+    right to left, O(L N^2) per sample instead of O(L N^3): a block enters only through
+    its matrix Abar = `matrix(attention, gradients)`, the rows v becoming `kept + u @
+    Abar` with `(u, kept) = split(v, rowsum)`. Where Abar is a standard head mean
+    (`spread`, a `SpreadMode`), whole maps are applied without it (`spread_maps`) and
+    the engine may hand the block over as the product itself (`fold`), which it streams
+    from q, k, v and dO on the fused path.
+
+    `readout` is (R, B, N) (`chunk_rows`). Blocks arrive per chunk of columns, in any
+    order: a block is folded as soon as every later block has been (in the backward pass,
+    last block first, on arrival); an earlier one is kept until then as what its product
+    needs (its matrix, or a head mean).
     """
 
     def __init__(
         self,
         readout: Tensor,
         layers: range,
-        block_matrix: BlockMatrix,
-        step: Step,
+        matrix: BlockMatrix,
+        split: Split,
         *,
-        spread: Spread | None = None,
-    ):
+        spread: SpreadMode | None = None,
+    ) -> None:
         self.layers = layers
         self.spread = spread
-        self._block_matrix = block_matrix
-        self._step = step
-        self._vector = readout.to(compute_dtype(readout))
-        self._next = layers[-1] if len(layers) else None
-        self._pending: dict[int, Tensor] = {}
+        self._readout = readout.to(compute_dtype(readout))
+        self._matrix = matrix
+        self._split = split
+        self._rows: dict[int, Tensor] = {}  # first column of a chunk -> its rows so far
+        self._next: dict[int, int | None] = {}  # ... -> the block it folds next
+        self._waiting: dict[int, dict[int, tuple[Callable[[Tensor], Tensor], RowSum]]] = {}
 
-    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
+    def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
+        """Block `layer` for `columns` from its whole maps."""
         if layer not in self.layers:
             return
+        if self.spread == "gradient":
+            product = partial(spread_maps, attention=attention, attention_grad=gradients)
+            self.fold(layer, columns, product, _every_row_one)
+            return
+        if self.spread == "attention":  # all that mean_h A needs: kept small if it waits
+            mean = attention.mean(dim=1, keepdim=True)
+            dtype = torch.float64 if mean.dtype == torch.float64 else torch.float32
+            product = partial(spread_maps, attention=mean, attention_grad=None)
+            self.fold(layer, columns, product, lambda: mean.sum(dim=-1, dtype=dtype)[:, 0])
+            return
         dtype = compute_dtype(attention)
-        gradient = gradient.to(dtype) if gradient is not None else None
-        self._pending[layer] = self._block_matrix(attention.to(dtype), gradient)
-        while self._next is not None and self._next in self._pending:
-            self._fold(self._next, self._pending.pop(self._next))
-            self._next = self._next - 1 if self._next > self.layers[0] else None
-
-    def _fold(self, layer: int, matrix: Tensor) -> None:
-        """Apply block `layer`'s factor to the row vector (every later block is folded)."""
-        self._vector = self._step(self._vector.to(matrix.dtype), matrix)
-
-    def result(self) -> Tensor:
-        if self._next is not None:
-            raise RuntimeError(f"block {self._next} never arrived; cannot finish the fold")
-        return self._vector
-
-
-def readout_fold(
-    context: RuleContext,
-    layers: range,
-    block_matrix: BlockMatrix,
-    step: Step,
-    *,
-    spread: Spread | None = None,
-) -> ReadoutFold:
-    """The readout fold of `context`'s layout over `layers`: window by window where its
-    blocks attend within windows (`TokenLayout.windows`, `WindowedFold`, which has no
-    spread), else over every token."""
-    if context.layout.windows:
-        return WindowedFold(context.readout, context.layout.windows, layers, block_matrix, step)
-    return ReadoutFold(context.readout, layers, block_matrix, step, spread=spread)
-
-
-class ColumnFolds:
-    """The readout folds of C columns (one `ReadoutFold` each, the same method and blocks)
-    folded together as one (C, B, N) row vector, block by block through spreads: the
-    cost of a block does not grow with the number of columns beyond the spread itself.
-
-    `fold(layer, columns, spread, rowsum)` folds block `layer` for the columns `columns`
-    (a chunk of the batched backward, or all of them), with `spread(u)` -> u @ Abar for
-    the (c, B, N) rows u; blocks arrive last first for each chunk of columns. `finish()`
-    hands every column's row vector back to its fold, whose `result()` then reads it.
-    """
-
-    def __init__(self, folds: Sequence[ReadoutFold]) -> None:
-        first = folds[0]
-        if first.spread is None or any(
-            f.spread != first.spread or f.layers != first.layers for f in folds
-        ):
-            raise ValueError("ColumnFolds needs folds of one method over the same blocks")
-        self.layers = first.layers
-        self.mode = first.spread.mode
-        self._split = first.spread.split
-        self._folds = folds
-        self._vector = torch.stack([fold._vector for fold in folds])
-        self._next: dict[int, int | None] = {}  # first column of a chunk -> its next block
+        gradients = gradients.to(dtype) if gradients is not None else None
+        matrix = self._matrix(attention.to(dtype), gradients)
+        self.fold(
+            layer, columns, lambda rows: vecmat(rows.to(dtype), matrix), lambda: matrix.sum(-1)
+        )
 
     def fold(
         self,
         layer: int,
         columns: slice,
         spread: Callable[[Tensor], Tensor],
-        rowsum: Tensor | None,
+        rowsum: RowSum,
     ) -> None:
+        """Block `layer` for `columns` as its product: `spread(u)` = u @ Abar for rows u
+        (c, B, N), and Abar's row sums."""
         if layer not in self.layers:
             return
         start = columns.start or 0
-        expected = self.expects(columns)
-        if layer != expected:
-            raise RuntimeError(f"block {layer} arrived before block {expected} was folded")
-        spread_rows, kept = self._split(self._vector[columns], rowsum)
-        self._vector[columns] = kept + spread(spread_rows).to(kept.dtype)
-        self._next[start] = layer - 1 if layer > self.layers[0] else None
+        waiting = self._waiting.setdefault(start, {})
+        waiting[layer] = (spread, rowsum)
+        following = self.expects(columns)
+        while following is not None and following in waiting:
+            rows = self._rows.get(start)
+            rows = chunk_rows(self._readout, columns) if rows is None else rows
+            self._rows[start] = self._step(following, rows, *waiting.pop(following))
+            following = following - 1 if following > self.layers[0] else None
+        self._next[start] = following
 
-    def rows(self, columns: slice) -> Tensor:
-        """The (c, B, N) row vectors of `columns` as folded so far."""
-        return self._vector[columns]
+    def _step(
+        self, layer: int, rows: Tensor, spread: Callable[[Tensor], Tensor], rowsum: RowSum
+    ) -> Tensor:
+        """The rows after block `layer`'s factor (every later block folded)."""
+        product, kept = self._split(rows, rowsum)
+        spread_rows = spread(product)
+        return spread_rows if kept is None else kept + spread_rows.to(kept.dtype)
 
     def expects(self, columns: slice) -> int | None:
         """The block that `columns` fold next (None: every block is folded)."""
         return self._next.get(columns.start or 0, self.layers[-1])
 
-    def finish(self) -> None:
-        if any(nxt is not None for nxt in self._next.values()) or not self._next:
-            raise RuntimeError("a block never arrived; cannot finish the folds")
-        for fold, vector in zip(self._folds, self._vector.unbind(), strict=True):
-            fold._vector, fold._next = vector, None
+    def rows(self, columns: slice) -> Tensor:
+        """The (c, B, N) rows of `columns` as folded so far."""
+        return self._rows[columns.start or 0]
+
+    def result(self) -> Tensor:
+        """(C, B, N): every column's rows, once all its blocks are folded."""
+        late = [following for following in self._next.values() if following is not None]
+        if late:
+            raise RuntimeError(f"block {late[0]} never arrived; cannot finish the fold")
+        return joined(self._rows)
+
+
+def _every_row_one() -> None:
+    """The row sums of a matrix whose rows all sum to 1 (`RowSum`)."""
+    return None
+
+
+def readout_fold(
+    context: RuleContext,
+    layers: range,
+    matrix: BlockMatrix,
+    split: Split,
+    *,
+    spread: SpreadMode | None = None,
+) -> ReadoutFold:
+    """The readout fold of `context`'s layout over `layers`: window by window where its
+    blocks attend within windows (`TokenLayout.windows`, `WindowedFold`, which has no
+    spread), else over every token."""
+    if context.layout.windows:
+        return WindowedFold(context.readout, context.layout.windows, layers, matrix, split)
+    return ReadoutFold(context.readout, layers, matrix, split, spread=spread)
 
 
 LastBlockMap = Callable[[tuple[Tensor, ...], Tensor, Tensor | None], Tensor]
-"""A last-block method for C columns at once: (the columns' own rows, each (C, B, N), such
-as their readout rows; the block's attention or relevance (B, H, N, N); the columns'
-gradients of it (C, B, H, N, N), or None without a backward) -> the maps (C, B, N)."""
-
-
-def _last_block_map(
-    compute: LastBlockMap, rows: tuple[Tensor, ...], attention: Tensor, gradients: Tensor | None
-) -> Tensor:
-    """`compute` in the rules' dtype (`compute_dtype`)."""
-    dtype = compute_dtype(attention)
-    gradients = gradients.to(dtype) if gradients is not None else None
-    return compute(rows, attention.to(dtype), gradients)
+"""A last-block method for c columns at once: (the columns' own rows, each (c, B, N),
+such as their readout rows; the block's attention or relevance (B, H, N, N); the
+columns' gradients of it (c, B, H, N, N), or None without a backward) -> the maps (c, B,
+N)."""
 
 
 class LastBlock:
-    """A method that reads only the last block. Its map `compute` (a `LastBlockMap`) is
-    written for C columns at once, so that `ColumnLastBlocks` computes every column of a
-    call (classes, generated tokens) in one go; `rows` are this column's own (B, N)
-    tensors that the map reads (its readout row, the keys it averages over)."""
+    """A method that reads only the last block: its map `compute` (a `LastBlockMap`) for
+    every chunk of columns at once; `rows` are the (R, B, N) tensors it reads
+    (`chunk_rows`: the readout rows, the keys it averages over)."""
 
-    def __init__(self, num_layers: int, compute: LastBlockMap, *rows: Tensor):
+    spread: SpreadMode | None = None
+
+    def __init__(self, num_layers: int, compute: LastBlockMap, *rows: Tensor) -> None:
         self.layers = range(num_layers - 1, num_layers)
-        self.compute = compute
-        self.rows = rows
-        self._result: Tensor | None = None
-
-    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
-        if layer in self.layers:
-            rows = tuple(row[None] for row in self.rows)
-            gradients = gradient[None] if gradient is not None else None
-            self._result = _last_block_map(self.compute, rows, attention, gradients)[0]
-
-    def result(self) -> Tensor:
-        if self._result is None:
-            raise RuntimeError("the last block never arrived")
-        return self._result
-
-
-class ColumnLastBlocks:
-    """The last-block maps of C columns (one `LastBlock` each, the same method) computed
-    together: each column's rows stacked into (C, B, N), one map over the block for all
-    of them, whatever C is.
-
-    `add(layer, columns, attention, gradients)` maps the block for the columns `columns`
-    (a chunk of the batched backward, or all of them) with their gradients (c, B, H, N, N);
-    `finish()` hands every column's map back to its `LastBlock`, whose `result()` reads it.
-    """
-
-    def __init__(self, blocks: Sequence[LastBlock]) -> None:
-        first = blocks[0]
-        if any(b.compute is not first.compute or b.layers != first.layers for b in blocks):
-            raise ValueError("ColumnLastBlocks needs last blocks of one method")
-        self.layers = first.layers
-        self._blocks = blocks
-        columns_rows = zip(*(block.rows for block in blocks), strict=True)
-        self._rows = tuple(torch.stack(rows) for rows in columns_rows)
-        self._maps: dict[int, Tensor] = {}  # first column of a chunk -> the chunk's maps
+        self._compute = compute
+        self._rows = rows
+        self._maps: dict[int, Tensor] = {}  # first column of a chunk -> its maps
 
     def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
         if layer not in self.layers:
             return
-        rows = tuple(row[columns] for row in self._rows)
-        maps = _last_block_map(self._blocks[0].compute, rows, attention, gradients)
-        self._maps[columns.start or 0] = maps
+        dtype = compute_dtype(attention)
+        gradients = gradients.to(dtype) if gradients is not None else None
+        rows = tuple(chunk_rows(row, columns) for row in self._rows)
+        self._maps[columns.start or 0] = self._compute(rows, attention.to(dtype), gradients)
 
-    def finish(self) -> None:
-        chunks = [self._maps[start] for start in sorted(self._maps)]
-        if sum(len(chunk) for chunk in chunks) != len(self._blocks):
-            raise RuntimeError("the last block never arrived for every column")
-        maps = chunks[0] if len(chunks) == 1 else torch.cat(chunks)
-        for block, column_map in zip(self._blocks, maps.unbind(), strict=True):
-            block._result = column_map
+    def result(self) -> Tensor:
+        return joined(self._maps)
 
 
 def last_block(context: RuleContext, compute: LastBlockMap, *rows: Tensor) -> LastBlock:
-    """The sink of a last-block method for `context`'s layout, `rows` (B, N) over the last
-    block's tokens: read in the last block's one window where the blocks attend within
+    """The fold of a last-block method for `context`'s layout, `rows` (R, B, N) over the
+    last block's tokens: read in the last block's one window where the blocks attend within
     windows (`TokenLayout.windows`, `WindowedLastBlock`), else over every token."""
     if context.layout.windows:
         return WindowedLastBlock(context.num_layers, compute, *rows, windows=context.layout.windows)
@@ -286,41 +294,42 @@ def last_block(context: RuleContext, compute: LastBlockMap, *rows: Tensor) -> La
 
 
 def to_windows(vector: Tensor, block: WindowedBlock) -> Tensor:
-    """(B, N) over `block`'s grid -> (B * windows, w) in the order the block's attention
-    sees its tokens: the grid rolled by -shift, then cut into windows (batch-major, then
-    windows row-major, then tokens row-major inside a window)."""
-    batch = vector.shape[0]
+    """(..., B, N) over `block`'s grid -> (..., B * windows, w) in the order the block's
+    attention sees its tokens: the grid rolled by -shift, then cut into windows
+    (batch-major, then windows row-major, then tokens row-major inside a window)."""
+    lead = vector.shape[:-1]
     (rows, columns), (wr, wc) = block.grid, block.window
-    grid = vector.reshape(batch, rows, columns)
+    grid = vector.reshape(-1, rows, columns)
     if any(block.shift):
         grid = torch.roll(grid, shifts=(-block.shift[0], -block.shift[1]), dims=(1, 2))
-    windows = grid.reshape(batch, rows // wr, wr, columns // wc, wc).permute(0, 1, 3, 2, 4)
-    return windows.reshape(batch * block.num_windows, block.window_tokens)
+    windows = grid.reshape(-1, rows // wr, wr, columns // wc, wc).permute(0, 1, 3, 2, 4)
+    return windows.reshape(*lead[:-1], lead[-1] * block.num_windows, block.window_tokens)
 
 
 def from_windows(windows: Tensor, block: WindowedBlock) -> Tensor:
-    """The inverse of `to_windows`: (B * windows, w) -> (B, N) over `block`'s grid."""
+    """The inverse of `to_windows`: (..., B * windows, w) -> (..., B, N) over `block`'s
+    grid."""
+    lead = windows.shape[:-1]
     (rows, columns), (wr, wc) = block.grid, block.window
-    batch = windows.shape[0] // block.num_windows
-    grid = windows.reshape(batch, rows // wr, columns // wc, wr, wc).permute(0, 1, 3, 2, 4)
-    grid = grid.reshape(batch, rows, columns)
+    grid = windows.reshape(-1, rows // wr, columns // wc, wr, wc).permute(0, 1, 3, 2, 4)
+    grid = grid.reshape(-1, rows, columns)
     if any(block.shift):
         grid = torch.roll(grid, shifts=block.shift, dims=(1, 2))
-    return grid.reshape(batch, rows * columns)
+    return grid.reshape(*lead[:-1], lead[-1] // block.num_windows, rows * columns)
 
 
 def unmerge(vector: Tensor, grid: tuple[int, int]) -> Tensor:
-    """(B, N / 4) over the merged grid -> (B, N) over the (rows, columns) `grid` before
+    """(..., N / 4) over the merged grid -> (..., N) over the (rows, columns) `grid` before
     the merge: each merged token's value split equally over its 2 x 2 tokens (the
     transpose of the 2 x 2 mean, which keeps the row's total)."""
-    batch = vector.shape[0]
-    merged = vector.reshape(batch, grid[0] // 2, grid[1] // 2)
+    lead = vector.shape[:-1]
+    merged = vector.reshape(-1, grid[0] // 2, grid[1] // 2)
     spread = merged.repeat_interleave(2, dim=1).repeat_interleave(2, dim=2) / 4
-    return spread.reshape(batch, grid[0] * grid[1])
+    return spread.reshape(*lead, grid[0] * grid[1])
 
 
 def unmerge_to(vector: Tensor, grid: tuple[int, int], target: tuple[int, int]) -> Tensor:
-    """(B, N) over `grid` -> (B, N') over the larger `target` grid of an earlier stage:
+    """(..., N) over `grid` -> (..., N') over the larger `target` grid of an earlier stage:
     every patch merging between them undone (`unmerge`), the last one first."""
     while grid != target:
         grid = (2 * grid[0], 2 * grid[1])
@@ -330,22 +339,15 @@ def unmerge_to(vector: Tensor, grid: tuple[int, int], target: tuple[int, int]) -
 
 class WindowedFold(ReadoutFold):
     """`readout @ M_last ... M_first` for a windowed model (Swin, `TokenLayout.windows`),
-    `readout` (B, N_last) over the last block's grid; the result (B, N_0) is over the
-    input patch grid.
+    `readout` (R, B, N_last) over the last block's grid; the result (C, B, N_0) is over
+    the input patch grid.
 
-    A windowed block's (N, N) matrix is block-diagonal once its tokens are put in window
-    order (the grid rolled by the block's cyclic shift, then cut into windows): with `P`
-    that permutation, `M = P^T diag(M_w) P`, so a fold step is the method's step applied
-    window by window to the row vector in window order (`to_windows`), then put back
-    (`from_windows`): O(N w) per block for windows of w tokens, no (N, N) matrix. A
-    patch merging between stages carries relevance as the transpose of the 2 x 2 mean
-    (`unmerge`). docs/methods.md derives the rule.
-
-    Each block's records arrive as per-window tensors (B * windows, H, w, w);
-    `block_matrix` reduces them to (B * windows, w, w) as for any other model (the rules
-    are elementwise over tokens), and `step` is the method's usual fold step, applied in
-    window order. Blocks arrive and are folded as in `ReadoutFold` (whose ordering this
-    reuses), and the patch mergings between are undone on the way down.
+    A windowed block's matrix is block-diagonal once its tokens are put in window order
+    (`to_windows`), so each factor is the method's own, applied window by window to the
+    rows in that order and put back (`from_windows`): O(N w) per block, no (N, N) matrix.
+    Its records arrive per window (B * windows, H, w, w), which `matrix` reduces as for
+    any model; a patch merging between stages carries the rows back as the transpose of
+    the 2 x 2 mean (`unmerge`). docs/methods.md derives the rule.
     """
 
     def __init__(
@@ -353,28 +355,28 @@ class WindowedFold(ReadoutFold):
         readout: Tensor,
         windows: tuple[WindowedBlock, ...],
         layers: range,
-        block_matrix: BlockMatrix,
-        step: Step,
+        matrix: BlockMatrix,
+        split: Split,
     ) -> None:
-        super().__init__(readout, layers, block_matrix, step)
+        super().__init__(readout, layers, matrix, split)
         self._blocks = windows
-        self._grid = self._blocks[-1].grid
+        self._grids = {block.num_tokens: block.grid for block in windows}
 
-    def _fold(self, layer: int, matrix: Tensor) -> None:
+    def _step(
+        self, layer: int, rows: Tensor, spread: Callable[[Tensor], Tensor], rowsum: RowSum
+    ) -> Tensor:
         block = self._blocks[layer]
-        self._descend(block.grid)
-        folded = self._step(to_windows(self._vector.to(matrix.dtype), block), matrix)
-        self._vector = from_windows(folded, block)
+        rows = self._descend(rows, block.grid)
+        folded = super()._step(layer, to_windows(rows, block), spread, rowsum)
+        return from_windows(folded, block)
 
-    def _descend(self, grid: tuple[int, int]) -> None:
-        """Undo the patch mergings between the vector's grid and the larger `grid`."""
-        self._vector = unmerge_to(self._vector, self._grid, grid)
-        self._grid = grid
+    def _descend(self, rows: Tensor, grid: tuple[int, int]) -> Tensor:
+        """`rows` (c, B, n) carried through the patch mergings between their grid and the
+        larger `grid`."""
+        return unmerge_to(rows, self._grids[rows.shape[-1]], grid)
 
     def result(self) -> Tensor:
-        super().result()  # raises unless every block has been folded
-        self._descend(self._blocks[0].grid)
-        return self._vector
+        return self._descend(super().result(), self._blocks[0].grid)
 
 
 class WindowedLastBlock(LastBlock):
@@ -382,8 +384,8 @@ class WindowedLastBlock(LastBlock):
     block attends in one window over its whole grid, as Swin's last stage does at the size
     it was built for (7 x 7 tokens in one 7 x 7 window at 224 pixels): that block's
     recorded attention, (B * 1, H, w, w), is then the attention over all of its tokens,
-    in the window's order. The rows (B, N_last), over the last block's grid as the
-    readout row is, are put in that order (`to_windows`: the cyclic shift, which a window
+    in the window's order. The rows (R, B, N_last), over the last block's grid as the
+    readout rows are, are put in that order (`to_windows`: the cyclic shift, which a window
     as large as its grid does not have, would be undone too), the method's map is
     computed as for any other model, put back on the grid (`from_windows`) and carried
     through the patch mergings down to the input patch grid (`unmerge_to`, as

@@ -5,21 +5,13 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from explain.rules.fold import (
-    LastBlock,
-    ReadoutFold,
-    Spread,
-    last_block,
-    readout_fold,
-    vecmat,
-)
+from explain.rules.fold import LastBlock, ReadoutFold, RowSum, last_block, readout_fold
 from explain.rules.registry import Need, RuleContext, first_block, register_method
 
 __all__ = [
-    "GENERIC_SPREAD",
     "attention_gradcam",
     "generic",
-    "generic_step",
+    "generic_split",
     "gradcam_maps",
     "gradient_weighted",
 ]
@@ -42,13 +34,10 @@ def gradient_weighted(attention: Tensor, gradient: Tensor | None) -> Tensor:
     return total.div_(heads)
 
 
-def generic_step(vector: Tensor, matrix: Tensor) -> Tensor:
-    """v @ (I + Abar) = v @ Abar + v, the readout row of R <- R + Abar @ R."""
-    return vecmat(vector, matrix) + vector
-
-
-GENERIC_SPREAD = Spread("gradient", lambda vector, rowsum: (vector, vector))
-"""`generic_step` through the block's spread: v spreads v @ Abar and keeps v."""
+def generic_split(rows: Tensor, rowsum: RowSum) -> tuple[Tensor, Tensor]:
+    """v @ (I + Abar) = v @ Abar + v, the readout rows of R <- R + Abar @ R: v spreads
+    through Abar and is kept (explain.rules.fold.Split)."""
+    return rows, rows
 
 
 @register_method(
@@ -60,7 +49,7 @@ GENERIC_SPREAD = Spread("gradient", lambda vector, rowsum: (vector, vector))
 def generic(context: RuleContext) -> ReadoutFold:
     """Chefer, Gur & Wolf ICCV 2021: R = prod (I + mean_h (G * A)+) over the blocks."""
     layers = range(context.start_layer, context.num_layers)
-    return readout_fold(context, layers, gradient_weighted, generic_step, spread=GENERIC_SPREAD)
+    return readout_fold(context, layers, gradient_weighted, generic_split, spread="gradient")
 
 
 @register_method(
@@ -69,14 +58,14 @@ def generic(context: RuleContext) -> ReadoutFold:
 def attention_gradcam(context: RuleContext) -> LastBlock:
     """GradCAM on the last block's attention: head weights = mean readout-row gradient."""
     readout = context.readout
-    keys = context.layout.last_block_keys(readout.shape[0], readout.device)
+    keys = context.layout.last_block_keys(readout.shape[1], readout.device).expand_as(readout)
     return last_block(context, gradcam_maps, readout, keys)
 
 
 def gradcam_maps(rows: tuple[Tensor, ...], attention: Tensor, gradients: Tensor | None) -> Tensor:
-    """Attention GradCAM of C columns at once (a `LastBlockMap`): for each column's readout
+    """Attention GradCAM of c columns at once (a `LastBlockMap`): for each column's readout
     row r and kept keys, `(mean_h w_h * r @ A_h)+` with `w_h` the mean of `r @ G_h` over the
-    kept keys. Rows (C, B, N), attention (B, H, N, N), gradients (C, B, H, N, N)."""
+    kept keys. Rows (c, B, N), attention (B, H, N, N), gradients (c, B, H, N, N)."""
     assert gradients is not None
     readouts, keys = rows
     readouts = readouts.to(attention.dtype)

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from explain.rules.attention import rollout_step
-from explain.rules.fold import LastBlock, ReadoutFold, compute_dtype
-from explain.rules.gradient import generic_step
-from explain.rules.registry import Need, RuleContext, register_method
+from explain.rules.attention import rollout_split
+from explain.rules.fold import LastBlock, ReadoutFold, compute_dtype, joined
+from explain.rules.gradient import generic_split
+from explain.rules.registry import Need, RuleContext, SpreadMode, register_method
 
 __all__ = [
     "InputRelevance",
@@ -37,17 +37,17 @@ def transformer_attribution(context: RuleContext) -> ReadoutFold:
     """Chefer, Gur & Wolf CVPR 2021: prod (I + mean_h (G * R_A)+), R_A the LRP relevance of A."""
     layers = range(context.start_layer, context.num_layers)
     # The text reference row-normalises (Abar + I), exactly the rollout step; ViT does not.
-    step = rollout_step if context.layout.modality == "text" else generic_step
-    return ReadoutFold(context.readout, layers, relevance_weighted, step)
+    split = rollout_split if context.layout.modality == "text" else generic_split
+    return ReadoutFold(context.readout, layers, relevance_weighted, split)
 
 
-def relevance_weighted(relevance: Tensor, gradient: Tensor | None) -> Tensor:
-    """Abar = mean_h (G * R_A)+, all heads in one batched product: the LRP walk holds
-    R_A (B, H, N, N) while the block folds anyway, so the head-by-head sum that keeps the
-    gradient methods' peak memory low (explain.rules.gradient) would save nothing here
-    and cost a dispatched op per head."""
-    assert gradient is not None
-    return (gradient * relevance).clamp_(min=0).mean(dim=1)
+def relevance_weighted(relevance: Tensor, gradients: Tensor | None) -> Tensor:
+    """Abar = mean_h (G * R_A)+ for the columns' gradients (c, B, H, N, N), all heads in
+    one batched product: the LRP walk holds R_A (B, H, N, N) while the block folds anyway,
+    so the head-by-head sum that keeps the gradient methods' peak memory low
+    (explain.rules.gradient) would save nothing here and cost a dispatched op per head."""
+    assert gradients is not None
+    return (gradients * relevance).clamp_(min=0).mean(dim=-3)
 
 
 @register_method(
@@ -61,35 +61,34 @@ def partial_lrp(context: RuleContext) -> LastBlock:
 def partial_lrp_maps(
     rows: tuple[Tensor, ...], relevance: Tensor, gradients: Tensor | None
 ) -> Tensor:
-    """The readout rows (C, B, N) of mean_h (R_A)+ (a `LastBlockMap`; no gradient)."""
+    """The readout rows (c, B, N) of mean_h (R_A)+ (a `LastBlockMap`; no gradient)."""
     (readouts,) = rows
     fused = relevance.clamp(min=0).mean(dim=1)  # (B, N, N)
     return (readouts.transpose(0, 1).to(fused.dtype) @ fused).transpose(0, 1)
 
 
 class InputRelevance:
-    """Sink of the methods that use no block record, only the relevance of the input: full
+    """Fold of the methods that use no block record, only the relevance of the input: full
     LRP (`Need.INPUT_RELEVANCE`, as the family's walk returns it: pixels (B, H, W) for a
     timm ViT, tokens (B, N) for BERT), Gradient x Input, plain or under the rules of
     AttnLRP and CP-LRP (`Need.EMBEDDING_GRADIENTS`), integrated gradients
     (`Need.PATH_GRADIENTS`) and occlusion (`Need.OCCLUSION`): tokens (B, N) at the
-    embedding output."""
+    embedding output; per chunk of columns (an `InputFold`)."""
 
     layers = range(0)
+    spread: SpreadMode | None = None
 
     def __init__(self, context: RuleContext) -> None:
-        self._relevance: Tensor | None = None
+        self._relevance: dict[int, Tensor] = {}  # first column of a chunk -> its relevance
 
-    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
+    def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
         """These methods use no block records."""
 
-    def add_input(self, relevance: Tensor) -> None:
-        self._relevance = relevance.to(compute_dtype(relevance))
+    def add_input(self, columns: slice, relevance: Tensor) -> None:
+        self._relevance[columns.start or 0] = relevance.to(compute_dtype(relevance))
 
     def result(self) -> Tensor:
-        if self._relevance is None:
-            raise RuntimeError("the input relevance never arrived")
-        return self._relevance
+        return joined(self._relevance)
 
 
 @register_method(

@@ -1,14 +1,7 @@
-"""Occlusion: how much the explained score drops when a token, a patch or a span of them
-is replaced by a baseline (Zeiler & Fergus, ECCV 2014; leave-one-out for text, Li,
-Monroe & Jurafsky 2016).
-
-Each span (by default each token of a text, each patch of an image) is replaced at the
-embeddings by the baseline's embeddings (explain.rules.embedding_baseline: zero
-embeddings or a stated token for text, zero pixels for images) in its own copy of the
-inputs, and its drop is y(x) - y(x with the span replaced). Every token of a span gets
-the span's drop divided by the span's size, so a span's relevance summed over its tokens
-is its drop. The engine runs the copies in batched forwards without a backward
-(explain.engine.passes `OcclusionPass`); the sink only holds the relevance it delivers.
+"""Occlusion (Zeiler & Fergus, ECCV 2014; leave-one-out for text, Li, Monroe & Jurafsky
+2016): the spans each copy replaces, each span's drop shared out over its tokens, and
+the method's fold. The engine runs one copy of the inputs per span (explain.engine.passes
+`OcclusionPass`); docs/methods.md ("The baselines") says how spans are given.
 """
 
 from __future__ import annotations
@@ -73,7 +66,7 @@ def span_relevance(drops: Tensor, occluded: Tensor) -> Tensor:
 
 
 class SeenRelevance(InputRelevance):
-    """The sink of occlusion: a token the column does not see (`TokenLayout.token_mask`:
+    """The fold of occlusion: a token the column does not see (`TokenLayout.token_mask`:
     a pad, or a token after a generated token's position) gets 0. Replacing it changes
     the score by nothing but the rounding of another forward's batch, which would
     otherwise show as relevance."""
@@ -82,10 +75,13 @@ class SeenRelevance(InputRelevance):
         super().__init__(context)
         self._seen = context.layout.token_mask
 
-    def add_input(self, relevance: Tensor) -> None:
-        if self._seen is not None:
-            relevance = relevance * self._seen.to(relevance.device, relevance.dtype)
-        super().add_input(relevance)
+    def add_input(self, columns: slice, relevance: Tensor) -> None:
+        seen = self._seen  # (B, N), or (C, B, N) where each column sees its own tokens
+        if seen is not None:
+            if seen.dim() == 3 and seen.shape[0] > 1:
+                seen = seen[columns]
+            relevance = relevance * seen.to(relevance.device, relevance.dtype)
+        super().add_input(columns, relevance)
 
 
 @register_method("occlusion", needs={Need.OCCLUSION}, class_specific=True)
@@ -94,5 +90,5 @@ def occlusion(
 ) -> SeenRelevance:
     """Occlusion: the score's drop when a token, patch or span is replaced (leave one out)."""
     embedding_baseline(baseline_token, context.layout.modality)  # refused before any forward
-    check_spans(spans, context.layout, context.readout.shape[0])  # its values: by the pass
+    check_spans(spans, context.layout, context.readout.shape[1])  # its values: by the pass
     return SeenRelevance(context)

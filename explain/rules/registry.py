@@ -1,9 +1,9 @@
 """The method registry: a new method is one decorated builder function.
 
-A builder receives a `RuleContext` and the method's options and returns a `Sink`: the
-object that receives each block's attention (and gradient) as the recorder sees it, and
-turns them into token relevance. Sinks are pure computation over the tensors they are
-given; they never see the model.
+A builder receives a `RuleContext` and the method's options and returns a `Fold`: the
+relevance of every score column of the call, folded from each block's records as the
+engine hands them over (explain.rules.fold). Folds are pure computation over the tensors
+they are given; they never see the model.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from torch import Tensor
 
@@ -24,11 +24,12 @@ from explain.layout import TokenLayout
 __all__ = [
     "LRP_NEEDS",
     "METHODS",
-    "InputSink",
+    "Fold",
+    "InputFold",
     "Method",
     "Need",
     "RuleContext",
-    "Sink",
+    "SpreadMode",
     "first_block",
     "get_method",
     "register_method",
@@ -72,35 +73,59 @@ LRP_NEEDS = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
 
 @dataclass(frozen=True)
 class RuleContext:
-    """What a rule may know: the readout row, the token layout and the block range."""
+    """What a rule may know: the readout rows, the token layout and the block range."""
 
     readout: Tensor
-    """(B, N) weight of each token in the model's head."""
+    """(R, B, N) weight of each token in the model's head: one row per score column of
+    the call (R = C), or one that every column reads out (R = 1)."""
     layout: TokenLayout
+    """The tokens; its `token_mask` may have the readout's leading axis too (R, B, N),
+    where each column sees its own tokens (a generation's: those before its position)."""
     num_layers: int
     start_layer: int
     """First block the method aggregates over (already resolved and validated)."""
 
 
-class Sink(Protocol):
-    """Receives block records and produces token relevance (B, N) over all tokens."""
+SpreadMode = Literal["gradient", "attention"]
+"""A block matrix the engine can apply to rows without the block's maps
+(explain.engine.kernels): "gradient", Abar = mean_h (dA * A)+; "attention", mean_h A."""
+
+
+class Fold(Protocol):
+    """What a method's builder returns: every score column's relevance, from the records
+    of the blocks `layers` (explain.rules.fold).
+
+    The engine hands each block over once per chunk of columns, as it has them: `add`
+    with the whole maps, the attention (B, H, N, N) (or a block's LRP relevance in its
+    place) and the gradients of the chunk's columns (c, B, H, N, N) (None without a
+    backward), for the columns `columns` (a slice of the call's; slice(None): every
+    column, from a forward that serves them all). A fold whose block enters only as
+    `u @ Abar` with a standard Abar says so in `spread`, and also takes the block as that
+    product (`fold(layer, columns, spread, rowsum)`, explain.rules.fold.ReadoutFold),
+    which the engine then streams without maps on the fused path. `result()` is every
+    column's relevance, (C, B, ...) in column order.
+    """
 
     layers: range
-    """The blocks this sink needs, in forward order (empty for input-free baselines)."""
+    """The blocks the fold reads, in forward order (empty for input-free baselines)."""
+    spread: SpreadMode | None
 
-    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None: ...
+    def add(
+        self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None
+    ) -> None: ...
 
     def result(self) -> Tensor: ...
 
 
-class InputSink(Sink, Protocol):
-    """The sink of a method that needs `Need.INPUT_RELEVANCE`: it also receives the
-    relevance of the input itself."""
+class InputFold(Fold, Protocol):
+    """The fold of a method that needs the relevance of the input itself
+    (`Need.INPUT_RELEVANCE`, `EMBEDDING_GRADIENTS`, `PATH_GRADIENTS` or `OCCLUSION`): it
+    receives it as (c, B, ...) for the columns `columns`."""
 
-    def add_input(self, relevance: Tensor) -> None: ...
+    def add_input(self, columns: slice, relevance: Tensor) -> None: ...
 
 
-Builder = Callable[..., Sink]
+Builder = Callable[..., Fold]
 
 
 @dataclass(frozen=True)
@@ -116,12 +141,12 @@ class Method:
     """(num_layers, modality) -> the start layer used when the caller gives none; None for
     methods that read a fixed block and take no start_layer."""
     lrp_rules: str | None = None
-    """LRP methods: the explain.lrp rule set whose relevance pass feeds the sink (each
+    """LRP methods: the explain.lrp rule set whose relevance pass feeds the fold (each
     block's attention relevance in place of its attention); None for all other methods."""
     gradient_rules: str | None = None
     """Methods that need `Need.EMBEDDING_GRADIENTS` with modified gradients (AttnLRP,
     CP-LRP): the rule set of explain.lrp.attnlrp that the model runs under for the call;
-    their sink (an `InputSink`) receives the token relevance of the embeddings. None for
+    their fold (an `InputFold`) receives the token relevance of the embeddings. None for
     all others (plain Gradient x Input among them)."""
     scale_note: str | None = None
     """Why the method's raw values mislead as numbers (e.g. they do not conserve the
@@ -162,8 +187,8 @@ class Method:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         }
 
-    def sink(self, context: RuleContext, options: dict[str, Any]) -> Sink:
-        """The method's sink for one call; unknown options are refused by name, with the
+    def fold(self, context: RuleContext, options: dict[str, Any]) -> Fold:
+        """The method's fold for one call; unknown options are refused by name, with the
         options the method does take."""
         unknown = sorted(set(options) - set(self.options()))
         if unknown:
@@ -176,9 +201,9 @@ class Method:
 
     def resolved_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The method's options for a call: its defaults, updated by those of `options`
-        it takes, each checked as `sink` checks it; the others (a plan's own, such as a
+        it takes, each checked as `fold` checks it; the others (a plan's own, such as a
         vision-language model's depth) are left out. For a pass that runs what the
-        options describe (how many path points, which baseline); `sink` has refused the
+        options describe (how many path points, which baseline); `fold` has refused the
         unknown ones before any forward."""
         taken = {name: value for name, value in options.items() if name in self.options()}
         return {**self.options(), **self._checked(taken)}
@@ -232,7 +257,7 @@ def register_method(
     gradient_rules: str | None = None,
     scale_note: str | None = None,
 ) -> Callable[[Builder], Builder]:
-    """Decorator: register `builder(context, **options) -> Sink` under `name`.
+    """Decorator: register `builder(context, **options) -> Fold` under `name`.
 
     `needs` states what the method needs (`Need`). Methods that aggregate over blocks
     pass `default_start_layer`; the others reject a `start_layer` argument. LRP methods

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from explain.data.shapes_questions import CHAT_TEMPLATE
 from explain.testing.tiny_lm import _COMMON, _FIRST_WORDS, VOCAB, WORDS, _word_tokenizer
 
 __all__ = [
@@ -49,16 +50,11 @@ PATCH_SIZE = 8
 IMAGE_TOKEN = "<image>"
 IMAGE_TOKEN_ID = VOCAB - 1
 
-VLM_CHAT_TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['role'] }} "
-    "{% if m['content'] is string %}{{ m['content'] }} "
-    "{% else %}{% for c in m['content'] %}"
-    "{% if c['type'] == 'image' %}<image> {% else %}{{ c['text'] }} {% endif %}"
-    "{% endfor %}{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<s> assistant {% endif %}"
-)
+VLM_CHAT_TEMPLATE = CHAT_TEMPLATE
 """A chat template whose messages hold text, or lists of {"type": "image"} and
-{"type": "text", "text": ...} entries, as the processors of LLaVA and its kin take them."""
+{"type": "text", "text": ...} entries, as the processors of LLaVA and its kin take them:
+the one of the zoo's shapes-llava (explain.data.shapes_questions), whose words are
+"<s>", the roles and "<image>" as here."""
 
 
 def tiny_vlm_tokenizer(specials: Sequence[str] = ()) -> Any:

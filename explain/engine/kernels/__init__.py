@@ -10,9 +10,9 @@ rollout's row normalisation and the order of the blocks stay with the fold that 
 Implementations: `torch_fold` (plain PyTorch, every device: chunks of query rows sized by
 a memory budget, batched over columns, samples and heads) and, for CUDA tensors where
 Triton is installed, `triton_fold` (FlashAttention-2-backward style tiles that never leave
-the chip: no budget needed; float16, bfloat16 and float32 inputs).
-`spread_maps` is the same spread from whole maps (the explicit path), `live_rows` the
-rows a key mask leaves something to attend.
+the chip: no budget needed; float16, bfloat16 and float32 inputs). The same spread from
+whole maps is the rules' own (explain.rules.fold.spread_maps); `live_rows` are the rows a
+key mask leaves something to attend.
 """
 
 from __future__ import annotations
@@ -25,16 +25,15 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from explain.engine.kernels.torch_fold import SpreadMode, live_rows, spread_maps
+from explain.engine.kernels.torch_fold import live_rows
 from explain.engine.kernels.torch_fold import readout_spread as _torch_readout_spread
+from explain.rules.registry import SpreadMode
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
-    "SpreadMode",
     "implementation",
     "live_rows",
     "readout_spread",
-    "spread_maps",
 ]
 
 DEFAULT_MAX_BYTES = 256 << 20

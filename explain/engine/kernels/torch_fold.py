@@ -16,21 +16,19 @@ the device (no `.item()`, no data-dependent shapes).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 from torch import Tensor
 
+from explain.rules.fold import attention_spread, weighted_spread
+from explain.rules.registry import SpreadMode
+
 __all__ = [
     "CPU_CHUNK_BYTES",
-    "SpreadMode",
     "live_rows",
     "readout_spread",
     "row_chunks",
-    "spread_maps",
 ]
-
-SpreadMode = Literal["gradient", "attention"]
 
 CPU_CHUNK_BYTES = 4 << 20
 """On CPU a chunk's temporaries stay under this size whatever the budget: chunks that fit
@@ -100,24 +98,11 @@ def readout_spread(
             grad_rows = output_grad[..., start:stop, :].to(dtype)
             grad_rows = grad_rows.reshape(columns, batch, kv_heads, groups * rows, -1)
             weights = (grad_rows @ values_t[..., :width]).view(columns, batch, heads, rows, width)
-            spread = _weighted_spread(vector[..., start:stop], weights.mul_(attention).clamp_(0))
+            spread = weighted_spread(vector[..., start:stop], weights.mul_(attention).clamp_(0))
         else:
-            spread = _attention_spread(vector[..., start:stop], attention)
+            spread = attention_spread(vector[..., start:stop], attention)
         out[..., :width] += spread
     return out.div_(heads)
-
-
-def spread_maps(vector: Tensor, attention: Tensor, attention_grad: Tensor | None) -> Tensor:
-    """The same spread from whole maps: A (B, H, N, Nk) and dA (C, B, H, N, Nk), None for
-    mode "attention" -> (C, B, Nk). For the explicit path, and for a block whose mask is
-    not a key mask with or without causality (a sliding window, a bias)."""
-    dtype = torch.float64 if vector.dtype == torch.float64 else torch.float32
-    vector, attention = vector.to(dtype), attention.to(dtype)
-    if attention_grad is None:
-        spread = _attention_spread(vector, attention)
-    else:  # not in place: dA may be autograd's own gradient
-        spread = _weighted_spread(vector, (attention_grad.to(dtype) * attention).clamp_(min=0))
-    return spread.div_(attention.shape[1])
 
 
 def live_rows(key_mask: Tensor | None, causal: bool) -> Tensor | None:
@@ -126,27 +111,6 @@ def live_rows(key_mask: Tensor | None, causal: bool) -> Tensor | None:
     if key_mask is None:
         return None
     return key_mask.cumsum(dim=-1) > 0 if causal else key_mask.any(dim=-1, keepdim=True)
-
-
-def _weighted_spread(rows: Tensor, weights: Tensor) -> Tensor:
-    """sum over heads h and query rows i of rows[c, b, i] * weights[c, b, h, i, :]: (C, B,
-    K) from (C, B, r) and (C, B, H, r, K). The head mean's division is the caller's."""
-    columns, batch, count = rows.shape
-    heads, width = weights.shape[2], weights.shape[-1]
-    flat = rows[:, :, None, :].expand(columns, batch, heads, count)
-    flat = flat.reshape(columns * batch, 1, heads * count)
-    out = torch.bmm(flat, weights.reshape(columns * batch, heads * count, width))
-    return out.view(columns, batch, width)
-
-
-def _attention_spread(rows: Tensor, attention: Tensor) -> Tensor:
-    """The same with one map for every column: (C, B, r) and (B, H, r, K) -> (C, B, K)."""
-    columns, batch, count = rows.shape
-    heads, width = attention.shape[1], attention.shape[-1]
-    flat = rows.transpose(0, 1)[:, :, None, :].expand(batch, columns, heads, count)
-    flat = flat.reshape(batch, columns, heads * count)
-    out = torch.bmm(flat, attention.reshape(batch, heads * count, width))  # (B, C, K)
-    return out.transpose(0, 1)
 
 
 def row_chunks(

@@ -1,26 +1,9 @@
 """The fused long-sequence fold as Triton kernels (CUDA): one block's readout spread
-`vector @ Abar` without ever storing an N x N map.
-
-`readout_spread` (the interface explain.engine.kernels dispatches to on CUDA; its pure
-PyTorch twin is explain.engine.kernels.torch_fold) computes, for C readout rows per sample,
-
-    out[c, b, :] = vector[c, b, :] @ Abar[c, b]
-    Abar[c, b] = mean_h (dA_c * A)+   ("gradient": Chefer ICCV 2021 "generic")
-    Abar[c, b] = mean_h A             ("attention": rollout, raw attention)
-
-with A = softmax(q k^T * scale + masks) per head and dA_c = dO_c v^T. It works the way
-FlashAttention-2's backward does (Dao 2023; Triton's fused-attention tutorial): a first
-kernel keeps one number per query row, the log-sum-exp of its scores; the second kernel
-owns a tile of keys and walks the query tiles, recomputing each tile of P from q, k and
-that log-sum-exp and each tile of dP from dO and v. A tile never leaves the chip: what
-survives is the column sums `sum_i vector[c, i] (dP * P)+[i, j]`, a (C, B, N) result.
-Memory is therefore O(B N) beyond the inputs instead of the explicit path's O(B H N^2),
-and the work is the backward's own two products per tile. Each program owns its keys for
-every column and head, so it accumulates without atomics and the sum order is fixed
-(deterministic), and P is recomputed once per tile for all C columns.
-
-Tested on CPU under TRITON_INTERPRET=1 (tests/test_triton_fold.py); the tile sizes are
-chosen for Hopper-class GPUs (H100/H200): 64 x 64 tiles, fp32 accumulation.
+`vector @ Abar` (Abar = mean_h (dA * A)+ or mean_h A) without ever storing an N x N map,
+as FlashAttention-2's backward recomputes each tile of P and dP from q, k, v, dO and a
+saved log-sum-exp per row. Its PyTorch twin is explain.engine.kernels.torch_fold;
+docs/methods.md ("The fused fold") describes the kernels, their memory, determinism and
+tests (on CPU under TRITON_INTERPRET=1); tiles are sized for Hopper-class GPUs.
 """
 
 from __future__ import annotations

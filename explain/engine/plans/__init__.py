@@ -9,13 +9,14 @@
   the image and the prompt (it explains its generations itself);
 - `DetectionPlan` (detection.py): each detection of a detector (DETR) at its query.
 
-Each declares the passes it accepts (`Plan.passes`); `plan_kind` picks the plan of a
-model and request.
+Each names the adapter contract it serves (`Plan.serves`: the kind of model) and
+declares the passes it accepts (`Plan.passes`); `plan_kind` picks the plan of a model and
+request.
 """
 
 from __future__ import annotations
 
-from explain.architectures.base import Adapter, TokenSets
+from explain.architectures.base import Adapter
 from explain.engine.plans.base import (
     Plan,
     check_tokenizer,
@@ -46,20 +47,22 @@ __all__ = [
     "resolve_start_layer",
 ]
 
-PLANS: dict[TokenSets | None, type[Plan]] = {
-    None: Plan,
-    TokenSets.DUAL_ENCODER: DualEncoderPlan,
-    TokenSets.ENCODER_DECODER: EncoderDecoderPlan,
-    TokenSets.DETECTION: DetectionPlan,
-    TokenSets.IMAGE_TEXT: ImageTextPlan,
-}
-"""The plan of each kind of model (`Adapter.token_sets`)."""
+PLANS: tuple[type[Plan], ...] = (
+    DualEncoderPlan,
+    EncoderDecoderPlan,
+    DetectionPlan,
+    ImageTextPlan,
+    Plan,
+)
+"""The plan of every kind of model, the one-stack plan (which serves any adapter) last."""
 
 
 def plan_kind(adapter: Adapter | type[Adapter], request: Request) -> type[Plan]:
-    """The plan for `adapter`'s kind of model; for a generation (a request with a
-    `prompt_length`), the generation plan, unless the kind's plan explains its own."""
-    kind = PLANS[adapter.token_sets]
+    """The plan for `adapter`'s kind of model (the first plan whose `serves` it is); for a
+    generation (a request with a `prompt_length`), the generation plan, unless the kind's
+    plan explains its own."""
+    adapter_class = adapter if isinstance(adapter, type) else type(adapter)
+    kind = next(plan for plan in PLANS if issubclass(adapter_class, plan.serves))
     if request.prompt_length is not None and not kind.generates:
         return GenerationPlan
     return kind

@@ -1,19 +1,19 @@
 """The plan of a single-stack model, and what every plan shares.
 
-A plan answers, for one kind of model (`Adapter.token_sets`), the questions a pass
+A plan answers, for one kind of model (the adapter contract it `serves`), the questions a pass
 (explain.engine.passes) asks: which inputs the recorded forward runs on, which score
-columns one forward yields (one per explained target), which sink receives one column's
+columns one forward yields (one per explained target), which sink receives the columns'
 blocks, and how the columns' results become one relevance per token set. It also
 declares which passes it accepts (`Plan.passes`), which explain.engine.run checks once,
 before any forward. The passes never ask what kind of model they run.
 
-`Plan`: one token sequence. Column k is target k of every sample; sinks are
+`Plan`: one token sequence. Column k is target k of every sample; the folds are
 the method's, over the set's blocks. It accepts every pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -31,6 +31,7 @@ from explain.engine.passes import (
     LrpWalkPass,
     OcclusionPass,
     Pass,
+    Relevances,
 )
 from explain.engine.request import Request, StartLayer, integer_option
 from explain.engine.session import Session
@@ -46,11 +47,13 @@ from explain.engine.targets import (
 from explain.errors import ExplainError, OptionError
 from explain.layout import Prepared, TokenLayout, TokenSet
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
-from explain.rules import LRP_NEEDS, METHODS, Method, RuleContext, Sink
+from explain.rules import LRP_NEEDS, METHODS, Fold, Method, RuleContext
+from explain.rules.fold import RowSum
+from explain.rules.registry import SpreadMode
 
 __all__ = [
     "Plan",
-    "SetSinks",
+    "SetFolds",
     "check_contrast",
     "check_tokenizer",
     "custom_scores",
@@ -152,38 +155,41 @@ def custom_scores(score: Score | None) -> None:
         )
 
 
-class SetSinks:
-    """One column's sinks, one per token set: routes the model-wide layers of each set to
-    its sink, renumbered from 0; `result()` is the token relevance by set name."""
+class SetFolds:
+    """The call's folds, one per token set: routes the model-wide layers of each set to
+    its fold, renumbered from 0 (a `ColumnSink`); `result()` is every column's token
+    relevance by set name, (C, B, N) each."""
 
-    def __init__(self, sinks: dict[str, Sink], sets: Sequence[TokenSet]) -> None:
-        self._sinks = sinks
-        self._sets = sets
+    def __init__(self, folds: dict[str, Fold], sets: Sequence[TokenSet]) -> None:
+        self._folds = folds
         self._route = {
-            token_set.layers[local]: (sinks[token_set.name], local)
+            token_set.layers[local]: (folds[token_set.name], local)
             for token_set in sets
-            for local in range(len(token_set.layers))
+            for local in folds[token_set.name].layers
         }
-        self.layers = sorted(
-            token_set.layers[local] for token_set in sets for local in sinks[token_set.name].layers
-        )
+        self.layers = sorted(self._route)
 
-    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
-        sink, local = self._route[layer]
-        sink.add(local, attention, gradient)
+    def spread_of(self, layer: int) -> SpreadMode | None:
+        return self._route[layer][0].spread
 
-    def parts(self) -> list[tuple[Sequence[int], Sink]]:
-        """(the set's model-wide layers, its sink) per token set, in order: the fold of all
-        columns at once (explain.engine.spread) stacks the columns' sinks set by set."""
-        return [(token_set.layers, self._sinks[token_set.name]) for token_set in self._sets]
+    def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
+        found = self._route.get(layer)  # a forward hands over the blocks no fold reads too
+        if found is not None:
+            found[0].add(found[1], columns, attention, gradients)
 
-    def add_input(self, relevance: Tensor) -> None:
-        """The input relevance of full LRP (one-stack models: one sink)."""
-        (sink,) = self._sinks.values()
-        sink.add_input(relevance)  # type: ignore[attr-defined]  # an InputSink (Need)
+    def fold(
+        self, layer: int, columns: slice, spread: Callable[[Tensor], Tensor], rowsum: RowSum
+    ) -> None:
+        fold, local = self._route[layer]
+        fold.fold(local, columns, spread, rowsum)  # type: ignore[attr-defined]  # a spread's
+
+    def add_input(self, columns: slice, *relevance: Tensor) -> None:
+        """The input relevance of full LRP and of AttnLRP (one-stack models: one fold)."""
+        (fold,) = self._folds.values()
+        fold.add_input(columns, *relevance)  # type: ignore[attr-defined]  # an InputFold (Need)
 
     def result(self) -> dict[str, Tensor]:
-        return {name: sink.result() for name, sink in self._sinks.items()}
+        return {name: fold.result() for name, fold in self._folds.items()}
 
 
 def per_set(start_layer: StartLayer, names: Sequence[str]) -> dict[str, Any]:
@@ -205,15 +211,14 @@ def no_class(batch: int, device: torch.device) -> Tensor:
     return torch.full((batch,), -1, dtype=torch.long, device=device)
 
 
-def masked_columns(per_column: Sequence[Mapping[str, Tensor]], valid: Tensor) -> dict[str, Tensor]:
-    """Each set's column relevances stacked (B, K, ...), zero where `valid` (B, K) is
+def masked_columns(relevances: Mapping[str, Tensor], valid: Tensor) -> dict[str, Tensor]:
+    """Each set's relevance of every column (B, K, ...), zero where `valid` (B, K) is
     False: a column past an input's last real one (a padded answer token, a detection the
     input does not have) explains nothing."""
     result = {}
-    for name in per_column[0]:
-        stacked = torch.stack([c[name] for c in per_column], dim=1)
-        keep = valid.reshape(*valid.shape, *(1,) * (stacked.dim() - 2))
-        result[name] = stacked * keep.to(stacked.dtype)
+    for name, relevance in relevances.items():
+        keep = valid.reshape(*valid.shape, *(1,) * (relevance.dim() - 2))
+        result[name] = relevance * keep.to(relevance.dtype)
     return result
 
 
@@ -226,6 +231,10 @@ class Plan:
         request: the call's request.
         tokenizer: the Explainer's tokenizer, for raw texts and `Explanation.tokens`.
     """
+
+    serves: ClassVar[type[Adapter]] = Adapter
+    """The kind of model this plan explains: the adapter contract its adapters subclass
+    (explain.architectures.base)."""
 
     passes: ClassVar[frozenset[type[Pass]]] = frozenset(
         {
@@ -240,7 +249,7 @@ class Plan:
     """The passes this kind of model can be explained through (explain.engine.passes)."""
 
     methods: ClassVar[frozenset[str] | None] = None
-    """The only methods this kind takes, where its sinks are its own rather than the
+    """The only methods this kind takes, where its sink is its own rather than the
     method's (an encoder-decoder's two-set fold); None: any method of an accepted pass."""
 
     refused_because: ClassVar[str] = ""
@@ -299,50 +308,37 @@ class Plan:
         """The recorded forward: the model output whose `columns` are explained."""
         return self.adapter.forward(self.prepared)
 
-    # -- sinks --------------------------------------------------------------------------
+    # -- folds --------------------------------------------------------------------------
 
-    def sink(self, column: int = 0) -> ColumnSink:
-        """A fresh sink for column `column`: the method's sink for every token set, routed
-        (every column reads out the same rows, so `column` changes nothing here)."""
-        return self._set_sinks(self.sets)
+    def sink(self) -> ColumnSink:
+        """The call's sink: the method's fold of every token set, for every column (which
+        all read out the same rows here)."""
+        return self._set_folds(self.sets, [token_set.readout[None] for token_set in self.sets])
 
-    def forward_sinks(self) -> list[ColumnSink]:
-        """The sinks a forward-only method fills during the forward: one, whose
-        class-agnostic map serves every column (target)."""
-        return [self.sink()]
-
-    def column_sinks(self, count: int) -> list[ColumnSink]:
-        """Fresh sinks for columns 0 .. count - 1 (`sink`)."""
-        return [self.sink(column) for column in range(count)]
-
-    def _set_sinks(self, sets: Sequence[TokenSet]) -> SetSinks:
+    def _set_folds(self, sets: Sequence[TokenSet], readouts: Sequence[Tensor]) -> SetFolds:
+        """The method's folds of `sets`, read out by `readouts` (R, B, N) each."""
         assert self.spec is not None
         spec = self.spec
         starts = per_set(self.request.start_layer, [s.name for s in sets])
-        sinks = {}
-        for token_set in sets:
+        folds = {}
+        for token_set, readout in zip(sets, readouts, strict=True):
             count = len(token_set.layers)
             given = starts[token_set.name]
             if given is None and spec.default_start_layer is not None:
                 given = token_set.default_start_layer
             context = RuleContext(
-                readout=token_set.readout,
+                readout=readout,
                 layout=token_set.layout,
                 num_layers=count,
                 start_layer=resolve_start_layer(spec, given, count, token_set.layout.modality),
             )
-            sinks[token_set.name] = spec.sink(context, dict(self.request.options))
-        return SetSinks(sinks, sets)
+            folds[token_set.name] = spec.fold(context, dict(self.request.options))
+        return SetFolds(folds, sets)
 
-    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
-        """Column `column`'s token relevance (B, N) per set, from its sink (the engine then
-        maps it onto the input)."""
-        return sink.result()
-
-    def read_columns(self, sinks: Sequence[ColumnSink]) -> list[dict[str, Tensor]]:
-        """Every column's token relevance per set (`read` of each column's sink); a plan
-        that can read all columns at once overrides it."""
-        return [self.read(column, sink) for column, sink in enumerate(sinks)]
+    def read(self, sink: ColumnSink) -> Relevances:
+        """Every column's token relevance per set, (B, C, N), from the call's sink (the
+        engine then maps it onto the input)."""
+        return {name: result.transpose(0, 1) for name, result in sink.result().items()}
 
     def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
         """Where AttnLRP and CP-LRP read relevance, each with the layout of its tokens
@@ -389,12 +385,12 @@ class Plan:
         foil = None if self.foil is None else self.foil.repeat(copies)
         return select_scores(output, index.repeat(copies, 1), self.score, foil)
 
-    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
-        """The relevance per set from the columns' (each (B, ...) on the input): (B, ...),
+    def finish(self, relevances: Relevances, columns: Columns) -> dict[str, Tensor]:
+        """The relevance per set from every column's ((B, K, ...) on the input): (B, ...),
         or (B, K, ...) with K targets per input."""
         if columns.classes.dim() == 1:
-            return per_column[0]
-        return {name: torch.stack([c[name] for c in per_column], dim=1) for name in per_column[0]}
+            return {name: relevance[:, 0] for name, relevance in relevances.items()}
+        return dict(relevances)
 
     def detections(self) -> Detections | None:
         """`Explanation.detections`: what a detector's columns explain; None elsewhere."""

@@ -16,15 +16,14 @@ The detections themselves (queries, labels, scores, boxes) are `Explanation.dete
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, Detector
+from explain.architectures.base import Detector
 from explain.detections import Detections
-from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink
+from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, Relevances
 from explain.engine.plans.base import Plan, masked_columns
 from explain.engine.request import Request
 from explain.engine.targets import select_scores
@@ -44,19 +43,21 @@ class DetectionPlan(Plan):
     indices to explain, whatever their scores). The target is implied: each detection's
     own class."""
 
+    serves = Detector
     passes = frozenset({AttentionGradientPass})
     methods = frozenset({"generic"})
     refused_because = "detections are explained with the generic rule in its encoder-decoder form"
+    adapter: Detector
 
-    def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
+    def __init__(
+        self, adapter: Detector, spec: Method | None, request: Request, tokenizer: Any
+    ) -> None:
         if spec is None:
             raise OptionError(
                 "trace() follows one score per input; a detector has one per detection: "
                 "explain the detections with Explainer.explain"
             )
         super().__init__(adapter, spec, request, tokenizer)
-        assert isinstance(adapter, Detector)  # TokenSets.DETECTION is a Detector's
-        self.detector = adapter
         options = dict(request.options)
         threshold = options.pop("threshold", DEFAULT_THRESHOLD)
         self._queries = options.pop("queries", None)
@@ -88,12 +89,12 @@ class DetectionPlan(Plan):
         self._labels: Tensor
 
     def forward(self) -> Tensor:
-        logits, boxes = self.detector.detect(self.prepared)
+        logits, boxes = self.adapter.detect(self.prepared)
         self._boxes = boxes.detach()
         return logits
 
-    def sink(self, column: int = 0) -> ColumnSink:
-        """The encoder-decoder fold over every block; each column reads its own query."""
+    def sink(self) -> ColumnSink:
+        """The encoder-decoder fold over every block, for every detection."""
         roles = [
             BlockRole(site.layer, "i" if site.stack == "image" else "q", site.kind)
             for site in self.adapter.attention_sites()
@@ -102,7 +103,7 @@ class DetectionPlan(Plan):
         return TwoSetFold(roles, queries.layout.num_tokens, image.layout.num_tokens)
 
     def columns(self, output: Tensor) -> Columns:
-        best, labels = self.detector.class_probabilities(output.detach()).max(dim=-1)  # (B, Q)
+        best, labels = self.adapter.class_probabilities(output.detach()).max(dim=-1)  # (B, Q)
         if self._queries is not None:
             chosen = _query_table(self._queries, *best.shape, best.device)
             valid = torch.ones_like(chosen, dtype=torch.bool)
@@ -128,27 +129,15 @@ class DetectionPlan(Plan):
         self._labels = label.masked_fill(~valid, -1)
         return Columns(scores, self._labels, picked.detach())
 
-    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
-        return self._read_rows([sink], self.chosen[:, column : column + 1])[0]
+    def read(self, sink: ColumnSink) -> Relevances:
+        """Every detection's rows of R_qi and R_qq at its query, read for all at once."""
+        state = sink.result()
+        rows = self.chosen.transpose(0, 1)  # (K, B)
+        image, queries = row_at(state.qi, rows), row_at(state.qq, rows)
+        return {"image": image.transpose(0, 1), "queries": queries.transpose(0, 1)}
 
-    def read_columns(self, sinks: Sequence[ColumnSink]) -> list[dict[str, Tensor]]:
-        """Every detection's rows at its query, read for all columns at once."""
-        return self._read_rows(sinks, self.chosen)
-
-    def _read_rows(self, sinks: Sequence[ColumnSink], chosen: Tensor) -> list[dict[str, Tensor]]:
-        """Row `chosen[b, k]` of column k's R_qi and R_qq for each sample b, for the
-        columns' sinks (as many as `chosen` (B, K) has columns)."""
-        states = [sink.result() for sink in sinks]
-        rows = chosen.transpose(0, 1)  # (K, B)
-        image = row_at(torch.stack([state.qi for state in states]), rows)
-        queries = row_at(torch.stack([state.qq for state in states]), rows)
-        return [
-            {"image": qi, "queries": qq}
-            for qi, qq in zip(image.unbind(), queries.unbind(), strict=True)
-        ]
-
-    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
-        return masked_columns(per_column, self.valid)
+    def finish(self, relevances: Relevances, columns: Columns) -> dict[str, Tensor]:
+        return masked_columns(relevances, self.valid)
 
     def detections(self) -> Detections:
         assert self._boxes is not None, "the forward has not run"

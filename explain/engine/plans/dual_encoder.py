@@ -8,14 +8,13 @@ tower gets the method on its own.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter
 from explain.architectures.dual_encoder import DualEncoder
-from explain.engine.passes import AttentionGradientPass, Columns, ForwardPass
+from explain.engine.passes import AttentionGradientPass, Columns, ForwardPass, Relevances
 from explain.engine.plans.base import Plan
 from explain.engine.request import Request
 from explain.engine.session import Session
@@ -36,6 +35,7 @@ class DualEncoderPlan(Plan):
     choose others. The score is the similarity logit.
     """
 
+    serves = DualEncoder
     passes = frozenset({ForwardPass, AttentionGradientPass})
     refused_because = (
         "the LRP methods (AttnLRP and CP-LRP too) need relevance rules through the "
@@ -46,9 +46,12 @@ class DualEncoderPlan(Plan):
     trace_score = "logit"
     contrast_refused = "a dual encoder's target picks the text an image is paired with"
 
-    def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
+    adapter: DualEncoder
+
+    def __init__(
+        self, adapter: DualEncoder, spec: Method | None, request: Request, tokenizer: Any
+    ) -> None:
         super().__init__(adapter, spec, request, tokenizer)
-        self.encoder = cast(DualEncoder, adapter)
         if self.score != "logit":
             raise TargetError(
                 f"a dual encoder explains the similarity logit (score='logit'); got {self.score!r}"
@@ -57,11 +60,13 @@ class DualEncoderPlan(Plan):
         self._classes: Tensor | None = None
 
     def choose_inputs(self) -> None:
-        prepared, encoder = self.prepared, self.encoder
+        prepared, encoder = self.prepared, self.adapter
         num_images = prepared.batch_size
         if self.request.target is None and encoder.num_texts(prepared) == num_images:
             classes = torch.arange(num_images, device=encoder.parameter.device)
         else:
+            if self.spec is not None:
+                self.sink()  # bad options and start layers fail before this forward
             with Session(encoder):
                 self._logits = encoder.forward(prepared)
             chosen, _ = resolve_targets(self._logits, self.request.target)
@@ -82,11 +87,11 @@ class DualEncoderPlan(Plan):
         logits = output if self._logits is None else self._logits
         return Columns(output.diagonal()[:, None], self._classes.to(logits.device), logits)
 
-    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
-        (result,) = per_column
+    def finish(self, relevances: Relevances, columns: Columns) -> dict[str, Tensor]:
+        result = {name: r[:, 0] for name, r in relevances.items()}  # one column: the pairs'
         if columns.classes.dim() == 1:
             return result
-        batch, count = columns.classes.shape
+        batch, count = columns.classes.shape  # each (image, text) pair was a sample
         return {name: r.reshape(batch, count, *r.shape[1:]) for name, r in result.items()}
 
     def tokens(self) -> list[list[str]] | None:

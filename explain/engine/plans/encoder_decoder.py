@@ -2,10 +2,9 @@
 a decoder position.
 
 Column p is the token predicted at decoder position p (option `position`); the sink is
-the two-set fold of explain.rules.coattention over every block. Every position is taken
-from one forward and one backward batched over the positions, the folds of all positions
-run as one (explain.engine.spread.TwoSetColumnFold), and the targets are chosen and
-checked once for all positions.
+the two-set fold of explain.rules.coattention over every block, for all positions at
+once, from one forward and one backward batched over the positions; the targets are
+chosen and checked once for all positions.
 """
 
 from __future__ import annotations
@@ -16,14 +15,14 @@ from typing import Any, Literal, Union
 import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter
-from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink
+from explain.architectures.base import EncoderDecoder
+from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, Relevances
 from explain.engine.plans.base import Plan, custom_scores, masked_columns
 from explain.engine.request import Request
 from explain.engine.targets import Target, resolve_targets, select_scores
 from explain.errors import InputError, OptionError, TargetError
 from explain.rules import Method
-from explain.rules.coattention import BlockRole, TwoSetFold
+from explain.rules.coattention import BlockRole, TwoSetFold, row_at
 
 __all__ = ["EncoderDecoderPlan", "Position"]
 
@@ -47,6 +46,7 @@ class EncoderDecoderPlan(Plan):
     tensor with position="all", or a callable on the (B, vocabulary) logits.
     """
 
+    serves = EncoderDecoder
     passes = frozenset({AttentionGradientPass})
     contrast_refused = (
         "an encoder-decoder's targets are its decoder positions' tokens; explain the "
@@ -57,7 +57,9 @@ class EncoderDecoderPlan(Plan):
         "encoder-decoders are explained with the generic rule in its two-token-set form"
     )
 
-    def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
+    def __init__(
+        self, adapter: EncoderDecoder, spec: Method | None, request: Request, tokenizer: Any
+    ) -> None:
         super().__init__(adapter, spec, request, tokenizer)
         options = dict(request.options)
         self.position: Position = options.pop("position", None)
@@ -78,7 +80,6 @@ class EncoderDecoderPlan(Plan):
         decoder_ids = arguments["decoder_input_ids"]
         lengths = arguments["decoder_attention_mask"].sum(dim=1)
         self.positions, self.valid = _decoder_positions(self.position, lengths)
-        self._column_positions = self.positions.T.unbind()  # once for every column's fold
         target = self.request.target
         if self._every and target is None:
             target = decoder_ids.gather(1, self.positions + 1)
@@ -95,26 +96,21 @@ class EncoderDecoderPlan(Plan):
             target = target.masked_fill(~self.valid, 0)
         self._target = target
 
-    def sink(self, column: int = 0) -> TwoSetFold:
-        """The two-set fold over every block, read at column `column`'s positions."""
-        return self._fold(self._column_positions[column])
-
-    def column_sinks(self, count: int) -> list[ColumnSink]:
-        return [self._fold(at) for at in self._column_positions[:count]]
-
-    def _fold(self, positions: Tensor) -> TwoSetFold:
+    def sink(self) -> TwoSetFold:
+        """The two-set fold over every block, for every position."""
         roles = [
             BlockRole(site.layer, "i" if site.stack == "source" else "q", site.kind)
             for site in self.adapter.attention_sites()
         ]
         source, target = self.sets
-        shape = (target.layout.num_tokens, source.layout.num_tokens)
-        return TwoSetFold(roles, *shape, rows=positions)
+        return TwoSetFold(roles, target.layout.num_tokens, source.layout.num_tokens)
 
-    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
-        assert isinstance(sink, TwoSetFold)  # `sink` made it
-        source, target = sink.read()
-        return {"source": source, "target": target}
+    def read(self, sink: ColumnSink) -> Relevances:
+        """Each position's rows of R_qi and R_qq, read for every column at once."""
+        state = sink.result()
+        rows = self.positions.T  # (P, B): each column's position in each sample
+        source, target = row_at(state.qi, rows), row_at(state.qq, rows)
+        return {"source": source.transpose(0, 1), "target": target.transpose(0, 1)}
 
     def columns(self, output: Tensor) -> Columns:
         rows = torch.arange(output.shape[0], device=output.device)[:, None]
@@ -139,8 +135,8 @@ class EncoderDecoderPlan(Plan):
             explained, logits = explained[:, 0], logits[:, 0]
         return Columns(scores, explained, logits, custom=found is None)
 
-    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
-        result = masked_columns(per_column, self.valid)  # past a sequence's end: 0
+    def finish(self, relevances: Relevances, columns: Columns) -> dict[str, Tensor]:
+        result = masked_columns(relevances, self.valid)  # past a sequence's end: 0
         if not self._every:
             result = {name: r[:, 0] for name, r in result.items()}
         return result

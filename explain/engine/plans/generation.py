@@ -1,6 +1,6 @@
 """The plan of a decoder-only language model's generation (`Request.prompt_length`):
 column g is the token generated at P + g, read out at P + g - 1 over the tokens up to
-there; each column has its own sink, also for the forward-only methods.
+there; each column has its own readout rows, also for the forward-only methods.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from explain.engine.passes import (
     ForwardPass,
     IntegratedGradientPass,
     OcclusionPass,
+    Relevances,
 )
 from explain.engine.plans.base import Plan, masked_columns
 from explain.engine.request import Request, integer_option
@@ -73,16 +74,16 @@ def generated_scores(output: Tensor, generated: Tensor, valid: Tensor, score: Sc
 
 def column_rows(
     lm: LanguageModel, prepared: Prepared, at: Tensor, token_mask: Tensor
-) -> list[tuple[Tensor, Tensor]]:
-    """Each column's readout row (B, T), one-hot at its position `at` (C,), and its token
-    mask (B, T), `token_mask` blind to the tokens after that position: made for every
-    column at once (a generation's cost must not grow with its tokens beyond its batched
-    backward)."""
+) -> tuple[Tensor, Tensor]:
+    """Each column's readout rows, one-hot at its position `at` (C,), and its token mask,
+    `token_mask` (B, T) blind to the tokens after that position: (C, B, T) each, made for
+    every column at once (a generation's cost must not grow with its tokens beyond its
+    batched backward)."""
     batch = prepared.batch_size
     readouts = lm.readout_at(prepared, at.expand(batch, -1)).transpose(0, 1)  # (C, B, T)
     tokens = torch.arange(token_mask.shape[1], device=at.device)
     seen = token_mask[None] & (tokens <= at[:, None])[:, None, :]  # (C, B, T)
-    return list(zip(readouts.unbind(), seen.unbind(), strict=True))
+    return readouts, seen
 
 
 class GenerationPlan(Plan):
@@ -91,14 +92,15 @@ class GenerationPlan(Plan):
     The inputs are left-padded prompts of width P (`Request.prompt_length`) followed by
     their continuations, the attention mask 0 past each continuation's end. One forward
     over the whole sequences; column g explains the token generated at P + g, read out at
-    P + g - 1 with the tokens after that position hidden from its sink (`sink(g)`), which
-    is exactly a next-token explanation of the prefix before the token (methods that
-    average over the keys need the hiding). The gradient methods differentiate every
-    column in one batched backward; the forward-only methods fill one sink per column
-    from the same forward. The relevance is (B, G, T), 0 on the columns past a
-    continuation's end; the target, the generated tokens (-1 past the end), is implied.
+    P + g - 1 with the tokens after that position hidden from its fold, which is exactly
+    a next-token explanation of the prefix before the token (methods that average over
+    the keys need the hiding). The gradient methods differentiate every column in one
+    batched backward; the forward-only methods fold every column from the same forward.
+    The relevance is (B, G, T), 0 on the columns past a continuation's end; the target,
+    the generated tokens (-1 past the end), is implied.
     """
 
+    serves = LanguageModel
     passes = frozenset(
         {
             ForwardPass,
@@ -117,8 +119,10 @@ class GenerationPlan(Plan):
         "LRP walk propagates one position's logit per pass"
     )
 
+    adapter: LanguageModel
+
     def __init__(self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any):
-        self.lm = require_causal_lm(adapter)
+        require_causal_lm(adapter)  # chosen by the request (`plan_kind`), whatever the kind
         if spec is None:
             raise OptionError(
                 "trace() follows one score per input; a generation has one per generated "
@@ -139,32 +143,16 @@ class GenerationPlan(Plan):
 
     def forward(self) -> Tensor:
         """(B, G, vocab): the logits each generated token was chosen from."""
-        return self.lm.logits_at(self.prepared, read_out_at(self.width, self.valid))
+        return self.adapter.logits_at(self.prepared, read_out_at(self.width, self.valid))
 
-    def sink(self, column: int = 0) -> ColumnSink:
-        """Column `column`'s sink: read out at its position, blind to the tokens after it."""
-        return self._column_sinks(range(column, column + 1))[0]
-
-    def column_sinks(self, count: int) -> list[ColumnSink]:
-        return self._column_sinks(range(count))
-
-    def forward_sinks(self) -> list[ColumnSink]:
-        """One sink per generated position: each reads out at its own row."""
-        return self.column_sinks(len(self.positions))
-
-    def _column_sinks(self, columns: range) -> list[ColumnSink]:
-        """The sinks of `columns`, their readout rows and token masks made at once
-        (`column_rows`)."""
+    def sink(self) -> ColumnSink:
+        """The method's fold for every generated position: each column reads out at its
+        own position, blind to the tokens after it (`column_rows`)."""
         (text,) = self.sets
         layout = text.layout
         assert layout.token_mask is not None  # a text layout masks its pads
-        at = self.positions[columns.start : columns.stop]
-        return [
-            self._set_sinks(
-                [replace(text, readout=readout, layout=replace(layout, token_mask=mask))]
-            )
-            for readout, mask in column_rows(self.lm, self.prepared, at, layout.token_mask)
-        ]
+        readouts, seen = column_rows(self.adapter, self.prepared, self.positions, layout.token_mask)
+        return self._set_folds([replace(text, layout=replace(layout, token_mask=seen))], [readouts])
 
     def columns(self, output: Tensor) -> Columns:
         generated = self.prepared.arguments["input_ids"][:, self.width :]
@@ -177,5 +165,5 @@ class GenerationPlan(Plan):
             output, generated.repeat(copies, 1), self.valid.repeat(copies, 1), self.score
         )
 
-    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
-        return masked_columns(per_column, self.valid)
+    def finish(self, relevances: Relevances, columns: Columns) -> dict[str, Tensor]:
+        return masked_columns(relevances, self.valid)

@@ -1,67 +1,42 @@
-"""The plan of a vision-language model (`TokenSets.IMAGE_TEXT`): which part of the picture,
-and which words of the prompt, made the model say its next token or each token of an
-answer.
-
-One forward runs the vision tower and the language model; the method's fold runs over the
-language model's blocks, read out at the explained position, exactly as for a language
-model (explain.engine.plans `GenerationPlan`, with the tokens after the position hidden
-from its sink). Its relevance over the whole sequence then splits in two:
-
-- "text": the prompt's tokens (B, T), the image tokens' positions 0;
-- "image": the relevance at the image tokens, carried back through the projector's merge
-  (`ImageTokens.sources`) onto the tower's tokens, and onto its patch grid (B, gh, gw) (a
-  photo split into tiles: the tiles' grids put together on the photo, `ImageTokens.to_photo`).
-
-Two depths (option `depth`, stated in `Explanation.settings`):
-
-- "lm" (default): the image map is the language model's fold read at the image tokens;
-- "tower": that relevance is the readout row of the same method's fold through the
-  tower's own blocks, `v = r_tower @ prod_l (I + Abar_l)` for `generic` (the bi-modal
-  step of Chefer et al., ICCV 2021: the image's self-attention relevance starts from the
-  identity and is read out by what the text side found). The tower's blocks get their
-  gradients in the same backward, after the language model's; where the method folds by
-  spreads, every column's tower fold starts from its language-model fold's rows
-  (explain.engine.spread `ReadOut`) and streams as that one does.
-
-AttnLRP and CP-LRP (`EmbeddingGradientPass`) read Gradient x Input at the language
-model's input embeddings, the image features among them, whose image tokens then go back
-onto the photo as above; at depth "tower" the image's relevance is read instead at the
-tower's patch embeddings, the gradient carried on under the same rules through the
-projector and the tower's blocks (`embeddings`).
+"""The plan of a vision-language model: which part of the picture, and which words of the
+prompt, made the model say its next token or each token of an answer. The method's fold
+runs over the language model's blocks, as for a language model (AttnLRP and CP-LRP read
+the language model's input embeddings); its relevance splits into "text" (the prompt)
+and "image" (at the image tokens, carried back onto the photo), at depth "lm" or
+continued through the tower ("tower"). docs/multimodal.md ("Vision-language models")
+says how.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal, cast
 
-import torch
 from torch import Tensor
 
-from explain.architectures.base import Adapter, LanguageModel
+from explain.architectures.base import ImageTextModel
 from explain.engine.passes import (
-    AttentionGradientPass,
     Columns,
     ColumnSink,
-    EmbeddingGradientPass,
-    ForwardPass,
-    IntegratedGradientPass,
-    OcclusionPass,
+    Relevances,
+    pass_for,
 )
 from explain.engine.plans.base import Plan, masked_columns, per_set, resolve_start_layer
 from explain.engine.plans.generation import (
+    GenerationPlan,
     column_rows,
     generated_scores,
     generated_tokens,
     read_out_at,
 )
 from explain.engine.request import Request
-from explain.engine.spread import ReadOut
 from explain.errors import OptionError
 from explain.layout import ImagePrepared, ImageTokens, TokenLayout
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
-from explain.rules import METHODS, Method, Need, RuleContext, Sink
+from explain.rules import METHODS, Fold, Method, Need, RuleContext
+from explain.rules.fold import ReadoutFold, RowSum, joined
+from explain.rules.registry import SpreadMode
 
 __all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextPlan", "ImageTextSink", "reaches_tower"]
 
@@ -116,102 +91,103 @@ class ImageAt:
 
 
 class ImageTextSink:
-    """One column's sink: the method's sink over the language model's blocks and, for
-    depth "tower", the method's sink over the tower's blocks `tower_layers`, built once the
-    language model's fold is known (its readout row comes from it). Its `result()` is the
-    folds' rows, (the language model's (B, T), the tower's or None), which the plan maps
-    onto the photo and the text for every column at once (`ImageAt.split`).
+    """The call's sink: the method's fold over the language model's blocks and, for depth
+    "tower", the method's fold over the tower's blocks `tower_layers`, made for each
+    chunk of columns once the language model's fold of those columns is done (its
+    readout rows come from it: `tower(rows)`). Its `result()` is the folds' rows (the
+    language model's (C, B, T), the tower's or None), which the plan maps onto the photo
+    and the text for every column at once (`ImageAt.split`).
 
     Layers arrive with their model-wide numbers: the tower's are 0..V-1, the language
     model's V.... With gradients the language model's blocks arrive first (they are
     nearer the score); forward-only methods see the tower first, whose blocks are kept
-    until the language model's fold is done. Where the method folds by spreads, the fold
-    of all columns at once (explain.engine.spread) takes both folds instead (`parts`).
+    (as the head mean where that is all its fold reads) until the language model's fold
+    is done.
     """
 
     def __init__(
         self,
-        text: Sink,
+        text: Fold,
         offset: int,
         image: ImageAt,
-        tower: Callable[[Tensor], Sink] | None,
+        tower: Callable[[Tensor], Fold] | None,
         tower_layers: range,
     ) -> None:
         self._text = text
         self._offset = offset
         self._image = image
         self._build_tower = tower
-        self._tower_layers = tower_layers
-        self._tower: Sink | None = None
-        self._waiting: list[tuple[int, Tensor, Tensor | None]] = []
-        self._text_result: Tensor | None = None
-        self._tower_input: Tensor | None = None
-        self._awaited = set(text.layers)  # the text's blocks its fold has yet to see
+        self._towers: dict[int, Fold] = {}  # first column of a chunk -> its tower's fold
+        self._tower_inputs: dict[int, Tensor] = {}  # ... -> AttnLRP's at the tower
+        self._waiting: list[tuple[int, slice, Tensor, Tensor | None]] = []
         text_layers = [offset + layer for layer in text.layers]
         self.layers: list[int] = ([*tower_layers] if tower is not None else []) + text_layers
 
-    def add(self, layer: int, attention: Tensor, gradient: Tensor | None) -> None:
+    def spread_of(self, layer: int) -> SpreadMode | None:
+        """The language model's fold's: the tower's is the same method's, over an image."""
+        return self._text.spread
+
+    def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
         if layer >= self._offset:
-            self._text.add(layer - self._offset, attention, gradient)
-            self._awaited.discard(layer - self._offset)
+            self._text.add(layer - self._offset, columns, attention, gradients)
             return
         if self._build_tower is None:
             return
-        if self._awaited:  # the tower's blocks came first: keep them until the text's fold
-            self._waiting.append((layer, attention, gradient))
-            return
-        self._tower_sink().add(layer, attention, gradient)
-
-    def parts(self) -> list[tuple[Sequence[int], Sink | ReadOut]]:
-        """For the fold of all columns at once (explain.engine.spread, `ColumnSink`): the
-        language model's sink over its blocks by their model-wide numbers and, with depth
-        "tower", the tower's fold read out by its result at the image tokens (`ReadOut`),
-        whose sink is made from that readout row (`_start_tower`)."""
-        last = self._text.layers[-1] if len(self._text.layers) else -1
-        text = (range(self._offset, self._offset + last + 1), self._text)
-        if self._build_tower is None:
-            return [text]
-        tower = ReadOut(0, self._tower_layers, self._image.tower_rows, self._start_tower)
-        return [text, (range(self._offset), tower)]
-
-    def add_input(self, text: Tensor, tower: Tensor | None = None) -> None:
-        """AttnLRP's and CP-LRP's relevance (`ImageTextPlan.embeddings`): at the language
-        model's input embeddings (B, T) and, at depth "tower", at the tower's patch
-        embeddings (the tower's batch, tower tokens; or its patches, for a tower that
-        runs them packed), which is then the tower's result."""
-        self._text.add_input(text)  # type: ignore[attr-defined]  # an InputSink (Need)
+        tower = self._tower(columns)
         if tower is not None:
-            self._tower_input = tower.reshape(-1, self._image.tokens.tower_tokens)
+            tower.add(layer, slice(None), attention, gradients)
+            return
+        if self._text.spread == "attention":  # its fold reads the head mean only
+            attention = attention.mean(dim=1, keepdim=True)
+        self._waiting.append((layer, columns, attention, gradients))
 
-    def _text_relevance(self) -> Tensor:
-        if self._text_result is None:
-            self._text_result = self._text.result()
-        return self._text_result
+    def fold(
+        self, layer: int, columns: slice, spread: Callable[[Tensor], Tensor], rowsum: RowSum
+    ) -> None:
+        if layer >= self._offset:
+            self._text.fold(layer - self._offset, columns, spread, rowsum)  # type: ignore[attr-defined]
+            return
+        tower = self._tower(columns)
+        if tower is None:
+            raise RuntimeError("a tower block arrived before the language model's fold ended")
+        tower.fold(layer, slice(None), spread, rowsum)  # type: ignore[attr-defined]
 
-    def _start_tower(self, readout: Tensor) -> Sink:
-        """The tower's sink, read out by `readout` (the tower's batch, tower tokens)."""
-        assert self._build_tower is not None and self._tower is None
-        self._tower = self._build_tower(readout)
-        return self._tower
+    def add_input(self, columns: slice, text: Tensor, tower: Tensor | None = None) -> None:
+        """The relevance at the embeddings (`ImageTextPlan.embeddings`: Gradient x Input,
+        plain or AttnLRP's and CP-LRP's; integrated gradients' and occlusion's at depth
+        "lm") for `columns`: at the language model's input embeddings (c, B, T) and, at
+        depth "tower", at the tower's patch embeddings (c, the tower's batch, tower tokens;
+        or its patches, for a tower that runs them packed), which is then the tower's
+        result."""
+        self._text.add_input(columns, text)  # type: ignore[attr-defined]  # an InputFold (Need)
+        if tower is not None:
+            tokens = self._image.tokens.tower_tokens
+            self._tower_inputs[columns.start or 0] = tower.reshape(len(tower), -1, tokens)
 
-    def _tower_sink(self) -> Sink:
-        if self._tower is None:
-            self._start_tower(self._image.tower_rows(self._text_relevance()))
-            assert self._tower is not None
-            waiting, self._waiting = self._waiting, []
-            for layer, attention, gradient in waiting:
-                self._tower.add(layer, attention, gradient)
-        return self._tower
+    def _tower(self, columns: slice) -> Fold | None:
+        """The tower's fold of `columns`, made from the language model's rows at the image
+        tokens once its fold of them is done; None before."""
+        start = columns.start or 0
+        if start not in self._towers:
+            text = cast(ReadoutFold, self._text)  # depth "tower" takes folds over blocks
+            if text.expects(columns) is not None:
+                return None
+            rows = self._image.tower_rows(text.rows(columns))
+            self._towers[start] = cast(Callable[[Tensor], Fold], self._build_tower)(rows)
+        return self._towers[start]
 
     def result(self) -> tuple[Tensor, Tensor | None]:
-        """(the language model's folded rows (B, T), the tower's (the tower's batch, tower
-        tokens) at depth "tower", else None)."""
-        text = self._text_relevance()
+        """(the language model's folded rows (C, B, T), the tower's (C, the tower's batch,
+        tower tokens) at depth "tower", else None)."""
+        text = self._text.result()
         if self._build_tower is None:
             return text, None
-        if self._tower_input is not None:
-            return text, self._tower_input
-        return text, self._tower_sink().result()
+        if self._tower_inputs:
+            return text, joined(self._tower_inputs)
+        waiting, self._waiting = self._waiting, []
+        for layer, columns, attention, gradients in waiting:
+            self.add(layer, columns, attention, gradients)
+        return text, joined({start: fold.result() for start, fold in self._towers.items()})
 
 
 class ImageTextPlan(Plan):
@@ -222,26 +198,19 @@ class ImageTextPlan(Plan):
     ({"text": s, "image": s}: the language model's, the tower's), as for dual encoders.
     """
 
-    passes = frozenset(
-        {
-            ForwardPass,
-            AttentionGradientPass,
-            EmbeddingGradientPass,
-            IntegratedGradientPass,
-            OcclusionPass,
-        }
-    )
+    serves = ImageTextModel
+    passes = GenerationPlan.passes  # its language model's, the answers' as a generation's
     refused_because = (
         "vision-language models are explained by the attention methods and the methods "
         "at the embeddings (AttnLRP, CP-LRP and the baselines): the LRP walks have no rules "
         "for their projectors and towers"
     )
     generates: ClassVar[bool] = True
+    adapter: ImageTextModel
 
     def __init__(
-        self, adapter: Adapter, spec: Method | None, request: Request, tokenizer: Any
+        self, adapter: ImageTextModel, spec: Method | None, request: Request, tokenizer: Any
     ) -> None:
-        self.vlm = cast(LanguageModel, adapter)  # a vision-language model (TokenSets.IMAGE_TEXT)
         options = dict(request.options)
         depth = options.pop("depth", "lm")
         if depth not in DEPTHS:
@@ -261,7 +230,11 @@ class ImageTextPlan(Plan):
                 if spec.needs & {Need.PATH_GRADIENTS, Need.OCCLUSION}
                 else "reads one fixed block"
             )
-            takers = ", ".join(name for name, m in sorted(METHODS.items()) if reaches_tower(m))
+            takers = ", ".join(
+                name
+                for name, m in sorted(METHODS.items())
+                if reaches_tower(m) and pass_for(m) in self.passes
+            )
             raise OptionError(
                 f"depth='tower' continues an aggregation over blocks, or a gradient, through "
                 f"the tower's blocks; method {spec.name!r} {why} (use {takers}, or "
@@ -287,34 +260,24 @@ class ImageTextPlan(Plan):
     def forward(self) -> Tensor:
         if not self.generation:
             return self.adapter.forward(self.prepared)
-        return self.vlm.logits_at(self.prepared, read_out_at(self.width, self.valid))
+        return self.adapter.logits_at(self.prepared, read_out_at(self.width, self.valid))
 
-    def sink(self, column: int = 0) -> ColumnSink:
-        return self._column_sinks(range(column, column + 1))[0]
-
-    def column_sinks(self, count: int) -> list[ColumnSink]:
-        return self._column_sinks(range(count))
-
-    def forward_sinks(self) -> list[ColumnSink]:
-        """One sink per generated token (each reads out at its own position), or the next
-        token's."""
-        return self._column_sinks(range(len(self.positions) if self.generation else 1))
-
-    def _column_sinks(self, columns: range) -> list[ColumnSink]:
-        """The sinks of `columns`: a generation's read out at each column's position, blind
-        to what follows it, their readout rows and token masks made at once (a
-        generation's cost must not grow with its tokens beyond its batched backward);
-        every column of the next token reads out at the last token."""
+    def sink(self) -> ColumnSink:
+        """The method's folds for every column: a generation's read out at each column's
+        position, blind to what follows it, their readout rows and token masks made at
+        once (`column_rows`); every column of the next token reads out at the last
+        token."""
         assert self.spec is not None
         spec = self.spec
         image, text = self.sets
         layout = text.layout
         if self.generation:
             assert layout.token_mask is not None
-            at = self.positions[columns.start : columns.stop]
-            rows = column_rows(self.vlm, self.prepared, at, layout.token_mask)
+            readouts, mask = column_rows(
+                self.adapter, self.prepared, self.positions, layout.token_mask
+            )
         else:
-            rows = [(text.readout, layout.token_mask)] * len(columns)
+            readouts, mask = text.readout[None], layout.token_mask
         starts = per_set(self.request.start_layer, ["image", "text"])
         options = dict(self.request.options)
         count = len(text.layers)
@@ -330,28 +293,12 @@ class ImageTextPlan(Plan):
             start = resolve_start_layer(spec, starts["image"], depth, "image")
             tower_layers = range(start, depth)  # the tower's layers are numbered from 0
 
-            def tower(row: Tensor) -> Sink:
-                context = RuleContext(row, tower_layout, depth, start)
-                return spec.sink(context, options)
+            def tower(rows: Tensor) -> Fold:
+                return spec.fold(RuleContext(rows, tower_layout, depth, start), options)
 
-        return [
-            ImageTextSink(
-                spec.sink(
-                    RuleContext(
-                        readout=readout,
-                        layout=replace(layout, token_mask=mask),
-                        num_layers=count,
-                        start_layer=text_start,
-                    ),
-                    options,
-                ),
-                text.layers.start,
-                self.image,
-                tower,
-                tower_layers,
-            )
-            for readout, mask in rows
-        ]
+        context = RuleContext(readouts, replace(layout, token_mask=mask), count, text_start)
+        text_fold = spec.fold(context, options)
+        return ImageTextSink(text_fold, text.layers.start, self.image, tower, tower_layers)
 
     def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
         """AttnLRP and CP-LRP read the language model's input embeddings (over the text's
@@ -366,18 +313,12 @@ class ImageTextPlan(Plan):
             reads.append((sites.tower, layout))
         return reads
 
-    def read(self, column: int, sink: ColumnSink) -> dict[str, Tensor]:
-        return self.read_columns([sink])[0]
-
-    def read_columns(self, sinks: Sequence[ColumnSink]) -> list[dict[str, Tensor]]:
-        """Every column's folds stacked, mapped onto the photo and the text at once
-        (`ImageAt.split`), then handed back column by column."""
-        results = [cast(ImageTextSink, sink).result() for sink in sinks]
-        text = torch.stack([text for text, _ in results])
-        towers = [tower for _, tower in results]
-        tower = None if towers[0] is None else torch.stack(cast(list[Tensor], towers))
-        split = {name: value.unbind() for name, value in self.image.split(text, tower).items()}
-        return [{name: split[name][k] for name in split} for k in range(len(sinks))]
+    def read(self, sink: ColumnSink) -> Relevances:
+        """Every column's folds, mapped onto the photo and the text at once
+        (`ImageAt.split`)."""
+        text, tower = sink.result()
+        split = self.image.split(text, tower).items()
+        return {name: relevance.transpose(0, 1) for name, relevance in split}
 
     def columns(self, output: Tensor) -> Columns:
         if not self.generation:
@@ -394,10 +335,10 @@ class ImageTextPlan(Plan):
             output, generated.repeat(copies, 1), self.valid.repeat(copies, 1), self.score
         )
 
-    def finish(self, per_column: list[dict[str, Tensor]], columns: Columns) -> dict[str, Tensor]:
+    def finish(self, relevances: Relevances, columns: Columns) -> dict[str, Tensor]:
         if not self.generation:
-            return super().finish(per_column, columns)
-        return masked_columns(per_column, self.valid)
+            return super().finish(relevances, columns)
+        return masked_columns(relevances, self.valid)
 
     def settings(self) -> dict[str, Any]:
         return {"depth": self.depth}
