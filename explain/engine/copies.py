@@ -1,14 +1,8 @@
-"""Copies of a call's inputs that differ at the input embeddings: the batched forwards of
-integrated gradients' path and of occlusion (explain.engine.passes).
-
-S variants of the inputs run as S copies in one batch: the plan repeats its prepared
-inputs (`Adapter.repeated`: copy c of sample b at row c * B + b), and a hook where the
-embeddings are (`EmbeddingCopies.hooks`: the embedding module's output, or a vision-language
-model's language-model input) puts each copy's embeddings in place of the ones the
-repeated inputs give: `e0 + a (e - e0)` at a point a of the path, or e
-with the occluded tokens' replaced by e0, for the inputs' own embeddings e (copy 0 of
-the call's first forward) and the baseline's e0 (explain.rules.embedding_baseline). The
-copies go in chunks sized by the memory budget (`copy_chunks`).
+"""Copies of a call's inputs that differ at the input embeddings, run in one batch: the
+forwards of integrated gradients' path and of occlusion (explain.engine.passes). The plan
+repeats its inputs (`Adapter.repeated`), a hook at the embeddings puts each copy's in
+place (`EmbeddingCopies`), in chunks sized by the memory budget (`copy_chunks`);
+docs/methods.md ("The baselines") says how.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""What stands in for the input at the embeddings: the start of integrated gradients'
-path and the value occlusion puts in place of a token.
-
-Text: zero embeddings, or the embedding of a stated token at every position (a token's
-embedding as the model's embedding module computes it, any scaling included). Images:
-the patch embedding of zero pixels (0 in every channel of the model's normalised input,
-what captum takes when no baseline is given), the same for every patch.
+"""What stands in for the input at the embeddings, where integrated gradients' path
+starts and what occlusion puts in a token's place: a text's zero embeddings or a stated
+token's, an image's zero pixels (docs/methods.md, "The baselines").
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Gradient x Input at the input embeddings: plain, and under the LRP rules of AttnLRP
-(Achtibat et al., ICML 2024) and CP-LRP (Ali et al., ICML 2022).
-
-All three run as one forward and one backward pass to the word- or patch-embedding
-output; AttnLRP and CP-LRP modify the backward of normalisations, element-wise
-non-linearities and products for the call (explain.lrp.attnlrp), plain Gradient x Input
-modifies nothing. The relevance of a token is the sum over the hidden size of its
-embedding times the embedding's (modified) gradient; the sink (the one of full LRP) only
-holds what that pass delivers.
+(Achtibat et al., ICML 2024) and CP-LRP (Ali et al., ICML 2022), whose modified backward
+explain.lrp.attnlrp hooks for the call. One forward and one backward to the word- or
+patch-embedding output; the fold (full LRP's) only holds what that pass delivers.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Integrated gradients (Sundararajan, Taly & Yan, ICML 2017) at the input embeddings.
-
-For embeddings e, a baseline's e0 (explain.rules.embedding_baseline) and the explained
-score y, token n's relevance is the sum over the hidden size of
-
-    (e_n - e0_n) * sum_s w_s dy/de_n (e0 + a_s (e - e0))
-
-for the nodes a_s and weights w_s of a quadrature of the integral over a in [0, 1]
-(`integration_points`). The engine runs the S points as S copies of the inputs in
-batched forwards and backwards (explain.engine.passes `IntegratedGradientPass`); the sink
-only holds the relevance it delivers. Summed over the tokens, the relevance equals
-y(e) - y(e0) up to the quadrature's error (completeness), which the call records.
+"""Integrated gradients (Sundararajan, Taly & Yan, ICML 2017) at the input embeddings:
+the quadratures of its path integral (`integration_points`) and the method's fold. The
+engine runs the path's points as copies of the inputs (explain.engine.passes
+`IntegratedGradientPass`); docs/methods.md ("The baselines") gives the formula, the
+quadratures and the completeness each call records.
 """
 
 from __future__ import annotations
