@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from bench_cite import with_section
 from torch import Tensor, nn
 
 from explain import Explainer
-from explain.export import atomic_write
 
 BEGIN = "<!-- baselines against captum: scripts/bench_baselines.py -->"
 END = "<!-- end of baselines against captum -->"
@@ -248,14 +248,7 @@ def main() -> None:
     section = "\n".join(rows)
     print(section)
     if args.out:
-        text = args.out.read_text() if args.out.exists() else ""
-        if BEGIN in text and END in text:
-            start, stop = text.index(BEGIN), text.index(END) + len(END)
-            text = text[:start] + section + text[stop:]
-        else:
-            text = text.rstrip("\n") + "\n\n" + section + "\n"
-        with atomic_write(args.out, "w") as handle:
-            handle.write(text)
+        with_section(args.out, (BEGIN, END), section)
 
 
 if __name__ == "__main__":

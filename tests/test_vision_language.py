@@ -1704,8 +1704,10 @@ def test_the_baselines_at_the_language_model_input_equal_the_reference(lrp_famil
     explainer = Explainer(model)
     options = {"steps": BASELINE_STEPS} if method == "integrated_gradients" else {}
     if depth == "tower":
-        with pytest.raises(OptionError, match="replaces the language model's input"):
+        with pytest.raises(OptionError, match="replaces the language model's input") as refused:
             explainer.explain(one, method=method, depth=depth, **options)
+        # the methods named instead are those a vision-language model takes at the tower
+        assert "(use attnlrp, cp_lrp, generic, gradient_x_input, rollout, or" in str(refused.value)
         return
     with pytest.raises(OptionError, match="baseline is zero embeddings"):
         explainer.explain(one, method=method, baseline_token=3, **options)
