@@ -169,8 +169,9 @@ PROTOCOL_NOTES = {
 
 READINGS: dict[tuple[str, str, str], str] = {
     ("shapes-vit", "road", ""): (
-        "Reading: with imputation instead of zeros `cp_lrp` takes the prediction away "
-        "fastest, `generic` and `transformer_attribution` next, but "
+        "Reading: with imputation instead of zeros, of the attention and LRP methods "
+        "`cp_lrp` takes the prediction away fastest, `generic` and `transformer_attribution` "
+        "next, but "
         "`lrp` does no better than `random` on MoRF. Its map is not about the object: on the "
         "first 32 held-out scenes only 25% of its most relevant 10% of pixels lie on the "
         "object (55% for `generic` and `cp_lrp`), and the imputation changes those pixels by "
@@ -215,9 +216,9 @@ READINGS: dict[tuple[str, str, str], str] = {
         "of their maxima lie on the object the question names (the one whose left is "
         "asked), which the model looks at but the answer is not about. `attention_gradcam` "
         "misses in every template alike (0.63 to 0.66; other objects 19%, background 17%), "
-        "and its negative AUC is below `random`'s. On the text side only `attnlrp` ranks "
-        "the named word first often (0.43; 0.78 on shape questions, where the colour word "
-        "is the only clue). "
+        "and its negative AUC is below `random`'s. On the text side, of the attention and "
+        "LRP methods only `attnlrp` ranks the named word first often (0.43; 0.78 on shape "
+        "questions, where the colour word is the only clue). "
         '`generic`, `cp_lrp` and `attnlrp` often rank first the template word "there" of '
         'presence questions and "left" of left questions, and `generic`, `rollout`, '
         '`raw_attention`, `attention_gradcam` and `cp_lrp` the chat template\'s "user" '
