@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import pytest
 import torch
+from conftest import PLAIN_BASELINES
 from tolerances import assert_float32_close
 
 from explain import METHODS, Explainer, ExplainError, InputError, OptionError, TargetError
@@ -85,11 +86,12 @@ def _explain(family: str, inputs=None, *, attention_path="auto", **kwargs):
     return explainer.explain(case.batch if inputs is None else inputs, **kwargs)
 
 
-def _close(actual, expected, *, float32_softmax: bool = False):
+def _close(actual, expected, *, float32_softmax: bool = False, method: str = ""):
     """Equal to float64's rounding; or, between two computations whose float32 softmax
-    rounded differently (below), as float32 keeps."""
+    rounded differently (below), as float32 keeps: the plain baselines' small entries
+    carry more of its rounding (conftest.PLAIN_BASELINES)."""
     if float32_softmax:
-        assert_float32_close(actual, expected)
+        assert_float32_close(actual, expected, of_scale=1e-5 if method in PLAIN_BASELINES else 1e-6)
     else:
         torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-12)
 
@@ -153,7 +155,12 @@ def test_a_batch_equals_each_input_alone(family, method):
         for name, relevance in together.relevances.items():
             real = case.lengths.get(name, (None, None))[index]
             expected = single.relevances[name][0][..., :real]
-            _close(relevance[index][..., :real], expected, float32_softmax=float32_softmax)
+            _close(
+                relevance[index][..., :real],
+                expected,
+                float32_softmax=float32_softmax,
+                method=method,
+            )
 
 
 @pytest.mark.parametrize(("family", "method"), _method_params())
@@ -218,7 +225,7 @@ def test_explicit_equals_fused_or_fused_is_refused(family, method):
     assert fused.target.tolist() == explicit.target.tolist()
     float32_softmax = family.startswith(FLOAT32_SOFTMAX)
     for name, relevance in explicit.relevances.items():
-        _close(fused.relevances[name], relevance, float32_softmax=float32_softmax)
+        _close(fused.relevances[name], relevance, float32_softmax=float32_softmax, method=method)
 
 
 @pytest.mark.parametrize("family", _family_params())
@@ -251,7 +258,7 @@ def test_an_unsupported_method_is_refused_naming_what_is_supported(family):
 def test_a_score_goes_only_to_the_methods_that_differentiate_one(family, method):
     # As a start layer goes only to the methods that aggregate over blocks: a
     # class-agnostic map or an LRP walk from the logit would ignore the score.
-    if not METHODS[method].needs_gradients:
+    if not METHODS[method].takes_score:
         with pytest.raises(OptionError, match="takes no score"):
             _explain(family, method=method, score="logit")
         assert _explain(family, method=method).score == "logit"

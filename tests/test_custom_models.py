@@ -20,6 +20,7 @@ from explain import (
     UnsupportedModelError,
     explain,
 )
+from explain.rules import Need
 from explain.testing import (
     HandWrittenViT,
     ModelState,
@@ -239,10 +240,12 @@ def test_unsupported_models_point_to_the_spec():
 
 
 def test_methods_list_is_covered():
-    # The LRP walks and the Gradient x Input rules need a family's own modules: refused.
+    # The LRP walks, the Gradient x Input rules and the methods that read the input
+    # embeddings need a family's own modules: refused.
+    embeddings = {Need.EMBEDDING_GRADIENTS, Need.PATH_GRADIENTS, Need.OCCLUSION}
     rules = {
         name
         for name, spec in METHODS.items()
-        if spec.lrp_rules is not None or spec.gradient_rules is not None
+        if spec.lrp_rules is not None or spec.needs & embeddings
     }
     assert set(ATTENTION_METHODS) | rules == set(METHODS)

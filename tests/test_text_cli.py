@@ -309,7 +309,8 @@ def test_all_methods_runs_every_method_a_language_model_takes(tmp_path, capsys):
     captured = capsys.readouterr()
     ran = [line[1:-1] for line in captured.out.splitlines() if line.startswith("[")]
     assert ran == [
-        "attention_gradcam", "attnlrp", "cp_lrp", "generic", "random", "raw_attention", "rollout",
+        "attention_gradcam", "attnlrp", "cp_lrp", "generic", "gradient_x_input",
+        "integrated_gradients", "occlusion", "random", "raw_attention", "rollout",
     ]  # fmt: skip
     assert "does not take lrp, partial_lrp, transformer_attribution (the LRP methods" in (
         captured.err

@@ -52,12 +52,15 @@ _TORCH_DEFAULTS = {
 }
 
 
-def assert_float32_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+def assert_float32_close(
+    actual: torch.Tensor, expected: torch.Tensor, *, of_scale: float = 1e-6
+) -> None:
     """`actual` equals `expected` as float32 keeps, whatever their dtype (a float64 model
     whose eager softmax transformers computes in float32 is float32 there): rtol 1e-4, and
-    1e-6 of the largest magnitude for the small entries that are sums of cancelling terms."""
+    `of_scale` of the largest magnitude for the small entries that are sums of cancelling
+    terms."""
     scale = float(expected.abs().max()) if expected.numel() else 0.0
-    torch.testing.assert_close(actual, expected, rtol=FLOAT32_RTOL, atol=1e-6 * scale)
+    torch.testing.assert_close(actual, expected, rtol=FLOAT32_RTOL, atol=of_scale * scale)
 
 
 class ToleranceError(Exception):

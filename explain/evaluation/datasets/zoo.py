@@ -202,13 +202,29 @@ def heldout_dataset(
     return sets[name](image_size)
 
 
-ANSWER_SETS: dict[str, Callable[[LoadedModel, int | None], EvaluationDataset]] = {}
+def _shapes_answers(loaded: LoadedModel, length: int | None) -> EvaluationDataset:
+    from explain.data.shapes_questions import HeldoutAnswers
+
+    size = loaded.image_size
+    return HeldoutAnswers(loaded.tokenizer, size=size[0] if size else 64)
+
+
+ANSWER_SETS: dict[str, Callable[[LoadedModel, int | None], EvaluationDataset]] = {
+    "shapes-llava": _shapes_answers,
+}
 """Zoo model name -> its held-out prompts with answers and known evidence (the language-
 and vision-language-evidence tests: `AnswerExample`s or `ImageAnswerExample`s), made with
 the loaded model's tokenizer or processor; the int is the prompt length in tokens for a
 language model (None: its own default), ignored by a vision-language model. A known-
-evidence zoo model's data module adds its entry here; a data set may name the token that
-replaces removed tokens as its `replacement`."""
+evidence zoo model's data module makes its examples and adds its entry here; a data set
+may name the token that replaces removed tokens as its `replacement`.
+
+- `shapes-llava`: the held-out shapes questions (`explain.data.shapes_questions.
+  HeldoutAnswers`): the answer word's token, the mask of the object the answer is about
+  (empty for "no", "none", "nothing": such examples are left out of the pointing game and
+  the mIoU, and counted), the word the question names as text evidence. Examples the
+  model answers wrongly are left out of every ranking number and counted (their evidence
+  is not known), as for every answer set."""
 
 
 def answer_dataset(name: str, loaded: LoadedModel, length: int | None = None) -> EvaluationDataset:
