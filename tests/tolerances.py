@@ -59,7 +59,7 @@ def assert_float32_close(
     whose eager softmax transformers computes in float32 is float32 there): rtol 1e-4, and
     `of_scale` of the largest magnitude for the small entries that are sums of cancelling
     terms."""
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    scale = float(expected.detach().abs().max()) if expected.numel() else 0.0
     torch.testing.assert_close(actual, expected, rtol=FLOAT32_RTOL, atol=of_scale * scale)
 
 
