@@ -33,8 +33,11 @@ __all__ = [
 CPU_CHUNK_BYTES = 4 << 20
 """On CPU a chunk's temporaries stay under this size whatever the budget: chunks that fit
 the caches are faster than large ones, which spend their time on fresh pages (a narrow
-Llama block at 8192 tokens: 0.7 s with 4 MiB chunks, 10 s with 1 GiB ones). On a GPU the
-budget alone sizes the chunks, since there each chunk costs kernel launches."""
+Llama block at 8192 tokens: 0.7 s with 4 MiB chunks, 10 s with 1 GiB ones; of a `generic`
+block at 8,192 tokens x 4 columns and at 2,000 x 32, 1 MiB chunks take 1.5-2x as long
+as 4 MiB ones, 4 to 12 MiB are alike within the shared machine's noise, 64 MiB 3-4x).
+On a GPU the budget alone sizes the chunks, since there each chunk costs kernel
+launches."""
 
 
 def readout_spread(
@@ -97,11 +100,12 @@ def readout_spread(
             attention.masked_fill_(dead[:, :, start:stop] if causal else dead, 0.0)
         if gradient:
             assert output_grad is not None and values_t is not None
-            out[..., :width] += _gradient_spread(
+            spread = _gradient_spread(
                 vector[..., start:stop], output_grad[..., start:stop, :], values_t, attention
             )
         else:
-            out[..., :width] += attention_spread(vector[..., start:stop], attention)
+            spread = attention_spread(vector[..., start:stop], attention)
+        out[..., :width].add_(spread)  # `+=` on a slice would copy it back onto itself
     if gradient:
         out = out.sum(dim=1).transpose(0, 1)  # (C, B, Nk)
     return out.div_(heads)
