@@ -23,9 +23,8 @@ the same function.
 
 Examples are a pure function of the scene's seed and the question's number, on the
 scenes' seed splits (`shapes.SPLITS`): `example(seed, number)`, or `examples(split, ...)`.
-`HeldoutAnswers` gives the held-out ones in a model's own tokens, as the
-vision-language-evidence test takes them (shapes-llava's entry in
-`explain.evaluation.datasets.zoo.ANSWER_SETS`).
+`explain.evaluation.datasets.zoo.ShapesAnswers` gives the held-out ones in a model's own
+tokens, as the vision-language-evidence test takes them.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -51,8 +50,6 @@ from explain.data.shapes import (
 if TYPE_CHECKING:  # transformers is imported only when a tokenizer is built
     from transformers import PreTrainedTokenizerFast
 
-    from explain.evaluation.datasets.base import ImageAnswerExample
-
 __all__ = [
     "ANSWERS",
     "CHAT_TEMPLATE",
@@ -60,7 +57,6 @@ __all__ = [
     "TEMPLATES",
     "VOCABULARY",
     "Example",
-    "HeldoutAnswers",
     "Question",
     "answer",
     "ask",
@@ -273,59 +269,6 @@ def examples(
         example(scene_seed(split, start + i // per_scene), i % per_scene, size)
         for i in range(count)
     ]
-
-
-class HeldoutAnswers:
-    """The first `length` held-out examples (question 0 of held-out scenes 0, 1, ...: the
-    examples shapes-llava's card counts) as `ImageAnswerExample`s, made by `processor` (a
-    vision-language model's, whose tokenizer holds VOCABULARY's words) as a user's
-    prompt goes through it (`explain.inputs.encode_image_prompt`: the chat template, the
-    image placeholder expanded to the image tokens).
-
-    Each example's answer is the answer word's token alone (the end token after it says
-    nothing about the scene); its mask is `Example.mask` (the pixels of the object the
-    answer is about), on the grid of its pixel values because the scenes are drawn at the
-    processor's size (`size`); its text evidence is the position of the word the question
-    names (the asked kind, or the asked colour for "shape"). How the test counts them
-    (explain.evaluation.vision_language): an example whose answer is about no object
-    ("no", "none", "nothing": an empty mask) is left out of the pointing game and the
-    mIoU and counted apart; an example the model answers wrongly (its greedy answer word
-    is not `answer`) is left out of every ranking number, as its evidence is not known,
-    and counted with the share answered right.
-    """
-
-    name = "shapes-questions-heldout"
-
-    def __init__(self, processor: Any, length: int = 1000, size: int = 64) -> None:
-        self.processor, self.length, self.size = processor, length, size
-
-    def __len__(self) -> int:
-        return self.length
-
-    def item(self, index: int) -> Example:
-        """Example `index` as the data makes it (scene, question, answer, target)."""
-        if not 0 <= index < self.length:
-            raise IndexError(f"index {index} out of range for {self.length} examples")
-        return example(scene_seed("heldout", index), 0, self.size)
-
-    def __getitem__(self, index: int) -> ImageAnswerExample:
-        import torch
-
-        from explain.evaluation.datasets.base import ImageAnswerExample
-        from explain.inputs import encode_image_prompt
-
-        item = self.item(index)
-        encoded = encode_image_prompt({"image": item.image, "text": item.text}, self.processor)
-        ids = tuple(encoded["input_ids"][0].tolist())
-        named = (COLOURS if item.question.template == "shape" else KINDS)[item.question.subject]
-        tokens = self.processor.tokenizer.convert_tokens_to_ids([named, item.answer])
-        return ImageAnswerExample(
-            input_ids=ids,
-            pixel_values=encoded["pixel_values"][0],
-            answer=(tokens[1],),
-            mask=torch.from_numpy(item.mask),
-            text_evidence=(ids.index(tokens[0]),),  # the question names it once
-        )
 
 
 def _unused(values: list[int], choices: int, rng: np.random.Generator, avoid: int | None) -> int:
