@@ -7,10 +7,12 @@ page shows, which must equal `Explainer.explain` (or `explain_generation`) for t
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -525,7 +527,10 @@ def test_text_view_token_relevance(browser, tmp_path):
         page.close()
 
 
-def test_generation_view_click_a_word(browser, tmp_path):
+@contextlib.contextmanager
+def generated_page(browser: Any, tmp_path: Path, prompt: str, method: str | None = None):
+    """A tiny Llama's page after generating 4 tokens for `prompt` (with `method`, else
+    the page's default), and the same generation explained in Python: (page, found)."""
     from explain.generation import explain_generation
     from explain.testing.tiny_lm import save_tiny_lm
 
@@ -533,13 +538,20 @@ def test_generation_view_click_a_word(browser, tmp_path):
     loaded = load_model(folder)
     with serving(loaded, str(folder), None, tmp_path / "cache") as server:
         page = open_page(browser, server.url)
-        page.fill("#prompt", "w10 w11 a&b <script>")
+        page.fill("#prompt", prompt)
         page.fill("#max-new-tokens", "4")
+        if method is not None:
+            page.select_option("#gen-method", method)
         page.click("#generate")
         page.wait_for_selector("#generation .token.generated")
         settled(page)
         explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-        found = explain_generation(explainer, "w10 w11 a&b <script>", max_new_tokens=4)
+        yield page, explain_generation(explainer, prompt, max_new_tokens=4)
+        page.close()
+
+
+def test_generation_view_click_a_word(browser, tmp_path):
+    with generated_page(browser, tmp_path, "w10 w11 a&b <script>") as (page, found):
         tokens = page.eval_on_selector_all("#generation .token", "ts => ts.map(t => t.textContent)")
         width = found.generation.prompt_length
         count = int(found.generation.generated[0].sum())
@@ -566,28 +578,13 @@ def test_generation_view_click_a_word(browser, tmp_path):
         with page.expect_download() as download:
             page.click("#gen-export-png")
         assert png_pixels(Path(download.value.path()).read_bytes())[..., :3].std() > 20
-        page.close()
 
 
 def test_the_generation_view_says_what_each_token_rests_on_as_the_terminal_does(browser, tmp_path):
     """The page's "generated mostly from" names what `Answer.rests_on` names (what
     `explain generate` prints and the figure writes): the token a generated token is read
     out at is left out, though its own identity term makes it the largest of the row."""
-    from explain.generation import explain_generation
-    from explain.testing.tiny_lm import save_tiny_lm
-
-    folder = save_tiny_lm(tmp_path / "tiny-llama", "llama")
-    loaded = load_model(folder)
-    with serving(loaded, str(folder), None, tmp_path / "cache") as server:
-        page = open_page(browser, server.url)
-        page.fill("#prompt", "w10 w11 w12 w13")
-        page.fill("#max-new-tokens", "4")
-        page.select_option("#gen-method", "generic")
-        page.click("#generate")
-        page.wait_for_selector("#generation .token.generated")
-        settled(page)
-        explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-        found = explain_generation(explainer, "w10 w11 w12 w13", max_new_tokens=4)
+    with generated_page(browser, tmp_path, "w10 w11 w12 w13", "generic") as (page, found):
         answer = found.answer()
         tokens = page.eval_on_selector_all("#generation .token", "ts => ts.map(t => t.textContent)")
         assert tokens == answer.tokens
@@ -602,7 +599,6 @@ def test_the_generation_view_says_what_each_token_rests_on_as_the_terminal_does(
                 f"{answer.tokens[i]} ({v})" for i, v in zip(rests, values, strict=True)
             )
             assert page.inner_text("#gen-hover") == f"{word} was generated mostly from: {listed}"
-        page.close()
 
 
 def test_the_language_model_page_offers_its_methods_keys_its_colours_and_clears_failures(
