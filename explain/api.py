@@ -39,8 +39,10 @@ class Explainer:
             records the path it took in `Explanation.settings["attention_path"]`.
         memory_budget: bytes the attention maps may take: "auto" keeps the explicit path
             only where its maps fit, and the fused path folds the blocks in chunks of
-            that size (README, "Attention paths"). None: half the free memory of a
-            CUDA device, a quarter of the available RAM (at most 1 GiB) elsewhere.
+            that size (README, "Attention paths"); integrated gradients and occlusion run
+            as many copies of the inputs per forward as fit in it. None: half the free
+            memory of a CUDA device, a quarter of the available RAM (at most 1 GiB)
+            elsewhere.
         spec: for a transformer of your own (no supported family): its blocks, attention
             probabilities and readout, see `explain.TransformerSpec` and
             docs/custom-models.md.

@@ -4,7 +4,7 @@ minilm-sentiment), ROAD and SaCo on the image models, and the known-evidence tes
 language model (at 512, 1024 and 2048 tokens) and the vision-language model (at depths
 "lm" and "tower").
 
-    OMP_NUM_THREADS=1 python scripts/results.py --images 400 --sentences 300
+    OMP_NUM_THREADS=1 python scripts/results.py --images 256 --road-saco-images 64 --answers 512
     OMP_NUM_THREADS=1 python scripts/results.py --models shapes-swin   # only its tables
     OMP_NUM_THREADS=1 python scripts/results.py --models recall-llama shapes-llava
 
@@ -26,6 +26,7 @@ from typing import Any
 from explain.errors import ModelLoadError, OptionError
 from explain.evaluation import PROTOCOLS, perturbation_auc
 from explain.evaluation.evaluate import evaluate_model
+from explain.evaluation.protocol import Column
 from explain.evaluation.report import markdown_table
 from explain.export import atomic_write
 from explain.loading.zoo import ZOO
@@ -55,6 +56,10 @@ RUNS: tuple[tuple[str, str, dict[str, Any]], ...] = (
 
 ANSWERS = ("language-evidence", "vision-language-evidence")
 
+FINDINGS = ("road", "saco", "language-evidence", "vision-language-evidence")
+"""The protocols whose tables are followed by their best methods within noise and the
+methods worse than `random` (`findings`)."""
+
 
 def run_label(options: dict[str, Any]) -> str:
     """How a table's heading and file name tell its options apart ("" for none)."""
@@ -69,9 +74,13 @@ def run_label(options: dict[str, Any]) -> str:
 PAPER_NEGATIVE = {"transformer_attribution": 54.16, "rollout": 53.1, "attention_gradcam": 41.52}
 PAPER_POSITIVE_TA = 17.03
 
-RUN_MINUTES = 8
-"""The whole run's length from scratch, measured (2026-11-30: 7 min 46 s with one thread on
-a 2-core machine), for the page's skip marker."""
+RUN_MINUTES = 60
+"""The whole run's length from scratch with the settings of the module doc, for the page's
+skip marker: an estimate from the parts measured on 2026-12-01 with one thread each on a
+loaded 2-core machine, two runs sharing it (shapes-vit and digits-vit with --images 256
+--road-saco-images 64: 22 min; shapes-llava with --answers 512, both depths: 15 min), plus
+shapes-swin, minilm-sentiment and recall-llama (8 min for the page without ROAD, SaCo and
+the evidence tests on 2026-11-30)."""
 
 DATA_NOTES = {
     "shapes-vit": (
@@ -157,6 +166,86 @@ PROTOCOL_NOTES = {
     ),
 }
 """What each newer protocol does, printed above its tables."""
+
+READINGS: dict[tuple[str, str, str], str] = {
+    ("shapes-vit", "road", ""): (
+        "Reading: with imputation instead of zeros, of the attention and LRP methods "
+        "`cp_lrp` takes the prediction away fastest, `generic` and `transformer_attribution` "
+        "next, but "
+        "`lrp` does no better than `random` on MoRF. Its map is not about the object: on the "
+        "first 32 held-out scenes only 25% of its most relevant 10% of pixels lie on the "
+        "object (55% for `generic` and `cp_lrp`), and the imputation changes those pixels by "
+        "0.065 on average (0.18 for `generic`): it removes almost nothing. `attnlrp` is "
+        "clearly behind `cp_lrp` on MoRF (41 against 25) although the pixels both remove "
+        "first lie on the object as often (54% and 55%) and are changed as much; we have "
+        "not found why.\n"
+    ),
+    ("shapes-vit", "saco", ""): (
+        "Reading: `attnlrp`, `cp_lrp` and `generic` order the pixels the way the "
+        "probability reacts to them (tied near 0.97), the other attention-based maps "
+        "follow (0.81 to 0.94); `attention_gradcam` and full `lrp` barely do (0.27 and "
+        "0.29), in line with their perturbation and ROAD rows.\n"
+    ),
+    ("digits-vit", "road", ""): (
+        "Reading: here ROAD reorders the perturbation test. With zeros `attnlrp` and "
+        "`cp_lrp` are close to the best MoRF (18.9 and 19.5 against 15.4); with imputation "
+        "they fall behind `generic` and `rollout` (53 and 52 against 37 and 35) while "
+        "leading LeRF. Measured on the first 32 held-out digits: of the 30% of pixels they "
+        "rank first, 53% and 51% are ink (66% for `generic`, 70% for `rollout`), and the "
+        "imputation changes them by 0.13 on average (0.20 for `generic`, 0.24 for "
+        "`rollout`): their MoRF order removes less under ROAD than under zeroing. We think "
+        "they rank ink-free patches high (missing ink tells a digit too), and ROAD refills "
+        "a blank patch among blank neighbours with blank.\n"
+    ),
+    ("digits-vit", "saco", ""): (
+        "Reading: `attnlrp`, `transformer_attribution`, `generic` and `cp_lrp` are tied; "
+        "`attention_gradcam`, `partial_lrp` and `raw_attention` order the pixels little "
+        "better than `random` (0.19, 0.11, 0.29 against 0.01).\n"
+    ),
+    ("shapes-llava", "vision-language-evidence", "depth lm"): (
+        "Reading, measured per template on the same examples (pointing game): `attnlrp` and "
+        "`cp_lrp` point at the answer's object in every template. `generic` fails on "
+        "presence questions (0.61; colour 1.00, shape 0.90, left 0.90): its maximum lies "
+        "on another object in 32% of them and on the background in 7%. On presence "
+        'questions answered "yes" (40 scenes with other objects) the readout\'s attention '
+        "in the language model's last two blocks goes mostly to the object's image tokens "
+        "(82% and 52% of it), but the gradient times that attention is negative there in 90% "
+        "and 95% of the examples; `generic` keeps only the positive part of each head's "
+        "product, and we think this is why what is left of the object loses the maximum. "
+        '`raw_attention` and `rollout` fail on "left" questions (0.66, 0.63): 22% and 29% '
+        "of their maxima lie on the object the question names (the one whose left is "
+        "asked), which the model looks at but the answer is not about. `attention_gradcam` "
+        "misses in every template alike (0.63 to 0.66; other objects 19%, background 17%), "
+        "and its negative AUC is below `random`'s. On the text side, of the attention and "
+        "LRP methods only `attnlrp` ranks the named word first often (0.43; 0.78 on shape "
+        "questions, where the colour word is the only clue). "
+        '`generic`, `cp_lrp` and `attnlrp` often rank first the template word "there" of '
+        'presence questions and "left" of left questions, and `generic`, `rollout`, '
+        '`raw_attention`, `attention_gradcam` and `cp_lrp` the chat template\'s "user" '
+        "(139, 339, 166, 249 and 107 of 468 examples answered right). Replacing the "
+        "question word a method ranks first by an unknown word changes the answer in 56% of "
+        "the cases for `attnlrp`, 43% `cp_lrp`, 35% `generic`, 16% `attention_gradcam`, "
+        "13% `raw_attention` and 13% `random` (replacing the named word: 61%; the template's "
+        "second word: 1%). The baselines split: `occlusion` ranks the named word first "
+        "most often of all (0.53) but points at the object least of the non-random "
+        "methods (0.49; one 8 x 8 patch at a time, while an object covers several: we "
+        "think removing one of them seldom changes the answer), `integrated_gradients` "
+        "points as `generic` does (0.87) with a better mIoU (0.57) and a negative AUC "
+        "tied with the best, and `gradient_x_input`'s negative AUC is below `random`'s.\n"
+    ),
+    ("shapes-llava", "vision-language-evidence", "depth tower"): (
+        "Reading: through the tower `attnlrp` and `cp_lrp` still point at the object (0.99), "
+        "`generic` scores exactly as at depth lm in every template, and `rollout` loses "
+        "ground (0.92 to 0.79): its misses lie on other objects (13% to 24% of colour, "
+        "presence and shape questions) and on the named object (32% of left questions); "
+        "we think rolling the tower's attention in spreads relevance between patches of "
+        "different objects. The text columns are the same as "
+        "at depth lm: the depth changes only the image side. The methods that read one "
+        "fixed block have no tower map (skipped below).\n"
+    ),
+}
+"""What a table shows and why we think so, measured beyond the table, printed under it:
+by (model, protocol, run label)."""
 
 
 DISCUSSION = """
@@ -314,13 +403,41 @@ def class_specific_findings(results: dict[str, Any]) -> str:
         )
         + "."
     ]
-    for key, title in (
-        ("positive_auc", "positive AUC"),
-        ("negative_auc", "negative AUC"),
-        ("other_kept_auc", "other kept AUC"),
-        ("miou", "mIoU"),
-    ):
-        lines.append(f"- Best {title}, with every method tied with it: {_tied(results, key)}.")
+    keys = ("positive_auc", "negative_auc", "other_kept_auc", "miou")
+    columns = PROTOCOLS["class-specific"].columns
+    lines += best_lines(results, {key: columns[key] for key in keys})
+    return "\n".join(lines)
+
+
+def best_lines(results: dict[str, Any], columns: dict[str, Column]) -> list[str]:
+    """Per ranking column: the best method and every method tied with it within noise."""
+    return [
+        f"- Best {column.header}, with every method tied with it: {_tied(results, key)}."
+        for key, column in columns.items()
+        if column.better and key in results["ties"]
+    ]
+
+
+def findings(results: dict[str, Any], protocol: str) -> str:
+    """The best methods within noise on each ranking number, and the methods whose number
+    is on the wrong side of the `random` baseline's (worse than a map that knows nothing)."""
+    columns = PROTOCOLS[protocol].columns
+    lines = best_lines(results, dict(columns))
+    per_method = results["results"]
+    if "random" in per_method:
+        for key, column in columns.items():
+            if not column.better:
+                continue
+            sign = 1 if column.better == "higher" else -1
+            level = per_method["random"][key]
+            worse = [m for m, s in per_method.items() if sign * (s[key] - level) < 0]
+            if worse:
+                baseline = _value(per_method["random"], key)
+                lines.append(
+                    f"- {column.header}: worse than `random` ({baseline}): "
+                    + ", ".join(f"`{m}` {_value(per_method[m], key)}" for m in worse)
+                    + "."
+                )
     return "\n".join(lines)
 
 
@@ -363,6 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=256, help="images per image run")
     parser.add_argument("--sentences", type=int, default=300, help="sentences per text run")
     parser.add_argument(
+        "--road-saco-images",
+        type=int,
+        help="images per ROAD and SaCo run (default: --images); ROAD solves a sparse system "
+        "per image and removed fraction, about 10x a perturbation run's time",
+    )
+    parser.add_argument(
         "--answers", type=int, default=256, help="prompts per language or vision-language run"
     )
     parser.add_argument("--batch-size", type=int, default=16)
@@ -387,7 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     for model, protocol, options in RUNS:
         if model not in args.models or model in missing:
             continue
-        limit = {"rationale": args.sentences, **dict.fromkeys(ANSWERS, args.answers)}
+        limit = {
+            "rationale": args.sentences,
+            **dict.fromkeys(ANSWERS, args.answers),
+            **dict.fromkeys(("road", "saco"), args.road_saco_images or args.images),
+        }
         label = run_label(options)
         name = "-".join([model, protocol, *(str(value) for value in options.values())])
         try:
@@ -444,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
             sections.append(kept_models[model])
             continue
         sections.append(f"## `zoo:{model}`\n\nData: {DATA_NOTES[model]}.\n")
-        if not everything and model in args.models:
+        if not everything and model in args.models and model not in missing:
             sections.append(f"These tables were generated by `{command.strip()}`.\n")
         if model in missing or model not in args.models:
             sections.append(f"Not evaluated: {missing.get(model, 'not run for this page')}\n")
@@ -459,6 +586,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 if protocol == "class-specific":
                     sections.append(class_specific_findings(results) + "\n")
+                elif protocol in FINDINGS:
+                    sections.append(findings(results, protocol) + "\n")
+                reading = READINGS.get((model, protocol, label))
+                if reading:
+                    sections.append(reading)
     papers = ("shapes-vit", "digits-vit")
     if any((model, "perturbation", "") not in runs for model in papers) and kept_rest.strip():
         sections.append(kept_rest)

@@ -143,7 +143,7 @@ def ruled_attention(ruled: nn.Module, variant: str):
         yield
 
 
-def _parts(ruled: nn.Module) -> tuple[nn.Module, nn.Module]:
+def parts(ruled: nn.Module) -> tuple[nn.Module, nn.Module]:
     """The language model and the tower's patch embedding of each family."""
     inner = ruled.model
     if hasattr(inner, "visual"):  # Qwen2-VL, Qwen2.5-VL: flattened patches (N, D)
@@ -159,9 +159,12 @@ def relevances(
     """(relevance (T,) over the text's tokens at the language model's input, the image
     tokens among them; relevance at the tower's patch embeddings: (images, gh, gw) for a
     convolution, (patches,) in the tower's order for flattened patches) of the next-token
-    logit `target` read out at `position` of one text, under `variant`'s rules."""
-    ruled = ruled_copy(model, variant)
-    language, patches = _parts(ruled)
+    logit `target` read out at `position` of one text, under `variant`'s rules; with
+    `variant` "gradient_x_input", under none: the model's own float64 gradient (a copy,
+    on the attention path it was loaded with)."""
+    plain = variant == "gradient_x_input"
+    ruled = copy.deepcopy(model).double() if plain else ruled_copy(model, variant)
+    language, patches = parts(ruled)
     seen: dict[str, Tensor] = {}
     language.register_forward_pre_hook(
         lambda module, args, kwargs: seen.__setitem__("text", kwargs["inputs_embeds"]),
@@ -169,7 +172,7 @@ def relevances(
     )
     patches.register_forward_hook(lambda module, args, out: seen.__setitem__("tower", out))
     arguments = {k: v for k, v in one.items() if k not in ("rows", "cols")}
-    with ruled_attention(ruled, variant):
+    with contextlib.nullcontext() if plain else ruled_attention(ruled, variant):
         logits = ruled(**arguments, use_cache=False).logits
     text, tower = seen["text"], seen["tower"]
     text_grad, tower_grad = torch.autograd.grad(logits[0, position, target], [text, tower])

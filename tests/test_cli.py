@@ -185,7 +185,10 @@ def test_image_all_methods_runs_every_method_the_model_takes(capsys, tmp_path):
     written = sorted(path.name for path in out.iterdir())
     taken = ("attention_gradcam", "generic", "random", "raw_attention", "rollout")
     assert written == [f"scene_{method}_0-circle.png" for method in taken]
-    refused = "attnlrp, cp_lrp, lrp, partial_lrp, transformer_attribution"
+    refused = (
+        "attnlrp, cp_lrp, gradient_x_input, integrated_gradients, lrp, occlusion, "
+        "partial_lrp, transformer_attribution"
+    )
     assert f"--method all: zoo:shapes-swin does not take {refused} (its attention is" in err
     # a method named on its own is refused, naming those the model takes, before any file
     status, _, err = _run(
@@ -469,7 +472,7 @@ def test_image_gives_the_score_only_to_the_methods_that_differentiate_one(
     assert notes == [
         f"explain: note: {name} differentiates no score; --score is ignored for it"
         for name, method in sorted(METHODS.items())
-        if not method.needs_gradients
+        if not method.takes_score
     ]
     assert len(notes) >= 3  # raw_attention, rollout, random at least
     assert {path.name.split("_")[1] for path in out.glob("*.png")} >= {"generic", "rollout"}

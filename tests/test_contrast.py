@@ -11,6 +11,7 @@ import functools
 
 import pytest
 import torch
+from conftest import PLAIN_BASELINES, float32_atol
 
 from explain import Contrast, Explainer, OptionError, TargetError
 from explain.engine import supported_methods
@@ -21,8 +22,17 @@ TEXTS = {
     "input_ids": torch.tensor([[5, 9, 14, 22, 31], [7, 12, 40, 3, 0]]),
     "attention_mask": torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]),
 }
-LINEAR = ("attnlrp", "cp_lrp")
+LINEAR = ("attnlrp", "cp_lrp", "gradient_x_input", "integrated_gradients", "occlusion")
 SCORES = ("logit", "log_probability", "probability")
+
+
+def _tolerance(method: str, expected: torch.Tensor) -> dict[str, float]:
+    """1e-10 in float64; but the Llama's RMSNorm computes in float32 whatever the model's
+    dtype, and a plain gradient goes through its backward (AttnLRP's identity rule does
+    not): the baselines' maps carry float32's rounding there (conftest.PLAIN_BASELINES)."""
+    if method in PLAIN_BASELINES:
+        return {"rtol": 1e-4, "atol": float32_atol(method, expected, 1e-12)}
+    return {"rtol": 1e-10, "atol": 1e-12}
 
 
 @functools.cache
@@ -37,9 +47,8 @@ def test_linear_methods_explain_the_difference_of_the_two_explanations(method, s
     contrast = explainer.explain(TEXTS, target=Contrast(20, [21, 33]), method=method, score=score)
     target = explainer.explain(TEXTS, target=20, method=method, score=score)
     foil = explainer.explain(TEXTS, target=[21, 33], method=method, score=score)
-    torch.testing.assert_close(
-        contrast.relevance, target.relevance - foil.relevance, rtol=1e-10, atol=1e-12
-    )
+    difference = target.relevance - foil.relevance
+    torch.testing.assert_close(contrast.relevance, difference, **_tolerance(method, difference))
     assert contrast.target.tolist() == [20, 20]
     assert contrast.settings["foil"] == [21, 33]
     assert contrast.score == score
@@ -62,7 +71,8 @@ def test_every_method_that_takes_one_explains_the_difference_of_the_scores(metho
     explainer = Explainer(_llama())
     contrast = explainer.explain(TEXTS, target=Contrast(20, [21, 33]), method=method, score=score)
     custom = explainer.explain(TEXTS, target=difference, method=method)
-    torch.testing.assert_close(contrast.relevance, custom.relevance, rtol=1e-10, atol=1e-12)
+    tolerance = _tolerance(method, custom.relevance)
+    torch.testing.assert_close(contrast.relevance, custom.relevance, **tolerance)
 
 
 @pytest.mark.parametrize("method", ["generic", "attention_gradcam"])

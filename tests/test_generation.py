@@ -9,6 +9,7 @@ import functools
 import pytest
 import reference_hf as ref
 import torch
+from conftest import float32_atol
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from explain import Explainer, InputError, OptionError, engine
@@ -46,8 +47,9 @@ def _next_token_methods() -> list[str]:
     return [name for name in engine.supported_methods(adapter) if name != "random"]
 
 
-def _check_columns(explainer, generation, method, rtol, atol) -> None:
-    """Every column of the generation's explanation against its prefix's explanation."""
+def _check_columns(explainer, generation, method, rtol, atol, *, float32=False) -> None:
+    """Every column of the generation's explanation against its prefix's explanation
+    (`float32`: at conftest.float32_atol)."""
     result = explain_generation(explainer, generation, method=method).explanation
     width, total = generation.prompt_length, generation.input_ids.shape[1]
     batch = generation.input_ids.shape[0]
@@ -63,8 +65,9 @@ def _check_columns(explainer, generation, method, rtol, atol) -> None:
             prefix, target=generation.input_ids[:, at], method=method
         ).relevance
         real = generation.generated[:, g]
+        scaled = float32_atol(method, expected, atol) if float32 else atol
         torch.testing.assert_close(
-            result.relevance[real, g, :at], expected[real], rtol=rtol, atol=atol
+            result.relevance[real, g, :at], expected[real], rtol=rtol, atol=scaled
         )
         assert (result.relevance[:, g, at:] == 0).all()  # nothing after the explained token
         assert (result.relevance[~real, g] == 0).all()  # past a continuation's end
@@ -84,7 +87,7 @@ def test_every_generated_token_equals_the_next_token_explanation(family, method)
     CP-LRP included: one batched backward to the embeddings serves every column), with
     prompts padded on the left and a continuation that ends early."""
     model = _model(family)
-    _check_columns(Explainer(model), _generation(model, end=True), method, 1e-4, 1e-6)
+    _check_columns(Explainer(model), _generation(model, end=True), method, 1e-4, 1e-6, float32=True)
 
 
 @pytest.mark.parametrize("method", _next_token_methods())

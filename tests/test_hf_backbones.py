@@ -7,11 +7,10 @@ from __future__ import annotations
 import pytest
 import reference_backbones as refb
 import torch
+from tolerances import FLOAT32, FLOAT64
 
 from explain import Explainer, InputError, OptionError
 from explain.testing import tiny_hf_vision
-
-TOL = dict(rtol=1e-5, atol=1e-6)
 
 # name -> (family, config overrides, input (H, W))
 CONFIGS = {
@@ -32,7 +31,7 @@ def _case(name):
 
 def _row(family: str, model, num_tokens: int) -> torch.Tensor:
     """The readout row, written from each classifier's pooling code."""
-    row = torch.zeros(num_tokens)
+    row = torch.zeros(num_tokens, dtype=torch.float64)
     if family.startswith("dinov2"):  # classifier(cat(cls, mean(patches)))
         prefix = 1 + getattr(model.config, "num_register_tokens", 0)
         row[0] = 0.5
@@ -59,6 +58,7 @@ def _call(image):
 @pytest.mark.parametrize("method", ["generic", "rollout"])
 def test_matches_independent_computation(name, method):
     family, model, images = _case(name)
+    model, images = model.double(), images.double()
     start = 1 if method == "rollout" else 0
     result = Explainer(model).explain(images, method=method, start_layer=start, target=3)
     patch = model.config.patch_size if family != "siglip" else model.config.vision_config.patch_size
@@ -67,11 +67,11 @@ def test_matches_independent_computation(name, method):
         attentions, grads, logits = refb.hf_attentions_and_gradients(
             model, _call(images[b]), target=3
         )
-        torch.testing.assert_close(result.logits[b], logits[0], **TOL)
+        torch.testing.assert_close(result.logits[b], logits[0], **FLOAT64)
         num_tokens = attentions[0].shape[-1]
         expected = refb.method(method, attentions, grads, _row(family, model, num_tokens), start)
         prefix = num_tokens - grid[0] * grid[1]
-        torch.testing.assert_close(result.relevance[b], expected[prefix:].reshape(grid), **TOL)
+        torch.testing.assert_close(result.relevance[b], expected[prefix:].reshape(grid), **FLOAT64)
 
 
 @pytest.mark.parametrize("name", ["dinov2-registers", "beit-mean", "siglip"])
@@ -87,7 +87,7 @@ def test_fused_path_equals_explicit_path_and_sdpa_is_restored(name):
     for method in ("generic", "attention_gradcam"):
         explicit = Explainer(model, attention_path="explicit").explain(images, method=method)
         fused = Explainer(model, attention_path="fused").explain(images, method=method)
-        torch.testing.assert_close(fused.relevance, explicit.relevance, **TOL)
+        torch.testing.assert_close(fused.relevance, explicit.relevance, **FLOAT32)
     assert model.config._attn_implementation == "sdpa"
 
 

@@ -8,6 +8,7 @@ import functools
 import pytest
 import reference_hf as ref
 import torch
+from tolerances import FLOAT32
 
 from explain import Explainer, InputError, supported_families
 from explain.testing import ModelState
@@ -115,7 +116,8 @@ def test_lists_and_a_missing_mask_work():
     from_tensor = explainer.explain(
         {"input_ids": torch.tensor([[2, 5, 6]]), "attention_mask": torch.ones(1, 3)}, target=4
     )
-    torch.testing.assert_close(from_lists.relevance, from_tensor.relevance)
+    # float32: a missing mask may take another attention path than a mask of ones
+    torch.testing.assert_close(from_lists.relevance, from_tensor.relevance, **FLOAT32)
 
 
 def test_families_are_listed():

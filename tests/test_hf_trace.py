@@ -8,6 +8,7 @@ import functools
 import pytest
 import reference_hf as ref
 import torch
+from tolerances import FLOAT32
 
 from explain import Explainer
 
@@ -54,7 +55,9 @@ def test_trace_matches_hugging_face_autograd(name, score):
         assert len(found.attentions) == layers
         for layer in range(layers):
             grid = (slice(None), keep[:, None], keep[None, :])
-            torch.testing.assert_close(trace.attentions[layer][b][grid], found.attentions[layer])
+            torch.testing.assert_close(
+                trace.attentions[layer][b][grid], found.attentions[layer], **FLOAT32
+            )  # float32, a padded batch against each text alone
             _assert_gradients_close(
                 trace.attention_grads[layer][b][grid], found.attention_grads[layer]
             )

@@ -6,12 +6,11 @@ import copy
 
 import pytest
 import torch
+from tolerances import FLOAT32, FLOAT64
 
 import reference_vit as ref
 from explain import Explainer
 from explain.testing import tiny_vit
-
-TOL = dict(rtol=1e-5, atol=1e-6)
 
 
 def _reference(model, image, method, target=None, start=0, **options):
@@ -36,26 +35,28 @@ METHODS = ["raw_attention", "rollout", "generic", "attention_gradcam"]
 
 @pytest.mark.parametrize("method", METHODS)
 def test_methods_match_reference_per_image(vit_case, method):
-    model, images = vit_case
+    model, images = vit_case[0].double(), vit_case[1].double()
     result = Explainer(model).explain(images, method=method)
     for b in range(images.shape[0]):
         expected, cls = _reference(model, images[b], method)
         assert result.target[b].item() == cls
-        torch.testing.assert_close(result.relevance[b], expected, **TOL)
+        torch.testing.assert_close(result.relevance[b], expected, **FLOAT64)
 
 
 @pytest.mark.parametrize("method", ["rollout", "generic"])
 @pytest.mark.parametrize("start", [1, 2, -1])
 def test_start_layer(vit, images, method, start):
+    vit, images = vit.double(), images.double()
     result = Explainer(vit).explain(images, method=method, start_layer=start, target=3)
     for b in range(images.shape[0]):
         expected, _ = _reference(vit, images[b], method, target=3, start=start % 3)
-        torch.testing.assert_close(result.relevance[b], expected, **TOL)
+        torch.testing.assert_close(result.relevance[b], expected, **FLOAT64)
 
 
 @pytest.mark.parametrize("fusion", ["mean", "max", "min"])
 @pytest.mark.parametrize("discard", [0.0, 0.3])
 def test_rollout_options(vit, images, fusion, discard):
+    vit, images = vit.double(), images.double()
     result = Explainer(vit).explain(
         images, method="rollout", head_fusion=fusion, discard_ratio=discard, start_layer=1
     )
@@ -63,7 +64,7 @@ def test_rollout_options(vit, images, fusion, discard):
         expected, _ = _reference(
             vit, images[b], "rollout", start=1, head_fusion=fusion, discard_ratio=discard
         )
-        torch.testing.assert_close(result.relevance[b], expected, **TOL)
+        torch.testing.assert_close(result.relevance[b], expected, **FLOAT64)
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -81,11 +82,12 @@ def test_float64_exact(method):
 
 def test_generic_last_block_identity(vit, images):
     """With s = L-1, generic's non-readout entries are Abar_{L-1}[cls, :] (METHODS.md)."""
+    vit, images = vit.double(), images.double()
     result = Explainer(vit).explain(images, method="generic", start_layer=-1, target=0)
     for b in range(images.shape[0]):
         attentions, grads, _ = ref.attentions_and_gradients(vit, images[b], 0)
         abar = (grads[-1] * attentions[-1]).clamp(min=0).mean(0)
-        torch.testing.assert_close(result.relevance[b].flatten(), abar[0, 1:], **TOL)
+        torch.testing.assert_close(result.relevance[b].flatten(), abar[0, 1:], **FLOAT64)
 
 
 @pytest.mark.parametrize("method", [*METHODS, "random"])
@@ -100,17 +102,18 @@ def test_batch_equals_single(vit_case, method):
         return
     for b in range(images.shape[0]):
         single = explainer.explain(images[b : b + 1], method=method, target=2)
-        torch.testing.assert_close(batch.relevance[b], single.relevance[0], **TOL)
+        torch.testing.assert_close(batch.relevance[b], single.relevance[0], **FLOAT32)
 
 
 @pytest.mark.parametrize("score", ["logit", "probability", "log_probability"])
 def test_scores_match_reference(vit, images, score):
+    vit, images = vit.double(), images.double()
     result = Explainer(vit).explain(images, method="generic", score=score, target=2)
     for b in range(images.shape[0]):
         attentions, grads, _ = ref.attentions_and_gradients(vit, images[b], 2, score)
         row = ref.readout_row(vit, attentions[0].shape[-1], images.dtype)
         expected = ref.to_grid(vit, ref.generic(attentions, grads, row), (4, 4))
-        torch.testing.assert_close(result.relevance[b], expected, **TOL)
+        torch.testing.assert_close(result.relevance[b], expected, **FLOAT64)
 
 
 def test_several_targets_equal_separate_calls(vit, images):
@@ -121,7 +124,7 @@ def test_several_targets_equal_separate_calls(vit, images):
     assert torch.equal(many.target, targets)
     for k in range(3):
         one = explainer.explain(images, method="generic", target=targets[:, k])
-        torch.testing.assert_close(many.relevance[:, k], one.relevance, **TOL)
+        torch.testing.assert_close(many.relevance[:, k], one.relevance, **FLOAT32)
     agnostic = explainer.explain(images, method="rollout", target=targets)
     assert agnostic.relevance.shape == (2, 3, 4, 4)
 

@@ -16,6 +16,7 @@ import sys
 import pytest
 import torch
 from reference_coattention import generic_readout, gradient_weighted
+from tolerances import FLOAT64
 from torch import Tensor, nn
 
 from explain import Explainer, InputError, OptionError, UnsupportedModelError
@@ -62,8 +63,9 @@ def _texts(lengths: list[int], seed: int = 1) -> Tensor:
     return ids
 
 
-def _inputs(num_images: int, lengths: list[int]) -> dict[str, Tensor]:
-    images = torch.randn(num_images, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+def _inputs(num_images: int, lengths: list[int], dtype=torch.float32) -> dict[str, Tensor]:
+    generator = torch.Generator().manual_seed(2)
+    images = torch.randn(num_images, 3, 32, 32, generator=generator, dtype=dtype)
     return {"image": images, "text": _texts(lengths)}
 
 
@@ -119,6 +121,12 @@ def model() -> CLIP:
     return tiny_open_clip()
 
 
+@pytest.fixture(scope="module")
+def model64() -> CLIP:
+    """The maths against the reference in float64, compared at 1e-10."""
+    return tiny_open_clip().double()
+
+
 def _model_logits(model: CLIP, inputs: dict[str, Tensor]) -> Tensor:
     with torch.no_grad():
         image_features, text_features, scale = model(inputs["image"], inputs["text"])
@@ -129,27 +137,27 @@ def _model_logits(model: CLIP, inputs: dict[str, Tensor]) -> Tensor:
     "start_layer,image_start,text_start",
     [(None, IMAGE_LAYERS - 1, TEXT_LAYERS - 1), (0, 0, 0), ({"image": 1, "text": 0}, 1, 0)],
 )
-def test_paired_batch_matches_reference(model, start_layer, image_start, text_start):
-    inputs = _inputs(3, [3, 1, 6])
+def test_paired_batch_matches_reference(model64, start_layer, image_start, text_start):
+    model, inputs = model64, _inputs(3, [3, 1, 6], torch.float64)
     result = Explainer(model).explain(inputs, start_layer=start_layer)
     assert result.relevances["image"].shape == (3, GRID, GRID)
     assert result.relevances["text"].shape == (3, CONTEXT)
     assert torch.equal(result.target, torch.arange(3))
-    # The logits are open_clip's own, model(image, text), to float32 precision.
-    assert torch.allclose(result.logits, _model_logits(model, inputs), atol=1e-5)
+    # The logits are open_clip's own, model(image, text)
+    torch.testing.assert_close(result.logits, _model_logits(model, inputs), **FLOAT64)
     for i in range(3):
         length = _length(inputs["text"][i])
         image, text, logit = reference_pair(
             model, inputs["image"][i], inputs["text"][i, :length], image_start, text_start
         )
-        assert torch.allclose(result.logits[i, i], logit, atol=1e-5)
-        assert torch.allclose(result.relevances["image"][i], image, atol=1e-5)
-        assert torch.allclose(result.relevances["text"][i, :length], text, atol=1e-5)
+        torch.testing.assert_close(result.logits[i, i], logit, **FLOAT64)
+        torch.testing.assert_close(result.relevances["image"][i], image, **FLOAT64)
+        torch.testing.assert_close(result.relevances["text"][i, :length], text, **FLOAT64)
         assert torch.all(result.relevances["text"][i, length:] == 0)  # pads exactly 0
 
 
-def test_zero_shot_explains_the_winning_prompt_and_each_prompt(model):
-    inputs = _inputs(2, [2, 5, 1])
+def test_zero_shot_explains_the_winning_prompt_and_each_prompt(model64):
+    model, inputs = model64, _inputs(2, [2, 5, 1], torch.float64)
     explainer = Explainer(model)
     best = explainer.explain(inputs)  # 2 images, 3 prompts: each image's best prompt
     assert best.logits.shape == (2, 3)
@@ -167,10 +175,12 @@ def test_zero_shot_explains_the_winning_prompt_and_each_prompt(model):
                 IMAGE_LAYERS - 1,
                 TEXT_LAYERS - 1,
             )
-            assert torch.allclose(each.relevances["image"][i, k], image, atol=1e-5)
-            assert torch.allclose(each.relevances["text"][i, k, :length], text, atol=1e-5)
+            torch.testing.assert_close(each.relevances["image"][i, k], image, **FLOAT64)
+            torch.testing.assert_close(each.relevances["text"][i, k, :length], text, **FLOAT64)
         winner = int(best.target[i])
-        assert torch.allclose(best.relevances["image"][i], each.relevances["image"][i, winner])
+        torch.testing.assert_close(
+            best.relevances["image"][i], each.relevances["image"][i, winner], **FLOAT64
+        )
 
 
 def test_forward_only_methods_run_per_tower(model):

@@ -33,9 +33,10 @@ METHODS_WITH_BLOCKS = ("generic", "rollout", "attention_gradcam", "raw_attention
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Equal to float32 precision, relative to the size of the map."""
-    scale = expected.abs().max().clamp(min=1e-30)
-    torch.testing.assert_close(actual / scale, expected / scale, rtol=0, atol=1e-5)
+    """Equal as float32 keeps: rtol 1e-4, and 1e-5 of the map's largest magnitude for the
+    small entries."""
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5 * scale)
 
 
 def _full_matrix_relevance(
@@ -86,7 +87,7 @@ def test_fused_path_equals_explicit_path(vit_case, method):
     model, images = vit_case
     explicit = Explainer(model, attention_path="explicit").explain(images, method=method)
     fused = Explainer(model, attention_path="fused").explain(images, method=method)
-    torch.testing.assert_close(fused.logits, explicit.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.logits, explicit.logits, rtol=1e-4, atol=1e-5)
     assert torch.equal(fused.target, explicit.target)
     _close(fused.relevance, explicit.relevance)
 

@@ -313,12 +313,14 @@ def test_chosen_position_and_target():
     eager = eager_copy(model)
     for b in range(3):
         source, target, _ = reference(eager, _sample(inputs, b), 1, 7)
-        assert torch.allclose(result.relevances["source"][b, : source.shape[0]], source, atol=1e-5)
-        assert torch.allclose(result.relevances["target"][b, :2], target[:2], atol=1e-5)
+        assert torch.allclose(
+            result.relevances["source"][b, : source.shape[0]], source, rtol=1e-4, atol=1e-5
+        )
+        assert torch.allclose(result.relevances["target"][b, :2], target[:2], rtol=1e-4, atol=1e-5)
     assert torch.equal(result.target, torch.full((3,), 7))
     same = Explainer(model).explain(inputs, position=torch.tensor([1, 1, -2]), target=[7, 7, 7])
     # Sample 2 has 3 decoder tokens: position -2 is position 1, as for the others.
-    assert torch.allclose(same.relevances["source"], result.relevances["source"])
+    assert torch.allclose(same.relevances["source"], result.relevances["source"], rtol=1e-4)
     # position="all" with the sequences' own tokens given explicitly (pads marked -100).
     own = inputs["decoder_input_ids"][:, 1:].masked_fill(
         inputs["decoder_attention_mask"][:, 1:] == 0, -100
@@ -326,7 +328,7 @@ def test_chosen_position_and_target():
     every = Explainer(model).explain(inputs, position="all")
     given = Explainer(model).explain(inputs, position="all", target=own.tolist())
     assert torch.equal(every.target, given.target)
-    assert torch.allclose(every.relevances["source"], given.relevances["source"])
+    assert torch.allclose(every.relevances["source"], given.relevances["source"], rtol=1e-4)
     with pytest.raises(TargetError, match="per sample and position"):
         Explainer(model).explain(inputs, position="all", target=[1, 2, 3])
 
@@ -346,7 +348,7 @@ def test_every_position_with_a_target_callable():
     scored = explainer.explain(inputs, position="all", target=lambda x: x[:, 7])
     assert torch.all(scored.target == -1) and scored.score == "custom"
     for key in ("source", "target"):
-        assert torch.allclose(scored.relevances[key], given.relevances[key], atol=1e-6)
+        assert torch.allclose(scored.relevances[key], given.relevances[key], rtol=1e-4, atol=1e-6)
     calls = []
 
     def fickle(logits):  # class indices at the first position, scores after it

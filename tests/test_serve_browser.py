@@ -7,15 +7,18 @@ page shows, which must equal `Explainer.explain` (or `explain_generation`) for t
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from serve_fixtures import chromium, request, serving
+from tolerances import FLOAT32
 
 from explain import Explainer, Explanation
 from explain.engine import Request, supported_methods
@@ -520,11 +523,14 @@ def test_text_view_token_relevance(browser, tmp_path):
             [text], target=both, method="attnlrp"
         )
         assert exported.tokens == expected.tokens and exported.target.tolist() == both.tolist()
-        torch.testing.assert_close(exported.relevance.float(), expected.relevance)
+        torch.testing.assert_close(exported.relevance.float(), expected.relevance, **FLOAT32)
         page.close()
 
 
-def test_generation_view_click_a_word(browser, tmp_path):
+@contextlib.contextmanager
+def generated_page(browser: Any, tmp_path: Path, prompt: str, method: str | None = None):
+    """A tiny Llama's page after generating 4 tokens for `prompt` (with `method`, else
+    the page's default), and the same generation explained in Python: (page, found)."""
     from explain.generation import explain_generation
     from explain.testing.tiny_lm import save_tiny_lm
 
@@ -532,13 +538,20 @@ def test_generation_view_click_a_word(browser, tmp_path):
     loaded = load_model(folder)
     with serving(loaded, str(folder), None, tmp_path / "cache") as server:
         page = open_page(browser, server.url)
-        page.fill("#prompt", "w10 w11 a&b <script>")
+        page.fill("#prompt", prompt)
         page.fill("#max-new-tokens", "4")
+        if method is not None:
+            page.select_option("#gen-method", method)
         page.click("#generate")
         page.wait_for_selector("#generation .token.generated")
         settled(page)
         explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-        found = explain_generation(explainer, "w10 w11 a&b <script>", max_new_tokens=4)
+        yield page, explain_generation(explainer, prompt, max_new_tokens=4)
+        page.close()
+
+
+def test_generation_view_click_a_word(browser, tmp_path):
+    with generated_page(browser, tmp_path, "w10 w11 a&b <script>") as (page, found):
         tokens = page.eval_on_selector_all("#generation .token", "ts => ts.map(t => t.textContent)")
         width = found.generation.prompt_length
         count = int(found.generation.generated[0].sum())
@@ -559,34 +572,19 @@ def test_generation_view_click_a_word(browser, tmp_path):
             page.hover(f"#generation .token >> nth={index}")
             shown = float(page.get_attribute("#gen-hover", "data-value"))
             torch.testing.assert_close(
-                torch.tensor(shown), found.explanation.relevance[0, 1, index]
+                torch.tensor(shown), found.explanation.relevance[0, 1, index], **FLOAT32
             )
         assert "off the scale" in page.inner_text("#gen-hover")
         with page.expect_download() as download:
             page.click("#gen-export-png")
         assert png_pixels(Path(download.value.path()).read_bytes())[..., :3].std() > 20
-        page.close()
 
 
 def test_the_generation_view_says_what_each_token_rests_on_as_the_terminal_does(browser, tmp_path):
     """The page's "generated mostly from" names what `Answer.rests_on` names (what
     `explain generate` prints and the figure writes): the token a generated token is read
     out at is left out, though its own identity term makes it the largest of the row."""
-    from explain.generation import explain_generation
-    from explain.testing.tiny_lm import save_tiny_lm
-
-    folder = save_tiny_lm(tmp_path / "tiny-llama", "llama")
-    loaded = load_model(folder)
-    with serving(loaded, str(folder), None, tmp_path / "cache") as server:
-        page = open_page(browser, server.url)
-        page.fill("#prompt", "w10 w11 w12 w13")
-        page.fill("#max-new-tokens", "4")
-        page.select_option("#gen-method", "generic")
-        page.click("#generate")
-        page.wait_for_selector("#generation .token.generated")
-        settled(page)
-        explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-        found = explain_generation(explainer, "w10 w11 w12 w13", max_new_tokens=4)
+    with generated_page(browser, tmp_path, "w10 w11 w12 w13", "generic") as (page, found):
         answer = found.answer()
         tokens = page.eval_on_selector_all("#generation .token", "ts => ts.map(t => t.textContent)")
         assert tokens == answer.tokens
@@ -601,7 +599,6 @@ def test_the_generation_view_says_what_each_token_rests_on_as_the_terminal_does(
                 f"{answer.tokens[i]} ({v})" for i, v in zip(rests, values, strict=True)
             )
             assert page.inner_text("#gen-hover") == f"{word} was generated mostly from: {listed}"
-        page.close()
 
 
 def test_the_language_model_page_offers_its_methods_keys_its_colours_and_clears_failures(
@@ -719,7 +716,9 @@ def test_clip_view_captions(browser, tmp_path):
             value, row, column = hover_value(
                 page, f"#clip-results canvas >> nth={k}", "#clip-hover", 120, 90
             )
-            torch.testing.assert_close(torch.tensor(value), result.relevance[0, k, row, column])
+            torch.testing.assert_close(
+                torch.tensor(value), result.relevance[0, k, row, column], **FLOAT32
+            )
         images = [
             canvas_pixels(page, f"#clip-results .clip-caption:nth-child({k + 1}) canvas")
             for k in range(2)
@@ -733,6 +732,8 @@ def test_clip_view_captions(browser, tmp_path):
         download.value.save_as(saved)
         exported = Explanation.load(saved)
         assert exported.settings["captions"] == captions
-        torch.testing.assert_close(exported.relevance, result.relevance)
-        torch.testing.assert_close(exported.relevances["text"], result.relevances["text"])
+        torch.testing.assert_close(exported.relevance, result.relevance, **FLOAT32)
+        torch.testing.assert_close(
+            exported.relevances["text"], result.relevances["text"], **FLOAT32
+        )
         page.close()

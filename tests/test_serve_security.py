@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from serve_fixtures import request, serving, wait_for_gallery
+from tolerances import FLOAT32
 
 from explain import Explainer, InputError
 from explain.inputs import read_image
@@ -423,7 +424,7 @@ def test_concurrent_requests_equal_sequential_explanations(server, setup, shapes
         images = shapes_vit.preprocessing([read_image(data / path)])
         expected = explainer.explain(images, target=k, method=method).relevance[0]
         shown = torch.tensor(answer["methods"][0]["maps"][0]["values"], dtype=torch.float32)
-        torch.testing.assert_close(shown, expected)
+        torch.testing.assert_close(shown, expected, **FLOAT32)
 
 
 def test_a_second_visit_uses_the_cache(setup, shapes_vit, tmp_path, monkeypatch):

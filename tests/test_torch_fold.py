@@ -8,6 +8,7 @@ import itertools
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from explain.engine.kernels import readout_spread
 from explain.engine.kernels.torch_fold import row_chunks
@@ -88,6 +89,50 @@ def test_readout_spread_is_float32_for_half_precision_inputs():
         vector.double(), q.double(), k.double(), v.double(), None, 0.5, True, None, "attention"
     )
     torch.testing.assert_close(spread.double(), expected, rtol=0, atol=1e-6)
+
+
+class _CopiedElements(TorchDispatchMode):
+    """The elements written by the copies dispatched while active (a copy inside a
+    composite op, such as matmul broadcasting an operand, included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in ("copy_", "clone", "_to_copy"):
+            self.elements += out.numel()
+        return out
+
+
+def test_readout_spread_copies_no_more_than_its_inputs():
+    """The fold's products read k and v as they are: over all chunks it copies about as
+    much as its inputs hold (dO's rows laid out per kv head, the readout rows per head),
+    never k or v once per column and chunk, which a product broadcast over the columns
+    does (rows x keys x columns in all: 266,240 elements here)."""
+    generator = torch.Generator().manual_seed(2)
+    columns, heads, kv_heads, tokens, size = 8, 4, 2, 64, 8
+    query = torch.randn(1, heads, tokens, size, generator=generator)
+    key, value = (torch.randn(1, kv_heads, tokens, size, generator=generator) for _ in "kv")
+    output_grad = torch.randn(columns, 1, heads, tokens, size, generator=generator)
+    vector = torch.rand(columns, 1, tokens, generator=generator)
+    inputs = sum(t.numel() for t in (vector, query, key, value, output_grad))
+    for causal in (False, True):
+        with _CopiedElements() as copies:  # one query row per chunk: the most chunks
+            readout_spread(
+                vector,
+                query,
+                key,
+                value,
+                output_grad,
+                scale=0.3,
+                causal=causal,
+                key_mask=None,
+                mode="gradient",
+                max_bytes=1,
+            )
+        assert copies.elements <= 2 * inputs, (copies.elements, inputs)
 
 
 def test_row_chunks_cover_the_rows_within_the_budget():

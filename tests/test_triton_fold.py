@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tolerances import FLOAT32
 
 pytest.importorskip("triton")
 
@@ -195,7 +196,7 @@ def test_columns_and_samples_are_independent(interpreted):
     together, *alone = interpreted["independence"]
     pairs = [(c, b) for c in range(3) for b in range(2)]
     for (c, b), one in zip(pairs, alone, strict=True):
-        torch.testing.assert_close(one[0, 0], together[c, b], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(one[0, 0], together[c, b], **FLOAT32)
 
 
 def test_strided_inputs_read_by_their_strides(interpreted):
@@ -263,5 +264,5 @@ def test_a_kernel_that_cannot_compile_falls_back_to_the_pytorch_fold(monkeypatch
     again = kernels.readout_spread(vector, query, key, value, None, **options)
     expected = torch_readout_spread(vector, query, key, value, None, **options, max_bytes=1 << 20)
     assert calls == [1]  # remembered: no second attempt on that device
-    torch.testing.assert_close(got, expected)
-    torch.testing.assert_close(again, expected)
+    torch.testing.assert_close(got, expected, **FLOAT32)  # float32, other chunks
+    torch.testing.assert_close(again, expected, **FLOAT32)

@@ -28,6 +28,8 @@ from unittest import mock
 import numpy as np
 import pytest
 import torch
+from conftest import float32_atol
+from tolerances import assert_float32_close
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -276,11 +278,14 @@ def _assert_a_left_padded_batch_equals_each_prompt_alone(
     for row, prompt in enumerate(alone):
         single = run(prompt)
         assert batch.target[row].tolist() == single.target[0].tolist()
-        close = dict(rtol=1e-5, atol=1e-6)
-        image = batch.relevances["image"][row]
-        torch.testing.assert_close(image, single.relevances["image"][0], **close)
+        image, alone_image = batch.relevances["image"][row], single.relevances["image"][0]
         text, one = batch.relevances["text"][row], single.relevances["text"][0]
+        # float32, summed in other orders in a batch; a plain baseline's maps carry more of
+        # its rounding (conftest.PLAIN_BASELINES)
+        close = dict(rtol=1e-4, atol=float32_atol(method, alone_image, 1e-6))
+        torch.testing.assert_close(image, alone_image, **close)
         pad = text.shape[-1] - one.shape[-1]
+        close = dict(rtol=1e-4, atol=float32_atol(method, one, 1e-6))
         torch.testing.assert_close(text[..., pad:], one, **close)
         assert (text[..., :pad] == 0).all()
 
@@ -487,12 +492,10 @@ def _assert_the_fused_path_streams_as_the_explicit_path(model, processor, method
     assert results["fused"].settings["attention_path"] == "streamed"
     for name in ("image", "text"):
         # float32's tolerance: the explicit path is transformers' eager attention, whose
-        # softmax is float32 even in a float64 model (a few entries differ by 1.5e-5)
-        torch.testing.assert_close(
-            results["fused"].relevances[name],
-            results["explicit"].relevances[name],
-            rtol=1e-4,
-            atol=1e-9,
+        # softmax is float32 even in a float64 model (issue 37: llava-siglip's generic map
+        # differed by 1.07e-5 relative on one CPU, past the rtol of 1e-5 it had)
+        assert_float32_close(
+            results["fused"].relevances[name], results["explicit"].relevances[name]
         )
 
 
@@ -563,8 +566,11 @@ def test_the_fused_path_builds_no_map_of_a_tower_block(family, method):
     assert maps["whole maps"]
     for name in ("image", "text"):
         assert results["streamed"].relevances[name].abs().sum() > 0
-        torch.testing.assert_close(
-            results["streamed"].relevances[name], results["whole maps"].relevances[name]
+        torch.testing.assert_close(  # float32, folded in other orders
+            results["streamed"].relevances[name],
+            results["whole maps"].relevances[name],
+            rtol=1e-4,
+            atol=1e-6,
         )
 
 
@@ -808,9 +814,11 @@ def test_qwen2_vl_next_token_equals_the_written_out_rule(qwen2_vl, method, depth
     torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
 
 
-def _assert_each_answer_token_equals_the_rule(answer, prefix, reference):
+def _assert_each_answer_token_equals_the_rule(answer, prefix, reference, loose=False):
     """Each generated token's maps equal `reference(one, position, token)`, the rule written
-    out on its prefix `one = prefix(row, end)` (prompts of one length: no padding)."""
+    out on its prefix `one = prefix(row, end)` (prompts of one length: no padding), to
+    1e-9; `loose` (a part computed in float32 whatever the model's dtype): as float32
+    keeps, with 1e-5 of each map's largest value."""
     generation, result = answer.generation, answer.explanation
     batch, steps = generation.generated.shape
     width = generation.prompt_length
@@ -823,8 +831,12 @@ def _assert_each_answer_token_equals_the_rule(answer, prefix, reference):
             assert int(result.target[row, step]) == token
             image, text = reference(prefix(row, end), end - 1, token)
             got = result.relevances
-            torch.testing.assert_close(got["image"][row, step], image[0], rtol=1e-9, atol=1e-12)
-            torch.testing.assert_close(got["text"][row, step, :end], text, rtol=1e-9, atol=1e-12)
+            pairs = ((got["image"][row, step], image[0]), (got["text"][row, step, :end], text))
+            for found, expected in pairs:
+                if loose:
+                    assert_float32_close(found, expected, of_scale=1e-5)
+                else:
+                    torch.testing.assert_close(found, expected, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("depth", ["lm", "tower"])
@@ -1420,7 +1432,7 @@ def test_idefics3_the_fused_path_folds_answers_as_the_explicit_path(idefics3, de
     for name in ("image", "text"):  # the explicit path's softmax is float32 (Llama, SigLIP)
         scale = float(explicit.relevances[name].abs().max())
         torch.testing.assert_close(
-            fused.relevances[name], explicit.relevances[name], rtol=1e-5, atol=1e-5 * scale
+            fused.relevances[name], explicit.relevances[name], rtol=1e-4, atol=1e-5 * scale
         )
 
 
@@ -1521,6 +1533,7 @@ def test_readout_rows_at_several_positions_per_text(model, processor):
 # -- AttnLRP and CP-LRP -------------------------------------------------------------------
 
 LRP_VARIANTS = ["attnlrp", "cp_lrp"]
+BASELINE_STEPS = 4  # integrated gradients' points in these tests
 
 
 def _lrp_models():
@@ -1567,13 +1580,22 @@ def _lrp_prompts(model, processor, pairs):
 
 def _lrp_reference(model, one, position, target, variant, depth):
     """(image maps (k, gh, gw), text (T,)) of one text from the independent re-derivation
-    (reference_vlm_attnlrp), put on the photo by hand family by family: at depth "lm" each
+    (reference_vlm_attnlrp; for plain Gradient x Input the model's own gradient, for
+    integrated gradients and occlusion its own forwards: reference_baselines), put on the
+    photo by hand family by family: at depth "lm" each
     image token's relevance shared out over the patches it was made of, at depth "tower"
     the relevance at the patch embeddings itself (Qwen2-VL's, from the tower's order onto
     the grid); Idefics3's and SmolVLM's tiles put together on the photo."""
+    import reference_baselines
     import reference_vlm_attnlrp as ref
 
-    text, tower = ref.relevances(model, one, position, target, variant)
+    if variant in ("integrated_gradients", "occlusion"):
+        found = reference_baselines.vision_language_at_inputs(
+            model, one, position, target, variant, BASELINE_STEPS
+        )
+    else:
+        found = ref.relevances(model, one, position, target, variant)
+    text, tower = found
     is_image = one["input_ids"][0] == IMAGE_TOKEN_ID
     at_images = text[is_image]
     kind = model.config.model_type
@@ -1608,7 +1630,7 @@ def _lrp_reference(model, one, position, target, variant, depth):
 
 
 @pytest.mark.parametrize("depth", ["lm", "tower"])
-@pytest.mark.parametrize("variant", LRP_VARIANTS)
+@pytest.mark.parametrize("variant", [*LRP_VARIANTS, "gradient_x_input"])
 def test_attnlrp_next_token_equals_the_rederivation(lrp_family, variant, depth):
     model, processor = lrp_family
     one = _lrp_prompts(model, processor, [(_photo(0), "w12 w13 w14")])
@@ -1642,7 +1664,7 @@ def _prefix(generation, row, end):
 
 
 @pytest.mark.parametrize("depth", ["lm", "tower"])
-@pytest.mark.parametrize("variant", LRP_VARIANTS)
+@pytest.mark.parametrize("variant", [*LRP_VARIANTS, "gradient_x_input"])
 def test_attnlrp_each_generated_token_equals_the_rederivation_on_its_prefix(
     lrp_family, variant, depth
 ):
@@ -1663,19 +1685,60 @@ def test_attnlrp_each_generated_token_equals_the_rederivation_on_its_prefix(
         }
         return _lrp_reference(model, one, position, token, variant, depth)
 
+    # Gemma's RMSNorm computes in float32 whatever the model's dtype: a plain gradient
+    # goes through its backward (AttnLRP's identity rule does not), and the answer's
+    # prompts, of another shape than each prefix, round it differently (1.4e-7 measured)
     _assert_each_answer_token_equals_the_rule(
-        answer, lambda row, end: _prefix(generation, row, end), rule
+        answer, lambda row, end: _prefix(generation, row, end), rule, variant == "gradient_x_input"
     )
 
 
-@pytest.mark.parametrize("variant", LRP_VARIANTS)
+@pytest.mark.parametrize("depth", ["lm", "tower"])
+@pytest.mark.parametrize("method", ["integrated_gradients", "occlusion"])
+def test_the_baselines_at_the_language_model_input_equal_the_reference(lrp_family, method, depth):
+    """Integrated gradients and occlusion replace the language model's input embeddings
+    (the image tokens among them) from zero embeddings, equal to the model's own forward
+    with that input replaced point by point, token by token (reference_baselines); the
+    image tokens' relevance goes onto the photo as every method's at depth "lm". At depth
+    "tower" they are refused before the model runs: the copies' image tokens already
+    stand for the tower's output."""
+    model, processor = lrp_family
+    one = _lrp_prompts(model, processor, [(_photo(0), "w12 w13 w14")])
+    explainer = Explainer(model)
+    options = {"steps": BASELINE_STEPS} if method == "integrated_gradients" else {}
+    if depth == "tower":
+        with pytest.raises(OptionError, match="replaces the language model's input") as refused:
+            explainer.explain(one, method=method, depth=depth, **options)
+        # the methods named instead are those a vision-language model takes at the tower
+        assert "(use attnlrp, cp_lrp, generic, gradient_x_input, rollout, or" in str(refused.value)
+        return
+    with pytest.raises(OptionError, match="baseline is zero embeddings"):
+        explainer.explain(one, method=method, baseline_token=3, **options)
+    before = ModelState.capture(model)
+    result = explainer.explain(one, method=method, depth=depth, **options)
+    assert before.differences(ModelState.capture(model)) == []
+    position = one["input_ids"].shape[1] - 1
+    image, text = _lrp_reference(model, one, position, int(result.target[0]), method, depth)
+    torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
+    assert result.relevances["image"].abs().sum() > 0
+
+
+@pytest.mark.parametrize(
+    ("variant", "depth"),
+    [
+        *((variant, "tower") for variant in [*LRP_VARIANTS, "gradient_x_input"]),
+        ("integrated_gradients", "lm"),  # the copies' methods: depth "lm" only
+        ("occlusion", "lm"),
+    ],
+)
 @pytest.mark.parametrize("answer", [False, True])
 @pytest.mark.parametrize("family", LRP_FAMILIES)
-def test_attnlrp_a_left_padded_batch_equals_each_prompt_alone(family, answer, variant):
+def test_attnlrp_a_left_padded_batch_equals_each_prompt_alone(family, answer, variant, depth):
     build, processor = _lrp_models()[family]
     model = build()  # float32: a left-padded float64 row is NaN in the eager reference
     _assert_a_left_padded_batch_equals_each_prompt_alone(
-        model, processor(), "tower", answer, method=variant
+        model, processor(), depth, answer, method=variant
     )
 
 

@@ -1,15 +1,19 @@
 """The zoo's shapes-llava: it loads offline with its processor, answers held-out questions
 far above what a model blind to the scene can, its answers rest on the objects its
-examples record (edits of those objects change them, edits of others do not), and the
-explainer and `explain generate --image` explain its answers at depths "lm" and "tower"."""
+examples record (edits of those objects change them, edits of others do not), the
+explainer and `explain generate --image` explain its answers at depths "lm" and "tower",
+and its held-out questions are the vision-language-evidence test's built-in set, run from
+the command line."""
 
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import pytest
 import torch
+from tolerances import FLOAT32
 
 from explain import Explainer
 from explain.data import shapes_questions
@@ -102,7 +106,7 @@ def test_an_answer_is_explained_at_both_depths(depth):
     assert image.shape[-2:] == (8, 8) and torch.isfinite(image).all() and image.abs().sum() > 0
     # the answer word alone, as the next token: the first row of the generation's maps
     alone = explainer.explain(prompt, depth=depth)
-    torch.testing.assert_close(alone.relevances["image"][0], image[0, 0])
+    torch.testing.assert_close(alone.relevances["image"][0], image[0, 0], **FLOAT32)
 
 
 def test_explain_generate_answers_about_a_photo(tmp_path, capsys):
@@ -119,3 +123,64 @@ def test_explain_generate_answers_about_a_photo(tmp_path, capsys):
     # the generated tokens as every view shows them, the end token kept
     assert out.startswith(f"answer: {answers(loaded(), [item.image], [item.text])[0]} </s>\n")
     assert (tmp_path / "generation.html").is_file() and (tmp_path / "generation.png").is_file()
+
+
+def test_the_evidence_tests_examples_are_the_recorded_questions():
+    """answer_dataset("shapes-llava") gives each held-out question (question 0 of held-out
+    scene i) as the processor writes it, the answer word's token, the mask of the object
+    the answer is about (empty for "no", "none", "nothing") and the named word's position."""
+    from explain.evaluation.datasets.zoo import answer_dataset
+
+    model = loaded()
+    dataset = answer_dataset("zoo:shapes-llava", model)
+    items = shapes_questions.examples("heldout", 12)
+    vocabulary = model.tokenizer.tokenizer
+    empty = 0
+    for index, item in enumerate(items):
+        example = dataset[index]
+        torch.testing.assert_close(example.mask, torch.from_numpy(item.mask), rtol=0, atol=0)
+        assert example.mask.sum() == (0 if item.target is None else item.mask.sum())
+        empty += item.target is None
+        words = vocabulary.convert_ids_to_tokens(list(example.input_ids))
+        question = item.text.replace("?", " ?").split()
+        assert words == ["<s>", "user", *["<image>"] * 64, *question, "<s>", "assistant"]
+        assert vocabulary.convert_ids_to_tokens(list(example.answer)) == [item.answer]
+        named = item.text.split()[-2 if item.question.template == "shape" else -1].rstrip("?")
+        assert [words[p] for p in example.text_evidence] == [named]
+        # the scene's pixels as a PNG holds them, normalised by the processor (mean 0.5,
+        # std 0.25): the mask lies on the pixel values' grid
+        photo = torch.from_numpy((item.image * 255).round()).permute(2, 0, 1) / 255
+        torch.testing.assert_close(example.pixel_values, (photo - 0.5) / 0.25, **FLOAT32)
+    assert 0 < empty < len(items)  # both kinds of answer are among them
+
+
+def test_evaluate_vision_language_evidence_on_the_zoo_model(tmp_path):
+    """`explain evaluate vision-language-evidence --model zoo:shapes-llava` runs on the
+    built-in questions and writes the JSON, the table and the curves; the examples the
+    model answers wrongly are counted apart, those about no object are left out of the
+    pointing game."""
+    from explain.architectures import adapter_for
+    from explain.cli import main
+    from explain.engine import Request, supported_methods
+
+    output = tmp_path / "vl.json"
+    argv = ["evaluate", "vision-language-evidence", "--model", "zoo:shapes-llava", "--limit"]
+    argv += ["4", "--batch-size", "2", "--output", str(output), "--quiet"]
+    assert main(argv) == 0
+    results = json.loads(output.read_text())
+    model = loaded()
+    assert list(results["results"]) == supported_methods(
+        adapter_for(model.model), Request(prompt_length=1)
+    )
+    assert results["dataset"] == "shapes-questions-heldout" and results["n"] == 4
+    items = shapes_questions.examples("heldout", 4)
+    said = answers(model, [item.image for item in items], [item.text for item in items])
+    right = [word == item.answer for word, item in zip(said, items, strict=True)]
+    on_object = sum(r and item.target is not None for r, item in zip(right, items, strict=True))
+    assert 0 < sum(right) < 4 and on_object < sum(right)  # both exclusions are exercised
+    for summary in results["results"].values():
+        assert (summary["right"], summary["wrong"]["count"]) == (sum(right), 4 - sum(right))
+        assert summary["on_object"] == on_object and summary["with_text_evidence"] == sum(right)
+        assert summary["accuracy"] == sum(right) / 4
+    assert "| `generic` |" in output.with_suffix(".md").read_text()
+    assert output.with_suffix(".png").stat().st_size > 0

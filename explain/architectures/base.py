@@ -7,6 +7,7 @@ called, which token is read out, and how token relevance maps back onto the inpu
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from abc import ABC, abstractmethod
@@ -152,6 +153,22 @@ class Adapter(ABC):
     def readout(self, prepared: Prepared) -> Tensor:
         """The readout row r, shape (B, N): the weight of each token in the model's head.
         `one_hot_rows` builds the common one-hot row."""
+
+    def repeated(self, prepared: Prepared, copies: int) -> Prepared:
+        """`prepared` for `copies` copies of its batch in one: copy c of sample b at row
+        c * B + b (the methods that run variants of the inputs as copies, integrated
+        gradients and occlusion, change them at the embeddings). Here every argument
+        and the token mask repeated along their first axis, which holds the batch; a
+        family with an argument laid out otherwise overrides it."""
+        layout = prepared.layout
+        if layout.token_mask is not None:
+            layout = dataclasses.replace(layout, token_mask=_tiled(layout.token_mask, copies))
+        return dataclasses.replace(
+            prepared,
+            batch_size=prepared.batch_size * copies,
+            layout=layout,
+            arguments={name: _tiled(value, copies) for name, value in prepared.arguments.items()},
+        )
 
     def to_input_space(self, token_relevance: Tensor, layout: TokenLayout) -> Tensor:
         """Map (..., N) token relevance onto the input: the patch grid of an image (prefix
@@ -313,6 +330,11 @@ class Detector(Adapter):
     def class_probabilities(self, logits: Tensor) -> Tensor:
         """(B, Q, classes): each real class's probability at each query, as the model's
         own post-processing scores it."""
+
+
+def _tiled(tensor: Tensor, copies: int) -> Tensor:
+    """`tensor` repeated `copies` times along its first axis."""
+    return tensor.repeat(copies, *(1,) * (tensor.dim() - 1))
 
 
 def one_hot_rows(batch: int, num_tokens: int, positions: Tensor | int, parameter: Tensor) -> Tensor:

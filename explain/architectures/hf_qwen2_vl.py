@@ -27,7 +27,14 @@ from explain.architectures.hf_common import is_transformers_class
 from explain.architectures.hf_packed_attention import packed_recording, packed_sites
 from explain.architectures.hf_vision_language import DeviceCheck, VisionLanguageModel, block_sources
 from explain.errors import ExplainError, InputError
-from explain.layout import AttentionSite, FlagSetting, FusedPath, ImageTokens, Prepared
+from explain.layout import (
+    AttentionSite,
+    FlagSetting,
+    FusedPath,
+    ImagePrepared,
+    ImageTokens,
+    Prepared,
+)
 
 __all__ = ["HFQwen2VL"]
 
@@ -228,6 +235,15 @@ class HFQwen2VL(VisionLanguageModel):
         within = torch.where(image, images_before % tokens.per_image, 0)
         positions = torch.stack([start, start + within // columns, start + within % columns])
         return (positions * real).to(ids.dtype)
+
+    def repeated(self, prepared: Prepared, copies: int) -> ImagePrepared:
+        """`VisionLanguageModel.repeated`, the (3, B, T) rotary positions repeated along
+        their batch axis, the second (every other argument's batch comes first: the
+        flattened patches of every image in order, with their grids)."""
+        repeated = super().repeated(prepared, copies)
+        arguments = dict(repeated.arguments)
+        arguments["position_ids"] = prepared.arguments["position_ids"].repeat(1, copies, 1)
+        return dataclasses.replace(repeated, arguments=arguments)
 
     def prepare(self, inputs: object) -> Prepared:
         """As every vision-language model, with `mm_token_type_ids` for the model's own

@@ -337,6 +337,15 @@ class VisionLanguageModel(ImageTextModel):
             image_at=image_at[:, :held],
         )
 
+    def repeated(self, prepared: Prepared, copies: int) -> ImagePrepared:
+        """`Adapter.repeated`, and where each copy's image tokens lie."""
+        assert isinstance(prepared, ImagePrepared)
+        repeated = super().repeated(prepared, copies)
+        return dataclasses.replace(
+            repeated,
+            image_at=prepared.image_at.repeat(copies, 1),  # type: ignore[call-arg]
+        )
+
     def continued(self, extra: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
         """The model's other per-prompt inputs (`extra`: pixel values, token types) for the
         prompts followed by `count` generated tokens; a family whose extra inputs run

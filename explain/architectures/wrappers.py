@@ -34,10 +34,12 @@ import torch
 from torch import nn
 
 from explain.errors import UnsupportedModelError
+from explain.layout import FlagSetting
 
 __all__ = [
     "execution_device",
     "execution_devices",
+    "held_still",
     "refuse_quantised_activations",
     "runnable",
     "unwrap",
@@ -149,6 +151,20 @@ def _quantises_activations(module: nn.Module) -> str | None:
                 if getattr(tensor, name, None) is not None:
                     return f"torchao ({type(tensor).__name__} with {name})"
     return None
+
+
+def held_still(modules: list[nn.Module]) -> list[FlagSetting]:
+    """Flags the session sets for a call so that a wrapping library does not change the
+    model during it. bitsandbytes' 4-bit layers, in eval mode on a CPU with AVX512-BF16,
+    repack their weights in place at their first forward without input gradients (their
+    scales rounded to bfloat16), which changes the model's outputs for good: the call
+    keeps them on the kernel they had (`support_avx512bf16_for_cpu` off)."""
+    return [
+        FlagSetting(module, "support_avx512bf16_for_cpu", False)
+        for module in modules
+        if type(module).__module__.startswith("bitsandbytes.")
+        and getattr(module, "support_avx512bf16_for_cpu", False)
+    ]
 
 
 def refuse_quantised_activations(model: nn.Module) -> None:

@@ -38,7 +38,7 @@ from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
 from explain.export import read_payload, write_payload
 from explain.generation import Generation, GenerationExplanation, explain_generation, generate
-from explain.rules import get_method
+from explain.rules import METHODS, get_method
 
 __all__ = ["Citation", "ContrastExplanation", "cite", "explain_contrast", "span_sums"]
 
@@ -102,14 +102,14 @@ def _signed_rows(
     a foil's, negated), from one explanation of every answer at once."""
     spec = get_method(method)
     if len(answers) > 1 and not spec.linear_in_score:
-        linear = "attnlrp, cp_lrp"
+        linear = ", ".join(name for name, each in sorted(METHODS.items()) if each.linear_in_score)
         raise OptionError(
             f"method {method!r} is not linear in the explained score, so the relevance of "
             "log p(answer) - log p(foil) is not the difference of the two answers' "
             f"relevances (and two answers run through two forwards); contrast two answers "
             f"with {linear}, or two next tokens with Explainer.explain(target=Contrast(...))"
         )
-    if score is None and spec.needs_gradients:
+    if score is None and spec.takes_score:
         score = "log_probability"
     pad = getattr(explainer.tokenizer, "pad_token_id", None)
     generation = _continuations(prompt_ids, answers, 0 if pad is None else int(pad))

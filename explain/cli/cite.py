@@ -22,6 +22,7 @@ from typing import Any
 
 from explain.cli.options import (
     Planned,
+    RawDescriptionHelpFormatter,
     add_model_arguments,
     add_out_argument,
     load,
@@ -142,7 +143,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "cite",
         help="which part of the context a language model's answer came from",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionHelpFormatter,
         epilog="Example: explain cite --model ./my-llama --context report.txt --question "
         '"Who signed the treaty?" --lds 64 --out cited (writes cited/cite.html, '
         "cited/cite.png and cited/cite.json). How far to trust the check: docs/cite.md.",

@@ -100,11 +100,12 @@ def start_layer_for(method: str, start_layer: int | None) -> int | None:
 
 
 def score_for(method: str, score: str | None) -> str | None:
-    """`--score` for `method`: as given for the methods that differentiate a score; None,
-    with a note on stderr, for those that differentiate none (explain.engine.resolve_score)."""
+    """`--score` for `method`: as given for the methods that take a score (those that
+    differentiate it, and occlusion); None, with a note on stderr, for the others
+    (explain.engine.resolve_score)."""
     from explain.rules import get_method
 
-    if score is None or get_method(method).needs_gradients:
+    if score is None or get_method(method).takes_score:
         return score
     print(
         f"explain: note: {method} differentiates no score; --score is ignored for it",

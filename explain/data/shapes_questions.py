@@ -23,6 +23,8 @@ the same function.
 
 Examples are a pure function of the scene's seed and the question's number, on the
 scenes' seed splits (`shapes.SPLITS`): `example(seed, number)`, or `examples(split, ...)`.
+`explain.evaluation.datasets.zoo.ShapesAnswers` gives the held-out ones in a model's own
+tokens, as the vision-language-evidence test takes them.
 """
 
 from __future__ import annotations

@@ -3,12 +3,14 @@
 A pass is one way of running the model for a method (which forward, which backward, what
 the call's sink receives): `ForwardPass` (attention maps only),
 `AttentionGradientPass` (maps and their gradients, every column in one batched
-backward), `LrpWalkPass` (the family's LRP walk, `Adapter.lrp_walk`) and
-`EmbeddingGradientPass` (AttnLRP, CP-LRP: Gradient x Input under rules hooked where
-`Adapter.attnlrp_sites` says). A method runs the first pass in `PASSES` that serves one
-of its needs; each pass says what it needs of an adapter (`missing`, checked before any
-forward) and reaches the model only through a plan (`PlanView`). docs/architecture.md
-("The engine") says how the passes fold every column at once and which path they take.
+backward), `LrpWalkPass` (the family's LRP walk, `Adapter.lrp_walk`),
+`EmbeddingGradientPass` (Gradient x Input, plain or under AttnLRP's and CP-LRP's rules
+hooked where `Adapter.attnlrp_sites` says), `IntegratedGradientPass` and `OcclusionPass`
+(copies of the inputs changed at the embeddings). A method runs the first pass in
+`PASSES` that serves one of its needs; each pass says what it needs of an adapter
+(`missing`, checked before any forward) and reaches the model only through a plan
+(`PlanView`). docs/architecture.md ("The path of one call") says how the passes fold
+every column at once and which path they take.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+import torch
 from torch import Tensor, nn
 
 from explain.architectures.base import Adapter
-from explain.engine.fused import PathChoice, choose_path, default_memory_budget
+from explain.engine.copies import EmbeddingCopies, copy_bytes, copy_chunks
+from explain.engine.fused import PathChoice, choose_path, default_memory_budget, explicit_map_bytes
 from explain.engine.recorder import Recorder, column_gradients
 from explain.engine.request import Request
 from explain.engine.session import Session
@@ -29,8 +33,18 @@ from explain.engine.spread import ColumnSink, FoldFeed
 from explain.errors import OptionError, TargetError
 from explain.layout import InputHook, ModuleHook, Prepared, TokenLayout, TokenSet
 from explain.lrp import RULE_SETS
-from explain.lrp.attnlrp import AttnLrpCall, AttnLrpSites, Embedding, attnlrp_hooks
+from explain.lrp.attnlrp import (
+    AttnLrpCall,
+    AttnLrpSites,
+    Embedding,
+    attnlrp_hooks,
+    embedding_relevance,
+    on_layout,
+)
 from explain.rules import Method, Need
+from explain.rules.embedding_baseline import EmbeddingBaseline, embedding_baseline
+from explain.rules.integrated_gradients import integration_points
+from explain.rules.occlusion import occluded_spans, span_relevance
 
 __all__ = [
     "PASSES",
@@ -38,8 +52,11 @@ __all__ = [
     "ColumnSink",
     "Columns",
     "EmbeddingGradientPass",
+    "EmbeddingPass",
     "ForwardPass",
+    "IntegratedGradientPass",
     "LrpWalkPass",
+    "OcclusionPass",
     "Pass",
     "PlanView",
     "Relevances",
@@ -85,6 +102,15 @@ class PlanView(Protocol):
     def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
         """Where AttnLRP and CP-LRP read relevance (the family's `sites` offer them), each
         with the layout of its tokens, the one nearest the score first (`AttnLrpCall`)."""
+
+    def copy_forward(self, copies: int) -> Tensor:
+        """The output of one forward over `copies` copies of the inputs (row c * B + b:
+        copy c of sample b); what the copies differ by is the pass's (a hook at the
+        embeddings, explain.engine.copies)."""
+
+    def copy_columns(self, output: Tensor, columns: Columns, copies: int) -> Tensor:
+        """(copies * B, K): the explained scores of the copies' output, for the targets
+        `columns` resolved from the inputs themselves."""
 
 
 class Pass(ABC):
@@ -313,38 +339,71 @@ class LrpWalkPass(Pass):
         return columns, plan.read(sink)
 
 
-class EmbeddingGradientPass(Pass):
-    """AttnLRP and CP-LRP: one forward with the method's gradient rules hooked on the
-    model's modules for the call, whose embeddings the plan chooses (`embeddings`: the
-    word- or patch-embedding output, the graph's leaf; a vision-language model's
-    language-model input and, at depth "tower", its tower's patch embeddings beneath
-    it); then one batched backward of every column to them, embedding x gradient summed
-    over the hidden size, into the call's sink. The rules hold on either attention
-    path."""
-
-    serves = frozenset({Need.EMBEDDING_GRADIENTS})
+class EmbeddingPass(Pass):
+    """What the passes that read the input embeddings share: the family must say where
+    they are (the embedding module of `Adapter.attnlrp_sites`), and the call keeps the
+    fused attention kernel where the model has one, since no attention map is read."""
 
     @classmethod
     def missing(cls, adapter: Adapter | type[Adapter]) -> str | None:
         if adapter.attnlrp_sites is None:
-            return "its family does not say where the rules of AttnLRP and CP-LRP attach"
+            return (
+                "its family does not say where its input embeddings are (nor where the rules "
+                "of AttnLRP and CP-LRP attach)"
+            )
         return None
+
+    def _copies(self, baseline: EmbeddingBaseline, *, differentiable: bool) -> EmbeddingCopies:
+        """The copies' state and hook, where the plan reads the embeddings
+        (`PlanView.embeddings`: one place; a vision-language model's plan refuses these
+        methods at depth "tower", before any forward)."""
+        (read, _), *deeper = self.plan.embeddings(self.adapter.attnlrp_sites())
+        assert not deeper, "the copies replace the embeddings at one place"
+        batch = self.plan.prepared.batch_size
+        return EmbeddingCopies(read, baseline, batch, differentiable=differentiable)
+
+    def _copy_bytes(self, copies: EmbeddingCopies, fused: bool, *, gradients: bool) -> int:
+        """What one copy of the inputs holds at most (explain.engine.copies.copy_bytes):
+        the explicit path also holds attention maps, every block's for a backward, about
+        one block's at a time without."""
+        prepared, blocks = self.plan.prepared, self.adapter.num_layers
+        maps = 0
+        if not fused:
+            kept = explicit_map_bytes(
+                self.adapter,
+                prepared.layout,
+                prepared.batch_size,
+                gradients,
+                self.adapter.attention_maps(prepared),
+            )
+            maps = kept if gradients else kept // max(blocks, 1)
+        return copy_bytes(copies.inputs, blocks, gradients=gradients, maps=maps)
+
+
+class EmbeddingGradientPass(EmbeddingPass):
+    """Gradient x Input at the input embeddings (plain, AttnLRP, CP-LRP): one forward,
+    with the method's gradient rules hooked on the model's modules for the call where it
+    names any, whose embeddings the plan chooses (`embeddings`: the word- or
+    patch-embedding output, the graph's leaf; a vision-language model's language-model
+    input and, at depth "tower", its tower's patch embeddings beneath it); then one
+    batched backward of every column to them, embedding x gradient summed over the
+    hidden size, into the call's sink. The rules hold on either attention path."""
+
+    serves = frozenset({Need.EMBEDDING_GRADIENTS})
 
     def run(self) -> tuple[Columns, Relevances]:
         spec, plan = self.spec, self.plan
-        assert spec.gradient_rules is not None
         sink = plan.sink()
         sites = self.adapter.attnlrp_sites()
         reads = plan.embeddings(sites)
         call = AttnLrpCall([embedding for embedding, _ in reads])
-        hooks = attnlrp_hooks(self.adapter.model, sites, spec.gradient_rules, call)  # type: ignore[arg-type]
+        if spec.gradient_rules is None:  # plain gradients: the embeddings read, no rule
+            hooks = call.hooks()
+        else:
+            hooks = attnlrp_hooks(self.adapter.model, sites, spec.gradient_rules, call)  # type: ignore[arg-type]
         with self._session(differentiable=True, fused=self.fused(), hooks=hooks):
             columns = plan.columns(plan.forward())
-            if not columns.scores.requires_grad:
-                raise TargetError(
-                    "the explained score does not depend on the model's embeddings: a target "
-                    "callable's scores must be computed from the model output it receives"
-                )
+            _require_embedding_gradients(columns.scores)
             for chunk, gradients in column_gradients(
                 columns.scores, call.tensors, self.memory_budget
             ):  # every column of the chunk at once: (c, B, N) per embedding read
@@ -358,9 +417,140 @@ class EmbeddingGradientPass(Pass):
         return columns, plan.read(sink)
 
 
+def _require_embedding_gradients(scores: Tensor) -> None:
+    if not scores.requires_grad:
+        raise TargetError(
+            "the explained score does not depend on the model's embeddings: a target "
+            "callable's scores must be computed from the model output it receives"
+        )
+
+
+class IntegratedGradientPass(EmbeddingPass):
+    """Integrated gradients (explain.rules.integrated_gradients): one forward without a
+    backward of two copies of the inputs, the inputs themselves (their embeddings, the
+    targets, the explained scores) and the baseline; then the path's points as copies
+    (explain.engine.copies), as many per forward as the memory budget allows, each
+    chunk's every column differentiated in one batched backward to the copies'
+    embeddings; the gradients weighted by the quadrature and summed, times e - e0, over
+    the hidden size. The call's settings record the path and its completeness:
+    `baseline_score` y(e0) and `convergence_delta`, the relevance's sum minus
+    y(e) - y(e0) (captum's name), per input and column."""
+
+    serves = frozenset({Need.PATH_GRADIENTS})
+
+    def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
+        super().__init__(adapter, spec, plan, request)
+        self._path: dict[str, Any] = {}
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings, **self._path}
+
+    def run(self) -> tuple[Columns, Relevances]:
+        plan = self.plan
+        options = self.spec.resolved_options(self.request.options)
+        alphas, weights = integration_points(options["steps"], options["quadrature"])
+        layout, batch = plan.prepared.layout, plan.prepared.batch_size
+        baseline = embedding_baseline(options["baseline_token"], layout.modality)
+        copies = self._copies(baseline, differentiable=True)
+        fused = self.fused()
+        with self._session(differentiable=True, fused=fused, hooks=copies.hooks()):
+            with torch.no_grad():  # the inputs, then the baseline
+                copies.blend(torch.tensor([1.0, 0.0])[:, None, None])
+                ends = plan.copy_forward(2)
+                columns = plan.columns(ends[:batch].clone())
+                at_baseline = plan.copy_columns(ends[batch:], columns, 1)
+                del ends
+            inputs = copies.inputs
+            count = columns.scores.shape[1]
+            dtype = inputs.dtype if inputs.dtype == torch.float64 else torch.float32
+            total = inputs.new_zeros((count, *inputs.shape), dtype=dtype)
+            per_copy = self._copy_bytes(copies, fused, gradients=True)
+            for chunk in copy_chunks(len(alphas), per_copy, self.memory_budget):
+                points = slice(chunk.start, chunk.stop)
+                copies.blend(alphas[points, None, None])
+                scores = plan.copy_columns(plan.copy_forward(len(chunk)), columns, len(chunk))
+                _require_embedding_gradients(scores)
+                step = weights[points].to(inputs.device, dtype).reshape(1, -1, *[1] * inputs.dim())
+                for part, (gradients,) in column_gradients(
+                    scores, [copies.leaf], self.memory_budget
+                ):
+                    # (C', copies * B, ...) -> the chunk's weighted sum, per column
+                    path = gradients.unflatten(1, (len(chunk), batch)).to(dtype)
+                    total[part.start : part.stop] += (path * step).sum(dim=1)
+        relevance = embedding_relevance(copies.difference, total, copies.axis, layout)
+        sink = plan.sink()
+        sink.add_input(slice(None), relevance)
+        gap = relevance.sum(dim=-1).T - (columns.scores - at_baseline).to(dtype)
+        self._path = {
+            "steps": options["steps"],
+            "quadrature": options["quadrature"],
+            "baseline": baseline.describe(),
+            "baseline_score": _as_target(at_baseline, columns),
+            "convergence_delta": _as_target(gap, columns),
+        }
+        return columns, plan.read(sink)
+
+
+def _as_target(values: Tensor, columns: Columns) -> list[Any]:
+    """(B, K) per-column values as lists shaped like the call's target: (B,) for one
+    column per input, (B, K) otherwise."""
+    values = values.detach().double().cpu()
+    return (values[:, 0] if columns.classes.dim() == 1 else values).tolist()
+
+
+class OcclusionPass(EmbeddingPass):
+    """Occlusion (explain.rules.occlusion): forwards without a backward, of the inputs
+    themselves (their embeddings, the targets, the explained scores) and of one copy per
+    span with the span's embeddings replaced by the baseline's (explain.engine.copies),
+    as many copies per forward as the memory budget allows; each span's drop of every
+    column's score shared out over its tokens."""
+
+    serves = frozenset({Need.OCCLUSION})
+
+    def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
+        super().__init__(adapter, spec, plan, request)
+        self._baseline = ""
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return {**super().settings, "baseline": self._baseline}
+
+    def run(self) -> tuple[Columns, Relevances]:
+        plan = self.plan
+        options = self.spec.resolved_options(self.request.options)
+        prepared = plan.prepared
+        batch = prepared.batch_size
+        baseline = embedding_baseline(options["baseline_token"], prepared.layout.modality)
+        spans = occluded_spans(options["spans"], prepared.layout, batch)
+        copies = self._copies(baseline, differentiable=False)
+        fused = self.fused()
+        with self._session(differentiable=False, fused=fused, hooks=copies.hooks()):
+            copies.blend(torch.ones(1, 1, 1))  # the inputs themselves
+            columns = plan.columns(plan.copy_forward(1))
+            scores = columns.scores
+            dtype = scores.dtype if scores.dtype == torch.float64 else torch.float32
+            total = scores.new_zeros((scores.shape[1], batch, spans.shape[-1]), dtype=dtype)
+            per_copy = self._copy_bytes(copies, fused, gradients=False)
+            for chunk in copy_chunks(len(spans), per_copy, self.memory_budget):
+                occluded = spans[chunk.start : chunk.stop].to(scores.device)
+                copies.blend((~occluded).to(dtype))
+                output = plan.copy_forward(len(chunk))
+                replaced = plan.copy_columns(output, columns, len(chunk))
+                drops = (scores[None] - replaced.unflatten(0, (len(chunk), batch))).to(dtype)
+                total += span_relevance(drops, occluded)
+        self._baseline = baseline.describe()
+        relevance = on_layout(total, prepared.layout)
+        sink = plan.sink()
+        sink.add_input(slice(None), relevance)
+        return columns, plan.read(sink)
+
+
 PASSES: tuple[type[Pass], ...] = (
     LrpWalkPass,
     EmbeddingGradientPass,
+    IntegratedGradientPass,
+    OcclusionPass,
     AttentionGradientPass,
     ForwardPass,
 )

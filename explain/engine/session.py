@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from explain.architectures.base import Adapter, this_thread_only
-from explain.architectures.wrappers import execution_devices
+from explain.architectures.wrappers import execution_devices, held_still
 from explain.errors import ExplainError, NestedExplanationError
 from explain.layout import FlagSetting, FusedPath, InputHook, ModuleHook
 
@@ -184,7 +184,7 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 context = self.adapter.path_context()
             if context is not None:
                 self._undo.enter_context(context)
-            self._set_flags(flags)
+            self._set_flags([*flags, *held_still(modules)])
             for module, hook in self._hooks:
                 if isinstance(hook, InputHook):
                     handle = module.register_forward_pre_hook(

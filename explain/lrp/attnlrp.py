@@ -36,6 +36,8 @@ __all__ = [
     "Projection",
     "Variant",
     "attnlrp_hooks",
+    "embedding_relevance",
+    "on_layout",
 ]
 
 Variant = Literal["attnlrp", "cp_lrp"]
@@ -213,21 +215,34 @@ class AttnLrpCall:
     def relevance(self, gradient: Tensor, layout: TokenLayout, read: int = 0) -> Tensor:
         """(B, N) relevance over the layout's tokens of read `read`: embedding x gradient
         summed over the hidden size; (C, B, N) from the gradients of C score columns at
-        once (C, B, ...). Image embeddings hold the patches only; the prefix tokens,
-        which do not come from the image, get 0. Packed embeddings (N, D), a tower's
-        patches of every image one after the other, give (N,) (the plan regroups them)."""
-        embeddings = self.tensors[read]
-        columns = gradient.dim() - embeddings.dim()  # 0, or 1 for a column axis
-        axis = self.reads[read].axis
-        axis = axis if axis < 0 else axis + columns
-        dtype = embeddings.dtype if embeddings.dtype == torch.float64 else torch.float32
-        relevance = (embeddings.to(dtype) * gradient.to(dtype)).sum(dim=axis)
-        if relevance.dim() > columns + 1:  # not packed: (B, tokens) from (B, ..., D)
-            relevance = relevance.flatten(columns + 1)
-        if layout.num_prefix_tokens:
-            prefix = relevance.new_zeros(*relevance.shape[:-1], layout.num_prefix_tokens)
-            relevance = torch.cat([prefix, relevance], dim=-1)
+        once (C, B, ...) (`embedding_relevance`)."""
+        return embedding_relevance(self.tensors[read], gradient, self.reads[read].axis, layout)
+
+
+def embedding_relevance(inputs: Tensor, gradient: Tensor, axis: int, layout: TokenLayout) -> Tensor:
+    """(B, N) relevance over `layout`'s tokens: `inputs` (B, ...) (embeddings, or their
+    difference from a baseline's) times `gradient` (B, ...), summed over the hidden size
+    at `axis` of `inputs`; (C, B, N) from the gradients of C score columns at once
+    (C, B, ...). In float32 at least. Image embeddings hold the patches only: the prefix
+    tokens, which do not come from the image, get 0 (`on_layout`). Packed embeddings
+    (N, D), a tower's patches of every image one after the other, give (N,) (the plan
+    regroups them)."""
+    columns = gradient.dim() - inputs.dim()  # 0, or 1 for a column axis
+    axis = axis if axis < 0 else axis + columns
+    dtype = inputs.dtype if inputs.dtype == torch.float64 else torch.float32
+    relevance = (inputs.to(dtype) * gradient.to(dtype)).sum(dim=axis)
+    if relevance.dim() > columns + 1:  # not packed: (B, tokens) from (B, ..., D)
+        relevance = relevance.flatten(columns + 1)
+    return on_layout(relevance, layout)
+
+
+def on_layout(relevance: Tensor, layout: TokenLayout) -> Tensor:
+    """(..., P) relevance of the embedded tokens (a text's positions, an image's patches)
+    -> (..., N) over `layout`'s tokens, the prefix tokens (class, register tokens) 0."""
+    if not layout.num_prefix_tokens:
         return relevance
+    prefix = relevance.new_zeros(*relevance.shape[:-1], layout.num_prefix_tokens)
+    return torch.cat([prefix, relevance], dim=-1)
 
 
 def attnlrp_hooks(

@@ -5,7 +5,9 @@ from explain.rules import (  # noqa: F401  (registers the methods)
     baseline,
     gradient,
     gradient_x_input,
+    integrated_gradients,
     lrp_based,
+    occlusion,
 )
 from explain.rules.registry import (
     LRP_NEEDS,

@@ -1,10 +1,7 @@
-"""AttnLRP (Achtibat et al., ICML 2024) and CP-LRP (Ali et al., ICML 2022).
-
-Both are LRP rule sets computed as Gradient x Input in one forward and one backward pass,
-with the backward of normalisations, element-wise non-linearities and products modified
-for the call (explain.lrp.attnlrp). The relevance of a token is the sum over the hidden
-size of its embedding times the embedding's modified gradient, read at the word- or
-patch-embedding output; the sink (the one of full LRP) only holds what that pass delivers.
+"""Gradient x Input at the input embeddings: plain, and under the LRP rules of AttnLRP
+(Achtibat et al., ICML 2024) and CP-LRP (Ali et al., ICML 2022), whose modified backward
+explain.lrp.attnlrp hooks for the call. One forward and one backward to the word- or
+patch-embedding output; the fold (full LRP's) only holds what that pass delivers.
 """
 
 from __future__ import annotations
@@ -12,7 +9,13 @@ from __future__ import annotations
 from explain.rules.lrp_based import InputRelevance
 from explain.rules.registry import Need, RuleContext, register_method
 
-__all__ = ["attnlrp", "cp_lrp"]
+__all__ = ["attnlrp", "cp_lrp", "gradient_x_input"]
+
+
+@register_method("gradient_x_input", needs={Need.EMBEDDING_GRADIENTS}, class_specific=True)
+def gradient_x_input(context: RuleContext) -> InputRelevance:
+    """Gradient x Input (Shrikumar et al. 2016) at the word or patch embeddings."""
+    return InputRelevance(context)
 
 
 @register_method(

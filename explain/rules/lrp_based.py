@@ -70,9 +70,10 @@ def partial_lrp_maps(
 class InputRelevance:
     """Fold of the methods that use no block record, only the relevance of the input: full
     LRP (`Need.INPUT_RELEVANCE`, as the family's walk returns it: pixels (B, H, W) for a
-    timm ViT, tokens (B, N) for BERT) and the Gradient x Input rules of AttnLRP and CP-LRP
-    (`Need.EMBEDDING_GRADIENTS`: tokens (B, N) at the embedding output), per chunk of
-    columns (an `InputFold`)."""
+    timm ViT, tokens (B, N) for BERT), Gradient x Input, plain or under the rules of
+    AttnLRP and CP-LRP (`Need.EMBEDDING_GRADIENTS`), integrated gradients
+    (`Need.PATH_GRADIENTS`) and occlusion (`Need.OCCLUSION`): tokens (B, N) at the
+    embedding output; per chunk of columns (an `InputFold`)."""
 
     layers = range(0)
     spread: SpreadMode | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Literal, Protocol
@@ -54,7 +54,16 @@ class Need(Enum):
     INPUT_RELEVANCE = "the LRP relevance of the input itself (the walk continued to the input)"
     EMBEDDING_GRADIENTS = (
         "the gradient of the target score at the input embeddings, under the method's "
-        "gradient rules (explain.lrp.attnlrp) for the call"
+        "gradient rules (explain.lrp.attnlrp) for the call where it names any"
+    )
+    PATH_GRADIENTS = (
+        "the gradients of the target score at the input embeddings blended with a "
+        "baseline's along a straight path, the path's points run as copies of the inputs "
+        "in batched forwards and backwards"
+    )
+    OCCLUSION = (
+        "the target score of copies of the inputs with tokens (patches, spans) replaced by "
+        "a baseline's embeddings, in batched forwards without a backward"
     )
 
 
@@ -109,9 +118,9 @@ class Fold(Protocol):
 
 
 class InputFold(Fold, Protocol):
-    """The fold of a method that needs `Need.INPUT_RELEVANCE` or
-    `Need.EMBEDDING_GRADIENTS`: it receives the relevance of the input itself,
-    (c, B, ...) for the columns `columns`."""
+    """The fold of a method that needs the relevance of the input itself
+    (`Need.INPUT_RELEVANCE`, `EMBEDDING_GRADIENTS`, `PATH_GRADIENTS` or `OCCLUSION`): it
+    receives it as (c, B, ...) for the columns `columns`."""
 
     def add_input(self, columns: slice, relevance: Tensor) -> None: ...
 
@@ -135,9 +144,10 @@ class Method:
     """LRP methods: the explain.lrp rule set whose relevance pass feeds the fold (each
     block's attention relevance in place of its attention); None for all other methods."""
     gradient_rules: str | None = None
-    """Methods that need `Need.EMBEDDING_GRADIENTS` (AttnLRP, CP-LRP): the rule set of
-    explain.lrp.attnlrp that the model runs under for the call; their fold (an
-    `InputFold`) receives the token relevance of the embeddings. None for all others."""
+    """Methods that need `Need.EMBEDDING_GRADIENTS` with modified gradients (AttnLRP,
+    CP-LRP): the rule set of explain.lrp.attnlrp that the model runs under for the call;
+    their fold (an `InputFold`) receives the token relevance of the embeddings. None for
+    all others (plain Gradient x Input among them)."""
     scale_note: str | None = None
     """Why the method's raw values mislead as numbers (e.g. they do not conserve the
     explained score), for wherever values are shown; such values are shown normalised
@@ -147,16 +157,26 @@ class Method:
     @property
     def needs_gradients(self) -> bool:
         """Whether the method differentiates the target score (one backward per target)."""
-        return bool(self.needs & {Need.ATTENTION_GRADIENTS, Need.EMBEDDING_GRADIENTS})
+        return bool(
+            self.needs & {Need.ATTENTION_GRADIENTS, Need.EMBEDDING_GRADIENTS, Need.PATH_GRADIENTS}
+        )
+
+    @property
+    def takes_score(self) -> bool:
+        """Whether the method explains a chosen score (logit, probability, ...): those
+        that differentiate it, and occlusion, which measures its drop."""
+        return self.needs_gradients or Need.OCCLUSION in self.needs
 
     @property
     def linear_in_score(self) -> bool:
-        """Whether the relevance is linear in the explained score: Gradient x Input under
-        rules fixed by the forward (AttnLRP, CP-LRP), so the relevance of a sum or a
-        difference of scores is the sum or difference of their relevances, even across
-        forwards that share the input. The attention rules clamp (generic, attention
-        GradCAM) or ignore the score (rollout), and are not."""
-        return Need.EMBEDDING_GRADIENTS in self.needs
+        """Whether the relevance is linear in the explained score: Gradient x Input, plain
+        or under rules fixed by the forward (AttnLRP, CP-LRP), integrated gradients (a
+        sum of such gradients along a path fixed by the inputs) and occlusion (a
+        difference of scores), so the relevance of a sum or a difference of scores is the
+        sum or difference of their relevances, even across forwards that share the
+        input. The attention rules clamp (generic, attention GradCAM) or ignore the score
+        (rollout), and are not."""
+        return bool(self.needs & {Need.EMBEDDING_GRADIENTS, Need.PATH_GRADIENTS, Need.OCCLUSION})
 
     def options(self) -> dict[str, Any]:
         """The method's options (the builder's keyword parameters) with their defaults."""
@@ -177,15 +197,26 @@ class Method:
                 f"method {self.name!r} has no option {', '.join(map(repr, unknown))}; "
                 + (f"its options (with defaults): {known}" if known else "it takes no options")
             )
+        return self.build(context, **self._checked(options))
+
+    def resolved_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The method's options for a call: its defaults, updated by those of `options`
+        it takes, each checked as `fold` checks it; the others (a plan's own, such as a
+        vision-language model's depth) are left out. For a pass that runs what the
+        options describe (how many path points, which baseline); `fold` has refused the
+        unknown ones before any forward."""
+        taken = {name: value for name, value in options.items() if name in self.options()}
+        return {**self.options(), **self._checked(taken)}
+
+    def _checked(self, options: Mapping[str, Any]) -> dict[str, Any]:
         try:
             hints = typing.get_type_hints(self.build) if options else {}
         except (NameError, TypeError):  # a builder whose annotations cannot be resolved
             hints = {}
-        checked = {
+        return {
             name: _checked_option(self.name, name, v, hints.get(name))
             for name, v in options.items()
         }
-        return self.build(context, **checked)
 
 
 def _checked_option(method: str, name: str, value: Any, declared: Any) -> Any:
@@ -231,16 +262,16 @@ def register_method(
     `needs` states what the method needs (`Need`). Methods that aggregate over blocks
     pass `default_start_layer`; the others reject a `start_layer` argument. LRP methods
     name their rule set in `lrp_rules`, Gradient x Input methods with modified gradients
-    theirs in `gradient_rules`. A method whose raw values mislead as numbers says why in
-    `scale_note`.
+    theirs in `gradient_rules` (plain Gradient x Input names none). A method whose raw
+    values mislead as numbers says why in `scale_note`.
 
     The builder's docstring's first line becomes the method's summary.
     """
     stated = frozenset(needs)
     if bool(stated & LRP_NEEDS) != (lrp_rules is not None):
         raise TypeError(f"method {name!r}: LRP relevance needs a rule set (lrp_rules) and back")
-    if (Need.EMBEDDING_GRADIENTS in stated) != (gradient_rules is not None):
-        raise TypeError(f"method {name!r}: embedding gradients need gradient_rules and back")
+    if gradient_rules is not None and Need.EMBEDDING_GRADIENTS not in stated:
+        raise TypeError(f"method {name!r}: gradient_rules apply to embedding gradients only")
 
     def decorate(builder: Builder) -> Builder:
         summary = (builder.__doc__ or name).strip().splitlines()[0]

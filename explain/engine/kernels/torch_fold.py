@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from explain.rules.fold import attention_spread, weighted_spread
+from explain.rules.fold import attention_spread
 from explain.rules.registry import SpreadMode
 
 __all__ = [
@@ -33,8 +33,11 @@ __all__ = [
 CPU_CHUNK_BYTES = 4 << 20
 """On CPU a chunk's temporaries stay under this size whatever the budget: chunks that fit
 the caches are faster than large ones, which spend their time on fresh pages (a narrow
-Llama block at 8192 tokens: 0.7 s with 4 MiB chunks, 10 s with 1 GiB ones). On a GPU the
-budget alone sizes the chunks, since there each chunk costs kernel launches."""
+Llama block at 8192 tokens: 0.7 s with 4 MiB chunks, 10 s with 1 GiB ones; of a `generic`
+block at 8,192 tokens x 4 columns and at 2,000 x 32, 1 MiB chunks take 1.5-2x as long
+as 4 MiB ones, 4 to 12 MiB are alike within the shared machine's noise, 64 MiB 3-4x).
+On a GPU the budget alone sizes the chunks, since there each chunk costs kernel
+launches."""
 
 
 def readout_spread(
@@ -73,7 +76,9 @@ def readout_spread(
     blocked = None if key_mask is None else ~key_mask[:, None, None, :]
     live = live_rows(key_mask, causal)
     dead = None if live is None else ~live[:, None, :, None]  # (B, 1, N or 1, 1)
-    out = vector.new_zeros(columns, batch, keys)
+    # The columns' spreads, summed over query rows chunk by chunk: (C, B, Nk) for mode
+    # "attention"; for mode "gradient" per kv head, (B, Hk, C, Nk), summed over them last.
+    out = vector.new_zeros(*((batch, kv_heads, columns) if gradient else (columns, batch)), keys)
     # Per query row and key: the scores, the probabilities and one dA per column.
     per_entry = batch * heads * size * ((2 + columns) if gradient else 2)
     if query.device.type == "cpu":
@@ -84,9 +89,9 @@ def readout_spread(
         q = query[:, :, start:stop].to(dtype) * scale
         q = q.reshape(batch, kv_heads, groups * rows, -1)  # head h reads kv head h // groups
         scores = (q @ keys_t[..., :width]).view(batch, heads, rows, width)
-        if causal:
-            later = torch.ones(rows, width, dtype=torch.bool, device=q.device).triu_(start + 1)
-            scores.masked_fill_(later, float("-inf"))
+        if causal:  # only the chunk's own keys lie after some of its rows
+            later = torch.ones(rows, rows, dtype=torch.bool, device=q.device).triu_(1)
+            scores[..., start:].masked_fill_(later, float("-inf"))
         if blocked is not None:
             scores.masked_fill_(blocked[..., :width], float("-inf"))
         attention = scores.softmax(dim=-1)
@@ -95,14 +100,42 @@ def readout_spread(
             attention.masked_fill_(dead[:, :, start:stop] if causal else dead, 0.0)
         if gradient:
             assert output_grad is not None and values_t is not None
-            grad_rows = output_grad[..., start:stop, :].to(dtype)
-            grad_rows = grad_rows.reshape(columns, batch, kv_heads, groups * rows, -1)
-            weights = (grad_rows @ values_t[..., :width]).view(columns, batch, heads, rows, width)
-            spread = weighted_spread(vector[..., start:stop], weights.mul_(attention).clamp_(0))
+            spread = _gradient_spread(
+                vector[..., start:stop], output_grad[..., start:stop, :], values_t, attention
+            )
         else:
             spread = attention_spread(vector[..., start:stop], attention)
-        out[..., :width] += spread
+        out[..., :width].add_(spread)  # `+=` on a slice would copy it back onto itself
+    if gradient:
+        out = out.sum(dim=1).transpose(0, 1)  # (C, B, Nk)
     return out.div_(heads)
+
+
+def _gradient_spread(
+    rows: Tensor, output_grad: Tensor, values_t: Tensor, attention: Tensor
+) -> Tensor:
+    """sum over query rows i and the heads g of each kv head of rows[c, b, i] * (dA * A)+
+    for one chunk of r query rows: (B, Hk, C, K) from rows (C, B, r), dO (C, B, H, r, Dv),
+    v^T (B, Hk, Dv, >= K) and A (B, H, r, K), dA = dO v^T.
+
+    The columns go into the rows of one product per kv head, dO laid out (B, Hk, C, G, r,
+    Dv), so that v is read as it is: a product broadcast over the columns would copy v^T
+    once per column and chunk (the larger part of a call at 2,000 tokens and 32 columns).
+    dA for every column is then (B, Hk, C, G * r, K), each column's G * r rows in one
+    piece, weighed by A in place and spread by one vector-matrix product per column and kv
+    head."""
+    columns, batch, count = rows.shape
+    kv_heads, width = values_t.shape[1], attention.shape[-1]
+    heads = attention.shape[1]
+    groups = heads // kv_heads
+    grad = output_grad.unflatten(2, (kv_heads, groups)).permute(1, 2, 0, 3, 4, 5)
+    grad = grad.reshape(batch, kv_heads, columns * groups * count, -1).to(values_t.dtype)
+    weights = (grad @ values_t[..., :width]).view(batch, kv_heads, columns, groups * count, width)
+    weights.mul_(attention.view(batch, kv_heads, 1, groups * count, width)).clamp_(min=0)
+    flat = rows.transpose(0, 1)[:, None, :, None, :].expand(batch, kv_heads, columns, groups, count)
+    flat = flat.reshape(batch * kv_heads * columns, 1, groups * count)
+    spread = torch.bmm(flat, weights.view(batch * kv_heads * columns, groups * count, width))
+    return spread.view(batch, kv_heads, columns, width)
 
 
 def live_rows(key_mask: Tensor | None, causal: bool) -> Tensor | None:

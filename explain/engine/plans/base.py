@@ -27,7 +27,9 @@ from explain.engine.passes import (
     ColumnSink,
     EmbeddingGradientPass,
     ForwardPass,
+    IntegratedGradientPass,
     LrpWalkPass,
+    OcclusionPass,
     Pass,
     Relevances,
 )
@@ -82,19 +84,20 @@ def resolve_start_layer(spec: Method, start_layer: Any, num_layers: int, modalit
 
 
 def resolve_score(spec: Method | None, score: Score | None, default: Score) -> Score:
-    """The score a call explains. Only the methods that differentiate a score (those that
-    need attention gradients) and `trace` take one; None there is `default`. The others
-    take none, as a method reading one fixed block takes no start_layer: a class-agnostic
-    map is the same for every score, and an LRP walk starts from the target's logit, so
-    a score given to them is refused, and they are recorded as explaining the logit."""
-    if spec is not None and not spec.needs_gradients:
+    """The score a call explains. Only the methods that differentiate a score or measure
+    its drop (`Method.takes_score`) and `trace` take one; None there is `default`. The
+    others take none, as a method reading one fixed block takes no start_layer: a
+    class-agnostic map is the same for every score, and an LRP walk starts from the
+    target's logit, so a score given to them is refused, and they are recorded as
+    explaining the logit."""
+    if spec is not None and not spec.takes_score:
         if score is not None:
             what = (
                 "propagates relevance from the target's logit"
                 if spec.class_specific
                 else "gives one map whatever the target"
             )
-            takers = ", ".join(name for name, m in sorted(METHODS.items()) if m.needs_gradients)
+            takers = ", ".join(name for name, m in sorted(METHODS.items()) if m.takes_score)
             raise OptionError(
                 f"method {spec.name!r} {what} and differentiates no score, so it takes no "
                 f"score; leave score unset (the methods that take one: {takers})"
@@ -116,8 +119,9 @@ def check_tokenizer(adapter: Adapter, tokenizer: Any) -> None:
 
 def takes_contrast(spec: Method) -> bool:
     """Whether `spec` can explain a `Contrast` (the difference of two classes' scores):
-    it differentiates a score, and no LRP walk starts it from one class's logit."""
-    return spec.needs_gradients and not spec.needs & LRP_NEEDS
+    it differentiates a score or measures its drop, and no LRP walk starts it from one
+    class's logit."""
+    return spec.takes_score and not spec.needs & LRP_NEEDS
 
 
 def check_contrast(spec: Method | None, refused_because: str | None) -> None:
@@ -238,6 +242,8 @@ class Plan:
             AttentionGradientPass,
             LrpWalkPass,
             EmbeddingGradientPass,
+            IntegratedGradientPass,
+            OcclusionPass,
         }
     )
     """The passes this kind of model can be explained through (explain.engine.passes)."""
@@ -354,6 +360,30 @@ class Plan:
         index = classes if classes.dim() == 2 else classes[:, None]
         self.foil = resolve_foil(output, self.request.target)
         return Columns(select_scores(output, index, self.score, self.foil), classes, output)
+
+    def copy_forward(self, copies: int) -> Tensor:
+        """The output of one forward (as `forward`'s) over `copies` copies of the inputs
+        (`Adapter.repeated`: row c * B + b is copy c of sample b), which the pass changes
+        at the embeddings (explain.engine.copies)."""
+        inputs = self.prepared
+        self.prepared = self.adapter.repeated(inputs, copies)
+        try:
+            return self.forward()
+        finally:
+            self.prepared = inputs
+
+    def copy_columns(self, output: Tensor, columns: Columns, copies: int) -> Tensor:
+        """(copies * B, K) scores of the copies' `output` (`copy_forward`) for the targets
+        `columns` resolved from the inputs themselves: the classes they explain, or a
+        target callable's scores, the callable given each copy's B rows as it was given
+        the inputs'."""
+        if columns.custom:
+            rows = output.shape[0] // copies
+            scores = [self.columns(output[c * rows : (c + 1) * rows]).scores for c in range(copies)]
+            return torch.cat(scores)
+        index = columns.classes if columns.classes.dim() == 2 else columns.classes[:, None]
+        foil = None if self.foil is None else self.foil.repeat(copies)
+        return select_scores(output, index.repeat(copies, 1), self.score, foil)
 
     def finish(self, relevances: Relevances, columns: Columns) -> dict[str, Tensor]:
         """The relevance per set from every column's ((B, K, ...) on the input): (B, ...),

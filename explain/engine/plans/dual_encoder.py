@@ -39,7 +39,9 @@ class DualEncoderPlan(Plan):
     passes = frozenset({ForwardPass, AttentionGradientPass})
     refused_because = (
         "the LRP methods (AttnLRP and CP-LRP too) need relevance rules through the "
-        "similarity of two towers, which explain does not have"
+        "similarity of two towers, which explain does not have, and the methods that read "
+        "the input embeddings (gradient_x_input, integrated_gradients, occlusion) one "
+        "embedding module, where the towers have two"
     )
     trace_score = "logit"
     contrast_refused = "a dual encoder's target picks the text an image is paired with"

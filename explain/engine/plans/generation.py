@@ -18,16 +18,18 @@ from explain.engine.passes import (
     ColumnSink,
     EmbeddingGradientPass,
     ForwardPass,
+    IntegratedGradientPass,
+    OcclusionPass,
     Relevances,
 )
 from explain.engine.plans.base import Plan, masked_columns
 from explain.engine.request import Request, integer_option
-from explain.engine.targets import select_scores
+from explain.engine.targets import Score, select_scores
 from explain.errors import InputError, OptionError
 from explain.layout import Prepared
 from explain.rules import Method
 
-__all__ = ["GenerationPlan", "column_rows", "require_causal_lm"]
+__all__ = ["GenerationPlan", "column_rows", "generated_scores", "require_causal_lm"]
 
 
 def require_causal_lm(adapter: Adapter) -> LanguageModel:
@@ -61,6 +63,15 @@ def read_out_at(width: int, valid: Tensor) -> slice:
     return slice(width - 1, width - 1 + valid.shape[1])
 
 
+def generated_scores(output: Tensor, generated: Tensor, valid: Tensor, score: Score) -> Tensor:
+    """(B, G) scores of the (B, G) `generated` tokens in the (B, G, vocab) `output` they
+    were chosen from, 0 past each continuation's end (`valid`): there is nothing to
+    explain there, and no gradient flows."""
+    batch, count = valid.shape
+    scores = select_scores(output.flatten(0, 1), generated.flatten(), score)
+    return scores.reshape(batch, count) * valid
+
+
 def column_rows(
     lm: LanguageModel, prepared: Prepared, at: Tensor, token_mask: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -90,7 +101,15 @@ class GenerationPlan(Plan):
     """
 
     serves = LanguageModel
-    passes = frozenset({ForwardPass, AttentionGradientPass, EmbeddingGradientPass})
+    passes = frozenset(
+        {
+            ForwardPass,
+            AttentionGradientPass,
+            EmbeddingGradientPass,
+            IntegratedGradientPass,
+            OcclusionPass,
+        }
+    )
     contrast_refused = (
         "a generation explains the tokens it generated; contrast two answers with "
         "explain.cite.explain_contrast"
@@ -136,12 +155,15 @@ class GenerationPlan(Plan):
         return self._set_folds([replace(text, layout=replace(layout, token_mask=seen))], [readouts])
 
     def columns(self, output: Tensor) -> Columns:
-        batch, count = self.valid.shape
         generated = self.prepared.arguments["input_ids"][:, self.width :]
-        scores = select_scores(output.flatten(0, 1), generated.flatten(), self.score)
-        # Past a continuation's end there is nothing to explain: no gradient flows there.
-        scores = scores.reshape(batch, count) * self.valid
+        scores = generated_scores(output, generated, self.valid, self.score)
         return Columns(scores, generated.masked_fill(~self.valid, -1), output)
+
+    def copy_columns(self, output: Tensor, columns: Columns, copies: int) -> Tensor:
+        generated = self.prepared.arguments["input_ids"][:, self.width :]
+        return generated_scores(
+            output, generated.repeat(copies, 1), self.valid.repeat(copies, 1), self.score
+        )
 
     def finish(self, relevances: Relevances, columns: Columns) -> dict[str, Tensor]:
         return masked_columns(relevances, self.valid)

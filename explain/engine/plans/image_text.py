@@ -17,21 +17,24 @@ from torch import Tensor
 
 from explain.architectures.base import ImageTextModel
 from explain.engine.passes import (
-    AttentionGradientPass,
     Columns,
     ColumnSink,
-    EmbeddingGradientPass,
-    ForwardPass,
     Relevances,
+    pass_for,
 )
 from explain.engine.plans.base import Plan, masked_columns, per_set, resolve_start_layer
-from explain.engine.plans.generation import column_rows, generated_tokens, read_out_at
+from explain.engine.plans.generation import (
+    GenerationPlan,
+    column_rows,
+    generated_scores,
+    generated_tokens,
+    read_out_at,
+)
 from explain.engine.request import Request
-from explain.engine.targets import select_scores
 from explain.errors import OptionError
 from explain.layout import ImagePrepared, ImageTokens, TokenLayout
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
-from explain.rules import Fold, Method, Need, RuleContext
+from explain.rules import METHODS, Fold, Method, Need, RuleContext
 from explain.rules.fold import ReadoutFold, RowSum, joined
 from explain.rules.registry import SpreadMode
 
@@ -45,7 +48,9 @@ def reaches_tower(spec: Method) -> bool:
     """Whether `spec` continues through the tower at depth "tower": a method that
     aggregates over blocks (its fold read out by the language model's) or reads
     Gradient x Input at the embeddings (carried on to the tower's patch embeddings); a
-    method that reads one fixed block does not."""
+    method that reads one fixed block does not, nor do integrated gradients and
+    occlusion, which replace the language model's input embeddings in copies of the
+    inputs (depth "lm")."""
     return spec.default_start_layer is not None or Need.EMBEDDING_GRADIENTS in spec.needs
 
 
@@ -148,10 +153,12 @@ class ImageTextSink:
         tower.fold(layer, slice(None), spread, rowsum)  # type: ignore[attr-defined]
 
     def add_input(self, columns: slice, text: Tensor, tower: Tensor | None = None) -> None:
-        """AttnLRP's and CP-LRP's relevance (`ImageTextPlan.embeddings`) for `columns`: at
-        the language model's input embeddings (c, B, T) and, at depth "tower", at the
-        tower's patch embeddings (c, the tower's batch, tower tokens; or its patches, for a
-        tower that runs them packed), which is then the tower's result."""
+        """The relevance at the embeddings (`ImageTextPlan.embeddings`: Gradient x Input,
+        plain or AttnLRP's and CP-LRP's; integrated gradients' and occlusion's at depth
+        "lm") for `columns`: at the language model's input embeddings (c, B, T) and, at
+        depth "tower", at the tower's patch embeddings (c, the tower's batch, tower tokens;
+        or its patches, for a tower that runs them packed), which is then the tower's
+        result."""
         self._text.add_input(columns, text)  # type: ignore[attr-defined]  # an InputFold (Need)
         if tower is not None:
             tokens = self._image.tokens.tower_tokens
@@ -192,10 +199,11 @@ class ImageTextPlan(Plan):
     """
 
     serves = ImageTextModel
-    passes = frozenset({ForwardPass, AttentionGradientPass, EmbeddingGradientPass})
+    passes = GenerationPlan.passes  # its language model's, the answers' as a generation's
     refused_because = (
-        "vision-language models are explained by the attention methods, AttnLRP and "
-        "CP-LRP: the LRP walks have no rules for their projectors and towers"
+        "vision-language models are explained by the attention methods and the methods "
+        "at the embeddings (AttnLRP, CP-LRP and the baselines): the LRP walks have no rules "
+        "for their projectors and towers"
     )
     generates: ClassVar[bool] = True
     adapter: ImageTextModel
@@ -216,10 +224,21 @@ class ImageTextPlan(Plan):
             )
         super().__init__(adapter, spec, replace(request, options=options), tokenizer)
         if spec is not None and depth == "tower" and not reaches_tower(spec):
+            why = (
+                "replaces the language model's input embeddings in copies of the inputs, "
+                "where the image tokens already stand for the tower's output"
+                if spec.needs & {Need.PATH_GRADIENTS, Need.OCCLUSION}
+                else "reads one fixed block"
+            )
+            takers = ", ".join(
+                name
+                for name, m in sorted(METHODS.items())
+                if reaches_tower(m) and pass_for(m) in self.passes
+            )
             raise OptionError(
                 f"depth='tower' continues an aggregation over blocks, or a gradient, through "
-                f"the tower's blocks; method {spec.name!r} reads one fixed block (use "
-                "generic, rollout, attnlrp or cp_lrp, or depth='lm')"
+                f"the tower's blocks; method {spec.name!r} {why} (use {takers}, or "
+                "depth='lm')"
             )
         if self.generation and request.target is not None:
             raise OptionError(
@@ -304,11 +323,17 @@ class ImageTextPlan(Plan):
     def columns(self, output: Tensor) -> Columns:
         if not self.generation:
             return super().columns(output)
-        batch, count = self.valid.shape
         generated = self.prepared.arguments["input_ids"][:, self.width :]
-        scores = select_scores(output.flatten(0, 1), generated.flatten(), self.score)
-        scores = scores.reshape(batch, count) * self.valid  # nothing past an answer's end
+        scores = generated_scores(output, generated, self.valid, self.score)
         return Columns(scores, generated.masked_fill(~self.valid, -1), output)
+
+    def copy_columns(self, output: Tensor, columns: Columns, copies: int) -> Tensor:
+        if not self.generation:
+            return super().copy_columns(output, columns, copies)
+        generated = self.prepared.arguments["input_ids"][:, self.width :]
+        return generated_scores(
+            output, generated.repeat(copies, 1), self.valid.repeat(copies, 1), self.score
+        )
 
     def finish(self, relevances: Relevances, columns: Columns) -> dict[str, Tensor]:
         if not self.generation:

@@ -16,13 +16,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from explain.errors import OptionError
 from explain.evaluation.datasets.base import (
     EvaluationDataset,
+    ImageAnswerExample,
     ImageExample,
     TextExample,
     TwoObjectExample,
@@ -30,6 +31,7 @@ from explain.evaluation.datasets.base import (
 
 if TYPE_CHECKING:
     from explain.data.shapes import Scene
+    from explain.data.shapes_questions import Example
     from explain.loading import LoadedModel
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "TWO_OBJECTS",
     "DigitsHeldout",
     "SentimentHeldout",
+    "ShapesAnswers",
     "ShapesHeldout",
     "ShapesPairs",
     "answer_dataset",
@@ -202,13 +205,82 @@ def heldout_dataset(
     return sets[name](image_size)
 
 
-ANSWER_SETS: dict[str, Callable[[LoadedModel, int | None], EvaluationDataset]] = {}
+class ShapesAnswers:
+    """shapes-llava's held-out questions (`explain.data.shapes_questions`): the first
+    `length` examples (question 0 of held-out scenes 0, 1, ...: the
+    examples shapes-llava's card counts) as `ImageAnswerExample`s, made by `processor` (a
+    vision-language model's, whose tokenizer holds VOCABULARY's words) as a user's
+    prompt goes through it (`explain.inputs.encode_image_prompt`: the chat template, the
+    image placeholder expanded to the image tokens).
+
+    Each example's answer is the answer word's token alone (the end token after it says
+    nothing about the scene); its mask is `Example.mask` (the pixels of the object the
+    answer is about), on the grid of its pixel values because the scenes are drawn at the
+    processor's size (`size`); its text evidence is the position of the word the question
+    names (the asked kind, or the asked colour for "shape"). How the test counts them
+    (explain.evaluation.vision_language): an example whose answer is about no object
+    ("no", "none", "nothing": an empty mask) is left out of the pointing game and the
+    mIoU and counted apart; an example the model answers wrongly (its greedy answer word
+    is not `answer`) is left out of every ranking number, as its evidence is not known,
+    and counted with the share answered right.
+    """
+
+    name = "shapes-questions-heldout"
+
+    def __init__(self, processor: Any, length: int = 1000, size: int = 64) -> None:
+        self.processor, self.length, self.size = processor, length, size
+
+    def __len__(self) -> int:
+        return self.length
+
+    def item(self, index: int) -> Example:
+        """Example `index` as the data makes it (scene, question, answer, target)."""
+        from explain.data.shapes import scene_seed
+        from explain.data.shapes_questions import example
+
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} out of range for {self.length} examples")
+        return example(scene_seed("heldout", index), 0, self.size)
+
+    def __getitem__(self, index: int) -> ImageAnswerExample:
+        from explain.data.shapes import COLOURS, KINDS
+        from explain.inputs import encode_image_prompt
+
+        item = self.item(index)
+        encoded = encode_image_prompt({"image": item.image, "text": item.text}, self.processor)
+        ids = tuple(encoded["input_ids"][0].tolist())
+        named = (COLOURS if item.question.template == "shape" else KINDS)[item.question.subject]
+        tokens = self.processor.tokenizer.convert_tokens_to_ids([named, item.answer])
+        return ImageAnswerExample(
+            input_ids=ids,
+            pixel_values=encoded["pixel_values"][0],
+            answer=(tokens[1],),
+            mask=torch.from_numpy(item.mask),
+            text_evidence=(ids.index(tokens[0]),),  # the question names it once
+        )
+
+
+def _shapes_answers(loaded: LoadedModel, length: int | None) -> EvaluationDataset:
+    size = loaded.image_size
+    return ShapesAnswers(loaded.tokenizer, size=size[0] if size else 64)
+
+
+ANSWER_SETS: dict[str, Callable[[LoadedModel, int | None], EvaluationDataset]] = {
+    "shapes-llava": _shapes_answers,
+}
 """Zoo model name -> its held-out prompts with answers and known evidence (the language-
 and vision-language-evidence tests: `AnswerExample`s or `ImageAnswerExample`s), made with
 the loaded model's tokenizer or processor; the int is the prompt length in tokens for a
 language model (None: its own default), ignored by a vision-language model. A known-
-evidence zoo model's data module adds its entry here; a data set may name the token that
-replaces removed tokens as its `replacement`."""
+evidence zoo model's examples are made here from its data module; a data set
+may name the token that replaces removed tokens as its `replacement`.
+
+- `shapes-llava`: the held-out shapes questions (`ShapesAnswers`): the answer word's
+  token, the mask of the object the answer is about (empty for "no", "none", "nothing":
+  such examples are left out of the pointing game and the mIoU, and counted), the word
+  the question names as text evidence. Examples the model answers wrongly are left out
+  of every ranking number and counted (their evidence is not known), as for every
+  answer set."""
 
 
 def answer_dataset(name: str, loaded: LoadedModel, length: int | None = None) -> EvaluationDataset:
