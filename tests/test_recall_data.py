@@ -65,6 +65,19 @@ def test_prompts_have_the_asked_length_and_facts(length):
 
 
 @pytest.mark.parametrize("hops", [1, 2])
+def test_no_two_facts_of_a_context_share_a_word(hops):
+    for example in recall.examples("heldout", 20, 1024, hops=hops):
+        # two hops: a chain's middle key is the first fact's value and the second's key
+        words = [w for f in example.facts for w in (f.key + f.value if hops == 1 else f.key)]
+        assert len(words) == len(set(words))
+        for changed in (recall.with_evidence_replaced(example),
+                        recall.with_distractors_replaced(example)):  # fmt: skip
+            words = [w for f in changed.facts for w in f.key + f.value]
+            counts = {w: words.count(w) for w in words}
+            assert max(counts.values()) <= (1 if hops == 1 else 2)
+
+
+@pytest.mark.parametrize("hops", [1, 2])
 def test_evidence_positions_hold_the_asked_facts_and_the_answer_is_its_value(hops):
     for example in recall.examples("heldout", 20, 512, hops=hops):
         ids = example.input_ids
@@ -208,7 +221,9 @@ def test_tokenizer_reads_the_texts_back_to_their_ids():
 
 def test_impossible_requests_are_refused():
     with pytest.raises(ValueError, match="do not fit"):
-        recall.make_example(0, 64, facts=20)
+        recall.make_example(0, 64, facts=14)
+    with pytest.raises(ValueError, match="at most 16 facts"):
+        recall.make_example(0, 512, facts=recall.MAX_FACTS + 2)
     with pytest.raises(ValueError, match="hops"):
         recall.make_example(0, 128, hops=3)
     with pytest.raises(ValueError, match="multiple of 2"):

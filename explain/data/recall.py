@@ -148,7 +148,10 @@ _ANIMAL_IDS = np.array([_ID[word] for word in ANIMALS])
 _NUMBER_IDS = np.array([_ID[word] for word in NUMBERS])
 _THING_IDS = np.array([_ID[word] for word in THINGS])
 _FILLER_IDS = np.array([_ID[word] for word in FILLER])
-_KEYS = len(ADJECTIVES) * len(ANIMALS)
+MAX_FACTS = min(len(ADJECTIVES), len(ANIMALS), len(THINGS)) // 2
+"""The most facts a context holds. No two facts of a context share a word, and the
+counterfactual contexts draw fresh words for the facts they replace: half of each word
+list each."""
 
 
 @dataclass(frozen=True)
@@ -238,35 +241,34 @@ class RecallExample:
 
 def default_facts(length: int) -> int:
     """The number of facts of a context of `length` tokens by default: one per 32 tokens,
-    at least 2 (even, so that two-hop contexts hold whole chains)."""
-    return max(2, length // 64 * 2)
+    at least 2 (even, so that two-hop contexts hold whole chains) and at most MAX_FACTS
+    (16: from 512 tokens on, longer contexts hold more filler, not more facts)."""
+    return min(MAX_FACTS, max(2, length // 64 * 2))
 
 
 def _draw_pairs(
     rng: np.random.Generator,
     count: int,
-    avoid: set[tuple[int, ...]],
+    used: set[int],
     firsts: np.ndarray,
     seconds: np.ndarray,
 ) -> list[tuple[int, ...]]:
-    """`count` distinct word pairs (a first word's id, then a second's) drawn uniformly
-    from all pairs, none in `avoid` (which they join)."""
-    pairs: list[tuple[int, ...]] = []
-    while len(pairs) < count:  # rejection: avoided pairs are few next to all pairs
-        for index in rng.choice(len(firsts) * len(seconds), size=count - len(pairs), replace=False):
-            pair = (int(firsts[index // len(seconds)]), int(seconds[index % len(seconds)]))
-            if pair not in avoid:
-                avoid.add(pair)
-                pairs.append(pair)
-    return pairs
+    """`count` word pairs (a first word's id, then a second's) whose words are all distinct
+    and none in `used` (which they join), drawn uniformly."""
+    first = rng.permutation([word for word in firsts.tolist() if word not in used])[:count]
+    second = rng.permutation([word for word in seconds.tolist() if word not in used])[:count]
+    if len(first) < count or len(second) < count:
+        raise ValueError(f"not enough unused words for {count} more pairs")
+    used.update(first.tolist(), second.tolist())
+    return [(int(a), int(b)) for a, b in zip(first, second, strict=True)]
 
 
-def _draw_keys(rng: np.random.Generator, count: int, avoid: set[tuple[int, ...]]) -> list:
-    return _draw_pairs(rng, count, avoid, _ADJECTIVE_IDS, _ANIMAL_IDS)
+def _draw_keys(rng: np.random.Generator, count: int, used: set[int]) -> list:
+    return _draw_pairs(rng, count, used, _ADJECTIVE_IDS, _ANIMAL_IDS)
 
 
-def _draw_values(rng: np.random.Generator, count: int, avoid: set[tuple[int, ...]]) -> list:
-    return _draw_pairs(rng, count, avoid, _NUMBER_IDS, _THING_IDS)
+def _draw_values(rng: np.random.Generator, count: int, used: set[int]) -> list:
+    return _draw_pairs(rng, count, used, _NUMBER_IDS, _THING_IDS)
 
 
 def _check(length: int, hops: int, facts: int) -> None:
@@ -274,8 +276,8 @@ def _check(length: int, hops: int, facts: int) -> None:
         raise ValueError(f"hops must be 1 or 2, got {hops}")
     if facts < hops or facts % hops:
         raise ValueError(f"a {hops}-hop context needs a positive multiple of {hops} facts")
-    if 2 * facts > _KEYS:
-        raise ValueError(f"{facts} facts need more distinct keys than the {_KEYS} there are")
+    if facts > MAX_FACTS:
+        raise ValueError(f"a context holds at most {MAX_FACTS} facts, got {facts}")
     if 1 + facts * FACT_TOKENS + QUESTION_TOKENS > length:
         raise ValueError(
             f"{facts} facts of {FACT_TOKENS} tokens and a question do not fit in {length} "
@@ -290,18 +292,20 @@ def make_example(
 
     `facts` (default `default_facts(length)`) facts are laid out in a random order with
     filler words between them (random gaps); one of them (two hops: one chain) is asked.
-    Keys are distinct within a context, and so are values.
+    No two facts of a context share a word (each word of a key names its fact).
     """
     facts = default_facts(length) if facts is None else facts
     _check(length, hops, facts)
     rng = np.random.default_rng((seed, length, hops, facts))
     if hops == 1:
-        keys = _draw_keys(rng, facts, set())
-        contents = list(zip(keys, _draw_values(rng, facts, set()), strict=True))
+        used: set[int] = set()
+        keys = _draw_keys(rng, facts, used)
+        contents = list(zip(keys, _draw_values(rng, facts, used), strict=True))
     else:  # facts / 2 chains a b, b c: two distinct keys a and b, and a value c
-        starts = _draw_keys(rng, facts // 2, set())
-        middles = _draw_keys(rng, facts // 2, set(starts))
-        ends = _draw_values(rng, facts // 2, set())
+        used = set()
+        starts = _draw_keys(rng, facts // 2, used)
+        middles = _draw_keys(rng, facts // 2, used)
+        ends = _draw_values(rng, facts // 2, used)
         contents = [pair for chain in zip(starts, middles, ends, strict=True) for pair in
                     ((chain[0], chain[1]), (chain[1], chain[2]))]  # fmt: skip
     chosen = int(rng.integers(facts // hops)) * hops  # the asked fact, or chain's first fact
@@ -409,11 +413,8 @@ def with_evidence_replaced(example: RecallExample) -> RecallExample:
     rng = np.random.default_rng((example.seed, example.length, example.hops, len(example.facts), 2))
     index = example.asked[-1]
     fact = example.facts[index]
-    used = {other.value for other in example.facts}
-    while True:
-        (value,) = _draw_values(rng, 1, set(used))
-        if all(new != old for new, old in zip(value, fact.value, strict=True)):
-            break
+    # Fresh words are never the replaced fact's own: each word of the new value differs.
+    (value,) = _draw_values(rng, 1, {word for other in example.facts for word in other.value})
     changed = _substituted(example, {index: (fact.key, value)})
     return replace(changed, answer=value)
 
@@ -426,13 +427,13 @@ def with_distractors_replaced(example: RecallExample) -> RecallExample:
     rng = np.random.default_rng((example.seed, example.length, example.hops, len(example.facts), 3))
     asked = set(example.asked)
     keys = {fact.key for fact in example.facts}
-    values = {fact.value for fact in example.facts}
+    words = {word for fact in example.facts for word in (*fact.key, *fact.value)}
     old_keys = sorted({fact.key for i, fact in enumerate(example.facts) if i not in asked})
     old_values = sorted(
         {fact.value for i, fact in enumerate(example.facts) if i not in asked} - keys
     )
-    mapping = dict(zip(old_keys, _draw_keys(rng, len(old_keys), set(keys)), strict=True))
-    mapping.update(zip(old_values, _draw_values(rng, len(old_values), set(values)), strict=True))
+    mapping = dict(zip(old_keys, _draw_keys(rng, len(old_keys), words), strict=True))
+    mapping.update(zip(old_values, _draw_values(rng, len(old_values), words), strict=True))
     changes = {
         i: (mapping[fact.key], mapping[fact.value])
         for i, fact in enumerate(example.facts)
