@@ -96,6 +96,12 @@ ZOO: dict[str, ZooEntry] = {
             "each answer's object known (its mask)",
             "scripts/train_shapes_llava.py",
         ),
+        ZooEntry(
+            "recall-llama",
+            "Llama (2 blocks) recalling the value of a key among distractor facts and filler "
+            "in long contexts: a language model whose evidence is known",
+            "scripts/train_recall_lm.py",
+        ),
     )
 }
 """Every zoo model by name; `explain models` lists them."""
