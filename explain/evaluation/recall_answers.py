@@ -4,11 +4,12 @@ that each answer rests on the evidence its example records.
 For the examples of `explain.data.recall`: `greedy_answers` runs the model greedily for as
 many tokens as each answer has; `answer_accuracy` is exact match of the whole answer;
 `recall_accuracy` measures a model saved as a zoo folder (whose config names the length it
-was trained at) at that length, with 2x and 4x it as details. `evidence_check` asks the
-model again on two counterfactual contexts of each held-out example it answers right (the
-evidence of a wrong answer is not known): `with_evidence_replaced` (the asked value
-replaced by a fresh one: the answer must change) and `with_distractors_replaced` (every
-other fact's key and value replaced: the answer must stay).
+was trained at) at that length, with a quarter, half, 2x and 4x it as details.
+`evidence_check` asks the model again on two counterfactual contexts of each held-out
+example it answers right (the evidence of a wrong answer is not known):
+`with_evidence_replaced` (the asked value replaced by a fresh one: the answer must
+change) and `with_distractors_replaced` (every other fact's key and value replaced: the
+answer must stay).
 """
 
 from __future__ import annotations
@@ -83,16 +84,16 @@ def answer_accuracy(
 
 def recall_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
     """Greedy exact match of the whole answer on the first `count` held-out prompts of the
-    trained length; details: the same at 2x and 4x that length."""
+    trained length; details: the same at a quarter, half, 2x and 4x that length."""
     length = trained_length(loaded)
     accuracy = answer_accuracy(loaded.model, recall.examples("heldout", count, length))
-    details = {
-        f"{factor}x the trained length ({factor * length} tokens, "
-        f"{recall.default_facts(factor * length)} facts)": answer_accuracy(
-            loaded.model, recall.examples("heldout", count, factor * length)
-        )
-        for factor in (2, 4)
-    }
+    details = {}
+    for factor in (0.25, 0.5, 2, 4):
+        tokens = int(factor * length)
+        details[
+            f"{factor:g}x the trained length ({tokens} tokens, "
+            f"{recall.default_facts(tokens)} facts)"
+        ] = answer_accuracy(loaded.model, recall.examples("heldout", count, tokens))
     return accuracy, details
 
 
