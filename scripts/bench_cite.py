@@ -73,9 +73,9 @@ TOP = (1, 3, 5)
 WHY_LDS = (
     "Why ContextCite leads on LDS: it fits its scores (a LASSO over its own ablations) to "
     "exactly what the LDS measures, the answer's log-probability under random halves of "
-    "the spans, while a single-backward method reads the model at the whole context; the "
-    "top-1 span (the evidence, when one span carries the answer) is where all agree, and "
-    "the LDS then ranks the weak spans, where a linear fit to ablations has the edge. Its "
+    "the spans, while a single-backward method reads the model at the whole context. "
+    "Where one span carries the answer, the best rankings agree on the top span; the LDS "
+    "then also ranks the weak spans, where a linear fit to ablations has the edge. Its "
     "time grows with the ablations; ours is one explanation."
 )
 MANY_PASSES = frozenset({Need.PATH_GRADIENTS, Need.OCCLUSION})
