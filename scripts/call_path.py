@@ -14,6 +14,9 @@ Only Python functions defined in explain/ count (torch and timm frames are skipp
 - depth: the deepest explain call stack counted in files (consecutive frames of one file
   are one layer), and in frames.
 
+`--functions` also lists the functions on each path, file by file in the order first
+entered, each with how often it was entered.
+
 Each call is then run once more under a TorchDispatchMode that counts its ATen ops (the
 op-count tests' CPU stand-in for GPU launches).
 
@@ -23,7 +26,7 @@ modules named like the standard library, string imports between packages
 (`LazyImport(...)` and `importlib.import_module("explain...")` calls), and rule modules
 (explain/rules/) that import explain.architectures.
 
-    PYTHONPATH=$PWD python scripts/call_path.py [--json out.json]
+    PYTHONPATH=$PWD python scripts/call_path.py [--functions] [--json out.json]
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class _OpCounter(TorchDispatchMode):
 
 def _profile(call: Callable[[], Any]) -> dict[str, Any]:
     """Functions, files, file switches and depth of the explain code that `call` runs."""
-    functions: set[tuple[str, str]] = set()
+    functions: dict[tuple[str, str], int] = {}  # (file, qualified name) -> calls, in order
     calls: list[str] = []
     stack: list[str | None] = []
     deepest_frames = deepest_layers = 0
@@ -84,7 +87,8 @@ def _profile(call: Callable[[], Any]) -> dict[str, Any]:
         stack.append(file)
         if file is None:
             return
-        functions.add((file, frame.f_code.co_qualname))
+        key = (file, frame.f_code.co_qualname)
+        functions[key] = functions.get(key, 0) + 1
         calls.append(file)
         frames = [entry for entry in stack if entry is not None]
         layers = sum(1 for i, entry in enumerate(frames) if i == 0 or frames[i - 1] != entry)
@@ -98,7 +102,10 @@ def _profile(call: Callable[[], Any]) -> dict[str, Any]:
         sys.setprofile(None)
     with _OpCounter() as ops:
         call()
-    files = sorted({file for file, _ in functions})
+    by_file: dict[str, list[str]] = {}
+    for (file, name), count in functions.items():
+        by_file.setdefault(file, []).append(name if count == 1 else f"{name} x{count}")
+    files = sorted(by_file)
     return {
         "aten_ops": ops.total,
         "functions": len(functions),
@@ -107,6 +114,7 @@ def _profile(call: Callable[[], Any]) -> dict[str, Any]:
         "depth_files": deepest_layers,
         "depth_frames": deepest_frames,
         "file_list": files,
+        "functions_by_file": by_file,
     }
 
 
@@ -197,6 +205,9 @@ def house() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--functions", action="store_true", help="list the functions on each path, by file"
+    )
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     figures = {"call_path": call_path(), "house": house()}
@@ -209,6 +220,9 @@ def main() -> None:
             f"{path['aten_ops']} ATen ops"
         )
         print("  files:", ", ".join(path["file_list"]))
+        if args.functions:
+            for file, names in path["functions_by_file"].items():
+                print(f"    {file} ({len(names)}): {', '.join(names)}")
     print(f"top-level modules: {shape['top_level_modules']} ({', '.join(shape['top_level_list'])})")
     for key in ("family_modules_in_two_places", "stdlib_named_modules", "string_imports"):
         print(f"{key.replace('_', ' ')}: {len(shape[key])} {shape[key]}")

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from explain.architectures.wrappers import execution_device
+from explain.architectures.wrappers import ACCELERATE_HOOK, execution_device
 from explain.errors import InputError
 from explain.finite import check_finite
 from explain.inputs import encode, is_raw_text, token_strings
@@ -261,6 +261,11 @@ class Adapter(ABC):
             found = found if found is not None else parameter
         if found is None:  # a parameter-free model cannot be a transformer
             raise TypeError("the model has no parameters")
+        # Both dispatch_model and cpu_offload / disk_offload hook the root, and a device_map
+        # leaves hf_device_map on it: any other model runs where its parameters are.
+        hooked = getattr(self.model, ACCELERATE_HOOK, None) is not None
+        if not hooked and not hasattr(self.model, "hf_device_map"):
+            return found
         device = execution_device(self.model)
         if device is None or device == found.device:
             return found

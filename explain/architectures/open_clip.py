@@ -120,6 +120,7 @@ class OpenClip(DualEncoder):
                 f"open_clip text pooling {model.text_pool_type!r} is not supported: the text "
                 f"must be read out at one token ({', '.join(_TEXT_POOLS)})"
             )
+        self._channels = base_layer(visual.conv1).in_channels  # also under a LoRA Conv2d
         self._explicit: dict[nn.Module, ExplicitSelfAttention] = {}
         for tower, blocks in (("image", self.vision_blocks), ("text", self.text_blocks)):
             for index, block in enumerate(blocks):
@@ -167,8 +168,7 @@ class OpenClip(DualEncoder):
                 "(T, context_length) token ids from open_clip.get_tokenizer(name)(texts)}"
             )
         visual = self.model.visual
-        channels = base_layer(visual.conv1).in_channels  # also under a LoRA Conv2d
-        images = validate_image_batch(inputs["image"], channels, self.parameter)
+        images = validate_image_batch(inputs["image"], self._channels, self.parameter)
         size = tuple(visual.image_size)
         if tuple(images.shape[-2:]) != size:
             raise InputError(

@@ -52,6 +52,7 @@ class TimmSwin(Adapter):
                 "relevance is returned over the patch grid, which that would hide"
             )
         self._blocks = [block for stage in model.layers for block in stage.blocks]
+        self._channels = base_layer(model.patch_embed.proj).in_channels  # also under LoRA
 
     @classmethod
     def matches(cls, model: nn.Module) -> bool:
@@ -81,11 +82,9 @@ class TimmSwin(Adapter):
         return flags
 
     def prepare(self, inputs: object) -> Prepared:
-        patch_embed = self.model.patch_embed
-        channels = base_layer(patch_embed.proj).in_channels  # also under a LoRA Conv2d
-        images = validate_image_batch(inputs, channels, self.parameter)
+        images = validate_image_batch(inputs, self._channels, self.parameter)
         height, width = images.shape[-2:]
-        expected = tuple(patch_embed.img_size)
+        expected = tuple(self.model.patch_embed.img_size)
         if (height, width) != expected:
             raise InputError(
                 f"this model takes {expected[0]}x{expected[1]} images, got {height}x{width}; "

@@ -118,6 +118,7 @@ class TimmBlocks(Adapter):
                 )
         self.distilled = is_timm_class(model, "VisionTransformerDistilled")
         """A distilled DeiT: its eval-mode head averages the class and distillation heads."""
+        self._channels = base_layer(model.patch_embed.proj).in_channels  # also under LoRA
 
     @property
     def blocks(self) -> Sequence[nn.Module]:
@@ -138,9 +139,7 @@ class TimmBlocks(Adapter):
         return flags
 
     def prepare(self, inputs: object) -> Prepared:
-        patch_embed = self.model.patch_embed
-        channels = base_layer(patch_embed.proj).in_channels  # also under a LoRA Conv2d
-        images = validate_image_batch(inputs, channels, self.parameter)
+        images = validate_image_batch(inputs, self._channels, self.parameter)
         height, width = images.shape[-2:]
         grid = self._grid(height, width)
         prefix = self.model.num_prefix_tokens

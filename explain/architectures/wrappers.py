@@ -28,6 +28,7 @@ device), or on accelerate's execution device.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -37,6 +38,8 @@ from explain.errors import UnsupportedModelError
 from explain.layout import FlagSetting
 
 __all__ = [
+    "ACCELERATE_HOOK",
+    "HELD_LAYER_PACKAGES",
     "execution_device",
     "execution_devices",
     "held_still",
@@ -44,6 +47,13 @@ __all__ = [
     "runnable",
     "unwrap",
 ]
+
+# What a caller looks for, in a pass over the modules it already makes, before it asks
+# this module anything: the attribute that holds accelerate's hooks, and the packages of
+# the layers `held_still` keeps still. A plain model has neither, so its calls never
+# enter the helpers below.
+ACCELERATE_HOOK = "_hf_hook"
+HELD_LAYER_PACKAGES = ("bitsandbytes.",)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -92,38 +102,22 @@ def _refuse_prompt_learning(model: nn.Module) -> None:
 # -- accelerate ---------------------------------------------------------------------------
 
 
-def _hooks(module: nn.Module) -> list[Any]:
-    """accelerate's hooks on `module` (a SequentialHook holds several)."""
-    hook = getattr(module, "_hf_hook", None)
-    if hook is None:
-        return []
-    return list(getattr(hook, "hooks", None) or [hook])
+def execution_devices(modules: Iterable[nn.Module]) -> Iterator[torch.device]:
+    """The devices accelerate's hooks on `modules` run them on, in the modules' order (a
+    SequentialHook holds several hooks)."""
+    for module in modules:
+        hook = getattr(module, ACCELERATE_HOOK, None)
+        for each in (getattr(hook, "hooks", None) or [hook]) if hook is not None else ():
+            device = getattr(each, "execution_device", None)
+            if device is not None:
+                yield torch.device(device if not isinstance(device, int) else f"cuda:{device}")
 
 
 def execution_device(model: nn.Module) -> torch.device | None:
-    """The device accelerate runs `model`'s first module on (where its inputs belong), or
-    None when accelerate does not dispatch the model (no hook names a device)."""
-    if getattr(model, "_hf_hook", None) is None and not hasattr(model, "hf_device_map"):
-        return None  # both dispatch_model and cpu_offload / disk_offload hook the root
-    for module in model.modules():
-        for hook in _hooks(module):
-            device = getattr(hook, "execution_device", None)
-            if device is not None:
-                return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
-    return None
-
-
-def execution_devices(model: nn.Module) -> set[torch.device]:
-    """Every device accelerate's hooks run a part of `model` on."""
-    devices = set()
-    for module in model.modules():
-        for hook in _hooks(module):
-            device = getattr(hook, "execution_device", None)
-            if device is not None:
-                devices.add(
-                    torch.device(device if not isinstance(device, int) else f"cuda:{device}")
-                )
-    return devices
+    """The device accelerate runs `model`'s first hooked module on (where its inputs
+    belong), or None when no hook names a device. Callers ask only for a model accelerate
+    dispatched (`Adapter.parameter`: its root hooked, or an `hf_device_map` on it)."""
+    return next(execution_devices(model.modules()), None)
 
 
 # -- quantisation ---------------------------------------------------------------------------
@@ -153,7 +147,7 @@ def _quantises_activations(module: nn.Module) -> str | None:
     return None
 
 
-def held_still(modules: list[nn.Module]) -> list[FlagSetting]:
+def held_still(modules: Iterable[nn.Module]) -> list[FlagSetting]:
     """Flags the session sets for a call so that a wrapping library does not change the
     model during it. bitsandbytes' 4-bit layers, in eval mode on a CPU with AVX512-BF16,
     repack their weights in place at their first forward without input gradients (their
@@ -162,7 +156,7 @@ def held_still(modules: list[nn.Module]) -> list[FlagSetting]:
     return [
         FlagSetting(module, "support_avx512bf16_for_cpu", False)
         for module in modules
-        if type(module).__module__.startswith("bitsandbytes.")
+        if type(module).__module__.startswith(HELD_LAYER_PACKAGES)
         and getattr(module, "support_avx512bf16_for_cpu", False)
     ]
 

@@ -20,7 +20,12 @@ import torch
 from torch import nn
 
 from explain.architectures.base import Adapter, this_thread_only
-from explain.architectures.wrappers import execution_devices, held_still
+from explain.architectures.wrappers import (
+    ACCELERATE_HOOK,
+    HELD_LAYER_PACKAGES,
+    execution_devices,
+    held_still,
+)
 from explain.errors import ExplainError, NestedExplanationError
 from explain.layout import FlagSetting, FusedPath, InputHook, ModuleHook
 
@@ -171,8 +176,16 @@ class Session(contextlib.AbstractContextManager["Session"]):
         held = frozenset(id(obj) for obj in [*modules, *owners])
         _HOLDINGS.acquire(held)  # a shared module or config: other sessions wait
         self._held = held
+        # What a wrapping library put in the model (accelerate's hooks, bitsandbytes'
+        # layers), found in one pass; a plain model has none and asks wrappers.py nothing.
+        wrapped = [
+            module
+            for module in modules
+            if hasattr(module, ACCELERATE_HOOK)
+            or type(module).__module__.startswith(HELD_LAYER_PACKAGES)
+        ]
         try:
-            self._fork_rng()
+            self._fork_rng(wrapped)
             self._undo.enter_context(
                 torch.enable_grad() if self.differentiable else torch.no_grad()
             )
@@ -184,7 +197,7 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 context = self.adapter.path_context()
             if context is not None:
                 self._undo.enter_context(context)
-            self._set_flags([*flags, *held_still(modules)])
+            self._set_flags([*flags, *(held_still(wrapped) if wrapped else ())])
             for module, hook in self._hooks:
                 if isinstance(hook, InputHook):
                     handle = module.register_forward_pre_hook(
@@ -209,9 +222,11 @@ class Session(contextlib.AbstractContextManager["Session"]):
                 _HOLDINGS.release(self._held)
                 self._held = None
 
-    def _fork_rng(self) -> None:
+    def _fork_rng(self, wrapped: list[nn.Module]) -> None:
         # The parameters' devices, and those accelerate runs offloaded modules on.
-        found = {p.device for p in self.model.parameters()} | execution_devices(self.model)
+        found = {p.device for p in self.model.parameters()}
+        if wrapped:
+            found.update(execution_devices(wrapped))
         devices = sorted({device.index or 0 for device in found if device.type == "cuda"})
         self._undo.enter_context(torch.random.fork_rng(devices=devices))
 
