@@ -51,6 +51,7 @@ zoo: $(STAMP)
 	$(BIN)/python scripts/train_shapes_swin.py
 	$(BIN)/python scripts/train_shapes_clip.py
 	$(BIN)/python scripts/train_shapes_llava.py
+	$(BIN)/python scripts/train_recall_lm.py
 	$(BIN)/python scripts/zoo_accuracy.py --update-cards
 
 # Score every method on the zoo (resumable: finished chunks stay in outputs/results/).

@@ -16,8 +16,7 @@ import time
 
 import torch
 
-from explain.evaluation import heldout_accuracy
-from explain.evaluation.shapes_answers import evidence_check
+from explain.evaluation import heldout_accuracy, recall_answers, shapes_answers
 from explain.export import atomic_write
 from explain.loading.zoo import CARD, ZOO, load_zoo_model, zoo_root
 
@@ -32,8 +31,12 @@ HEADLINE = {
     "minilm-sentiment": "top-1",
     "shapes-clip": "zero-shot: the closest of the 41 set captions names exactly its kinds",
     "shapes-llava": "the first answer word (greedy) is the true answer",
+    "recall-llama": "the whole answer, both words, greedy, at the trained length",
 }
-EVIDENCE = {"shapes-llava": (evidence_check, 1000)}
+EVIDENCE = {
+    "shapes-llava": (shapes_answers.evidence_check, 1000),
+    "recall-llama": (recall_answers.evidence_check, 1000),
+}
 """Models whose answers' evidence is known: the check, and its number of held-out examples."""
 
 

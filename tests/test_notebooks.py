@@ -17,6 +17,8 @@ def test_there_are_notebooks():
         "vit_explainability.ipynb",
         "text_explainability.ipynb",
         "clip_explainability.ipynb",
+        "evaluation.ipynb",
+        "language_model_methods.ipynb",
     } <= names
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from explain.evaluation.recall_answers import recall_accuracy
 from explain.evaluation.shapes_answers import question_accuracy
 from explain.loading.loaded_model import LoadedModel
 from explain.loading.zoo import load_zoo_model
@@ -136,6 +137,7 @@ _HELDOUT: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]
     "minilm-sentiment": (_sentiment_accuracy, 1000),
     "shapes-clip": (_shapes_clip_accuracy, 1000),
     "shapes-llava": (question_accuracy, 1000),
+    "recall-llama": (recall_accuracy, 1000),
 }
 """Per zoo model: how to measure it on its held-out split, and how many examples by default."""
 

@@ -27,6 +27,7 @@ from explain.evaluation.runner import run_evaluation
 from explain.evaluation.saco import SaCoTest
 from explain.evaluation.segmentation import SegmentationTest
 from explain.evaluation.vision_language import VisionLanguageEvidenceTest
+from explain.rules.registry import METHODS
 
 __all__ = ["evaluate_model", "real_dataset", "replacement_token"]
 
@@ -109,6 +110,7 @@ def evaluate_model(
     output: str | os.PathLike[str],
     *,
     methods: Sequence[str] | None = None,
+    exclude: Sequence[str] = (),
     data: str | os.PathLike[str] | None = None,
     limit: int | None = None,
     batch_size: int = 16,
@@ -132,6 +134,7 @@ def evaluate_model(
         model: a spec for `explain.loading.load_model`.
         output: the results JSON; the .md table, .png plot and .parts/ work folder go
             next to it.
+        exclude: methods left out of `methods` (e.g. the default's costliest ones).
         data: the real data set (see `real_dataset`); None uses a zoo model's held-out set.
         limit: evaluate only the first `limit` examples.
         batch_size: examples explained together, and the unit of resuming.
@@ -155,6 +158,11 @@ def evaluate_model(
 
     if protocol not in _MODALITY:
         raise OptionError(f"unknown protocol {protocol!r}; choose one of {', '.join(_MODALITY)}")
+    unknown = sorted(set(exclude) - set(METHODS))
+    if unknown:
+        raise OptionError(
+            f"cannot exclude unknown methods {unknown}; the methods: {', '.join(METHODS)}"
+        )
     loaded = load_model(
         model,
         device=_device(device),
@@ -180,10 +188,11 @@ def evaluate_model(
     bound = _bind(protocol, loaded, dataset, forward_batch, auc_range, depth, replacement)
     # An answer is explained as a generation: the methods a generation takes.
     request = Request(prompt_length=1) if protocol in _ANSWERS else None
+    chosen = list(methods) if methods else supported_methods(adapter_for(module), request)
     return run_evaluation(
         bound,
         dataset,
-        list(methods) if methods else supported_methods(adapter_for(module), request),
+        [method for method in chosen if method not in exclude],
         Path(output),
         model_name=str(model),
         batch_size=batch_size,

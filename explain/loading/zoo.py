@@ -96,6 +96,12 @@ ZOO: dict[str, ZooEntry] = {
             "each answer's object known (its mask)",
             "scripts/train_shapes_llava.py",
         ),
+        ZooEntry(
+            "recall-llama",
+            "Llama (2 blocks) recalling the value of a key among distractor facts and filler "
+            "in long contexts: a language model whose evidence is known",
+            "scripts/train_recall_lm.py",
+        ),
     )
 }
 """Every zoo model by name; `explain models` lists them."""
@@ -196,12 +202,21 @@ def _build_hf_llava(config: dict[str, Any]) -> nn.Module:
     return model
 
 
+def _build_hf_llama(config: dict[str, Any]) -> nn.Module:
+    """A stock Hugging Face LlamaForCausalLM from the config's `llama` (LlamaConfig's
+    arguments)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(**config["llama"]))
+
+
 _BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
     "timm_vit": _build_timm_vit,
     "timm_swin": _build_timm_swin,
     "minilm_classifier": _build_minilm_classifier,
     "hf_clip": _build_hf_clip,
     "hf_llava": _build_hf_llava,
+    "hf_llama": _build_hf_llama,
 }
 
 

@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from explain.errors import OptionError
+from explain.errors import InputError, OptionError
 from explain.evaluation.datasets.base import (
+    AnswerExample,
     EvaluationDataset,
     ImageAnswerExample,
     ImageExample,
@@ -39,6 +40,7 @@ __all__ = [
     "HELDOUT",
     "TWO_OBJECTS",
     "DigitsHeldout",
+    "RecallHeldout",
     "SentimentHeldout",
     "ShapesAnswers",
     "ShapesHeldout",
@@ -176,6 +178,56 @@ class SentimentHeldout:
         return TextExample(words=sentence.words, label=sentence.label, rationale=sentence.rationale)
 
 
+class RecallHeldout:
+    """The first `count` held-out prompts of `length` tokens of `explain.data.recall` (the
+    task of recall-llama): each prompt's answer is the asked value, its evidence the asked
+    fact's key and value tokens, and `<s>` and the question are kept. Removed tokens are
+    replaced by the filler word `recall.REPLACEMENT`."""
+
+    def __init__(self, length: int, count: int = 1000) -> None:
+        from explain.data import recall
+
+        self.length, self.count = length, count
+        self.name = f"recall-heldout-{length}-tokens"
+        self.replacement = recall.VOCABULARY.index(recall.REPLACEMENT)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> AnswerExample:
+        from explain.data import recall
+
+        if not 0 <= index < self.count:
+            raise IndexError(f"index {index} out of range for {self.count} prompts")
+        example = recall.make_example(recall.SPLITS["heldout"][index], self.length)
+        return AnswerExample(
+            input_ids=example.input_ids,
+            answer=example.answer,
+            evidence=example.evidence_positions,
+            kept=(0, *example.question_positions),
+        )
+
+
+def _recall_answers(loaded: LoadedModel, length: int | None) -> RecallHeldout:
+    """recall-llama's held-out prompts, at its trained length unless `length` is given;
+    the model's tokenizer must be the data's word-level one (the prompts are token ids)."""
+    from explain.data import recall
+    from explain.evaluation.recall_answers import trained_length
+
+    vocabulary = list(recall.VOCABULARY)
+    if loaded.tokenizer.convert_tokens_to_ids(vocabulary) != list(range(len(vocabulary))):
+        raise InputError(
+            f"{loaded.name}'s tokenizer is not the word-level one of explain.data.recall "
+            "(recall.build_tokenizer()); its held-out prompts are in that tokenizer's ids"
+        )
+    length = trained_length(loaded) if length is None else length
+    try:
+        recall.make_example(recall.SPLITS["heldout"][0], length)
+    except ValueError as error:
+        raise OptionError(f"--length {length}: {error}") from None
+    return RecallHeldout(length)
+
+
 HELDOUT: dict[str, Callable[[tuple[int, int] | None], EvaluationDataset]] = {
     "shapes-vit": lambda size: ShapesHeldout(size=size[0] if size else 64),
     "shapes-swin": lambda size: ShapesHeldout(size=size[0] if size else 64),
@@ -266,6 +318,7 @@ def _shapes_answers(loaded: LoadedModel, length: int | None) -> EvaluationDatase
 
 
 ANSWER_SETS: dict[str, Callable[[LoadedModel, int | None], EvaluationDataset]] = {
+    "recall-llama": _recall_answers,
     "shapes-llava": _shapes_answers,
 }
 """Zoo model name -> its held-out prompts with answers and known evidence (the language-

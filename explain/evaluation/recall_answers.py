@@ -1,0 +1,158 @@
+"""A recall language model's answers: held-out accuracy at several lengths, and the check
+that each answer rests on the evidence its example records.
+
+For the examples of `explain.data.recall`: `greedy_answers` runs the model greedily for as
+many tokens as each answer has; `answer_accuracy` is exact match of the whole answer;
+`recall_accuracy` measures a model saved as a zoo folder (whose config names the length it
+was trained at) at that length, with a quarter, half, 2x and 4x it as details.
+`evidence_check` asks the model again on two counterfactual contexts of each held-out
+example it answers right (the evidence of a wrong answer is not known):
+`with_evidence_replaced` (the asked value replaced by a fresh one: the answer must
+change) and `with_distractors_replaced` (every other fact's key and value replaced: the
+answer must stay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import groupby
+
+import torch
+from torch import nn
+
+from explain.data import recall
+from explain.loading.loaded_model import LoadedModel
+from explain.loading.zoo import read_config, zoo_root
+
+__all__ = [
+    "EvidenceCheck",
+    "answer_accuracy",
+    "evidence_check",
+    "greedy_answers",
+    "recall_accuracy",
+    "trained_length",
+]
+
+
+def trained_length(loaded: LoadedModel) -> int:
+    """The prompt length in tokens a zoo recall model was trained at (its config's task)."""
+    return int(read_config(zoo_root() / loaded.name.removeprefix("zoo:"))["task"]["length"])
+
+
+@torch.no_grad()
+def greedy_answers(
+    model: nn.Module, examples: Sequence[recall.RecallExample], batch_size: int = 50
+) -> list[tuple[int, ...]]:
+    """The model's greedy continuation of each prompt, as many tokens as its answer.
+
+    Examples are batched by prompt length and answer length (no padding); the model's
+    key/value cache carries each batch from one answer token to the next.
+    """
+    device = next(model.parameters()).device
+    answers: dict[int, tuple[int, ...]] = {}
+
+    def shape(index: int) -> tuple[int, int]:
+        return examples[index].length, len(examples[index].answer)
+
+    for (_, steps), group in groupby(sorted(range(len(examples)), key=shape), key=shape):
+        indices = list(group)
+        for start in range(0, len(indices), batch_size):
+            batch = indices[start : start + batch_size]
+            ids = torch.tensor([examples[i].input_ids for i in batch], device=device)
+            output = model(input_ids=ids, use_cache=True)
+            tokens = [output.logits[:, -1].argmax(-1)]
+            for _ in range(steps - 1):
+                output = model(
+                    input_ids=tokens[-1][:, None],
+                    cache=output.cache,
+                    use_cache=True,
+                )
+                tokens.append(output.logits[:, -1].argmax(-1))
+            for row, index in enumerate(torch.stack(tokens, dim=1).tolist()):
+                answers[batch[row]] = tuple(index)
+    return [answers[i] for i in range(len(examples))]
+
+
+def answer_accuracy(
+    model: nn.Module, examples: Sequence[recall.RecallExample], batch_size: int = 50
+) -> float:
+    """The fraction of examples whose greedy answer is exactly their answer."""
+    answers = greedy_answers(model, examples, batch_size)
+    return sum(a == e.answer for a, e in zip(answers, examples, strict=True)) / len(examples)
+
+
+def recall_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
+    """Greedy exact match of the whole answer on the first `count` held-out prompts of the
+    trained length; details: the same at a quarter, half, 2x and 4x that length."""
+    length = trained_length(loaded)
+    accuracy = answer_accuracy(loaded.model, recall.examples("heldout", count, length))
+    details = {}
+    for factor in (0.25, 0.5, 2, 4):
+        tokens = int(factor * length)
+        details[
+            f"{factor:g}x the trained length ({tokens} tokens, "
+            f"{recall.default_facts(tokens)} facts)"
+        ] = answer_accuracy(loaded.model, recall.examples("heldout", count, tokens))
+    return accuracy, details
+
+
+@dataclass(frozen=True)
+class EvidenceCheck:
+    """How a model's right answers respond to replacing the evidence and the distractors.
+
+    Attributes:
+        count: held-out examples looked at.
+        length: their length in tokens.
+        right: how many of them the model answers right (the checks count over these).
+        evidence_changes: replacing the asked value changes the answer.
+        evidence_followed: ... and the new answer is the replacing value.
+        distractors_kept: replacing every distractor fact leaves the answer unchanged.
+    """
+
+    count: int
+    length: int
+    right: int
+    evidence_changes: float
+    evidence_followed: float
+    distractors_kept: float
+
+    def table(self) -> str:
+        """A markdown table: one row; each cell a share of the right answers, and how many."""
+        cells = [self.evidence_changes, self.evidence_followed, self.distractors_kept]
+        return "\n".join(
+            [
+                "| prompts | answered right | asked value replaced: the answer changes | "
+                "... to the new value | every distractor fact replaced: the answer stays |",
+                "|---|---|---|---|---|",
+                f"| {self.count} of {self.length} tokens | {self.right} | "
+                + " | ".join(f"{100 * share:.1f}% ({self.right})" for share in cells)
+                + " |",
+            ]
+        )
+
+
+def evidence_check(loaded: LoadedModel, count: int, length: int | None = None) -> EvidenceCheck:
+    """Answer the first `count` held-out prompts of `length` tokens (default: the trained
+    length), then the two counterfactuals of each one answered right (module docstring)."""
+    length = trained_length(loaded) if length is None else length
+    model = loaded.model
+    examples = recall.examples("heldout", count, length)
+    answers = greedy_answers(model, examples)
+    right = [e for a, e in zip(answers, examples, strict=True) if a == e.answer]
+    if not right:
+        raise ValueError(f"the model answers none of the {count} held-out prompts right")
+    replaced = [recall.with_evidence_replaced(e) for e in right]
+    after = greedy_answers(model, [*replaced, *map(recall.with_distractors_replaced, right)])
+    after_evidence, after_distractors = after[: len(right)], after[len(right) :]
+    return EvidenceCheck(
+        count=count,
+        length=length,
+        right=len(right),
+        evidence_changes=sum(a != e.answer for a, e in zip(after_evidence, right, strict=True))
+        / len(right),
+        evidence_followed=sum(a == e.answer for a, e in zip(after_evidence, replaced, strict=True))
+        / len(right),
+        distractors_kept=sum(a == e.answer for a, e in zip(after_distractors, right, strict=True))
+        / len(right),
+    )

@@ -1,0 +1,349 @@
+"""Train the zoo's `recall-llama`: a small Llama that recalls values from long contexts.
+
+A stock Hugging Face `LlamaForCausalLM` (2 blocks, tied embeddings, the word-level
+vocabulary of `explain.data.recall`) trained from scratch on associative recall: facts
+`key value .` scattered among distractor facts and filler words, then a question `? key`
+whose answer is the value.
+
+Measured here, a 2-block Llama trained on recall from scratch stays at chance (for 16 CPU
+minutes, even on 8 single-token pairs). Three things make it learn in minutes:
+- an induction stage first: repeated random word sequences (`<s> x gap x`, the loss on
+  the repeat) until `--threshold` of the repeated words are right; it forms the heads that
+  copy the word after an earlier occurrence of the current one, which is what recall is;
+- the multi-query format (`recall.training_sequence`, whose first question is the
+  evaluation prompt): every training sequence asks about every fact it states;
+- a curriculum from short, dense contexts to long ones: each stage trains until the
+  running exact-match accuracy of its answers (teacher-forced, over the last `--window`
+  steps) passes `--threshold`.
+The last stage alternates its lengths step by step (512, 1,024 and 2,048 tokens) for
+`--last-steps` steps while the learning rate decays linearly to 0; every `--check-every`
+steps the greedy accuracy on validation prompts is measured at each of its lengths, and
+the model whose worst length is best so far is written (training stops early only when
+that reaches `--target`, or, as a guard, after `--cpu-minutes` of CPU time). The trained
+length is the last stage's longest. Everything follows from the seed: on one thread the
+run is reproducible bit for bit (short of the CPU-time guard).
+
+Training examples are the "train" split's first seeds, validation examples the last seeds
+of the same split; the "heldout" split is only read by scripts/zoo_accuracy.py, which
+writes the card's numbers.
+
+    .venv/bin/python scripts/train_recall_lm.py        # writes models/recall-llama/
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from explain.data import recall
+from explain.evaluation.recall_answers import answer_accuracy
+from explain.loading.zoo import build_model, save_zoo_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Training sequences of prompts of `length` tokens with `facts` facts, `batch` a step."""
+
+    length: int
+    facts: int
+    batch: int
+
+
+def parse_stages(text: str) -> list[list[Stage]]:
+    """ "55:8:32,128:12:16/256:16:8" -> stages, shortest first; a stage of several
+    (length:facts:batch) alternates between them step by step."""
+    return [
+        [Stage(*(int(part) for part in alternative.split(":"))) for alternative in item.split("/")]
+        for item in text.split(",")
+    ]
+
+
+def config(
+    width: int, depth: int, heads: int, init: float, length: int, rope_theta: float
+) -> dict[str, Any]:
+    """The zoo config: LlamaConfig's arguments, the task, the tokenizer files."""
+    tokenizer = recall.build_tokenizer()
+    return {
+        "family": "hf_llama",
+        "modality": "text",
+        "classes": None,
+        "llama": {
+            "vocab_size": len(recall.VOCABULARY),
+            "hidden_size": width,
+            "intermediate_size": 2 * width,
+            "num_hidden_layers": depth,
+            "num_attention_heads": heads,
+            "num_key_value_heads": heads,
+            # Rotary positions have no table: this is not a limit of the weights, only
+            # what the engine allows: twice the longest prompts the card measures (4x the
+            # trained length), for the evidence protocols' longer prompts.
+            "max_position_embeddings": 8 * length,
+            "tie_word_embeddings": True,
+            "rope_theta": rope_theta,
+            "initializer_range": init,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        "task": {
+            "data": "explain.data.recall",
+            "length": length,
+            "facts": recall.default_facts(length),
+            "answer_tokens": recall.VALUE_TOKENS,
+        },
+        "tokenizer_files": TOKENIZER_FILES,
+    }
+
+
+def batch(stage: Stage, seeds: range) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training sequences of the examples of `seeds` (train split): ids and labels."""
+    rows = [
+        recall.training_sequence(recall.make_example(seed, stage.length, facts=stage.facts))
+        for seed in seeds
+    ]
+    return torch.tensor([ids for ids, _ in rows]), torch.tensor([labels for _, labels in rows])
+
+
+def induction_batch(
+    generator: torch.Generator, size: int, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Repeated random word sequences `<s> x gap x` (ids and labels on the repeat after its
+    first word): x of about `length` words and the gap of up to `length` words are drawn
+    per batch, so that no fixed offset solves it and only matching a token's predecessor
+    (an induction head) does."""
+    words = len(recall.VOCABULARY)
+    first = recall.VOCABULARY.index(recall.ADJECTIVES[0])  # the words, not the markers
+    span = int(torch.randint(length // 2, length * 3 // 2 + 1, (1,), generator=generator))
+    gap = int(torch.randint(0, length + 1, (1,), generator=generator))
+    sequence = torch.randint(first, words, (size, span), generator=generator)
+    between = torch.randint(first, words, (size, gap), generator=generator)
+    start = torch.full((size, 1), recall.BOS)
+    ids = torch.cat([start, sequence, between, sequence], 1)
+    labels = torch.full_like(ids, recall.IGNORE)
+    labels[:, span + gap + 2 :] = ids[:, span + gap + 2 :]
+    return ids, labels
+
+
+def tokens_right(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per labelled token of the batch (teacher-forced): predicted or not."""
+    predicted = logits[:, :-1].argmax(-1)
+    targets = labels[:, 1:]
+    answered = targets != recall.IGNORE
+    return predicted[answered] == targets[answered]
+
+
+def answers_right(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per answer of the batch (teacher-forced): every one of its tokens predicted."""
+    return tokens_right(logits, labels).reshape(-1, recall.VALUE_TOKENS).all(dim=1)
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "models" / "recall-llama")
+    parser.add_argument("--width", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument(
+        "--init", type=float, default=None, help="initializer_range (default 1 / sqrt(width))"
+    )
+    parser.add_argument("--rope-theta", type=float, default=10000.0)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--warmup", type=int, default=50, help="steps of linear warm-up")
+    parser.add_argument(
+        "--stages",
+        default="24:4:64,55:8:32,128:12:16,256:16:8,512:16:8/1024:16:4/2048:16:2",
+        help="length:facts:batch of each curriculum stage, shortest first; a stage of several "
+        "(joined by /) alternates between them; the last stage's longest is the trained length",
+    )
+    parser.add_argument(
+        "--induction-length", type=int, default=16, help="repeated words of the first stage"
+    )
+    parser.add_argument("--induction-batch", type=int, default=64)
+    parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--window", type=int, default=20, help="steps the threshold averages")
+    parser.add_argument("--check-every", type=int, default=400)
+    parser.add_argument(
+        "--last-steps",
+        type=int,
+        default=2000,
+        help="steps of the last stage, over which the learning rate decays linearly to 0",
+    )
+    parser.add_argument(
+        "--target", type=float, default=1.0, help="stop at this worst validation accuracy"
+    )
+    parser.add_argument("--cpu-minutes", type=float, default=19.0)
+    parser.add_argument("--validation", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    # One thread: on a busy 2-core machine two threads ran six times slower than one.
+    parser.add_argument("--threads", type=int, default=1)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments()
+    torch.set_num_threads(args.threads)
+    started, cpu_started = time.time(), time.process_time()
+    stages = parse_stages(args.stages)
+    init = args.init if args.init is not None else args.width**-0.5
+    settings = config(
+        args.width, args.depth, args.heads, init, max(s.length for s in stages[-1]), args.rope_theta
+    )
+    torch.manual_seed(args.seed)
+    model = build_model(settings).train()
+    optimiser = torch.optim.AdamW(
+        model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01
+    )
+    validation_start = len(recall.SPLITS["train"]) - args.validation
+
+    def validate(length: int) -> float:
+        model.eval()
+        examples = recall.examples("train", args.validation, length, start=validation_start)
+        score = answer_accuracy(model, examples)
+        model.train()
+        return score
+
+    def cpu_minutes() -> float:
+        return (time.process_time() - cpu_started) / 60
+
+    def save(step: int, seed: int, history: list[dict], stopped: str) -> None:
+        settings["training"] = {
+            "script": "scripts/train_recall_lm.py",
+            "seed": args.seed,
+            "examples": f"train split, seeds 0..{seed - 1}, in order",
+            "validation": f"train split, the last {args.validation} seeds (greedy answers)",
+            "initializer_range": init,
+            "learning_rate": args.lr,
+            "optimiser": f"AdamW (betas 0.9, 0.98, weight decay 0.01), {args.warmup} steps of "
+            f"linear warm-up, constant until the last stage, then a linear decay to 0 over its "
+            f"{args.last_steps} steps; gradient norm clipped at 1",
+            "check_every": args.check_every,
+            "threshold": args.threshold,
+            "window": args.window,
+            "target": args.target,
+            "stages": history,
+            "steps": step,
+            "stopped": stopped,
+            "minutes": round((time.time() - started) / 60, 1),
+            "cpu_minutes": round(cpu_minutes(), 1),
+            "threads": args.threads,
+        }
+        recall.build_tokenizer().save_pretrained(args.out)
+        # Tied embeddings: the head is the embedding matrix, shipped once.
+        save_zoo_model(args.out, model.eval(), settings, trained=["model."])
+        model.train()
+
+    def train_step(
+        ids: torch.Tensor, labels: torch.Tensor, decayed: float = 0.0
+    ) -> tuple[float, torch.Tensor]:
+        """One optimisation step on a batch: its loss and its logits. `decayed`: how far
+        the learning rate has decayed linearly towards 0 (the last stage's share done)."""
+        for group in optimiser.param_groups:
+            group["lr"] = args.lr * min(1.0, (step + 1) / args.warmup) * (1.0 - decayed)
+        logits = model(input_ids=ids).logits
+        loss = F.cross_entropy(
+            logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=recall.IGNORE
+        )
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+        return loss.item(), logits.detach()
+
+    history: list[dict] = []
+    step, recent = 0, []
+    bar = tqdm(desc="training", unit="step", mininterval=10)
+    # First the induction stage: it forms the heads that copy the word after an earlier
+    # occurrence of the current one, which is what recall is (measured here, recall alone
+    # stayed at chance for 16 CPU minutes; after this stage it starts at once).
+    words = torch.Generator().manual_seed(args.seed)
+    while cpu_minutes() < args.cpu_minutes:
+        ids, labels = induction_batch(words, args.induction_batch, args.induction_length)
+        loss, logits = train_step(ids, labels)
+        recent = [*recent[-(args.window - 1) :], tokens_right(logits, labels).float().mean().item()]
+        step += 1
+        bar.update(1)
+        bar.set_postfix(stage="induction", loss=f"{loss:.3f}", refresh=False)
+        if len(recent) == args.window and sum(recent) / len(recent) >= args.threshold:
+            history.append({"induction": args.induction_length, "steps": step,
+                            "tokens_right": round(sum(recent) / len(recent), 3)})  # fmt: skip
+            bar.write(f"induction: {history[-1]['tokens_right']} of the repeated words right "
+                      f"after {step} steps ({cpu_minutes():.1f} CPU minutes)")  # fmt: skip
+            break
+    stage, stage_steps, seed, recent, best = 0, 0, 0, [], -1.0
+    stopped = f"the CPU-time guard ({args.cpu_minutes} minutes)"
+    while cpu_minutes() < args.cpu_minutes:
+        current = stages[stage][stage_steps % len(stages[stage])]
+        ids, labels = batch(current, range(seed, seed + current.batch))
+        seed += current.batch
+        last = stage == len(stages) - 1
+        loss, logits = train_step(ids, labels, stage_steps / args.last_steps if last else 0.0)
+        with torch.no_grad():
+            right = answers_right(logits, labels).float().mean().item()
+        recent = [*recent[-(args.window - 1) :], right]
+        running = sum(recent) / len(recent)
+        step, stage_steps = step + 1, stage_steps + 1
+        bar.update(1)
+        bar.set_postfix(
+            length=current.length,
+            loss=f"{loss:.3f}",
+            answers=f"{running:.3f}",
+            refresh=False,
+        )
+        if stage < len(stages) - 1:
+            if len(recent) == args.window and running >= args.threshold:
+                score = validate(current.length)
+                history.append({**asdict(current), "steps": stage_steps, "validation": score})
+                bar.write(
+                    f"length {current.length}: {running:.3f} of the answers right after "
+                    f"{stage_steps} steps ({cpu_minutes():.1f} CPU minutes); validation "
+                    f"{score:.3f}"
+                )
+                stage, stage_steps, recent = stage + 1, 0, []
+        elif stage_steps % args.check_every == 0:
+            # The last stage's score: its worst length (a model for all of them).
+            scores = {each.length: validate(each.length) for each in stages[-1]}
+            score = min(scores.values())
+            bar.write(
+                f"step {stage_steps} of the last stage: validation "
+                + ", ".join(f"{value:.3f} at {length}" for length, value in scores.items())
+                + f" ({cpu_minutes():.1f} CPU minutes)"
+            )
+            if score > best:
+                best = score
+                record = {
+                    "stage": [asdict(each) for each in stages[-1]],
+                    "steps": stage_steps,
+                    "validation": scores,
+                }
+                done = score >= args.target
+                reason = f"validation reached {args.target}" if done else "best so far"
+                save(step, seed, [*history, record], reason)
+                if done:
+                    stopped = reason
+                    break
+            if stage_steps == args.last_steps:
+                stopped = f"the last stage's {args.last_steps} steps"
+                break
+    bar.close()
+    print(f"stopped at step {step}: {stopped}; best validation {best:.3f}")
+    if best < 0:
+        raise SystemExit(
+            f"the curriculum did not reach its last stage (stopped at length "
+            f"{stages[stage][0].length}) in {args.cpu_minutes} CPU minutes; nothing was written"
+        )
+
+
+if __name__ == "__main__":
+    main()

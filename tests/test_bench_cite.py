@@ -1,0 +1,87 @@
+"""scripts/bench_cite.py cuts recall prompts into the spans it ranks: each fact a line,
+the filler between two facts in lines of at most --filler-words words, the question
+apart; the evidence line is the asked fact, and `cite`'s tokenization of the lines is the
+example's prompt, token for token."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from explain.cite.prompt import TEMPLATE, build_prompt, read_context
+from explain.data import recall
+
+
+@pytest.fixture(scope="module")
+def bench_cite():
+    """scripts/bench_cite.py as a module (it imports scripts/bench.py as `bench`), taken
+    out of sys.modules again afterwards."""
+    loaded = set(sys.modules)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
+        yield importlib.import_module("bench_cite")
+    for name in ("bench", "bench_cite"):
+        if name not in loaded:
+            sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize(("length", "filler_words"), [(64, 16), (512, 16), (512, 5)])
+def test_recall_case_lines_are_the_facts_and_the_filler(bench_cite, length, filler_words):
+    for example in recall.examples("heldout", 4, length):
+        case = bench_cite.recall_case(example, filler_words)
+        lines = case.context.split("\n")
+        assert " ".join([*lines, case.question]) == example.text
+        assert case.question.split(" ") == [
+            recall.VOCABULARY[example.input_ids[p]] for p in example.question_positions
+        ]
+        assert case.answer == example.answer_text
+        facts = [line for line in lines if line.endswith(" .")]
+        assert len(facts) == len(example.facts)
+        for line in lines:
+            words = line.split(" ")
+            if line.endswith(" ."):
+                assert len(words) == 5  # key (2) value (2) .
+            else:
+                assert 1 <= len(words) <= filler_words
+                assert set(words) <= set(recall.FILLER)
+        asked = example.facts[example.asked[0]]
+        words = [recall.VOCABULARY[token] for token in (*asked.key, *asked.value)]
+        assert lines[case.evidence] == " ".join([*words, "."])
+
+
+def test_filler_runs_are_cut_at_the_stated_length(bench_cite):
+    (example,) = recall.examples("heldout", 1, 512)
+    # A long run splits into full lines of `filler_words` words and one shorter last line.
+    case = bench_cite.recall_case(example, 7)
+    lines = case.context.split("\n")
+    runs: list[list[int]] = [[]]
+    for line in lines:
+        if line.endswith(" ."):
+            runs.append([])
+        else:
+            runs[-1].append(len(line.split(" ")))
+    for run in runs:
+        assert all(count == 7 for count in run[:-1])
+    assert any(len(run) > 1 for run in runs)
+
+
+def test_the_lines_tokenize_to_the_example_with_the_evidence_one_span(bench_cite):
+    tokenizer = recall.build_tokenizer()
+    for example in recall.examples("heldout", 3, 256):
+        case = bench_cite.recall_case(example)
+        context = read_context(case.context, "lines")
+        assert [span.text.strip() for span in context.spans] == case.context.split("\n")
+        prompt = build_prompt(tokenizer, context, case.question, TEMPLATE, False)
+        assert prompt.input_ids.tolist() == list(example.input_ids)
+        spans = prompt.token_spans[list(example.evidence_positions)]
+        assert spans.tolist() == [case.evidence] * len(example.evidence_positions)
+        assert (prompt.token_spans[list(example.question_positions)] == -1).all()
+
+
+def test_two_hop_examples_are_refused(bench_cite):
+    (example,) = recall.examples("heldout", 1, 128, hops=2)
+    with pytest.raises(ValueError, match="one-hop"):
+        bench_cite.recall_case(example)
