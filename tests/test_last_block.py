@@ -24,7 +24,7 @@ TEXTS = [[2, 14, 7, 33, 9, 21, 3, 8, 11, 19], [2, 41, 3], [2, 5, 17, 28, 3, 6]]
 
 
 def _gradcam_reference(readout, keys, attention, gradient):
-    """Attention GradCAM of one column, head by head and row by row (METHODS.md)."""
+    """Attention GradCAM of one column, head by head and row by row (docs/methods.md)."""
     batch, heads = attention.shape[:2]
     out = torch.zeros(batch, attention.shape[-1], dtype=attention.dtype)
     for b in range(batch):
