@@ -114,6 +114,41 @@ def test_ablated_targets_equal_one_unpadded_forward_per_ablation():
     )
 
 
+def test_ablated_sequences_are_built_one_chunk_at_a_time():
+    # Issue 46: every ablated sequence was materialised at once (M x P ids); now no
+    # (rows, tokens) integer tensor holds more rows than one chunk of `batch_tokens` tokens.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestIds(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for value in out if isinstance(out, (tuple, list)) else (out,):
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.dtype == torch.int64
+                    and value.dim() == 2
+                ):
+                    self.largest = max(self.largest, value.shape[0])
+            return out
+
+    explainer = _explainer()
+    result = cite(explainer, CONTEXT, QUESTION, ANSWER, check=False)
+    keep = torch.rand(64, len(result.spans), generator=torch.Generator().manual_seed(5)) < 0.5
+    batch_tokens = 2 * (result.prompt_ids.shape[0] + 3)
+    with LargestIds() as seen:
+        ablated_targets(
+            explainer.adapter,
+            result.prompt_ids,
+            result.token_spans,
+            [(result.answer_ids, 1.0)],
+            keep,
+            batch_tokens=batch_tokens,
+        )
+    assert seen.largest <= batch_tokens // (result.prompt_ids.shape[0] + 3)
+
+
 def test_the_check_against_a_hand_computation():
     explainer = _explainer()
     model = explainer.adapter.model
