@@ -7,7 +7,7 @@ backward), `LrpWalkPass` (the family's LRP walk, `Adapter.lrp_walk`),
 `EmbeddingGradientPass` (Gradient x Input, plain or under AttnLRP's and CP-LRP's rules
 hooked where `Adapter.attnlrp_sites` says), `EmbeddingCopiesPass` (copies of the inputs
 changed at the embeddings, by the method's `CopiesMethod`). A method runs the first pass in
-`PASSES` that serves one of its needs; each pass says what it needs of an adapter
+`PASSES` that provides one of its needs; each pass says what it needs of an adapter
 (`missing`, checked before any forward) and reaches the model only through a plan
 (`PlanView`). docs/architecture.md ("The path of one call") says how the passes fold
 every column at once and which path they take.
@@ -113,7 +113,7 @@ class Pass(ABC):
         request: the call's request (its attention path).
     """
 
-    serves: ClassVar[frozenset[Need]]
+    provides: ClassVar[frozenset[Need]]
     """The needs this pass meets."""
 
     def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
@@ -190,7 +190,7 @@ class ForwardPass(Pass):
     fused path, where every block folds by its spread, the forward keeps each block's q
     and k only, and the blocks are folded after it, last first, without maps."""
 
-    serves = frozenset({Need.ATTENTION})
+    provides = frozenset({Need.ATTENTION})
 
     def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
@@ -224,7 +224,7 @@ class AttentionGradientPass(Pass):
     arrive, for a chunk of columns at once: a map straight to the call's sink, a block
     recorded from q, k and v through explain.engine.spread.FoldFeed."""
 
-    serves = frozenset({Need.ATTENTION_GRADIENTS})
+    provides = frozenset({Need.ATTENTION_GRADIENTS})
 
     def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
@@ -252,7 +252,7 @@ class LrpWalkPass(Pass):
     """The LRP methods: a recorded forward, the gradients the method weights by (batched
     over columns as above), then the family's walk from each column's class logit."""
 
-    serves = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
+    provides = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
 
     @classmethod
     def missing(cls, adapter: Adapter | type[Adapter]) -> str | None:
@@ -380,7 +380,7 @@ class EmbeddingGradientPass(EmbeddingPass):
     batched backward of every column to them, embedding x gradient summed over the
     hidden size, into the call's sink. The rules hold on either attention path."""
 
-    serves = frozenset({Need.EMBEDDING_GRADIENTS})
+    provides = frozenset({Need.EMBEDDING_GRADIENTS})
 
     def run(self) -> tuple[Columns, Relevances]:
         spec, plan = self.spec, self.plan
@@ -421,7 +421,7 @@ class EmbeddingCopiesPass(EmbeddingPass):
     `CopiesMethod` (explain.rules.registry) asks: the copies' forwards (explain.engine.copies),
     as many copies per forward as the memory budget allows, and their backwards."""
 
-    serves = frozenset({Need.EMBEDDING_COPIES})
+    provides = frozenset({Need.EMBEDDING_COPIES})
 
     def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
         super().__init__(adapter, spec, plan, request)
@@ -491,9 +491,9 @@ PASSES: tuple[type[Pass], ...] = (
 
 
 def pass_for(spec: Method) -> type[Pass]:
-    """The pass that runs `spec`: the first in `PASSES` serving one of its needs; the
+    """The pass that runs `spec`: the first in `PASSES` providing one of its needs; the
     forward pass for a method that needs nothing from the model beyond its output."""
     for kind in PASSES:
-        if kind.serves & spec.needs:
+        if kind.provides & spec.needs:
             return kind
     return ForwardPass
