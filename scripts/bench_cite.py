@@ -84,7 +84,7 @@ WHY_LDS = (
     "then also ranks the weak spans, where a linear fit to ablations has the edge. Its "
     "time grows with the ablations; ours is one explanation."
 )
-MANY_PASSES = frozenset({Need.PATH_GRADIENTS, Need.OCCLUSION})
+MANY_PASSES = frozenset({Need.EMBEDDING_COPIES})
 """The needs of methods that take many forwards (or backwards): not single-backward."""
 LONG_ANSWER = 4
 """Answer tokens of the 8,192-token cost case."""
