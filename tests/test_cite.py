@@ -283,3 +283,28 @@ def test_bad_calls_are_refused():
         cite(explainer, CONTEXT, QUESTION, ANSWER, generate_options={"do_sample": True})
     with pytest.raises(InputError, match="tokenizer"):
         cite(Explainer(explainer.adapter.model), CONTEXT, QUESTION, ANSWER)
+
+
+@pytest.mark.parametrize("seed", [1.5, "3", True, -1, 1 << 64])
+def test_a_seed_that_is_no_seed_is_refused_before_any_work(seed):
+    # Issue 46: cite(seed=1.5 / "3") and --seed past 64 bits raised torch's raw errors.
+    explainer = _explainer()
+    with pytest.raises(OptionError, match=r"seed must be a whole number from 0 to 2\*\*64 - 1"):
+        cite(explainer, CONTEXT, QUESTION, ANSWER, seed=seed)
+    with pytest.raises(OptionError, match="seed must be a whole number"):
+        check_ranking(
+            explainer.adapter, torch.tensor([1]), torch.tensor([0]), [], torch.ones(1), seed=seed
+        )
+
+
+def test_the_cli_refuses_a_seed_past_64_bits_in_one_line(capsys, tmp_path):
+    from explain.cli import main
+
+    context = tmp_path / "context.txt"
+    context.write_text("a. b.")
+    argv = ["cite", "--model", "zoo:recall-llama", "--context", str(context), "--question", "q"]
+    assert main([*argv, "--seed", str(1 << 64)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "explain: error: seed must be a whole number from 0 to 2**64 - 1, got 18446744073709551616"
+    ]

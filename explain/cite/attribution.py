@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from explain.api import Explainer
-from explain.cite.check import Check, check_ranking
+from explain.cite.check import Check, check_ranking, check_seed
 from explain.cite.prompt import TEMPLATE, build_prompt, read_context
 from explain.cite.spans import Span
 from explain.engine import require_causal_lm
@@ -375,7 +375,8 @@ def cite(
     tokenizer = explainer.tokenizer
     if tokenizer is None:
         raise InputError("cite needs the model's tokenizer: Explainer(model, tokenizer=...)")
-    get_method(method)  # an unknown method fails before any work
+    get_method(method)  # an unknown method (or seed) fails before any work
+    check_seed(seed)
     parsed = read_context(context, spans, tokenizer)
     prompt = build_prompt(tokenizer, parsed, question, template, chat)
     prompt_ids = prompt.input_ids

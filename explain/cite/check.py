@@ -45,6 +45,7 @@ __all__ = [
     "TopKDrop",
     "ablated_targets",
     "check_ranking",
+    "check_seed",
     "spearman",
 ]
 
@@ -116,6 +117,19 @@ class Check:
             seed=values["seed"],
             ablation=values["ablation"],
         )
+
+
+SEEDS = 1 << 64
+"""The check's seeds are 0 <= seed < 2**64 (torch.Generator.manual_seed's range)."""
+
+
+def check_seed(seed: object) -> int:
+    """`seed` when it is an int in [0, 2**64); OptionError otherwise, before any work (a
+    float, a string or a bool is no seed: torch would truncate 1.5, and refuse "3" or a
+    seed past 64 bits with an error that does not say which argument)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEEDS:
+        raise OptionError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+    return seed
 
 
 def _ranks(values: Tensor) -> Tensor:
@@ -212,7 +226,7 @@ def check_ranking(
     if lds == 1:
         raise OptionError("the LDS is a correlation: it needs at least 2 ablations")
     count = scores.shape[0]
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(check_seed(seed))
     ks = [k for k in TOP_K if k < count]
     ranked = scores.detach().cpu().double().argsort(descending=True, stable=True)
     full = torch.ones(1, count, dtype=torch.bool)
