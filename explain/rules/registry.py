@@ -88,9 +88,15 @@ class RuleContext:
     """First block the method aggregates over (already resolved and validated)."""
 
 
-SpreadMode = Literal["gradient", "attention"]
-"""A block matrix the engine can apply to rows without the block's maps
-(explain.engine.kernels): "gradient", Abar = mean_h (dA * A)+; "attention", mean_h A."""
+class SpreadMode(Enum):
+    """The form of a block matrix the engine can apply to rows without the block's maps
+    (explain.engine.kernels): a method whose block enters only as `u @ Abar` states its
+    form here (`Fold.spread`), and the kernels read it. The kernels compute the form
+    themselves, tile by tile from q, k, v and dO, never holding A or dA: a method's Python
+    function of whole maps cannot run there, so the forms they know are named here."""
+
+    GRADIENT = "Abar = mean_h (dA * A)+, dA the gradient of the score (generic's)"
+    ATTENTION = "Abar = mean_h A, the same for every column (rollout's, raw attention's)"
 
 
 class Fold(Protocol):

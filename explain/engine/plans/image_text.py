@@ -136,7 +136,7 @@ class ImageTextSink:
         if tower is not None:
             tower.add(layer, slice(None), attention, gradients)
             return
-        if self._text.spread == "attention":  # its fold reads the head mean only
+        if self._text.spread is SpreadMode.ATTENTION:  # its fold reads the head mean only
             attention = attention.mean(dim=1, keepdim=True)
         self._waiting.append((layer, columns, attention, gradients))
 
