@@ -38,6 +38,7 @@ from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
 from explain.export import read_payload, write_payload
 from explain.generation import Generation, GenerationExplanation, explain_generation, generate
+from explain.inputs import unicode_text
 from explain.rules import METHODS, get_method
 
 __all__ = ["Citation", "ContrastExplanation", "cite", "explain_contrast", "span_sums"]
@@ -70,6 +71,7 @@ def _token_ids(tokenizer: Any, text: str, what: str) -> Tensor:
     """The ids of an answer's text, without special tokens (it follows the prompt)."""
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"the {what} is empty: give its text")
+    unicode_text(text, f"the {what}")
     ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     if not ids:
         raise InputError(f"the tokenizer keeps no token of the {what} {text!r}")
