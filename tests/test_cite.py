@@ -308,3 +308,13 @@ def test_the_cli_refuses_a_seed_past_64_bits_in_one_line(capsys, tmp_path):
     assert err == [
         "explain: error: seed must be a whole number from 0 to 2**64 - 1, got 18446744073709551616"
     ]
+
+
+def test_a_generated_answer_with_no_text_is_refused():
+    # Issue 46: a model whose greedy answer is special tokens only got spans ranked for
+    # an answer with no text ("answer: ").
+    model = tiny_causal_lm("llama").double()
+    torch.nn.init.zeros_(model.lm_head.weight)  # every logit 0: greedy picks id 0, <pad>
+    explainer = Explainer(model, tokenizer=tiny_tokenizer())
+    with pytest.raises(InputError, match="the model's answer has no text"):
+        cite(explainer, CONTEXT, QUESTION, max_new_tokens=2)

@@ -391,6 +391,11 @@ def cite(
         )
         answer_ids = generated.input_ids[0, prompt_ids.shape[0] :][generated.generated[0]].cpu()
         answer = tokenizer.decode(answer_ids.tolist(), skip_special_tokens=True)
+        if not answer.strip():  # spans ranked for no text would read as an answer's
+            raise InputError(
+                f"the model's answer has no text (it generated {tokenizer.decode(answer_ids)!r}"
+                "): there is nothing to cite; give the answer to explain (answer=, --answer)"
+            )
     else:
         if generate_options:
             raise OptionError("generate_options are for a generated answer: leave answer unset")
