@@ -361,6 +361,7 @@ def test_parse_targets_errors(text, classes, message):
         (["{missing}"], "no such file or folder"),
         (["{empty}"], "holds no images"),
         (["{images}", "--method", "gradcam"], "unknown method 'gradcam'; known methods:"),
+        (["{images}", "--method", "generc"], r"unknown method 'generc'; did you mean generic\?"),
         (["{images}", "--model", "zoo:nope"], "unknown zoo model 'nope'"),
         (["{images}", "--model", "{nowhere}"], "is not a zoo model"),
         (["{images}", "--target", "hexagon"], "not a class of this model"),
@@ -386,6 +387,33 @@ def test_errors_are_one_line_with_exit_status_2(capsys, tmp_path, model_folder, 
     assert re.search(message, stderr)
     assert stdout == ""
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("command", "typo", "meant"),
+    [
+        ("image", "--metod", "--method"),
+        ("generate", "--metod", "--method"),
+        ("text", "--mdoel", "--model"),
+    ],
+)
+def test_an_unknown_flag_gets_did_you_mean(capsys, command, typo, meant):
+    with pytest.raises(SystemExit) as exit:
+        main([command, "in", "--model", "zoo:shapes-vit", typo, "x"])
+    assert exit.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(
+        f"explain: error: unrecognized arguments: {typo} x ({typo}: did you mean"
+    )
+    assert meant in last.split("did you mean", 1)[1]
+
+
+def test_an_argument_far_from_any_flag_gets_no_suggestion(capsys):
+    with pytest.raises(SystemExit):
+        main(["models", "extra"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "explain: error: unrecognized arguments: extra"
+    )
 
 
 def test_a_text_model_is_sent_to_explain_text(capsys, tmp_path):
