@@ -7,8 +7,9 @@ spans and answers for every method a language model takes and for ContextCite at
 and 256 ablations; each ranking is scored by the same ablation check (explain.cite.check:
 the answer's log-probability drop when the top-1/3/5 spans are removed, against as many
 random spans; the LDS from --lds random ablations of half the spans), by span-level
-evidence recall (the asked fact's span among the top 1 and 3 spans) and by its time per
-example. The spans are sentence-like, as a user would cut the context: each fact
+evidence recall (the asked fact's span among the top 1 and 3 spans; two hops, --hops 2:
+both facts of the asked chain among the top 2) and by its time per example. The spans are
+sentence-like, as a user would cut the context: each fact
 `key value .` one span, and the filler words between two facts one span, a run longer
 than --filler-words words cut every --filler-words words (the last piece shorter); the
 context is written one span per line (spans="lines"; the word-level tokenizer reads a
@@ -34,7 +35,8 @@ ContextCite is not a dependency of explain. To run the quality benchmark:
     python scripts/bench_cite.py --cost --out docs/benchmarks.md
 
 --model takes any model spec explain loads (zoo:NAME, a folder) of a language model
-trained on explain.data.recall with its word-level tokenizer (default zoo:recall-llama).
+trained on explain.data.recall with its word-level tokenizer (default zoo:recall-llama;
+the two-hop zoo:twohop-llama with --hops 2).
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ from explain.export import atomic_write
 from explain.rules import Need, get_method
 
 QUALITY = ("<!-- span attribution: scripts/bench_cite.py -->", "<!-- end of span attribution -->")
+QUALITY_TWO_HOPS = (
+    "<!-- two-hop span attribution: scripts/bench_cite.py -->",
+    "<!-- end of two-hop span attribution -->",
+)
 COST = (
     "<!-- span attribution cost: scripts/bench_cite.py -->",
     "<!-- end of span attribution cost -->",
@@ -78,7 +84,7 @@ WHY_LDS = (
     "then also ranks the weak spans, where a linear fit to ablations has the edge. Its "
     "time grows with the ablations; ours is one explanation."
 )
-MANY_PASSES = frozenset({Need.PATH_GRADIENTS, Need.OCCLUSION})
+MANY_PASSES = frozenset({Need.EMBEDDING_COPIES})
 """The needs of methods that take many forwards (or backwards): not single-backward."""
 LONG_ANSWER = 4
 """Answer tokens of the 8,192-token cost case."""
@@ -91,26 +97,25 @@ LENGTH = 512
 @dataclass(frozen=True)
 class Case:
     """A recall example as `cite` takes it: the context one span per line, the question,
-    the answer, and the line of the asked fact (the evidence span)."""
+    the answer, and the lines of the asked fact(s) (the evidence spans: one, or the
+    chain's two, in the order of the context)."""
 
     context: str
     question: str
     answer: str
-    evidence: int
+    evidence: tuple[int, ...]
 
 
 def recall_case(example: recall.RecallExample, filler_words: int = FILLER_WORDS) -> Case:
     """`example` cut into sentence-like spans: each fact `key value .` a line, the filler
     words between two facts a line, cut every `filler_words` words; the question (the
     prompt's last words) apart."""
-    if example.hops != 1:
-        raise ValueError("the evidence span is one fact: use one-hop examples")
     words = example.text.split(" ")  # word i is token i + 1
     first_question = example.question_positions[0] - 1
     facts = {fact.start - 1: index for index, fact in enumerate(example.facts)}
     lines: list[str] = []
     filler: list[str] = []
-    evidence = -1
+    evidence: list[int] = []
 
     def flush() -> None:
         for at in range(0, len(filler), filler_words):
@@ -123,15 +128,16 @@ def recall_case(example: recall.RecallExample, filler_words: int = FILLER_WORDS)
             flush()
             fact = example.facts[facts[at]]
             end = at + len(fact.key) + len(fact.value) + 1  # key value .
-            if facts[at] == example.asked[0]:
-                evidence = len(lines)
+            if facts[at] in example.asked:
+                evidence.append(len(lines))
             lines.append(" ".join(words[at:end]))
             at = end
         else:
             filler.append(words[at])
             at += 1
     flush()
-    return Case("\n".join(lines), " ".join(words[first_question:]), example.answer_text, evidence)
+    question = " ".join(words[first_question:])
+    return Case("\n".join(lines), question, example.answer_text, tuple(evidence))
 
 
 def with_section(path: Path, markers: tuple[str, str], section: str) -> None:
@@ -214,12 +220,13 @@ def quality(args: argparse.Namespace) -> str:
     sparse = {f"{m}, sparse {args.sparse:g}": m for m in args.sparse_methods if args.sparse}
     names = [*methods, *sparse, *(f"ContextCite, {n} ablations" for n in args.ablations)]
     rows: dict[str, dict[str, list[float]]] = {
-        name: {key: [] for key in ("seconds", "lds", "hit1", "hit3", *map(str, TOP), "r1")}
+        name: {key: [] for key in ("seconds", "lds", "hit1", "hit3", "all", *map(str, TOP), "r1")}
         for name in names
     }
     correct = 0
     counts: list[int] = []
-    held_out = recall.examples("heldout", args.examples, args.length)
+    held_out = recall.examples("heldout", args.examples, args.length, hops=args.hops)
+    right: list[bool] = []
     for index, example in enumerate(tqdm(held_out, desc="examples", unit="example")):
         case = recall_case(example, args.filler_words)
         scores: dict[str, Any] = {}
@@ -247,7 +254,7 @@ def quality(args: argparse.Namespace) -> str:
         assert first.prompt_ids.tolist() == list(example.input_ids), "another prompt"
         assert first.answer_ids.tolist() == list(example.answer), "another answer"
         at = first.token_spans[list(example.evidence_positions)]
-        assert (at == case.evidence).all(), "the evidence is not one span"
+        assert set(at.tolist()) == set(case.evidence), "the evidence is not the fact spans"
         for ablations in args.ablations:
             name = f"ContextCite, {ablations} ablations"
             started = time.perf_counter()
@@ -259,8 +266,9 @@ def quality(args: argparse.Namespace) -> str:
             out = loaded.model.generate(
                 ids, max_new_tokens=len(example.answer), do_sample=False, pad_token_id=0
             )
-        correct += out[0, ids.shape[1] :].tolist() == list(example.answer)
-        evidence = {case.evidence}
+        right.append(out[0, ids.shape[1] :].tolist() == list(example.answer))
+        correct += right[-1]
+        evidence = set(case.evidence)
         counts.append(len(first.spans))
         for name, ranking in scores.items():
             check = check_ranking(
@@ -280,34 +288,56 @@ def quality(args: argparse.Namespace) -> str:
             order = ranking.double().argsort(descending=True, stable=True).tolist()
             rows[name]["hit1"].append(float(order[0] in evidence))
             rows[name]["hit3"].append(float(bool(set(order[:3]) & evidence)))
+            rows[name]["all"].append(float(evidence <= set(order[: len(evidence)])))
     reference = statistics.median(rows[names[-1]]["seconds"])
     date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    two_hops = args.hops == 2
+    kept = [i for i, good in enumerate(right) if good]
     lines = [
-        QUALITY[0],
-        "## Span attribution against ContextCite",
+        (QUALITY_TWO_HOPS if two_hops else QUALITY)[0],
+        "## Two-hop span attribution against ContextCite"
+        if two_hops
+        else "## Span attribution against ContextCite",
         "",
         f"Generated by `python {' '.join(['scripts/bench_cite.py', *sys.argv[1:]])}` on {date}, "
         f"{machine()}.",
         "",
         f"Model: `{args.model}`; {args.examples} held-out prompts of {args.length} tokens of "
-        "explain.data.recall (facts `key value .` among distractor facts and filler words, "
-        "then `? key`; the answer explained is the asked fact's value, two tokens); the "
-        f"model answers {correct} of them exactly (greedy). Spans: each fact one span, the "
+        + (
+            "explain.data.recall with two hops (chains `a b .` and `b c .` among other "
+            "chains and filler words, then `?? a`; the answer explained is c, two tokens, "
+            "found through the bridge b); the "
+            if two_hops
+            else "explain.data.recall (facts `key value .` among distractor facts and filler "
+            "words, then `? key`; the answer explained is the asked fact's value, two "
+            "tokens); the "
+        )
+        + f"model answers {correct} of them exactly (greedy). Spans: each fact one span, the "
         f"filler words between two facts one span, cut every {args.filler_words} words "
         f"({statistics.mean(counts):.1f} spans a context on average); the question is "
-        "ContextCite's query, never ranked; the evidence is the asked fact's span. The same "
+        "ContextCite's query, never ranked; the evidence is "
+        + ("the chain's two fact spans" if two_hops else "the asked fact's span")
+        + ". The same "
         "spans, prompt and answer for every ranking. Every ranking is scored by "
         "explain.cite.check: the drop of log p(answer) when its top-k spans are removed "
         "(random k = 1: the mean drop for one random span), and the LDS from "
         f"{args.lds} random ablations of half the spans (Spearman; the same ablations for "
-        "every ranking of an example); evidence: the asked fact's span is the "
-        "top-ranked span (top-1) or among the top 3. Time: the median seconds per "
+        "every ranking of an example); evidence: "
+        + (
+            "a fact of the chain is the top-ranked span (top-1) or among the top 3, both "
+            "facts are the top 2 spans (over every prompt, and over those answered right). "
+            if two_hops
+            else "the asked fact's span is the top-ranked span (top-1) or among the top 3. "
+        )
+        + "Time: the median seconds per "
         "example (explain: `cite` with check=False; ContextCite: its ablation forwards, "
         "batch 32, and its LASSO fit). Means ± bootstrap standard errors over the examples.",
         "",
         "| ranking | s per example | x less time than ContextCite-256 | LDS | evidence top-1 "
-        "| evidence top-3 | top-1 drop | top-3 drop | top-5 drop | random-1 drop |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| evidence top-3 | "
+        + ("both facts top-2 | both facts top-2, right answers | " if two_hops else "")
+        + "top-1 drop | top-3 drop | top-5 drop | random-1 drop |",
+        "|---|" + "---:|" * (11 if two_hops else 9),
     ]
     for name in names:
         row = rows[name]
@@ -316,6 +346,12 @@ def quality(args: argparse.Namespace) -> str:
         lines.append(
             f"| {name} | {seconds:.3f} | {reference / seconds:.1f} | {mean_and_error(lds)} | "
             f"{mean_and_error(row['hit1'])} | {mean_and_error(row['hit3'])} | "
+            + (
+                f"{mean_and_error(row['all'])} | "
+                f"{mean_and_error([row['all'][i] for i in kept]) if kept else 'none right'} | "
+                if two_hops
+                else ""
+            )
             + " | ".join(mean_and_error(row[str(k)]) for k in TOP)
             + f" | {mean_and_error(row['r1'])} |"
         )
@@ -464,6 +500,9 @@ def main() -> None:
     parser.add_argument(
         "--model", default="zoo:recall-llama", help="the recall language model (quality)"
     )
+    parser.add_argument(
+        "--hops", type=int, choices=(1, 2), default=1, help="2: two-hop prompts (quality)"
+    )
     parser.add_argument("--examples", type=int, default=40)
     parser.add_argument("--length", type=int, default=LENGTH, help="prompt tokens (quality)")
     parser.add_argument(
@@ -487,7 +526,8 @@ def main() -> None:
     if args.cost:
         section, markers = cost(args), COST
     else:
-        section, markers = quality(args), QUALITY
+        section = quality(args)
+        markers = QUALITY_TWO_HOPS if args.hops == 2 else QUALITY
     print(section)
     if args.out:
         with_section(args.out, markers, section)

@@ -69,7 +69,7 @@ def parse_stages(text: str) -> list[list[Stage]]:
 
 
 def config(
-    width: int, depth: int, heads: int, init: float, length: int, rope_theta: float
+    width: int, depth: int, heads: int, init: float, length: int, rope_theta: float, hops: int
 ) -> dict[str, Any]:
     """The zoo config: LlamaConfig's arguments, the task, the tokenizer files."""
     tokenizer = recall.build_tokenizer()
@@ -99,16 +99,20 @@ def config(
             "data": "explain.data.recall",
             "length": length,
             "facts": recall.default_facts(length),
+            "hops": hops,
             "answer_tokens": recall.VALUE_TOKENS,
         },
         "tokenizer_files": TOKENIZER_FILES,
     }
 
 
-def batch(stage: Stage, seeds: range) -> tuple[torch.Tensor, torch.Tensor]:
-    """Training sequences of the examples of `seeds` (train split): ids and labels."""
+def batch(stage: Stage, seeds: range, hops: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training sequences of the `hops`-hop examples of `seeds` (train split): ids and
+    labels."""
     rows = [
-        recall.training_sequence(recall.make_example(seed, stage.length, facts=stage.facts))
+        recall.training_sequence(
+            recall.make_example(seed, stage.length, hops=hops, facts=stage.facts)
+        )
         for seed in seeds
     ]
     return torch.tensor([ids for ids, _ in rows]), torch.tensor([labels for _, labels in rows])
@@ -152,6 +156,13 @@ def arguments() -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=ROOT / "models" / "recall-llama")
+    parser.add_argument(
+        "--hops",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="1: recall-llama's facts; 2: chains `a b .` `b c .` asked as `?? a` (twohop-llama)",
+    )
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
@@ -198,7 +209,13 @@ def main() -> None:
     stages = parse_stages(args.stages)
     init = args.init if args.init is not None else args.width**-0.5
     settings = config(
-        args.width, args.depth, args.heads, init, max(s.length for s in stages[-1]), args.rope_theta
+        args.width,
+        args.depth,
+        args.heads,
+        init,
+        max(s.length for s in stages[-1]),
+        args.rope_theta,
+        args.hops,
     )
     torch.manual_seed(args.seed)
     model = build_model(settings).train()
@@ -209,7 +226,9 @@ def main() -> None:
 
     def validate(length: int) -> float:
         model.eval()
-        examples = recall.examples("train", args.validation, length, start=validation_start)
+        examples = recall.examples(
+            "train", args.validation, length, hops=args.hops, start=validation_start
+        )
         score = answer_accuracy(model, examples)
         model.train()
         return score
@@ -285,7 +304,7 @@ def main() -> None:
     stopped = f"the CPU-time guard ({args.cpu_minutes} minutes)"
     while cpu_minutes() < args.cpu_minutes:
         current = stages[stage][stage_steps % len(stages[stage])]
-        ids, labels = batch(current, range(seed, seed + current.batch))
+        ids, labels = batch(current, range(seed, seed + current.batch), args.hops)
         seed += current.batch
         last = stage == len(stages) - 1
         loss, logits = train_step(ids, labels, stage_steps / args.last_steps if last else 0.0)

@@ -1,4 +1,4 @@
-"""Independent reference computations for two token sets, written from METHODS.md.
+"""Independent reference computations for two token sets, written from docs/multimodal.md.
 
 One sample at a time, full matrices, plain loops: nothing here uses `explain`. The block
 matrices are the generic rule's Abar = mean_h (G * A)+, computed from attention maps and
@@ -46,7 +46,7 @@ def encoder_decoder(
     encoder: list[Tensor], decoder_self: list[Tensor], decoder_cross: list[Tensor]
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(R_qq, R_qi, R_ii) after the encoder blocks, then each decoder block's self- and
-    cross-attention, exactly as the METHODS.md bullet points read."""
+    cross-attention, exactly as the docs/multimodal.md bullet points read."""
     num_i = encoder[0].shape[0] if encoder else decoder_cross[0].shape[1]
     num_q = decoder_self[0].shape[0]
     dtype = decoder_self[0].dtype

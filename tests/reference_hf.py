@@ -4,7 +4,7 @@ The references use nothing of `explain`: a deep copy of the model is switched to
 attention with transformers' own `set_attn_implementation`, run on ONE text without
 padding with `output_attentions=True` / `output_hidden_states=True`, the returned tensors
 keep their gradients with `retain_grad()`, and one backward of the chosen score fills
-them. The methods then multiply full N x N matrices as METHODS.md writes them
+them. The methods then multiply full N x N matrices as docs/methods.md writes them
 (reference_vit's functions).
 """
 
@@ -230,7 +230,7 @@ def reference(
 
 
 def method(name: str, found: Reference, kept: Tensor, start: int = 0) -> Tensor:
-    """Token relevance (N,) of one method from a Reference, as METHODS.md writes it."""
+    """Token relevance (N,) of one method from a Reference, as docs/methods.md writes it."""
     if name == "raw_attention":
         return ref.raw_attention(found.attentions, found.row)
     if name == "rollout":

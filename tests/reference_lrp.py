@@ -1,4 +1,5 @@
-"""Independent layer-by-layer LRP reference for timm ViTs, written from METHODS.md.
+"""Independent layer-by-layer LRP reference for timm ViTs, written from docs/methods.md
+("LRP-based methods (CVPR 2021)").
 
 Nothing here uses `explain`: one image at a time, the forward pass is written out op by op
 from the model's leaf modules and keeps every activation it needs; the relevance pass then

@@ -1,4 +1,4 @@
-"""Independent reference computations for timm ViTs, written from METHODS.md.
+"""Independent reference computations for timm ViTs, written from docs/methods.md.
 
 Nothing here uses `explain`'s recorder, adapters or rules: the forward pass is rebuilt
 from the blocks' weights with explicit attention, attention maps keep their gradients

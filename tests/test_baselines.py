@@ -366,8 +366,8 @@ def _refused_up_front(model, inputs, method, options, match):
 def test_registered_with_what_they_need():
     needs = {
         "gradient_x_input": Need.EMBEDDING_GRADIENTS,
-        "integrated_gradients": Need.PATH_GRADIENTS,
-        "occlusion": Need.OCCLUSION,
+        "integrated_gradients": Need.EMBEDDING_COPIES,
+        "occlusion": Need.EMBEDDING_COPIES,
     }
     for name, need in needs.items():
         spec = METHODS[name]

@@ -1,7 +1,7 @@
 """scripts/bench_cite.py cuts recall prompts into the spans it ranks: each fact a line,
 the filler between two facts in lines of at most --filler-words words, the question
-apart; the evidence line is the asked fact, and `cite`'s tokenization of the lines is the
-example's prompt, token for token."""
+apart; the evidence lines are the asked fact (two hops: the chain's two facts), and
+`cite`'s tokenization of the lines is the example's prompt, token for token."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ def bench_cite():
             sys.modules.pop(name, None)
 
 
-@pytest.mark.parametrize(("length", "filler_words"), [(64, 16), (512, 16), (512, 5)])
-def test_recall_case_lines_are_the_facts_and_the_filler(bench_cite, length, filler_words):
-    for example in recall.examples("heldout", 4, length):
+@pytest.mark.parametrize(
+    ("length", "filler_words", "hops"), [(64, 16, 1), (512, 16, 1), (512, 5, 1), (512, 16, 2)]
+)
+def test_recall_case_lines_are_the_facts_and_the_filler(bench_cite, length, filler_words, hops):
+    for example in recall.examples("heldout", 4, length, hops=hops):
         case = bench_cite.recall_case(example, filler_words)
         lines = case.context.split("\n")
         assert " ".join([*lines, case.question]) == example.text
@@ -47,9 +49,11 @@ def test_recall_case_lines_are_the_facts_and_the_filler(bench_cite, length, fill
             else:
                 assert 1 <= len(words) <= filler_words
                 assert set(words) <= set(recall.FILLER)
-        asked = example.facts[example.asked[0]]
-        words = [recall.VOCABULARY[token] for token in (*asked.key, *asked.value)]
-        assert lines[case.evidence] == " ".join([*words, "."])
+        assert len(case.evidence) == hops
+        asked = sorted((example.facts[i] for i in example.asked), key=lambda f: f.start)
+        for line, fact in zip(case.evidence, asked, strict=True):
+            words = [recall.VOCABULARY[token] for token in (*fact.key, *fact.value)]
+            assert lines[line] == " ".join([*words, "."])
 
 
 def test_filler_runs_are_cut_at_the_stated_length(bench_cite):
@@ -68,20 +72,16 @@ def test_filler_runs_are_cut_at_the_stated_length(bench_cite):
     assert any(len(run) > 1 for run in runs)
 
 
-def test_the_lines_tokenize_to_the_example_with_the_evidence_one_span(bench_cite):
+@pytest.mark.parametrize("hops", [1, 2])
+def test_the_lines_tokenize_to_the_example_with_each_fact_one_span(bench_cite, hops):
     tokenizer = recall.build_tokenizer()
-    for example in recall.examples("heldout", 3, 256):
+    for example in recall.examples("heldout", 3, 256, hops=hops):
         case = bench_cite.recall_case(example)
         context = read_context(case.context, "lines")
         assert [span.text.strip() for span in context.spans] == case.context.split("\n")
         prompt = build_prompt(tokenizer, context, case.question, TEMPLATE, False)
         assert prompt.input_ids.tolist() == list(example.input_ids)
-        spans = prompt.token_spans[list(example.evidence_positions)]
-        assert spans.tolist() == [case.evidence] * len(example.evidence_positions)
+        for line, index in zip(case.evidence, sorted(example.asked), strict=True):
+            spans = prompt.token_spans[list(example.facts[index].positions)]
+            assert spans.tolist() == [line] * len(example.facts[index].positions)
         assert (prompt.token_spans[list(example.question_positions)] == -1).all()
-
-
-def test_two_hop_examples_are_refused(bench_cite):
-    (example,) = recall.examples("heldout", 1, 128, hops=2)
-    with pytest.raises(ValueError, match="one-hop"):
-        bench_cite.recall_case(example)

@@ -3,7 +3,7 @@
 The explained batch is left-padded (as generation pads) and, for a few families, right-
 padded; the reference runs each text alone, unpadded, through a copy of the model on its
 own eager path with output_attentions=True and one autograd backward (reference_hf), and
-multiplies the full N x N matrices as METHODS.md writes them. Padding positions must be
+multiplies the full N x N matrices as docs/methods.md writes them. Padding positions must be
 exactly 0 and must not change any other token's relevance.
 """
 

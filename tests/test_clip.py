@@ -1,5 +1,5 @@
-"""CLIP image and text relevance against an independent reference (METHODS.md, "Two
-token sets"), in padded batches; zero-shot prompts; promises and errors.
+"""CLIP image and text relevance against an independent reference (docs/multimodal.md,
+"CLIP"), in padded batches; zero-shot prompts; promises and errors.
 
 The reference runs one (image, text) pair at a time with the text unpadded, takes the
 attention maps from Hugging Face's own `output_attentions` path on an eager copy of the

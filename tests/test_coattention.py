@@ -1,4 +1,4 @@
-"""The two-token-set rules against plain-loop references written from METHODS.md."""
+"""The two-token-set rules against plain-loop references written from docs/multimodal.md."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The LRP methods equal the independent layer-by-layer reference (reference_lrp.py), and
-the rules keep the promises METHODS.md makes for them (conservation, per-sample sums)."""
+the rules keep the promises docs/methods.md makes for them (conservation, per-sample sums)."""
 
 from __future__ import annotations
 

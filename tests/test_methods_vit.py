@@ -1,4 +1,4 @@
-"""Each method equals an independent reference computation written from METHODS.md."""
+"""Each method equals an independent reference computation written from docs/methods.md."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_float64_exact(method):
 
 
 def test_generic_last_block_identity(vit, images):
-    """With s = L-1, generic's non-readout entries are Abar_{L-1}[cls, :] (METHODS.md)."""
+    """With s = L-1, generic's non-readout entries are Abar_{L-1}[cls, :] (docs/methods.md)."""
     vit, images = vit.double(), images.double()
     result = Explainer(vit).explain(images, method="generic", start_layer=-1, target=0)
     for b in range(images.shape[0]):

@@ -121,16 +121,21 @@ def _package_of(module: str, modules: dict[str, Path]) -> str:
     return module
 
 
-def test_the_package_graph_has_no_cycle():
-    """Packages import one way too: no module of a package imports a package (or
-    top-level module) that imports back into it, however indirectly."""
+def package_graph() -> dict[str, set[str]]:
+    """Every package (and top-level module) -> the others its modules import."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         source = _package_of(name, modules)
         targets = {_package_of(target, modules) for target in _imports(name, path, modules)}
         graph.setdefault(source, set()).update(targets - {source})
-    cycle = _cycle(graph)
+    return graph
+
+
+def test_the_package_graph_has_no_cycle():
+    """Packages import one way too: no module of a package imports a package (or
+    top-level module) that imports back into it, however indirectly."""
+    cycle = _cycle(package_graph())
     assert cycle is None, "package import cycle: " + " -> ".join(cycle)
 
 

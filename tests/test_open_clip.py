@@ -1,5 +1,5 @@
-"""open_clip CLIP image and text relevance against an independent reference (METHODS.md,
-"Two token sets"), in padded batches; zero-shot prompts; raw texts through open_clip's
+"""open_clip CLIP image and text relevance against an independent reference (docs/multimodal.md,
+"open_clip CLIP"), in padded batches; zero-shot prompts; raw texts through open_clip's
 tokenizer; promises and errors.
 
 The reference runs one (image, text) pair at a time with the text unpadded, recomputes

@@ -205,6 +205,63 @@ def test_replacing_the_distractors_keeps_the_evidence_and_the_answer(hops):
             assert len(starts) == len(replaced.facts) // 2
 
 
+def test_a_two_hop_question_is_answered_through_one_unique_bridge():
+    for example in recall.examples("heldout", 20, 512, hops=2):
+        first, second = (example.facts[i] for i in example.asked)
+        asked_key = tuple(example.input_ids[-recall.KEY_TOKENS :])
+        assert example.input_ids[-recall.QUESTION_TOKENS] == recall.VOCABULARY.index("??")
+        assert first.key == asked_key and first.value == second.key  # chained by the bridge
+        assert second.value == example.answer
+        # The asked key names one fact and is no fact's value; the bridge is the value of
+        # exactly one fact and the key of exactly one: the chain is the only route.
+        assert [f.key for f in example.facts].count(asked_key) == 1
+        assert asked_key not in {f.value for f in example.facts}
+        assert [f.value for f in example.facts].count(first.value) == 1
+        assert [f.key for f in example.facts].count(first.value) == 1
+        assert example.evidence_positions == tuple(sorted((*first.positions, *second.positions)))
+        assert [example.input_ids[p] for p in first.positions] == [*first.key, *first.value]
+        assert [example.input_ids[p] for p in second.positions] == [*second.key, *second.value]
+
+
+def test_redirecting_the_bridge_leads_to_another_chain():
+    for example in recall.examples("heldout", 20, 256, hops=2):
+        redirected = recall.with_bridge_redirected(example)
+        first = example.facts[example.asked[0]]
+        changed = [
+            p for p in range(example.length) if redirected.input_ids[p] != example.input_ids[p]
+        ]
+        assert changed == list(first.value_positions)
+        new_first, new_second = (redirected.facts[i] for i in redirected.asked)
+        assert redirected.asked[0] == example.asked[0]
+        assert redirected.asked[1] not in example.asked
+        assert new_first.key == first.key and new_first.value == new_second.key
+        assert redirected.answer == new_second.value != example.answer
+        assert [redirected.input_ids[p] for p in new_first.positions] == [
+            *new_first.key,
+            *new_first.value,
+        ]
+    with pytest.raises(ValueError, match="two-hop"):
+        recall.with_bridge_redirected(recall.make_example(0, 256))
+    with pytest.raises(ValueError, match="one chain"):
+        recall.with_bridge_redirected(recall.make_example(0, 64, hops=2, facts=2))
+
+
+@pytest.mark.parametrize("hops", [1, 2])
+def test_removing_a_fact_reads_it_as_filler_and_keeps_the_rest(hops):
+    example = recall.make_example(5, 256, hops=hops)
+    for index in range(len(example.facts)):
+        removed = recall.without_fact(example, index)
+        fact = example.facts[index]
+        span = range(fact.start, fact.start + recall.FACT_TOKENS)
+        assert _words(removed.input_ids[p] for p in span) == [recall.REPLACEMENT] * 5
+        assert all(
+            removed.input_ids[p] == example.input_ids[p]
+            for p in range(example.length)
+            if p not in span
+        )
+        assert removed.answer == example.answer and removed.length == example.length
+
+
 def test_tokenizer_reads_the_texts_back_to_their_ids():
     tokenizer = recall.build_tokenizer()
     for example in [recall.make_example(1, 512), recall.make_example(2, 128, hops=2)]:

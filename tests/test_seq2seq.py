@@ -1,5 +1,5 @@
 """Encoder-decoder source and target relevance against an independent reference
-(METHODS.md, "Two token sets"): BART, T5, Marian and a ViT-to-GPT-2 VisionEncoderDecoder,
+(docs/multimodal.md, "Encoder-decoders"): BART, T5, Marian and a ViT-to-GPT-2 VisionEncoderDecoder,
 in padded batches; every position from one forward; generation; promises and errors.
 
 The reference runs one sample at a time without padding, takes the encoder, decoder and

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from explain.api import Explainer
-from explain.cite.check import Check, check_ranking
+from explain.cite.check import Check, check_ranking, check_seed
 from explain.cite.prompt import TEMPLATE, build_prompt, read_context
 from explain.cite.spans import Span
 from explain.engine import require_causal_lm
@@ -38,6 +38,7 @@ from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
 from explain.export import read_payload, write_payload
 from explain.generation import Generation, GenerationExplanation, explain_generation, generate
+from explain.inputs import unicode_text
 from explain.rules import METHODS, get_method
 
 __all__ = [
@@ -77,6 +78,7 @@ def _token_ids(tokenizer: Any, text: str, what: str) -> Tensor:
     """The ids of an answer's text, without special tokens (it follows the prompt)."""
     if not isinstance(text, str) or not text.strip():
         raise InputError(f"the {what} is empty: give its text")
+    unicode_text(text, f"the {what}")
     ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     if not ids:
         raise InputError(f"the tokenizer keeps no token of the {what} {text!r}")
@@ -400,7 +402,8 @@ def cite(
     tokenizer = explainer.tokenizer
     if tokenizer is None:
         raise InputError("cite needs the model's tokenizer: Explainer(model, tokenizer=...)")
-    get_method(method)  # an unknown method fails before any work
+    get_method(method)  # an unknown method (or seed) fails before any work
+    check_seed(seed)
     if isinstance(sparse, bool) or not isinstance(sparse, int | float) or not 0 <= sparse < 1:
         raise OptionError(f"sparse is a share of the top span's score in [0, 1), got {sparse!r}")
     parsed = read_context(context, spans, tokenizer)
@@ -415,6 +418,11 @@ def cite(
         )
         answer_ids = generated.input_ids[0, prompt_ids.shape[0] :][generated.generated[0]].cpu()
         answer = tokenizer.decode(answer_ids.tolist(), skip_special_tokens=True)
+        if not answer.strip():  # spans ranked for no text would read as an answer's
+            raise InputError(
+                f"the model's answer has no text (it generated {tokenizer.decode(answer_ids)!r}"
+                "): there is nothing to cite; give the answer to explain (answer=, --answer)"
+            )
     else:
         if generate_options:
             raise OptionError("generate_options are for a generated answer: leave answer unset")

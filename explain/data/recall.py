@@ -10,7 +10,8 @@ c. Each example records where its evidence is (the token positions of the asked 
 of both facts of the asked chain), the answer's tokens, and the positions of the
 distractor facts, so that an explanation can be scored against them;
 `with_evidence_replaced` and `with_distractors_replaced` make the counterfactual contexts
-that check that the evidence really is what the answer rests on.
+that check that the evidence really is what the answer rests on; for two hops,
+`with_bridge_redirected` and `without_fact` check that each fact of the chain is needed.
 
 Keys, values, filler and the markers are disjoint vocabularies, and the words of a text
 are separated by single spaces, so that the word-level tokenizer (`build_tokenizer`)
@@ -56,8 +57,10 @@ __all__ = [
     "examples",
     "make_example",
     "training_sequence",
+    "with_bridge_redirected",
     "with_distractors_replaced",
     "with_evidence_replaced",
+    "without_fact",
 ]
 
 SPLITS: dict[str, range] = {
@@ -440,6 +443,44 @@ def with_distractors_replaced(example: RecallExample) -> RecallExample:
         if i not in asked
     }
     return _substituted(example, changes)
+
+
+def with_bridge_redirected(example: RecallExample) -> RecallExample:
+    """A two-hop `example` with its chain's first fact `a b` redirected to the bridge of
+    another chain, `a b2` (b2 the key of the other chain's second fact `b2 c2`, laid out
+    where `b` was); the returned example's answer is c2 and its evidence `a b2`, `b2 c2`.
+    Deterministic: the other chain is drawn from the example's seed.
+
+    A model that finds the answer through the bridge answers c2 here: the first fact is
+    needed, and it is read for its value (the bridge), not only for its key.
+    """
+    if example.hops != 2:
+        raise ValueError("only a two-hop example has a bridge to redirect")
+    first, second = example.asked
+    bridges = [
+        index
+        for index, fact in enumerate(example.facts)
+        if index != second and any(other.value == fact.key for other in example.facts)
+    ]
+    if not bridges:
+        raise ValueError("a context of one chain has no other bridge to redirect to")
+    rng = np.random.default_rng((example.seed, example.length, example.hops, len(example.facts), 4))
+    target = bridges[int(rng.integers(len(bridges)))]
+    bridge = example.facts[target].key
+    changed = _substituted(example, {first: (example.facts[first].key, bridge)})
+    return replace(changed, answer=example.facts[target].value, asked=(first, target))
+
+
+def without_fact(example: RecallExample, index: int) -> RecallExample:
+    """`example` with its fact `index` removed: its key, value and "." read as filler
+    (REPLACEMENT, as the evidence protocols remove tokens); everything else stays at its
+    position. The returned example keeps the facts and the answer of `example` (what a
+    model that needs that fact can no longer say) but its prompt is the edited one."""
+    fact = example.facts[index]
+    input_ids = list(example.input_ids)
+    end = fact.start + len(fact.key) + len(fact.value) + 1
+    input_ids[fact.start : end] = [_ID[REPLACEMENT]] * (end - fact.start)
+    return replace(example, input_ids=tuple(input_ids))
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:

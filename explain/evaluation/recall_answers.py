@@ -9,7 +9,10 @@ was trained at) at that length, with a quarter, half, 2x and 4x it as details.
 example it answers right (the evidence of a wrong answer is not known):
 `with_evidence_replaced` (the asked value replaced by a fresh one: the answer must
 change) and `with_distractors_replaced` (every other fact's key and value replaced: the
-answer must stay).
+answer must stay). A two-hop model (its config's task says `hops: 2`) is measured on
+two-hop prompts, and `chain_check` proves that each of the chain's two facts is needed:
+removing either one changes the answer, redirecting the bridge to another chain's makes
+the answer that chain's value, and replacing the distractors keeps it.
 """
 
 from __future__ import annotations
@@ -26,18 +29,31 @@ from explain.loading.loaded_model import LoadedModel
 from explain.loading.zoo import read_config, zoo_root
 
 __all__ = [
+    "ChainCheck",
     "EvidenceCheck",
     "answer_accuracy",
+    "chain_check",
     "evidence_check",
     "greedy_answers",
     "recall_accuracy",
+    "trained_hops",
     "trained_length",
 ]
 
 
+def _task(loaded: LoadedModel) -> dict:
+    return read_config(zoo_root() / loaded.name.removeprefix("zoo:"))["task"]
+
+
 def trained_length(loaded: LoadedModel) -> int:
     """The prompt length in tokens a zoo recall model was trained at (its config's task)."""
-    return int(read_config(zoo_root() / loaded.name.removeprefix("zoo:"))["task"]["length"])
+    return int(_task(loaded)["length"])
+
+
+def trained_hops(loaded: LoadedModel) -> int:
+    """The hops of the questions a zoo recall model was trained on (1 unless its config's
+    task says otherwise)."""
+    return int(_task(loaded).get("hops", 1))
 
 
 @torch.no_grad()
@@ -85,16 +101,28 @@ def answer_accuracy(
 def recall_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
     """Greedy exact match of the whole answer on the first `count` held-out prompts of the
     trained length; details: the same at a quarter, half, 2x and 4x that length."""
-    length = trained_length(loaded)
-    accuracy = answer_accuracy(loaded.model, recall.examples("heldout", count, length))
+    length, hops = trained_length(loaded), trained_hops(loaded)
+    accuracy = answer_accuracy(loaded.model, recall.examples("heldout", count, length, hops=hops))
     details = {}
     for factor in (0.25, 0.5, 2, 4):
         tokens = int(factor * length)
         details[
             f"{factor:g}x the trained length ({tokens} tokens, "
             f"{recall.default_facts(tokens)} facts)"
-        ] = answer_accuracy(loaded.model, recall.examples("heldout", count, tokens))
+        ] = answer_accuracy(loaded.model, recall.examples("heldout", count, tokens, hops=hops))
     return accuracy, details
+
+
+def _answered_right(
+    model: nn.Module, count: int, length: int, hops: int
+) -> list[recall.RecallExample]:
+    """The first `count` held-out prompts of `length` tokens that `model` answers right."""
+    examples = recall.examples("heldout", count, length, hops=hops)
+    answers = greedy_answers(model, examples)
+    right = [e for a, e in zip(answers, examples, strict=True) if a == e.answer]
+    if not right:
+        raise ValueError(f"the model answers none of the {count} held-out prompts right")
+    return right
 
 
 @dataclass(frozen=True)
@@ -137,11 +165,7 @@ def evidence_check(loaded: LoadedModel, count: int, length: int | None = None) -
     length), then the two counterfactuals of each one answered right (module docstring)."""
     length = trained_length(loaded) if length is None else length
     model = loaded.model
-    examples = recall.examples("heldout", count, length)
-    answers = greedy_answers(model, examples)
-    right = [e for a, e in zip(answers, examples, strict=True) if a == e.answer]
-    if not right:
-        raise ValueError(f"the model answers none of the {count} held-out prompts right")
+    right = _answered_right(model, count, length, trained_hops(loaded))
     replaced = [recall.with_evidence_replaced(e) for e in right]
     after = greedy_answers(model, [*replaced, *map(recall.with_distractors_replaced, right)])
     after_evidence, after_distractors = after[: len(right)], after[len(right) :]
@@ -155,4 +179,82 @@ def evidence_check(loaded: LoadedModel, count: int, length: int | None = None) -
         / len(right),
         distractors_kept=sum(a == e.answer for a, e in zip(after_distractors, right, strict=True))
         / len(right),
+    )
+
+
+@dataclass(frozen=True)
+class ChainCheck:
+    """How a two-hop model's right answers respond to removing or changing each fact of
+    the asked chain `a b .` `b c .`, and to replacing the distractors.
+
+    Attributes:
+        count: held-out examples looked at.
+        length: their length in tokens.
+        right: how many of them the model answers right (the checks count over these).
+        bridge_removed: removing `a b` (read as filler) changes the answer.
+        answer_fact_removed: removing `b c` changes the answer.
+        bridge_redirected: `a b` made `a b2` (another chain's bridge): the answer is that
+            chain's value c2.
+        value_replaced: `b c`'s value replaced by a fresh one: the answer is the new value.
+        distractors_kept: replacing every other fact leaves the answer unchanged.
+    """
+
+    count: int
+    length: int
+    right: int
+    bridge_removed: float
+    answer_fact_removed: float
+    bridge_redirected: float
+    value_replaced: float
+    distractors_kept: float
+
+    def table(self) -> str:
+        """A markdown table: one row; each cell a share of the right answers, and how many."""
+        cells = [
+            self.bridge_removed,
+            self.answer_fact_removed,
+            self.bridge_redirected,
+            self.value_replaced,
+            self.distractors_kept,
+        ]
+        return "\n".join(
+            [
+                "| prompts | answered right | `a b` removed: the answer changes | `b c` removed: "
+                "the answer changes | `a b` made `a b2`: the answer is c2 | c replaced: the "
+                "answer is the new value | every distractor fact replaced: the answer stays |",
+                "|---|---|---|---|---|---|---|",
+                f"| {self.count} of {self.length} tokens | {self.right} | "
+                + " | ".join(f"{100 * share:.1f}% ({self.right})" for share in cells)
+                + " |",
+            ]
+        )
+
+
+def chain_check(loaded: LoadedModel, count: int, length: int | None = None) -> ChainCheck:
+    """Answer the first `count` two-hop held-out prompts of `length` tokens (default: the
+    trained length), then the five counterfactuals of each one answered right (ChainCheck)."""
+    length = trained_length(loaded) if length is None else length
+    right = _answered_right(loaded.model, count, length, hops=2)
+    first = [recall.without_fact(e, e.asked[0]) for e in right]
+    second = [recall.without_fact(e, e.asked[1]) for e in right]
+    redirected = [recall.with_bridge_redirected(e) for e in right]
+    replaced = [recall.with_evidence_replaced(e) for e in right]
+    kept = [recall.with_distractors_replaced(e) for e in right]
+    edits = [first, second, redirected, replaced, kept]
+    answers = greedy_answers(loaded.model, [e for edit in edits for e in edit])
+    n = len(right)
+    after = [answers[i * n : (i + 1) * n] for i in range(len(edits))]
+
+    def share(got: list, wanted: list[recall.RecallExample], same: bool) -> float:
+        return sum((a == e.answer) == same for a, e in zip(got, wanted, strict=True)) / n
+
+    return ChainCheck(
+        count=count,
+        length=length,
+        right=n,
+        bridge_removed=share(after[0], right, same=False),
+        answer_fact_removed=share(after[1], right, same=False),
+        bridge_redirected=share(after[2], redirected, same=True),
+        value_replaced=share(after[3], replaced, same=True),
+        distractors_kept=share(after[4], right, same=True),
     )
