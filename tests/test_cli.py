@@ -395,7 +395,6 @@ def test_errors_are_one_line_with_exit_status_2(capsys, tmp_path, model_folder, 
         ("image", "--metod", "--method"),
         ("generate", "--metod", "--method"),
         ("text", "--mdoel", "--model"),
-        ("cite", "--metod", "--method"),
     ],
 )
 def test_an_unknown_flag_gets_did_you_mean(capsys, command, typo, meant):

@@ -8,6 +8,7 @@ they are given; they never see the model.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import numbers
 import operator
@@ -403,6 +404,8 @@ def get_method(name: str) -> Method:
     try:
         return METHODS[name]
     except KeyError:
+        close = difflib.get_close_matches(name, sorted(METHODS), n=3, cutoff=0.7)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UnknownMethodError(
-            f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}"
+            f"unknown method {name!r}; {hint}known methods: {', '.join(sorted(METHODS))}"
         ) from None
