@@ -331,6 +331,8 @@ def test_image_spans_are_groups_of_patches():
         ("integrated_gradients", {"steps": 0}, "steps >= 1"),
         ("integrated_gradients", {"steps": 1, "quadrature": "riemann_trapezoid"}, "steps >= 2"),
         ("integrated_gradients", {"quadrature": "simpson"}, "quadrature of .* must be one of"),
+        # issue 46: a huge step count computed its Gauss-Legendre nodes before any limit
+        ("integrated_gradients", {"steps": 10**9}, "gausslegendre takes at most 1024 steps"),
         ("integrated_gradients", {"baseline_token": 3}, "baseline_token replaces text"),
         ("occlusion", {"baseline_token": 3}, "baseline_token replaces text"),
         ("occlusion", {"spans": torch.zeros(3, 3, dtype=torch.long)}, "spans must have shape"),

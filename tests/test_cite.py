@@ -92,6 +92,36 @@ def test_a_generated_answer_is_the_models_own_continuation():
     assert result.token_relevance.shape[0] == len(result.answer_ids)
 
 
+@pytest.mark.parametrize("share", [0.3, 0.9])
+def test_sparse_zeroes_the_spans_below_a_share_of_the_top_score(share):
+    explainer = _explainer()
+    whole = cite(explainer, CONTEXT, QUESTION, ANSWER, method="cp_lrp", check=False)
+    sparse = cite(explainer, CONTEXT, QUESTION, ANSWER, method="cp_lrp", check=False, sparse=share)
+    top = float(whole.scores.max())
+    assert top > 0
+    kept = [s for s, score in enumerate(whole.scores.tolist()) if score >= share * top]
+    dropped = [s for s in range(len(whole.spans)) if s not in kept]
+    assert kept and dropped, "the share should split this context's spans"
+    torch.testing.assert_close(sparse.span_relevance[:, kept], whole.span_relevance[:, kept])
+    assert (sparse.span_relevance[:, dropped] == 0).all()
+    torch.testing.assert_close(sparse.scores, sparse.span_relevance.sum(dim=0))
+    torch.testing.assert_close(sparse.token_relevance, whole.token_relevance)
+    assert sparse.settings["sparse"] == share and "sparse" not in whole.settings
+
+
+def test_sparse_keeps_scores_without_a_positive_top():
+    from explain.cite.attribution import sparse_spans
+
+    negative = -torch.rand(3, 5, dtype=torch.float64)
+    assert torch.equal(sparse_spans(negative, 0.5), negative)
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.0, True, "0.1"])
+def test_sparse_out_of_range_is_refused(share):
+    with pytest.raises(OptionError, match="sparse"):
+        cite(_explainer(), CONTEXT, QUESTION, ANSWER, check=False, sparse=share)
+
+
 def test_ablated_targets_equal_one_unpadded_forward_per_ablation():
     explainer = _explainer()
     result = cite(explainer, CONTEXT, QUESTION, ANSWER, check=False)

@@ -25,6 +25,7 @@ from explain.rules.registry import (
 )
 
 __all__ = [
+    "GAUSS_LEGENDRE_MAX_STEPS",
     "QUADRATURES",
     "PathIntegral",
     "Quadrature",
@@ -36,6 +37,10 @@ Quadrature = Literal[
     "gausslegendre", "riemann_right", "riemann_left", "riemann_middle", "riemann_trapezoid"
 ]
 QUADRATURES: tuple[str, ...] = get_args(Quadrature)
+GAUSS_LEGENDRE_MAX_STEPS = 1024
+"""The most Gauss-Legendre nodes: numpy computes them from an S x S matrix's eigenvalues
+(S^2 memory, S^3 time), and 1,024 nodes already integrate polynomials of degree 2,047
+exactly; the Riemann rules take any number of steps."""
 
 
 def integration_points(steps: int, quadrature: str) -> tuple[Tensor, Tensor]:
@@ -51,12 +56,18 @@ def integration_points(steps: int, quadrature: str) -> tuple[Tensor, Tensor]:
     - "riemann_trapezoid": a = s / (S - 1) for s = 0 .. S - 1, w = 1 / (S - 1), halved at
       both ends (S >= 2).
 
-    OptionError for steps the rule cannot take."""
+    OptionError for steps the rule cannot take (below its least, or Gauss-Legendre
+    past GAUSS_LEGENDRE_MAX_STEPS)."""
     if quadrature not in QUADRATURES:
         raise OptionError(f"quadrature must be one of {', '.join(QUADRATURES)}; got {quadrature!r}")
     least = 2 if quadrature == "riemann_trapezoid" else 1
     if steps < least:
         raise OptionError(f"{quadrature} takes steps >= {least}; got {steps}")
+    if quadrature == "gausslegendre" and steps > GAUSS_LEGENDRE_MAX_STEPS:
+        raise OptionError(
+            f"gausslegendre takes at most {GAUSS_LEGENDRE_MAX_STEPS} steps; got {steps} "
+            "(for more, choose a Riemann quadrature)"
+        )
     if quadrature == "gausslegendre":
         nodes, weights = np.polynomial.legendre.leggauss(steps)
         return torch.from_numpy((1 + nodes) / 2), torch.from_numpy(weights / 2)
