@@ -97,7 +97,7 @@ def test_help_never_breaks_a_line_inside_a_hyphenated_word(monkeypatch, columns)
         assert not re.search(r"\w-\n\s*\w", text), name
         assert "hf- " not in text, name
         if any("--model" in action.option_strings for action in command._actions):
-            assert "hf-hub:org/name" in text, name
+            assert "org/name[@revision]" in text, name  # whole, never split
 
 
 def test_version(capsys):
@@ -634,3 +634,15 @@ def test_under_torchrun_only_rank_zero_reports_an_error(capsys, monkeypatch, ran
     assert status == 2
     assert err.count("explain: error: no such file or folder: missing.png") == int(printed)
     assert err.count("\n") == int(printed)
+
+
+@pytest.mark.parametrize(
+    ("command", "offers_timm"),
+    [("image", True), ("serve", True), ("cite", False), ("generate", False), ("text", False)],
+)
+def test_model_help_offers_timm_only_where_a_timm_model_is_taken(command, offers_timm):
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(commands.choices[command].format_help().split())
+    assert ("a timm model name" in text) == offers_timm
+    assert "zoo:NAME" in text

@@ -101,6 +101,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(
         parser,
         takes="the model to score",
+        timm=True,
         examples="zoo:shapes-vit, zoo:minilm-sentiment, deit_small_patch16_224, ./my-model",
     )
     parser.add_argument(
