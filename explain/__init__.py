@@ -9,6 +9,11 @@ its baselines, on the timm and Hugging Face models people already have.
 torch.Size([8, 224, 224])
 """
 
+# ruff: noqa: E402  (the filter goes in before transformers and torchao are imported)
+from explain import quiet_imports
+
+quiet_imports.install()
+
 from explain.api import Explainer, explain
 from explain.architectures import supported_families
 from explain.architectures.custom import TransformerSpec

@@ -28,6 +28,7 @@ __all__ = [
     "photos",
     "read_image",
     "token_strings",
+    "unicode_text",
 ]
 
 
@@ -39,6 +40,20 @@ def is_raw_text(inputs: object) -> bool:
         and len(inputs) > 0
         and any(isinstance(text, str) for text in inputs)
     )
+
+
+def unicode_text(text: str, what: str = "the text") -> str:
+    """`text` when it is valid Unicode; InputError when it holds a lone surrogate (what
+    Python makes of invalid UTF-8 on a command line), which no tokenizer or file takes.
+    The one such check of every text a caller gives (explain, cite, the viewer)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InputError(
+            f"{what} is not valid Unicode: character {error.start} is a lone surrogate "
+            f"({text[error.start]!r}, invalid UTF-8); fix its encoding"
+        ) from None
+    return text
 
 
 def checked_texts(texts: object) -> list[str]:
@@ -55,6 +70,7 @@ def checked_texts(texts: object) -> list[str]:
             )
         if not text.strip():
             raise InputError(f"text {index} is empty: there is nothing to explain")
+        unicode_text(text, f"text {index}")
     return batch
 
 

@@ -15,7 +15,7 @@ from explain.testing import tiny_vit
 PLAIN_BASELINES = frozenset(
     name
     for name, spec in METHODS.items()
-    if spec.needs & {Need.EMBEDDING_GRADIENTS, Need.PATH_GRADIENTS, Need.OCCLUSION}
+    if spec.needs & {Need.EMBEDDING_GRADIENTS, Need.EMBEDDING_COPIES}
     and spec.gradient_rules is None
 )
 """The methods that read the input embeddings with no rule in the backward (Gradient x

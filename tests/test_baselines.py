@@ -331,6 +331,8 @@ def test_image_spans_are_groups_of_patches():
         ("integrated_gradients", {"steps": 0}, "steps >= 1"),
         ("integrated_gradients", {"steps": 1, "quadrature": "riemann_trapezoid"}, "steps >= 2"),
         ("integrated_gradients", {"quadrature": "simpson"}, "quadrature of .* must be one of"),
+        # issue 46: a huge step count computed its Gauss-Legendre nodes before any limit
+        ("integrated_gradients", {"steps": 10**9}, "gausslegendre takes at most 1024 steps"),
         ("integrated_gradients", {"baseline_token": 3}, "baseline_token replaces text"),
         ("occlusion", {"baseline_token": 3}, "baseline_token replaces text"),
         ("occlusion", {"spans": torch.zeros(3, 3, dtype=torch.long)}, "spans must have shape"),
@@ -366,8 +368,8 @@ def _refused_up_front(model, inputs, method, options, match):
 def test_registered_with_what_they_need():
     needs = {
         "gradient_x_input": Need.EMBEDDING_GRADIENTS,
-        "integrated_gradients": Need.PATH_GRADIENTS,
-        "occlusion": Need.OCCLUSION,
+        "integrated_gradients": Need.EMBEDDING_COPIES,
+        "occlusion": Need.EMBEDDING_COPIES,
     }
     for name, need in needs.items():
         spec = METHODS[name]

@@ -8,6 +8,7 @@ loads; the model is left as found."""
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -92,6 +93,36 @@ def test_a_generated_answer_is_the_models_own_continuation():
     assert result.token_relevance.shape[0] == len(result.answer_ids)
 
 
+@pytest.mark.parametrize("share", [0.3, 0.9])
+def test_sparse_zeroes_the_spans_below_a_share_of_the_top_score(share):
+    explainer = _explainer()
+    whole = cite(explainer, CONTEXT, QUESTION, ANSWER, method="cp_lrp", check=False)
+    sparse = cite(explainer, CONTEXT, QUESTION, ANSWER, method="cp_lrp", check=False, sparse=share)
+    top = float(whole.scores.max())
+    assert top > 0
+    kept = [s for s, score in enumerate(whole.scores.tolist()) if score >= share * top]
+    dropped = [s for s in range(len(whole.spans)) if s not in kept]
+    assert kept and dropped, "the share should split this context's spans"
+    torch.testing.assert_close(sparse.span_relevance[:, kept], whole.span_relevance[:, kept])
+    assert (sparse.span_relevance[:, dropped] == 0).all()
+    torch.testing.assert_close(sparse.scores, sparse.span_relevance.sum(dim=0))
+    torch.testing.assert_close(sparse.token_relevance, whole.token_relevance)
+    assert sparse.settings["sparse"] == share and "sparse" not in whole.settings
+
+
+def test_sparse_keeps_scores_without_a_positive_top():
+    from explain.cite.attribution import sparse_spans
+
+    negative = -torch.rand(3, 5, dtype=torch.float64)
+    assert torch.equal(sparse_spans(negative, 0.5), negative)
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.0, True, "0.1"])
+def test_sparse_out_of_range_is_refused(share):
+    with pytest.raises(OptionError, match="sparse"):
+        cite(_explainer(), CONTEXT, QUESTION, ANSWER, check=False, sparse=share)
+
+
 def test_ablated_targets_equal_one_unpadded_forward_per_ablation():
     explainer = _explainer()
     result = cite(explainer, CONTEXT, QUESTION, ANSWER, check=False)
@@ -112,6 +143,41 @@ def test_ablated_targets_equal_one_unpadded_forward_per_ablation():
     torch.testing.assert_close(
         values, torch.tensor(expected, dtype=torch.float64), rtol=1e-10, atol=1e-10
     )
+
+
+def test_ablated_sequences_are_built_one_chunk_at_a_time():
+    # Issue 46: every ablated sequence was materialised at once (M x P ids); now no
+    # (rows, tokens) integer tensor holds more rows than one chunk of `batch_tokens` tokens.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestIds(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for value in out if isinstance(out, (tuple, list)) else (out,):
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.dtype == torch.int64
+                    and value.dim() == 2
+                ):
+                    self.largest = max(self.largest, value.shape[0])
+            return out
+
+    explainer = _explainer()
+    result = cite(explainer, CONTEXT, QUESTION, ANSWER, check=False)
+    keep = torch.rand(64, len(result.spans), generator=torch.Generator().manual_seed(5)) < 0.5
+    batch_tokens = 2 * (result.prompt_ids.shape[0] + 3)
+    with LargestIds() as seen:
+        ablated_targets(
+            explainer.adapter,
+            result.prompt_ids,
+            result.token_spans,
+            [(result.answer_ids, 1.0)],
+            keep,
+            batch_tokens=batch_tokens,
+        )
+    assert seen.largest <= batch_tokens // (result.prompt_ids.shape[0] + 3)
 
 
 def test_the_check_against_a_hand_computation():
@@ -248,3 +314,57 @@ def test_bad_calls_are_refused():
         cite(explainer, CONTEXT, QUESTION, ANSWER, generate_options={"do_sample": True})
     with pytest.raises(InputError, match="tokenizer"):
         cite(Explainer(explainer.adapter.model), CONTEXT, QUESTION, ANSWER)
+
+
+@pytest.mark.parametrize("seed", [1.5, "3", True, -1, 1 << 64])
+def test_a_seed_that_is_no_seed_is_refused_before_any_work(seed):
+    # Issue 46: cite(seed=1.5 / "3") and --seed past 64 bits raised torch's raw errors.
+    explainer = _explainer()
+    with pytest.raises(OptionError, match=r"seed must be a whole number from 0 to 2\*\*64 - 1"):
+        cite(explainer, CONTEXT, QUESTION, ANSWER, seed=seed)
+    with pytest.raises(OptionError, match="seed must be a whole number"):
+        check_ranking(
+            explainer.adapter, torch.tensor([1]), torch.tensor([0]), [], torch.ones(1), seed=seed
+        )
+
+
+def test_the_cli_refuses_a_seed_past_64_bits_in_one_line(capsys, tmp_path):
+    from explain.cli import main
+
+    context = tmp_path / "context.txt"
+    context.write_text("a. b.")
+    argv = ["cite", "--model", "zoo:recall-llama", "--context", str(context), "--question", "q"]
+    assert main([*argv, "--seed", str(1 << 64)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "explain: error: seed must be a whole number from 0 to 2**64 - 1, got 18446744073709551616"
+    ]
+
+
+def test_a_generated_answer_with_no_text_is_refused():
+    # Issue 46: a model whose greedy answer is special tokens only got spans ranked for
+    # an answer with no text ("answer: ").
+    model = tiny_causal_lm("llama").double()
+    torch.nn.init.zeros_(model.lm_head.weight)  # every logit 0: greedy picks id 0, <pad>
+    explainer = Explainer(model, tokenizer=tiny_tokenizer())
+    with pytest.raises(InputError, match="the model's answer has no text"):
+        cite(explainer, CONTEXT, QUESTION, max_new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"question": 3}, "question must be a str, got 3"),
+        ({"answer": 7}, "answer must be a str or None, got 7"),
+        ({"foil": ["x"]}, "foil must be a str or None"),
+        ({"spans": None}, "spans must be a str"),
+        ({"method": 1}, "method must be a str"),
+        ({"chat": "yes"}, "chat must be a bool"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens must be an int"),
+    ],
+)
+def test_wrong_typed_arguments_are_one_clear_error(arguments, message):
+    # Issue 46: wrong-typed arguments reached raw TypeErrors and AttributeErrors.
+    call = {"question": QUESTION, "answer": ANSWER, **arguments}
+    with pytest.raises(OptionError, match=re.escape(message)):
+        cite(_explainer(), CONTEXT, **call)

@@ -75,6 +75,11 @@ def test_bad_context_files_are_refused(folder, tmp_path, capsys):
     bad.write_text("[1, 2", encoding="utf-8")
     assert main([*base, "--context", str(bad)]) == 2
     assert "is not JSON" in capsys.readouterr().err
+    deep = tmp_path / "deep.json"  # issue 46: RecursionError escaped
+    deep.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert main([*base, "--context", str(deep)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("explain: error:") and "too deeply" in err[0]
     documents = tmp_path / "documents.json"
     documents.write_text(json.dumps(["w9 w10.", "w11 w12."]), encoding="utf-8")
     assert main([*base, "--context", str(documents), "--spans", "turns"]) == 2

@@ -97,7 +97,7 @@ def test_help_never_breaks_a_line_inside_a_hyphenated_word(monkeypatch, columns)
         assert not re.search(r"\w-\n\s*\w", text), name
         assert "hf- " not in text, name
         if any("--model" in action.option_strings for action in command._actions):
-            assert "hf-hub:org/name" in text, name
+            assert "org/name[@revision]" in text, name  # whole, never split
 
 
 def test_version(capsys):
@@ -361,6 +361,7 @@ def test_parse_targets_errors(text, classes, message):
         (["{missing}"], "no such file or folder"),
         (["{empty}"], "holds no images"),
         (["{images}", "--method", "gradcam"], "unknown method 'gradcam'; known methods:"),
+        (["{images}", "--method", "generc"], r"unknown method 'generc'; did you mean generic\?"),
         (["{images}", "--model", "zoo:nope"], "unknown zoo model 'nope'"),
         (["{images}", "--model", "{nowhere}"], "is not a zoo model"),
         (["{images}", "--target", "hexagon"], "not a class of this model"),
@@ -386,6 +387,33 @@ def test_errors_are_one_line_with_exit_status_2(capsys, tmp_path, model_folder, 
     assert re.search(message, stderr)
     assert stdout == ""
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("command", "typo", "meant"),
+    [
+        ("image", "--metod", "--method"),
+        ("generate", "--metod", "--method"),
+        ("text", "--mdoel", "--model"),
+    ],
+)
+def test_an_unknown_flag_gets_did_you_mean(capsys, command, typo, meant):
+    with pytest.raises(SystemExit) as exit:
+        main([command, "in", "--model", "zoo:shapes-vit", typo, "x"])
+    assert exit.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(
+        f"explain: error: unrecognized arguments: {typo} x ({typo}: did you mean"
+    )
+    assert meant in last.split("did you mean", 1)[1]
+
+
+def test_an_argument_far_from_any_flag_gets_no_suggestion(capsys):
+    with pytest.raises(SystemExit):
+        main(["models", "extra"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "explain: error: unrecognized arguments: extra"
+    )
 
 
 def test_a_text_model_is_sent_to_explain_text(capsys, tmp_path):
@@ -606,3 +634,15 @@ def test_under_torchrun_only_rank_zero_reports_an_error(capsys, monkeypatch, ran
     assert status == 2
     assert err.count("explain: error: no such file or folder: missing.png") == int(printed)
     assert err.count("\n") == int(printed)
+
+
+@pytest.mark.parametrize(
+    ("command", "offers_timm"),
+    [("image", True), ("serve", True), ("cite", False), ("generate", False), ("text", False)],
+)
+def test_model_help_offers_timm_only_where_a_timm_model_is_taken(command, offers_timm):
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    text = " ".join(commands.choices[command].format_help().split())
+    assert ("a timm model name" in text) == offers_timm
+    assert "zoo:NAME" in text

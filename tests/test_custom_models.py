@@ -242,7 +242,7 @@ def test_unsupported_models_point_to_the_spec():
 def test_methods_list_is_covered():
     # The LRP walks, the Gradient x Input rules and the methods that read the input
     # embeddings need a family's own modules: refused.
-    embeddings = {Need.EMBEDDING_GRADIENTS, Need.PATH_GRADIENTS, Need.OCCLUSION}
+    embeddings = {Need.EMBEDDING_GRADIENTS, Need.EMBEDDING_COPIES}
     rules = {
         name
         for name, spec in METHODS.items()

@@ -17,7 +17,8 @@ import torch
 from evaluation_fixtures import MEAN, STD, SquaresDataset, train_squares_model
 from evaluation_worker import evaluate_squares
 
-from explain.errors import ExplainError, UnknownMethodError
+from explain.cli import main
+from explain.errors import ExplainError, InputError, OptionError, UnknownMethodError
 from explain.evaluation import PerturbationTest, run_evaluation
 from explain.evaluation.runner import work_folder
 
@@ -325,3 +326,38 @@ def test_identical_curves_stay_visible_and_say_so():
     assert second.get_zorder() > first.get_zorder()  # drawn on top, not hidden below
     assert axis.get_legend_handles_labels()[1] == ["a (1.0)", "b (1.0) = a", "c"]
     assert third.get_linestyle() == "-"
+
+
+def test_every_method_skipped_is_an_error_not_an_empty_table(model, tmp_path):
+    # Issue 46: data no method could run on gave an empty table and exit status 0.
+    protocol = CountingTest(model, MEAN, STD, failing=("rollout", "generic"))
+    with pytest.raises(InputError, match=r"no method could run on this data \(rollout: .*generic"):
+        run_evaluation(
+            protocol,
+            SquaresDataset(2),
+            ["rollout", "generic"],
+            tmp_path / "r.json",
+            model_name="tiny",
+            progress=False,
+        )
+    assert "skipped" in json.loads((tmp_path / "r.json").read_text())  # the reasons kept
+
+
+@pytest.mark.parametrize("suffix", [".md", ".png", ".MD"])
+def test_an_output_named_like_its_table_or_plot_is_refused(model, tmp_path, capsys, suffix):
+    # Issue 46: --output NAME.md wrote the JSON there, then the table over it.
+    output = tmp_path / f"results{suffix}"
+    with pytest.raises(OptionError, match="would be overwritten"):
+        run_evaluation(
+            PerturbationTest(model, MEAN, STD),
+            SquaresDataset(2),
+            ["rollout"],
+            output,
+            model_name="tiny",
+            progress=False,
+        )
+    argv = ["evaluate", "perturbation", "--model", "zoo:shapes-vit", "--output", str(output)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("explain: error: the output ")
+    assert not output.exists()

@@ -19,6 +19,7 @@ from explain.rules import RuleContext, get_method
 from explain.rules.fold import LastBlock
 from explain.rules.gradient import gradcam_maps
 from explain.rules.lrp_based import partial_lrp_maps
+from explain.rules.registry import SpreadMode
 
 TEXTS = [[2, 14, 7, 33, 9, 21, 3, 8, 11, 19], [2, 41, 3], [2, 5, 17, 28, 3, 6]]
 
@@ -98,7 +99,7 @@ def test_raw_attention_is_a_one_block_spread_fold():
         start_layer=2,
     )
     fold = get_method("raw_attention").fold(context, {})
-    assert fold.spread == "attention" and fold.layers == range(2, 3)
+    assert fold.spread is SpreadMode.ATTENTION and fold.layers == range(2, 3)
 
 
 @pytest.mark.parametrize("budget", [1, None])

@@ -191,6 +191,9 @@ def test_a_checkpoint_without_some_weights_is_refused_unless_allowed(bert_folder
         ("a/" + "b" * 300, {}, ModelLoadError, "is no Hub repo id"),
         ("zoo:digits-vit", {"dtype": torch.int8}, OptionError, "not a floating point type"),
         ("zoo:digits-vit", {"dtype": 3}, OptionError, "unknown dtype 3"),
+        # issue 46: any floating dtype was accepted
+        ("zoo:digits-vit", {"dtype": torch.float8_e4m3fn}, OptionError, "no layer computes in"),
+        ("zoo:digits-vit", {"dtype": torch.float8_e5m2}, OptionError, "no layer computes in"),
     ],
 )
 def test_malformed_specs_and_options_are_clear_errors(spec, options, error, message):

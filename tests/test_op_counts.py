@@ -27,7 +27,7 @@ from explain import Explainer, engine
 from explain.engine.passes import pass_for
 from explain.engine.plans.generation import GenerationPlan
 from explain.generation import Generation, explain_generation
-from explain.rules import METHODS, Need
+from explain.rules import METHODS
 from explain.testing import tiny_lm, tiny_vit
 
 
@@ -75,10 +75,9 @@ def _copies(method: str, shape: tuple[int, ...]) -> dict:
     one chunk's launches are counted. How the budget splits them into forwards is
     tested in tests/test_baselines.py, and that a chunk's launches do not grow with its
     copies in `test_copies_cost_launches_like_one_copy`."""
-    needs = METHODS[method].needs
-    if Need.PATH_GRADIENTS in needs:
+    if method == "integrated_gradients":
         return {"steps": 2}
-    if Need.OCCLUSION in needs:
+    if method == "occlusion":
         count = torch.Size(shape).numel()
         return {"spans": (torch.arange(count) * 4 // count).reshape(shape)}
     return {}
@@ -251,7 +250,7 @@ def test_generations_cost_launches_like_one_token(method):
 def _generation_ratio(method: str) -> float:
     """1.5x the generation floor; one floor more for integrated gradients, which runs one
     forward more (the inputs and the baseline, before the path's points)."""
-    return 2.5 if Need.PATH_GRADIENTS in METHODS[method].needs else 1.5
+    return 2.5 if method == "integrated_gradients" else 1.5
 
 
 def _bart():

@@ -23,6 +23,7 @@ from explain.layout import FusedAttentionSite, Pieces, TokenLayout, TokenSet
 from explain.rules.attention import rollout_split
 from explain.rules.fold import ReadoutFold
 from explain.rules.gradient import generic_split, gradient_weighted
+from explain.rules.registry import SpreadMode
 from explain.testing import tiny_lm, tiny_vit
 
 TEXTS = [[2, 14, 7, 33, 9, 21, 3, 8, 11, 19], [2, 41, 3], [2, 5, 17, 28, 3, 6]]
@@ -45,8 +46,8 @@ def _reference(readout, blocks, matrix, identity_kept, normalised):
 
 
 _METHODS = [  # (matrix, split, spread mode, normalised)
-    (gradient_weighted, generic_split, "gradient", False),
-    (_rollout_matrix, rollout_split, "attention", True),
+    (gradient_weighted, generic_split, SpreadMode.GRADIENT, False),
+    (_rollout_matrix, rollout_split, SpreadMode.ATTENTION, True),
 ]
 
 
@@ -72,11 +73,11 @@ def test_a_fold_of_every_column_equals_each_column_folded_alone(
     for columns in chunks:
         for layer in (2, 1, 0):
             attention, grads = blocks[layer]
-            gradients = grads[columns] if mode == "gradient" else None
+            gradients = grads[columns] if mode is SpreadMode.GRADIENT else None
             spread.add(layer, columns, attention, gradients)
             whole.add(layer, columns, attention, gradients)
     for c in range(3):
-        column = [(a, g[c] if mode == "gradient" else None) for a, g in blocks[1:]]
+        column = [(a, g[c] if mode is SpreadMode.GRADIENT else None) for a, g in blocks[1:]]
         expected = _reference(readouts[c], column, matrix, True, normalised)
         torch.testing.assert_close(spread.result()[c], expected, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(whole.result()[c], expected, rtol=1e-10, atol=1e-12)
@@ -89,8 +90,12 @@ def test_blocks_wait_for_the_later_ones_and_a_missing_block_is_refused():
     generator = torch.Generator().manual_seed(4)
     maps = [torch.rand(2, 3, 6, 6, generator=generator, dtype=torch.float64) for _ in range(3)]
     readout = torch.rand(1, 2, 6, generator=generator, dtype=torch.float64)
-    forward = ReadoutFold(readout, range(3), _rollout_matrix, rollout_split, spread="attention")
-    backward = ReadoutFold(readout, range(3), _rollout_matrix, rollout_split, spread="attention")
+    forward = ReadoutFold(
+        readout, range(3), _rollout_matrix, rollout_split, spread=SpreadMode.ATTENTION
+    )
+    backward = ReadoutFold(
+        readout, range(3), _rollout_matrix, rollout_split, spread=SpreadMode.ATTENTION
+    )
     for layer in range(3):
         forward.add(layer, slice(None), maps[layer], None)
     for layer in reversed(range(3)):
@@ -195,8 +200,8 @@ def test_only_head_mean_folds_spread_and_the_others_take_whole_maps():
     readout = torch.zeros(1, 1, 4)
     layout = TokenLayout(modality="text", num_tokens=4)
     context = RuleContext(readout, layout, num_layers=2, start_layer=0)
-    assert get_method("generic").fold(context, {}).spread == "gradient"
-    assert get_method("rollout").fold(context, {}).spread == "attention"
+    assert get_method("generic").fold(context, {}).spread is SpreadMode.GRADIENT
+    assert get_method("rollout").fold(context, {}).spread is SpreadMode.ATTENTION
     assert get_method("rollout").fold(context, {"discard_ratio": 0.5}).spread is None
     assert get_method("rollout").fold(context, {"head_fusion": "max"}).spread is None
     model = _bert64()
@@ -280,7 +285,7 @@ def test_a_block_in_pieces_folds_piece_by_piece_as_its_dense_map(
     assert attention[:, :, :4, 4:].abs().max() == 0  # nothing across pieces
     whole = ReadoutFold(readouts, range(1), matrix, split)
     gradients = output_grads @ value.transpose(-2, -1)[None]
-    whole.add(0, slice(0, 3), attention, gradients if mode == "gradient" else None)
+    whole.add(0, slice(0, 3), attention, gradients if mode is SpreadMode.GRADIENT else None)
     streamed = ReadoutFold(readouts, range(1), matrix, split, spread=mode)
     FoldFeed(_sink(streamed, 8), budget).add(0, slice(0, 3), block, output_grads)
     torch.testing.assert_close(streamed.result(), whole.result(), rtol=1e-10, atol=1e-12)
@@ -308,7 +313,9 @@ def test_a_tower_fold_starts_from_the_language_models_rows():
     image = types.SimpleNamespace(tower_rows=lambda rows: rows @ mix)
 
     def fold(rows):
-        return ReadoutFold(rows, range(2), gradient_weighted, generic_split, spread="gradient")
+        return ReadoutFold(
+            rows, range(2), gradient_weighted, generic_split, spread=SpreadMode.GRADIENT
+        )
 
     def sink():
         return ImageTextSink(fold(readouts), 2, image, fold, range(2))

@@ -147,3 +147,24 @@ def test_clip_tokenizes_raw_texts_with_the_explainers_tokenizer():
     torch.testing.assert_close(raw.relevance, tokenized.relevance, rtol=0, atol=0)
     with pytest.raises(InputError, match=r"got raw texts: give the Explainer the model's tok"):
         Explainer(loaded.model).explain({"pixel_values": images, "input_ids": texts})
+
+
+def test_a_text_with_a_lone_surrogate_is_one_clear_error(tokenizer, classifier, capsys, tmp_path):
+    # Issue 46: invalid UTF-8 on the command line (a lone surrogate in Python) reached the
+    # fast tokenizer's TypeError from explain text, explain cite and the viewer.
+    from explain.cli import main
+    from explain.inputs import encode
+
+    with pytest.raises(InputError, match="text 0 is not valid Unicode: character 2 is a lone"):
+        encode(tokenizer, ["a \udcff b"])
+    assert main(["text", "a \udcff b", "--model", "zoo:minilm-sentiment"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lone surrogate" in err[0] and err[0].startswith("explain: error:")
+    context = tmp_path / "context.txt"
+    context.write_text("One. Two.")
+    argv = ["cite", "--model", "zoo:recall-llama", "--context", str(context)]
+    assert main([*argv, "--question", "q \udcff", "--answer", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "prompt (context, question or template) is not valid" in err[0]
+    assert main([*argv, "--question", "q", "--answer", "x \udcff"]) == 2
+    assert "the answer is not valid Unicode" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from explain.engine.kernels import readout_spread
 from explain.engine.kernels.torch_fold import row_chunks
+from explain.rules.registry import SpreadMode
 
 
 def _reference(vector, query, key, value, output_grad, scale, causal, key_mask, mode):
@@ -34,7 +35,7 @@ def _reference(vector, query, key, value, output_grad, scale, causal, key_mask, 
                 if allowed[i].any():
                     attention[i, allowed[i]] = scores[i, allowed[i]].softmax(-1)
             for c in range(columns):
-                if mode == "gradient":
+                if mode is SpreadMode.GRADIENT:
                     weights = (output_grad[c, b, h] @ v.T * attention).clamp(min=0)
                 else:
                     weights = attention
@@ -42,7 +43,7 @@ def _reference(vector, query, key, value, output_grad, scale, causal, key_mask, 
     return out
 
 
-@pytest.mark.parametrize("mode", ["gradient", "attention"])
+@pytest.mark.parametrize("mode", [SpreadMode.GRADIENT, SpreadMode.ATTENTION])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("kv_heads", [4, 2])
@@ -60,7 +61,7 @@ def test_readout_spread_equals_the_spread_of_whole_maps(mode, causal, masked, kv
         rand(batch, kv_heads, tokens, size),
         rand(batch, kv_heads, tokens, size),
     )
-    output_grad = rand(columns, batch, heads, tokens, size) if mode == "gradient" else None
+    output_grad = rand(columns, batch, heads, tokens, size) if mode is SpreadMode.GRADIENT else None
     # Sample 0: two left pads (under causality their rows attend nowhere), sample 1: one
     # right pad.
     key_mask = (
@@ -82,11 +83,19 @@ def test_readout_spread_is_float32_for_half_precision_inputs():
     q, k, v = (torch.randn(1, 2, 6, 4, generator=generator).bfloat16() for _ in range(3))
     vector = torch.rand(1, 1, 6, generator=generator).bfloat16()
     spread = readout_spread(
-        vector, q, k, v, None, scale=0.5, causal=True, key_mask=None, mode="attention"
+        vector, q, k, v, None, scale=0.5, causal=True, key_mask=None, mode=SpreadMode.ATTENTION
     )
     assert spread.dtype == torch.float32
     expected = _reference(
-        vector.double(), q.double(), k.double(), v.double(), None, 0.5, True, None, "attention"
+        vector.double(),
+        q.double(),
+        k.double(),
+        v.double(),
+        None,
+        0.5,
+        True,
+        None,
+        SpreadMode.ATTENTION,
     )
     torch.testing.assert_close(spread.double(), expected, rtol=0, atol=1e-6)
 
@@ -129,7 +138,7 @@ def test_readout_spread_copies_no_more_than_its_inputs():
                 scale=0.3,
                 causal=causal,
                 key_mask=None,
-                mode="gradient",
+                mode=SpreadMode.GRADIENT,
                 max_bytes=1,
             )
         assert copies.elements <= 2 * inputs, (copies.elements, inputs)
@@ -162,7 +171,7 @@ def test_readout_spread_refuses_shapes_that_do_not_fit():
             scale=1.0,
             causal=False,
             key_mask=None,
-            mode="attention",
+            mode=SpreadMode.ATTENTION,
         )
     with pytest.raises(ValueError, match="needs output_grad"):
         readout_spread(
@@ -174,5 +183,5 @@ def test_readout_spread_refuses_shapes_that_do_not_fit():
             scale=1.0,
             causal=False,
             key_mask=None,
-            mode="gradient",
+            mode=SpreadMode.GRADIENT,
         )

@@ -18,6 +18,8 @@ import pytest
 import torch
 from tolerances import FLOAT32
 
+from explain.rules.registry import SpreadMode
+
 pytest.importorskip("triton")
 
 TESTS = Path(__file__).parent
@@ -62,7 +64,7 @@ def reference(vector, query, key, value, output_grad, *, scale, causal, key_mask
     output = attention @ value
     rows = []
     for column in range(vector.shape[0]):
-        if mode == "gradient":
+        if mode is SpreadMode.GRADIENT:
             (grad,) = torch.autograd.grad(
                 output, attention, output_grad[column].double(), retain_graph=True
             )
@@ -94,22 +96,22 @@ def _padding(batch, tokens):
 
 CASES = {
     # name: (columns, batch, heads, kv_heads, tokens, dim, causal, padded, mode)
-    "no-mask": (1, 2, 2, 2, 20, 8, False, False, "gradient"),
-    "causal": (1, 2, 2, 2, 20, 8, True, False, "gradient"),
-    "key-padding": (1, 2, 2, 2, 20, 8, False, True, "gradient"),
-    "causal-padding-empty-rows": (2, 2, 2, 2, 20, 8, True, True, "gradient"),
-    "grouped-query": (1, 2, 4, 2, 20, 8, True, False, "gradient"),
-    "three-columns": (3, 2, 2, 1, 20, 8, False, True, "gradient"),
-    "two-tiles-ragged": (2, 2, 4, 2, 70, 16, True, True, "gradient"),
-    "attention": (2, 2, 4, 2, 20, 8, False, True, "attention"),
-    "attention-causal-ragged": (1, 2, 2, 2, 70, 8, True, False, "attention"),
+    "no-mask": (1, 2, 2, 2, 20, 8, False, False, SpreadMode.GRADIENT),
+    "causal": (1, 2, 2, 2, 20, 8, True, False, SpreadMode.GRADIENT),
+    "key-padding": (1, 2, 2, 2, 20, 8, False, True, SpreadMode.GRADIENT),
+    "causal-padding-empty-rows": (2, 2, 2, 2, 20, 8, True, True, SpreadMode.GRADIENT),
+    "grouped-query": (1, 2, 4, 2, 20, 8, True, False, SpreadMode.GRADIENT),
+    "three-columns": (3, 2, 2, 1, 20, 8, False, True, SpreadMode.GRADIENT),
+    "two-tiles-ragged": (2, 2, 4, 2, 70, 16, True, True, SpreadMode.GRADIENT),
+    "attention": (2, 2, 4, 2, 20, 8, False, True, SpreadMode.ATTENTION),
+    "attention-causal-ragged": (1, 2, 2, 2, 70, 8, True, False, SpreadMode.ATTENTION),
 }
 
 
 def _case_call(case: str) -> tuple[tuple, dict]:
     columns, batch, heads, kv_heads, tokens, dim, causal, padded, mode = CASES[case]
     vector, query, key, value, output_grad = _inputs(columns, batch, heads, kv_heads, tokens, dim)
-    upstream = output_grad if mode == "gradient" else None
+    upstream = output_grad if mode is SpreadMode.GRADIENT else None
     key_mask = _padding(batch, tokens) if padded else None
     options = dict(scale=dim**-0.5, causal=causal, key_mask=key_mask, mode=mode)
     return (vector, query, key, value, upstream), options
@@ -128,7 +130,7 @@ def _half_call(dtype: str) -> tuple[tuple, dict]:
 def _independence_calls() -> list[tuple[tuple, dict]]:
     """Three columns of two samples in one launch, then each (column, sample) alone."""
     vector, query, key, value, output_grad = _inputs(3, 2, 2, 2, 20, 8, seed=3)
-    options = dict(scale=0.3, causal=True, key_mask=None, mode="gradient")
+    options = dict(scale=0.3, causal=True, key_mask=None, mode=SpreadMode.GRADIENT)
     calls = [((vector, query, key, value, output_grad), options)]
     for c in range(3):
         for b in range(2):
@@ -140,7 +142,7 @@ def _independence_calls() -> list[tuple[tuple, dict]]:
 def _strided_calls() -> list[tuple[tuple, dict]]:
     """q, k, v as a model leaves them ((B, N, H, D) transposed), then contiguous."""
     vector, query, key, value, output_grad = _inputs(1, 2, 2, 2, 20, 8, seed=4)
-    options = dict(scale=0.25, causal=False, key_mask=None, mode="gradient")
+    options = dict(scale=0.25, causal=False, key_mask=None, mode=SpreadMode.GRADIENT)
     strided = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (query, key, value)]
     assert not strided[0].is_contiguous()
     return [
@@ -212,15 +214,25 @@ def test_bad_arguments_are_named():
     vector, query, key, value, output_grad = _inputs(1, 2, 4, 2, 20, 8)
     options = dict(scale=0.3, causal=False, key_mask=None)
     with pytest.raises(InputError, match="needs output_grad"):
-        readout_spread(vector, query, key, value, None, mode="gradient", **options)
+        readout_spread(vector, query, key, value, None, mode=SpreadMode.GRADIENT, **options)
     with pytest.raises(InputError, match="do not group"):
         readout_spread(
-            vector, query[:, :3], key, value, output_grad[:, :, :3], mode="gradient", **options
+            vector,
+            query[:, :3],
+            key,
+            value,
+            output_grad[:, :, :3],
+            mode=SpreadMode.GRADIENT,
+            **options,
         )
     with pytest.raises(InputError, match="shapes disagree"):
-        readout_spread(vector[:, :, :10], query, key, value, None, mode="attention", **options)
+        readout_spread(
+            vector[:, :, :10], query, key, value, None, mode=SpreadMode.ATTENTION, **options
+        )
     with pytest.raises(InputError, match="float16, bfloat16 or float32"):
-        readout_spread(vector, query.double(), key, value, None, mode="attention", **options)
+        readout_spread(
+            vector, query.double(), key, value, None, mode=SpreadMode.ATTENTION, **options
+        )
     with pytest.raises(InputError, match="mode"):
         readout_spread(vector, query, key, value, None, mode="rollout", **options)
     with pytest.raises(InputError, match="key_mask"):
@@ -230,7 +242,7 @@ def test_bad_arguments_are_named():
             key,
             value,
             None,
-            mode="attention",
+            mode=SpreadMode.ATTENTION,
             scale=0.3,
             causal=False,
             key_mask=torch.ones(2, 20),
@@ -258,7 +270,7 @@ def test_a_kernel_that_cannot_compile_falls_back_to_the_pytorch_fold(monkeypatch
     generator = torch.Generator().manual_seed(0)
     vector = torch.rand(2, 1, 6, generator=generator)
     query, key, value = (torch.randn(1, 2, 6, 4, generator=generator) for _ in range(3))
-    options = dict(scale=0.5, causal=True, key_mask=None, mode="attention")
+    options = dict(scale=0.5, causal=True, key_mask=None, mode=SpreadMode.ATTENTION)
     with pytest.warns(RuntimeWarning, match="PyTorch fold"):
         got = kernels.readout_spread(vector, query, key, value, None, **options)
     again = kernels.readout_spread(vector, query, key, value, None, **options)

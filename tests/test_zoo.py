@@ -260,3 +260,11 @@ def test_make_zoo_retrains_every_zoo_model():
     assert recipe is not None, "the Makefile has no zoo target"
     for name, entry in ZOO.items():
         assert f"$(BIN)/python {entry.script}\n" in recipe.group(1), name
+
+
+@pytest.mark.parametrize("name", ["digits-vit", "recall-llama"])
+def test_loading_a_zoo_model_leaves_the_global_rng_as_found(name):
+    # Issue 46: the zoo built its models with a random init on the global RNG.
+    before = torch.random.get_rng_state()
+    load_model(f"zoo:{name}")
+    assert torch.equal(torch.random.get_rng_state(), before)

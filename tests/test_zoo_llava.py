@@ -184,3 +184,16 @@ def test_evaluate_vision_language_evidence_on_the_zoo_model(tmp_path):
         assert summary["accuracy"] == sum(right) / 4
     assert "| `generic` |" in output.with_suffix(".md").read_text()
     assert output.with_suffix(".png").stat().st_size > 0
+
+
+def test_pixels_of_the_wrong_size_name_the_size_the_tower_takes():
+    # Issue 46: pixel values of the wrong size reached transformers' shape error.
+    from explain.errors import InputError
+    from explain.inputs import encode_image_prompt
+
+    model = loaded()
+    item = shapes_questions.examples("heldout", 1)[0]
+    inputs = encode_image_prompt({"image": item.image, "text": item.text}, model.tokenizer)
+    inputs["pixel_values"] = torch.nn.functional.interpolate(inputs["pixel_values"], size=96)
+    with pytest.raises(InputError, match="takes 64 x 64 pixels, got 96 x 96"):
+        Explainer(model.model).explain(inputs, method="generic")

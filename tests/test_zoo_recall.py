@@ -119,3 +119,24 @@ def test_the_next_token_of_a_heldout_question_is_explained():
     assert torch.isfinite(result.relevance).all() and result.relevance.abs().sum() > 0
     # what is explained is the model's next token: its greedy first answer word
     assert result.target.flatten().tolist() == [greedy_answers(model.model, [example])[0][0]]
+
+
+@pytest.mark.parametrize("length", [40_000, 1_000_000_000])
+def test_a_length_past_the_models_positions_is_refused_before_any_prompt(
+    tmp_path, capsys, monkeypatch, length
+):
+    # Issue 46: --length past the 16,384 positions skipped every method (exit 0), and
+    # --length 1e9 built a billion-token prompt before any check.
+    from explain.data import recall
+
+    def no_prompt(*args, **kwargs):
+        raise AssertionError("a prompt was built")
+
+    monkeypatch.setattr(recall, "make_example", no_prompt)
+    output = tmp_path / "recall.json"
+    command = ["evaluate", "language-evidence", "--model", f"zoo:{NAME}", "--length",
+               str(length), "--output", str(output), "--quiet"]  # fmt: skip
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "reads at most 16384 positions" in err[0]
+    assert not output.exists()

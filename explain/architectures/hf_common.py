@@ -268,7 +268,15 @@ def attnlrp_sites_of(model: nn.Module, attention: Sequence[nn.Module], **read: A
             gates.append(
                 Gate(module.activation_fn, Projection(module.gate_up_proj, slice(half, None)))
             )
-    return AttnLrpSites(queries_keys=queries_keys, values=values, gates=gates, **read)
+    # Gemma's RMSNorms (Gemma, Gemma 2, 3; PaliGemma's language model) scale by 1 + weight
+    offset = [m for m in model.modules() if type(m).__name__.startswith("Gemma")]
+    return AttnLrpSites(
+        queries_keys=queries_keys,
+        values=values,
+        gates=gates,
+        unit_offset_norms=[m for m in offset if type(m).__name__.endswith("RMSNorm")],
+        **read,
+    )
 
 
 def _as_integer_tensor(name: str, value: object, *, flags: bool = False) -> Tensor:

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from explain.architectures.hf_common import is_transformers_class
 from explain.architectures.hf_vision_language import VisionLanguageModel
-from explain.errors import UnsupportedModelError
+from explain.errors import InputError, UnsupportedModelError
 from explain.layout import ImageTokens
 
 __all__ = ["HFLlava"]
@@ -53,6 +53,13 @@ class HFLlava(VisionLanguageModel):
     def image_tokens(self, arguments: Mapping[str, Tensor]) -> ImageTokens:
         pixel_values = arguments["pixel_values"]
         patch = self.tower.config.patch_size
+        expected = self.tower.config.image_size  # the tower's position table is this size's
+        if tuple(pixel_values.shape[-2:]) != (expected, expected):
+            raise InputError(
+                f"LLaVA's vision tower takes {expected} x {expected} pixels, got "
+                f"{pixel_values.shape[-2]} x {pixel_values.shape[-1]}: resize the image with "
+                "the model's processor"
+            )
         grid = (pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch)
         prefix = 1 if hasattr(self.tower.embeddings, "class_embedding") else 0
         tower_tokens = prefix + grid[0] * grid[1]

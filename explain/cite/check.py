@@ -15,9 +15,10 @@ the removed spans are cut out, nothing is re-tokenized). Then
   scores and the target under that ablation (Cohen-Wang et al., "ContextCite", NeurIPS
   2024). 1 is a perfectly ranked linear account of the answer, 0 none.
 
-Every ablation's sequence is built at once (the kept tokens packed to the left, the
-answer after them, padding on the right, where no real token's attention row is ever
-fully masked), and the forwards run batched, in chunks of at most `batch_tokens` tokens,
+Each ablation's sequence holds the kept tokens packed to the left, the answer after them,
+padding on the right (where no real token's attention row is ever fully masked); the
+sequences are built and run one chunk of at most `batch_tokens` tokens at a time (memory
+bounded by the chunk, not by the number of ablations),
 on the model's fused attention path where its adapter has one (they need no attention
 maps; transformers' eager path, which the maps need, computes Llama's softmax in
 float32 even for a float64 model).
@@ -44,6 +45,7 @@ __all__ = [
     "TopKDrop",
     "ablated_targets",
     "check_ranking",
+    "check_seed",
     "spearman",
 ]
 
@@ -117,6 +119,19 @@ class Check:
         )
 
 
+SEEDS = 1 << 64
+"""The check's seeds are 0 <= seed < 2**64 (torch.Generator.manual_seed's range)."""
+
+
+def check_seed(seed: object) -> int:
+    """`seed` when it is an int in [0, 2**64); OptionError otherwise, before any work (a
+    float, a string or a bool is no seed: torch would truncate 1.5, and refuse "3" or a
+    seed past 64 bits with an error that does not say which argument)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEEDS:
+        raise OptionError(f"seed must be a whole number from 0 to 2**64 - 1, got {seed!r}")
+    return seed
+
+
 def _ranks(values: Tensor) -> Tensor:
     """Ranks from 1, ties given their mean rank."""
     below = (values[None, :] < values[:, None]).sum(dim=1).double()
@@ -133,6 +148,27 @@ def spearman(x: Tensor, y: Tensor) -> float | None:
     return None if float(norm) == 0.0 else float((rx * ry).sum() / norm)
 
 
+def _ablated_rows(
+    prompt_ids: Tensor, token_spans: Tensor, keep: Tensor, answer: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The sequences, attention masks and answer positions of the ablations `keep`
+    (R, S) of one answer: (R, W), (R, W) and (R, G), W the longest kept prompt plus the
+    answer (no column of padding only)."""
+    rows, count = keep.shape[0], answer.shape[0]
+    spans = token_spans.to(keep.device)
+    kept = torch.where(spans >= 0, keep[:, spans.clamp(min=0)], True)  # (R, P)
+    # The kept tokens first, in order (a stable sort of "removed"), then the answer.
+    order = (~kept).long().argsort(dim=1, stable=True)
+    lengths = kept.sum(dim=1)  # (R,)
+    width = int(lengths.max()) + count
+    ids = prompt_ids.to(kept.device)[order][:, : width - count]
+    at = lengths[:, None] + torch.arange(count)  # (R, G): where the answer goes
+    sequences = torch.cat([ids, ids.new_zeros(rows, count)], dim=1)
+    sequences.scatter_(1, at, answer.to(ids.device).expand(rows, -1))
+    masks = (torch.arange(width) < (lengths + count)[:, None]).long()
+    return sequences, masks, at
+
+
 def ablated_targets(
     adapter: LanguageModel,
     prompt_ids: Tensor,
@@ -145,32 +181,22 @@ def ablated_targets(
 
     `prompt_ids` (P,) with `token_spans` (P,) (-1: a token of no span, always kept);
     `answers`: (answer ids (G,), weight) pairs, the target being the weighted sum of the
-    answers' log-probabilities (one answer with weight 1; a contrast, the foil's -1)."""
+    answers' log-probabilities (one answer with weight 1; a contrast, the foil's -1).
+    The ablated sequences are built one chunk at a time, so memory is bounded by
+    `batch_tokens`, not by M x P."""
     rows, length = keep.shape[0], prompt_ids.shape[0]
-    spans = token_spans.to(keep.device)
-    kept = torch.where(spans >= 0, keep[:, spans.clamp(min=0)], True)  # (M, P)
-    # The kept tokens first, in order (a stable sort of "removed"), then the answer.
-    order = (~kept).long().argsort(dim=1, stable=True)
-    ids = prompt_ids.to(kept.device)[order]
-    lengths = kept.sum(dim=1)  # (M,)
     total = torch.zeros(rows, dtype=torch.float64)
     for answer, weight in answers:
-        count = answer.shape[0]
-        at = lengths[:, None] + torch.arange(count)  # (M, G): where the answer goes
-        sequences = torch.cat([ids, ids.new_zeros(rows, count)], dim=1)
-        sequences.scatter_(1, at, answer.to(ids.device).expand(rows, -1))
-        masks = (torch.arange(length + count) < (lengths + count)[:, None]).long()
-        chunk = max(1, batch_tokens // (length + count))
+        chunk = max(1, batch_tokens // (length + answer.shape[0]))
         found = []
         with Session(adapter, fused=adapter.fused_path()):
             for first in range(0, rows, chunk):  # chunks of many ablations each
-                part = slice(first, first + chunk)
-                width = int(lengths[part].max()) + count  # no column of padding only
-                prepared = adapter.prepare(
-                    {"input_ids": sequences[part, :width], "attention_mask": masks[part, :width]}
+                sequences, masks, at = _ablated_rows(
+                    prompt_ids, token_spans, keep[first : first + chunk], answer
                 )
+                prepared = adapter.prepare({"input_ids": sequences, "attention_mask": masks})
                 device = prepared.arguments["input_ids"].device
-                logits = adapter.logits_at(prepared, (at[part] - 1).to(device)).double()
+                logits = adapter.logits_at(prepared, (at - 1).to(device)).double()
                 chosen = logits.log_softmax(dim=-1).gather(
                     -1, answer.to(device).expand(logits.shape[0], -1)[..., None]
                 )
@@ -200,7 +226,7 @@ def check_ranking(
     if lds == 1:
         raise OptionError("the LDS is a correlation: it needs at least 2 ablations")
     count = scores.shape[0]
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(check_seed(seed))
     ks = [k for k in TOP_K if k < count]
     ranked = scores.detach().cpu().double().argsort(descending=True, stable=True)
     full = torch.ones(1, count, dtype=torch.bool)

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from explain.cite.spans import Span, split
 from explain.errors import InputError, OptionError
+from explain.inputs import unicode_text
 
 __all__ = [
     "DOCUMENT_SEPARATOR",
@@ -244,6 +245,7 @@ def tokenize_prompt(
 ) -> tuple[Tensor, Tensor]:
     """(input_ids (P,), token_spans (P,)) of the prompt `text`, whose context starts at
     `offset`; `special`: whether the tokenizer adds its special tokens."""
+    unicode_text(text, "the prompt (context, question or template)")
     starts = [offset + span.start for span in context.spans]
     end = offset + len(context.text)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import os
 import sys
@@ -81,6 +82,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def unrecognized(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> str:
+    """argparse's "unrecognized arguments" message, with the close options of `command`
+    for each unknown flag ("did you mean"; argparse's own suggest_on_error is Python 3.14+)."""
+    subparsers = next(
+        action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+    )
+    options = sorted(subparsers.choices[command]._option_string_actions)
+    hints = []
+    for argument in unknown:
+        flag = argument.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, options, n=3) if flag.startswith("-") else []
+        if close:
+            hints.append(f"{flag}: did you mean {', '.join(close)}?")
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    return f"{message} ({'; '.join(hints)})" if hints else message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `explain` console script; returns the exit status.
 
@@ -92,7 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (sys.argv[1:] if argv is None else argv):  # the commands, not just "required"
         parser.print_help(sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(unrecognized(parser, args.command, unknown))
     try:
         check_outputs(args)  # before any model is loaded or anything computed
         return args.run(args)

@@ -51,6 +51,11 @@ def read_context_file(path: Path) -> Any:
         return text
     try:
         return json.loads(text)
+    except RecursionError:  # json's parser recurses once per nesting level
+        raise InputError(
+            f"{path} is nested too deeply; a .json context is a list of documents (texts) or "
+            'a chat (a list of {"role", "content"} messages)'
+        ) from None
     except json.JSONDecodeError as error:
         raise InputError(
             f"{path} is not JSON ({error}); a .json context is a list of documents (texts) or "

@@ -143,6 +143,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(
         parser,
         takes="an image-text model with its tokenizer (CLIP, SigLIP, open_clip)",
+        timm=True,
         examples="zoo:shapes-clip, openai/clip-vit-base-patch32, "
         "google/siglip-base-patch16-224, ./my-clip",
     )

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from explain.cli.options import Planned, RawDescriptionHelpFormatter, add_model_arguments
 
@@ -45,9 +44,9 @@ not import before a command runs)."""
 
 def planned(args: argparse.Namespace) -> list[Planned]:
     """The table, the curves and the work folder next to OUTPUT."""
-    from explain.evaluation.runner import work_folder
+    from explain.evaluation.runner import results_path, work_folder
 
-    output = Path(args.output)
+    output = results_path(args.output)
     return [
         Planned(output.with_suffix(".md"), "--output"),
         Planned(output.with_suffix(".png"), "--output"),
@@ -102,6 +101,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(
         parser,
         takes="the model to score",
+        timm=True,
         examples="zoo:shapes-vit, zoo:minilm-sentiment, deit_small_patch16_224, ./my-model",
     )
     parser.add_argument(

@@ -365,6 +365,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(
         parser,
         takes="an image classifier (timm or Hugging Face ViT family)",
+        timm=True,
         examples="zoo:shapes-vit, vit_base_patch16_224.augreg2_in21k_ft_in1k, "
         "google/vit-base-patch16-224, ./my-vit",
     )

@@ -15,7 +15,6 @@ from explain.loading.loaded_model import LoadedModel
 from explain.loading.specs import DEVICES, DTYPES, load_model
 
 __all__ = [
-    "MODEL_SPECS",
     "HelpFormatter",
     "Planned",
     "RawDescriptionHelpFormatter",
@@ -23,19 +22,30 @@ __all__ = [
     "add_out_argument",
     "add_save_option",
     "load",
+    "model_specs",
     "opacity",
     "parse_index",
     "positive_int",
 ]
 
-MODEL_SPECS = (
-    "SPEC is zoo:NAME (`explain models`), a Hugging Face repo id org/name[@revision] (the "
-    "oldest ids have no org), a timm model name with or without its pretrained tag, "
-    "hf-hub:org/name (a timm model on the Hugging Face Hub), or a local model folder or "
-    "weights file. Downloads go to the Hugging Face cache ($HF_HUB_CACHE, default "
-    "~/.cache/huggingface/hub) once; later runs need no network."
-)
-"""What `--model` takes, for help texts and the README."""
+
+def model_specs(timm: bool) -> str:
+    """What `--model` takes, for help texts: the timm forms only for the commands that
+    explain image classifiers (a timm model cannot answer `explain cite` or `generate`)."""
+    forms = (
+        "zoo:NAME (`explain models`), a Hugging Face repo id org/name[@revision] (the "
+        "oldest ids have no org), "
+    )
+    if timm:
+        forms += (
+            "a timm model name with or without its pretrained tag, hf-hub:org/name (a timm "
+            "model on the Hugging Face Hub), "
+        )
+    return (
+        f"SPEC is {forms}or a local model folder or weights file. Downloads go to the "
+        "Hugging Face cache ($HF_HUB_CACHE, default ~/.cache/huggingface/hub) once; later "
+        "runs need no network."
+    )
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -62,15 +72,19 @@ class RawDescriptionHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpForm
 
 
 def add_model_arguments(
-    parser: argparse.ArgumentParser, *, takes: str, examples: str | None = None
+    parser: argparse.ArgumentParser,
+    *,
+    takes: str,
+    examples: str | None = None,
+    timm: bool = False,
 ) -> None:
     """`--model SPEC` (required; `takes`: what kind of model the command explains,
-    `examples`: specs of such models), `--offline`, `--device` and `--dtype`, in their own
-    help section."""
+    `examples`: specs of such models, `timm`: whether timm models are among them),
+    `--offline`, `--device` and `--dtype`, in their own help section."""
     # Wrapped here: a command whose description is preformatted (RawDescriptionHelpFormatter)
     # would print the group's description as one long line; others re-wrap it anyway.
     shown = f" Examples: {examples}." if examples else ""
-    about = textwrap.fill(f"{takes}. {MODEL_SPECS}{shown}", width=78, break_on_hyphens=False)
+    about = textwrap.fill(f"{takes}. {model_specs(timm)}{shown}", width=78, break_on_hyphens=False)
     group = parser.add_argument_group("model", about)
     group.add_argument("--model", required=True, metavar="SPEC", help=f"{takes} (see above)")
     group.add_argument(

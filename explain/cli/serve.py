@@ -96,6 +96,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(
         parser,
         takes="the model to explain (image, text, CLIP or language model)",
+        timm=True,
         examples="zoo:shapes-vit, zoo:minilm-sentiment, zoo:shapes-clip, ./my-model",
     )
     parser.add_argument(

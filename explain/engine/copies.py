@@ -1,5 +1,6 @@
 """Copies of a call's inputs that differ at the input embeddings, run in one batch: the
-forwards of integrated gradients' path and of occlusion (explain.engine.passes). The plan
+forwards of the methods that ask for copies (a `CopiesMethod`, explain.engine.passes
+`EmbeddingCopiesPass`). The plan
 repeats its inputs (`Adapter.repeated`), a hook at the embeddings puts each copy's in
 place (`EmbeddingCopies`), in chunks sized by the memory budget (`copy_chunks`);
 docs/methods.md ("The baselines") says how.
@@ -14,9 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from explain.errors import ExplainError, OptionError
-from explain.layout import InputHook, ModuleHook
-from explain.lrp.attnlrp import Embedding
-from explain.rules.embedding_baseline import EmbeddingBaseline
+from explain.layout import InputHook, ModuleHook, TokenLayout
+from explain.lrp.attnlrp import Embedding, embedding_relevance, on_layout
+from explain.rules.registry import EmbeddingBaseline
 
 __all__ = [
     "ACTIVATIONS_PER_BLOCK",
@@ -64,12 +65,19 @@ class EmbeddingCopies:
         baseline: what the inputs are blended with: zero embeddings for an argument,
             which no module of ours computes from a token or from pixels.
         batch: the inputs' batch size B.
+        layout: the inputs' tokens, on which `relevance` and `on_layout` lay relevance.
         differentiable: whether the copies' embeddings become the graph's leaf (`leaf`),
             whose gradient the path integrates.
     """
 
     def __init__(
-        self, read: Embedding, baseline: EmbeddingBaseline, batch: int, *, differentiable: bool
+        self,
+        read: Embedding,
+        baseline: EmbeddingBaseline,
+        batch: int,
+        layout: TokenLayout,
+        *,
+        differentiable: bool,
     ) -> None:
         check_baseline_token(read.module, baseline)
         if read.argument is not None and baseline.kind != "zero":
@@ -82,6 +90,7 @@ class EmbeddingCopies:
         self.axis = read.axis
         self._kind = baseline
         self._batch = batch
+        self._layout = layout
         self._differentiable = differentiable
         self._inputs: Tensor | None = None
         self._baseline: Tensor | None = None
@@ -118,6 +127,12 @@ class EmbeddingCopies:
         """e - e0 (B, ...), in the embeddings' dtype."""
         assert self._baseline is not None
         return self.inputs - self._baseline
+
+    def relevance(self, factor: Tensor) -> Tensor:  # explain.rules.registry.CopiesSeen
+        return embedding_relevance(self.difference, factor, self.axis, self._layout)
+
+    def on_layout(self, relevance: Tensor) -> Tensor:
+        return on_layout(relevance, self._layout)
 
     @property
     def leaf(self) -> Tensor:

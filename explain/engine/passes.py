@@ -5,9 +5,9 @@ the call's sink receives): `ForwardPass` (attention maps only),
 `AttentionGradientPass` (maps and their gradients, every column in one batched
 backward), `LrpWalkPass` (the family's LRP walk, `Adapter.lrp_walk`),
 `EmbeddingGradientPass` (Gradient x Input, plain or under AttnLRP's and CP-LRP's rules
-hooked where `Adapter.attnlrp_sites` says), `IntegratedGradientPass` and `OcclusionPass`
-(copies of the inputs changed at the embeddings). A method runs the first pass in
-`PASSES` that serves one of its needs; each pass says what it needs of an adapter
+hooked where `Adapter.attnlrp_sites` says), `EmbeddingCopiesPass` (copies of the inputs
+changed at the embeddings, by the method's `CopiesMethod`). A method runs the first pass in
+`PASSES` that provides one of its needs; each pass says what it needs of an adapter
 (`missing`, checked before any forward) and reaches the model only through a plan
 (`PlanView`). docs/architecture.md ("The path of one call") says how the passes fold
 every column at once and which path they take.
@@ -33,30 +33,19 @@ from explain.engine.spread import ColumnSink, FoldFeed
 from explain.errors import OptionError, TargetError
 from explain.layout import InputHook, ModuleHook, Prepared, TokenLayout, TokenSet
 from explain.lrp import RULE_SETS
-from explain.lrp.attnlrp import (
-    AttnLrpCall,
-    AttnLrpSites,
-    Embedding,
-    attnlrp_hooks,
-    embedding_relevance,
-    on_layout,
-)
-from explain.rules import Method, Need
-from explain.rules.embedding_baseline import EmbeddingBaseline, embedding_baseline
-from explain.rules.integrated_gradients import integration_points
-from explain.rules.occlusion import occluded_spans, span_relevance
+from explain.lrp.attnlrp import AttnLrpCall, AttnLrpSites, Embedding, attnlrp_hooks
+from explain.rules.registry import EmbeddingBaseline, Method, Need
 
 __all__ = [
     "PASSES",
     "AttentionGradientPass",
     "ColumnSink",
     "Columns",
+    "EmbeddingCopiesPass",
     "EmbeddingGradientPass",
     "EmbeddingPass",
     "ForwardPass",
-    "IntegratedGradientPass",
     "LrpWalkPass",
-    "OcclusionPass",
     "Pass",
     "PlanView",
     "Relevances",
@@ -124,7 +113,7 @@ class Pass(ABC):
         request: the call's request (its attention path).
     """
 
-    serves: ClassVar[frozenset[Need]]
+    provides: ClassVar[frozenset[Need]]
     """The needs this pass meets."""
 
     def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
@@ -201,7 +190,7 @@ class ForwardPass(Pass):
     fused path, where every block folds by its spread, the forward keeps each block's q
     and k only, and the blocks are folded after it, last first, without maps."""
 
-    serves = frozenset({Need.ATTENTION})
+    provides = frozenset({Need.ATTENTION})
 
     def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
@@ -235,7 +224,7 @@ class AttentionGradientPass(Pass):
     arrive, for a chunk of columns at once: a map straight to the call's sink, a block
     recorded from q, k and v through explain.engine.spread.FoldFeed."""
 
-    serves = frozenset({Need.ATTENTION_GRADIENTS})
+    provides = frozenset({Need.ATTENTION_GRADIENTS})
 
     def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
@@ -263,7 +252,7 @@ class LrpWalkPass(Pass):
     """The LRP methods: a recorded forward, the gradients the method weights by (batched
     over columns as above), then the family's walk from each column's class logit."""
 
-    serves = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
+    provides = frozenset({Need.LRP_RELEVANCE, Need.INPUT_RELEVANCE})
 
     @classmethod
     def missing(cls, adapter: Adapter | type[Adapter]) -> str | None:
@@ -359,8 +348,10 @@ class EmbeddingPass(Pass):
         methods at depth "tower", before any forward)."""
         (read, _), *deeper = self.plan.embeddings(self.adapter.attnlrp_sites())
         assert not deeper, "the copies replace the embeddings at one place"
-        batch = self.plan.prepared.batch_size
-        return EmbeddingCopies(read, baseline, batch, differentiable=differentiable)
+        prepared = self.plan.prepared
+        return EmbeddingCopies(
+            read, baseline, prepared.batch_size, prepared.layout, differentiable=differentiable
+        )
 
     def _copy_bytes(self, copies: EmbeddingCopies, fused: bool, *, gradients: bool) -> int:
         """What one copy of the inputs holds at most (explain.engine.copies.copy_bytes):
@@ -389,7 +380,7 @@ class EmbeddingGradientPass(EmbeddingPass):
     batched backward of every column to them, embedding x gradient summed over the
     hidden size, into the call's sink. The rules hold on either attention path."""
 
-    serves = frozenset({Need.EMBEDDING_GRADIENTS})
+    provides = frozenset({Need.EMBEDDING_GRADIENTS})
 
     def run(self) -> tuple[Columns, Relevances]:
         spec, plan = self.spec, self.plan
@@ -425,70 +416,60 @@ def _require_embedding_gradients(scores: Tensor) -> None:
         )
 
 
-class IntegratedGradientPass(EmbeddingPass):
-    """Integrated gradients (explain.rules.integrated_gradients): one forward without a
-    backward of two copies of the inputs, the inputs themselves (their embeddings, the
-    targets, the explained scores) and the baseline; then the path's points as copies
-    (explain.engine.copies), as many per forward as the memory budget allows, each
-    chunk's every column differentiated in one batched backward to the copies'
-    embeddings; the gradients weighted by the quadrature and summed, times e - e0, over
-    the hidden size. The call's settings record the path and its completeness:
-    `baseline_score` y(e0) and `convergence_delta`, the relevance's sum minus
-    y(e) - y(e0) (captum's name), per input and column."""
+class EmbeddingCopiesPass(EmbeddingPass):
+    """The methods that run copies of the inputs changed at the embeddings, as their
+    `CopiesMethod` (explain.rules.registry) asks: the copies' forwards (explain.engine.copies),
+    as many copies per forward as the memory budget allows, and their backwards."""
 
-    serves = frozenset({Need.PATH_GRADIENTS})
+    provides = frozenset({Need.EMBEDDING_COPIES})
 
     def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
         super().__init__(adapter, spec, plan, request)
-        self._path: dict[str, Any] = {}
+        self._recorded: dict[str, Any] = {}
 
     @property
     def settings(self) -> dict[str, Any]:
-        return {**super().settings, **self._path}
+        return {**super().settings, **self._recorded}
 
     def run(self) -> tuple[Columns, Relevances]:
-        plan = self.plan
+        plan, kind = self.plan, self.spec.copies
+        assert kind is not None
+        batch = plan.prepared.batch_size
         options = self.spec.resolved_options(self.request.options)
-        alphas, weights = integration_points(options["steps"], options["quadrature"])
-        layout, batch = plan.prepared.layout, plan.prepared.batch_size
-        baseline = embedding_baseline(options["baseline_token"], layout.modality)
-        copies = self._copies(baseline, differentiable=True)
+        method = kind(plan.prepared.layout, batch, **options)
+        copies = self._copies(method.baseline, differentiable=kind.backward)
         fused = self.fused()
-        with self._session(differentiable=True, fused=fused, hooks=copies.hooks()):
-            with torch.no_grad():  # the inputs, then the baseline
-                copies.blend(torch.tensor([1.0, 0.0])[:, None, None])
-                ends = plan.copy_forward(2)
-                columns = plan.columns(ends[:batch].clone())
-                at_baseline = plan.copy_columns(ends[batch:], columns, 1)
-                del ends
-            inputs = copies.inputs
-            count = columns.scores.shape[1]
-            dtype = inputs.dtype if inputs.dtype == torch.float64 else torch.float32
-            total = inputs.new_zeros((count, *inputs.shape), dtype=dtype)
-            per_copy = self._copy_bytes(copies, fused, gradients=True)
-            for chunk in copy_chunks(len(alphas), per_copy, self.memory_budget):
-                points = slice(chunk.start, chunk.stop)
-                copies.blend(alphas[points, None, None])
+        with self._session(differentiable=kind.backward, fused=fused, hooks=copies.hooks()):
+            with torch.no_grad():  # the inputs, then the baseline where asked
+                if method.baseline_score:
+                    copies.blend(torch.tensor([1.0, 0.0])[:, None, None])
+                    ends = plan.copy_forward(2)
+                    columns = plan.columns(ends[:batch].clone())
+                    method.start(columns.scores, plan.copy_columns(ends[batch:], columns, 1))
+                    del ends
+                else:
+                    copies.blend(torch.ones(1, 1, 1))
+                    columns = plan.columns(plan.copy_forward(1))
+                    method.start(columns.scores, None)
+            per_copy = self._copy_bytes(copies, fused, gradients=kind.backward)
+            for chunk in copy_chunks(method.count, per_copy, self.memory_budget):
+                copies.blend(method.weights(chunk))
                 scores = plan.copy_columns(plan.copy_forward(len(chunk)), columns, len(chunk))
+                if not kind.backward:
+                    method.add(chunk, slice(None), scores, None)
+                    continue
                 _require_embedding_gradients(scores)
-                step = weights[points].to(inputs.device, dtype).reshape(1, -1, *[1] * inputs.dim())
                 for part, (gradients,) in column_gradients(
                     scores, [copies.leaf], self.memory_budget
                 ):
-                    # (C', copies * B, ...) -> the chunk's weighted sum, per column
-                    path = gradients.unflatten(1, (len(chunk), batch)).to(dtype)
-                    total[part.start : part.stop] += (path * step).sum(dim=1)
-        relevance = embedding_relevance(copies.difference, total, copies.axis, layout)
+                    method.add(chunk, slice(part.start, part.stop), scores, gradients)
+        relevance, recorded = method.finish(copies)
+        self._recorded = {
+            name: _as_target(value, columns) if isinstance(value, Tensor) else value
+            for name, value in recorded.items()
+        }
         sink = plan.sink()
         sink.add_input(slice(None), relevance)
-        gap = relevance.sum(dim=-1).T - (columns.scores - at_baseline).to(dtype)
-        self._path = {
-            "steps": options["steps"],
-            "quadrature": options["quadrature"],
-            "baseline": baseline.describe(),
-            "baseline_score": _as_target(at_baseline, columns),
-            "convergence_delta": _as_target(gap, columns),
-        }
         return columns, plan.read(sink)
 
 
@@ -499,58 +480,10 @@ def _as_target(values: Tensor, columns: Columns) -> list[Any]:
     return (values[:, 0] if columns.classes.dim() == 1 else values).tolist()
 
 
-class OcclusionPass(EmbeddingPass):
-    """Occlusion (explain.rules.occlusion): forwards without a backward, of the inputs
-    themselves (their embeddings, the targets, the explained scores) and of one copy per
-    span with the span's embeddings replaced by the baseline's (explain.engine.copies),
-    as many copies per forward as the memory budget allows; each span's drop of every
-    column's score shared out over its tokens."""
-
-    serves = frozenset({Need.OCCLUSION})
-
-    def __init__(self, adapter: Adapter, spec: Method, plan: PlanView, request: Request) -> None:
-        super().__init__(adapter, spec, plan, request)
-        self._baseline = ""
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return {**super().settings, "baseline": self._baseline}
-
-    def run(self) -> tuple[Columns, Relevances]:
-        plan = self.plan
-        options = self.spec.resolved_options(self.request.options)
-        prepared = plan.prepared
-        batch = prepared.batch_size
-        baseline = embedding_baseline(options["baseline_token"], prepared.layout.modality)
-        spans = occluded_spans(options["spans"], prepared.layout, batch)
-        copies = self._copies(baseline, differentiable=False)
-        fused = self.fused()
-        with self._session(differentiable=False, fused=fused, hooks=copies.hooks()):
-            copies.blend(torch.ones(1, 1, 1))  # the inputs themselves
-            columns = plan.columns(plan.copy_forward(1))
-            scores = columns.scores
-            dtype = scores.dtype if scores.dtype == torch.float64 else torch.float32
-            total = scores.new_zeros((scores.shape[1], batch, spans.shape[-1]), dtype=dtype)
-            per_copy = self._copy_bytes(copies, fused, gradients=False)
-            for chunk in copy_chunks(len(spans), per_copy, self.memory_budget):
-                occluded = spans[chunk.start : chunk.stop].to(scores.device)
-                copies.blend((~occluded).to(dtype))
-                output = plan.copy_forward(len(chunk))
-                replaced = plan.copy_columns(output, columns, len(chunk))
-                drops = (scores[None] - replaced.unflatten(0, (len(chunk), batch))).to(dtype)
-                total += span_relevance(drops, occluded)
-        self._baseline = baseline.describe()
-        relevance = on_layout(total, prepared.layout)
-        sink = plan.sink()
-        sink.add_input(slice(None), relevance)
-        return columns, plan.read(sink)
-
-
 PASSES: tuple[type[Pass], ...] = (
     LrpWalkPass,
     EmbeddingGradientPass,
-    IntegratedGradientPass,
-    OcclusionPass,
+    EmbeddingCopiesPass,
     AttentionGradientPass,
     ForwardPass,
 )
@@ -558,9 +491,9 @@ PASSES: tuple[type[Pass], ...] = (
 
 
 def pass_for(spec: Method) -> type[Pass]:
-    """The pass that runs `spec`: the first in `PASSES` serving one of its needs; the
+    """The pass that runs `spec`: the first in `PASSES` providing one of its needs; the
     forward pass for a method that needs nothing from the model beyond its output."""
     for kind in PASSES:
-        if kind.serves & spec.needs:
+        if kind.provides & spec.needs:
             return kind
     return ForwardPass

@@ -10,6 +10,7 @@ from typing import Any
 from explain.engine.fused import AttentionPath
 from explain.engine.targets import Score, Target
 from explain.errors import OptionError
+from explain.rules.registry import DEFAULT_METHOD
 
 __all__ = ["Request", "StartLayer", "integer_option"]
 
@@ -23,7 +24,7 @@ class Request:
     """One explanation (or trace) request, as `Explainer.explain` and `Explainer.trace`
     receive it. `method` is None for a trace, which runs no method."""
 
-    method: str | None = "generic"
+    method: str | None = DEFAULT_METHOD
     target: Target = None
     score: Score | None = None
     """None: the default of whatever takes a score (the logit; `trace`: the probability);

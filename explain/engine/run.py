@@ -25,7 +25,7 @@ from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.errors import TargetError, UnsupportedModelError
 from explain.explanation import Explanation, Trace
-from explain.rules import METHODS, Method, get_method
+from explain.rules.registry import METHODS, Method, get_method
 
 __all__ = ["check", "explain", "refusals", "supported_methods", "trace"]
 

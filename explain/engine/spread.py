@@ -82,7 +82,7 @@ class FoldFeed:
             return
         mode = self._sink.spread_of(layer)
         if mode is not None:
-            grad = gradient if mode == "gradient" else None
+            grad = gradient if mode is SpreadMode.GRADIENT else None
             if isinstance(record.mask, Pieces):
                 self._fold_pieces(layer, columns, record, record.mask, grad, mode)
                 return

@@ -130,7 +130,7 @@ def _shapes_clip_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[
     return exact / count, details
 
 
-_HELDOUT: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]] = {
+_MEASURES: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]] = {
     "shapes-vit": (_shapes_accuracy, 2000),
     "shapes-swin": (_shapes_accuracy, 2000),
     "digits-vit": (_digits_accuracy, 400),
@@ -150,7 +150,7 @@ def heldout_accuracy(name: str, count: int | None = None) -> Accuracy:
     tests use a few dozen.
     """
     loaded = load_zoo_model(name)
-    measure, default = _HELDOUT[name]
+    measure, default = _MEASURES[name]
     count = default if count is None else count
     accuracy, details = measure(loaded, count)
     return Accuracy(name=name, count=count, accuracy=accuracy, details=details)

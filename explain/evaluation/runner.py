@@ -65,6 +65,18 @@ def weights_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def results_path(output: str | Path) -> Path:
+    """`output` as the results JSON's path; refused where it ends in .md or .png, the
+    suffixes of the table and the plot written next to it (they would overwrite it)."""
+    output = Path(output)
+    if output.suffix.lower() in (".md", ".png"):
+        raise OptionError(
+            f"the output {output} would be overwritten by the results' {output.suffix} "
+            f"written next to it: name the results JSON, e.g. {output.with_suffix('.json')}"
+        )
+    return output
+
+
 def work_folder(output: str | Path) -> Path:
     """Where the finished chunks of the run that writes `output` are kept."""
     output = Path(output)
@@ -90,8 +102,10 @@ def run_evaluation(
     "skipped": {METHOD: reason}}`. Each summary holds `standard_errors: {KEY: se}` for
     the protocol's ranking columns; `ties[KEY]` lists the best method and those within
     noise of it. A method that fails on this model (e.g. one the model family does not
-    support) is skipped with its reason instead of stopping the run. Joins torchrun's
-    process group when launched by torchrun.
+    support) is skipped with its reason instead of stopping the run; when every method
+    is skipped, InputError says why (after writing the files, which record the reasons).
+    An `output` ending in .md or .png is refused (the table or plot would overwrite it).
+    Joins torchrun's process group when launched by torchrun.
     """
     for method in methods:
         get_method(method)  # unknown names fail before any work
@@ -103,7 +117,7 @@ def run_evaluation(
     if count == 0:
         raise InputError("the dataset is empty: nothing to evaluate")
     name = getattr(dataset, "name", type(dataset).__name__)
-    output = Path(output)
+    output = results_path(output)
     work = work_folder(output)
     fingerprint = {
         "protocol": protocol.name,
@@ -132,7 +146,11 @@ def run_evaluation(
                 **results,
             }
             _write(results, output, protocol)
-        return group.broadcast(results)
+        results = group.broadcast(results)
+    if not results["results"]:  # an empty table is no result: say why, not exit 0
+        reasons = "; ".join(f"{m}: {why}" for m, why in results["skipped"].items())
+        raise InputError(f"no method could run on this data ({reasons})")
+    return results
 
 
 def _check_fingerprint(work: Path, fingerprint: dict[str, Any]) -> None:

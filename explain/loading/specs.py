@@ -54,6 +54,9 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 """Device names `load_model` and `--device` take (`cuda:1` and the like work too)."""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 """Parameter types `load_model` and `--dtype` take, by name."""
+WEIGHT_DTYPES = (*DTYPES.values(), torch.float64)
+"""The torch dtypes `load_model` takes: those above and float64 (not float8, say, or complex:
+no layer computes in them)."""
 _CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 _CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 """OpenAI CLIP's pixel normalisation, for a dual encoder saved without its image processor."""
@@ -147,9 +150,14 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    if isinstance(dtype, torch.dtype) and not dtype.is_floating_point:
+    if isinstance(dtype, torch.dtype) and dtype not in WEIGHT_DTYPES:
+        kind = (
+            "a float type no layer computes in"
+            if dtype.is_floating_point
+            else "not a floating point type"
+        )
         raise OptionError(
-            f"dtype {dtype} is not a floating point type: a model's weights take one of "
+            f"dtype {dtype} is {kind}: a model's weights take one of "
             f"{', '.join(DTYPES)} (or torch.float64)"
         )
     if dtype is None or isinstance(dtype, torch.dtype):

@@ -365,7 +365,8 @@ def load_zoo_folder(folder: Path, *, spec: str | None = None) -> LoadedModel:
     config = read_config(folder)
     weights_path = folder / WEIGHTS
     weights = _load_weights(weights_path, config.get("sha256"))
-    model = build_model(config)
+    with torch.random.fork_rng(devices=[]):  # the random init, replaced next, draws on a fork
+        model = build_model(config)
     _install(model, weights, config.get("trained"), weights_path)
     model.eval()
     _check_classes(model, config.get("classes"))

@@ -121,6 +121,8 @@ class AttnLrpSites:
     module outputs them whole (a vision-language model's language model, whose
     `inputs_embeds` hold the image features scattered in among the word embeddings);
     None: `embedding`'s output."""
+    unit_offset_norms: Sequence[nn.Module] = ()
+    """RMSNorms that scale by (1 + weight) in float32 (Gemma's), not by their weight."""
     tower: Embedding | None = None
     """A vision-language model's tower's patch embeddings, beneath `embedding`: the
     image's relevance read there, carried on through the projector and the tower's
@@ -274,6 +276,7 @@ def attnlrp_hooks(
 
     hooks: list[tuple[nn.Module, ModuleHook | InputHook]] = call.hooks()
     tanh_inputs = {id(module) for module in sites.tanh_inputs}
+    unit_offset = {id(module) for module in sites.unit_offset_norms}
     for module in model.modules():
         key = id(module)
         if module is sites.embedding:
@@ -283,7 +286,7 @@ def attnlrp_hooks(
         elif _is_layer_norm(module):
             hooks.append((module, _layer_norm_hook))
         elif _is_rms_norm(module):
-            hooks.append((module, _rms_norm_hook))
+            hooks.append((module, _rms_norm_hook(key in unit_offset)))
         elif _is_elementwise(module):
             hooks.append((module, _gate_hook(1.0)))
         if key in factors:
@@ -374,25 +377,29 @@ def _layer_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) 
     return _ruled(x, output, rule)
 
 
-def _rms_norm_hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+def _rms_norm_hook(unit_offset: bool) -> ModuleHook:
     """Identity rule: y = x * weight / rms(x) with the rms a constant (computed in float32,
     as the models do), so the gradient of x is grad * weight / rms, the weight applied as
-    the model applies it: in its own dtype, or, for Gemma's norms, as (1 + weight) in
-    float32."""
-    x = _first_tensor(args, kwargs)
-    eps = getattr(module, "variance_epsilon", None)
-    if eps is None:
-        eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
-    with torch.no_grad():
-        scale = torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
-        weight = used_weight(module)  # where accelerate offloads it, not module.weight
-        if weight is not None and type(module).__name__.startswith("Gemma"):
-            scale = scale * (1.0 + weight.float())
-        elif weight is not None:
-            scale = scale.to(weight.dtype) * weight
-        scale = scale.to(output.dtype)
-    dtype = x.dtype  # not x itself: the rule must not keep the input alive
-    return _ruled(x, output, lambda grad: (grad * scale).to(dtype))
+    the model applies it: in its own dtype, or, for a `unit_offset` norm (Gemma's), as
+    (1 + weight) in float32."""
+
+    def hook(module: nn.Module, args: Any, kwargs: Any, output: Tensor) -> Tensor:
+        x = _first_tensor(args, kwargs)
+        eps = getattr(module, "variance_epsilon", None)
+        if eps is None:
+            eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
+        with torch.no_grad():
+            scale = torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + eps)
+            weight = used_weight(module)  # where accelerate offloads it, not module.weight
+            if weight is not None and unit_offset:
+                scale = scale * (1.0 + weight.float())
+            elif weight is not None:
+                scale = scale.to(weight.dtype) * weight
+            scale = scale.to(output.dtype)
+        dtype = x.dtype  # not x itself: the rule must not keep the input alive
+        return _ruled(x, output, lambda grad: (grad * scale).to(dtype))
+
+    return hook
 
 
 def _gate_hook(factor: float | None) -> ModuleHook:

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from explain.errors import OptionError
 from explain.rules.fold import ReadoutFold, RowSum, readout_fold
-from explain.rules.registry import Need, RuleContext, first_block, register_method
+from explain.rules.registry import Need, RuleContext, SpreadMode, first_block, register_method
 
 __all__ = [
     "discard_lowest",
@@ -78,7 +78,7 @@ def raw_attention(context: RuleContext) -> ReadoutFold:
     generated tokens of a generation) is read out by one spread, from the recorded map or
     from q and k without it (explain.engine.spread)."""
     last = range(context.num_layers - 1, context.num_layers)
-    return readout_fold(context, last, _head_mean, _spread_only, spread="attention")
+    return readout_fold(context, last, _head_mean, _spread_only, spread=SpreadMode.ATTENTION)
 
 
 def _head_mean(attention: Tensor, gradient: Tensor | None) -> Tensor:
@@ -111,5 +111,5 @@ def rollout(
     layers = range(context.start_layer, context.num_layers)
     # Only the head mean without discarding is a spread of A (explain.engine.kernels);
     # max, min and discarding need the block's whole map.
-    spread = "attention" if head_fusion == "mean" and not discard_ratio else None
+    spread = SpreadMode.ATTENTION if head_fusion == "mean" and not discard_ratio else None
     return readout_fold(context, layers, block_matrix, rollout_split, spread=spread)

@@ -22,6 +22,7 @@ from explain.rules.gradient import gradient_weighted
 from explain.rules.registry import SpreadMode
 
 __all__ = [
+    "TWO_SET_METHODS",
     "BlockRole",
     "TwoSetFold",
     "TwoSetRelevance",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 TokenSet = Literal["q", "i"]
+
+TWO_SET_METHODS = frozenset({"generic"})
+"""The methods whose rule `TwoSetFold` has in its two-set form (ICCV 2021): those a
+detector's and an encoder-decoder's plans run."""
 
 _MATRICES = ("qq", "qi", "iq", "ii")
 """The names of the four relevance matrices (rows' set, then columns')."""

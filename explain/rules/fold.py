@@ -165,11 +165,11 @@ class ReadoutFold:
         """Block `layer` for `columns` from its whole maps."""
         if layer not in self.layers:
             return
-        if self.spread == "gradient":
+        if self.spread is SpreadMode.GRADIENT:
             product = partial(spread_maps, attention=attention, attention_grad=gradients)
             self.fold(layer, columns, product, _every_row_one)
             return
-        if self.spread == "attention":  # all that mean_h A needs: kept small if it waits
+        if self.spread is SpreadMode.ATTENTION:  # all that mean_h A needs: kept small if it waits
             mean = attention.mean(dim=1, keepdim=True)
             dtype = torch.float64 if mean.dtype == torch.float64 else torch.float32
             product = partial(spread_maps, attention=mean, attention_grad=None)

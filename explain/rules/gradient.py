@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from explain.rules.fold import LastBlock, ReadoutFold, RowSum, last_block, readout_fold
-from explain.rules.registry import Need, RuleContext, first_block, register_method
+from explain.rules.registry import Need, RuleContext, SpreadMode, first_block, register_method
 
 __all__ = [
     "attention_gradcam",
@@ -49,7 +49,9 @@ def generic_split(rows: Tensor, rowsum: RowSum) -> tuple[Tensor, Tensor]:
 def generic(context: RuleContext) -> ReadoutFold:
     """Chefer, Gur & Wolf ICCV 2021: R = prod (I + mean_h (G * A)+) over the blocks."""
     layers = range(context.start_layer, context.num_layers)
-    return readout_fold(context, layers, gradient_weighted, generic_split, spread="gradient")
+    return readout_fold(
+        context, layers, gradient_weighted, generic_split, spread=SpreadMode.GRADIENT
+    )
 
 
 @register_method(

@@ -71,8 +71,8 @@ class InputRelevance:
     """Fold of the methods that use no block record, only the relevance of the input: full
     LRP (`Need.INPUT_RELEVANCE`, as the family's walk returns it: pixels (B, H, W) for a
     timm ViT, tokens (B, N) for BERT), Gradient x Input, plain or under the rules of
-    AttnLRP and CP-LRP (`Need.EMBEDDING_GRADIENTS`), integrated gradients
-    (`Need.PATH_GRADIENTS`) and occlusion (`Need.OCCLUSION`): tokens (B, N) at the
+    AttnLRP and CP-LRP (`Need.EMBEDDING_GRADIENTS`), the methods that run copies of the
+    inputs (`Need.EMBEDDING_COPIES`: integrated gradients, occlusion): tokens (B, N) at the
     embedding output; per chunk of columns (an `InputFold`)."""
 
     layers = range(0)

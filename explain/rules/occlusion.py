@@ -1,21 +1,35 @@
 """Occlusion (Zeiler & Fergus, ECCV 2014; leave-one-out for text, Li, Monroe & Jurafsky
-2016): the spans each copy replaces, each span's drop shared out over its tokens, and
-the method's fold. The engine runs one copy of the inputs per span (explain.engine.passes
-`OcclusionPass`); docs/methods.md ("The baselines") says how spans are given.
+2016): the spans each copy replaces, each span's drop shared out over its tokens
+(`SpanDrops`, one copy of the inputs per span, run by the engine's copies pass), and the
+method's fold. docs/methods.md ("The baselines") says how spans are given.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from explain.errors import OptionError
 from explain.layout import TokenLayout
-from explain.rules.embedding_baseline import embedding_baseline
 from explain.rules.lrp_based import InputRelevance
-from explain.rules.registry import Need, RuleContext, register_method
+from explain.rules.registry import (
+    CopiesSeen,
+    Need,
+    RuleContext,
+    embedding_baseline,
+    register_method,
+)
 
-__all__ = ["SeenRelevance", "check_spans", "occluded_spans", "occlusion", "span_relevance"]
+__all__ = [
+    "SeenRelevance",
+    "SpanDrops",
+    "check_spans",
+    "occluded_spans",
+    "occlusion",
+    "span_relevance",
+]
 
 
 def check_spans(spans: Tensor | None, layout: TokenLayout, batch: int) -> tuple[int, ...]:
@@ -84,7 +98,48 @@ class SeenRelevance(InputRelevance):
         super().add_input(columns, relevance)
 
 
-@register_method("occlusion", needs={Need.OCCLUSION}, class_specific=True)
+class SpanDrops:
+    """One copy of the inputs per span, the span's embeddings replaced by the baseline's
+    (a `CopiesMethod`, forwards without a backward); each span's drop of every column's
+    score shared out over its tokens (`span_relevance`)."""
+
+    backward = False
+    linear_in_score = True
+    baseline_score = False
+
+    def __init__(
+        self, layout: TokenLayout, batch: int, *, baseline_token: int | None, spans: Tensor | None
+    ) -> None:
+        self.baseline = embedding_baseline(baseline_token, layout.modality)
+        self._spans = occluded_spans(spans, layout, batch)
+        self.count = len(self._spans)
+        self._batch = batch
+        self._total: Tensor | None = None
+
+    def weights(self, copies: range) -> Tensor:
+        return (~self._spans[copies.start : copies.stop]).float()
+
+    def start(self, scores: Tensor, at_baseline: Tensor | None) -> None:
+        self._scores = scores
+        dtype = scores.dtype if scores.dtype == torch.float64 else torch.float32
+        self._total = scores.new_zeros(
+            (scores.shape[1], self._batch, self._spans.shape[-1]), dtype=dtype
+        )
+
+    def add(self, copies: range, columns: slice, scores: Tensor, gradients: Tensor | None) -> None:
+        assert self._total is not None
+        occluded = self._spans[copies.start : copies.stop].to(scores.device)
+        replaced = scores.unflatten(0, (len(copies), self._batch))
+        self._total += span_relevance(
+            (self._scores[None] - replaced).to(self._total.dtype), occluded
+        )
+
+    def finish(self, seen: CopiesSeen) -> tuple[Tensor, dict[str, Any]]:
+        assert self._total is not None
+        return seen.on_layout(self._total), {"baseline": self.baseline.describe()}
+
+
+@register_method("occlusion", needs={Need.EMBEDDING_COPIES}, class_specific=True, copies=SpanDrops)
 def occlusion(
     context: RuleContext, baseline_token: int | None = None, spans: Tensor | None = None
 ) -> SeenRelevance:

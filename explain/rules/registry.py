@@ -8,13 +8,15 @@ they are given; they never see the model.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import numbers
+import operator
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from torch import Tensor
 
@@ -22,14 +24,19 @@ from explain.errors import OptionError, UnknownMethodError
 from explain.layout import TokenLayout
 
 __all__ = [
+    "DEFAULT_METHOD",
     "LRP_NEEDS",
     "METHODS",
+    "CopiesMethod",
+    "CopiesSeen",
+    "EmbeddingBaseline",
     "Fold",
     "InputFold",
     "Method",
     "Need",
     "RuleContext",
     "SpreadMode",
+    "embedding_baseline",
     "first_block",
     "get_method",
     "register_method",
@@ -56,14 +63,10 @@ class Need(Enum):
         "the gradient of the target score at the input embeddings, under the method's "
         "gradient rules (explain.lrp.attnlrp) for the call where it names any"
     )
-    PATH_GRADIENTS = (
-        "the gradients of the target score at the input embeddings blended with a "
-        "baseline's along a straight path, the path's points run as copies of the inputs "
-        "in batched forwards and backwards"
-    )
-    OCCLUSION = (
-        "the target score of copies of the inputs with tokens (patches, spans) replaced by "
-        "a baseline's embeddings, in batched forwards without a backward"
+    EMBEDDING_COPIES = (
+        "the target score of copies of the inputs changed at the embeddings (blended with "
+        "a baseline's), in batched forwards, with their gradients where the method asks "
+        "(its `CopiesMethod`)"
     )
 
 
@@ -86,9 +89,15 @@ class RuleContext:
     """First block the method aggregates over (already resolved and validated)."""
 
 
-SpreadMode = Literal["gradient", "attention"]
-"""A block matrix the engine can apply to rows without the block's maps
-(explain.engine.kernels): "gradient", Abar = mean_h (dA * A)+; "attention", mean_h A."""
+class SpreadMode(Enum):
+    """The form of a block matrix the engine can apply to rows without the block's maps
+    (explain.engine.kernels): a method whose block enters only as `u @ Abar` states its
+    form here (`Fold.spread`), and the kernels read it. The kernels compute the form
+    themselves, tile by tile from q, k, v and dO, never holding A or dA: a method's Python
+    function of whole maps cannot run there, so the forms they know are named here."""
+
+    GRADIENT = "Abar = mean_h (dA * A)+, dA the gradient of the score (generic's)"
+    ATTENTION = "Abar = mean_h A, the same for every column (rollout's, raw attention's)"
 
 
 class Fold(Protocol):
@@ -119,10 +128,90 @@ class Fold(Protocol):
 
 class InputFold(Fold, Protocol):
     """The fold of a method that needs the relevance of the input itself
-    (`Need.INPUT_RELEVANCE`, `EMBEDDING_GRADIENTS`, `PATH_GRADIENTS` or `OCCLUSION`): it
+    (`Need.INPUT_RELEVANCE`, `EMBEDDING_GRADIENTS` or `EMBEDDING_COPIES`): it
     receives it as (c, B, ...) for the columns `columns`."""
 
     def add_input(self, columns: slice, relevance: Tensor) -> None: ...
+
+
+@dataclass(frozen=True)
+class EmbeddingBaseline:
+    """What stands in for the input at the embeddings (docs/methods.md, "The baselines"):
+    zero embeddings ("zero"), the embedding module applied to an input of zeros
+    ("zero_input": zero pixels) or to `token` at every position ("token")."""
+
+    kind: Literal["zero", "zero_input", "token"]
+    token: int | None = None
+
+    def describe(self) -> str:
+        """The baseline in words, for `Explanation.settings`."""
+        if self.kind == "token":
+            return f"token {self.token}"
+        return "zero embeddings" if self.kind == "zero" else "zero pixels"
+
+
+def embedding_baseline(baseline_token: object, modality: str) -> EmbeddingBaseline:
+    """The baseline of a call on `modality`'s inputs: a text's zero embeddings, or
+    `baseline_token`'s embedding (a token id, text only); an image's zero pixels.
+    OptionError for a token that is no token id, or one given for images."""
+    if baseline_token is None:
+        return EmbeddingBaseline("zero" if modality == "text" else "zero_input")
+    if modality != "text":
+        raise OptionError(
+            "baseline_token replaces text tokens; an image's baseline is zero pixels "
+            "(leave baseline_token unset)"
+        )
+    try:
+        token = operator.index(baseline_token)  # type: ignore[arg-type]
+    except TypeError:
+        token = -1
+    if isinstance(baseline_token, bool) or token < 0:
+        raise OptionError(
+            f"baseline_token must be a token id (an int >= 0), got {baseline_token!r}"
+        )
+    return EmbeddingBaseline("token", token)
+
+
+class CopiesSeen(Protocol):
+    """What the engine's copies saw, for a `CopiesMethod`'s `finish`: `relevance(f)`,
+    (e - e0) x f (C, B, ...) summed over the hidden size on the call's layout (C, B, N),
+    and `on_layout(r)`, (..., P) relevance of the embedded tokens on it (..., N)."""
+
+    def relevance(self, factor: Tensor) -> Tensor: ...
+
+    def on_layout(self, relevance: Tensor) -> Tensor: ...
+
+
+class CopiesMethod(Protocol):
+    """The algorithm of a method that runs copies of the inputs changed at the embeddings
+    (`Need.EMBEDDING_COPIES`, explain.engine.passes.EmbeddingCopiesPass), built per call
+    as `Method.copies(layout, batch, **options)`. The engine runs the inputs themselves,
+    and the baseline where `baseline_score`, in one forward without a backward, whose
+    scores (B, K) go to `start`; then the `count` copies in chunks sized by the memory
+    budget, copy c holding e0 + w (e - e0) for its `weights(copies)` w (c, B or 1, P or
+    1), each chunk's scores (c * B, K) to `add`, with the gradients at the copies'
+    embeddings (C', c * B, ...) of the columns `columns` where the class says
+    `backward`. `finish` gives every column's token relevance (C, B, N) and what the
+    call's settings record (a (B, K) tensor there shaped like the call's target)."""
+
+    backward: ClassVar[bool]
+    linear_in_score: ClassVar[bool]
+    """Whether the relevance is linear in the explained score (`Method.linear_in_score`)."""
+    baseline: EmbeddingBaseline
+    baseline_score: bool
+    count: int
+
+    def __init__(self, layout: TokenLayout, batch: int, **options: Any) -> None: ...
+
+    def weights(self, copies: range) -> Tensor: ...
+
+    def start(self, scores: Tensor, at_baseline: Tensor | None) -> None: ...
+
+    def add(
+        self, copies: range, columns: slice, scores: Tensor, gradients: Tensor | None
+    ) -> None: ...
+
+    def finish(self, seen: CopiesSeen) -> tuple[Tensor, dict[str, Any]]: ...
 
 
 Builder = Callable[..., Fold]
@@ -148,6 +237,9 @@ class Method:
     CP-LRP): the rule set of explain.lrp.attnlrp that the model runs under for the call;
     their fold (an `InputFold`) receives the token relevance of the embeddings. None for
     all others (plain Gradient x Input among them)."""
+    copies: type[CopiesMethod] | None = None
+    """Methods that need `Need.EMBEDDING_COPIES`: their algorithm over the copies; None
+    for all others."""
     scale_note: str | None = None
     """Why the method's raw values mislead as numbers (e.g. they do not conserve the
     explained score), for wherever values are shown; such values are shown normalised
@@ -157,15 +249,15 @@ class Method:
     @property
     def needs_gradients(self) -> bool:
         """Whether the method differentiates the target score (one backward per target)."""
-        return bool(
-            self.needs & {Need.ATTENTION_GRADIENTS, Need.EMBEDDING_GRADIENTS, Need.PATH_GRADIENTS}
-        )
+        copied = self.copies is not None and self.copies.backward
+        return copied or bool(self.needs & {Need.ATTENTION_GRADIENTS, Need.EMBEDDING_GRADIENTS})
 
     @property
     def takes_score(self) -> bool:
         """Whether the method explains a chosen score (logit, probability, ...): those
-        that differentiate it, and occlusion, which measures its drop."""
-        return self.needs_gradients or Need.OCCLUSION in self.needs
+        that differentiate it, and those that run copies of the inputs (occlusion measures
+        its drop)."""
+        return self.needs_gradients or self.copies is not None
 
     @property
     def linear_in_score(self) -> bool:
@@ -174,9 +266,12 @@ class Method:
         sum of such gradients along a path fixed by the inputs) and occlusion (a
         difference of scores), so the relevance of a sum or a difference of scores is the
         sum or difference of their relevances, even across forwards that share the
-        input. The attention rules clamp (generic, attention GradCAM) or ignore the score
-        (rollout), and are not."""
-        return bool(self.needs & {Need.EMBEDDING_GRADIENTS, Need.PATH_GRADIENTS, Need.OCCLUSION})
+        input; a copies method says so itself (`CopiesMethod.linear_in_score`). The
+        attention rules clamp (generic, attention GradCAM) or ignore the score (rollout),
+        and are not."""
+        if self.copies is not None:
+            return self.copies.linear_in_score
+        return Need.EMBEDDING_GRADIENTS in self.needs
 
     def options(self) -> dict[str, Any]:
         """The method's options (the builder's keyword parameters) with their defaults."""
@@ -246,6 +341,9 @@ def _checked_option(method: str, name: str, value: Any, declared: Any) -> Any:
 
 METHODS: dict[str, Method] = {}
 
+DEFAULT_METHOD = "generic"
+"""The method a call runs when it names none."""
+
 
 def register_method(
     name: str,
@@ -255,6 +353,7 @@ def register_method(
     default_start_layer: Callable[[int, str], int] | None = None,
     lrp_rules: str | None = None,
     gradient_rules: str | None = None,
+    copies: type[CopiesMethod] | None = None,
     scale_note: str | None = None,
 ) -> Callable[[Builder], Builder]:
     """Decorator: register `builder(context, **options) -> Fold` under `name`.
@@ -262,7 +361,8 @@ def register_method(
     `needs` states what the method needs (`Need`). Methods that aggregate over blocks
     pass `default_start_layer`; the others reject a `start_layer` argument. LRP methods
     name their rule set in `lrp_rules`, Gradient x Input methods with modified gradients
-    theirs in `gradient_rules` (plain Gradient x Input names none). A method whose raw
+    theirs in `gradient_rules` (plain Gradient x Input names none), methods that run
+    copies of the inputs their algorithm in `copies`. A method whose raw
     values mislead as numbers says why in `scale_note`.
 
     The builder's docstring's first line becomes the method's summary.
@@ -272,6 +372,8 @@ def register_method(
         raise TypeError(f"method {name!r}: LRP relevance needs a rule set (lrp_rules) and back")
     if gradient_rules is not None and Need.EMBEDDING_GRADIENTS not in stated:
         raise TypeError(f"method {name!r}: gradient_rules apply to embedding gradients only")
+    if (Need.EMBEDDING_COPIES in stated) != (copies is not None):
+        raise TypeError(f"method {name!r}: copies of the inputs need their algorithm (copies)")
 
     def decorate(builder: Builder) -> Builder:
         summary = (builder.__doc__ or name).strip().splitlines()[0]
@@ -284,6 +386,7 @@ def register_method(
             default_start_layer=default_start_layer,
             lrp_rules=lrp_rules,
             gradient_rules=gradient_rules,
+            copies=copies,
             scale_note=scale_note,
         )
         return builder
@@ -301,6 +404,8 @@ def get_method(name: str) -> Method:
     try:
         return METHODS[name]
     except KeyError:
+        close = difflib.get_close_matches(name, sorted(METHODS), n=3, cutoff=0.7)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
         raise UnknownMethodError(
-            f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}"
+            f"unknown method {name!r}; {hint}known methods: {', '.join(sorted(METHODS))}"
         ) from None

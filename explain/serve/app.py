@@ -58,7 +58,7 @@ from explain.inputs import read_image
 from explain.serve.data import DataSource, OutsideDataError
 from explain.serve.gallery import GalleryPass
 from explain.serve.uploads import MAX_BYTES, UploadError, read_upload
-from explain.serve.workbench import DEFAULT_METHOD, Workbench
+from explain.serve.workbench import DEFAULT_METHOD, Workbench, checked_text
 
 __all__ = ["LOOPBACK_HOSTS", "UPLOAD_HEADER", "allowed_hosts_for", "build_app"]
 
@@ -417,7 +417,7 @@ class _Handlers:
 
             settings = {"input": item}
         elif "text" in body:
-            text = _field(body, "text", str)
+            text = checked_text(_field(body, "text", str))  # the views' limits apply
 
             def inputs() -> Any:
                 return [text]

@@ -26,6 +26,7 @@ from explain.api import Explainer
 from explain.engine import Request, supported_methods
 from explain.errors import ExplainError, InputError, TargetError
 from explain.explanation import Explanation
+from explain.inputs import unicode_text
 from explain.loading.loaded_model import LoadedModel
 from explain.rules import METHODS
 from explain.serve.cache import ResultCache, model_identity
@@ -33,7 +34,7 @@ from explain.serve.scales import ViewScale, check_rule, scale_view
 from explain.viz.image import BACKGROUNDS, greyed
 from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL
 
-__all__ = ["DEFAULT_METHOD", "Workbench"]
+__all__ = ["DEFAULT_METHOD", "Workbench", "checked_text"]
 
 DEFAULT_METHOD = "generic"
 """The method the gallery pass explains each image's prediction with."""
@@ -43,6 +44,8 @@ MAX_CAPTIONS = 10
 """The most captions one CLIP view compares."""
 MAX_NEW_TOKENS = 64
 """The most tokens the generation view generates."""
+MAX_TEXT = 2000
+"""The most characters of a text the viewer explains or exports."""
 _INDEX_END = 2**63
 """One past the largest index a class can have (a target is an int64 tensor)."""
 _GREY = " The image is shown in grey: every colour is relevance."
@@ -198,7 +201,7 @@ class Workbench:
     ) -> dict[str, Any]:
         """Token relevance of `text` for methods x classes, scaled together by `rule`."""
         self._require("text")
-        text = _checked_text(text)
+        text = checked_text(text)
         methods = self._checked_methods(methods)
         check_rule(rule)
         text_hash = hashlib.sha256(text.encode()).hexdigest()
@@ -223,7 +226,7 @@ class Workbench:
         from explain.generation import explain_generation
 
         self._require("generation")
-        prompt = _checked_text(prompt)
+        prompt = checked_text(prompt)
         (method,) = self._checked_methods([method])
         if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
             raise InputError(f"max_new_tokens must be 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
@@ -293,7 +296,7 @@ class Workbench:
     def clip_inputs(self, photo: Any, captions: Sequence[str]) -> dict[str, Tensor]:
         """A CLIP model's inputs for one image and `captions` (checked)."""
         self._require("clip")
-        captions = [_checked_text(c) for c in captions]
+        captions = [checked_text(c) for c in captions]
         if not 1 <= len(captions) <= MAX_CAPTIONS:
             raise InputError(f"give 1..{MAX_CAPTIONS} captions, one per line")
         texts = self.loaded.tokenizer(captions, padding=True, return_tensors="pt")
@@ -477,12 +480,14 @@ def _confidences(logits: Tensor, multi_label: bool) -> Tensor:
     return logits.sigmoid() if multi_label else logits.softmax(dim=-1)
 
 
-def _checked_text(text: str) -> str:
+def checked_text(text: str) -> str:
+    """A text the viewer explains or exports: not empty, at most MAX_TEXT characters,
+    valid Unicode; stripped."""
     if not isinstance(text, str) or not text.strip():
         raise InputError("the text is empty")
-    if len(text) > 2000:
-        raise InputError(f"the text has {len(text)} characters; at most 2000")
-    return text.strip()
+    if len(text) > MAX_TEXT:
+        raise InputError(f"the text has {len(text)} characters; at most {MAX_TEXT}")
+    return unicode_text(text.strip())
 
 
 def _lut(name: str) -> list[list[int]]:

@@ -63,7 +63,7 @@ def readout_spread(
             f"readout_spread: query {tuple(query.shape)} and key {tuple(key.shape)} do not "
             f"fit readout rows over {tokens} tokens (causal={causal})"
         )
-    gradient = mode == "gradient"
+    gradient = mode is SpreadMode.GRADIENT
     if gradient and output_grad is None:
         raise ValueError("readout_spread: mode='gradient' needs output_grad")
     dtype = torch.float64 if vector.dtype == torch.float64 else torch.float32

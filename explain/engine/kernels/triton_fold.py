@@ -9,7 +9,6 @@ tests (on CPU under TRITON_INTERPRET=1); tiles are sized for Hopper-class GPUs.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import triton
@@ -17,6 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from explain.errors import InputError
+from explain.rules.registry import SpreadMode
 
 __all__ = ["BLOCK_KEYS", "BLOCK_QUERIES", "readout_spread"]
 
@@ -255,7 +255,7 @@ def readout_spread(
     scale: float,
     causal: bool,
     key_mask: Tensor | None,
-    mode: Literal["gradient", "attention"],
+    mode: SpreadMode,
 ) -> Tensor:
     """Readout rows times one block's head-averaged matrix, by Triton tiles (see the
     module docstring for the maths and explain.engine.kernels for the interface).
@@ -315,7 +315,7 @@ def readout_spread(
         num_stages=_STAGES,
     )
 
-    gradient = mode == "gradient"
+    gradient = mode is SpreadMode.GRADIENT
     upstream = output_grad if gradient else query.new_empty(1, 1, 1, 1, 1)
     assert upstream is not None  # checked: "gradient" has output_grad
     out = torch.zeros(columns, batch, tokens, dtype=torch.float32, device=vector.device)
@@ -367,11 +367,11 @@ def _check(
     output_grad: Tensor | None,
     key_mask: Tensor | None,
     scale: float,
-    mode: str,
+    mode: SpreadMode,
 ) -> None:
     """Shapes, dtypes and devices as the interface states them, checked without a sync."""
-    if mode not in ("gradient", "attention"):
-        raise InputError(f"mode must be 'gradient' or 'attention', not {mode!r}")
+    if not isinstance(mode, SpreadMode):
+        raise InputError(f"mode must be a SpreadMode, not {mode!r}")
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or vector.dim() != 3:
         raise InputError(
             "readout_spread takes vector (C, B, N), query (B, Hq, N, D), key (B, Hk, N, D) "
@@ -400,7 +400,9 @@ def _check(
                 f"{tensor.dtype}; use the PyTorch fold (explain.engine.kernels.torch_fold)"
             )
     expected = (vector.shape[0], batch, heads, tokens, value.shape[3])
-    if mode == "gradient" and (output_grad is None or tuple(output_grad.shape) != expected):
+    if mode is SpreadMode.GRADIENT and (
+        output_grad is None or tuple(output_grad.shape) != expected
+    ):
         found = None if output_grad is None else tuple(output_grad.shape)
         raise InputError(f"mode 'gradient' needs output_grad of shape {expected}, got {found}")
     if key_mask is not None and (key_mask.shape != (batch, tokens) or key_mask.dtype != torch.bool):

@@ -25,11 +25,10 @@ from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
     ColumnSink,
+    EmbeddingCopiesPass,
     EmbeddingGradientPass,
     ForwardPass,
-    IntegratedGradientPass,
     LrpWalkPass,
-    OcclusionPass,
     Pass,
     Relevances,
 )
@@ -47,9 +46,8 @@ from explain.engine.targets import (
 from explain.errors import ExplainError, OptionError
 from explain.layout import Prepared, TokenLayout, TokenSet
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
-from explain.rules import LRP_NEEDS, METHODS, Fold, Method, RuleContext
 from explain.rules.fold import RowSum
-from explain.rules.registry import SpreadMode
+from explain.rules.registry import LRP_NEEDS, METHODS, Fold, Method, RuleContext, SpreadMode
 
 __all__ = [
     "Plan",
@@ -242,8 +240,7 @@ class Plan:
             AttentionGradientPass,
             LrpWalkPass,
             EmbeddingGradientPass,
-            IntegratedGradientPass,
-            OcclusionPass,
+            EmbeddingCopiesPass,
         }
     )
     """The passes this kind of model can be explained through (explain.engine.passes)."""

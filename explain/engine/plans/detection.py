@@ -28,8 +28,8 @@ from explain.engine.plans.base import Plan, masked_columns
 from explain.engine.request import Request
 from explain.engine.targets import select_scores
 from explain.errors import OptionError, TargetError
-from explain.rules import Method
-from explain.rules.coattention import BlockRole, TwoSetFold, row_at
+from explain.rules.coattention import TWO_SET_METHODS, BlockRole, TwoSetFold, row_at
+from explain.rules.registry import Method
 
 __all__ = ["DEFAULT_THRESHOLD", "DetectionPlan"]
 
@@ -45,7 +45,7 @@ class DetectionPlan(Plan):
 
     serves = Detector
     passes = frozenset({AttentionGradientPass})
-    methods = frozenset({"generic"})
+    methods = TWO_SET_METHODS
     refused_because = "detections are explained with the generic rule in its encoder-decoder form"
     adapter: Detector
 

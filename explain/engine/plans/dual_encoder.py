@@ -20,7 +20,7 @@ from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.engine.targets import resolve_targets
 from explain.errors import TargetError
-from explain.rules import Method
+from explain.rules.registry import Method
 
 __all__ = ["DualEncoderPlan"]
 

@@ -21,8 +21,8 @@ from explain.engine.plans.base import Plan, custom_scores, masked_columns
 from explain.engine.request import Request
 from explain.engine.targets import Target, resolve_targets, select_scores
 from explain.errors import InputError, OptionError, TargetError
-from explain.rules import Method
-from explain.rules.coattention import BlockRole, TwoSetFold, row_at
+from explain.rules.coattention import TWO_SET_METHODS, BlockRole, TwoSetFold, row_at
+from explain.rules.registry import Method
 
 __all__ = ["EncoderDecoderPlan", "Position"]
 
@@ -52,7 +52,7 @@ class EncoderDecoderPlan(Plan):
         "an encoder-decoder's targets are its decoder positions' tokens; explain the "
         "two tokens and subtract (AttnLRP and CP-LRP are linear in the score)"
     )
-    methods = frozenset({"generic"})
+    methods = TWO_SET_METHODS
     refused_because = (
         "encoder-decoders are explained with the generic rule in its two-token-set form"
     )

@@ -16,10 +16,9 @@ from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
     ColumnSink,
+    EmbeddingCopiesPass,
     EmbeddingGradientPass,
     ForwardPass,
-    IntegratedGradientPass,
-    OcclusionPass,
     Relevances,
 )
 from explain.engine.plans.base import Plan, masked_columns
@@ -27,7 +26,7 @@ from explain.engine.request import Request, integer_option
 from explain.engine.targets import Score, select_scores
 from explain.errors import InputError, OptionError
 from explain.layout import Prepared
-from explain.rules import Method
+from explain.rules.registry import Method
 
 __all__ = ["GenerationPlan", "column_rows", "generated_scores", "require_causal_lm"]
 
@@ -106,8 +105,7 @@ class GenerationPlan(Plan):
             ForwardPass,
             AttentionGradientPass,
             EmbeddingGradientPass,
-            IntegratedGradientPass,
-            OcclusionPass,
+            EmbeddingCopiesPass,
         }
     )
     contrast_refused = (

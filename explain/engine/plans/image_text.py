@@ -34,9 +34,8 @@ from explain.engine.request import Request
 from explain.errors import OptionError
 from explain.layout import ImagePrepared, ImageTokens, TokenLayout
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
-from explain.rules import METHODS, Fold, Method, Need, RuleContext
 from explain.rules.fold import ReadoutFold, RowSum, joined
-from explain.rules.registry import SpreadMode
+from explain.rules.registry import METHODS, Fold, Method, Need, RuleContext, SpreadMode
 
 __all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextPlan", "ImageTextSink", "reaches_tower"]
 
@@ -137,7 +136,7 @@ class ImageTextSink:
         if tower is not None:
             tower.add(layer, slice(None), attention, gradients)
             return
-        if self._text.spread == "attention":  # its fold reads the head mean only
+        if self._text.spread is SpreadMode.ATTENTION:  # its fold reads the head mean only
             attention = attention.mean(dim=1, keepdim=True)
         self._waiting.append((layer, columns, attention, gradients))
 
@@ -227,7 +226,7 @@ class ImageTextPlan(Plan):
             why = (
                 "replaces the language model's input embeddings in copies of the inputs, "
                 "where the image tokens already stand for the tower's output"
-                if spec.needs & {Need.PATH_GRADIENTS, Need.OCCLUSION}
+                if Need.EMBEDDING_COPIES in spec.needs
                 else "reads one fixed block"
             )
             takers = ", ".join(

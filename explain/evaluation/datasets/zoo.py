@@ -221,6 +221,12 @@ def _recall_answers(loaded: LoadedModel, length: int | None) -> RecallHeldout:
             "(recall.build_tokenizer()); its held-out prompts are in that tokenizer's ids"
         )
     length = trained_length(loaded) if length is None else length
+    positions = getattr(getattr(loaded.model, "config", None), "max_position_embeddings", None)
+    if isinstance(positions, int) and length >= positions:  # before a prompt is built
+        raise OptionError(
+            f"--length {length}: {loaded.name} reads at most {positions} positions, the "
+            f"prompt and its answer included; give a length below {positions}"
+        )
     try:
         recall.make_example(recall.SPLITS["heldout"][0], length)
     except ValueError as error:
