@@ -8,6 +8,7 @@ loads; the model is left as found."""
 from __future__ import annotations
 
 import functools
+import re
 
 import pytest
 import torch
@@ -348,3 +349,22 @@ def test_a_generated_answer_with_no_text_is_refused():
     explainer = Explainer(model, tokenizer=tiny_tokenizer())
     with pytest.raises(InputError, match="the model's answer has no text"):
         cite(explainer, CONTEXT, QUESTION, max_new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"question": 3}, "question must be a str, got 3"),
+        ({"answer": 7}, "answer must be a str or None, got 7"),
+        ({"foil": ["x"]}, "foil must be a str or None"),
+        ({"spans": None}, "spans must be a str"),
+        ({"method": 1}, "method must be a str"),
+        ({"chat": "yes"}, "chat must be a bool"),
+        ({"max_new_tokens": 2.5}, "max_new_tokens must be an int"),
+    ],
+)
+def test_wrong_typed_arguments_are_one_clear_error(arguments, message):
+    # Issue 46: wrong-typed arguments reached raw TypeErrors and AttributeErrors.
+    call = {"question": QUESTION, "answer": ANSWER, **arguments}
+    with pytest.raises(OptionError, match=re.escape(message)):
+        cite(_explainer(), CONTEXT, **call)

@@ -337,6 +337,18 @@ def sparse_spans(span_relevance: Tensor, share: float) -> Tensor:
     return torch.where(scores >= share * top, span_relevance, torch.zeros_like(span_relevance))
 
 
+def _check_types(**arguments: tuple[Any, type | tuple[type, ...]]) -> None:
+    """OptionError naming the first argument that is not of its type (name=(value, type))."""
+    for name, (value, kind) in arguments.items():
+        if not isinstance(value, kind):
+            raise OptionError(f"{name} must be a {_type_names(kind)}, got {value!r}")
+
+
+def _type_names(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
+
+
 def span_sums(token_relevance: Tensor, token_spans: Tensor, count: int) -> Tensor:
     """(G, S): the sum of `token_relevance` (G, P) over each span's tokens
     (`token_spans` (P,), -1 for tokens of no span)."""
@@ -402,6 +414,11 @@ def cite(
     tokenizer = explainer.tokenizer
     if tokenizer is None:
         raise InputError("cite needs the model's tokenizer: Explainer(model, tokenizer=...)")
+    _check_types(question=(question, str), template=(template, str), spans=(spans, str))
+    _check_types(answer=(answer, (str, type(None))), foil=(foil, (str, type(None))))
+    _check_types(method=(method, str), chat=(chat, bool), check=(check, bool))
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise OptionError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
     get_method(method)  # an unknown method (or seed) fails before any work
     check_seed(seed)
     if isinstance(sparse, bool) or not isinstance(sparse, int | float) or not 0 <= sparse < 1:
