@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import reference_hf as ref
 import torch
@@ -315,3 +317,15 @@ def test_all_methods_runs_every_method_a_language_model_takes(tmp_path, capsys):
     assert "does not take lrp, partial_lrp, transformer_attribution (the LRP methods" in (
         captured.err
     )
+
+
+def test_words_carry_a_sign_only_on_signed_maps(classifier_folder, tmp_path, capsys):
+    argv = ["text", "A warm , funny film .", "--model", str(classifier_folder), "--words"]
+    argv += ["--color", "never", "--out", str(tmp_path)]
+    assert main([*argv, "--method", "generic"]) == 0
+    unsigned = capsys.readouterr().out.splitlines()[1]
+    assert "(+" not in unsigned and re.search(r"film\(\d", unsigned)
+    assert main([*argv, "--method", "attnlrp"]) == 0
+    signed = capsys.readouterr().out
+    values = [float(v) for v in re.findall(r"\(([-+][^)]*)\)", signed)]
+    assert values and any(v < 0 for v in values)  # a signed map keeps its signs

@@ -138,8 +138,11 @@ def run(args: argparse.Namespace) -> int:
             if colour:
                 print(f"  {to_terminal(strings, scores)}")
             else:
+                # a sign only on signed maps: "+" on a method that is never negative
+                # would suggest a "for" it cannot tell from "against"
+                form = "+.3g" if any(v < 0 for v in scores) else ".3g"
                 pairs = zip(strings, scores, strict=True)
-                print("  " + " ".join(f"{printable(s)}({v:+.3g})" for s, v in pairs))
+                print("  " + " ".join(f"{printable(s)}({v:{form}})" for s, v in pairs))
             fragments.append(to_html(strings, scores, title=title))
         if args.save:
             path = args.out / f"text_{method}.{args.save}"
