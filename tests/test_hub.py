@@ -327,11 +327,19 @@ def test_cli_text_with_a_hub_classifier(hub, tmp_path, capsys):
 def test_cli_model_help_describes_specs_cache_and_offline(capsys):
     from explain.cli import main
 
-    for command in ("image", "text", "clip", "seq2seq", "evaluate"):
+    # hf-hub:org/name is a timm spec: offered only where image classifiers are taken.
+    for command, takes_timm in (
+        ("image", True),
+        ("text", False),
+        ("clip", True),
+        ("seq2seq", False),
+        ("evaluate", True),
+    ):
         with pytest.raises(SystemExit):
             main([command, "--help"])
         # argparse wraps lines, also after a hyphen ("hf-" / "hub:"): undo the wrapping.
         text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")
-        for needed in ("hf-hub:org/name", "org/name[@revision]", "HF_HUB_CACHE", "--offline"):
+        for needed in ("org/name[@revision]", "HF_HUB_CACHE", "--offline"):
             assert needed in text, (command, needed)
+        assert ("hf-hub:org/name" in text) == takes_timm, command
         assert "--device" in text and "--dtype" in text
