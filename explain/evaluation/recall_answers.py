@@ -125,6 +125,19 @@ def _answered_right(
     return right
 
 
+def _check_table(count: int, length: int, right: int, shares: dict[str, float]) -> str:
+    """A check's markdown table: one row; each cell a share of the right answers, and how many."""
+    return "\n".join(
+        [
+            "| prompts | answered right | " + " | ".join(shares) + " |",
+            "|---" * (2 + len(shares)) + "|",
+            f"| {count} of {length} tokens | {right} | "
+            + " | ".join(f"{100 * share:.1f}% ({right})" for share in shares.values())
+            + " |",
+        ]
+    )
+
+
 @dataclass(frozen=True)
 class EvidenceCheck:
     """How a model's right answers respond to replacing the evidence and the distractors.
@@ -147,16 +160,15 @@ class EvidenceCheck:
 
     def table(self) -> str:
         """A markdown table: one row; each cell a share of the right answers, and how many."""
-        cells = [self.evidence_changes, self.evidence_followed, self.distractors_kept]
-        return "\n".join(
-            [
-                "| prompts | answered right | asked value replaced: the answer changes | "
-                "... to the new value | every distractor fact replaced: the answer stays |",
-                "|---|---|---|---|---|",
-                f"| {self.count} of {self.length} tokens | {self.right} | "
-                + " | ".join(f"{100 * share:.1f}% ({self.right})" for share in cells)
-                + " |",
-            ]
+        return _check_table(
+            self.count,
+            self.length,
+            self.right,
+            {
+                "asked value replaced: the answer changes": self.evidence_changes,
+                "... to the new value": self.evidence_followed,
+                "every distractor fact replaced: the answer stays": self.distractors_kept,
+            },
         )
 
 
@@ -210,23 +222,17 @@ class ChainCheck:
 
     def table(self) -> str:
         """A markdown table: one row; each cell a share of the right answers, and how many."""
-        cells = [
-            self.bridge_removed,
-            self.answer_fact_removed,
-            self.bridge_redirected,
-            self.value_replaced,
-            self.distractors_kept,
-        ]
-        return "\n".join(
-            [
-                "| prompts | answered right | `a b` removed: the answer changes | `b c` removed: "
-                "the answer changes | `a b` made `a b2`: the answer is c2 | c replaced: the "
-                "answer is the new value | every distractor fact replaced: the answer stays |",
-                "|---|---|---|---|---|---|---|",
-                f"| {self.count} of {self.length} tokens | {self.right} | "
-                + " | ".join(f"{100 * share:.1f}% ({self.right})" for share in cells)
-                + " |",
-            ]
+        return _check_table(
+            self.count,
+            self.length,
+            self.right,
+            {
+                "`a b` removed: the answer changes": self.bridge_removed,
+                "`b c` removed: the answer changes": self.answer_fact_removed,
+                "`a b` made `a b2`: the answer is c2": self.bridge_redirected,
+                "c replaced: the answer is the new value": self.value_replaced,
+                "every distractor fact replaced: the answer stays": self.distractors_kept,
+            },
         )
 
 
