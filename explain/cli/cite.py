@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from explain.cli.method_options import DEFAULT_HELP
 from explain.cli.options import (
     Planned,
     RawDescriptionHelpFormatter,
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz.text import printable
 
     context = read_context_file(args.context)
-    get_method(args.method)  # an unknown name fails before the model is loaded
+    if args.method is not None:
+        get_method(args.method)  # an unknown name fails before the model is loaded
     loaded = load(args)
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer")
@@ -126,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         args.question,
         result.answer_tokens,
         rows,
-        method=args.method,
+        method=result.method,
         foil_tokens=foil_tokens,
         check=check,
         title=title,
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     with atomic_write(args.out / "cite.html", "w") as handle:
         handle.write(page)
     figure = cite_figure(
-        texts, result.answer_tokens, rows, method=args.method, check=check, title=title
+        texts, result.answer_tokens, rows, method=result.method, check=check, title=title
     )
     save_figure(figure, args.out / "cite.png")
     result.save(args.out / "cite.json")
@@ -190,8 +192,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--method",
-        default="generic",
-        help="a method name (explain models); default: %(default)s",
+        help="a method name (explain models); " + DEFAULT_HELP,
     )
     parser.add_argument(
         "--lds",

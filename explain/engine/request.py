@@ -10,7 +10,6 @@ from typing import Any
 from explain.engine.fused import AttentionPath
 from explain.engine.targets import Score, Target
 from explain.errors import OptionError
-from explain.rules.registry import DEFAULT_METHOD
 
 __all__ = ["Request", "StartLayer", "integer_option"]
 
@@ -22,9 +21,11 @@ name ({"image": s, "text": s} for a dual encoder); None uses the defaults."""
 @dataclass(frozen=True)
 class Request:
     """One explanation (or trace) request, as `Explainer.explain` and `Explainer.trace`
-    receive it. `method` is None for a trace, which runs no method."""
+    receive it. `method` names the method an explanation runs (its fronts resolve a
+    call that names none through explain.defaults); None for a trace, which runs
+    no method."""
 
-    method: str | None = DEFAULT_METHOD
+    method: str | None = None
     target: Target = None
     score: Score | None = None
     """None: the default of whatever takes a score (the logit; `trace`: the probability);
