@@ -38,3 +38,14 @@ def test_every_public_name_is_its_modules_own():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[] []"
+
+
+def test_import_loads_no_bridged_library():
+    """The bridges' libraries are optional extras, imported only when a bridge is used."""
+    bridged = ("captum", "inseq", "nnsight", "transformer_lens", "quantus")
+    code = (
+        "import sys, explain, explain.bridges, explain.generation; "
+        f"print(','.join(m for m in {bridged!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
