@@ -191,7 +191,10 @@ def test_check_scores_reads_any_targets():
         return keep.double() @ weights.double()
 
     check = check_scores(weights, targets, lds=32, seed=0, ablation="by weight")
-    assert len(calls) == 1 and calls[0] == (1 + 3 + 3 * 16 + 32, 7)
+    # k = 1: all 7 single sources once (the exact baseline); k = 3, 5: 16 random sets each
+    assert len(calls) == 1 and calls[0] == (1 + 3 + 7 + 2 * 16 + 32, 7)
+    assert [d.exact for d in check.drops] == [True, False, False]
+    assert check.drops[0].random == pytest.approx(float(weights.mean()))
     assert check.full == pytest.approx(float(weights.sum()))
     assert [d.top for d in check.drops] == pytest.approx([5.0, 12.0, 15.0])
     assert all(d.random < d.top for d in check.drops)
