@@ -186,15 +186,50 @@ class GenerationExplanation:
         from explain.bridges.captum_results import llm_attribution_result
 
         answer = self.answer(sample)
-        count = len(answer.ids)
-        probabilities = self.explanation.logits[sample, :count].float().softmax(dim=-1)
-        chosen = self.explanation.target[sample, :count, None]
         return llm_attribution_result(
-            answer.tokens,
-            answer.generated,
-            answer.relevance,
-            probabilities.gather(-1, chosen)[:, 0],
+            answer.tokens, answer.generated, answer.relevance, self._probabilities(sample)
         )
+
+    def to_inseq(self) -> Any:
+        """Every continuation as inseq's `FeatureAttributionOutput`, one sequence per
+        prompt, for inseq's `.show()`, `.aggregate()` and JSON `save` / `load` (needs the
+        `inseq` extra).
+
+        Sequence b's `target` is `answer(b).tokens` with their ids, its `source` the
+        prompt's; `target_attributions` (len(tokens), G) is the answer's relevance
+        transposed, every value unchanged, NaN where inseq writes it: from each
+        generated token on, which it does not read (explain.bridges.inseq_results)."""
+        from explain.bridges.inseq_results import (
+            feature_attribution_output,
+            sequence_attribution,
+        )
+
+        sequences = []
+        for sample in range(len(self.generation.input_ids)):
+            answer = self.answer(sample)
+            end = self.generation.prompt_length + len(answer.ids)
+            ids = self.generation.input_ids[sample, end - len(answer.tokens) : end].tolist()
+            probabilities = self._probabilities(sample)
+            sequences.append(
+                sequence_attribution(
+                    answer.tokens, ids, answer.prompt_length, answer.relevance, probabilities
+                )
+            )
+        explanation = self.explanation
+        info = {
+            "attribution_method": explanation.method,
+            "attributed_fn": explanation.score,
+            "step_scores": ["probability"],
+            "explain_settings": dict(explanation.settings),
+        }
+        return feature_attribution_output(sequences, info)
+
+    def _probabilities(self, sample: int) -> Tensor:
+        """(G,) each of sample `sample`'s generated tokens' probability under the logits
+        it was chosen from, up to its continuation's end."""
+        count = int(self.generation.generated[sample].sum())
+        probabilities = self.explanation.logits[sample, :count].float().softmax(dim=-1)
+        return probabilities.gather(-1, self.explanation.target[sample, :count, None])[:, 0]
 
 
 def is_chat(prompt: object) -> bool:
