@@ -28,12 +28,14 @@ on the model's fused attention path where its adapter has one (they need no atte
 maps; transformers' eager path, which the maps need, computes Llama's softmax in
 float32 even for a float64 model).
 The random draws come from their own generator (`seed`), never the global RNG.
+`check_scores` is the same check over any sources given a function that scores
+ablations: a photo's regions (explain.cite.image) are removed by filling their pixels.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +54,7 @@ __all__ = [
     "TopKDrop",
     "ablated_targets",
     "check_ranking",
+    "check_scores",
     "check_seed",
     "spearman",
 ]
@@ -259,6 +262,27 @@ def check_ranking(
     """The check (module doc) of the span `scores` (S,) of one answer; every ablation
     (the full context, the top-k sets, the random sets, the LDS ablations) in one batch
     of forwards (`ablated_targets`)."""
+
+    def targets(keep: Tensor) -> Tensor:
+        return ablated_targets(adapter, prompt_ids, token_spans, answers, keep, batch_tokens)
+
+    return check_scores(scores, targets, target=target, lds=lds, draws=draws, seed=seed)
+
+
+def check_scores(
+    scores: Tensor,
+    targets: Callable[[Tensor], Tensor],
+    *,
+    target: str = "log p(answer)",
+    lds: int = 0,
+    draws: int = DRAWS,
+    seed: int = 0,
+    ablation: str = ABLATION,
+) -> Check:
+    """The check (module doc) of the `scores` (S,) of any sources, text spans or a
+    photo's regions: `targets` maps the ablations `keep` (M, S) (source s kept in
+    ablation m; row 0 keeps every source) to the target under each, (M,), and is called
+    once; `ablation` says how it removes a source."""
     if isinstance(lds, bool) or not isinstance(lds, int) or lds < 0:
         raise OptionError(f"lds is a number of random ablations (0: none), got {lds!r}")
     if lds == 1:
@@ -286,8 +310,7 @@ def check_ranking(
         offsets.append(start + removed.shape[0])
     halves = torch.rand(lds, count, generator=generator) < 0.5
     keep = torch.cat([full, top, chance, halves])
-    values = ablated_targets(adapter, prompt_ids, token_spans, answers, keep, batch_tokens)
-    values = values.cpu()
+    values = targets(keep).double().cpu()
     whole = values[0]
     dropped = whole - values
     random_drops = dropped[1 + len(ks) : 1 + len(ks) + offsets[-1]]
@@ -317,4 +340,5 @@ def check_ranking(
         lds=lds_value,
         lds_ablations=lds,
         seed=seed,
+        ablation=ablation,
     )
