@@ -90,7 +90,8 @@ def _run_image(args: argparse.Namespace) -> int:
         raise InputError("--image cites the photo's regions: leave --context out")
     grid = grid_size(args.grid)
     photo = read_image(args.image)
-    get_method(args.method)
+    if args.method is not None:
+        get_method(args.method)  # an unknown name fails before the model is loaded
     loaded = load(args)
     if loaded.modality != "vision_language" or loaded.tokenizer is None:
         raise InputError(
@@ -126,7 +127,7 @@ def _run_image(args: argparse.Namespace) -> int:
     said = check.verdict
     print(f"  verdict: {said.word}: {said.reason}")
     args.out.mkdir(parents=True, exist_ok=True)
-    title = f"explain cite: {args.model} ({args.method})"
+    title = f"explain cite: {args.model} ({result.method})"
     pixels = np.asarray(photo)
     page = regions_html(
         pixels,
