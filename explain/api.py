@@ -28,11 +28,14 @@ class Explainer:
         model: a supported transformer (see `explain.architectures.supported_families()`),
             used as it is: no copy, no wrapper. Every call leaves it exactly as it was.
             Also a transformers pipeline (its model) or a SentenceTransformer (its
-            encoder, read out by its pooling), see docs/wrappers.md.
+            encoder, read out by its pooling), see docs/wrappers.md, an nnsight model
+            (the module it wraps) or a TransformerLens TransformerBridge (the Hugging
+            Face model it wraps), see docs/bridges.md.
         tokenizer: for text models, the tokenizer whose tokens `Explanation.tokens` names
             (and that encodes raw texts); a model that reads no text refuses one. None
-            takes a pipeline's tokenizer (its processor for a vision-language model) and
-            a SentenceTransformer's tokenization, prompt included.
+            takes a pipeline's tokenizer (its processor for a vision-language model), a
+            SentenceTransformer's tokenization, prompt included, and an nnsight model's
+            or a TransformerBridge's tokenizer.
         attention_path: "auto" (default) keeps the fused attention kernel where that is
             faster and recomputes each block's attention from q, k, v (explain.engine.fused);
             "explicit" or "fused" force one path. Both give the same numbers. Each result
@@ -69,7 +72,7 @@ class Explainer:
         model, brought = runnable(model)
         self.model = model
         self.adapter: Adapter = adapter_for(model) if spec is None else spec.adapter(model)
-        if tokenizer is None:  # what a pipeline or a SentenceTransformer brings
+        if tokenizer is None:  # what a pipeline, a SentenceTransformer, nnsight or a bridge brings
             reads = ("processor", "tokenizer") if self.adapter.reads_images else ("tokenizer",)
             found = [brought[name] for name in reads if brought.get(name) is not None]
             tokenizer = found[0] if found and self.adapter.reads_text else None

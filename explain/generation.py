@@ -174,6 +174,63 @@ class GenerationExplanation:
             ids=generation.input_ids[sample, width : width + count].tolist(),
         )
 
+    def to_captum(self, sample: int = 0) -> Any:
+        """Sample `sample`'s continuation as captum's `LLMAttributionResult`, for captum's
+        `plot_token_attr` and `plot_seq_attr` (needs the `captum` extra).
+
+        `input_tokens` are `answer(sample).tokens` (the prompt without its padding, then
+        the generated tokens), `output_tokens` the generated ones, `token_attr` the
+        answer's (G, len(tokens)) relevance unchanged, `seq_attr` its sum over the
+        generated tokens, `output_probs` each generated token's probability under the
+        logits it was chosen from (explain.bridges.captum_results)."""
+        from explain.bridges.captum_results import llm_attribution_result
+
+        answer = self.answer(sample)
+        return llm_attribution_result(
+            answer.tokens, answer.generated, answer.relevance, self._probabilities(sample)
+        )
+
+    def to_inseq(self) -> Any:
+        """Every continuation as inseq's `FeatureAttributionOutput`, one sequence per
+        prompt, for inseq's `.show()`, `.aggregate()` and JSON `save` / `load` (needs the
+        `inseq` extra).
+
+        Sequence b's `target` is `answer(b).tokens` with their ids, its `source` the
+        prompt's; `target_attributions` (len(tokens), G) is the answer's relevance
+        transposed, every value unchanged, NaN where inseq writes it: from each
+        generated token on, which it does not read (explain.bridges.inseq_results)."""
+        from explain.bridges.inseq_results import (
+            feature_attribution_output,
+            sequence_attribution,
+        )
+
+        sequences = []
+        for sample in range(len(self.generation.input_ids)):
+            answer = self.answer(sample)
+            end = self.generation.prompt_length + len(answer.ids)
+            ids = self.generation.input_ids[sample, end - len(answer.tokens) : end].tolist()
+            probabilities = self._probabilities(sample)
+            sequences.append(
+                sequence_attribution(
+                    answer.tokens, ids, answer.prompt_length, answer.relevance, probabilities
+                )
+            )
+        explanation = self.explanation
+        info = {
+            "attribution_method": explanation.method,
+            "attributed_fn": explanation.score,
+            "step_scores": ["probability"],
+            "explain_settings": dict(explanation.settings),
+        }
+        return feature_attribution_output(sequences, info)
+
+    def _probabilities(self, sample: int) -> Tensor:
+        """(G,) each of sample `sample`'s generated tokens' probability under the logits
+        it was chosen from, up to its continuation's end."""
+        count = int(self.generation.generated[sample].sum())
+        probabilities = self.explanation.logits[sample, :count].float().softmax(dim=-1)
+        return probabilities.gather(-1, self.explanation.target[sample, :count, None])[:, 0]
+
 
 def is_chat(prompt: object) -> bool:
     """One conversation (a list of messages with "role" and "content") or several."""

@@ -71,8 +71,92 @@ def _lds(text: str) -> int:
     return value
 
 
+def _run_image(args: argparse.Namespace) -> int:
+    """`explain cite --image`: the photo's regions as the sources."""
+    import numpy as np
+
+    from explain.api import Explainer
+    from explain.cite.image import cite_image
+    from explain.cite.regions import grid_size
+    from explain.export import atomic_write
+    from explain.inputs import read_image
+    from explain.rules import get_method
+    from explain.viz import save_figure
+    from explain.viz.cite_regions import regions_figure, regions_html
+    from explain.viz.text import printable
+
+    if args.context is not None:
+        raise InputError("--image cites the photo's regions: leave --context out")
+    grid = grid_size(args.grid)
+    photo = read_image(args.image)
+    get_method(args.method)
+    loaded = load(args)
+    if loaded.modality != "vision_language" or loaded.tokenizer is None:
+        raise InputError(
+            f"--image needs a vision-language model with its processor; {args.model} is a "
+            f"{loaded.modality} model"
+        )
+    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    result = cite_image(
+        explainer,
+        photo,
+        args.question,
+        args.answer,
+        regions="grid" if args.regions is None else args.regions,
+        grid=grid,
+        method=args.method,
+        max_new_tokens=args.max_new_tokens,
+        lds=args.lds,
+        seed=args.seed,
+    )
+    print("answer:", printable(result.answer))
+    for rank, r in enumerate(result.ranked()[:5], start=1):
+        region = result.regions[r]
+        print(f"  {rank}. {float(result.scores[r]):+.4f}  {printable(region.name)} {region.box}")
+    check = result.check
+    assert check is not None
+    for drop in check.drops:
+        print(
+            f"  top-{drop.k} removed: {check.target} drops {drop.top:.3f} "
+            f"(random regions: {drop.random:.3f} +- {drop.random_std:.3f})"
+        )
+    if check.lds_ablations:
+        print(f"  LDS over {check.lds_ablations} ablations: {check.lds}")
+    said = check.verdict
+    print(f"  verdict: {said.word}: {said.reason}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    title = f"explain cite: {args.model} ({args.method})"
+    pixels = np.asarray(photo)
+    page = regions_html(
+        pixels,
+        result.regions,
+        result.scores,
+        args.question,
+        result.answer,
+        check=check.to_dict(),
+        verdict=(said.word, said.reason),
+        title=title,
+    )
+    with atomic_write(args.out / "cite.html", "w") as handle:
+        handle.write(page)
+    caption = f"{said.word}: {said.reason}. {check.ablation}."
+    save_figure(
+        regions_figure(pixels, result.regions, result.scores, caption=caption, title=title),
+        args.out / "cite.png",
+    )
+    result.save(args.out / "cite.json")
+    for name in FILES:
+        print(args.out / name)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
+
+    if args.image is not None:
+        return _run_image(args)
+    if args.context is None:
+        raise InputError("give the context (--context FILE), or a photo (--image FILE)")
 
     from explain.api import Explainer
     from explain.cite import cite
@@ -162,10 +246,33 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--context",
         type=Path,
-        required=True,
+        default=None,
         metavar="FILE",
         help="the context: a text file (UTF-8), or a .json file holding a list of documents "
         '(texts) or a chat (a list of {"role", "content"} messages)',
+    )
+    parser.add_argument(
+        "--image",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="cite the regions of this photo instead of a context (a vision-language model "
+        "with its processor)",
+    )
+    parser.add_argument(
+        "--grid",
+        default="3x3",
+        metavar="RxC",
+        help="with --image: the regions are a grid of R x C cells; default: %(default)s",
+    )
+    parser.add_argument(
+        "--regions",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help='with --image: the regions instead of a grid, a JSON list of {"name", "box": '
+        '[left, top, right, bottom]} (pixels, right and bottom excluded) or {"name", "mask": '
+        '"mask.png"} (its non-zero pixels; the path relative to FILE)',
     )
     parser.add_argument("--question", required=True, help="what is asked about the context")
     parser.add_argument(

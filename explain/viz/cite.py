@@ -87,8 +87,10 @@ def _json(value: Any) -> str:
     return json.dumps(value).replace("<", "\\u003c")
 
 
-def _check_table(check: Mapping[str, Any]) -> str:
-    """The check's figures as a table and two lines (what was ablated, the LDS)."""
+def _check_table(check: Mapping[str, Any], sources: str = "spans") -> str:
+    """The check's figures as a table and two lines (what was ablated, the LDS), of the
+    `sources` the check removed ("spans" of a context, "regions" of a photo)."""
+    whole = "context" if sources == "spans" else "photo"
     rows = "".join(
         f"<tr><td>{d['k']}</td><td>{d['drop']:.3f}</td><td>{d['random_drop']:.3f} "
         f"&plusmn; {d['random_std']:.3f}</td></tr>"
@@ -98,7 +100,7 @@ def _check_table(check: Mapping[str, Any]) -> str:
         lds = check["lds"]
         value = "undefined (constant)" if lds is None else f"{lds:.3f}"
         lds_line = (
-            f"LDS over {check['lds_ablations']} random ablations of half the spans "
+            f"LDS over {check['lds_ablations']} random ablations of half the {sources} "
             f"(Spearman): {value}"
         )
     else:
@@ -106,9 +108,9 @@ def _check_table(check: Mapping[str, Any]) -> str:
     target = html.escape(check["target"])
     return (
         f'<h3>How far to trust this ranking</h3>\n<p class="note">{target} with the whole '
-        f"context: {check['full']:.3f}. Ablation: {html.escape(check['ablation'])}. Drop of "
-        f"{target} when the top-k spans are removed, against the mean (&plusmn; standard "
-        f"deviation) over {check['random_draws']} random sets of k spans (seed "
+        f"{whole}: {check['full']:.3f}. Ablation: {html.escape(check['ablation'])}. Drop of "
+        f"{target} when the top-k {sources} are removed, against the mean (&plusmn; standard "
+        f"deviation) over {check['random_draws']} random sets of k {sources} (seed "
         f"{check['seed']}):</p>\n<table><tr><th>k</th><th>top-k drop</th>"
         f'<th>random drop</th></tr>{rows}</table>\n<p class="note">{html.escape(lds_line)}</p>\n'
     )
