@@ -968,10 +968,13 @@ def _ramp(height: int, width: int) -> np.ndarray:
 
 def test_qwen2_vl_a_grid_with_height_and_width_swapped_is_refused(qwen2_vl):
     """As many patches either way, but the patches of a photo join up only one way (issue
-    37: the map came back 8 x 4 over patches laid out 4 x 8)."""
+    37: the map came back 8 x 4 over patches laid out 4 x 8; issue 46: still so for a grid
+    one merged block high or wide, 2 x 12 or 8 x 2)."""
     model, processor = qwen2_vl
     explainer = Explainer(model)
-    for photo, (gh, gw) in ((_ramp(48, 80), (4, 6)), (_ramp(80, 48), (6, 4))):
+    grids = [((48, 80), (4, 6)), ((80, 48), (6, 4)), ((20, 90), (2, 12)), ((100, 40), (8, 2))]
+    for (height, width), (gh, gw) in grids:
+        photo = _ramp(height, width)
         inputs = _qwen2_vl_inputs(processor, [(photo, "w12"), (photo[::-1], "w13")])
         assert inputs["image_grid_thw"].tolist() == [[1, gh, gw]] * 2
         assert explainer.explain(inputs).relevances["image"].shape == (2, gh, gw)
