@@ -35,6 +35,7 @@ __all__ = [
     "clear",
     "lds_band",
     "number",
+    "random_sets",
     "verdict",
 ]
 
@@ -89,8 +90,13 @@ def lds_band(check: Check) -> str:
     return "high" if check.lds >= LDS_HIGH else "moderate"
 
 
+def random_sets(drop: TopKDrop) -> str:
+    """What the random drop is over: "all 10 sets" (exact) or "16 random sets"."""
+    return f"all {drop.sets} sets" if drop.exact else f"{drop.sets} random sets"
+
+
 def _compared(drop: TopKDrop) -> str:
-    sets = f"all {drop.sets} sets" if drop.exact else f"{drop.sets} random sets"
+    sets = random_sets(drop)
     tie = "; the scores tie at the cut" if drop.tied else ""
     return (
         f"top-{drop.k} drop {number(drop.top)} against {number(drop.random)} "

@@ -5,12 +5,15 @@ into spans, put into a prompt with the question, and the answer (given with --an
 generated) is explained token by token over the prompt in one batched backward; each
 span's relevance is the sum of its tokens' (explain.cite). The ablation check then
 removes the top-1, top-3 and top-5 spans from the prompt and compares the answer's
-log-probability drop with that of as many random spans; --lds N adds the linear
-datamodeling score from N random ablations of half the spans. Three files are written
-atomically into --out: cite.html (the context with its spans highlighted; choose the
-whole answer or one of its tokens), cite.png (the top spans' scores and their relevance
-per answer token) and cite.json (`spans`: text, start and end character offsets into
-the context, score; `check`: the ablation results; everything else Citation.load reads).
+log-probability drop with that of as many random spans (every set of them when there are
+at most 16); --lds N adds the linear datamodeling score from N random ablations of half
+the spans. The check ends in a verdict, the same words in the terminal, on the page and
+in cite.json: supported, weak, not supported by ablation (the rule: docs/cite.md).
+Three files are written atomically into --out: cite.html (the context with its spans
+highlighted; choose the whole answer or one of its tokens), cite.png (the top spans'
+scores and their relevance per answer token) and cite.json (`spans`: text, start and end
+character offsets into the context, score; `check`: the ablation results and the
+verdict; everything else Citation.load reads).
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     from explain.api import Explainer
     from explain.cite import cite
+    from explain.cite.verdict import lds_band, number, random_sets
     from explain.export import atomic_write
     from explain.rules import get_method
     from explain.viz import save_figure
@@ -106,21 +110,25 @@ def run(args: argparse.Namespace) -> int:
     print("answer:", printable(result.answer))
     for rank, s in enumerate(result.ranked()[:5], start=1):
         label = span_label(s, result.spans[s].text)
-        print(f"  {rank}. {float(result.scores[s]):+.4f}  {printable(label)}")
-    assert result.check is not None
-    for drop in result.check.drops:
+        print(f"  {rank}. {number(float(result.scores[s]), signed=True)}  {printable(label)}")
+    check = result.check
+    assert check is not None
+    for drop in check.drops:
+        tie = ", tied at the cut" if drop.tied else ""
         print(
-            f"  top-{drop.k} removed: {result.check.target} drops {drop.top:.3f} "
-            f"(random spans: {drop.random:.3f} +- {drop.random_std:.3f})"
+            f"  top-{drop.k} removed: {check.target} drops {number(drop.top)} (random spans: "
+            f"{number(drop.random)} ± {number(drop.random_std)}, {random_sets(drop)}{tie})"
         )
-    if result.check.lds_ablations:
-        print(f"  LDS over {result.check.lds_ablations} ablations: {result.check.lds}")
+    if check.lds_ablations:
+        lds = "undefined" if check.lds is None else number(check.lds)
+        print(f"  LDS over {check.lds_ablations} ablations: {lds} ({lds_band(check)})")
+    print(f"verdict: {check.verdict}")
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model}"
     rows = torch.cat([result.scores[None], result.span_relevance])
     texts = [span.text for span in result.spans]
     foil_tokens = 0 if result.foil_ids is None else result.foil_ids.shape[0]
-    check = result.check.to_dict()
+    payload = check.to_dict()
     page = cite_html(
         texts,
         args.question,
@@ -128,13 +136,13 @@ def run(args: argparse.Namespace) -> int:
         rows,
         method=args.method,
         foil_tokens=foil_tokens,
-        check=check,
+        check=payload,
         title=title,
     )
     with atomic_write(args.out / "cite.html", "w") as handle:
         handle.write(page)
     figure = cite_figure(
-        texts, result.answer_tokens, rows, method=args.method, check=check, title=title
+        texts, result.answer_tokens, rows, method=args.method, check=payload, title=title
     )
     save_figure(figure, args.out / "cite.png")
     result.save(args.out / "cite.json")
