@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from explain.cli.method_options import DEFAULT_HELP
 from explain.cli.options import (
     Planned,
     RawDescriptionHelpFormatter,
@@ -89,7 +90,8 @@ def _run_image(args: argparse.Namespace) -> int:
         raise InputError("--image cites the photo's regions: leave --context out")
     grid = grid_size(args.grid)
     photo = read_image(args.image)
-    get_method(args.method)
+    if args.method is not None:
+        get_method(args.method)  # an unknown name fails before the model is loaded
     loaded = load(args)
     if loaded.modality != "vision_language" or loaded.tokenizer is None:
         raise InputError(
@@ -125,7 +127,7 @@ def _run_image(args: argparse.Namespace) -> int:
     said = check.verdict
     print(f"  verdict: {said.word}: {said.reason}")
     args.out.mkdir(parents=True, exist_ok=True)
-    title = f"explain cite: {args.model} ({args.method})"
+    title = f"explain cite: {args.model} ({result.method})"
     pixels = np.asarray(photo)
     page = regions_html(
         pixels,
@@ -168,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz.text import printable
 
     context = read_context_file(args.context)
-    get_method(args.method)  # an unknown name fails before the model is loaded
+    if args.method is not None:
+        get_method(args.method)  # an unknown name fails before the model is loaded
     loaded = load(args)
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer")
@@ -210,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         args.question,
         result.answer_tokens,
         rows,
-        method=args.method,
+        method=result.method,
         foil_tokens=foil_tokens,
         check=check,
         title=title,
@@ -218,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     with atomic_write(args.out / "cite.html", "w") as handle:
         handle.write(page)
     figure = cite_figure(
-        texts, result.answer_tokens, rows, method=args.method, check=check, title=title
+        texts, result.answer_tokens, rows, method=result.method, check=check, title=title
     )
     save_figure(figure, args.out / "cite.png")
     result.save(args.out / "cite.json")
@@ -297,8 +300,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--method",
-        default="generic",
-        help="a method name (explain models); default: %(default)s",
+        help="a method name (explain models); " + DEFAULT_HELP,
     )
     parser.add_argument(
         "--lds",
