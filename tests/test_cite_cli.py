@@ -196,7 +196,7 @@ def test_a_hand_built_answer_no_span_carries_is_not_supported_everywhere(
     assert main([*arguments, QUESTION, "--answer", "w40", "--out", str(tmp_path)]) == 0
     said = _said(tmp_path, capsys.readouterr().out)
     assert len(set(said)) == 1
-    assert said[0].startswith("not supported by ablation: removing the top spans moves")
+    assert said[0].startswith("not supported by ablation: removing the top-ranked ones moves")
     assert "top-1 drop 0.500 against 0.500 ± 0 (all 5 sets)" in said[0]
 
 

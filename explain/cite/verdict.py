@@ -2,7 +2,8 @@
 words, and the one way its numbers are written for people. The page, the terminal and
 cite.json all print `verdict(check)`, so the three always say the same thing.
 
-The rule (docs/cite.md, "The verdict"):
+The rule (docs/cite.md, "The verdict"), for any sources the check removes (a context's
+spans, a photo's regions):
 
 - a top-k drop is *clear* when it exceeds the random drop's mean by at least the random
   drop's standard deviation and by at least `NOISE` nats (removal itself moves the answer
@@ -14,7 +15,7 @@ The rule (docs/cite.md, "The verdict"):
 - **supported**: the top-1 drop is clear and the LDS band is not low;
 - **weak**: some top-k drop is clear, but not the top-1's, or the LDS band is low;
 - **not supported by ablation**: no top-k drop is clear;
-- **not checked**: a context of one span, which nothing can be compared with.
+- **not checked**: one source, which nothing can be compared with.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def _compared(drop: TopKDrop) -> str:
 def verdict(check: Check) -> Verdict:
     """The verdict on one ranking's check (module doc)."""
     if not check.drops:
-        return Verdict("not checked", "one span: there is nothing to compare it with")
+        return Verdict("not checked", "one source: there is nothing to compare it with")
     band = lds_band(check)
     lds = (
         "LDS not computed"
@@ -121,8 +122,8 @@ def verdict(check: Check) -> Verdict:
         compared = "; ".join(_compared(drop) for drop in check.drops)
         return Verdict(
             "not supported by ablation",
-            f"removing the top spans moves {check.target} no more than removing random "
-            f"spans: {compared}; {lds}",
+            f"removing the top-ranked ones moves {check.target} no more than removing "
+            f"random ones: {compared}; {lds}",
         )
     if clear(first) and band != "low":
         return Verdict("supported", f"{_compared(first)}; {lds}")
@@ -130,6 +131,6 @@ def verdict(check: Check) -> Verdict:
         return Verdict("weak", f"{_compared(first)}, but the scores do not add up: {lds}")
     return Verdict(
         "weak",
-        f"the top span alone is no better than chance ({_compared(first)}); the top "
-        f"{beyond[0].k} together are ({_compared(beyond[0])}); {lds}",
+        f"the top-ranked one alone is no better than chance ({_compared(first)}); the "
+        f"top {beyond[0].k} together are ({_compared(beyond[0])}); {lds}",
     )

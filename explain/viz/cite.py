@@ -93,7 +93,7 @@ def _json(value: Any) -> str:
     return json.dumps(value).replace("<", "\\u003c")
 
 
-def _below_top_1(check: Check) -> str:
+def _below_top_1(check: Check, sources: str) -> str:
     """One sentence where a top-k drop (k > 1) is below the top-1 drop, else ""."""
     lower = [d for d in check.drops[1:] if d.top < check.drops[0].top]
     if not lower:
@@ -101,16 +101,20 @@ def _below_top_1(check: Check) -> str:
     drop = lower[0]
     return (
         f'<p class="note">The top-{drop.k} drop ({number(drop.top)}) is below the top-1 drop '
-        f"({number(check.drops[0].top)}): removing the next spans as well raised "
+        f"({number(check.drops[0].top)}): removing the next {sources} as well raised "
         f"{html.escape(check.target)} again, so one of them speaks against the answer, or the "
-        "shorter context moves the answer for reasons of its own.</p>\n"
+        f"{'shorter context' if sources == 'spans' else 'filled photo'} moves the answer for "
+        "reasons of its own.</p>\n"
     )
 
 
-def _check_table(values: Mapping[str, Any]) -> str:
-    """The check's verdict, its figures as a table, and what was ablated and the LDS."""
+def _check_table(values: Mapping[str, Any], sources: str = "spans") -> str:
+    """The check's verdict (explain.cite.verdict), its figures as a table, and what was
+    ablated and the LDS, of the `sources` the check removed ("spans" of a context,
+    "regions" of a photo)."""
     check = Check.from_dict(dict(values))
     said = check.verdict
+    whole = "context" if sources == "spans" else "photo"
     rows = "".join(
         f"<tr><td>{d.k}</td><td>{number(d.top)}</td><td>{number(d.random)} &plusmn; "
         f"{number(d.random_std)}</td><td>{random_sets(d)}</td>"
@@ -120,7 +124,7 @@ def _check_table(values: Mapping[str, Any]) -> str:
     if check.lds_ablations:
         value = "undefined (constant)" if check.lds is None else number(check.lds)
         lds_line = (
-            f"LDS over {check.lds_ablations} random ablations of half the spans "
+            f"LDS over {check.lds_ablations} random ablations of half the {sources} "
             f"(Spearman): {value} ({lds_band(check)})"
         )
     else:
@@ -129,13 +133,13 @@ def _check_table(values: Mapping[str, Any]) -> str:
     return (
         f'<h3>How far to trust this ranking</h3>\n<p class="verdict">Verdict: '
         f"<b>{html.escape(said.word)}</b>: {html.escape(said.reason)}</p>\n"
-        f'<p class="note">{target} with the whole context: {number(check.full)}. Ablation: '
-        f"{html.escape(check.ablation)}. Drop of {target} when the top-k spans are removed, "
-        "against the mean (&plusmn; standard deviation) of its drop when any k spans are: "
-        f"every set of k spans where there are at most {check.draws}, else {check.draws} "
-        f"random sets (seed {check.seed}):</p>\n<table><tr><th>k</th>"
-        "<th>top-k drop</th><th>random drop</th><th>over</th><th></th></tr>"
-        f"{rows}</table>\n{_below_top_1(check)}"
+        f'<p class="note">{target} with the whole {whole}: {number(check.full)}. Ablation: '
+        f"{html.escape(check.ablation)}. Drop of {target} when the top-k {sources} are "
+        "removed, against the mean (&plusmn; standard deviation) of its drop when any k "
+        f"are: every set of k {sources} where there are at most {check.draws}, else "
+        f"{check.draws} random sets of k {sources} (seed {check.seed}):</p>\n<table><tr>"
+        "<th>k</th><th>top-k drop</th><th>random drop</th><th>over</th><th></th></tr>"
+        f"{rows}</table>\n{_below_top_1(check, sources)}"
         f'<p class="note">{html.escape(lds_line)}</p>\n'
     )
 
