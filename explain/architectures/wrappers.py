@@ -18,6 +18,8 @@
 - Quantised weights (torchao, optimum-quanto): weight-only quantisation computes with
   dequantised weights and explains as such; a model that quantises its activations is
   refused (`refuse_quantised_activations`).
+- A TransformerLens `TransformerBridge` is explained as the Hugging Face model it wraps,
+  as Hugging Face built it (explain.architectures.transformer_lens_bridge).
 - A transformers pipeline, a SentenceTransformer or an nnsight model (an `Envoy`:
   `LanguageModel`, `TransformersModel`, `NNsight`) is not a module: `runnable` gives the
   model and the tokenizer to explain it with (explain.architectures.sentence_encoding
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from explain.architectures.transformer_lens_bridge import hugging_face_view, is_bridge
 from explain.errors import UnsupportedModelError
 from explain.layout import FlagSetting
 
@@ -211,6 +214,8 @@ def runnable(runner: object) -> tuple[nn.Module, dict[str, Any]]:
 
         encoder, tokenizer = sentence_encoder(runner)
         return encoder, {"tokenizer": tokenizer}
+    if is_bridge(runner):
+        return hugging_face_view(runner), {"tokenizer": getattr(runner, "tokenizer", None)}
     if _is_class(runner, "nnsight.intervention.envoy", "Envoy"):
         return _nnsight_module(runner), {"tokenizer": getattr(runner, "tokenizer", None)}
     if isinstance(runner, nn.Module):
