@@ -48,7 +48,7 @@ from explain.inputs import photos
 from explain.loading.preprocessing import photo_preprocessing
 from explain.rules import get_method
 
-__all__ = ["RegionCitation", "cite_image", "fill_ablation"]
+__all__ = ["RegionCitation", "ablated_photo_targets", "cite_image", "fill_ablation"]
 
 _FORMAT = "explain.RegionCitation"
 
@@ -220,7 +220,7 @@ def _with_answer(
     )
 
 
-def _ablated_targets(
+def ablated_photo_targets(
     adapter: VisionLanguageModel,
     processor: Any,
     pixels: np.ndarray,
@@ -355,7 +355,7 @@ def cite_image(
     if check:
 
         def targets(keep: Tensor) -> Tensor:
-            return _ablated_targets(
+            return ablated_photo_targets(
                 adapter,
                 processor,
                 pixels,
