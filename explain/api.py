@@ -11,6 +11,7 @@ from explain import engine
 from explain.architectures import Adapter, adapter_for
 from explain.architectures.custom import TransformerSpec
 from explain.architectures.wrappers import runnable
+from explain.defaults import DefaultMethod, default_method
 from explain.engine import Request, StartLayer, check_tokenizer, resolve_start_layer
 from explain.engine.fused import ATTENTION_PATHS, AttentionPath
 from explain.engine.targets import Score, Target
@@ -89,11 +90,18 @@ class Explainer:
             )
         self.memory_budget = memory_budget
 
+    @property
+    def default_method(self) -> DefaultMethod:
+        """The method `explain` runs when it names none: the default of the model's kind
+        (explain.defaults; docs/methods.md, "Default method per model kind"), with
+        the measurement that chose it."""
+        return default_method(self.adapter)
+
     def explain(
         self,
         inputs: Any,
         target: Target = None,
-        method: str = "generic",
+        method: str | None = None,
         score: Score | None = None,
         start_layer: StartLayer = None,
         **options: Any,
@@ -105,7 +113,9 @@ class Explainer:
                 a tokenizer, also a text or a list of texts (see explain.inputs.encode).
             target: None (predicted class), an int, B ints, a (B, K) tensor of K classes
                 per input (the relevance gets a K axis), or a callable on the output.
-            method: a name from `explain.METHODS`.
+            method: a name from `explain.METHODS`; None: the default of the model's
+                kind, chosen by measurement (`default_method`; docs/methods.md, "Default
+                method per model kind").
             score: what the methods that differentiate a score (those with attention
                 gradients) differentiate: "logit" (None: the default, as in the papers),
                 "probability" or "log_probability". The others take no score, as the
@@ -123,6 +133,7 @@ class Explainer:
         Returns:
             An `Explanation`; its tensors are detached and on the model's device.
         """
+        method = self.default_method.method if method is None else method
         get_method(method)  # a name, checked before the inputs are
         request = Request(
             method=method,

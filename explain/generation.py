@@ -39,6 +39,7 @@ from explain.api import Explainer
 from explain.architectures.base import EncoderDecoder, refuse_meta_inputs
 from explain.architectures.hf_registries import finite_eager_masks
 from explain.architectures.hf_vision_language import VisionLanguageModel
+from explain.defaults import DefaultMethod, default_method
 from explain.engine import Request, require_causal_lm
 from explain.engine.session import Session
 from explain.engine.targets import Score
@@ -54,6 +55,7 @@ __all__ = [
     "explain_generation",
     "generate",
     "generate_target",
+    "generation_default",
     "is_chat",
     "rests_on",
 ]
@@ -424,11 +426,18 @@ def generate(
     )
 
 
+def generation_default(explainer: Explainer) -> DefaultMethod:
+    """The method an explanation of a generation (explain_generation, explain.cite) runs
+    when it names none: the default of the model's kind, for generations
+    (explain.defaults)."""
+    return default_method(explainer.adapter, Request(prompt_length=1))
+
+
 def explain_generation(
     explainer: Explainer,
     prompt: Prompt | Generation,
     max_new_tokens: int = 20,
-    method: str = "generic",
+    method: str | None = None,
     score: Score | None = None,
     start_layer: int | None = None,
     **options: Any,
@@ -442,10 +451,11 @@ def explain_generation(
         prompt: see `Prompt`, or a `Generation` from `generate` to explain as it is.
         max_new_tokens: the most tokens to generate (ignored for a `Generation`).
         method, score, start_layer, options: as for `Explainer.explain`, under the same
-            rules (only the methods that differentiate a score take one; the LRP methods
-            are refused for generations).
+            rules (None: the model kind's default method; only the methods that
+            differentiate a score take one; the LRP methods are refused for generations).
     """
     adapter = require_causal_lm(explainer.adapter)
+    method = generation_default(explainer).method if method is None else method
     generation = (
         prompt if isinstance(prompt, Generation) else generate(explainer, prompt, max_new_tokens)
     )

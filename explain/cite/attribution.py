@@ -40,7 +40,13 @@ from explain.engine import require_causal_lm
 from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
 from explain.export import read_payload, write_payload
-from explain.generation import Generation, GenerationExplanation, explain_generation, generate
+from explain.generation import (
+    Generation,
+    GenerationExplanation,
+    explain_generation,
+    generate,
+    generation_default,
+)
 from explain.inputs import unicode_text
 from explain.rules import METHODS, get_method
 
@@ -152,7 +158,7 @@ def explain_contrast(
     prompt: str | Tensor,
     answer: str,
     foil: str,
-    method: str = "attnlrp",
+    method: str | None = None,
     score: Score | None = None,
     start_layer: int | None = None,
     **options: Any,
@@ -165,10 +171,12 @@ def explain_contrast(
         prompt: a text (tokenized with the tokenizer's special tokens) or (P,) token ids.
         answer, foil: the two continuations, as texts.
         method: a method linear in the score (attnlrp, cp_lrp); the others are refused.
+            None: the model kind's default (`generation_default`).
         score: what of each continuation token is differentiated; default its
             log-probability, so that the sum is log p(answer) - log p(foil).
     """
     require_causal_lm(explainer.adapter)
+    method = generation_default(explainer).method if method is None else method
     prompt_ids = _prompt_ids(explainer, prompt)
     tokenizer = explainer.tokenizer
     answers = [_token_ids(tokenizer, answer, "answer"), _token_ids(tokenizer, foil, "foil")]
@@ -344,7 +352,7 @@ def cite(
     grid: tuple[int, int] = GRID,
     foil: str | None = None,
     spans: str = "sentences",
-    method: str = "generic",
+    method: str | None = None,
     score: Score | None = None,
     start_layer: int | None = None,
     template: str = TEMPLATE,
@@ -379,7 +387,7 @@ def cite(
         spans: "sentences" (default), "paragraphs", "lines", "documents" (a list of
             documents) or "turns" (a chat); explain.cite.spans states the rules.
         method, start_layer, options: as for `Explainer.explain`; any method a language
-            model takes.
+            model takes (None: the model kind's default, `generation_default`).
         score: what each answer token's explanation differentiates; default its
             log-probability for the methods that take a score.
         template: the prompt, with "{context}" before "{question}" (for a text or
@@ -427,6 +435,7 @@ def cite(
         raise InputError("cite needs the model's tokenizer: Explainer(model, tokenizer=...)")
     _check_types(question=(question, str), template=(template, str), spans=(spans, str))
     _check_types(answer=(answer, (str, type(None))), foil=(foil, (str, type(None))))
+    method = generation_default(explainer).method if method is None else method
     _check_types(method=(method, str), chat=(chat, bool), check=(check, bool))
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise OptionError(f"max_new_tokens must be an int, got {max_new_tokens!r}")

@@ -43,7 +43,13 @@ from explain.engine import Session
 from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
 from explain.export import read_payload, write_payload
-from explain.generation import Generation, GenerationExplanation, explain_generation, generate
+from explain.generation import (
+    Generation,
+    GenerationExplanation,
+    explain_generation,
+    generate,
+    generation_default,
+)
 from explain.inputs import photos
 from explain.loading.preprocessing import photo_preprocessing
 from explain.rules import get_method
@@ -265,7 +271,7 @@ def cite_image(
     *,
     regions: str | os.PathLike[str] | Sequence[Region | Mapping[str, Any]] = "grid",
     grid: tuple[int, int] = GRID,
-    method: str = "generic",
+    method: str | None = None,
     score: Score | None = None,
     start_layer: int | None = None,
     max_new_tokens: int = 32,
@@ -290,7 +296,8 @@ def cite_image(
             regions, or a list of Regions or {"box": [left, top, right, bottom]} /
             {"mask": (H, W)} entries (explain.cite.regions).
         method, score, start_layer, options: as for `Explainer.explain` on the model
-            (options such as depth="tower"); score defaults to each answer token's
+            (options such as depth="tower"; method None: the model kind's default,
+            `generation_default`); score defaults to each answer token's
             log-probability for the methods that take one.
         check: run the ablation check; `lds` random halves for the LDS (0: none); `seed`
             its random draws; `fill_with` how a removed region is filled ("mean": the
@@ -311,6 +318,7 @@ def cite_image(
         raise InputError("the question is empty: ask the model something about the photo")
     if answer is not None and not isinstance(answer, str):
         raise OptionError(f"answer must be a str or None, got {answer!r}")
+    method = generation_default(explainer).method if method is None else method
     get_method(method)
     check_seed(seed)
     if lds and not check:
