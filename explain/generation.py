@@ -174,6 +174,28 @@ class GenerationExplanation:
             ids=generation.input_ids[sample, width : width + count].tolist(),
         )
 
+    def to_captum(self, sample: int = 0) -> Any:
+        """Sample `sample`'s continuation as captum's `LLMAttributionResult`, for captum's
+        `plot_token_attr` and `plot_seq_attr` (needs the `captum` extra).
+
+        `input_tokens` are `answer(sample).tokens` (the prompt without its padding, then
+        the generated tokens), `output_tokens` the generated ones, `token_attr` the
+        answer's (G, len(tokens)) relevance unchanged, `seq_attr` its sum over the
+        generated tokens, `output_probs` each generated token's probability under the
+        logits it was chosen from (explain.bridges.captum_results)."""
+        from explain.bridges.captum_results import llm_attribution_result
+
+        answer = self.answer(sample)
+        count = len(answer.ids)
+        probabilities = self.explanation.logits[sample, :count].float().softmax(dim=-1)
+        chosen = self.explanation.target[sample, :count, None]
+        return llm_attribution_result(
+            answer.tokens,
+            answer.generated,
+            answer.relevance,
+            probabilities.gather(-1, chosen)[:, 0],
+        )
+
 
 def is_chat(prompt: object) -> bool:
     """One conversation (a list of messages with "role" and "content") or several."""

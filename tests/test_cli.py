@@ -32,7 +32,7 @@ def model_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("model")
     model = tiny_vit(**TIMM_ARGS)
     config = {
-        "family": "timm_vit",
+        "builder": "timm_vit",
         "timm": TIMM_ARGS,
         "modality": "image",
         "classes": CLASSES,

@@ -190,7 +190,7 @@ def test_sentiment_heldout_rationale_is_the_deciding_words():
 @pytest.fixture
 def tiny_model_folder(tmp_path):
     config = {
-        "family": "timm_vit",
+        "builder": "timm_vit",
         "timm": dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=4),
         "modality": "image",
         "classes": ["a", "b", "c", "d"],

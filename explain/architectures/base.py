@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures.wrappers import ACCELERATE_HOOK, execution_device
-from explain.errors import InputError
+from explain.errors import ExplainError, InputError
 from explain.finite import check_finite
 from explain.inputs import encode, is_raw_text, token_strings
 from explain.layout import (
@@ -403,19 +403,21 @@ def validate_image_batch(
     return images
 
 
-def refuse_meta_inputs(inputs: object, name: str = "an input") -> None:
+def refuse_meta_inputs(
+    inputs: object, name: str = "an input", error: type[ExplainError] = InputError
+) -> None:
     """Refuse tensors on the meta device anywhere in `inputs` (a tensor, or mappings and
-    lists of them, an image prompt's photos included): they have shapes but no values,
-    so every check of the values would fail with PyTorch's own error."""
+    lists of them, an image prompt's photos included) with `error`: they have shapes but
+    no values, so every check of the values would fail with PyTorch's own error."""
     if isinstance(inputs, Tensor):
         if inputs.is_meta:
-            raise InputError(
+            raise error(
                 f"{name} is on the meta device, which holds no values: give the tensors "
                 "themselves (on the CPU or the model's device)"
             )
     elif isinstance(inputs, Mapping):
         for key, value in inputs.items():
-            refuse_meta_inputs(value, key if isinstance(key, str) else name)
+            refuse_meta_inputs(value, key if isinstance(key, str) else name, error)
     elif isinstance(inputs, list | tuple):
         for value in inputs:
-            refuse_meta_inputs(value, name)
+            refuse_meta_inputs(value, name, error)

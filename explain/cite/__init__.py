@@ -4,7 +4,8 @@ answer, checked by ablation (`cite`), and contrasts of two answers (`explain_con
 The context is split into spans (explain.cite.spans), put into a prompt with the question
 (explain.cite.prompt), every answer token is explained over the prompt in one batched
 backward (explain.cite.attribution, on explain.generation), and the ranking is checked by
-removing the top spans (explain.cite.check). docs/cite.md is the guide.
+removing the top spans (explain.cite.check) and read into a verdict in words
+(explain.cite.verdict). docs/cite.md is the guide.
 """
 
 from explain.cite.attribution import (
@@ -17,6 +18,7 @@ from explain.cite.attribution import (
 from explain.cite.check import ABLATION, Check, TopKDrop, check_ranking, spearman
 from explain.cite.prompt import TEMPLATE, Context, Prompt, build_prompt, read_context
 from explain.cite.spans import KINDS, Span, split
+from explain.cite.verdict import Verdict, verdict
 
 __all__ = [
     "ABLATION",
@@ -29,6 +31,7 @@ __all__ = [
     "Prompt",
     "Span",
     "TopKDrop",
+    "Verdict",
     "build_prompt",
     "check_ranking",
     "cite",
@@ -37,4 +40,5 @@ __all__ = [
     "span_sums",
     "spearman",
     "split",
+    "verdict",
 ]

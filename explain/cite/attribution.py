@@ -32,6 +32,7 @@ from torch import Tensor
 from explain.api import Explainer
 from explain.cite.check import Check, check_ranking, check_seed
 from explain.cite.prompt import TEMPLATE, build_prompt, read_context
+from explain.cite.saved import FORMAT, TENSORS, citation_fields
 from explain.cite.spans import Span
 from explain.engine import require_causal_lm
 from explain.engine.targets import Score
@@ -49,8 +50,6 @@ __all__ = [
     "span_sums",
     "sparse_spans",
 ]
-
-_FORMAT = "explain.Citation"
 
 
 @dataclass(frozen=True)
@@ -250,7 +249,7 @@ class Citation:
     def _header(self) -> dict[str, Any]:
         scores = self.scores.double().tolist()
         return {
-            "format": _FORMAT,
+            "format": FORMAT,
             "version": 1,
             "context": self.context,
             "kind": self.kind,
@@ -293,37 +292,12 @@ class Citation:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Citation:
-        """Read a citation written by `save`; InputError for any other file."""
-        names = ["token_relevance", "span_relevance", "scores", "token_spans"]
-        names += ["prompt_ids", "answer_ids", "foil_ids"]
-        tensors, header = read_payload(path, lambda header: names)
-        if header.get("format") != _FORMAT or not set(names[:-1]) <= set(tensors):
-            raise InputError(f"{path} is not a citation written by Citation.save")
-        spans = tuple(Span(s["text"], s["start"], s["end"]) for s in header["spans"])
-        check = header["check"]
-        return cls(
-            context=header["context"],
-            spans=spans,
-            kind=header["kind"],
-            question=header["question"],
-            prompt=header["prompt"],
-            context_offset=header["context_offset"],
-            prompt_tokens=header["prompt_tokens"],
-            token_spans=tensors["token_spans"].long(),
-            answer=header["answer"],
-            answer_tokens=header["answer_tokens"],
-            foil=header["foil"],
-            token_relevance=tensors["token_relevance"],
-            span_relevance=tensors["span_relevance"],
-            scores=tensors["scores"],
-            method=header["method"],
-            score=header["score"],
-            check=None if check is None else Check.from_dict(check),
-            prompt_ids=tensors["prompt_ids"].long(),
-            answer_ids=tensors["answer_ids"].long(),
-            foil_ids=tensors["foil_ids"].long() if "foil_ids" in tensors else None,
-            settings=header["settings"],
-        )
+        """Read a citation written by `save`. Any other file, or one whose contents are
+        not a citation's (spans that do not tile the context, token data that disagrees
+        with the spans or the tokens, a field of the wrong type...), raises InputError
+        naming what is wrong (explain.cite.saved); nothing in the file is executed."""
+        tensors, header = read_payload(path, lambda header: TENSORS)
+        return cls(**citation_fields(tensors, header, path))
 
 
 def sparse_spans(span_relevance: Tensor, share: float) -> Tensor:

@@ -8,8 +8,13 @@ the removed spans are cut out, nothing is re-tokenized). Then
 
 - the top-k drop: the target with the whole context minus the target without the k
   spans that the ranking puts first (k = 1, 3, 5, those below the number of spans),
-  against the mean drop without k spans drawn at random (`draws` draws per k); a ranking
-  worth reading drops the answer far more than chance;
+  against the mean and standard deviation of the drop without k random spans; a ranking
+  worth reading drops the answer far more than chance. The random baseline is exact
+  where the k-sets of spans are few: when there are at most `draws` of them, every k-set
+  is removed once and the spread is their population standard deviation; otherwise
+  `draws` k-sets are drawn at random and the spread is estimated from them (n - 1
+  denominator). Where the k-th and (k + 1)-th scores tie, the top-k set is one choice
+  among tied spans (`TopKDrop.tied`), not the ranking's;
 - the linear datamodeling score (LDS, `lds` > 0): N random ablations, each keeping each
   span with probability 1/2; the Spearman correlation between the sum of the kept spans'
   scores and the target under that ablation (Cohen-Wang et al., "ContextCite", NeurIPS
@@ -27,6 +32,7 @@ The random draws come from their own generator (`seed`), never the global RNG.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +41,7 @@ import torch
 from torch import Tensor
 
 from explain.architectures.base import LanguageModel
+from explain.cite.verdict import Verdict, verdict
 from explain.engine import Session
 from explain.errors import OptionError
 
@@ -63,12 +70,18 @@ BATCH_TOKENS = 1 << 15
 @dataclass(frozen=True)
 class TopKDrop:
     """The target's drop when the k top-ranked spans are removed, and the mean (and
-    standard deviation) of its drop over `Check.draws` random sets of k spans."""
+    standard deviation) of its drop over `sets` sets of k spans: every k-set when
+    `exact`, else `sets` random ones (module doc). `tied`: the k-th and (k + 1)-th
+    scores are equal, so which spans make the top k is the order of the spans, not the
+    ranking."""
 
     k: int
     top: float
     random: float
     random_std: float
+    sets: int
+    exact: bool
+    tied: bool
 
 
 @dataclass(frozen=True)
@@ -86,14 +99,31 @@ class Check:
     seed: int
     ablation: str = ABLATION
 
+    @property
+    def verdict(self) -> Verdict:
+        """The check in words (explain.cite.verdict)."""
+        return verdict(self)
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able values, as cite.json holds them."""
+        """Plain JSON-able values, as cite.json holds them; `verdict` and
+        `verdict_reason` are derived (from_dict reads neither)."""
+        said = self.verdict
         return {
+            "verdict": said.word,
+            "verdict_reason": said.reason,
             "ablation": self.ablation,
             "target": self.target,
             "full": self.full,
             "top_k": [
-                {"k": d.k, "drop": d.top, "random_drop": d.random, "random_std": d.random_std}
+                {
+                    "k": d.k,
+                    "drop": d.top,
+                    "random_drop": d.random,
+                    "random_std": d.random_std,
+                    "random_sets": d.sets,
+                    "random_exact": d.exact,
+                    "tied": d.tied,
+                }
                 for d in self.drops
             ],
             "random_draws": self.draws,
@@ -108,7 +138,15 @@ class Check:
             target=values["target"],
             full=values["full"],
             drops=tuple(
-                TopKDrop(d["k"], d["drop"], d["random_drop"], d["random_std"])
+                TopKDrop(
+                    d["k"],
+                    d["drop"],
+                    d["random_drop"],
+                    d["random_std"],
+                    d["random_sets"],
+                    d["random_exact"],
+                    d["tied"],
+                )
                 for d in values["top_k"]
             ),
             draws=values["random_draws"],
@@ -228,25 +266,44 @@ def check_ranking(
     count = scores.shape[0]
     generator = torch.Generator().manual_seed(check_seed(seed))
     ks = [k for k in TOP_K if k < count]
-    ranked = scores.detach().cpu().double().argsort(descending=True, stable=True)
+    ordered = scores.detach().cpu().double()
+    ranked = ordered.argsort(descending=True, stable=True)
     full = torch.ones(1, count, dtype=torch.bool)
     top = torch.ones(len(ks), count, dtype=torch.bool)
-    chance = torch.ones(len(ks) * draws, count, dtype=torch.bool)
-    for row, k in enumerate(ks):  # one row per k (three at most), every draw at once
+    exact = [math.comb(count, k) <= draws for k in ks]  # every k-set, each once
+    blocks = []  # per k, the spans each random (or enumerated) set removes
+    for row, k in enumerate(ks):
         top[row, ranked[:k]] = False
-        picks = torch.rand(draws, count, generator=generator).argsort(dim=1)[:, :k]
-        chance[row * draws : (row + 1) * draws].scatter_(1, picks, False)
+        if exact[row]:
+            blocks.append(torch.combinations(torch.arange(count), k))
+        else:
+            blocks.append(torch.rand(draws, count, generator=generator).argsort(dim=1)[:, :k])
+    chance = torch.ones(sum(b.shape[0] for b in blocks), count, dtype=torch.bool)
+    offsets = [0]
+    for removed in blocks:
+        start = offsets[-1]
+        chance[start : start + removed.shape[0]].scatter_(1, removed, False)
+        offsets.append(start + removed.shape[0])
     halves = torch.rand(lds, count, generator=generator) < 0.5
     keep = torch.cat([full, top, chance, halves])
     values = ablated_targets(adapter, prompt_ids, token_spans, answers, keep, batch_tokens)
     values = values.cpu()
     whole = values[0]
     dropped = whole - values
+    random_drops = dropped[1 + len(ks) : 1 + len(ks) + offsets[-1]]
     drops = []
     for row, k in enumerate(ks):
-        random = dropped[1 + len(ks) + row * draws : 1 + len(ks) + (row + 1) * draws]
+        random = random_drops[offsets[row] : offsets[row + 1]]
         drops.append(
-            TopKDrop(k, float(dropped[1 + row]), float(random.mean()), float(random.std()))
+            TopKDrop(
+                k,
+                float(dropped[1 + row]),
+                float(random.mean()),
+                float(random.std(correction=0 if exact[row] else 1)),
+                sets=random.shape[0],
+                exact=exact[row],
+                tied=bool(ordered[ranked[k - 1]] == ordered[ranked[k]]),
+            )
         )
     lds_value = None
     if lds:
