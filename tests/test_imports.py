@@ -49,3 +49,25 @@ def test_import_loads_no_bridged_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_a_bridge_without_its_library_names_the_extra():
+    """A bridge whose library is missing says which extra installs it (inseq hidden here,
+    so that the check runs where it is installed too)."""
+    code = (
+        "import sys; sys.modules['inseq'] = None\n"
+        "from explain import Explainer, ExplainError\n"
+        "from explain.generation import explain_generation\n"
+        "from explain.testing import tiny_lm\n"
+        "model, tokenizer = tiny_lm.tiny_causal_lm('llama'), tiny_lm.tiny_tokenizer()\n"
+        "explainer = Explainer(model, tokenizer=tokenizer)\n"
+        "explained = explain_generation(explainer, 'user w10', max_new_tokens=1)\n"
+        "try:\n"
+        "    explained.to_inseq()\n"
+        "except ExplainError as error:\n"
+        "    print(error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (
+        "this needs inseq (inseq is missing): pip install 'explain-transformers[inseq]'"
+    )

@@ -14,7 +14,7 @@ from test_seq2seq import save_tiny_bart
 
 from explain.architectures.registry import adapter_for
 from explain.cli import build_parser, main
-from explain.cli.methods import method_file, methods_the_model_takes, parse_methods
+from explain.cli.method_options import method_file, methods_the_model_takes, parse_methods
 from explain.engine import Request, refusals, supported_methods
 from explain.errors import OptionError, UnknownMethodError, UnsupportedModelError
 from explain.rules import METHODS

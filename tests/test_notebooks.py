@@ -99,7 +99,7 @@ def test_every_shell_line_in_the_notebooks_parses(notebook, line):
     (./my-llm), which do not exist here. Every flag and value argparse checks, and every
     method name, must be accepted."""
     from explain.cli import build_parser
-    from explain.cli.methods import parse_methods
+    from explain.cli.method_options import parse_methods
 
     argv = shlex.split(line)
     assert argv[0] == "explain", line

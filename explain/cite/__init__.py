@@ -5,7 +5,9 @@ The context is split into spans (explain.cite.spans), put into a prompt with the
 (explain.cite.prompt), every answer token is explained over the prompt in one batched
 backward (explain.cite.attribution, on explain.generation), and the ranking is checked by
 removing the top spans (explain.cite.check) and read into a verdict in words
-(explain.cite.verdict). docs/cite.md is the guide.
+(explain.cite.verdict). A photo's regions are cited the same way (explain.cite.regions:
+the regions and where they lie among the model's patches; explain.cite.image:
+attribution and check). docs/cite.md is the guide.
 """
 
 from explain.cite.attribution import (
@@ -15,13 +17,16 @@ from explain.cite.attribution import (
     explain_contrast,
     span_sums,
 )
-from explain.cite.check import ABLATION, Check, TopKDrop, check_ranking, spearman
+from explain.cite.check import ABLATION, Check, TopKDrop, check_ranking, check_scores, spearman
+from explain.cite.image import RegionCitation, cite_image
 from explain.cite.prompt import TEMPLATE, Context, Prompt, build_prompt, read_context
+from explain.cite.regions import GRID, Region, grid_regions, read_regions
 from explain.cite.spans import KINDS, Span, split
 from explain.cite.verdict import Verdict, verdict
 
 __all__ = [
     "ABLATION",
+    "GRID",
     "KINDS",
     "TEMPLATE",
     "Check",
@@ -29,14 +34,20 @@ __all__ = [
     "Context",
     "ContrastExplanation",
     "Prompt",
+    "Region",
+    "RegionCitation",
     "Span",
     "TopKDrop",
     "Verdict",
     "build_prompt",
     "check_ranking",
+    "check_scores",
     "cite",
+    "cite_image",
     "explain_contrast",
+    "grid_regions",
     "read_context",
+    "read_regions",
     "span_sums",
     "spearman",
     "split",

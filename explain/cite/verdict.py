@@ -2,7 +2,8 @@
 words, and the one way its numbers are written for people. The page, the terminal and
 cite.json all print `verdict(check)`, so the three always say the same thing.
 
-The rule (docs/cite.md, "The verdict"):
+The rule (docs/cite.md, "The verdict"), for any sources the check removes (a context's
+spans, a photo's regions):
 
 - a top-k drop is *clear* when it exceeds the random drop's mean by at least the random
   drop's standard deviation and by at least `NOISE` nats (removal itself moves the answer
@@ -14,7 +15,7 @@ The rule (docs/cite.md, "The verdict"):
 - **supported**: the top-1 drop is clear and the LDS band is not low;
 - **weak**: some top-k drop is clear, but not the top-1's, or the LDS band is low;
 - **not supported by ablation**: no top-k drop is clear;
-- **not checked**: a context of one span, which nothing can be compared with.
+- **not checked**: one source, which nothing can be compared with.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ __all__ = [
     "clear",
     "lds_band",
     "number",
+    "random_sets",
     "verdict",
 ]
 
@@ -89,8 +91,13 @@ def lds_band(check: Check) -> str:
     return "high" if check.lds >= LDS_HIGH else "moderate"
 
 
+def random_sets(drop: TopKDrop) -> str:
+    """What the random drop is over: "all 10 sets" (exact) or "16 random sets"."""
+    return f"all {drop.sets} sets" if drop.exact else f"{drop.sets} random sets"
+
+
 def _compared(drop: TopKDrop) -> str:
-    sets = f"all {drop.sets} sets" if drop.exact else f"{drop.sets} random sets"
+    sets = random_sets(drop)
     tie = "; the scores tie at the cut" if drop.tied else ""
     return (
         f"top-{drop.k} drop {number(drop.top)} against {number(drop.random)} "
@@ -101,7 +108,7 @@ def _compared(drop: TopKDrop) -> str:
 def verdict(check: Check) -> Verdict:
     """The verdict on one ranking's check (module doc)."""
     if not check.drops:
-        return Verdict("not checked", "one span: there is nothing to compare it with")
+        return Verdict("not checked", "one source: there is nothing to compare it with")
     band = lds_band(check)
     lds = (
         "LDS not computed"
@@ -115,8 +122,8 @@ def verdict(check: Check) -> Verdict:
         compared = "; ".join(_compared(drop) for drop in check.drops)
         return Verdict(
             "not supported by ablation",
-            f"removing the top spans moves {check.target} no more than removing random "
-            f"spans: {compared}; {lds}",
+            f"removing the top-ranked ones moves {check.target} no more than removing "
+            f"random ones: {compared}; {lds}",
         )
     if clear(first) and band != "low":
         return Verdict("supported", f"{_compared(first)}; {lds}")
@@ -124,6 +131,6 @@ def verdict(check: Check) -> Verdict:
         return Verdict("weak", f"{_compared(first)}, but the scores do not add up: {lds}")
     return Verdict(
         "weak",
-        f"the top span alone is no better than chance ({_compared(first)}); the top "
-        f"{beyond[0].k} together are ({_compared(beyond[0])}); {lds}",
+        f"the top-ranked one alone is no better than chance ({_compared(first)}); the "
+        f"top {beyond[0].k} together are ({_compared(beyond[0])}); {lds}",
     )

@@ -17,6 +17,7 @@ from explain.cli import (
     evaluate,
     generate,
     image,
+    methods,
     models,
     seq2seq,
     serve,
@@ -61,7 +62,7 @@ HINT = (
 """What `explain` alone and `explain --help` say after the commands."""
 
 # Subcommand modules, in the order `explain --help` lists them.
-COMMANDS = [cite, clip, detect, evaluate, generate, image, models, seq2seq, serve, text]
+COMMANDS = [cite, clip, detect, evaluate, generate, image, methods, models, seq2seq, serve, text]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,10 +12,11 @@ import argparse
 import dataclasses
 import sys
 
-from explain.cli.methods import (
+from explain.cli.method_options import (
     add_method_option,
     method_file,
     methods_the_model_takes,
+    named_methods,
     parse_methods,
 )
 from explain.cli.options import (
@@ -42,7 +43,7 @@ def planned(args: argparse.Namespace) -> list[Planned]:
             "--save" if suffix == args.save else "--out",
         )
         for stem in unique_stems(collect_images(args.inputs))
-        for method in parse_methods(args.method)
+        for method in named_methods(args.method)
         for suffix in suffixes
     ]
 

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 
 from explain.cli.image import collect_images, unique_stems
-from explain.cli.methods import (
+from explain.cli.method_options import (
     add_method_option,
     method_file,
     methods_the_model_takes,
+    named_methods,
     parse_methods,
 )
 from explain.cli.options import Planned, add_model_arguments, add_out_argument, load
@@ -39,7 +40,7 @@ def planned(args: argparse.Namespace) -> list[Planned]:
     return [
         Planned(method_file(args.out / f"{stem}_grid.png", method, args.method), "--out")
         for stem in stems
-        for method in parse_methods(args.method)
+        for method in named_methods(args.method)
     ]
 
 

@@ -24,7 +24,7 @@ import argparse
 import os
 import sys
 
-from explain.cli.methods import ALL, add_method_option, parse_methods
+from explain.cli.method_options import ALL, add_method_option, parse_methods
 from explain.cli.options import Planned, RawDescriptionHelpFormatter, add_model_arguments
 
 __all__ = ["register"]

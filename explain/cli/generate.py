@@ -23,10 +23,11 @@ from pathlib import Path
 
 from explain.cli import image_answer
 from explain.cli.answer_lines import print_rests_on
-from explain.cli.methods import (
+from explain.cli.method_options import (
     add_method_option,
     method_file,
     methods_the_model_takes,
+    named_methods,
     parse_methods,
 )
 from explain.cli.options import (
@@ -51,7 +52,7 @@ def planned(args: argparse.Namespace) -> list[Planned]:
     """Per method: the page when it goes into --out, the figure named after the page
     (without --png) and the --save file."""
     files = []
-    for method in parse_methods(args.method):
+    for method in named_methods(args.method):
         page = method_file(_page(args), method, args.method)
         png = method_file(args.png, method, args.method) if args.png else page.with_suffix(".png")
         files += [

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from explain.cli.answer_lines import print_rests_on
-from explain.cli.methods import method_file, methods_the_model_takes
+from explain.cli.method_options import method_file, methods_the_model_takes
 from explain.cli.options import load
 from explain.errors import InputError
 
@@ -99,6 +99,7 @@ def _one_method(
     from explain.generation import explain_generation, rests_on
     from explain.viz import save_figure
     from explain.viz.image_answer import answer_figure, answer_html
+    from explain.viz.scaling import maps_are_signed
     from explain.viz.text import printable
 
     found = explain_generation(explainer, generation, method=method, depth=args.depth or "lm")
@@ -107,6 +108,9 @@ def _one_method(
     count = len(answer.generated)
     images = result.relevances["image"][0, :count]
     images = images[:, None] if images.dim() == 3 else images  # (G, k, gh, gw)
+    # one kind of scale for the method's maps, read on the patch grid (upsampling and the
+    # unseen pixels' fill would decide it per word otherwise)
+    signed = maps_are_signed(images[:, 0].detach().cpu())
     assert loaded.preprocessing is not None  # checked by run
     on_photo = loaded.preprocessing.to_original(images[:, 0], (photo.height, photo.width))
     first_real = generation.prompt_length - answer.prompt_length  # the prompt's left padding
@@ -141,12 +145,14 @@ def _one_method(
         readout=readout,
         rests_on=rests,
         title=title,
+        signed=signed,
     )
     html = method_file(args.html, method, args.method)
     with atomic_write(html, "w") as handle:
         handle.write(page)
     png = method_file(args.png, method, args.method) if args.png else html.with_suffix(".png")
-    save_figure(answer_figure(pixels, on_photo, answer.generated, title=title), png)
+    figure = answer_figure(pixels, on_photo, answer.generated, title=title, signed=signed)
+    save_figure(figure, png)
     print(html)
     print(png)
     if args.save:

@@ -1,148 +1,45 @@
-"""`--method`, read the same way by every command: `all` or comma-separated names, each
-checked before any model is loaded, then narrowed to the methods the loaded model takes
-(`methods_the_model_takes`); and the --target, --score and --start-layer options that
-`explain image` and `explain text` share, a score and a start layer each going only to the
-methods that take them, with a note for the others (one flag serves several methods; in
-Python such a method refuses the argument)."""
+"""`explain methods --model M`: the methods a model takes, and the one it runs when no
+--method is given (its kind's default, explain.defaults) with the measurement that chose
+it."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-from typing import Any
 
-__all__ = [
-    "ALL",
-    "add_method_arguments",
-    "add_method_option",
-    "method_file",
-    "methods_the_model_takes",
-    "parse_methods",
-    "score_for",
-    "start_layer_for",
-]
+from explain.cli.options import add_model_arguments, load
 
-ALL = "all"
-"""The `--method` value that means every method the model takes."""
+__all__ = ["register"]
 
 
-def add_method_option(
-    parser: argparse.ArgumentParser, default: str = "generic", *aliases: str
-) -> None:
-    """`--method M[,M2]` (or `all`; `aliases`: other spellings of the option)."""
-    parser.add_argument(
-        "--method",
-        *aliases,
-        dest="method",
-        default=default,
-        metavar="M[,M2]",
-        help="comma-separated method names, or `all`: every method the model takes "
-        "(`explain models` lists them); default: %(default)s",
+def run(args: argparse.Namespace) -> int:
+    from explain.api import Explainer
+    from explain.engine import Request, supported_methods
+
+    loaded = load(args)
+    explainer = Explainer(loaded.model)
+    adapter = explainer.adapter
+    chosen = explainer.default_method
+    print(f"{args.model}: {adapter.family}")
+    print(f"  kind: {chosen.kind}")
+    print(f"  default method: {chosen.method}")
+    print(f"  why: {chosen.why}")
+    print(f"  methods it takes: {', '.join(supported_methods(adapter))}")
+    generated = supported_methods(adapter, Request(prompt_length=1))
+    if generated != supported_methods(adapter):
+        print(f"  methods its generations take: {', '.join(generated)}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "methods",
+        help="the methods a model takes, and its default method with the reason",
+        description=__doc__,
     )
-
-
-def add_method_arguments(parser: argparse.ArgumentParser, **target: Any) -> None:
-    """--method, --target (whose meaning is the command's: `target` holds its
-    add_argument keywords), --score and --start-layer."""
-    add_method_option(parser)
-    parser.add_argument("--target", **target)
-    parser.add_argument(
-        "--score",
-        choices=("logit", "probability", "log_probability"),
-        help="what the methods that differentiate a score differentiate for the explained "
-        "class; the others ignore it, with a note; default: logit",
+    add_model_arguments(
+        parser,
+        takes="any model `explain` explains",
+        examples="zoo:recall-llama, zoo:shapes-vit, ./my-llama",
+        timm=True,
     )
-    parser.add_argument(
-        "--start-layer",
-        type=int,
-        metavar="L",
-        help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it, with a note; default: each method's own",
-    )
-
-
-def parse_methods(text: str, option: str = "--method") -> list[str]:
-    """`--method` (or `option`): `all` (every registered method, narrowed to the model's by
-    `methods_the_model_takes`) or comma-separated names, each checked before any model is
-    loaded; a name given twice is explained once, and an empty entry (`generic,`, `,`) is
-    refused rather than read as "every method"."""
-    from explain.errors import OptionError
-    from explain.rules import METHODS, get_method
-
-    if text.strip() == ALL:
-        return sorted(METHODS)
-    names = [part.strip() for part in text.split(",")]
-    if not all(names):
-        raise OptionError(f"empty entry in {option} {text!r}: give method names, or `all`")
-    for name in names:
-        get_method(name)  # unknown names fail before the model is loaded ("did you mean")
-    return list(dict.fromkeys(names))
-
-
-def methods_the_model_takes(
-    text: str, adapter: Any, model: str, generation: bool = False, option: str = "--method"
-) -> list[str]:
-    """The methods of `--method` (`text`, read by `parse_methods`) to run on `model` (its
-    `adapter`), in calls of the command's kind (`generation`: answers a language model
-    writes, which some methods cannot explain). `all` means every method the model takes:
-    the others are left out with a note on stderr that names them and why
-    (explain.engine.refusals). Methods named one by one must all be taken: any that is not
-    is refused before anything is computed, with the methods the model takes."""
-    from explain.engine import Request, refusals, require_methods
-
-    methods = parse_methods(text, option)
-    request = Request(prompt_length=1) if generation else None
-    if text.strip() != ALL:
-        require_methods(adapter, methods, model, request)
-        return methods
-    refused = refusals(adapter, request)
-    reasons: dict[str, list[str]] = {}
-    for name in methods:
-        if name in refused:
-            reasons.setdefault(refused[name], []).append(name)
-    for reason, names in reasons.items():
-        print(
-            f"explain: note: {option} all: {model} does not take {', '.join(names)} ({reason})",
-            file=sys.stderr,
-        )
-    return [name for name in methods if name not in refused]
-
-
-def method_file(path: Path, method: str, text: str) -> Path:
-    """Where the output `path` of `method` goes when `--method` is `text`: `path` itself
-    when `text` names one method, else `path` with `_METHOD` before its suffix (cite.html
-    -> cite_attnlrp.html; `all` included), so that several methods never overwrite each
-    other's files and the names are known from the arguments alone."""
-    if text.strip() != ALL and len(parse_methods(text)) == 1:
-        return path
-    return path.with_name(f"{path.stem}_{method}{path.suffix}")
-
-
-def start_layer_for(method: str, start_layer: int | None) -> int | None:
-    """`--start-layer` for `method`: as given for the methods that aggregate over blocks;
-    None, with a note on stderr, for those that read one fixed block."""
-    from explain.rules import get_method
-
-    if start_layer is None or get_method(method).default_start_layer is not None:
-        return start_layer
-    print(
-        f"explain: note: {method} reads one fixed block; --start-layer is ignored for it",
-        file=sys.stderr,
-    )
-    return None
-
-
-def score_for(method: str, score: str | None) -> str | None:
-    """`--score` for `method`: as given for the methods that take a score (those that
-    differentiate it, and occlusion); None, with a note on stderr, for the others
-    (explain.engine.resolve_score)."""
-    from explain.rules import get_method
-
-    if score is None or get_method(method).takes_score:
-        return score
-    print(
-        f"explain: note: {method} differentiates no score; --score is ignored for it",
-        file=sys.stderr,
-    )
-    return None
+    parser.set_defaults(run=run)

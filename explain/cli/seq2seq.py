@@ -12,10 +12,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from explain.cli.methods import (
+from explain.cli.method_options import (
     add_method_option,
     method_file,
     methods_the_model_takes,
+    named_methods,
     parse_methods,
 )
 from explain.cli.options import (
@@ -34,7 +35,7 @@ __all__ = ["register"]
 def planned(args: argparse.Namespace) -> list[Planned]:
     """The two figures and the --save file of every method."""
     files = []
-    for method in parse_methods(args.method):
+    for method in named_methods(args.method):
         names = ["seq2seq_matrix.png", "seq2seq_source.png"]
         files += [Planned(method_file(args.out / n, method, args.method), "--out") for n in names]
         if args.save:
