@@ -151,7 +151,7 @@ def test_ablated_targets_equal_one_unpadded_forward_per_ablation():
 
 def test_ablated_sequences_are_built_one_chunk_at_a_time():
     # Issue 46: every ablated sequence was materialised at once (M x P ids); now no
-    # (rows, tokens) integer tensor holds more rows than one chunk of `batch_tokens` tokens.
+    # (rows, tokens) integer tensor holds more than one chunk's `batch_tokens` tokens.
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class LargestIds(TorchDispatchMode):
@@ -165,7 +165,7 @@ def test_ablated_sequences_are_built_one_chunk_at_a_time():
                     and value.dtype == torch.int64
                     and value.dim() == 2
                 ):
-                    self.largest = max(self.largest, value.shape[0])
+                    self.largest = max(self.largest, value.numel())
             return out
 
     explainer = _explainer()
@@ -181,7 +181,9 @@ def test_ablated_sequences_are_built_one_chunk_at_a_time():
             keep,
             batch_tokens=batch_tokens,
         )
-    assert seen.largest <= batch_tokens // (result.prompt_ids.shape[0] + 3)
+    # A chunk's ids, or the (kept tokens, 2) index they are gathered with, and the one
+    # column the model adds: twice the chunk at most, far below all 64 x 19 ablated ids.
+    assert seen.largest <= 2 * batch_tokens < keep.shape[0] * result.prompt_ids.shape[0]
 
 
 def test_the_check_against_a_hand_computation():

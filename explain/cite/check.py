@@ -21,12 +21,15 @@ the removed spans are cut out, nothing is re-tokenized). Then
   2024). 1 is a perfectly ranked linear account of the answer, 0 none.
 
 Each ablation's sequence holds the kept tokens packed to the left, the answer after them,
-padding on the right (where no real token's attention row is ever fully masked); the
-sequences are built and run one chunk of at most `batch_tokens` tokens at a time (memory
-bounded by the chunk, not by the number of ablations),
-on the model's fused attention path where its adapter has one (they need no attention
-maps; transformers' eager path, which the maps need, computes Llama's softmax in
-float32 even for a float64 model).
+padding on the right, where the causal mask alone keeps every real token from the pads:
+the model runs with no attention mask where its adapter allows it
+(`LanguageModel.right_padded_logits_at`), on its causal kernel. The sequences are built
+and run one chunk of at most `batch_tokens` padded tokens at a time (memory bounded by
+the chunk, not by the number of ablations), the longest first, so that the ablations
+without half of the spans share chunks of their own width instead of padding to the
+whole context's; on the model's fused attention path where its adapter has one (they
+need no attention maps; transformers' eager path, which the maps need, computes Llama's
+softmax in float32 even for a float64 model).
 The random draws come from their own generator (`seed`), never the global RNG.
 `check_scores` is the same check over any sources given a function that scores
 ablations: a photo's regions (explain.cite.image) are removed by filling their pixels.
@@ -36,14 +39,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from explain.architectures.base import LanguageModel
-from explain.cite.verdict import Verdict, verdict
+from explain.cite.verdict import ABLATION, Check, TopKDrop
 from explain.engine import Session
 from explain.errors import OptionError
 
@@ -59,105 +60,14 @@ __all__ = [
     "spearman",
 ]
 
-ABLATION = (
-    "removed: the ablated spans' tokens are cut out of the prompt, the rest of it (template, "
-    "question, other spans) kept in order"
-)
 TOP_K = (1, 3, 5)
 DRAWS = 16
 """Random span sets per k that the top-k drop is compared with."""
-BATCH_TOKENS = 1 << 15
-"""The most tokens one batched ablation forward takes (rows x sequence length)."""
-
-
-@dataclass(frozen=True)
-class TopKDrop:
-    """The target's drop when the k top-ranked spans are removed, and the mean (and
-    standard deviation) of its drop over `sets` sets of k spans: every k-set when
-    `exact`, else `sets` random ones (module doc). `tied`: the k-th and (k + 1)-th
-    scores are equal, so which spans make the top k is the order of the spans, not the
-    ranking."""
-
-    k: int
-    top: float
-    random: float
-    random_std: float
-    sets: int
-    exact: bool
-    tied: bool
-
-
-@dataclass(frozen=True)
-class Check:
-    """The ablation check of one ranking (module doc): `full` is the target with the
-    whole context; `lds` None when not asked for (or undefined: the scores or the targets
-    of the ablations are all equal)."""
-
-    target: str
-    full: float
-    drops: tuple[TopKDrop, ...]
-    draws: int
-    lds: float | None
-    lds_ablations: int
-    seed: int
-    ablation: str = ABLATION
-
-    @property
-    def verdict(self) -> Verdict:
-        """The check in words (explain.cite.verdict)."""
-        return verdict(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able values, as cite.json holds them; `verdict` and
-        `verdict_reason` are derived (from_dict reads neither)."""
-        said = self.verdict
-        return {
-            "verdict": said.word,
-            "verdict_reason": said.reason,
-            "ablation": self.ablation,
-            "target": self.target,
-            "full": self.full,
-            "top_k": [
-                {
-                    "k": d.k,
-                    "drop": d.top,
-                    "random_drop": d.random,
-                    "random_std": d.random_std,
-                    "random_sets": d.sets,
-                    "random_exact": d.exact,
-                    "tied": d.tied,
-                }
-                for d in self.drops
-            ],
-            "random_draws": self.draws,
-            "lds": self.lds,
-            "lds_ablations": self.lds_ablations,
-            "seed": self.seed,
-        }
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Check:
-        return cls(
-            target=values["target"],
-            full=values["full"],
-            drops=tuple(
-                TopKDrop(
-                    d["k"],
-                    d["drop"],
-                    d["random_drop"],
-                    d["random_std"],
-                    d["random_sets"],
-                    d["random_exact"],
-                    d["tied"],
-                )
-                for d in values["top_k"]
-            ),
-            draws=values["random_draws"],
-            lds=values["lds"],
-            lds_ablations=values["lds_ablations"],
-            seed=values["seed"],
-            ablation=values["ablation"],
-        )
+BATCH_TOKENS = 1 << 13
+"""The most tokens one batched ablation forward takes (rows x sequence length). On CPU
+larger chunks cost more per token once their activations leave the cache: the check of
+recall-llama at 2,048 tokens (--lds 64) took 79 forwards' time in chunks of 8,192
+tokens and 16,384, and 106 in chunks of 32,768 (CPU time, one thread)."""
 
 
 SEEDS = 1 << 64
@@ -192,22 +102,38 @@ def spearman(x: Tensor, y: Tensor) -> float | None:
 def _ablated_rows(
     prompt_ids: Tensor, token_spans: Tensor, keep: Tensor, answer: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """The sequences, attention masks and answer positions of the ablations `keep`
-    (R, S) of one answer: (R, W), (R, W) and (R, G), W the longest kept prompt plus the
-    answer (no column of padding only)."""
-    rows, count = keep.shape[0], answer.shape[0]
-    spans = token_spans.to(keep.device)
-    kept = torch.where(spans >= 0, keep[:, spans.clamp(min=0)], True)  # (R, P)
-    # The kept tokens first, in order (a stable sort of "removed"), then the answer.
-    order = (~kept).long().argsort(dim=1, stable=True)
+    """The sequences, real-token counts and answer positions of the ablations `keep`
+    (R, S) of one answer: (R, W), (R,) and (R, G), W the longest kept prompt plus the
+    answer (no column of padding only). No integer tensor is larger than the sequences."""
+    count = answer.shape[0]
+    kept = _kept_tokens(token_spans, keep)  # (R, P) bool
     lengths = kept.sum(dim=1)  # (R,)
-    width = int(lengths.max()) + count
-    ids = prompt_ids.to(kept.device)[order][:, : width - count]
+    row, token = kept.nonzero(as_tuple=True)  # the kept tokens, row by row, in order
+    column = torch.arange(row.shape[0]) - (lengths.cumsum(dim=0) - lengths)[row]
+    sequences = prompt_ids.new_zeros(keep.shape[0], int(lengths.max()) + count)
+    sequences[row, column] = prompt_ids.to(row.device)[token]
     at = lengths[:, None] + torch.arange(count)  # (R, G): where the answer goes
-    sequences = torch.cat([ids, ids.new_zeros(rows, count)], dim=1)
-    sequences.scatter_(1, at, answer.to(ids.device).expand(rows, -1))
-    masks = (torch.arange(width) < (lengths + count)[:, None]).long()
-    return sequences, masks, at
+    sequences.scatter_(1, at, answer.to(sequences.device).expand(keep.shape[0], -1))
+    return sequences, lengths + count, at
+
+
+def _kept_tokens(token_spans: Tensor, keep: Tensor) -> Tensor:
+    """(R, P): whether each prompt token is kept by each ablation `keep` (R, S)."""
+    spans = token_spans.to(keep.device)
+    return torch.where(spans >= 0, keep[:, spans.clamp(min=0)], True)
+
+
+def _chunks(widths: Tensor, batch_tokens: int) -> list[Tensor]:
+    """Row indices in chunks of at most `batch_tokens` padded tokens (one row at least):
+    the rows by decreasing width, so that a chunk pads its rows to widths close to its
+    own (the check's rows without one span beside those without half of them)."""
+    order = widths.argsort(descending=True, stable=True).tolist()
+    chunks, first = [], 0
+    while first < len(order):
+        rows = max(1, batch_tokens // int(widths[order[first]]))
+        chunks.append(torch.tensor(order[first : first + rows]))
+        first += rows
+    return chunks
 
 
 def ablated_targets(
@@ -225,24 +151,21 @@ def ablated_targets(
     answers' log-probabilities (one answer with weight 1; a contrast, the foil's -1).
     The ablated sequences are built one chunk at a time, so memory is bounded by
     `batch_tokens`, not by M x P."""
-    rows, length = keep.shape[0], prompt_ids.shape[0]
-    total = torch.zeros(rows, dtype=torch.float64)
+    total = torch.zeros(keep.shape[0], dtype=torch.float64)
+    inside = token_spans >= 0
+    sizes = torch.bincount(token_spans[inside], minlength=keep.shape[1]).double()
+    kept = (keep.double() @ sizes).long() + int((~inside).sum())  # (M,) prompt tokens
     for answer, weight in answers:
-        chunk = max(1, batch_tokens // (length + answer.shape[0]))
-        found = []
         with Session(adapter, fused=adapter.fused_path()):
-            for first in range(0, rows, chunk):  # chunks of many ablations each
-                sequences, masks, at = _ablated_rows(
-                    prompt_ids, token_spans, keep[first : first + chunk], answer
-                )
-                prepared = adapter.prepare({"input_ids": sequences, "attention_mask": masks})
-                device = prepared.arguments["input_ids"].device
-                logits = adapter.logits_at(prepared, (at - 1).to(device)).double()
+            for rows in _chunks(kept + answer.shape[0], batch_tokens):
+                sequences, lengths, at = _ablated_rows(prompt_ids, token_spans, keep[rows], answer)
+                logits = adapter.right_padded_logits_at(
+                    sequences, lengths, (at - 1).to(adapter.parameter.device)
+                ).double()
                 chosen = logits.log_softmax(dim=-1).gather(
-                    -1, answer.to(device).expand(logits.shape[0], -1)[..., None]
+                    -1, answer.to(logits.device).expand(logits.shape[0], -1)[..., None]
                 )
-                found.append(chosen[..., 0].sum(dim=1).cpu())
-        total += weight * torch.cat(found)
+                total[rows] += weight * chosen[..., 0].sum(dim=1).cpu()
     return total
 
 
