@@ -8,8 +8,11 @@ loads; the model is left as found."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import math
 import re
+import statistics
 
 import pytest
 import torch
@@ -148,7 +151,7 @@ def test_ablated_targets_equal_one_unpadded_forward_per_ablation():
 
 def test_ablated_sequences_are_built_one_chunk_at_a_time():
     # Issue 46: every ablated sequence was materialised at once (M x P ids); now no
-    # (rows, tokens) integer tensor holds more rows than one chunk of `batch_tokens` tokens.
+    # (rows, tokens) integer tensor holds more than one chunk's `batch_tokens` tokens.
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class LargestIds(TorchDispatchMode):
@@ -162,7 +165,7 @@ def test_ablated_sequences_are_built_one_chunk_at_a_time():
                     and value.dtype == torch.int64
                     and value.dim() == 2
                 ):
-                    self.largest = max(self.largest, value.shape[0])
+                    self.largest = max(self.largest, value.numel())
             return out
 
     explainer = _explainer()
@@ -178,7 +181,9 @@ def test_ablated_sequences_are_built_one_chunk_at_a_time():
             keep,
             batch_tokens=batch_tokens,
         )
-    assert seen.largest <= batch_tokens // (result.prompt_ids.shape[0] + 3)
+    # A chunk's ids, or the (kept tokens, 2) index they are gathered with, and the one
+    # column the model adds: twice the chunk at most, far below all 64 x 19 ablated ids.
+    assert seen.largest <= 2 * batch_tokens < keep.shape[0] * result.prompt_ids.shape[0]
 
 
 def test_the_check_against_a_hand_computation():
@@ -193,26 +198,31 @@ def test_the_check_against_a_hand_computation():
     full = _log_probability(model, result.prompt_ids.tolist(), answer)
     assert check.full == pytest.approx(full, rel=1e-10)
     ranked = sorted(range(spans), key=lambda s: -float(result.scores[s]))
-    # The random sets and LDS ablations, drawn as the check documents it.
+    # The random sets and LDS ablations, drawn as the check documents it: every k-set
+    # where there are at most DRAWS of them (k = 1 and 5 of these 6 spans), else DRAWS
+    # random ones (k = 3: 20 sets).
     generator = torch.Generator().manual_seed(5)
+    assert spans == 6
     assert [d.k for d in check.drops] == [k for k in TOP_K if k < spans]
+    assert [d.exact for d in check.drops] == [True, False, True]
     for drop in check.drops:
         keep = torch.ones(spans, dtype=torch.bool)
         keep[ranked[: drop.k]] = False
         top = full - _log_probability(model, _ablated(result, keep), answer)
         assert drop.top == pytest.approx(top, rel=1e-9)
-        picks = torch.rand(DRAWS, spans, generator=generator).argsort(dim=1)[:, : drop.k]
+        if drop.exact:
+            picks = [list(pick) for pick in itertools.combinations(range(spans), drop.k)]
+        else:
+            picks = torch.rand(DRAWS, spans, generator=generator).argsort(dim=1)[:, : drop.k]
         random = []
         for pick in picks:
             keep = torch.ones(spans, dtype=torch.bool)
             keep[pick] = False
             random.append(full - _log_probability(model, _ablated(result, keep), answer))
-        assert drop.random == pytest.approx(
-            float(torch.tensor(random, dtype=torch.float64).mean()), rel=1e-9
-        )
-        assert drop.random_std == pytest.approx(
-            float(torch.tensor(random, dtype=torch.float64).std()), rel=1e-9
-        )
+        assert drop.sets == len(random) == (math.comb(spans, drop.k) if drop.exact else DRAWS)
+        assert drop.random == pytest.approx(statistics.fmean(random), rel=1e-9)
+        spread = statistics.pstdev(random) if drop.exact else statistics.stdev(random)
+        assert drop.random_std == pytest.approx(spread, rel=1e-9)
     halves = torch.rand(24, spans, generator=generator) < 0.5
     actual = [_log_probability(model, _ablated(result, keep), answer) for keep in halves]
     predicted = (halves.double() * result.scores.double()).sum(dim=1)
@@ -346,6 +356,8 @@ DAMAGE = {
     "method": (lambda d: d.update(method=None), "method is None, not a text"),
     "check": (lambda d: d["check"].update(seed="3"), "check's seed is '3'"),
     "check drops": (lambda d: d["check"]["top_k"][0].pop("drop"), "check's top_k"),
+    "check exact": (lambda d: d["check"]["top_k"][0].update(random_exact=1), "check's top_k"),
+    "check sets": (lambda d: d["check"]["top_k"][0].update(random_sets=0), "check's top_k"),
 }
 """Damage to a saved citation -> what the error names."""
 

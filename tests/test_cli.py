@@ -551,7 +551,11 @@ def test_dollar_signs_in_class_names_do_not_break_the_grid(capsys, tmp_path, mod
 @pytest.mark.parametrize(
     ("command", "blocked", "message"),
     [
-        (["image", "{images}", "--save", "npz"], "out/image0_generic.npz/", "--save"),
+        (
+            ["image", "{images}", "--save", "npz", "--method", "generic"],
+            "out/image0_generic.npz/",
+            "--save",
+        ),
         (["image", "{images}", "--grid"], "out/image1_grid.png/", "--grid"),
         (["clip", "{images}", "--text", "a"], "out/image0_clip.png/", "--out"),
         (

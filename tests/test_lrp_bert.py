@@ -13,7 +13,7 @@ from test_lrp import cast_tape, recorded_tape, walk_in_float64_matches
 
 from explain import Explainer, UnsupportedModelError
 from explain.cli import main
-from explain.cli.methods import methods_the_model_takes, parse_methods
+from explain.cli.method_options import methods_the_model_takes, parse_methods
 from explain.engine import refusals, supported_methods
 from explain.testing import ModelState
 

@@ -2,6 +2,8 @@
 
 - `explain.bridges.captum_results`: a generation's explanation as captum's
   `LLMAttributionResult` (`GenerationExplanation.to_captum`).
+- `explain.bridges.inseq_results`: generations' explanations as inseq's
+  `FeatureAttributionOutput` (`GenerationExplanation.to_inseq`).
 
 Each library is an optional extra, imported only when its bridge is used: `import explain`
 imports none of them.
@@ -22,7 +24,10 @@ def require(module: str, extra: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
+        package = module.partition(".")[0]
+        # the library itself, or a dependency of it that its install left out
+        missing = package if (error.name or package).startswith(package) else error.name
         raise ExplainError(
-            f"this needs {module.partition('.')[0]} ({error.name} is missing): "
+            f"this needs {package} ({missing} is missing): "
             f"pip install 'explain-transformers[{extra}]'"
         ) from None

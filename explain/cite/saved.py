@@ -96,6 +96,9 @@ _CHECK_FIELDS = {
             isinstance(d, dict)
             and _is_int(d.get("k"))
             and all(_is_number(d.get(name)) for name in ("drop", "random_drop", "random_std"))
+            and _is_int(d.get("random_sets"))
+            and d["random_sets"] >= 1
+            and all(isinstance(d.get(name), bool) for name in ("random_exact", "tied"))
             for d in v
         )
     ),

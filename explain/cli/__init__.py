@@ -17,6 +17,7 @@ from explain.cli import (
     evaluate,
     generate,
     image,
+    methods,
     models,
     seq2seq,
     serve,
@@ -27,7 +28,11 @@ from explain.errors import ExplainError
 from explain.export import check_writable
 from explain.viz.text import printable
 
-__all__ = ["build_parser", "check_outputs", "main"]
+__all__ = ["INTERRUPTED", "build_parser", "check_outputs", "main"]
+
+INTERRUPTED = "explain: interrupted"
+"""What a Ctrl-C prints (with exit status 130, 128 + SIGINT, as a shell's); explain.console
+prints the same when it comes during the CLI's import."""
 
 OUTPUTS = {
     "out": ("--out", True),
@@ -57,7 +62,7 @@ HINT = (
 """What `explain` alone and `explain --help` say after the commands."""
 
 # Subcommand modules, in the order `explain --help` lists them.
-COMMANDS = [cite, clip, detect, evaluate, generate, image, models, seq2seq, serve, text]
+COMMANDS = [cite, clip, detect, evaluate, generate, image, methods, models, seq2seq, serve, text]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,5 +126,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"explain: error: {printable(str(error))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("explain: interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return 130

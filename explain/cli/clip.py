@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import sys
 
+from explain.cli.method_options import DEFAULT_HELP
 from explain.cli.options import (
     Planned,
     add_model_arguments,
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             labels=labels,
             cmap=args.cmap,
             alpha=args.alpha,
-            title=f"{path.name}: {args.method}",
+            title=f"{path.name}: {result.method}",
         )
         out = args.out / f"{stem}_clip.png"
         save_figure(figure, out)
@@ -149,8 +150,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--method",
-        default="generic",
-        help="method used in each tower (`explain models`); default: %(default)s",
+        help="method used in each tower (`explain models`); " + DEFAULT_HELP,
     )
     parser.add_argument(
         "--image-start-layer",

@@ -55,7 +55,7 @@ def planned(args: argparse.Namespace) -> list[Planned]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from explain.cli.methods import parse_methods
+    from explain.cli.method_options import parse_methods
     from explain.evaluation.evaluate import evaluate_model
 
     methods = None if args.methods is None else parse_methods(args.methods, "--methods")

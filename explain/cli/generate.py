@@ -22,6 +22,7 @@ from pathlib import Path
 
 from explain.cli import image_answer
 from explain.cli.answer_lines import print_rests_on
+from explain.cli.method_options import DEFAULT_HELP
 from explain.cli.options import (
     Planned,
     add_model_arguments,
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--depth is for vision-language models, with --image")
     if not args.prompt.strip():
         raise InputError("the prompt is empty: there is nothing to continue")
-    get_method(args.method)  # an unknown name fails before the model is loaded
+    if args.method is not None:
+        get_method(args.method)  # an unknown name fails before the model is loaded
     loaded = load(args)
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer")
@@ -79,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         explainer, prompt, max_new_tokens=args.max_new_tokens, method=args.method
     )
     answer = found.answer()
+    method = found.explanation.method  # the model kind's default when --method names none
     print("continuation:", printable(answer.text(loaded.tokenizer)))
     print_rests_on(answer.generated, answer.tokens, answer.rests_on)
     title = f"explain generate: {args.model}"
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         answer.tokens,
         answer.prompt_length,
         answer.relevance,
-        method=args.method,
+        method=method,
         title=title,
         rests_on=[answer.rests_on(g) for g in range(len(answer.generated))],
     )
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         handle.write(page)
     png = args.png or args.html.with_suffix(".png")
     figure = generation_figure(
-        answer.relevance, answer.tokens, answer.prompt_length, method=args.method, title=title
+        answer.relevance, answer.tokens, answer.prompt_length, method=method, title=title
     )
     save_figure(figure, png)
     print(args.html)
@@ -161,8 +164,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--method",
-        default="generic",
-        help="a method name (explain models); default: %(default)s",
+        help="a method name (explain models); " + DEFAULT_HELP,
     )
     parser.add_argument(
         "--html", type=Path, default=None, help="HTML page to write; default: OUT/generation.html"

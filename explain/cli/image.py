@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from explain.cli.methods import (
+from explain.cli.method_options import (
     add_method_arguments,
     methods_the_model_takes,
     parse_methods,
@@ -38,6 +38,7 @@ from explain.cli.options import (
     add_model_arguments,
     add_out_argument,
     add_save_option,
+    check_planned,
     load,
     opacity,
     parse_index,
@@ -185,9 +186,10 @@ def unique_stems(paths: Sequence[Path]) -> list[str]:
     return stems
 
 
-def planned(args: argparse.Namespace) -> list[Planned]:
-    """Per input: the --save file of each method and the --grid figure."""
-    methods = parse_methods(args.method)
+def planned(args: argparse.Namespace, methods: list[str] | None = None) -> list[Planned]:
+    """Per input: the --save file of each method (`methods`, default: those --method
+    names) and the --grid figure."""
+    methods = parse_methods(args.method) if methods is None else methods
     stems = unique_stems(collect_images(args.inputs))
     files = [
         Planned(args.out / f"{stem}_{method}.{args.save}", "--save")
@@ -219,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
     target = _target_callable(columns)
     explainer = Explainer(loaded.model)
     methods = methods_the_model_takes(args.method, methods, explainer.adapter, args.model)
+    if args.method is None:  # the default's --save files are named now
+        check_planned(planned(args, methods))
     settings = {
         method: {
             "score": score_for(method, args.score),

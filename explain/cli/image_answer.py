@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.inputs import read_image
     from explain.viz import save_figure
     from explain.viz.image_answer import answer_figure, answer_html
+    from explain.viz.scaling import maps_are_signed
     from explain.viz.text import printable
 
     if not args.prompt.strip():
@@ -81,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     count = len(answer.generated)
     images = result.relevances["image"][0, :count]
     images = images[:, None] if images.dim() == 3 else images  # (G, k, gh, gw)
+    # one kind of scale for the method's maps, read on the patch grid (upsampling and the
+    # unseen pixels' fill would decide it per word otherwise)
+    signed = maps_are_signed(images[:, 0].detach().cpu())
     on_photo = loaded.preprocessing.to_original(images[:, 0], (photo.height, photo.width))
     first = generation.prompt_length - answer.prompt_length  # the prompt's left padding
     ids = generation.input_ids[0, first : generation.prompt_length]
@@ -111,11 +115,13 @@ def run(args: argparse.Namespace) -> int:
         readout=readout,
         rests_on=rests,
         title=title,
+        signed=signed,
     )
     with atomic_write(args.html, "w") as handle:
         handle.write(page)
     png = args.png or args.html.with_suffix(".png")
-    save_figure(answer_figure(pixels, on_photo, answer.generated, title=title), png)
+    figure = answer_figure(pixels, on_photo, answer.generated, title=title, signed=signed)
+    save_figure(figure, png)
     print(args.html)
     print(png)
     if args.save:

@@ -11,7 +11,6 @@ from explain.architectures.base import refuse_meta_inputs
 from explain.engine.fused import AttentionPath
 from explain.engine.targets import Contrast, Score, Target
 from explain.errors import OptionError, TargetError
-from explain.rules.registry import DEFAULT_METHOD
 
 __all__ = ["Request", "StartLayer", "integer_option"]
 
@@ -23,10 +22,12 @@ name ({"image": s, "text": s} for a dual encoder); None uses the defaults."""
 @dataclass(frozen=True)
 class Request:
     """One explanation (or trace) request, as `Explainer.explain` and `Explainer.trace`
-    receive it. `method` is None for a trace, which runs no method. A tensor on the meta
-    device in its target, start layers or options is refused when it is made."""
+    receive it. `method` names the method an explanation runs (its fronts resolve a
+    call that names none through explain.defaults); None for a trace, which runs
+    no method. A tensor on the meta device in its target, start layers or options is
+    refused when it is made."""
 
-    method: str | None = DEFAULT_METHOD
+    method: str | None = None
     target: Target = None
     score: Score | None = None
     """None: the default of whatever takes a score (the logit; `trace`: the probability);

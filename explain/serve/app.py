@@ -58,7 +58,7 @@ from explain.inputs import read_image
 from explain.serve.data import DataSource, OutsideDataError
 from explain.serve.gallery import GalleryPass
 from explain.serve.uploads import MAX_BYTES, UploadError, read_upload
-from explain.serve.workbench import DEFAULT_METHOD, Workbench, checked_text
+from explain.serve.workbench import Workbench, checked_text
 
 __all__ = ["LOOPBACK_HOSTS", "UPLOAD_HEADER", "allowed_hosts_for", "build_app"]
 
@@ -272,10 +272,13 @@ def _ints(body: dict[str, Any], name: str) -> list[int] | None:
     return values
 
 
-def _explain_options(body: dict[str, Any]) -> tuple[list[str], list[int] | None, int, str]:
-    """The options an image or text explanation request shares: the methods, the classes
-    (None: the top predicted ones), how many top classes, and the scale rule."""
-    methods = _strings(body, "methods", [DEFAULT_METHOD])
+def _explain_options(
+    body: dict[str, Any], default: str
+) -> tuple[list[str], list[int] | None, int, str]:
+    """The options an image or text explanation request shares: the methods (none named:
+    the model's `default`), the classes (None: the top predicted ones), how many top
+    classes, and the scale rule."""
+    methods = _strings(body, "methods", [default])
     classes = _ints(body, "classes")
     top = _field(body, "top", int, 1)
     rule = _field(body, "rule", str, "per_map")
@@ -355,7 +358,7 @@ class _Handlers:
     async def explain_image(self, request: Request) -> Response:
         body = await _body(request)
         item = _field(body, "item", str)
-        methods, classes, top, rule = _explain_options(body)
+        methods, classes, top, rule = _explain_options(body, self.workbench.default.method)
 
         def answer() -> dict[str, Any]:
             photo, file_hash = self._photo(item)
@@ -366,7 +369,7 @@ class _Handlers:
     async def explain_text(self, request: Request) -> Response:
         body = await _body(request)
         text = _field(body, "text", str)
-        methods, classes, top, rule = _explain_options(body)
+        methods, classes, top, rule = _explain_options(body, self.workbench.default.method)
         return _json(
             await run_in_threadpool(self.workbench.explain_text, text, methods, classes, top, rule)
         )
@@ -375,7 +378,7 @@ class _Handlers:
         body = await _body(request)
         item = _field(body, "item", str)
         captions = _strings(body, "captions")
-        method = _field(body, "method", str, DEFAULT_METHOD)
+        method = _field(body, "method", str, self.workbench.default.method)
 
         def answer() -> dict[str, Any]:
             return self.workbench.explain_clip(self._photo(item)[0], captions, method)
@@ -386,7 +389,7 @@ class _Handlers:
         body = await _body(request)
         prompt = _field(body, "prompt", str)
         max_new_tokens = _field(body, "max_new_tokens", int, 8)
-        method = _field(body, "method", str, DEFAULT_METHOD)
+        method = _field(body, "method", str, self.workbench.default.method)
         return _json(
             await run_in_threadpool(
                 self.workbench.explain_generation, prompt, max_new_tokens, method
@@ -398,7 +401,7 @@ class _Handlers:
         fmt = _field(body, "format", str)
         if fmt not in ("npz", "json"):
             raise HTTPException(400, f"format must be npz or json, got {fmt!r}")
-        method = _field(body, "method", str, DEFAULT_METHOD)
+        method = _field(body, "method", str, self.workbench.default.method)
         classes = _ints(body, "classes") or []
         if "item" in body and "captions" in body:  # CLIP: the image against every caption
             item = _field(body, "item", str)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from explain.api import Explainer
+from explain.defaults import default_method
 from explain.engine import Request, supported_methods
 from explain.errors import ExplainError, InputError, TargetError
 from explain.explanation import Explanation
@@ -34,10 +35,8 @@ from explain.serve.scales import ViewScale, check_rule, scale_view
 from explain.viz.image import BACKGROUNDS, greyed
 from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL
 
-__all__ = ["DEFAULT_METHOD", "Workbench", "checked_text"]
+__all__ = ["Workbench", "checked_text"]
 
-DEFAULT_METHOD = "generic"
-"""The method the gallery pass explains each image's prediction with."""
 MAX_CLASSES = 10
 """The most classes one view explains at once."""
 MAX_CAPTIONS = 10
@@ -71,6 +70,9 @@ class Workbench:
         methods: the methods this model can be explained with in its view, as the
             engine decides before any forward (explain.engine.supported_methods): the
             only ones the page offers and the views accept.
+        default: the method a view runs when its request names none, the default of
+            the model's kind (explain.defaults), the one the page checks first
+            and the gallery pass explains each image's prediction with.
     """
 
     def __init__(self, loaded: LoadedModel, cache: ResultCache, spec: str) -> None:
@@ -83,6 +85,7 @@ class Workbench:
         # A language model's view explains generations, which some methods cannot fold.
         request = Request(prompt_length=1) if self.kind == "generation" else None
         self.methods: list[str] = supported_methods(self.explainer.adapter, request)
+        self.default = default_method(self.explainer.adapter, request)
 
     def info(self) -> dict[str, Any]:
         """What the page needs to draw its controls."""
@@ -94,7 +97,8 @@ class Workbench:
             "classes": [] if self.kind == "generation" else list(self.loaded.classes or []),
             "multi_label": self.loaded.multi_label,
             "methods": self.methods,
-            "default_method": DEFAULT_METHOD if DEFAULT_METHOD in self.methods else self.methods[0],
+            "default_method": self.default.method,
+            "default_reason": f"the default of its kind ({self.default.kind}): {self.default.why}",
             "rules": list(RULES),
             "image_size": list(self.loaded.image_size) if self.loaded.image_size else None,
             "colormaps": {"sequential": _lut(SEQUENTIAL), "diverging": _lut(DIVERGING)},
@@ -324,14 +328,14 @@ class Workbench:
 
     def _first_pass(self, inputs: Any, hashes: Sequence[str]) -> Tensor:
         """(B, C) logits of a batch, from one explanation of the predicted classes with
-        DEFAULT_METHOD; the logits and those maps are cached under the inputs' `hashes`,
+        the default method; the logits and those maps are cached under the inputs' `hashes`,
         so that opening a gallery image (or a sentence again) costs nothing."""
-        result = self.explainer.explain(inputs, method=DEFAULT_METHOD)
+        result = self.explainer.explain(inputs, method=self.default.method)
         logits = result.logits.float().cpu()
         for offset, input_hash in enumerate(hashes):
             self.cache.put(self._logits_key(input_hash), logits[offset].tolist())
             self.cache.put(
-                self._map_key(DEFAULT_METHOD, input_hash, int(result.target[offset])),
+                self._map_key(self.default.method, input_hash, int(result.target[offset])),
                 result.relevance[offset].float().cpu().tolist(),
             )
         return logits
