@@ -20,10 +20,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from explain.cli.method_options import DEFAULT_HELP
+from explain.cli.method_options import (
+    ALL,
+    add_method_option,
+    method_file,
+    methods_the_model_takes,
+    named_methods,
+    parse_methods,
+)
 from explain.cli.options import (
     Planned,
     RawDescriptionHelpFormatter,
@@ -32,9 +40,10 @@ from explain.cli.options import (
     load,
     positive_int,
 )
-from explain.errors import InputError
+from explain.errors import InputError, OptionError
 
 if TYPE_CHECKING:
+    from explain.api import Explainer
     from explain.cite.check import Check
 
 __all__ = ["register"]
@@ -43,7 +52,12 @@ FILES = ("cite.html", "cite.png", "cite.json")
 
 
 def planned(args: argparse.Namespace) -> list[Planned]:
-    return [Planned(args.out / name, "--out") for name in FILES]
+    """The three files of every method."""
+    return [
+        Planned(method_file(args.out / name, method, args.method), "--out")
+        for method in named_methods(args.method)
+        for name in FILES
+    ]
 
 
 def read_context_file(path: Path) -> Any:
@@ -104,20 +118,19 @@ def _run_image(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.cite.image import cite_image
     from explain.cite.regions import grid_size
+    from explain.cite.regions_page import regions_figure, regions_html
     from explain.cite.verdict import number
     from explain.export import atomic_write
     from explain.inputs import read_image
-    from explain.rules import get_method
     from explain.viz import save_figure
-    from explain.viz.cite_regions import regions_figure, regions_html
     from explain.viz.text import printable
 
     if args.context is not None:
         raise InputError("--image cites the photo's regions: leave --context out")
     grid = grid_size(args.grid)
     photo = read_image(args.image)
-    if args.method is not None:
-        get_method(args.method)  # an unknown name fails before the model is loaded
+    if len(parse_methods(args.method)) > 1 or args.method == ALL:
+        raise OptionError("--image cites with one method at a time: give --method M")
     loaded = load(args)
     if loaded.modality != "vision_language" or loaded.tokenizer is None:
         raise InputError(
@@ -171,30 +184,60 @@ def _run_image(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     if args.image is not None:
         return _run_image(args)
     if args.context is None:
         raise InputError("give the context (--context FILE), or a photo (--image FILE)")
 
     from explain.api import Explainer
-    from explain.cite import cite
-    from explain.cite.verdict import number
-    from explain.export import atomic_write
-    from explain.rules import get_method
-    from explain.viz import save_figure
-    from explain.viz.cite import cite_html
-    from explain.viz.cite_figure import cite_figure, span_label
-    from explain.viz.text import printable
 
     context = read_context_file(args.context)
-    if args.method is not None:
-        get_method(args.method)  # an unknown name fails before the model is loaded
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     loaded = load(args)
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
+    if args.foil is not None and args.method is not None and args.method.strip() == ALL:
+        methods = _contrasting(methods)
+    for method in methods:
+        if len(methods) > 1:
+            print(f"[{method}]")
+        # each method generates the answer anew (when not given): greedy, so the same ids,
+        # where the answer's decoded text could tokenize otherwise
+        _cite_one(args, explainer, context, method)
+    return 0
+
+
+def _contrasting(methods: list[str]) -> list[str]:
+    """Those of `methods` that can contrast an answer with a --foil (linear in the score:
+    the relevance of log p(answer) - log p(foil) is the difference of the two answers'),
+    with a note on stderr naming the others."""
+    from explain.rules import get_method
+
+    left_out = [name for name in methods if not get_method(name).linear_in_score]
+    if left_out:
+        print(
+            f"explain: note: --method all with --foil: {', '.join(left_out)} cannot contrast "
+            "two answers (not linear in the score)",
+            file=sys.stderr,
+        )
+    return [name for name in methods if name not in left_out]
+
+
+def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, method: str) -> None:
+    """Cite --answer (default: the model's own) with one method: the terminal's lines and
+    the three files."""
+    import torch
+
+    from explain.cite import cite
+    from explain.cite.figure import cite_figure, span_label
+    from explain.cite.page import cite_html
+    from explain.cite.verdict import number
+    from explain.export import atomic_write
+    from explain.viz import save_figure
+    from explain.viz.text import printable
+
     result = cite(
         explainer,
         context,
@@ -202,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         args.answer,
         foil=args.foil,
         spans=args.spans,
-        method=args.method,
+        method=method,
         **({} if args.template is None else {"template": args.template}),
         chat=args.chat,
         max_new_tokens=args.max_new_tokens,
@@ -222,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
     texts = [span.text for span in result.spans]
     foil_tokens = 0 if result.foil_ids is None else result.foil_ids.shape[0]
     payload = check.to_dict()
+    html, png, data = (method_file(args.out / name, method, args.method) for name in FILES)
     page = cite_html(
         texts,
         args.question,
@@ -232,16 +276,15 @@ def run(args: argparse.Namespace) -> int:
         check=payload,
         title=title,
     )
-    with atomic_write(args.out / "cite.html", "w") as handle:
+    with atomic_write(html, "w") as handle:
         handle.write(page)
     figure = cite_figure(
         texts, result.answer_tokens, rows, method=result.method, check=payload, title=title
     )
-    save_figure(figure, args.out / "cite.png")
-    result.save(args.out / "cite.json")
-    for name in FILES:
-        print(args.out / name)
-    return 0
+    save_figure(figure, png)
+    result.save(data)
+    for path in (html, png, data):
+        print(path)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -312,10 +355,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "lines), lines, documents (a JSON list of texts) or turns (a JSON chat); "
         "default: %(default)s",
     )
-    parser.add_argument(
-        "--method",
-        help="a method name (explain models); " + DEFAULT_HELP,
-    )
+    add_method_option(parser)
     parser.add_argument(
         "--lds",
         type=_lds,
