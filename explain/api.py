@@ -11,6 +11,7 @@ from explain import engine
 from explain.architectures import Adapter, adapter_for
 from explain.architectures.custom import TransformerSpec
 from explain.architectures.wrappers import runnable
+from explain.defaults import DefaultMethod, default_method
 from explain.engine import Request, StartLayer, check_tokenizer, resolve_start_layer
 from explain.engine.fused import ATTENTION_PATHS, AttentionPath
 from explain.engine.targets import Score, Target
@@ -28,11 +29,14 @@ class Explainer:
         model: a supported transformer (see `explain.architectures.supported_families()`),
             used as it is: no copy, no wrapper. Every call leaves it exactly as it was.
             Also a transformers pipeline (its model) or a SentenceTransformer (its
-            encoder, read out by its pooling), see docs/wrappers.md.
+            encoder, read out by its pooling), see docs/wrappers.md, an nnsight model
+            (the module it wraps) or a TransformerLens TransformerBridge (the Hugging
+            Face model it wraps), see docs/bridges.md.
         tokenizer: for text models, the tokenizer whose tokens `Explanation.tokens` names
             (and that encodes raw texts); a model that reads no text refuses one. None
-            takes a pipeline's tokenizer (its processor for a vision-language model) and
-            a SentenceTransformer's tokenization, prompt included.
+            takes a pipeline's tokenizer (its processor for a vision-language model), a
+            SentenceTransformer's tokenization, prompt included, and an nnsight model's
+            or a TransformerBridge's tokenizer.
         attention_path: "auto" (default) keeps the fused attention kernel where that is
             faster and recomputes each block's attention from q, k, v (explain.engine.fused);
             "explicit" or "fused" force one path. Both give the same numbers. Each result
@@ -69,7 +73,7 @@ class Explainer:
         model, brought = runnable(model)
         self.model = model
         self.adapter: Adapter = adapter_for(model) if spec is None else spec.adapter(model)
-        if tokenizer is None:  # what a pipeline or a SentenceTransformer brings
+        if tokenizer is None:  # what a pipeline, a SentenceTransformer, nnsight or a bridge brings
             reads = ("processor", "tokenizer") if self.adapter.reads_images else ("tokenizer",)
             found = [brought[name] for name in reads if brought.get(name) is not None]
             tokenizer = found[0] if found and self.adapter.reads_text else None
@@ -86,11 +90,18 @@ class Explainer:
             )
         self.memory_budget = memory_budget
 
+    @property
+    def default_method(self) -> DefaultMethod:
+        """The method `explain` runs when it names none: the default of the model's kind
+        (explain.defaults; docs/methods.md, "Default method per model kind"), with
+        the measurement that chose it."""
+        return default_method(self.adapter)
+
     def explain(
         self,
         inputs: Any,
         target: Target = None,
-        method: str = "generic",
+        method: str | None = None,
         score: Score | None = None,
         start_layer: StartLayer = None,
         **options: Any,
@@ -102,7 +113,9 @@ class Explainer:
                 a tokenizer, also a text or a list of texts (see explain.inputs.encode).
             target: None (predicted class), an int, B ints, a (B, K) tensor of K classes
                 per input (the relevance gets a K axis), or a callable on the output.
-            method: a name from `explain.METHODS`.
+            method: a name from `explain.METHODS`; None: the default of the model's
+                kind, chosen by measurement (`default_method`; docs/methods.md, "Default
+                method per model kind").
             score: what the methods that differentiate a score (those with attention
                 gradients) differentiate: "logit" (None: the default, as in the papers),
                 "probability" or "log_probability". The others take no score, as the
@@ -120,6 +133,7 @@ class Explainer:
         Returns:
             An `Explanation`; its tensors are detached and on the model's device.
         """
+        method = self.default_method.method if method is None else method
         get_method(method)  # a name, checked before the inputs are
         request = Request(
             method=method,

@@ -39,6 +39,7 @@ from explain.api import Explainer
 from explain.architectures.base import EncoderDecoder, refuse_meta_inputs
 from explain.architectures.hf_registries import finite_eager_masks
 from explain.architectures.hf_vision_language import VisionLanguageModel
+from explain.defaults import DefaultMethod, default_method
 from explain.engine import Request, require_causal_lm
 from explain.engine.session import Session
 from explain.engine.targets import Score
@@ -54,6 +55,7 @@ __all__ = [
     "explain_generation",
     "generate",
     "generate_target",
+    "generation_default",
     "is_chat",
     "rests_on",
 ]
@@ -173,6 +175,63 @@ class GenerationExplanation:
             relevance=relevance[sample, :count, first : width + count],
             ids=generation.input_ids[sample, width : width + count].tolist(),
         )
+
+    def to_captum(self, sample: int = 0) -> Any:
+        """Sample `sample`'s continuation as captum's `LLMAttributionResult`, for captum's
+        `plot_token_attr` and `plot_seq_attr` (needs the `captum` extra).
+
+        `input_tokens` are `answer(sample).tokens` (the prompt without its padding, then
+        the generated tokens), `output_tokens` the generated ones, `token_attr` the
+        answer's (G, len(tokens)) relevance unchanged, `seq_attr` its sum over the
+        generated tokens, `output_probs` each generated token's probability under the
+        logits it was chosen from (explain.bridges.captum_results)."""
+        from explain.bridges.captum_results import llm_attribution_result
+
+        answer = self.answer(sample)
+        return llm_attribution_result(
+            answer.tokens, answer.generated, answer.relevance, self._probabilities(sample)
+        )
+
+    def to_inseq(self) -> Any:
+        """Every continuation as inseq's `FeatureAttributionOutput`, one sequence per
+        prompt, for inseq's `.show()`, `.aggregate()` and JSON `save` / `load` (needs the
+        `inseq` extra).
+
+        Sequence b's `target` is `answer(b).tokens` with their ids, its `source` the
+        prompt's; `target_attributions` (len(tokens), G) is the answer's relevance
+        transposed, every value unchanged, NaN where inseq writes it: from each
+        generated token on, which it does not read (explain.bridges.inseq_results)."""
+        from explain.bridges.inseq_results import (
+            feature_attribution_output,
+            sequence_attribution,
+        )
+
+        sequences = []
+        for sample in range(len(self.generation.input_ids)):
+            answer = self.answer(sample)
+            end = self.generation.prompt_length + len(answer.ids)
+            ids = self.generation.input_ids[sample, end - len(answer.tokens) : end].tolist()
+            probabilities = self._probabilities(sample)
+            sequences.append(
+                sequence_attribution(
+                    answer.tokens, ids, answer.prompt_length, answer.relevance, probabilities
+                )
+            )
+        explanation = self.explanation
+        info = {
+            "attribution_method": explanation.method,
+            "attributed_fn": explanation.score,
+            "step_scores": ["probability"],
+            "explain_settings": dict(explanation.settings),
+        }
+        return feature_attribution_output(sequences, info)
+
+    def _probabilities(self, sample: int) -> Tensor:
+        """(G,) each of sample `sample`'s generated tokens' probability under the logits
+        it was chosen from, up to its continuation's end."""
+        count = int(self.generation.generated[sample].sum())
+        probabilities = self.explanation.logits[sample, :count].float().softmax(dim=-1)
+        return probabilities.gather(-1, self.explanation.target[sample, :count, None])[:, 0]
 
 
 def is_chat(prompt: object) -> bool:
@@ -367,11 +426,18 @@ def generate(
     )
 
 
+def generation_default(explainer: Explainer) -> DefaultMethod:
+    """The method an explanation of a generation (explain_generation, explain.cite) runs
+    when it names none: the default of the model's kind, for generations
+    (explain.defaults)."""
+    return default_method(explainer.adapter, Request(prompt_length=1))
+
+
 def explain_generation(
     explainer: Explainer,
     prompt: Prompt | Generation,
     max_new_tokens: int = 20,
-    method: str = "generic",
+    method: str | None = None,
     score: Score | None = None,
     start_layer: int | None = None,
     **options: Any,
@@ -385,10 +451,11 @@ def explain_generation(
         prompt: see `Prompt`, or a `Generation` from `generate` to explain as it is.
         max_new_tokens: the most tokens to generate (ignored for a `Generation`).
         method, score, start_layer, options: as for `Explainer.explain`, under the same
-            rules (only the methods that differentiate a score take one; the LRP methods
-            are refused for generations).
+            rules (None: the model kind's default method; only the methods that
+            differentiate a score take one; the LRP methods are refused for generations).
     """
     adapter = require_causal_lm(explainer.adapter)
+    method = generation_default(explainer).method if method is None else method
     generation = (
         prompt if isinstance(prompt, Generation) else generate(explainer, prompt, max_new_tokens)
     )

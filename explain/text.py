@@ -138,7 +138,7 @@ def similarity(
     explainer: Explainer,
     texts_a: str | Sequence[str],
     texts_b: str | Sequence[str],
-    method: str = "generic",
+    method: str | None = None,
     start_layer: int | None = None,
 ) -> SimilarityExplanation:
     """Explain the cosine similarity of texts_a[i] and texts_b[i] under a sentence encoder.
@@ -163,8 +163,9 @@ def similarity(
         explainer: an Explainer of a mean-pooled encoder (a bare `...Model`), with a
             tokenizer.
         texts_a, texts_b: one text or B texts each.
-        method: a method name from `explain.METHODS`; `attnlrp` gives the most telling
-            maps (words shared in meaning stand out, function words stay near 0).
+        method: a method name from `explain.METHODS`; None: the model kind's default
+            (`Explainer.default_method`). `attnlrp` gives the most telling maps (words
+            shared in meaning stand out, function words stay near 0).
         start_layer: as in `Explainer.explain`.
     """
     if not explainer.adapter.pooled_by_mean:
@@ -181,6 +182,7 @@ def similarity(
     if len(side_a) != len(side_b):
         raise InputError(f"{len(side_a)} texts on one side but {len(side_b)} on the other")
     pairs = len(side_a)
+    method = explainer.default_method.method if method is None else method
 
     def paired_similarity(embeddings: Tensor) -> Tensor:
         a, b = embeddings[:pairs], embeddings[pairs:]

@@ -45,7 +45,8 @@ def main() -> None:
     images, labels = digits.load("train")
     images = digits.normalise(images)
     settings = {
-        "family": "timm_vit",
+        "builder": "timm_vit",
+        "summary": "ViT (4 blocks) reading scikit-learn's handwritten digits, upsampled to 32x32",
         "modality": "image",
         "multi_label": False,
         "classes": list(digits.CLASSES),

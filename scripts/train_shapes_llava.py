@@ -99,7 +99,11 @@ def config(tokenizer, width: int, vision_depth: int, text_depth: int, heads: int
         "initializer_range": width**-0.5,
     }
     return {
-        "family": "hf_llava",
+        "builder": "hf_llava",
+        "summary": (
+            "LLaVA (CLIP tower, Llama) answering templated questions about shapes scenes, each "
+            "answer's object known (its mask)"
+        ),
         "modality": "vision_language",
         "classes": None,
         "llava": {

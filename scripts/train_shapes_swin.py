@@ -28,7 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def config(embed_dim: int, heads: tuple[int, ...], depths: tuple[int, ...]) -> dict:
     return {
-        "family": "timm_swin",
+        "builder": "timm_swin",
+        "summary": (
+            "Swin Transformer (3 stages, windowed attention) naming the kinds of shape in "
+            "synthetic cluttered scenes (multi-label)"
+        ),
         "modality": "image",
         "multi_label": True,
         "classes": list(shapes.KINDS),

@@ -38,7 +38,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def config(size: int, embed_dim: int, depth: int, heads: int, patch: int, mlp_ratio: float) -> dict:
     return {
-        "family": "timm_vit",
+        "builder": "timm_vit",
+        "summary": (
+            "ViT (4 blocks) naming the kinds of shape in synthetic cluttered scenes (multi-label)"
+        ),
         "modality": "image",
         "multi_label": True,
         "classes": list(shapes.KINDS),

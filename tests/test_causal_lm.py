@@ -171,3 +171,25 @@ def test_the_tested_families_are_listed():
         assert name in HFCausalLM.family and name in supported
     for class_name in tiny_lm.FAMILIES.values():
         assert f"`{class_name}`" in supported
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_right_padded_logits_equal_each_text_alone(family):
+    # The cite check's forwards: right-padded rows run without an attention mask (the
+    # model's own causal and sliding-window mask), positions 0..W-1 in every row; each
+    # real token's logits are those of its text alone, unpadded (window 3 < the texts).
+    # float64 but for Mixtral, whose experts' grouped matmul takes no float64
+    model = tiny_lm.tiny_causal_lm(family)
+    model = model if family == "mixtral" else model.double()
+    tolerance = FLOAT32 if family == "mixtral" else {"rtol": 1e-10, "atol": 1e-10}
+    adapter = HFCausalLM(model)
+    assert adapter.causal_without_mask
+    width = max(map(len, TEXTS))
+    ids = torch.tensor([text + [0] * (width - len(text)) for text in TEXTS])
+    lengths = torch.tensor([len(text) for text in TEXTS])
+    positions = torch.stack([torch.tensor([0, n // 2, n - 1]) for n in lengths.tolist()])
+    with torch.no_grad():
+        padded = adapter.right_padded_logits_at(ids, lengths, positions)
+        for row, text in enumerate(TEXTS):
+            alone = model(input_ids=torch.tensor([text])).logits[0]
+            torch.testing.assert_close(padded[row], alone[positions[row]], **tolerance)

@@ -8,7 +8,11 @@ loads; the model is left as found."""
 from __future__ import annotations
 
 import functools
+import itertools
+import json
+import math
 import re
+import statistics
 
 import pytest
 import torch
@@ -147,7 +151,7 @@ def test_ablated_targets_equal_one_unpadded_forward_per_ablation():
 
 def test_ablated_sequences_are_built_one_chunk_at_a_time():
     # Issue 46: every ablated sequence was materialised at once (M x P ids); now no
-    # (rows, tokens) integer tensor holds more rows than one chunk of `batch_tokens` tokens.
+    # (rows, tokens) integer tensor holds more than one chunk's `batch_tokens` tokens.
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class LargestIds(TorchDispatchMode):
@@ -161,7 +165,7 @@ def test_ablated_sequences_are_built_one_chunk_at_a_time():
                     and value.dtype == torch.int64
                     and value.dim() == 2
                 ):
-                    self.largest = max(self.largest, value.shape[0])
+                    self.largest = max(self.largest, value.numel())
             return out
 
     explainer = _explainer()
@@ -177,7 +181,9 @@ def test_ablated_sequences_are_built_one_chunk_at_a_time():
             keep,
             batch_tokens=batch_tokens,
         )
-    assert seen.largest <= batch_tokens // (result.prompt_ids.shape[0] + 3)
+    # A chunk's ids, or the (kept tokens, 2) index they are gathered with, and the one
+    # column the model adds: twice the chunk at most, far below all 64 x 19 ablated ids.
+    assert seen.largest <= 2 * batch_tokens < keep.shape[0] * result.prompt_ids.shape[0]
 
 
 def test_the_check_against_a_hand_computation():
@@ -192,26 +198,31 @@ def test_the_check_against_a_hand_computation():
     full = _log_probability(model, result.prompt_ids.tolist(), answer)
     assert check.full == pytest.approx(full, rel=1e-10)
     ranked = sorted(range(spans), key=lambda s: -float(result.scores[s]))
-    # The random sets and LDS ablations, drawn as the check documents it.
+    # The random sets and LDS ablations, drawn as the check documents it: every k-set
+    # where there are at most DRAWS of them (k = 1 and 5 of these 6 spans), else DRAWS
+    # random ones (k = 3: 20 sets).
     generator = torch.Generator().manual_seed(5)
+    assert spans == 6
     assert [d.k for d in check.drops] == [k for k in TOP_K if k < spans]
+    assert [d.exact for d in check.drops] == [True, False, True]
     for drop in check.drops:
         keep = torch.ones(spans, dtype=torch.bool)
         keep[ranked[: drop.k]] = False
         top = full - _log_probability(model, _ablated(result, keep), answer)
         assert drop.top == pytest.approx(top, rel=1e-9)
-        picks = torch.rand(DRAWS, spans, generator=generator).argsort(dim=1)[:, : drop.k]
+        if drop.exact:
+            picks = [list(pick) for pick in itertools.combinations(range(spans), drop.k)]
+        else:
+            picks = torch.rand(DRAWS, spans, generator=generator).argsort(dim=1)[:, : drop.k]
         random = []
         for pick in picks:
             keep = torch.ones(spans, dtype=torch.bool)
             keep[pick] = False
             random.append(full - _log_probability(model, _ablated(result, keep), answer))
-        assert drop.random == pytest.approx(
-            float(torch.tensor(random, dtype=torch.float64).mean()), rel=1e-9
-        )
-        assert drop.random_std == pytest.approx(
-            float(torch.tensor(random, dtype=torch.float64).std()), rel=1e-9
-        )
+        assert drop.sets == len(random) == (math.comb(spans, drop.k) if drop.exact else DRAWS)
+        assert drop.random == pytest.approx(statistics.fmean(random), rel=1e-9)
+        spread = statistics.pstdev(random) if drop.exact else statistics.stdev(random)
+        assert drop.random_std == pytest.approx(spread, rel=1e-9)
     halves = torch.rand(24, spans, generator=generator) < 0.5
     actual = [_log_probability(model, _ablated(result, keep), answer) for keep in halves]
     predicted = (halves.double() * result.scores.double()).sum(dim=1)
@@ -304,6 +315,64 @@ def test_a_citation_saves_and_loads(tmp_path, suffix):
     _explainer().explain("w9 w10 w11").save(other)
     with pytest.raises(InputError, match="not a citation"):
         Citation.load(other)
+
+
+@pytest.fixture(scope="module")
+def saved_contrast(tmp_path_factory) -> dict:
+    """A contrast's cite.json document, as Citation.save writes it."""
+    path = tmp_path_factory.mktemp("cite") / "cite.json"
+    cite(_explainer(), CONTEXT, QUESTION, ANSWER, foil=FOIL, method="attnlrp", lds=4).save(path)
+    return json.loads(path.read_text())
+
+
+def _past_the_end(document):
+    document["spans"][-1]["end"] += 5
+
+
+def _overlapping(document):  # span 1 starts inside span 0
+    span = document["spans"][1]
+    span["start"] -= 1
+    span["text"] = document["context"][span["start"] : span["end"]]
+
+
+DAMAGE = {
+    "outside": (_past_the_end, r"span 5 covers \d+..\d+, not the next piece"),
+    "overlap": (_overlapping, r"span 1 covers \d+..\d+, not the next piece"),
+    "text": (lambda d: d["spans"][0].update(text="other"), "span 0's text is not the context's"),
+    "gap": (lambda d: d["spans"].pop(), "the spans end at"),
+    "offset": (lambda d: d.update(context_offset=3), "context_offset 3 is not where"),
+    "span index": (
+        lambda d: d["tensors"]["token_spans"].__setitem__(-5, 6),
+        r"token_spans is not one span index in -1..5",
+    ),
+    "span order": (
+        lambda d: d["tensors"]["token_spans"].reverse(),
+        "token_spans puts the context's tokens out of their spans' order",
+    ),
+    "token rows": (lambda d: d["answer_tokens"].pop(), "token_relevance is"),
+    "prompt ids": (lambda d: d["tensors"]["prompt_ids"].pop(), "its token ids are not one per"),
+    "foil ids": (lambda d: d["tensors"].pop("foil_ids"), "it lacks foil_ids"),
+    "tokens": (lambda d: d.update(prompt_tokens=[1, 2]), "prompt_tokens is not a list"),
+    "method": (lambda d: d.update(method=None), "method is None, not a text"),
+    "check": (lambda d: d["check"].update(seed="3"), "check's seed is '3'"),
+    "check drops": (lambda d: d["check"]["top_k"][0].pop("drop"), "check's top_k"),
+    "check exact": (lambda d: d["check"]["top_k"][0].update(random_exact=1), "check's top_k"),
+    "check sets": (lambda d: d["check"]["top_k"][0].update(random_sets=0), "check's top_k"),
+}
+"""Damage to a saved citation -> what the error names."""
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_citation_is_refused_naming_the_damage(tmp_path, saved_contrast, damage):
+    """Issue 46: spans outside the context, overlapping or disagreeing with the token data
+    were loaded, and failed later with KeyError or TypeError."""
+    edit, named = DAMAGE[damage]
+    document = json.loads(json.dumps(saved_contrast))
+    edit(document)
+    path = tmp_path / "cite.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match=f"holds no valid citation: ({named})"):
+        Citation.load(path)
 
 
 def test_bad_calls_are_refused():

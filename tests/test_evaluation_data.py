@@ -15,7 +15,8 @@ from PIL import Image
 from explain.cli import main
 from explain.errors import InputError
 from explain.evaluation.datasets import EraserMovies, ImageNetFolder, ImageNetSegmentation
-from explain.evaluation.datasets.zoo import SentimentHeldout, ShapesHeldout, heldout_dataset
+from explain.evaluation.datasets.zoo import SentimentHeldout, ShapesHeldout
+from explain.evaluation.zoo import heldout_dataset
 from explain.loading.zoo import save_zoo_model
 
 # -- ImageNet validation folder ----------------------------------------------------------
@@ -190,7 +191,7 @@ def test_sentiment_heldout_rationale_is_the_deciding_words():
 @pytest.fixture
 def tiny_model_folder(tmp_path):
     config = {
-        "family": "timm_vit",
+        "builder": "timm_vit",
         "timm": dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=4),
         "modality": "image",
         "classes": ["a", "b", "c", "d"],
@@ -214,7 +215,7 @@ def test_evaluate_command_on_an_imagenet_folder_and_a_gtsegs_file(tiny_model_fol
     output = tmp_path / "results" / "perturbation.json"
     status = main(
         ["evaluate", "perturbation", "--model", str(tiny_model_folder), "--data",
-         str(tmp_path / "val"), "--methods", "generic,rollout", "--batch-size", "2",
+         str(tmp_path / "val"), "--method", "generic,rollout", "--batch-size", "2",
          "--limit", "4", "--output", str(output), "--quiet"]
     )  # fmt: skip
     assert status == 0
@@ -231,7 +232,7 @@ def test_evaluate_command_on_an_imagenet_folder_and_a_gtsegs_file(tiny_model_fol
     output = tmp_path / "results" / "segmentation.json"
     status = main(
         ["evaluate", "segmentation", "--model", str(tiny_model_folder), "--data", str(path),
-         "--methods", "random", "--output", str(output), "--quiet"]
+         "--method", "random", "--output", str(output), "--quiet"]
     )  # fmt: skip
     assert status == 0
     summary = json.loads(output.read_text())["results"]["random"]
@@ -252,7 +253,7 @@ def test_evaluate_command_runs_road_and_saco_on_an_imagenet_folder(tiny_model_fo
         output = tmp_path / "results" / f"{protocol}.json"
         status = main(
             ["evaluate", protocol, "--model", str(tiny_model_folder), "--data",
-             str(tmp_path / "val"), "--methods", "generic,random", "--batch-size", "3",
+             str(tmp_path / "val"), "--method", "generic,random", "--batch-size", "3",
              "--output", str(output), "--quiet"]
         )  # fmt: skip
         assert status == 0

@@ -72,7 +72,7 @@ def test_page_and_matrix(folder, tmp_path, capsys):
     )
     assert [int(g) for _, g in spans] == [0, 1, 2, 3]
     assert [int(t) for t, _ in spans] == [5, 6, 7, 8]
-    assert f"<h2>explain generate: {folder}: generic</h2>" in page
+    assert f"<h2>explain generate: {folder}: cp_lrp</h2>" in page  # a language model's default
     # Addresses count from 1, as the status line does, and choosing a token updates them.
     assert '"#" + (g + 1)' in page and "asked - 1" in page and "history.replaceState" in page
 
@@ -218,11 +218,12 @@ def test_the_terminal_page_and_figure_show_the_same_continuation(folder, tmp_pat
 
 def test_what_each_token_rests_on_leaves_out_its_readout_token_everywhere(folder, tmp_path, capsys):
     page_path = tmp_path / "page.html"
+    # generic: its readout token's identity term tops every row (checked below)
     argv = ["generate", PROMPT, "--model", str(folder), "--max-new-tokens", "4"]
-    assert main([*argv, "--html", str(page_path)]) == 0
+    assert main([*argv, "--method", "generic", "--html", str(page_path)]) == 0
     lines = _printed_lines(capsys.readouterr().out)
     explainer = Explainer(tiny_lm.tiny_causal_lm("llama"), tokenizer=tiny_lm.tiny_tokenizer())
-    found = explain_generation(explainer, PROMPT, max_new_tokens=4)
+    found = explain_generation(explainer, PROMPT, max_new_tokens=4, method="generic")
     tokens = found.explanation.tokens[0]
     matrix = found.explanation.relevance[0].double().numpy()
     width = found.generation.prompt_length
@@ -292,13 +293,13 @@ def test_the_vision_language_figure_has_a_title_and_says_each_label_once(
     assert main([*argv, "--max-new-tokens", "7", "--out", str(tmp_path)]) == 0
     (figure,) = drawn
     heading = figure.texts[-1].get_text().replace("\n", " ")
-    assert f"explain generate: {folder} (generic, depth lm)" in heading
+    assert f"explain generate: {folder} (attnlrp, depth lm)" in heading  # the kind's default
     assert "question: w12 w13" in heading
     panels = [axis for axis in figure.axes if axis.get_title()]
     titles = [axis.get_title() for axis in panels]
     assert titles[0] == "photo" and titles.count("photo") == 1 and len(titles) == 8
     assert all(axis.get_ylabel() == "" for axis in figure.axes[:-1])  # no row labels
-    assert [key.get_ylabel() for key in figure.axes[len(panels) :]] == ["each map's own range"]
+    assert [key.get_ylabel() for key in figure.axes[len(panels) :]] == ["signed maps"]  # attnlrp
     # the photo and 7 words: in rows of 5 (the photo and 4 words, then 4 more), read
     # left to right, top to bottom
     rows = [round(axis.get_position().y0, 3) for axis in panels]

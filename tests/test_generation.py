@@ -147,16 +147,20 @@ def test_the_engines_option_rules_hold_for_generations():
     with pytest.raises(OptionError, match="bogus"):
         explain_generation(explainer, generation, method="rollout", bogus=1)
     with pytest.raises(OptionError, match="start_layer 9 is out of range"):
-        explain_generation(explainer, generation, start_layer=9)
+        explain_generation(explainer, generation, method="generic", start_layer=9)
     with pytest.raises(OptionError, match="takes no start_layer"):
         explain_generation(explainer, generation, method="raw_attention", start_layer=0)
     inputs, width = generation.inputs(), generation.prompt_length
     with pytest.raises(OptionError, match="takes no target"):
-        engine.explain(explainer.adapter, inputs, engine.Request(target=3, prompt_length=width))
+        engine.explain(
+            explainer.adapter,
+            inputs,
+            engine.Request(method="generic", target=3, prompt_length=width),
+        )
     with pytest.raises(OptionError, match="one score per input"):
         engine.trace(explainer.adapter, inputs, engine.Request(method=None, prompt_length=width))
     with pytest.raises(InputError, match="no generated token"):
-        whole = engine.Request(prompt_length=inputs["input_ids"].shape[1])
+        whole = engine.Request(method="generic", prompt_length=inputs["input_ids"].shape[1])
         engine.explain(explainer.adapter, inputs, whole)
     assert before.differences(ModelState.capture(model)) == []
 

@@ -24,3 +24,50 @@ def test_explaining_a_timm_model_does_not_import_transformers_or_matplotlib():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_every_public_name_is_its_modules_own():
+    """The names `explain` imports at their first use (its __getattr__) are the objects
+    their modules define, and every name in __all__ resolves."""
+    code = (
+        "import importlib, explain; "
+        "wrong = [n for n, m in explain._PUBLIC.items() "
+        "if getattr(explain, n) is not getattr(importlib.import_module(m), n)]; "
+        "missing = sorted(set(explain.__all__) - set(explain._PUBLIC) - {'__version__'}); "
+        "print(wrong, missing)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[] []"
+
+
+def test_import_loads_no_bridged_library():
+    """The bridges' libraries are optional extras, imported only when a bridge is used."""
+    bridged = ("captum", "inseq", "nnsight", "transformer_lens", "quantus")
+    code = (
+        "import sys, explain, explain.bridges, explain.generation; "
+        f"print(','.join(m for m in {bridged!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_a_bridge_without_its_library_names_the_extra():
+    """A bridge whose library is missing says which extra installs it (inseq hidden here,
+    so that the check runs where it is installed too)."""
+    code = (
+        "import sys; sys.modules['inseq'] = None\n"
+        "from explain import Explainer, ExplainError\n"
+        "from explain.generation import explain_generation\n"
+        "from explain.testing import tiny_lm\n"
+        "model, tokenizer = tiny_lm.tiny_causal_lm('llama'), tiny_lm.tiny_tokenizer()\n"
+        "explainer = Explainer(model, tokenizer=tokenizer)\n"
+        "explained = explain_generation(explainer, 'user w10', max_new_tokens=1)\n"
+        "try:\n"
+        "    explained.to_inseq()\n"
+        "except ExplainError as error:\n"
+        "    print(error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (
+        "this needs inseq (inseq is missing): pip install 'explain-transformers[inseq]'"
+    )

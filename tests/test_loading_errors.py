@@ -216,7 +216,7 @@ def test_timm_model_args_must_be_an_object(tmp_path):
         (lambda c: c["preprocessing"].update(std=[0.5, 0, 0.5]), "std must be positive"),
         (lambda c: c["preprocessing"].update(mean=["a", 0, 0]), "mean must be a finite number"),
         (lambda c: c.update(classes=["zero", "one"]), "names 2 classes but the model's head has 6"),
-        (lambda c: c.update(classes="0123456789"), "classes must be a list of names"),
+        (lambda c: c.update(classes="0123456789"), "'classes' must be a list of class names"),
     ],
 )
 def test_a_zoo_card_with_bad_preprocessing_or_classes_is_named(tmp_path, change, message):

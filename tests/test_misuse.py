@@ -70,7 +70,7 @@ def test_unknown_options_list_the_methods_options(vit, images):
         ({"target": {1, 2}}, TargetError, "got a set"),
         ({"target": {0: 1, 1: 2}}, TargetError, "got a dict"),
         ({"target": torch.tensor([1 + 0j, 2 + 0j])}, TargetError, "integers, got torch.complex64"),
-        ({"method": None}, UnknownMethodError, "method must be a method name"),
+        ({"method": 3}, UnknownMethodError, "method must be a method name"),
         ({"method": ["generic"]}, UnknownMethodError, "method must be a method name"),
         (
             {"method": "rollout", "discard_ratio": "0.5"},

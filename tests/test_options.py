@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from explain import Explainer, OptionError, TargetError, explain
+from explain import Contrast, Explainer, OptionError, TargetError, explain
 from explain.testing import tiny_case, tiny_vit
 
 
@@ -71,3 +71,32 @@ def test_the_one_shot_function_passes_the_attention_path_on(vit, images):
     torch.testing.assert_close(result.relevance, expected.relevance, rtol=0, atol=0)
     with pytest.raises(OptionError, match="attention_path must be one of"):
         explain(vit, images, attention_path="sometimes")
+
+
+def _meta(values):
+    return torch.tensor(values, device="meta")
+
+
+@pytest.mark.parametrize(
+    ("method", "given", "error", "named"),
+    [
+        ("occlusion", {"baseline_token": _meta(3)}, OptionError, "option baseline_token"),
+        (
+            "integrated_gradients",
+            {"baseline_token": _meta(3)},
+            OptionError,
+            "option baseline_token",
+        ),
+        ("occlusion", {"spans": _meta([[0, 0, 1, 1, 2, 2]])}, OptionError, "option spans"),
+        ("generic", {"start_layer": _meta(0)}, OptionError, "start_layer"),
+        ("generic", {"start_layer": {"text": _meta(0)}}, OptionError, r"start_layer\['text'\]"),
+        ("generic", {"target": _meta([0, 1])}, TargetError, "the target"),
+        ("generic", {"target": Contrast(None, _meta(1))}, TargetError, "the target"),
+    ],
+)
+def test_an_option_on_the_meta_device_is_refused_naming_it(method, given, error, named):
+    """Issue 46: options on the meta device reached PyTorch's NotImplementedError (spans)
+    or RuntimeError (.item() of baseline_token, start_layer) wherever they were read."""
+    case = tiny_case("hf_text_encoder")
+    with pytest.raises(error, match=f"^{named} is on the meta device, which holds no values"):
+        Explainer(case.model, spec=case.spec).explain(case.batch, method=method, **given)

@@ -42,7 +42,7 @@ def loaded():
 
     tokenizer = recall.build_tokenizer()
     config = {
-        "family": "hf_llama",
+        "builder": "hf_llama",
         "modality": "text",
         "classes": None,
         "llama": {

@@ -213,7 +213,7 @@ def test_each_generated_token_equals_the_rule_on_its_prefix(model, processor, de
     # Prompts of one length: transformers' eager softmax runs in float32, where float64's
     # mask value becomes -inf, so a left-padded float64 row is NaN (padding: next test).
     chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
-    answer = explain_generation(explainer, chats, max_new_tokens=3, depth=depth)
+    answer = explain_generation(explainer, chats, max_new_tokens=3, method="generic", depth=depth)
     generation, result = answer.generation, answer.explanation
     batch, steps = generation.generated.shape
     assert result.relevances["image"].shape == (batch, steps, 4, 4)
@@ -314,16 +314,18 @@ def test_two_images_in_one_prompt_get_one_map_each(model, processor):
     inputs = explainer.adapter.encode(chat, processor)
     inputs["pixel_values"] = inputs["pixel_values"].double()
     for depth in ("lm", "tower"):
-        result = explainer.explain(inputs, depth=depth)
+        result = explainer.explain(inputs, method="generic", depth=depth)
         assert result.relevances["image"].shape == (1, 2, 4, 4)
         image, _ = reference(
             model, inputs, inputs["input_ids"].shape[1] - 1, int(result.target[0]), depth
         )
         torch.testing.assert_close(result.relevances["image"][0], image, rtol=1e-9, atol=1e-12)
     questions = {"image": [_photo(0), _photo(1), _photo(2), _photo(3)], "text": ["w12", "w13"]}
-    assert explainer.explain(questions).relevances["image"].shape == (2, 2, 4, 4)
+    assert explainer.explain(questions, method="generic").relevances["image"].shape == (2, 2, 4, 4)
     with pytest.raises(InputError, match="3 images for 2 questions"):
-        explainer.explain({"image": questions["image"][:3], "text": ["w12", "w13"]})
+        explainer.explain(
+            {"image": questions["image"][:3], "text": ["w12", "w13"]}, method="generic"
+        )
 
 
 def test_an_image_prompt_as_people_give_it(model, processor, tmp_path):
@@ -602,13 +604,13 @@ def test_gemma3_pooled_image_tokens_go_back_over_their_patches(depth):
     explainer = Explainer(model)
     # next token (one prompt: float64 rows must not be left-padded, see above)
     one = _gemma3_prompts((3,))
-    result = explainer.explain(one, depth=depth)
+    result = explainer.explain(one, method="generic", depth=depth)
     assert result.relevances["image"].shape == (1, 4, 4)  # the tower's grid, not the 2 x 2
     image, text = reference(model, one, one["input_ids"].shape[1] - 1, int(result.target[0]), depth)
     torch.testing.assert_close(result.relevances["image"][0], image[0], rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(result.relevances["text"][0], text, rtol=1e-9, atol=1e-12)
     # an answer: every generated token against the rule on its prefix
-    answer = explain_generation(explainer, one, max_new_tokens=3, depth=depth)
+    answer = explain_generation(explainer, one, max_new_tokens=3, method="generic", depth=depth)
     generation = answer.generation
     assert (generation.extra["token_type_ids"][:, generation.prompt_length :] == 0).all()
     for step in range(int(generation.generated[0].sum())):
@@ -844,7 +846,7 @@ def test_qwen2_vl_each_generated_token_equals_the_rule_on_its_prefix(qwen2_vl, d
     model, processor = qwen2_vl
     explainer = Explainer(model, tokenizer=processor)
     chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
-    answer = explain_generation(explainer, chats, max_new_tokens=3, depth=depth)
+    answer = explain_generation(explainer, chats, max_new_tokens=3, method="generic", depth=depth)
     generation, result = answer.generation, answer.explanation
     batch, steps = generation.generated.shape
     assert result.relevances["image"].shape == (batch, steps, 4, 8)
@@ -923,7 +925,7 @@ def test_qwen2_vl_two_images_in_one_prompt_get_one_map_each(qwen2_vl):
     inputs = dict(explainer.adapter.encode(chat, processor))
     inputs["pixel_values"] = inputs["pixel_values"].double()
     for depth in ("lm", "tower"):
-        result = explainer.explain(inputs, depth=depth)
+        result = explainer.explain(inputs, method="generic", depth=depth)
         assert result.relevances["image"].shape == (1, 2, 4, 8)
         position, target = inputs["input_ids"].shape[1] - 1, int(result.target[0])
         image, _ = _qwen2_vl_reference(model, inputs, position, target, depth=depth)
@@ -968,10 +970,13 @@ def _ramp(height: int, width: int) -> np.ndarray:
 
 def test_qwen2_vl_a_grid_with_height_and_width_swapped_is_refused(qwen2_vl):
     """As many patches either way, but the patches of a photo join up only one way (issue
-    37: the map came back 8 x 4 over patches laid out 4 x 8)."""
+    37: the map came back 8 x 4 over patches laid out 4 x 8; issue 46: still so for a grid
+    one merged block high or wide, 2 x 12 or 8 x 2)."""
     model, processor = qwen2_vl
     explainer = Explainer(model)
-    for photo, (gh, gw) in ((_ramp(48, 80), (4, 6)), (_ramp(80, 48), (6, 4))):
+    grids = [((48, 80), (4, 6)), ((80, 48), (6, 4)), ((20, 90), (2, 12)), ((100, 40), (8, 2))]
+    for (height, width), (gh, gw) in grids:
+        photo = _ramp(height, width)
         inputs = _qwen2_vl_inputs(processor, [(photo, "w12"), (photo[::-1], "w13")])
         assert inputs["image_grid_thw"].tolist() == [[1, gh, gw]] * 2
         assert explainer.explain(inputs).relevances["image"].shape == (2, gh, gw)
@@ -1087,7 +1092,9 @@ def test_qwen2_vl_the_automatic_path_counts_the_towers_own_maps(qwen2_vl):
     assert text_only < needed
     paths = {}
     for budget in (text_only, needed):
-        result = Explainer(model, memory_budget=budget).explain(inputs, depth="tower")
+        result = Explainer(model, memory_budget=budget).explain(
+            inputs, method="generic", depth="tower"
+        )
         paths[budget] = result.settings["attention_path"]
     assert list(paths.values()) == ["streamed", "explicit"]
 
@@ -1300,7 +1307,7 @@ def test_idefics3_each_generated_token_equals_the_rule_on_its_prefix(idefics3, d
     model, processor = idefics3
     explainer = Explainer(model, tokenizer=processor)  # the layout read from the tokens
     chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
-    answer = explain_generation(explainer, chats, max_new_tokens=3, depth=depth)
+    answer = explain_generation(explainer, chats, max_new_tokens=3, method="generic", depth=depth)
     generation, result = answer.generation, answer.explanation
     batch, steps = generation.generated.shape
     g, _ = _tile_patches(model)
@@ -1347,7 +1354,7 @@ def test_idefics3_two_photos_and_a_photo_not_split(idefics3):
     ]
     inputs = _idefics3_inputs(processor, chat, [[_photo(0), _photo(1)]])
     for depth in ("lm", "tower"):
-        result = Explainer(model).explain(inputs, depth=depth)
+        result = Explainer(model).explain(inputs, method="generic", depth=depth)
         assert result.relevances["image"].shape == (1, 2, 2 * g, 3 * g)  # one map per photo
         position = inputs["input_ids"].shape[1] - 1
         image, _ = _idefics3_reference(model, inputs, position, int(result.target[0]), depth)
@@ -1361,7 +1368,7 @@ def test_idefics3_two_photos_and_a_photo_not_split(idefics3):
         processor.image_processor.do_image_splitting = True
     assert (inputs["rows"], inputs["pixel_values"].shape[1]) == ([[0]], 1)
     for depth in ("lm", "tower"):
-        result = Explainer(model).explain(inputs, depth=depth)
+        result = Explainer(model).explain(inputs, method="generic", depth=depth)
         assert result.relevances["image"].shape == (1, g, g)
         position = inputs["input_ids"].shape[1] - 1
         image, text = _idefics3_reference(model, inputs, position, int(result.target[0]), depth)
@@ -1424,7 +1431,9 @@ def test_idefics3_the_fused_path_folds_answers_as_the_explicit_path(idefics3, de
     chats = _chats(processor, [(_photo(0), "w12 w13"), (_photo(1), "w20 w21")])
     made = generate(Explainer(model, tokenizer=processor), chats, max_new_tokens=3)
     results = {
-        path: explain_generation(Explainer(model, attention_path=path), made, depth=depth)
+        path: explain_generation(
+            Explainer(model, attention_path=path), made, method="generic", depth=depth
+        )
         for path in ("explicit", "fused")
     }
     fused, explicit = results["fused"].explanation, results["explicit"].explanation

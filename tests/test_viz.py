@@ -124,7 +124,7 @@ def test_scale_maps_signed_maps_reach_full_colour_at_their_99th_percentile():
     assert _close(scaled.maps[1], [[0.0, 1.0, 0.5]])  # min-max: no baseline wash
     assert "signed maps (marked ±) by their 99th percentile of |relevance|" in scaled.caption()
     assert scaled.key_ticks(True)[1] == ["-p99|R|", "0", "+p99|R|"]
-    assert scaled.key_label(True) == "signed maps (panels marked ±)"
+    assert scaled.key_label(True) == "signed maps, marked ±"
     # "shared": one scale per kind, never one red-blue scale for both kinds
     signed = np.array([[-2.0, 1.0]])
     shared = scale_maps([signed, positive, positive / 100], "shared")
@@ -135,8 +135,8 @@ def test_scale_maps_signed_maps_reach_full_colour_at_their_99th_percentile():
     assert _close(shared.maps[2], [[1 / 300, 1 / 100, 2 / 300]])  # weak among its kind
     assert shared.key_ticks(True)[1] == ["-2", "0", "2"]
     assert shared.key_ticks(False)[1] == ["0", "3"]
-    assert shared.key_label(True) == "signed maps, marked ± (one shared scale)"
-    assert shared.key_label(False) == "unsigned maps (one shared scale)"
+    assert shared.key_label(True) == "signed, marked ± (shared scale)"
+    assert shared.key_label(False) == "unsigned (shared scale)"
     assert "unsigned maps 0 to 3, signed maps (marked ±) -2 to 2" in shared.caption()
 
 
@@ -377,11 +377,21 @@ def test_grid_with_signed_and_unsigned_maps_has_both_keys(picture):
     # the signed panel, and only it, is marked as reading the diverging key
     assert [t.get_text() for t in figure.axes[2].texts] == ["±"] and not figure.axes[1].texts
     keys = figure.axes[3:]
-    assert [axis.get_ylabel() for axis in keys] == [
-        "unsigned maps (unmarked)",
-        "signed maps (panels marked ±)",
+    assert [" ".join(axis.get_ylabel().split()) for axis in keys] == [
+        "unsigned maps",
+        "signed maps, marked ±",
     ]
     assert "for signed maps (marked ±) by their 99th percentile" in _caption(figure)
+    # the two keys' labels, wrapped to their bars, neither overlap nor leave their bars
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    labels = [axis.yaxis.label.get_window_extent(renderer) for axis in keys]
+    bars = [axis.get_window_extent(renderer) for axis in keys]
+    assert not labels[0].overlaps(labels[1])
+    edge = figure.bbox.x1
+    for label, bar in zip(labels, bars, strict=True):
+        assert bar.y0 - 1 <= label.y0 and label.y1 <= bar.y1 + 1 and label.x1 <= edge
 
 
 def test_a_shared_grid_of_signed_and_unsigned_maps_keeps_one_scale_per_kind(picture):
@@ -405,9 +415,9 @@ def test_a_shared_grid_of_signed_and_unsigned_maps_keeps_one_scale_per_kind(pict
         assert _close(shown, overlay(image, heat / 2.0, signed=True))
         assert [t.get_text() for t in axis.texts] == ["±"]
     keys = figure.axes[6:]
-    assert [axis.get_ylabel() for axis in keys] == [
-        "unsigned maps (one shared scale)",
-        "signed maps, marked ± (one shared scale)",
+    assert [" ".join(axis.get_ylabel().split()) for axis in keys] == [
+        "unsigned (shared scale)",
+        "signed, marked ± (shared scale)",
     ]
     assert [[t.get_text() for t in axis.get_yticklabels()] for axis in keys] == [
         ["0", "0.03"],

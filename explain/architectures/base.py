@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from explain.architectures.wrappers import ACCELERATE_HOOK, execution_device
-from explain.errors import InputError
+from explain.errors import ExplainError, InputError
 from explain.finite import check_finite
 from explain.inputs import encode, is_raw_text, token_strings
 from explain.layout import (
@@ -279,6 +279,10 @@ class LanguageModel(Adapter):
     positions of one forward. The wrapped model has Hugging Face's `generate`."""
 
     reads_text = True
+    causal_without_mask: ClassVar[bool] = False
+    """Whether the model, given no attention mask and the positions 0..W-1 in every row,
+    builds its own causal (and sliding-window) mask: all that right-padded rows need
+    (`right_padded_logits_at`)."""
 
     @abstractmethod
     def logits_at(self, prepared: Prepared, positions: Tensor | slice) -> Tensor:
@@ -286,6 +290,28 @@ class LanguageModel(Adapter):
         positions, the same for every sample (a generation's), is taken by slicing, whose
         backward batched over the positions runs no kernel once per position (an index's
         or a gather's does)."""
+
+    def right_padded_logits_at(
+        self, input_ids: Tensor, lengths: Tensor, positions: Tensor
+    ) -> Tensor:
+        """`logits_at` for (B, W) `input_ids` whose row b holds `lengths[b]` real tokens
+        first and padding after them, at (B, P) `positions` on real tokens. Under the causal
+        mask no real token attends to a pad on its right, so where the model takes no mask
+        (`causal_without_mask`) none is given, and every row counts its positions 0..W-1
+        (a pad repeating its row's last position would read to transformers as the start
+        of a packed sequence, whose mask is dense again): sdpa then runs its causal kernel
+        instead of an explicit mask's (recall-llama at 2,048 tokens, 4 rows: 0.29 s against
+        0.49 s of CPU time)."""
+        width = input_ids.shape[1]
+        mask = (torch.arange(width, device=lengths.device) < lengths[:, None]).long()
+        prepared = self.prepare({"input_ids": input_ids, "attention_mask": mask})
+        if self.causal_without_mask:
+            arguments = prepared.arguments
+            del arguments["attention_mask"]
+            if "position_ids" in arguments:
+                counted = torch.arange(width, device=arguments["position_ids"].device)
+                arguments["position_ids"] = counted.expand_as(arguments["position_ids"])
+        return self.logits_at(prepared, positions)
 
     def readout_at(self, prepared: Prepared, positions: Tensor) -> Tensor:
         """(B, T) readout rows, one-hot at each sample's position (B,); or (B, P, T) for
@@ -403,19 +429,21 @@ def validate_image_batch(
     return images
 
 
-def refuse_meta_inputs(inputs: object, name: str = "an input") -> None:
+def refuse_meta_inputs(
+    inputs: object, name: str = "an input", error: type[ExplainError] = InputError
+) -> None:
     """Refuse tensors on the meta device anywhere in `inputs` (a tensor, or mappings and
-    lists of them, an image prompt's photos included): they have shapes but no values,
-    so every check of the values would fail with PyTorch's own error."""
+    lists of them, an image prompt's photos included) with `error`: they have shapes but
+    no values, so every check of the values would fail with PyTorch's own error."""
     if isinstance(inputs, Tensor):
         if inputs.is_meta:
-            raise InputError(
+            raise error(
                 f"{name} is on the meta device, which holds no values: give the tensors "
                 "themselves (on the CPU or the model's device)"
             )
     elif isinstance(inputs, Mapping):
         for key, value in inputs.items():
-            refuse_meta_inputs(value, key if isinstance(key, str) else name)
+            refuse_meta_inputs(value, key if isinstance(key, str) else name, error)
     elif isinstance(inputs, list | tuple):
         for value in inputs:
-            refuse_meta_inputs(value, name)
+            refuse_meta_inputs(value, name, error)

@@ -79,6 +79,7 @@ class HFCausalLM(HFAdapter, LanguageModel):
         "tested: Llama, Granite, Mistral, Mixtral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, "
         "OLMo 2, GPT-NeoX, GPT-2 (the next token at the last real token; generations)"
     )
+    causal_without_mask = True
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)

@@ -150,23 +150,36 @@ class HFQwen2VL(VisionLanguageModel):
     ) -> list[DeviceCheck]:
         """The check that `image_grid_thw` has height and width the right way round, where
         the pixels can tell: its patch count is the same either way, and so are the four
-        patches of each merged block, but the blocks' rows are not. A photo's blocks meet
-        the blocks below them far more smoothly than those they would meet were the grid
-        transposed (measured on three photos at several sizes through the tiny processor
-        and Qwen2-VL's own: 4.5 to 125 times); refused where the transposed grid's seams
-        are twice as smooth. Noise (as smooth either way) and a square grid or one under
-        two blocks high or wide (nothing to compare) pass."""
+        patches of each merged block, but the blocks' neighbours are not. A photo's blocks
+        meet the blocks beside and below them far more smoothly than those they would
+        meet were the grid transposed (measured on three photos at several sizes through
+        the tiny processor and Qwen2-VL's own: 4.5 to 125 times); refused where the
+        transposed grid's seams, across and down pooled, are twice as smooth. Pooling
+        both directions checks a grid one block high or wide too (its seams run one way
+        only, the transposed grid's the other). Noise (as smooth either way) and a square
+        grid (the same either way) pass."""
         m = self._merge_size
-        if rows == columns or min(rows, columns) < 2 * m:
+        if rows == columns or rows * columns <= m * m:
             return []
         config = self.tower.config
         p, frames = config.patch_size, config.temporal_patch_size
+        # (image, block, patch row, patch column, channel, frame, pixel row, pixel column)
         blocks = pixels.reshape(images, -1, m, m, config.in_channels, frames, p, p)
-        bottom = blocks[:, :, m - 1, :, :, :, p - 1]  # each block's last pixel row
-        top = blocks[:, :, 0, :, :, :, 0]  # and its first
+        edges = {
+            "bottom": blocks[:, :, m - 1, :, :, :, p - 1],  # each block's last pixel row
+            "top": blocks[:, :, 0, :, :, :, 0],  # its first
+            "right": blocks[:, :, :, m - 1, :, :, :, p - 1],  # its last pixel column
+            "left": blocks[:, :, :, 0, :, :, :, 0],  # its first
+        }
+        count = blocks.shape[1]
 
-        def seams(per_row: int) -> Tensor:  # blocks on a row of the merged grid
-            return (bottom[:, :-per_row] - top[:, per_row:]).abs().float().mean()
+        def seams(per_row: int) -> Tensor:
+            """The mean step across the seams of the blocks laid out `per_row` a row."""
+            down = edges["bottom"][:, :-per_row] - edges["top"][:, per_row:]
+            across = edges["right"][:, :-1] - edges["left"][:, 1:]
+            beside = (torch.arange(1, count, device=pixels.device) % per_row) != 0
+            steps = torch.cat([down.flatten(), across[:, beside].flatten()])
+            return steps.abs().float().mean()
 
         given, transposed = seams(columns // m), seams(rows // m)
 

@@ -18,9 +18,14 @@
 - Quantised weights (torchao, optimum-quanto): weight-only quantisation computes with
   dequantised weights and explains as such; a model that quantises its activations is
   refused (`refuse_quantised_activations`).
-- A transformers pipeline or a SentenceTransformer is not a module: `runnable` gives the
+- A TransformerLens `TransformerBridge` is explained as the Hugging Face model it wraps,
+  as Hugging Face built it (explain.architectures.transformer_lens_bridge).
+- A transformers pipeline, a SentenceTransformer or an nnsight model (an `Envoy`:
+  `LanguageModel`, `TransformersModel`, `NNsight`) is not a module: `runnable` gives the
   model and the tokenizer to explain it with (explain.architectures.sentence_encoding
-  for the latter).
+  for a SentenceTransformer). nnsight's envoys stay as they are: outside a trace the
+  forward nnsight installs on each module runs the module's own forward, and an
+  explanation's hooks sit on the modules, as on any model.
 
 The wrapped model runs on the device of its parameters (for DataParallel, the first
 device), or on accelerate's execution device.
@@ -34,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from explain.architectures.transformer_lens_bridge import hugging_face_view, is_bridge
 from explain.errors import UnsupportedModelError
 from explain.layout import FlagSetting
 
@@ -189,7 +195,8 @@ def runnable(runner: object) -> tuple[nn.Module, dict[str, Any]]:
     ({"tokenizer": ..., "processor": ...}; `Explainer` takes the one its model reads):
     a transformers pipeline (its model, tokenizer and processor), a SentenceTransformer
     (its encoder, with a tokenizer that gives the tokens its `encode` sees:
-    explain.architectures.sentence_encoding), or a module as it is. Anything else is
+    explain.architectures.sentence_encoding), an nnsight model (the module it wraps, and
+    its tokenizer), or a module as it is. Anything else is
     refused, naming the attribute that holds a module where there is one."""
     if _is_class(runner, "transformers.pipelines.base", "Pipeline"):
         model = runner.model
@@ -207,6 +214,10 @@ def runnable(runner: object) -> tuple[nn.Module, dict[str, Any]]:
 
         encoder, tokenizer = sentence_encoder(runner)
         return encoder, {"tokenizer": tokenizer}
+    if is_bridge(runner):
+        return hugging_face_view(runner), {"tokenizer": getattr(runner, "tokenizer", None)}
+    if _is_class(runner, "nnsight.intervention.envoy", "Envoy"):
+        return _nnsight_module(runner), {"tokenizer": getattr(runner, "tokenizer", None)}
     if isinstance(runner, nn.Module):
         return runner, {}
     held = [
@@ -218,6 +229,22 @@ def runnable(runner: object) -> tuple[nn.Module, dict[str, Any]]:
         else ""
     )
     raise UnsupportedModelError(
-        f"expected a torch.nn.Module, a transformers pipeline or a SentenceTransformer, got "
-        f"{type(runner).__module__}.{type(runner).__qualname__}{where}"
+        "expected a torch.nn.Module, a transformers pipeline, a SentenceTransformer or an "
+        f"nnsight model, got {type(runner).__module__}.{type(runner).__qualname__}{where}"
     )
+
+
+def _nnsight_module(envoy: Any) -> nn.Module:
+    """The module an nnsight envoy wraps (nnsight 0.8 keeps it as `_module`); refused while
+    nnsight has not loaded its weights (a model made from a name is built on the meta
+    device and loaded at its first trace)."""
+    module = envoy._module
+    if getattr(envoy, "dispatched", True) is False or any(
+        parameter.is_meta for parameter in module.parameters()
+    ):
+        raise UnsupportedModelError(
+            "this nnsight model's weights are not loaded yet (nnsight loads a model made "
+            "from a name at its first trace): call model.dispatch() first, or create it "
+            "with dispatch=True"
+        )
+    return module

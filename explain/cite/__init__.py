@@ -4,7 +4,10 @@ answer, checked by ablation (`cite`), and contrasts of two answers (`explain_con
 The context is split into spans (explain.cite.spans), put into a prompt with the question
 (explain.cite.prompt), every answer token is explained over the prompt in one batched
 backward (explain.cite.attribution, on explain.generation), and the ranking is checked by
-removing the top spans (explain.cite.check). docs/cite.md is the guide.
+removing the top spans (explain.cite.check) and read into a verdict in words
+(explain.cite.verdict). A photo's regions are cited the same way (explain.cite.regions:
+the regions and where they lie among the model's patches; explain.cite.image:
+attribution and check). docs/cite.md is the guide.
 """
 
 from explain.cite.attribution import (
@@ -14,12 +17,16 @@ from explain.cite.attribution import (
     explain_contrast,
     span_sums,
 )
-from explain.cite.check import ABLATION, Check, TopKDrop, check_ranking, spearman
+from explain.cite.check import ABLATION, Check, TopKDrop, check_ranking, check_scores, spearman
+from explain.cite.image import RegionCitation, cite_image
 from explain.cite.prompt import TEMPLATE, Context, Prompt, build_prompt, read_context
+from explain.cite.regions import GRID, Region, grid_regions, read_regions
 from explain.cite.spans import KINDS, Span, split
+from explain.cite.verdict import Verdict, verdict
 
 __all__ = [
     "ABLATION",
+    "GRID",
     "KINDS",
     "TEMPLATE",
     "Check",
@@ -27,14 +34,22 @@ __all__ = [
     "Context",
     "ContrastExplanation",
     "Prompt",
+    "Region",
+    "RegionCitation",
     "Span",
     "TopKDrop",
+    "Verdict",
     "build_prompt",
     "check_ranking",
+    "check_scores",
     "cite",
+    "cite_image",
     "explain_contrast",
+    "grid_regions",
     "read_context",
+    "read_regions",
     "span_sums",
     "spearman",
     "split",
+    "verdict",
 ]

@@ -31,13 +31,22 @@ from torch import Tensor
 
 from explain.api import Explainer
 from explain.cite.check import Check, check_ranking, check_seed
+from explain.cite.image import RegionCitation, cite_image
 from explain.cite.prompt import TEMPLATE, build_prompt, read_context
+from explain.cite.regions import GRID
+from explain.cite.saved import FORMAT, TENSORS, citation_fields
 from explain.cite.spans import Span
 from explain.engine import require_causal_lm
 from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
 from explain.export import read_payload, write_payload
-from explain.generation import Generation, GenerationExplanation, explain_generation, generate
+from explain.generation import (
+    Generation,
+    GenerationExplanation,
+    explain_generation,
+    generate,
+    generation_default,
+)
 from explain.inputs import unicode_text
 from explain.rules import METHODS, get_method
 
@@ -49,8 +58,6 @@ __all__ = [
     "span_sums",
     "sparse_spans",
 ]
-
-_FORMAT = "explain.Citation"
 
 
 @dataclass(frozen=True)
@@ -151,7 +158,7 @@ def explain_contrast(
     prompt: str | Tensor,
     answer: str,
     foil: str,
-    method: str = "attnlrp",
+    method: str | None = None,
     score: Score | None = None,
     start_layer: int | None = None,
     **options: Any,
@@ -164,10 +171,12 @@ def explain_contrast(
         prompt: a text (tokenized with the tokenizer's special tokens) or (P,) token ids.
         answer, foil: the two continuations, as texts.
         method: a method linear in the score (attnlrp, cp_lrp); the others are refused.
+            None: the model kind's default (`generation_default`).
         score: what of each continuation token is differentiated; default its
             log-probability, so that the sum is log p(answer) - log p(foil).
     """
     require_causal_lm(explainer.adapter)
+    method = generation_default(explainer).method if method is None else method
     prompt_ids = _prompt_ids(explainer, prompt)
     tokenizer = explainer.tokenizer
     answers = [_token_ids(tokenizer, answer, "answer"), _token_ids(tokenizer, foil, "foil")]
@@ -250,7 +259,7 @@ class Citation:
     def _header(self) -> dict[str, Any]:
         scores = self.scores.double().tolist()
         return {
-            "format": _FORMAT,
+            "format": FORMAT,
             "version": 1,
             "context": self.context,
             "kind": self.kind,
@@ -293,37 +302,12 @@ class Citation:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Citation:
-        """Read a citation written by `save`; InputError for any other file."""
-        names = ["token_relevance", "span_relevance", "scores", "token_spans"]
-        names += ["prompt_ids", "answer_ids", "foil_ids"]
-        tensors, header = read_payload(path, lambda header: names)
-        if header.get("format") != _FORMAT or not set(names[:-1]) <= set(tensors):
-            raise InputError(f"{path} is not a citation written by Citation.save")
-        spans = tuple(Span(s["text"], s["start"], s["end"]) for s in header["spans"])
-        check = header["check"]
-        return cls(
-            context=header["context"],
-            spans=spans,
-            kind=header["kind"],
-            question=header["question"],
-            prompt=header["prompt"],
-            context_offset=header["context_offset"],
-            prompt_tokens=header["prompt_tokens"],
-            token_spans=tensors["token_spans"].long(),
-            answer=header["answer"],
-            answer_tokens=header["answer_tokens"],
-            foil=header["foil"],
-            token_relevance=tensors["token_relevance"],
-            span_relevance=tensors["span_relevance"],
-            scores=tensors["scores"],
-            method=header["method"],
-            score=header["score"],
-            check=None if check is None else Check.from_dict(check),
-            prompt_ids=tensors["prompt_ids"].long(),
-            answer_ids=tensors["answer_ids"].long(),
-            foil_ids=tensors["foil_ids"].long() if "foil_ids" in tensors else None,
-            settings=header["settings"],
-        )
+        """Read a citation written by `save`. Any other file, or one whose contents are
+        not a citation's (spans that do not tile the context, token data that disagrees
+        with the spans or the tokens, a field of the wrong type...), raises InputError
+        naming what is wrong (explain.cite.saved); nothing in the file is executed."""
+        tensors, header = read_payload(path, lambda header: TENSORS)
+        return cls(**citation_fields(tensors, header, path))
 
 
 def sparse_spans(span_relevance: Tensor, share: float) -> Tensor:
@@ -359,13 +343,16 @@ def span_sums(token_relevance: Tensor, token_spans: Tensor, count: int) -> Tenso
 
 def cite(
     explainer: Explainer,
-    context: str | Sequence[str] | Sequence[Mapping[str, str]],
+    context: str | Sequence[str] | Sequence[Mapping[str, str]] | None,
     question: str,
     answer: str | None = None,
     *,
+    image: Any = None,
+    regions: str | os.PathLike[str] | Sequence[Any] = "grid",
+    grid: tuple[int, int] = GRID,
     foil: str | None = None,
     spans: str = "sentences",
-    method: str = "generic",
+    method: str | None = None,
     score: Score | None = None,
     start_layer: int | None = None,
     template: str = TEMPLATE,
@@ -377,13 +364,21 @@ def cite(
     lds: int = 0,
     seed: int = 0,
     **options: Any,
-) -> Citation:
-    """Which spans of `context` the answer to `question` came from.
+) -> Citation | RegionCitation:
+    """Which spans of `context` (or regions of the photo `image`) the answer to
+    `question` came from.
 
     Args:
-        explainer: an Explainer of a decoder-only language model with its tokenizer.
+        explainer: an Explainer of a decoder-only language model with its tokenizer (a
+            vision-language model with its processor, for an `image`).
         context: a text, a list of documents, or a chat (a list of {"role", "content"}
-            messages, rendered by the tokenizer's chat template).
+            messages, rendered by the tokenizer's chat template); None with an `image`.
+        image: a photo (a path, a PIL image, an (H, W, 3) array): cite its regions
+            instead (explain.cite.image.cite_image, which states the rest): `regions`
+            "grid" (`grid` = (rows, cols) cells, default 3 x 3), a JSON file, or a list
+            of {"box"} / {"mask"} entries; `method`, `score`, `start_layer`, `answer`,
+            `max_new_tokens`, `generate_options`, `check`, `lds`, `seed` and `options`
+            as below. A text context beside the photo is not taken yet.
         question: what is asked about the context; it follows the context in the prompt.
         answer: the answer to explain; None generates one (greedy unless
             `generate_options` say otherwise, at most `max_new_tokens` tokens).
@@ -392,7 +387,7 @@ def cite(
         spans: "sentences" (default), "paragraphs", "lines", "documents" (a list of
             documents) or "turns" (a chat); explain.cite.spans states the rules.
         method, start_layer, options: as for `Explainer.explain`; any method a language
-            model takes.
+            model takes (None: the model kind's default, `generation_default`).
         score: what each answer token's explanation differentiates; default its
             log-probability for the methods that take a score.
         template: the prompt, with "{context}" before "{question}" (for a text or
@@ -408,14 +403,39 @@ def cite(
 
     Returns:
         a `Citation`: the spans, each answer token's span relevances, each span's score
-        for the whole answer, the token-level relevances, and the check.
+        for the whole answer, the token-level relevances, and the check (for an image,
+        a `RegionCitation`: the same over the photo's regions).
     """
+    if image is not None:
+        if context is not None or foil is not None or sparse:
+            raise OptionError(
+                "citing a photo takes no context, foil or sparse (yet): give context=None "
+                "and put any text the model should read into the question"
+            )
+        return cite_image(
+            explainer,
+            image,
+            question,
+            answer,
+            regions=regions,
+            grid=grid,
+            method=method,
+            score=score,
+            start_layer=start_layer,
+            max_new_tokens=max_new_tokens,
+            generate_options=generate_options,
+            check=check,
+            lds=lds,
+            seed=seed,
+            **options,
+        )
     adapter = require_causal_lm(explainer.adapter)
     tokenizer = explainer.tokenizer
     if tokenizer is None:
         raise InputError("cite needs the model's tokenizer: Explainer(model, tokenizer=...)")
     _check_types(question=(question, str), template=(template, str), spans=(spans, str))
     _check_types(answer=(answer, (str, type(None))), foil=(foil, (str, type(None))))
+    method = generation_default(explainer).method if method is None else method
     _check_types(method=(method, str), chat=(chat, bool), check=(check, bool))
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise OptionError(f"max_new_tokens must be an int, got {max_new_tokens!r}")

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from explain.cli.methods import (
+from explain.cli.method_options import (
     add_method_arguments,
     methods_the_model_takes,
     parse_methods,
@@ -38,6 +38,7 @@ from explain.cli.options import (
     add_model_arguments,
     add_out_argument,
     add_save_option,
+    check_planned,
     load,
     opacity,
     parse_index,
@@ -185,9 +186,10 @@ def unique_stems(paths: Sequence[Path]) -> list[str]:
     return stems
 
 
-def planned(args: argparse.Namespace) -> list[Planned]:
-    """Per input: the --save file of each method and the --grid figure."""
-    methods = parse_methods(args.method)
+def planned(args: argparse.Namespace, methods: list[str] | None = None) -> list[Planned]:
+    """Per input: the --save file of each method (`methods`, default: those --method
+    names) and the --grid figure."""
+    methods = parse_methods(args.method) if methods is None else methods
     stems = unique_stems(collect_images(args.inputs))
     files = [
         Planned(args.out / f"{stem}_{method}.{args.save}", "--save")
@@ -205,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz import check_style, grid_figure, save_figure
 
     check_style(args.cmap, args.alpha, args.background)
-    methods = parse_methods(args.method)
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     paths = collect_images(args.inputs)
     loaded = load(args, weights=args.weights, architecture=args.arch)
     if loaded.modality != "image":
@@ -218,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
     columns = parse_targets(args.target, loaded.classes, num_classes)
     target = _target_callable(columns)
     explainer = Explainer(loaded.model)
-    methods = methods_the_model_takes(args.method, methods, explainer.adapter, args.model)
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model)
+    if args.method is None:  # the default's --save files are named now
+        check_planned(planned(args, methods))
     settings = {
         method: {
             "score": score_for(method, args.score),

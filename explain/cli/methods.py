@@ -1,114 +1,45 @@
-"""The --method, --target, --score and --start-layer options that `explain image` and
-`explain text` share, read the same way by both: `all` or comma-separated names, and a
-score and a start layer that each go only to the methods that take them, with a note for
-the others (one flag serves several methods; in Python such a method refuses the
-argument)."""
+"""`explain methods --model M`: the methods a model takes, and the one it runs when no
+--method is given (its kind's default, explain.defaults) with the measurement that chose
+it."""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from typing import Any
 
-__all__ = [
-    "add_method_arguments",
-    "methods_the_model_takes",
-    "parse_methods",
-    "score_for",
-    "start_layer_for",
-]
+from explain.cli.options import add_model_arguments, load
+
+__all__ = ["register"]
 
 
-def add_method_arguments(parser: argparse.ArgumentParser, **target: Any) -> None:
-    """--method, --target (whose meaning is the command's: `target` holds its
-    add_argument keywords), --score and --start-layer."""
-    parser.add_argument(
-        "--method",
-        default="generic",
-        metavar="M[,M2]",
-        help="comma-separated method names, or `all` (`explain models` lists them); "
-        "default: %(default)s",
+def run(args: argparse.Namespace) -> int:
+    from explain.api import Explainer
+    from explain.engine import Request, supported_methods
+
+    loaded = load(args)
+    explainer = Explainer(loaded.model)
+    adapter = explainer.adapter
+    chosen = explainer.default_method
+    print(f"{args.model}: {adapter.family}")
+    print(f"  kind: {chosen.kind}")
+    print(f"  default method: {chosen.method}")
+    print(f"  why: {chosen.why}")
+    print(f"  methods it takes: {', '.join(supported_methods(adapter))}")
+    generated = supported_methods(adapter, Request(prompt_length=1))
+    if generated != supported_methods(adapter):
+        print(f"  methods its generations take: {', '.join(generated)}")
+    return 0
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "methods",
+        help="the methods a model takes, and its default method with the reason",
+        description=__doc__,
     )
-    parser.add_argument("--target", **target)
-    parser.add_argument(
-        "--score",
-        choices=("logit", "probability", "log_probability"),
-        help="what the methods that differentiate a score differentiate for the explained "
-        "class; the others ignore it, with a note; default: logit",
+    add_model_arguments(
+        parser,
+        takes="any model `explain` explains",
+        examples="zoo:recall-llama, zoo:shapes-vit, ./my-llama",
+        timm=True,
     )
-    parser.add_argument(
-        "--start-layer",
-        type=int,
-        metavar="L",
-        help="first block the aggregating methods use (negative: from the end); methods "
-        "that read one fixed block ignore it, with a note; default: each method's own",
-    )
-
-
-def parse_methods(text: str, option: str = "--method") -> list[str]:
-    """`--method` (or `option`): `all` (every registered method) or comma-separated names,
-    each checked before any model is loaded; a name given twice is explained once, and an
-    empty entry (`generic,`, `,`) is refused rather than read as "every method"."""
-    from explain.errors import OptionError
-    from explain.rules import METHODS, get_method
-
-    if text.strip() == "all":
-        return sorted(METHODS)
-    names = [part.strip() for part in text.split(",")]
-    if not all(names):
-        raise OptionError(f"empty entry in {option} {text!r}: give method names, or `all`")
-    for name in names:
-        get_method(name)  # unknown names fail before the model is loaded
-    return list(dict.fromkeys(names))
-
-
-def methods_the_model_takes(text: str, methods: list[str], adapter: Any, model: str) -> list[str]:
-    """The methods of `--method` (`text`, read into `methods` by `parse_methods`) to run
-    on `model` (its `adapter`). `all` means every method the model takes: the others are
-    left out with a note on stderr that names them and why (explain.engine.refusals).
-    Methods named one by one are all run: one the model does not take is refused by the
-    engine, naming those it takes, before anything is written."""
-    from explain.engine import refusals
-
-    if text.strip() != "all":
-        return methods
-    refused = refusals(adapter)
-    reasons: dict[str, list[str]] = {}
-    for name in methods:
-        if name in refused:
-            reasons.setdefault(refused[name], []).append(name)
-    for reason, names in reasons.items():
-        print(
-            f"explain: note: --method all: {model} does not take {', '.join(names)} ({reason})",
-            file=sys.stderr,
-        )
-    return [name for name in methods if name not in refused]
-
-
-def start_layer_for(method: str, start_layer: int | None) -> int | None:
-    """`--start-layer` for `method`: as given for the methods that aggregate over blocks;
-    None, with a note on stderr, for those that read one fixed block."""
-    from explain.rules import get_method
-
-    if start_layer is None or get_method(method).default_start_layer is not None:
-        return start_layer
-    print(
-        f"explain: note: {method} reads one fixed block; --start-layer is ignored for it",
-        file=sys.stderr,
-    )
-    return None
-
-
-def score_for(method: str, score: str | None) -> str | None:
-    """`--score` for `method`: as given for the methods that take a score (those that
-    differentiate it, and occlusion); None, with a note on stderr, for the others
-    (explain.engine.resolve_score)."""
-    from explain.rules import get_method
-
-    if score is None or get_method(method).takes_score:
-        return score
-    print(
-        f"explain: note: {method} differentiates no score; --score is ignored for it",
-        file=sys.stderr,
-    )
-    return None
+    parser.set_defaults(run=run)

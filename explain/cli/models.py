@@ -1,5 +1,5 @@
-"""`explain models`: the zoo, the supported model families with the methods each takes,
-and the registered methods."""
+"""`explain models`: the zoo, the supported model families with the methods each takes
+and its default, and the registered methods."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ __all__ = ["register"]
 def run(args: argparse.Namespace) -> int:
     from explain.architectures.custom import CustomTransformer
     from explain.architectures.registry import adapter_classes
+    from explain.defaults import default_method
     from explain.engine import supported_methods
     from explain.loading.zoo import WEIGHTS, ZOO, zoo_root
     from explain.rules import METHODS
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"      methods: {', '.join(methods)}")
         if adapter.lrp_covers and set(lrp) <= set(methods):
             print(f"      ({', '.join(lrp)}: {adapter.lrp_covers} only)")
+        print(f"      default: {default_method(adapter).method} (`explain methods --model M`)")
     print("  (out of scope: CvT, PVT, MaxViT and deformable attention, whose tokens mix outside")
     print("   attention maps; Swin is served above)")
     print("Methods (--method):")

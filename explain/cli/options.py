@@ -21,6 +21,7 @@ __all__ = [
     "add_model_arguments",
     "add_out_argument",
     "add_save_option",
+    "check_planned",
     "load",
     "model_specs",
     "opacity",
@@ -133,6 +134,16 @@ class Planned:
     option: str
     """The option the path comes from, for the message (e.g. "--save")."""
     folder: bool = False
+
+
+def check_planned(files: list[Planned]) -> None:
+    """Refuse any of `files` that cannot be written (explain.export.check_writable): for
+    the outputs named only once the model is loaded (the --save files of its default
+    method), checked then, before any work."""
+    from explain.export import check_writable
+
+    for file in files:
+        check_writable(file.path, folder=file.folder, option=file.option)
 
 
 def add_save_option(parser: argparse.ArgumentParser, what: str) -> None:

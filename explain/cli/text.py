@@ -18,14 +18,21 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from explain.cli.methods import (
+from explain.cli.method_options import (
     add_method_arguments,
     methods_the_model_takes,
     parse_methods,
     score_for,
     start_layer_for,
 )
-from explain.cli.options import Planned, add_model_arguments, add_save_option, load, parse_index
+from explain.cli.options import (
+    Planned,
+    add_model_arguments,
+    add_save_option,
+    check_planned,
+    load,
+    parse_index,
+)
 from explain.errors import InputError, TargetError
 
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
@@ -78,14 +85,12 @@ def _rows(
     return rows
 
 
-def planned(args: argparse.Namespace) -> list[Planned]:
-    """The --save file of each method."""
+def planned(args: argparse.Namespace, methods: list[str] | None = None) -> list[Planned]:
+    """The --save file of each method (`methods`, default: those --method names)."""
     if not args.save:
         return []
-    return [
-        Planned(args.out / f"text_{method}.{args.save}", "--save")
-        for method in parse_methods(args.method)
-    ]
+    methods = parse_methods(args.method) if methods is None else methods
+    return [Planned(args.out / f"text_{method}.{args.save}", "--save") for method in methods]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,14 +99,16 @@ def run(args: argparse.Namespace) -> int:
     from explain.rules.display import display_values, scale_note
     from explain.viz.text import document_html, note_html, printable, to_html, to_terminal
 
-    methods = parse_methods(args.method)
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     loaded = load(args)
     if loaded.modality == "image_text":
         raise InputError(f"{args.model} is an image-text model; use `explain clip`")
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer; see `explain image`")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-    methods = methods_the_model_takes(args.method, methods, explainer.adapter, args.model)
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model)
+    if args.method is None:  # the default's --save files are named now
+        check_planned(planned(args, methods))
     encoder = getattr(explainer.adapter, "pooled_by_mean", False)
     if encoder != (args.pair is not None):
         raise InputError(

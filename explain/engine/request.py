@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from explain.architectures.base import refuse_meta_inputs
 from explain.engine.fused import AttentionPath
-from explain.engine.targets import Score, Target
-from explain.errors import OptionError
-from explain.rules.registry import DEFAULT_METHOD
+from explain.engine.targets import Contrast, Score, Target
+from explain.errors import OptionError, TargetError
 
 __all__ = ["Request", "StartLayer", "integer_option"]
 
@@ -22,9 +22,12 @@ name ({"image": s, "text": s} for a dual encoder); None uses the defaults."""
 @dataclass(frozen=True)
 class Request:
     """One explanation (or trace) request, as `Explainer.explain` and `Explainer.trace`
-    receive it. `method` is None for a trace, which runs no method."""
+    receive it. `method` names the method an explanation runs (its fronts resolve a
+    call that names none through explain.defaults); None for a trace, which runs
+    no method. A tensor on the meta device in its target, start layers or options is
+    refused when it is made."""
 
-    method: str | None = DEFAULT_METHOD
+    method: str | None = None
     target: Target = None
     score: Score | None = None
     """None: the default of whatever takes a score (the logit; `trace`: the probability);
@@ -42,6 +45,20 @@ class Request:
     is explained, each read out at the position before it (explain.engine.plans
     `GenerationPlan`); the targets are the generated tokens themselves. None: any other
     call."""
+
+    def __post_init__(self) -> None:
+        # Before anything reads a value: a meta tensor's first read is PyTorch's
+        # NotImplementedError or RuntimeError, wherever an option happens to be read.
+        target = self.target
+        given = (target.target, target.foil) if isinstance(target, Contrast) else target
+        refuse_meta_inputs(given, "the target", TargetError)
+        start_layer = self.start_layer
+        starts = start_layer if isinstance(start_layer, Mapping) else {None: start_layer}
+        for token_set, start in starts.items():
+            name = "start_layer" if token_set is None else f"start_layer[{token_set!r}]"
+            refuse_meta_inputs(start, name, OptionError)
+        for name, value in self.options.items():
+            refuse_meta_inputs(value, f"option {name}", OptionError)
 
 
 def integer_option(name: str, value: object) -> int:

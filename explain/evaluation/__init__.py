@@ -23,6 +23,8 @@
   (`explain.evaluation.bootstrap`).
 - `explain.evaluation.datasets`: the zoo's held-out sets and loaders for the real data.
 - `heldout_accuracy`: a zoo model's accuracy on its held-out split, as its card quotes it.
+- `explain.evaluation.quantus.explain_func`: the methods behind Quantus's `explain_func`
+  convention, for Quantus's metrics (imported on its own; Quantus is an extra).
 - `explain.evaluation.shapes_answers`: a vision-language model's answers to the shapes
   questions, and the check that they rest on the objects the examples record.
 """

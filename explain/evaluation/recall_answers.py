@@ -26,7 +26,8 @@ from torch import nn
 
 from explain.data import recall
 from explain.loading.loaded_model import LoadedModel
-from explain.loading.zoo import read_config, zoo_root
+from explain.loading.zoo import CONFIG, read_config, zoo_root
+from explain.loading.zoo_config import require
 
 __all__ = [
     "ChainCheck",
@@ -42,7 +43,11 @@ __all__ = [
 
 
 def _task(loaded: LoadedModel) -> dict:
-    return read_config(zoo_root() / loaded.name.removeprefix("zoo:"))["task"]
+    """The task of a zoo recall model's config (its `length` and `hops` checked when read)."""
+    folder = zoo_root() / loaded.name.removeprefix("zoo:")
+    config = read_config(folder)
+    require(config, folder / CONFIG, ["task"])
+    return config["task"]
 
 
 def trained_length(loaded: LoadedModel) -> int:

@@ -267,15 +267,8 @@ def _load_folder(folder: Path, allow_missing: bool) -> LoadedModel:
             "(save_pretrained), a timm export (timm.models.save_for_hf) or a zoo model folder"
         )
     config = _read_json(config_path)
-    if "family" in config:
-        try:
-            return load_zoo_folder(folder)
-        except KeyError as error:
-            raise ModelLoadError(f"{config_path} has no {error.args[0]!r} entry") from None
-        except (TypeError, ValueError, RuntimeError) as error:  # values the builder refuses
-            raise ModelLoadError(
-                f"{config_path} describes no model that can be built ({_one_line(error)})"
-            ) from None
+    if "builder" in config:
+        return load_zoo_folder(folder)
     if "architecture" in config:
         _require_supported_timm(config, str(folder))
         return _load_timm(f"local-dir:{folder}", name=str(folder))

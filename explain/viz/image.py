@@ -8,6 +8,7 @@ and figures made in a loop are freed as soon as they are dropped.
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -190,7 +191,7 @@ def save_image(array: np.ndarray | Tensor, path: str | os.PathLike[str]) -> None
 _LABEL_INCHES = 0.35  # left of the panels: row labels
 _TITLE_INCHES = 0.3  # above each row of panels: titles
 _GAP_INCHES = 0.08  # between panels
-_BAR_INCHES = 1.1  # right of the panels: the colour bar, its ticks and its label
+_BAR_INCHES = 1.3  # right of the panels: the colour bar, its ticks and its (wrapped) label
 _CAPTION_LINE_INCHES = 0.14  # one line of the caption below the panels (7 pt)
 _CAPTION_CHAR_INCHES = 0.056  # a 7 pt character, on average, with room to spare
 _MAX_PANEL_INCHES = 6.0  # a single map drawn at its own resolution up to this edge
@@ -282,6 +283,7 @@ def _reading_order_panels(
     cmap: str | None = None,
     alpha: float = 0.8,
     background: str = "grey",
+    signed: bool | None = None,
 ) -> tuple[Figure, list]:
     """One image's maps side by side in reading order under `title`: the plain image
     first when `opening` names it (its panel title), then each of `heatmaps` (raw
@@ -289,7 +291,8 @@ def _reading_order_panels(
     more panel with the opening image), so that many maps stay readable instead of a
     wide strip; a colour key at the right and the rule below, followed by `note` (what
     else the panels show). Returns the figure and the maps' panels, in order (e.g. to
-    draw a box on each)."""
+    draw a box on each). `signed`: the maps' one kind of scale (`scale_maps`), or None to
+    decide it per map."""
     rgb = _to_hwc(image)
     if not heatmaps or len(heatmaps) != len(titles):
         raise InputError(
@@ -299,7 +302,7 @@ def _reading_order_panels(
     if per_row < 1:
         raise InputError(f"per_row must be at least 1, got {per_row}")
     check_style(cmap, alpha, background)
-    scaled = scale_maps([_to_map(m) for m in heatmaps])
+    scaled = scale_maps([_to_map(m) for m in heatmaps], signed=signed)
     count = len(heatmaps) + (opening is not None)
     columns = per_row + (opening is not None)
     shape = [min(columns, count - start) for start in range(0, count, columns)]
@@ -325,6 +328,10 @@ def _reading_order_panels(
     return figure, panels
 
 
+_KEY_CHAR_INCHES = 0.085
+"""An 8 pt key label character along its bar, generously (so that wrapped labels fit)."""
+
+
 def _draw_colorbar(
     figure: Figure, area: tuple[float, float, float, float], scale: FigureScale, cmap: str | None
 ) -> None:
@@ -337,7 +344,7 @@ def _draw_colorbar(
 
     keys = scale.keys()
     left, bottom, width, height = area
-    gap = 0.06 * height if len(keys) > 1 else 0.0
+    gap = 0.12 * height if len(keys) > 1 else 0.0  # room for both keys' end ticks
     each = (height - gap * (len(keys) - 1)) / len(keys)
     for index, signed in enumerate(keys):
         axis = figure.add_axes((left, bottom + (len(keys) - 1 - index) * (each + gap), width, each))
@@ -346,7 +353,11 @@ def _draw_colorbar(
         bar = figure.colorbar(mappable, cax=axis)
         ticks, labels = scale.key_ticks(signed)
         bar.set_ticks(ticks, labels=labels)
-        bar.set_label(scale.key_label(signed), fontsize=8)
+        label = scale.key_label(signed)
+        if len(keys) > 1:  # two keys share the height: each label wrapped to its own bar's
+            room = int(each * figure.get_figheight() / _KEY_CHAR_INCHES)
+            label = textwrap.fill(label, max(room, 8), break_long_words=False)
+        bar.set_label(label, fontsize=8)
         bar.ax.tick_params(labelsize=7)
 
 

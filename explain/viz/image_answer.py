@@ -18,6 +18,11 @@ address.
 The figure: under a title (the model, the method, the question), the photo, then one
 panel per word with its map over the photo, in reading order, wrapping after
 `MAPS_PER_ROW` words; a colour key and the scaling rule.
+
+Both draw each word's map from one `answer_scale` (explain.viz.scaling): one kind of
+scale for the method's maps, signed or not as the caller decided on the maps before
+they were upsampled (`maps_are_signed`), so the page's overlay of a word is the figure's
+panel, pixel for pixel, and the page states the same rule under the same key.
 """
 
 from __future__ import annotations
@@ -34,14 +39,21 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.viz.choice_script import choice_script
-from explain.viz.image import MAPS_PER_ROW, _reading_order_panels, overlay
+from explain.viz.image import (
+    MAPS_PER_ROW,
+    _colormap,
+    _reading_order_panels,
+    figure_caption,
+    overlay,
+)
 from explain.viz.literal import literal_text
+from explain.viz.scaling import DIVERGING, SEQUENTIAL, FigureScale, scale_maps
 from explain.viz.text import colour
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["answer_figure", "answer_html"]
+__all__ = ["answer_figure", "answer_html", "answer_scale"]
 
 _SCRIPT = """
 const words = JSON.parse(document.getElementById("answer").textContent);
@@ -77,6 +89,8 @@ span.word { cursor: pointer; padding: 2px 4px; text-decoration: underline dotted
 span.word:focus-visible { outline: 3px solid #1a5fb4; outline-offset: 1px; }
 span.chosen { outline: 2px solid black; border-radius: 3px; }
 p.legend { color: #555; line-height: 1.4; }
+div.key { display: flex; align-items: center; gap: 0.5em; color: #555; font-size: 0.9em; }
+img#key { height: 1em; width: 12em; border: 1px solid #ccc; }
 """
 
 
@@ -97,11 +111,24 @@ def _photo(photo: np.ndarray) -> np.ndarray:
     return array / 255.0 if array.dtype == np.uint8 else array.astype(np.float64)
 
 
-def _unit(heat: Tensor) -> np.ndarray:
-    """A map min-max scaled to [0, 1] (a constant map: 0)."""
-    values = heat.detach().cpu().double().numpy()
-    low, high = values.min(), values.max()
-    return (values - low) / (high - low) if high > low else np.zeros_like(values)
+def answer_scale(maps: Tensor, signed: bool | None = None) -> FigureScale:
+    """The scale both the page and the figure draw the (G, H, W) `maps` with: each map on
+    its own range (`scale_maps`' "per_map"), on the one kind `signed` says."""
+    return scale_maps([m.detach().cpu().double().numpy() for m in maps], signed=signed)
+
+
+def _key(scale: FigureScale) -> str:
+    """The page's colour key: the figure's colormap as a strip, its ends as the figure's."""
+    signed = scale.keys()[-1]  # one kind, where the caller decided it
+    ramp = np.linspace(-1.0 if signed else 0.0, 1.0, 96)
+    colormap = _colormap(DIVERGING if signed else SEQUENTIAL)
+    strip = colormap(0.5 + 0.5 * ramp if signed else ramp)[None, :, :3].repeat(4, axis=0)
+    _, labels = scale.key_ticks(signed)
+    return (
+        f'<div class="key"><span>{html.escape(labels[0])}</span><img id="key" '
+        f'src="{_png(strip)}" alt="colour key"><span>{html.escape(labels[-1])}</span>'
+        f"<span>({html.escape(scale.key_label(signed))})</span></div>\n"
+    )
 
 
 def answer_html(
@@ -114,6 +141,7 @@ def answer_html(
     *,
     rests_on: Sequence[Sequence[int]],
     title: str = "explain generate",
+    signed: bool | None = None,
 ) -> str:
     """The page for one answer.
 
@@ -129,6 +157,7 @@ def answer_html(
             question); None when it is not among them.
         rests_on: per word, the indices in `tokens` it rests on most, most relevant first
             (explain.generation.rests_on).
+        signed: the maps' one kind of scale (`answer_scale`), as for `answer_figure`.
     """
     picture = _photo(photo)
     count = len(words)
@@ -144,6 +173,7 @@ def answer_html(
         )
     if len(rests_on) != count:
         raise InputError(f"{count} words but {len(rests_on)} rests_on lists")
+    drawn = answer_scale(maps, signed)
     entries = []
     for g in range(count):
         row = [float(v) for v in relevance[g].detach().cpu().double()]
@@ -156,7 +186,7 @@ def answer_html(
         entries.append(
             {
                 "word": words[g],
-                "overlay": _png(overlay(picture, _unit(maps[g]))),
+                "overlay": _png(overlay(picture, drawn.maps[g], signed=drawn.signed[g])),
                 "colours": [f"rgb{shade}" for shade in shades],
                 "light": [scale > 0 and abs(v) > 0.6 * scale for v in row],
                 "values": [f"{v:.4g}" for v in row],
@@ -177,10 +207,11 @@ def answer_html(
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
         f"<h2>{html.escape(title)}</h2>\n"
         '<p class="legend">Click a word of the answer: its relevance is drawn over the photo '
-        "(brighter: more relevant; each map scaled to its own range) and the question's "
+        f"({html.escape(figure_caption(drawn, 'grey'))}) and the question's "
         f'tokens are coloured by theirs, <span style="color: rgb{red}">red</span> for, '
         f'<span style="color: rgb{blue}">blue</span> against, scaled by the largest '
         "magnitude among them without the token the prediction is read out at (framed).</p>\n"
+        f"{_key(drawn)}"
         '<p id="status"></p>\n'
         f'<div class="pair"><img id="map" src="{_png(picture)}" alt="the photo">'
         f'<div class="tokens">{spans}</div></div>\n'
@@ -199,17 +230,25 @@ def answer_figure(
     *,
     title: str | None = None,
     maps_per_row: int = MAPS_PER_ROW,
+    signed: bool | None = None,
 ) -> Figure:
     """Under `title` (e.g. the model, the method and the question), the photo, then one
     panel per answer word with its (G, H, W) map over the photo, titled with the word, in
     reading order (`maps_per_row` words to a row, the photo opening the first); each map
-    scaled to its own range, stated by the colour key and the caption."""
+    scaled to its own range on the one kind `signed` says (`answer_scale`), stated by the
+    colour key and the caption."""
     if maps.dim() != 3 or maps.shape[0] != len(words) or not words:
         raise InputError(
             f"maps must be (words, H, W) for {len(words)} words, got {tuple(maps.shape)}"
         )
     heat = [m.detach().cpu().double().numpy() for m in maps]
     figure, _ = _reading_order_panels(
-        _photo(photo), heat, list(words), title=title, opening="photo", per_row=maps_per_row
+        _photo(photo),
+        heat,
+        list(words),
+        title=title,
+        opening="photo",
+        per_row=maps_per_row,
+        signed=signed,
     )
     return figure

@@ -33,7 +33,7 @@ import numpy as np
 
 from explain.errors import InputError
 
-__all__ = ["RULES", "SIGNED_PERCENTILE", "FigureScale", "scale_maps"]
+__all__ = ["RULES", "SIGNED_PERCENTILE", "FigureScale", "maps_are_signed", "scale_maps"]
 
 RULES = ("per_map", "shared")
 """The normalisation rules a figure may use."""
@@ -120,17 +120,14 @@ class FigureScale:
         return [0.0, 1.0], ["map min", "map max"]
 
     def key_label(self, signed: bool) -> str:
-        """What a key applies to; with both keys, the signed maps are the panels marked ±."""
+        """What a key applies to; with both keys, the signed maps are the panels marked ±
+        (short labels: two keys share the bar's height)."""
         if self.rule == "shared":
             if len(self.keys()) > 1:
-                return (
-                    "signed maps, marked ± (one shared scale)"
-                    if signed
-                    else "unsigned maps (one shared scale)"
-                )
+                return "signed, marked ± (shared scale)" if signed else "unsigned (shared scale)"
             return "relevance (shared scale)"
         if len(self.keys()) > 1:
-            return "signed maps (panels marked ±)" if signed else "unsigned maps (unmarked)"
+            return "signed maps, marked ±" if signed else "unsigned maps"
         return "signed maps" if signed else "each map's own range"
 
 
@@ -143,15 +140,23 @@ def _note(raw: np.ndarray) -> str | None:
     return None
 
 
-def scale_maps(maps: Sequence[np.ndarray], rule: str = "per_map") -> FigureScale:
-    """Scale the raw relevance maps of one figure by `rule` (see the module docstring)."""
+def scale_maps(
+    maps: Sequence[np.ndarray], rule: str = "per_map", signed: bool | None = None
+) -> FigureScale:
+    """Scale the raw relevance maps of one figure by `rule` (see the module docstring).
+
+    `signed` None: each map is signed when it holds a negative value; True or False:
+    every map (but the all-zero and constant ones) is drawn on that kind of scale, as a
+    figure of one method's maps says (one scale per method, decided by the caller on
+    the maps before they were upsampled: `maps_are_signed`)."""
     if rule not in RULES:
         raise InputError(f"unknown scale {rule!r}; use one of {', '.join(RULES)}")
     raw = [np.asarray(m, dtype=np.float64) for m in maps]
     if any(not np.isfinite(m).all() for m in raw):
         raise InputError("a relevance map holds NaN or infinite values; nothing can be drawn")
     notes = [_note(m) for m in raw]
-    signed = [note is None and bool(m.min() < 0) for m, note in zip(raw, notes, strict=True)]
+    kinds = [bool(m.min() < 0) if signed is None else signed for m in raw]
+    signed = [note is None and kind for kind, note in zip(kinds, notes, strict=True)]
     if rule == "shared":  # one scale per kind of map
         peaks = {
             kind: max(
@@ -179,3 +184,10 @@ def scale_maps(maps: Sequence[np.ndarray], rule: str = "per_map") -> FigureScale
         else:
             scaled.append((m - m.min()) / (m.max() - m.min()))
     return FigureScale(scaled, notes, signed, rule, {})
+
+
+def maps_are_signed(maps: object) -> bool:
+    """Whether one method's maps are drawn signed: any of them holds a negative value, read
+    on the maps as the method made them (a patch grid), before any upsampling, whose
+    interpolation and filling of unseen pixels would otherwise decide it per map."""
+    return bool((np.asarray(maps, dtype=np.float64) < 0).any())

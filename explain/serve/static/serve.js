@@ -259,6 +259,8 @@ function methodBoxes(container, onChange) {
     box.value = method;
     box.checked = method === state.info.default_method;
     box.addEventListener("change", onChange);
+    // the default is the model kind's, chosen by measurement: say which and why
+    if (box.checked) label.title = state.info.default_reason;
     label.append(box, ` ${method}`);
     container.append(label);
   }
@@ -269,7 +271,11 @@ function checkedMethods(container) {
 }
 
 function methodSelect(select) {
-  for (const method of state.info.methods) select.add(new Option(method, method, false, method === state.info.default_method));
+  for (const method of state.info.methods) {
+    const option = new Option(method, method, false, method === state.info.default_method);
+    if (option.selected) option.title = state.info.default_reason;
+    select.add(option);
+  }
 }
 
 function classSelect(select) {

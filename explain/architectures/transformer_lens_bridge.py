@@ -1,0 +1,69 @@
+"""A TransformerLens `TransformerBridge` (TransformerLens 4,
+`TransformerBridge.boot_transformers(name, hf_model=...)`) is explained as the Hugging
+Face model it wraps.
+
+The bridge puts its components where the Hugging Face model's modules were (a block
+bridge for each decoder layer, an attention bridge for its attention, ...), each holding
+the module it replaced as `_original_component`, with TransformerLens's hook points and
+hooks inside them. `hugging_face_view` gives the model as Hugging Face built it: a copy of
+the module tree whose containers are shallow copies with tables of their own (children,
+parameters, buffers, hooks) and whose bridge components are replaced by the modules they
+hold. Every parameter, buffer and original module is the bridged model's own, so nothing
+is copied; none of the bridge's components, hook points or hooks runs, and none is touched.
+
+A bridge in compatibility mode (`enable_compatibility_mode()`) has processed the
+weights: for a Llama it centres the unembedding in place, so the view computes what the
+bridge computes, logits shifted by their mean over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import nn
+
+__all__ = ["hugging_face_view", "is_bridge"]
+
+_COMPONENT = ("transformer_lens.model_bridge.generalized_components.base", "GeneralizedComponent")
+_BRIDGE = ("transformer_lens.model_bridge.bridge_core", "BridgeCore")
+
+
+def _is_class(obj: object, module: str, name: str) -> bool:
+    """Whether `obj` is an instance of class `name` of `module` (or of a subclass), without
+    importing that module."""
+    return any(cls.__module__ == module and cls.__name__ == name for cls in type(obj).__mro__)
+
+
+def is_bridge(obj: object) -> bool:
+    """Whether `obj` is a TransformerLens bridge (a `TransformerBridge`)."""
+    return _is_class(obj, *_BRIDGE)
+
+
+def hugging_face_view(bridge: Any) -> nn.Module:
+    """The Hugging Face model `bridge` wraps, as Hugging Face built it (see the module
+    doc); the bridge and the model it holds are left as they are."""
+    return _restored(bridge.original_model)
+
+
+def _holds_component(module: nn.Module) -> bool:
+    return any(_is_class(m, *_COMPONENT) for m in module.modules())
+
+
+def _restored(module: nn.Module) -> nn.Module:
+    """`module` with every bridge component below it replaced by the module it holds:
+    `module` itself where it holds none, else a shallow copy with tables of its own."""
+    while _is_class(module, *_COMPONENT):
+        module = module._original_component
+    if not _holds_component(module):
+        return module
+    view = copy.copy(module)
+    for name, value in vars(module).items():
+        # every table (children, parameters, buffers, hook dictionaries) is the copy's
+        # own: a hook an explanation registers on the copy never reaches the original
+        if isinstance(value, dict):
+            view.__dict__[name] = type(value)(value)
+    view._modules = {
+        name: None if child is None else _restored(child) for name, child in module._modules.items()
+    }
+    return view

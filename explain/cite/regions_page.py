@@ -1,0 +1,179 @@
+"""A region citation of a photo as a picture, a figure and a page that show the same thing.
+
+`region_picture` is the photo with each region tinted by its score on the diverging
+scale of explain.viz.text (red for, blue against, full colour at the largest |score|)
+and outlined; the figure (`regions_figure`) draws that picture with each region's rank
+at its centre and a key in relevance units beside it, and the ranked scores as bars; the
+page (`regions_html`) embeds the very same picture as a PNG, the ranked regions, and the
+ablation check. matplotlib is imported only when something is drawn.
+"""
+
+from __future__ import annotations
+
+import html
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from torch import Tensor
+
+from explain.cite.page import _check_table
+from explain.cite.regions import Region
+from explain.cite.verdict import number
+from explain.errors import InputError
+from explain.viz.image_answer import _png
+from explain.viz.literal import literal_text
+from explain.viz.text import colour
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["TINT", "region_picture", "regions_figure", "regions_html"]
+
+TINT = 0.6
+"""How much of a region's colour covers the photo at full |score| (the rest: the photo)."""
+_EDGE = np.array([0.15, 0.15, 0.15])
+_CAPTION_CHARS = 130  # an 8 pt caption line across the 9-inch figure
+
+
+def _scores(regions: Sequence[Region], scores: Tensor | Sequence[float]) -> np.ndarray:
+    values = np.asarray([float(s) for s in scores], dtype=np.float64)
+    if len(values) != len(regions) or not len(values):
+        raise InputError(f"{len(regions)} regions but {len(values)} scores")
+    if not np.isfinite(values).all():
+        raise InputError("a region's score is NaN or infinite; nothing can be drawn")
+    return values
+
+
+def region_picture(
+    photo: np.ndarray, regions: Sequence[Region], scores: Tensor | Sequence[float]
+) -> np.ndarray:
+    """(H, W, 3) in [0, 1]: the photo with each region's pixels blended with its colour
+    (`colour(score, max |score|)`, weight `TINT` times |score| / max |score|) and its
+    edge drawn dark; regions drawn lowest score first, so an overlap shows the higher."""
+    values = _scores(regions, scores)
+    picture = np.asarray(photo, dtype=np.float64) / 255.0
+    if picture.ndim != 3 or picture.shape[-1] != 3:
+        raise InputError(f"the photo must be (H, W, 3), got {picture.shape}")
+    scale = float(np.abs(values).max())
+    for index in np.argsort(values, kind="stable"):
+        mask = regions[index].mask
+        shade = np.asarray(colour(values[index], scale)) / 255.0
+        weight = TINT * (abs(values[index]) / scale if scale > 0 else 0.0)
+        picture[mask] = (1 - weight) * picture[mask] + weight * shade
+        inner = mask.copy()
+        inner[1:] &= mask[:-1]
+        inner[:-1] &= mask[1:]
+        inner[:, 1:] &= mask[:, :-1]
+        inner[:, :-1] &= mask[:, 1:]
+        picture[mask & ~inner] = _EDGE
+    return picture
+
+
+def _ranks(values: np.ndarray) -> list[int]:
+    return np.argsort(-values, kind="stable").tolist()
+
+
+@literal_text
+def regions_figure(
+    photo: np.ndarray,
+    regions: Sequence[Region],
+    scores: Tensor | Sequence[float],
+    *,
+    caption: str = "",
+    title: str | None = None,
+) -> Figure:
+    """The `region_picture` with each region's rank (1: the highest score) at its box's
+    centre and a key from -max |score| to +max |score|; beside it the regions' scores as
+    bars, highest first, named; `caption` (the check) below."""
+    import matplotlib.pyplot as plt
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import LinearSegmentedColormap, Normalize
+
+    values = _scores(regions, scores)
+    picture = region_picture(photo, regions, values)
+    scale = float(np.abs(values).max()) or 1.0
+    order = _ranks(values)
+    figure, (left, right) = plt.subplots(
+        1, 2, figsize=(9.0, 4.2), gridspec_kw={"width_ratios": [1.3, 1.0]}, layout="constrained"
+    )
+    left.imshow(picture)
+    left.set_xticks([])
+    left.set_yticks([])
+    box = {"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.8}
+    for rank, index in enumerate(order, start=1):
+        x0, y0, x1, y1 = regions[index].box
+        left.text((x0 + x1) / 2 - 0.5, (y0 + y1) / 2 - 0.5, str(rank), ha="center",
+                  va="center", fontsize=8, bbox=box)  # fmt: skip
+    ends = [np.asarray(colour(v, 1.0)) / 255.0 for v in (-1.0, 0.0, 1.0)]
+    diverging = LinearSegmentedColormap.from_list("explain_text", ends)
+    key = ScalarMappable(norm=Normalize(-scale, scale), cmap=diverging)
+    figure.colorbar(key, ax=left, fraction=0.05, pad=0.02).set_label(
+        "region score (red for, blue against)", fontsize=8
+    )
+    shown = order[:12]
+    names = [f"{rank}. {regions[i].name}" for rank, i in enumerate(shown, start=1)]
+    bars = [values[i] for i in shown]
+    right.barh(range(len(shown)), bars, color=[np.asarray(colour(v, scale)) / 255 for v in bars],
+               edgecolor="#555")  # fmt: skip
+    right.set_yticks(range(len(shown)), labels=names, fontsize=8)
+    right.invert_yaxis()
+    right.axvline(0.0, color="#555", linewidth=0.8)
+    right.set_xlabel("score for the whole answer", fontsize=8)
+    right.tick_params(axis="x", labelsize=7)
+    if title:
+        figure.suptitle(title, fontsize=10)
+    if caption:
+        figure.supxlabel(textwrap.fill(caption, _CAPTION_CHARS), fontsize=8)
+    return figure
+
+
+def regions_html(
+    photo: np.ndarray,
+    regions: Sequence[Region],
+    scores: Tensor | Sequence[float],
+    question: str,
+    answer: str,
+    *,
+    check: Mapping[str, Any] | None = None,
+    title: str = "explain cite",
+) -> str:
+    """The page: the question and the answer, the `region_picture` (the PNG's picture,
+    pixel for pixel), the regions ranked with their scores and boxes, and the check
+    (`Check.to_dict`) with its verdict, as the text page shows them."""
+    values = _scores(regions, scores)
+    picture = _png(region_picture(photo, regions, values))
+    scale = float(np.abs(values).max())
+    items = "".join(
+        f'<li><span class="swatch" style="background: rgb{colour(values[i], scale)}"></span> '
+        f"{number(float(values[i]), signed=True)} &nbsp; {html.escape(regions[i].name)} (box "
+        f"{', '.join(str(v) for v in regions[i].box)})</li>"
+        for i in _ranks(values)
+    )
+    table = "" if check is None else _check_table(check, "regions")
+    red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
+        f"<h2>{html.escape(title)}</h2>\n"
+        f"<p>question: {html.escape(question)}<br>answer: {html.escape(answer)}</p>\n"
+        '<p class="legend">Each region is tinted by its score for the whole answer, '
+        f'<span style="color: rgb{red}">red</span> for, <span style="color: rgb{blue}">blue'
+        f"</span> against, full colour at the largest |score| ({number(scale)}), and "
+        "outlined.</p>\n"
+        f'<img id="regions" src="{picture}" alt="the photo with its regions">\n'
+        f'<ol id="ranked">{items}</ol>\n'
+        f"{table}"
+        "</body></html>\n"
+    )
+
+
+_STYLE = """
+body { font-family: sans-serif; max-width: 60em; margin: 2em auto; line-height: 1.6; }
+img#regions { max-width: 32em; width: 100%; image-rendering: pixelated; border: 1px solid #ccc; }
+span.swatch { display: inline-block; width: 1em; height: 1em; border: 1px solid #555;
+  vertical-align: middle; }
+p.legend, p.note { color: #555; line-height: 1.4; }
+table { border-collapse: collapse; } td, th { padding: 2px 10px; text-align: right; }
+"""
