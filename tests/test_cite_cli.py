@@ -15,9 +15,9 @@ from serve_fixtures import chromium
 
 from explain import Explainer
 from explain.cite import Citation, cite
+from explain.cite.page import cite_html
 from explain.cli import build_parser, main
 from explain.testing import tiny_lm
-from explain.viz.cite import cite_html
 
 CONTEXT = "w9 w10 <script> w11. w12 a&b w13!\nw14 w15 w16. w17 w18 w19. w20 w21."
 QUESTION = "w30 w31"
@@ -240,7 +240,7 @@ def test_the_page_explains_a_top_3_drop_below_the_top_1_drop(top_1, top_3, expla
     assert "<td>tied at the cut</td>" in page
     word = "supported" if explained else "not supported by ablation"
     assert f"Verdict: <b>{word}</b>" in page
-    from explain.viz.cite_figure import cite_figure
+    from explain.cite.figure import cite_figure
 
     figure = cite_figure(spans, ["x"], rows, method="cp_lrp", check=_hand_built_check(top_1, top_3))
     caption = " ".join(" ".join(text.get_text().split()) for text in figure.texts)

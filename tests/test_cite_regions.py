@@ -1,8 +1,9 @@
 """A photo's regions as citation sources (explain.cite.regions, explain.cite.image): a
 region given in the user's photo lands on exactly the patches the model saw, through a
-processor that resizes and crops (tiny LLaVA) and one that resizes and tiles (tiny
-Idefics3), read off the processor's own pixels; a region's score is its patches'
-relevance; the region check against the answer's log-probability computed by hand."""
+processor that resizes and crops (tiny LLaVA), one that resizes and tiles (tiny
+Idefics3) and one that resizes to whole blocks (tiny Qwen2-VL), read off the
+processor's own pixels; a region's score is its patches' relevance; the region check
+against the answer's log-probability computed by hand."""
 
 from __future__ import annotations
 
@@ -104,6 +105,32 @@ def test_a_box_through_resize_and_tiles_is_the_patches_the_model_saw():
     # the grid's cells share out every patch: the shares of each patch sum to 1
     cells = patch_shares(grid_regions(size), geometry, size, grid)
     torch.testing.assert_close(cells.sum(dim=0), torch.ones(96, dtype=torch.float64))
+
+
+def test_a_box_through_qwen2_vl_blocks_is_the_patches_the_model_saw():
+    # tiny Qwen2-VL's processor: a 48 x 80 photo -> 32 x 48 (whole 16-pixel blocks, no
+    # crop), 8-pixel patches: a 4 x 6 grid, a patch 12 photo rows by 40/3 photo columns.
+    # The box rows 12..36, columns 13..53 is patches 1-2 x 1-3, read off the processor's
+    # flattened patches put back in place (2 x 2 blocks, two frames).
+    from explain.testing.tiny_vlm import tiny_qwen2_vl_processor
+
+    processor = tiny_qwen2_vl_processor()
+    images = processor.image_processor
+    images.image_mean, images.image_std = [0.0] * 3, [1.0] * 3
+    size, grid = (48, 80), (4, 6)
+    region = region_from({"box": [13, 12, 53, 36]}, size)
+    shares = patch_shares([region], photo_preprocessing(processor), size, grid)[0]
+    photo = _grey(size)
+    photo[region.mask] = RED
+    out = images(images=photo, return_tensors="pt")
+    assert out["image_grid_thw"][0].tolist() == [1, 4, 6]
+    patches = out["pixel_values"].reshape(2, 3, 2, 2, 3, 2, 8, 8)[:, :, :, :, :, 0]
+    pixels = patches.permute(4, 0, 2, 5, 1, 3, 6).reshape(3, 32, 48).double()
+    seen = _red_patches(pixels, 8)
+    expected = torch.zeros(grid, dtype=torch.bool)
+    expected[1:3, 1:4] = True
+    assert torch.equal(seen, expected.flatten())
+    assert torch.equal(shares == 1, seen) and set(shares.unique().tolist()) == {0.0, 1.0}
 
 
 def test_a_region_scores_its_patches_relevance(llava):

@@ -187,7 +187,7 @@ def test_image_all_methods_runs_every_method_the_model_takes(capsys, tmp_path):
     assert written == [f"scene_{method}_0-circle.png" for method in taken]
     refused = (
         "attnlrp, cp_lrp, gradient_x_input, integrated_gradients, lrp, occlusion, "
-        "partial_lrp, transformer_attribution"
+        "partial_lrp, smoothgrad, transformer_attribution"
     )
     assert f"--method all: zoo:shapes-swin does not take {refused} (its attention is" in err
     # a method named on its own is refused, naming those the model takes, before any file

@@ -18,7 +18,7 @@ from explain.errors import InputError
 from explain.evaluation import PROTOCOLS
 from explain.evaluation.datasets import ImageAnswerExample
 from explain.evaluation.datasets.answers import AnswerFile
-from explain.evaluation.datasets.zoo import ANSWER_SETS
+from explain.evaluation.zoo import ZooEvaluation, zoo_evaluations
 from explain.inputs import encode_image_prompt
 from explain.testing.tiny_lm import save_tiny_lm, tiny_causal_lm
 from explain.testing.tiny_vlm import save_tiny_llava
@@ -133,7 +133,10 @@ def test_vision_language_evidence_runs_on_a_registered_set(tmp_path, monkeypatch
         def __getitem__(self, index):
             return self.examples[index]
 
-    monkeypatch.setitem(ANSWER_SETS, str(folder), lambda loaded, length: Questions(loaded))
+    registered = ZooEvaluation(
+        str(folder), "", None, 0, (0, 0.0), answers=lambda loaded, length: Questions(loaded)
+    )
+    monkeypatch.setitem(zoo_evaluations(), str(folder), registered)
     output = tmp_path / "vl.json"
     status = main(
         ["evaluate", "vision-language-evidence", "--model", str(folder), "--depth", "tower",

@@ -118,11 +118,11 @@ def _run_image(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.cite.image import cite_image
     from explain.cite.regions import grid_size
+    from explain.cite.regions_page import regions_figure, regions_html
     from explain.cite.verdict import number
     from explain.export import atomic_write
     from explain.inputs import read_image
     from explain.viz import save_figure
-    from explain.viz.cite_regions import regions_figure, regions_html
     from explain.viz.text import printable
 
     if args.context is not None:
@@ -231,11 +231,11 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
     import torch
 
     from explain.cite import cite
+    from explain.cite.figure import cite_figure, span_label
+    from explain.cite.page import cite_html
     from explain.cite.verdict import number
     from explain.export import atomic_write
     from explain.viz import save_figure
-    from explain.viz.cite import cite_html
-    from explain.viz.cite_figure import cite_figure, span_label
     from explain.viz.text import printable
 
     result = cite(

@@ -26,7 +26,8 @@ preflight, which is never granted); the Host header must name a loopback address
 (127.0.0.1, localhost, [::1]) unless the server was started on another host (no DNS
 rebinding). Errors are JSON `{"error": message}` with a 4xx status, the refusal of a
 Host header too; an unexpected failure is a 500 with a one-line message, its traceback
-only in the server's log. A client that goes away mid-request is one line in the log.
+only in the server's log. A client that goes away mid-request is one line in the log,
+and an explanation's work stops at its next piece (explain.serve.cancel).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from explain.errors import ExplainError, InputError
 from explain.export import atomic_write
 from explain.inputs import read_image
+from explain.serve.cancel import Cancelled, run_until_disconnected
 from explain.serve.data import DataSource, OutsideDataError
 from explain.serve.gallery import GalleryPass
 from explain.serve.uploads import MAX_BYTES, UploadError, read_upload
@@ -130,6 +132,7 @@ def build_app(
             ExplainError: _explain_error,
             HTTPException: _http_error,
             ClientDisconnect: _client_gone,
+            Cancelled: _client_gone,
             Exception: _internal_error,
         },
         lifespan=lifespan,
@@ -202,8 +205,9 @@ async def _http_error(request: Request, error: Exception) -> Response:
 
 
 async def _client_gone(request: Request, error: Exception) -> Response:
-    """A client that closed its connection mid-request (a cancelled upload): one line in
-    the log, and an answer nobody receives."""
+    """A client that closed its connection mid-request (a cancelled upload, or a view
+    whose work stopped at its next piece: explain.serve.cancel): one line in the log,
+    and an answer nobody receives."""
     print(
         f"explain serve: {request.method} {request.url.path}: the client closed the "
         "connection before the request was complete",
@@ -364,14 +368,16 @@ class _Handlers:
             photo, file_hash = self._photo(item)
             return self.workbench.explain_image(photo, file_hash, methods, classes, top, rule)
 
-        return _json(await run_in_threadpool(answer))
+        return _json(await run_until_disconnected(request, answer))
 
     async def explain_text(self, request: Request) -> Response:
         body = await _body(request)
         text = _field(body, "text", str)
         methods, classes, top, rule = _explain_options(body, self.workbench.default.method)
         return _json(
-            await run_in_threadpool(self.workbench.explain_text, text, methods, classes, top, rule)
+            await run_until_disconnected(
+                request, self.workbench.explain_text, text, methods, classes, top, rule
+            )
         )
 
     async def explain_clip(self, request: Request) -> Response:
@@ -383,7 +389,7 @@ class _Handlers:
         def answer() -> dict[str, Any]:
             return self.workbench.explain_clip(self._photo(item)[0], captions, method)
 
-        return _json(await run_in_threadpool(answer))
+        return _json(await run_until_disconnected(request, answer))
 
     async def explain_generation(self, request: Request) -> Response:
         body = await _body(request)
@@ -391,8 +397,8 @@ class _Handlers:
         max_new_tokens = _field(body, "max_new_tokens", int, 8)
         method = _field(body, "method", str, self.workbench.default.method)
         return _json(
-            await run_in_threadpool(
-                self.workbench.explain_generation, prompt, max_new_tokens, method
+            await run_until_disconnected(
+                request, self.workbench.explain_generation, prompt, max_new_tokens, method
             )
         )
 
@@ -428,8 +434,8 @@ class _Handlers:
             settings = {"input": text}
         else:
             raise InputError("an export names the `item` (image) or the `text` it explains")
-        path = await run_in_threadpool(
-            self.workbench.export, inputs, method, classes, f".{fmt}", settings
+        path = await run_until_disconnected(
+            request, self.workbench.export, inputs, method, classes, f".{fmt}", settings
         )
         stem = Path(settings["input"]).stem if "item" in body else "text"
         return FileResponse(path, filename=f"{stem}_{method}.{fmt}", headers=_HEADERS)

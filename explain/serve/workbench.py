@@ -31,6 +31,7 @@ from explain.inputs import unicode_text
 from explain.loading.loaded_model import LoadedModel
 from explain.rules import METHODS
 from explain.serve.cache import ResultCache, model_identity
+from explain.serve.cancel import stop_if_cancelled
 from explain.serve.scales import ViewScale, check_rule, scale_view
 from explain.viz.image import BACKGROUNDS, greyed
 from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL
@@ -186,6 +187,7 @@ class Workbench:
         (method,) = self._checked_methods([method])
         classes = self._checked_classes(classes)
         target = torch.tensor([classes]) if classes else None
+        stop_if_cancelled()
         result = self.explainer.explain(make_inputs(), target=target, method=method)
         result = _with_settings(result, {"model": self.spec, **settings})
         name = ResultCache.key(self._identity, method, classes, settings) + suffix
@@ -234,6 +236,7 @@ class Workbench:
         (method,) = self._checked_methods([method])
         if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
             raise InputError(f"max_new_tokens must be 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
+        stop_if_cancelled()
         found = explain_generation(self.explainer, prompt, max_new_tokens, method=method)
         answer = found.answer(0)
         matrix = answer.relevance.float().cpu().numpy()
@@ -262,6 +265,7 @@ class Workbench:
         (method,) = self._checked_methods([method])
         inputs = self.clip_inputs(photo, captions)
         captions = [c.strip() for c in captions]
+        stop_if_cancelled()
         result = self.explainer.explain(
             inputs, target=torch.arange(len(captions))[None], method=method
         )
@@ -330,6 +334,7 @@ class Workbench:
         """(B, C) logits of a batch, from one explanation of the predicted classes with
         the default method; the logits and those maps are cached under the inputs' `hashes`,
         so that opening a gallery image (or a sentence again) costs nothing."""
+        stop_if_cancelled()
         result = self.explainer.explain(inputs, method=self.default.method)
         logits = result.logits.float().cpu()
         for offset, input_hash in enumerate(hashes):
@@ -408,6 +413,7 @@ class Workbench:
         found = [self.cache.get(k) for k in keys]
         missing = [c for c, f in zip(columns, found, strict=True) if f is None]
         if missing:
+            stop_if_cancelled()  # before each method's work: the client may have gone
             try:
                 result = self.explainer.explain(
                     make_inputs(), target=torch.tensor([missing]), method=method

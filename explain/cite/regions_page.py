@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
+from explain.cite.page import _check_table
 from explain.cite.regions import Region
 from explain.cite.verdict import number
 from explain.errors import InputError
-from explain.viz.cite import _check_table
 from explain.viz.image_answer import _png
 from explain.viz.literal import literal_text
 from explain.viz.text import colour

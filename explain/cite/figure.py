@@ -2,7 +2,7 @@
 their relevance for each answer token (a matrix), with the ablation check and its
 verdict (explain.cite.verdict) in the caption.
 
-The figure says on paper what the page (explain.viz.cite) says: the spans are the
+The figure says on paper what the page (explain.cite.page) says: the spans are the
 `TOP_SPANS` with the highest score, labelled by their number and the start of their
 text; the bars are their scores (red for, blue against); the matrix is scaled by its
 largest |value| on the diverging red-blue scale. matplotlib is imported only when
@@ -74,7 +74,7 @@ def cite_figure(
     Args:
         spans: the S spans' texts.
         answer_tokens: the G answer tokens (the rows of the matrix).
-        span_relevance: (G + 1, S) as for explain.viz.cite.cite_html: row 0 the whole
+        span_relevance: (G + 1, S) as for explain.cite.page.cite_html: row 0 the whole
             answer's scores, row g + 1 answer token g's.
         method: the method, named in the title; `title`: what was explained.
         check: the ablation check (`Check.to_dict`), summarised in the caption.
