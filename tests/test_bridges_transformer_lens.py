@@ -5,6 +5,8 @@ compatibility settings are left as found."""
 
 from __future__ import annotations
 
+import logging
+import os
 import warnings
 
 import pytest
@@ -15,9 +17,25 @@ from explain.cite import cite
 from explain.generation import explain_generation
 from explain.testing import ModelState, tiny_lm
 
-model_bridge = pytest.importorskip(
-    "transformer_lens.model_bridge", reason="the TransformerLens bridge needs its extra"
-)
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformer_lens():
+    """TransformerLens, imported first here and not at collection: importing it
+    sets the transformers logger to ERROR, adds warning filters and an environment
+    variable for the whole process, which are put back after this module's tests so that
+    no other test runs under them."""
+    logger = logging.getLogger("transformers")
+    level, filters, environ = logger.level, list(warnings.filters), dict(os.environ)
+    try:
+        yield pytest.importorskip(
+            "transformer_lens.model_bridge", reason="the TransformerLens bridge needs its extra"
+        )
+    finally:
+        logger.setLevel(level)
+        warnings.filters[:] = filters
+        os.environ.clear()
+        os.environ.update(environ)
+
 
 TEXTS = ["user w10 w11 w12", "user w3"]
 
@@ -29,6 +47,7 @@ def folder(tmp_path_factory):
 
 def _boot(folder):
     """The bridge TransformerLens users boot around a model they loaded themselves."""
+    from transformer_lens import model_bridge
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with warnings.catch_warnings():

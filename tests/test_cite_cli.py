@@ -5,6 +5,7 @@ errors), and clear errors for bad contexts."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -14,9 +15,9 @@ from serve_fixtures import chromium
 
 from explain import Explainer
 from explain.cite import Citation, cite
+from explain.cite.page import cite_html
 from explain.cli import build_parser, main
 from explain.testing import tiny_lm
-from explain.viz.cite import cite_html
 
 CONTEXT = "w9 w10 <script> w11. w12 a&b w13!\nw14 w15 w16. w17 w18 w19. w20 w21."
 QUESTION = "w30 w31"
@@ -54,7 +55,7 @@ def test_the_three_files_say_what_the_python_api_says(written, capsys):
     assert (written / "cite.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (written / "cite.html").read_text()
     assert "&lt;script&gt;" in page and "a&amp;b" in page
-    assert page.count("<script") == 4  # three data blocks and the page's own script
+    assert page.count("<script") == 5  # four data blocks and the page's own script
     assert not re.search(r"(src|href)\s*=|https?:|@import|url\(", page)
 
 
@@ -100,7 +101,17 @@ def test_choosing_an_answer_token_changes_the_highlights(tmp_path):
         "ablation": "removed",
         "target": "log p(answer)",
         "full": -3.0,
-        "top_k": [{"k": 1, "drop": 1.5, "random_drop": 0.2, "random_std": 0.1}],
+        "top_k": [
+            {
+                "k": 1,
+                "drop": 1.5,
+                "random_drop": 0.2,
+                "random_std": 0.1,
+                "random_sets": 3,
+                "random_exact": True,
+                "tied": False,
+            }
+        ],
         "random_draws": 16,
         "lds": 0.5,
         "lds_ablations": 8,
@@ -138,5 +149,99 @@ def test_choosing_an_answer_token_changes_the_highlights(tmp_path):
         assert page.locator("span.choice[aria-pressed=true]").count() == 1
         page.goto(path.as_uri() + "#3")
         assert "answer token 2" in page.locator("#status").inner_text()
-        assert "1.500" in page.locator("table").inner_text()
+        assert "1.50" in page.locator("table").inner_text()
+        assert page.locator("p.verdict").inner_text().startswith("Verdict: supported: top-1")
         assert not errors
+
+
+def _said(out, printed: str) -> tuple[str, str, str]:
+    """The verdict as the terminal, cite.json and the page say it."""
+    terminal = [line for line in printed.splitlines() if line.startswith("verdict: ")]
+    assert len(terminal) == 1
+    check = json.loads((out / "cite.json").read_text())["check"]
+    page = (out / "cite.html").read_text()
+    shown = re.search(r'<p class="verdict">Verdict: <b>(.*?)</b>: (.*?)</p>', page)
+    assert shown is not None
+    return (
+        terminal[0].removeprefix("verdict: "),
+        f"{check['verdict']}: {check['verdict_reason']}",
+        html.unescape(f"{shown[1]}: {shown[2]}"),
+    )
+
+
+def test_terminal_page_and_json_say_the_same_verdict(folder, tmp_path, capsys):
+    context = tmp_path / "context.txt"
+    context.write_text(CONTEXT, encoding="utf-8")
+    arguments = ["cite", "--model", str(folder), "--context", str(context), "--question"]
+    arguments += [QUESTION, "--answer", "w40 w41", "--lds", "6", "--out", str(tmp_path)]
+    assert main(arguments) == 0
+    terminal, document, page = _said(tmp_path, capsys.readouterr().out)
+    expected = Citation.load(tmp_path / "cite.json").check.verdict
+    assert terminal == document == page == str(expected)
+
+
+def test_a_hand_built_answer_no_span_carries_is_not_supported_everywhere(
+    folder, tmp_path, capsys, monkeypatch
+):
+    # Every span costs the answer the same when removed: no ranking beats chance.
+    from explain.cite import check as check_module
+
+    def targets(adapter, prompt_ids, token_spans, answers, keep, batch_tokens):
+        return -1.0 - 0.5 * (~keep).sum(dim=1).double()
+
+    monkeypatch.setattr(check_module, "ablated_targets", targets)
+    context = tmp_path / "context.txt"
+    context.write_text(CONTEXT, encoding="utf-8")
+    arguments = ["cite", "--model", str(folder), "--context", str(context), "--question"]
+    assert main([*arguments, QUESTION, "--answer", "w40", "--out", str(tmp_path)]) == 0
+    said = _said(tmp_path, capsys.readouterr().out)
+    assert len(set(said)) == 1
+    assert said[0].startswith("not supported by ablation: removing the top-ranked ones moves")
+    assert "top-1 drop 0.500 against 0.500 ± 0 (all 5 sets)" in said[0]
+
+
+def _hand_built_check(top_1: float, top_3: float) -> dict:
+    def row(k: int, drop: float, sets: int, exact: bool, tied: bool) -> dict:
+        return {
+            "k": k,
+            "drop": drop,
+            "random_drop": 0.2,
+            "random_std": 0.1,
+            "random_sets": sets,
+            "random_exact": exact,
+            "tied": tied,
+        }
+
+    return {
+        "ablation": "removed",
+        "target": "log p(answer)",
+        "full": -3.0,
+        "top_k": [row(1, top_1, 6, True, False), row(3, top_3, 16, False, True)],
+        "random_draws": 16,
+        "lds": None,
+        "lds_ablations": 0,
+        "seed": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("top_1", "top_3", "explained"), [(1.5, 0.8020679468, True), (0.25, 1.5, False)]
+)
+def test_the_page_explains_a_top_3_drop_below_the_top_1_drop(top_1, top_3, explained):
+    rows = torch.tensor([[1.0, 0.5, 0.5, 0.5]] * 2)
+    spans = ["A.", " B.", " C.", " D."]
+    page = cite_html(
+        spans, "Q?", ["x"], rows, method="cp_lrp", check=_hand_built_check(top_1, top_3)
+    )
+    note = "The top-3 drop (0.802) is below the top-1 drop (1.50)"
+    assert (note in page) is explained
+    assert "0.8020679468" not in page.split('<script type="application/json"')[0]
+    assert "<td>all 6 sets</td>" in page and "<td>16 random sets</td>" in page
+    assert "<td>tied at the cut</td>" in page
+    word = "supported" if explained else "not supported by ablation"
+    assert f"Verdict: <b>{word}</b>" in page
+    from explain.cite.figure import cite_figure
+
+    figure = cite_figure(spans, ["x"], rows, method="cp_lrp", check=_hand_built_check(top_1, top_3))
+    caption = " ".join(" ".join(text.get_text().split()) for text in figure.texts)
+    assert f"Verdict: {word}." in caption and "16 random sets" in caption

@@ -17,9 +17,9 @@ from PIL import Image
 from explain import Explainer
 from explain.cite.image import RegionCitation, cite_image
 from explain.cite.regions import grid_regions
+from explain.cite.regions_page import region_picture, regions_figure, regions_html
 from explain.cli import main
 from explain.testing.tiny_vlm import save_tiny_llava, tiny_llava, tiny_llava_processor
-from explain.viz.cite_regions import region_picture, regions_figure, regions_html
 
 QUESTION = "w12 w13"
 

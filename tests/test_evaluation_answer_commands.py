@@ -137,7 +137,7 @@ def test_vision_language_evidence_runs_on_a_registered_set(tmp_path, monkeypatch
     output = tmp_path / "vl.json"
     status = main(
         ["evaluate", "vision-language-evidence", "--model", str(folder), "--depth", "tower",
-         "--methods", "generic,raw_attention", "--output", str(output), "--quiet"]
+         "--method", "generic,raw_attention", "--output", str(output), "--quiet"]
     )  # fmt: skip
     assert status == 0
     results = json.loads(output.read_text())

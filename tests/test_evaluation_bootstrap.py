@@ -166,7 +166,7 @@ def test_the_10_to_90_variant_is_an_option_of_the_command(model, tmp_path):
     for span in ("0-90", "10-90"):
         outputs[span] = tmp_path / span / "r.json"
         status = main(
-            ["evaluate", "class-specific", "--model", "zoo:shapes-vit", "--methods", "rollout",
+            ["evaluate", "class-specific", "--model", "zoo:shapes-vit", "--method", "rollout",
              "--limit", "4", "--auc-range", span, "--output", str(outputs[span]), "--quiet"]
         )  # fmt: skip
         assert status == 0

@@ -214,7 +214,7 @@ def test_evaluate_command_on_an_imagenet_folder_and_a_gtsegs_file(tiny_model_fol
     output = tmp_path / "results" / "perturbation.json"
     status = main(
         ["evaluate", "perturbation", "--model", str(tiny_model_folder), "--data",
-         str(tmp_path / "val"), "--methods", "generic,rollout", "--batch-size", "2",
+         str(tmp_path / "val"), "--method", "generic,rollout", "--batch-size", "2",
          "--limit", "4", "--output", str(output), "--quiet"]
     )  # fmt: skip
     assert status == 0
@@ -231,7 +231,7 @@ def test_evaluate_command_on_an_imagenet_folder_and_a_gtsegs_file(tiny_model_fol
     output = tmp_path / "results" / "segmentation.json"
     status = main(
         ["evaluate", "segmentation", "--model", str(tiny_model_folder), "--data", str(path),
-         "--methods", "random", "--output", str(output), "--quiet"]
+         "--method", "random", "--output", str(output), "--quiet"]
     )  # fmt: skip
     assert status == 0
     summary = json.loads(output.read_text())["results"]["random"]
@@ -252,7 +252,7 @@ def test_evaluate_command_runs_road_and_saco_on_an_imagenet_folder(tiny_model_fo
         output = tmp_path / "results" / f"{protocol}.json"
         status = main(
             ["evaluate", protocol, "--model", str(tiny_model_folder), "--data",
-             str(tmp_path / "val"), "--methods", "generic,random", "--batch-size", "3",
+             str(tmp_path / "val"), "--method", "generic,random", "--batch-size", "3",
              "--output", str(output), "--quiet"]
         )  # fmt: skip
         assert status == 0

@@ -13,7 +13,7 @@ from test_lrp import cast_tape, recorded_tape, walk_in_float64_matches
 
 from explain import Explainer, UnsupportedModelError
 from explain.cli import main
-from explain.cli.method_options import methods_the_model_takes, parse_methods
+from explain.cli.method_options import methods_the_model_takes
 from explain.engine import refusals, supported_methods
 from explain.testing import ModelState
 
@@ -122,7 +122,7 @@ def test_models_the_walk_does_not_cover_are_refused_the_lrp_methods_before_any_f
     finally:
         handle.remove()
     assert forwards == []
-    taken = methods_the_model_takes("all", parse_methods("all"), explainer.adapter, name)
+    taken = methods_the_model_takes("all", explainer.adapter, name)
     assert not set(LRP_METHODS) & set(taken) and "generic" in taken
 
 

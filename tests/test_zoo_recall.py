@@ -85,7 +85,7 @@ def test_registered_prompts_point_at_the_asked_fact():
 def test_explain_evaluate_language_evidence_runs_on_it(tmp_path, capsys):
     output = tmp_path / "recall.json"
     command = ["evaluate", "language-evidence", "--model", f"zoo:{NAME}", "--length", "96",
-               "--limit", "2", "--methods", "generic", "--output", str(output),
+               "--limit", "2", "--method", "generic", "--output", str(output),
                "--quiet"]  # fmt: skip
     assert main(command) == 0
     results = json.loads(output.read_text())

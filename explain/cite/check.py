@@ -39,14 +39,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from explain.architectures.base import LanguageModel
-from explain.cite.verdict import Verdict, verdict
+from explain.cite.verdict import ABLATION, Check, TopKDrop
 from explain.engine import Session
 from explain.errors import OptionError
 
@@ -62,10 +60,6 @@ __all__ = [
     "spearman",
 ]
 
-ABLATION = (
-    "removed: the ablated spans' tokens are cut out of the prompt, the rest of it (template, "
-    "question, other spans) kept in order"
-)
 TOP_K = (1, 3, 5)
 DRAWS = 16
 """Random span sets per k that the top-k drop is compared with."""
@@ -74,96 +68,6 @@ BATCH_TOKENS = 1 << 13
 larger chunks cost more per token once their activations leave the cache: the check of
 recall-llama at 2,048 tokens (--lds 64) took 79 forwards' time in chunks of 8,192
 tokens and 16,384, and 106 in chunks of 32,768 (CPU time, one thread)."""
-
-
-@dataclass(frozen=True)
-class TopKDrop:
-    """The target's drop when the k top-ranked spans are removed, and the mean (and
-    standard deviation) of its drop over `sets` sets of k spans: every k-set when
-    `exact`, else `sets` random ones (module doc). `tied`: the k-th and (k + 1)-th
-    scores are equal, so which spans make the top k is the order of the spans, not the
-    ranking."""
-
-    k: int
-    top: float
-    random: float
-    random_std: float
-    sets: int
-    exact: bool
-    tied: bool
-
-
-@dataclass(frozen=True)
-class Check:
-    """The ablation check of one ranking (module doc): `full` is the target with the
-    whole context; `lds` None when not asked for (or undefined: the scores or the targets
-    of the ablations are all equal)."""
-
-    target: str
-    full: float
-    drops: tuple[TopKDrop, ...]
-    draws: int
-    lds: float | None
-    lds_ablations: int
-    seed: int
-    ablation: str = ABLATION
-
-    @property
-    def verdict(self) -> Verdict:
-        """The check in words (explain.cite.verdict)."""
-        return verdict(self)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able values, as cite.json holds them; `verdict` and
-        `verdict_reason` are derived (from_dict reads neither)."""
-        said = self.verdict
-        return {
-            "verdict": said.word,
-            "verdict_reason": said.reason,
-            "ablation": self.ablation,
-            "target": self.target,
-            "full": self.full,
-            "top_k": [
-                {
-                    "k": d.k,
-                    "drop": d.top,
-                    "random_drop": d.random,
-                    "random_std": d.random_std,
-                    "random_sets": d.sets,
-                    "random_exact": d.exact,
-                    "tied": d.tied,
-                }
-                for d in self.drops
-            ],
-            "random_draws": self.draws,
-            "lds": self.lds,
-            "lds_ablations": self.lds_ablations,
-            "seed": self.seed,
-        }
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> Check:
-        return cls(
-            target=values["target"],
-            full=values["full"],
-            drops=tuple(
-                TopKDrop(
-                    d["k"],
-                    d["drop"],
-                    d["random_drop"],
-                    d["random_std"],
-                    d["random_sets"],
-                    d["random_exact"],
-                    d["tied"],
-                )
-                for d in values["top_k"]
-            ),
-            draws=values["random_draws"],
-            lds=values["lds"],
-            lds_ablations=values["lds_ablations"],
-            seed=values["seed"],
-            ablation=values["ablation"],
-        )
 
 
 SEEDS = 1 << 64

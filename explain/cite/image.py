@@ -54,7 +54,7 @@ from explain.inputs import photos
 from explain.loading.preprocessing import photo_preprocessing
 from explain.rules import get_method
 
-__all__ = ["RegionCitation", "cite_image", "fill_ablation"]
+__all__ = ["RegionCitation", "ablated_photo_targets", "cite_image", "fill_ablation"]
 
 _FORMAT = "explain.RegionCitation"
 
@@ -226,7 +226,7 @@ def _with_answer(
     )
 
 
-def _ablated_targets(
+def ablated_photo_targets(
     adapter: VisionLanguageModel,
     processor: Any,
     pixels: np.ndarray,
@@ -363,7 +363,7 @@ def cite_image(
     if check:
 
         def targets(keep: Tensor) -> Tensor:
-            return _ablated_targets(
+            return ablated_photo_targets(
                 adapter,
                 processor,
                 pixels,

@@ -2,7 +2,8 @@
 words, and the one way its numbers are written for people. The page, the terminal and
 cite.json all print `verdict(check)`, so the three always say the same thing.
 
-The rule (docs/cite.md, "The verdict"):
+The rule (docs/cite.md, "The verdict"), for any sources the check removes (a context's
+spans, a photo's regions):
 
 - a top-k drop is *clear* when it exceeds the random drop's mean by at least the random
   drop's standard deviation and by at least `NOISE` nats (removal itself moves the answer
@@ -14,27 +15,28 @@ The rule (docs/cite.md, "The verdict"):
 - **supported**: the top-1 drop is clear and the LDS band is not low;
 - **weak**: some top-k drop is clear, but not the top-1's, or the LDS band is low;
 - **not supported by ablation**: no top-k drop is clear;
-- **not checked**: a context of one span, which nothing can be compared with.
+- **not checked**: one source, which nothing can be compared with.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from explain.cite.check import Check, TopKDrop
+from typing import Any
 
 __all__ = [
+    "ABLATION",
     "LDS_HIGH",
     "LDS_MODERATE",
     "NOISE",
     "WORDS",
+    "Check",
+    "TopKDrop",
     "Verdict",
     "clear",
     "lds_band",
     "number",
+    "random_sets",
     "verdict",
 ]
 
@@ -45,6 +47,102 @@ LDS_MODERATE = 0.3
 WORDS = ("supported", "weak", "not supported by ablation", "not checked")
 _DIGITS = 3
 """Significant digits of every number written for people."""
+
+
+ABLATION = (
+    "removed: the ablated spans' tokens are cut out of the prompt, the rest of it (template, "
+    "question, other spans) kept in order"
+)
+
+
+@dataclass(frozen=True)
+class TopKDrop:
+    """The target's drop when the k top-ranked spans are removed, and the mean (and
+    standard deviation) of its drop over `sets` sets of k spans: every k-set when
+    `exact`, else `sets` random ones (module doc). `tied`: the k-th and (k + 1)-th
+    scores are equal, so which spans make the top k is the order of the spans, not the
+    ranking."""
+
+    k: int
+    top: float
+    random: float
+    random_std: float
+    sets: int
+    exact: bool
+    tied: bool
+
+
+@dataclass(frozen=True)
+class Check:
+    """The ablation check of one ranking (module doc): `full` is the target with the
+    whole context; `lds` None when not asked for (or undefined: the scores or the targets
+    of the ablations are all equal)."""
+
+    target: str
+    full: float
+    drops: tuple[TopKDrop, ...]
+    draws: int
+    lds: float | None
+    lds_ablations: int
+    seed: int
+    ablation: str = ABLATION
+
+    @property
+    def verdict(self) -> Verdict:
+        """The check in words (explain.cite.verdict)."""
+        return verdict(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values, as cite.json holds them; `verdict` and
+        `verdict_reason` are derived (from_dict reads neither)."""
+        said = self.verdict
+        return {
+            "verdict": said.word,
+            "verdict_reason": said.reason,
+            "ablation": self.ablation,
+            "target": self.target,
+            "full": self.full,
+            "top_k": [
+                {
+                    "k": d.k,
+                    "drop": d.top,
+                    "random_drop": d.random,
+                    "random_std": d.random_std,
+                    "random_sets": d.sets,
+                    "random_exact": d.exact,
+                    "tied": d.tied,
+                }
+                for d in self.drops
+            ],
+            "random_draws": self.draws,
+            "lds": self.lds,
+            "lds_ablations": self.lds_ablations,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Check:
+        return cls(
+            target=values["target"],
+            full=values["full"],
+            drops=tuple(
+                TopKDrop(
+                    d["k"],
+                    d["drop"],
+                    d["random_drop"],
+                    d["random_std"],
+                    d["random_sets"],
+                    d["random_exact"],
+                    d["tied"],
+                )
+                for d in values["top_k"]
+            ),
+            draws=values["random_draws"],
+            lds=values["lds"],
+            lds_ablations=values["lds_ablations"],
+            seed=values["seed"],
+            ablation=values["ablation"],
+        )
 
 
 def number(value: float, signed: bool = False) -> str:
@@ -89,8 +187,13 @@ def lds_band(check: Check) -> str:
     return "high" if check.lds >= LDS_HIGH else "moderate"
 
 
+def random_sets(drop: TopKDrop) -> str:
+    """What the random drop is over: "all 10 sets" (exact) or "16 random sets"."""
+    return f"all {drop.sets} sets" if drop.exact else f"{drop.sets} random sets"
+
+
 def _compared(drop: TopKDrop) -> str:
-    sets = f"all {drop.sets} sets" if drop.exact else f"{drop.sets} random sets"
+    sets = random_sets(drop)
     tie = "; the scores tie at the cut" if drop.tied else ""
     return (
         f"top-{drop.k} drop {number(drop.top)} against {number(drop.random)} "
@@ -101,7 +204,7 @@ def _compared(drop: TopKDrop) -> str:
 def verdict(check: Check) -> Verdict:
     """The verdict on one ranking's check (module doc)."""
     if not check.drops:
-        return Verdict("not checked", "one span: there is nothing to compare it with")
+        return Verdict("not checked", "one source: there is nothing to compare it with")
     band = lds_band(check)
     lds = (
         "LDS not computed"
@@ -115,8 +218,8 @@ def verdict(check: Check) -> Verdict:
         compared = "; ".join(_compared(drop) for drop in check.drops)
         return Verdict(
             "not supported by ablation",
-            f"removing the top spans moves {check.target} no more than removing random "
-            f"spans: {compared}; {lds}",
+            f"removing the top-ranked ones moves {check.target} no more than removing "
+            f"random ones: {compared}; {lds}",
         )
     if clear(first) and band != "low":
         return Verdict("supported", f"{_compared(first)}; {lds}")
@@ -124,6 +227,6 @@ def verdict(check: Check) -> Verdict:
         return Verdict("weak", f"{_compared(first)}, but the scores do not add up: {lds}")
     return Verdict(
         "weak",
-        f"the top span alone is no better than chance ({_compared(first)}); the top "
-        f"{beyond[0].k} together are ({_compared(beyond[0])}); {lds}",
+        f"the top-ranked one alone is no better than chance ({_compared(first)}); the "
+        f"top {beyond[0].k} together are ({_compared(beyond[0])}); {lds}",
     )

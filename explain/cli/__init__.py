@@ -87,19 +87,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def unrecognized(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> str:
-    """argparse's "unrecognized arguments" message, with the close options of `command`
-    for each unknown flag ("did you mean"; argparse's own suggest_on_error is Python 3.14+)."""
+def unrecognized(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]
+) -> str:
+    """argparse's "unrecognized arguments" message, with the close options of the command
+    (`args.command`) for each unknown flag ("did you mean"; argparse's own suggest_on_error
+    is Python 3.14+), and the comma-separated form for methods given apart."""
     subparsers = next(
         action for action in parser._actions if isinstance(action, argparse._SubParsersAction)
     )
-    options = sorted(subparsers.choices[command]._option_string_actions)
+    options = sorted(subparsers.choices[args.command]._option_string_actions)
+    from explain.rules import METHODS
+
     hints = []
     for argument in unknown:
         flag = argument.split("=", 1)[0]
         close = difflib.get_close_matches(flag, options, n=3) if flag.startswith("-") else []
         if close:
             hints.append(f"{flag}: did you mean {', '.join(close)}?")
+    names = [argument for argument in unknown if argument in METHODS]
+    if names and "--method" in options:  # `--method a b`: argparse took only the first
+        together = ",".join([args.method, *names])
+        hints.append(f"several methods are one argument, comma-separated: --method {together}")
     message = f"unrecognized arguments: {' '.join(unknown)}"
     return f"{message} ({'; '.join(hints)})" if hints else message
 
@@ -117,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        parser.error(unrecognized(parser, args.command, unknown))
+        parser.error(unrecognized(parser, args, unknown))
     try:
         check_outputs(args)  # before any model is loaded or anything computed
         return args.run(args)

@@ -5,22 +5,33 @@ into spans, put into a prompt with the question, and the answer (given with --an
 generated) is explained token by token over the prompt in one batched backward; each
 span's relevance is the sum of its tokens' (explain.cite). The ablation check then
 removes the top-1, top-3 and top-5 spans from the prompt and compares the answer's
-log-probability drop with that of as many random spans; --lds N adds the linear
-datamodeling score from N random ablations of half the spans. Three files are written
-atomically into --out: cite.html (the context with its spans highlighted; choose the
-whole answer or one of its tokens), cite.png (the top spans' scores and their relevance
-per answer token) and cite.json (`spans`: text, start and end character offsets into
-the context, score; `check`: the ablation results; everything else Citation.load reads).
+log-probability drop with that of as many random spans (every set of them when there are
+at most 16); --lds N adds the linear datamodeling score from N random ablations of half
+the spans. The check ends in a verdict, the same words in the terminal, on the page and
+in cite.json: supported, weak, not supported by ablation (the rule: docs/cite.md).
+Three files are written atomically into --out: cite.html (the context with its spans
+highlighted; choose the whole answer or one of its tokens), cite.png (the top spans'
+scores and their relevance per answer token) and cite.json (`spans`: text, start and end
+character offsets into the context, score; `check`: the ablation results and the
+verdict; everything else Citation.load reads).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from explain.cli.method_options import DEFAULT_HELP
+from explain.cli.method_options import (
+    ALL,
+    add_method_option,
+    method_file,
+    methods_the_model_takes,
+    named_methods,
+    parse_methods,
+)
 from explain.cli.options import (
     Planned,
     RawDescriptionHelpFormatter,
@@ -29,7 +40,11 @@ from explain.cli.options import (
     load,
     positive_int,
 )
-from explain.errors import InputError
+from explain.errors import InputError, OptionError
+
+if TYPE_CHECKING:
+    from explain.api import Explainer
+    from explain.cite.check import Check
 
 __all__ = ["register"]
 
@@ -37,7 +52,12 @@ FILES = ("cite.html", "cite.png", "cite.json")
 
 
 def planned(args: argparse.Namespace) -> list[Planned]:
-    return [Planned(args.out / name, "--out") for name in FILES]
+    """The three files of every method."""
+    return [
+        Planned(method_file(args.out / name, method, args.method), "--out")
+        for method in named_methods(args.method)
+        for name in FILES
+    ]
 
 
 def read_context_file(path: Path) -> Any:
@@ -72,6 +92,25 @@ def _lds(text: str) -> int:
     return value
 
 
+def print_check(check: Check, sources: str) -> None:
+    """The check's lines in the terminal, of the `sources` it removed ("spans",
+    "regions"), ending with its verdict (explain.cite.verdict, as the page and cite.json
+    say it)."""
+    from explain.cite.verdict import lds_band, number, random_sets
+
+    for drop in check.drops:
+        tie = ", tied at the cut" if drop.tied else ""
+        print(
+            f"  top-{drop.k} removed: {check.target} drops {number(drop.top)} (random "
+            f"{sources}: {number(drop.random)} ± {number(drop.random_std)}, "
+            f"{random_sets(drop)}{tie})"
+        )
+    if check.lds_ablations:
+        lds = "undefined" if check.lds is None else number(check.lds)
+        print(f"  LDS over {check.lds_ablations} ablations: {lds} ({lds_band(check)})")
+    print(f"verdict: {check.verdict}")
+
+
 def _run_image(args: argparse.Namespace) -> int:
     """`explain cite --image`: the photo's regions as the sources."""
     import numpy as np
@@ -79,19 +118,19 @@ def _run_image(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.cite.image import cite_image
     from explain.cite.regions import grid_size
+    from explain.cite.regions_page import regions_figure, regions_html
+    from explain.cite.verdict import number
     from explain.export import atomic_write
     from explain.inputs import read_image
-    from explain.rules import get_method
     from explain.viz import save_figure
-    from explain.viz.cite_regions import regions_figure, regions_html
     from explain.viz.text import printable
 
     if args.context is not None:
         raise InputError("--image cites the photo's regions: leave --context out")
     grid = grid_size(args.grid)
     photo = read_image(args.image)
-    if args.method is not None:
-        get_method(args.method)  # an unknown name fails before the model is loaded
+    if len(parse_methods(args.method)) > 1 or args.method == ALL:
+        raise OptionError("--image cites with one method at a time: give --method M")
     loaded = load(args)
     if loaded.modality != "vision_language" or loaded.tokenizer is None:
         raise InputError(
@@ -114,18 +153,11 @@ def _run_image(args: argparse.Namespace) -> int:
     print("answer:", printable(result.answer))
     for rank, r in enumerate(result.ranked()[:5], start=1):
         region = result.regions[r]
-        print(f"  {rank}. {float(result.scores[r]):+.4f}  {printable(region.name)} {region.box}")
+        score = number(float(result.scores[r]), signed=True)
+        print(f"  {rank}. {score}  {printable(region.name)} {region.box}")
     check = result.check
     assert check is not None
-    for drop in check.drops:
-        print(
-            f"  top-{drop.k} removed: {check.target} drops {drop.top:.3f} "
-            f"(random regions: {drop.random:.3f} +- {drop.random_std:.3f})"
-        )
-    if check.lds_ablations:
-        print(f"  LDS over {check.lds_ablations} ablations: {check.lds}")
-    said = check.verdict
-    print(f"  verdict: {said.word}: {said.reason}")
+    print_check(check, "regions")
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model} ({result.method})"
     pixels = np.asarray(photo)
@@ -136,12 +168,11 @@ def _run_image(args: argparse.Namespace) -> int:
         args.question,
         result.answer,
         check=check.to_dict(),
-        verdict=(said.word, said.reason),
         title=title,
     )
     with atomic_write(args.out / "cite.html", "w") as handle:
         handle.write(page)
-    caption = f"{said.word}: {said.reason}. {check.ablation}."
+    caption = f"Verdict: {check.verdict}. {check.ablation}."
     save_figure(
         regions_figure(pixels, result.regions, result.scores, caption=caption, title=title),
         args.out / "cite.png",
@@ -153,29 +184,60 @@ def _run_image(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     if args.image is not None:
         return _run_image(args)
     if args.context is None:
         raise InputError("give the context (--context FILE), or a photo (--image FILE)")
 
     from explain.api import Explainer
-    from explain.cite import cite
-    from explain.export import atomic_write
-    from explain.rules import get_method
-    from explain.viz import save_figure
-    from explain.viz.cite import cite_html
-    from explain.viz.cite_figure import cite_figure, span_label
-    from explain.viz.text import printable
 
     context = read_context_file(args.context)
-    if args.method is not None:
-        get_method(args.method)  # an unknown name fails before the model is loaded
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     loaded = load(args)
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
+    if args.foil is not None and args.method is not None and args.method.strip() == ALL:
+        methods = _contrasting(methods)
+    for method in methods:
+        if len(methods) > 1:
+            print(f"[{method}]")
+        # each method generates the answer anew (when not given): greedy, so the same ids,
+        # where the answer's decoded text could tokenize otherwise
+        _cite_one(args, explainer, context, method)
+    return 0
+
+
+def _contrasting(methods: list[str]) -> list[str]:
+    """Those of `methods` that can contrast an answer with a --foil (linear in the score:
+    the relevance of log p(answer) - log p(foil) is the difference of the two answers'),
+    with a note on stderr naming the others."""
+    from explain.rules import get_method
+
+    left_out = [name for name in methods if not get_method(name).linear_in_score]
+    if left_out:
+        print(
+            f"explain: note: --method all with --foil: {', '.join(left_out)} cannot contrast "
+            "two answers (not linear in the score)",
+            file=sys.stderr,
+        )
+    return [name for name in methods if name not in left_out]
+
+
+def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, method: str) -> None:
+    """Cite --answer (default: the model's own) with one method: the terminal's lines and
+    the three files."""
+    import torch
+
+    from explain.cite import cite
+    from explain.cite.figure import cite_figure, span_label
+    from explain.cite.page import cite_html
+    from explain.cite.verdict import number
+    from explain.export import atomic_write
+    from explain.viz import save_figure
+    from explain.viz.text import printable
+
     result = cite(
         explainer,
         context,
@@ -183,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         args.answer,
         foil=args.foil,
         spans=args.spans,
-        method=args.method,
+        method=method,
         **({} if args.template is None else {"template": args.template}),
         chat=args.chat,
         max_new_tokens=args.max_new_tokens,
@@ -193,21 +255,17 @@ def run(args: argparse.Namespace) -> int:
     print("answer:", printable(result.answer))
     for rank, s in enumerate(result.ranked()[:5], start=1):
         label = span_label(s, result.spans[s].text)
-        print(f"  {rank}. {float(result.scores[s]):+.4f}  {printable(label)}")
-    assert result.check is not None
-    for drop in result.check.drops:
-        print(
-            f"  top-{drop.k} removed: {result.check.target} drops {drop.top:.3f} "
-            f"(random spans: {drop.random:.3f} +- {drop.random_std:.3f})"
-        )
-    if result.check.lds_ablations:
-        print(f"  LDS over {result.check.lds_ablations} ablations: {result.check.lds}")
+        print(f"  {rank}. {number(float(result.scores[s]), signed=True)}  {printable(label)}")
+    check = result.check
+    assert check is not None
+    print_check(check, "spans")
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model}"
     rows = torch.cat([result.scores[None], result.span_relevance])
     texts = [span.text for span in result.spans]
     foil_tokens = 0 if result.foil_ids is None else result.foil_ids.shape[0]
-    check = result.check.to_dict()
+    payload = check.to_dict()
+    html, png, data = (method_file(args.out / name, method, args.method) for name in FILES)
     page = cite_html(
         texts,
         args.question,
@@ -215,19 +273,18 @@ def run(args: argparse.Namespace) -> int:
         rows,
         method=result.method,
         foil_tokens=foil_tokens,
-        check=check,
+        check=payload,
         title=title,
     )
-    with atomic_write(args.out / "cite.html", "w") as handle:
+    with atomic_write(html, "w") as handle:
         handle.write(page)
     figure = cite_figure(
-        texts, result.answer_tokens, rows, method=result.method, check=check, title=title
+        texts, result.answer_tokens, rows, method=result.method, check=payload, title=title
     )
-    save_figure(figure, args.out / "cite.png")
-    result.save(args.out / "cite.json")
-    for name in FILES:
-        print(args.out / name)
-    return 0
+    save_figure(figure, png)
+    result.save(data)
+    for path in (html, png, data):
+        print(path)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -298,10 +355,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         "lines), lines, documents (a JSON list of texts) or turns (a JSON chat); "
         "default: %(default)s",
     )
-    parser.add_argument(
-        "--method",
-        help="a method name (explain models); " + DEFAULT_HELP,
-    )
+    add_method_option(parser)
     parser.add_argument(
         "--lds",
         type=_lds,

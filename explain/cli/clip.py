@@ -2,7 +2,8 @@
 
 Every image is explained against every `--text` (zero-shot prompts): one figure per image
 with, per text, the image's heatmap and the text's highlighted tokens, titled with the
-text's zero-shot probability. Figures are written atomically, one PNG per image.
+text's zero-shot probability. Figures are written atomically, one PNG per image and
+method (several methods, `--method a,b` or `all`: each PNG named with its method).
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ import argparse
 import dataclasses
 import sys
 
-from explain.cli.method_options import DEFAULT_HELP
+from explain.cli.method_options import (
+    add_method_option,
+    method_file,
+    methods_the_model_takes,
+    named_methods,
+    parse_methods,
+)
 from explain.cli.options import (
     Planned,
     add_model_arguments,
@@ -31,8 +38,12 @@ def planned(args: argparse.Namespace) -> list[Planned]:
 
     suffixes = ["png", *([args.save] if args.save else [])]
     return [
-        Planned(args.out / f"{stem}_clip.{suffix}", "--save" if suffix == args.save else "--out")
+        Planned(
+            method_file(args.out / f"{stem}_clip.{suffix}", method, args.method),
+            "--save" if suffix == args.save else "--out",
+        )
         for stem in unique_stems(collect_images(args.inputs))
+        for method in named_methods(args.method)
         for suffix in suffixes
     ]
 
@@ -50,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz.multimodal import clip_figure
 
     check_style(args.cmap, args.alpha)
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     if not args.text:
         raise InputError("give at least one --text to compare the images with")
     if not all(text.strip() for text in args.text):
@@ -64,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         or preprocessing is None
     ):
         raise InputError(f"{args.model} is not a CLIP model with a tokenizer; `explain models`")
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model)
     texts = loaded.tokenizer(list(args.text), padding=True, return_tensors="pt")
     special = set(loaded.tokenizer.all_special_ids)
     shown = [
@@ -89,37 +102,40 @@ def run(args: argparse.Namespace) -> int:
         photo = read_image(path)
         pixels = preprocessing([photo])
         display = np.asarray(photo)  # the maps are drawn over the file at its resolution
-        result = explainer.explain(
-            {**texts, "pixel_values": pixels},
-            target=every_text[None],
-            method=args.method,
-            start_layer=start or None,
-        )
-        probabilities = result.logits.softmax(dim=-1)[0]
-        heatmaps = preprocessing.heatmap(result.relevance[0], display.shape[:2])
-        scores = [result.relevances["text"][0, k, kept] for k, kept in enumerate(shown)]
-        labels = [
-            f"{text}  p={float(p):.2f}" for text, p in zip(args.text, probabilities, strict=True)
-        ]
-        figure = clip_figure(
-            display,
-            heatmaps,
-            words,
-            scores,
-            labels=labels,
-            cmap=args.cmap,
-            alpha=args.alpha,
-            title=f"{path.name}: {result.method}",
-        )
-        out = args.out / f"{stem}_clip.png"
-        save_figure(figure, out)
-        if args.save:
-            settings = {"model": args.model, "input": str(path), "texts": list(args.text)}
-            raw = args.out / f"{stem}_clip.{args.save}"
-            dataclasses.replace(result, settings=settings).save(raw)
-            tqdm.write(str(raw))
-        best = int(probabilities.argmax())
-        tqdm.write(f"{path}: {args.text[best]!r} (p={float(probabilities[best]):.2f}) -> {out}")
+        for method in methods:
+            result = explainer.explain(
+                {**texts, "pixel_values": pixels},
+                target=every_text[None],
+                method=method,
+                start_layer=start or None,
+            )
+            probabilities = result.logits.softmax(dim=-1)[0]
+            heatmaps = preprocessing.heatmap(result.relevance[0], display.shape[:2])
+            scores = [result.relevances["text"][0, k, kept] for k, kept in enumerate(shown)]
+            labels = [
+                f"{text}  p={float(p):.2f}"
+                for text, p in zip(args.text, probabilities, strict=True)
+            ]
+            figure = clip_figure(
+                display,
+                heatmaps,
+                words,
+                scores,
+                labels=labels,
+                cmap=args.cmap,
+                alpha=args.alpha,
+                title=f"{path.name}: {method}",
+            )
+            out = method_file(args.out / f"{stem}_clip.png", method, args.method)
+            save_figure(figure, out)
+            if args.save:
+                settings = {"model": args.model, "input": str(path), "texts": list(args.text)}
+                raw = method_file(args.out / f"{stem}_clip.{args.save}", method, args.method)
+                dataclasses.replace(result, settings=settings).save(raw)
+                tqdm.write(str(raw))
+            best = int(probabilities.argmax())
+            chosen = f"{args.text[best]!r} (p={float(probabilities[best]):.2f})"
+            tqdm.write(f"{path}: {chosen} -> {out}")
         if bar is None:
             bar = tqdm(
                 total=len(paths), unit="image", desc="explaining", file=sys.stderr, disable=None
@@ -148,10 +164,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         examples="zoo:shapes-clip, openai/clip-vit-base-patch32, "
         "google/siglip-base-patch16-224, ./my-clip",
     )
-    parser.add_argument(
-        "--method",
-        help="method used in each tower (`explain models`); " + DEFAULT_HELP,
-    )
+    add_method_option(parser)  # each method explains both towers
     parser.add_argument(
         "--image-start-layer",
         type=int,

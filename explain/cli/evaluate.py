@@ -2,7 +2,7 @@ r"""`explain evaluate`: score methods with the perturbation, segmentation,
 class-specific, ROAD, SaCo or rationale test, or against the known evidence of a
 language model's or a vision-language model's answers.
 
-    explain evaluate perturbation --model zoo:shapes-vit --methods generic,rollout,random \
+    explain evaluate perturbation --model zoo:shapes-vit --method generic,rollout,random \
         --limit 500 --batch-size 16 --output results/shapes-perturbation.json
     explain evaluate class-specific --model zoo:shapes-vit --limit 256 \
         --output results/shapes-class-specific.json
@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 
+from explain.cli.method_options import ALL, add_method_option, parse_methods
 from explain.cli.options import Planned, RawDescriptionHelpFormatter, add_model_arguments
 
 __all__ = ["register"]
@@ -55,10 +56,10 @@ def planned(args: argparse.Namespace) -> list[Planned]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from explain.cli.method_options import parse_methods
     from explain.evaluation.evaluate import evaluate_model
 
-    methods = None if args.methods is None else parse_methods(args.methods, "--methods")
+    # all: evaluate_model's default, every method the model takes in this test
+    methods = None if args.method.strip() == ALL else parse_methods(args.method)
     results = evaluate_model(
         args.protocol,
         args.model,
@@ -104,9 +105,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         timm=True,
         examples="zoo:shapes-vit, zoo:minilm-sentiment, deit_small_patch16_224, ./my-model",
     )
-    parser.add_argument(
-        "--methods", help="comma-separated method names (default: every registered method)"
-    )
+    add_method_option(parser, ALL, "--methods")
     parser.add_argument(
         "--data",
         help="an ImageNet validation folder (perturbation, road, saco), gtsegs_ijcv.mat "

@@ -5,7 +5,8 @@ through the tokenizer's chat template); every generated token is explained over 
 prompt and the tokens before it from one forward pass (explain.generation). Two files
 are written atomically into --out: a static HTML page where choosing a generated token
 highlights its relevance over everything before it, and a PNG of the (generated token) x
-(token) relevance matrix.
+(token) relevance matrix. Several methods (`--method a,b` or `all`) explain the same
+continuation, each into its own pair of files named with the method (generation_attnlrp.html).
 
 The model is a Hugging Face ...ForCausalLM folder (save_pretrained, with its tokenizer) or
 hub id; explain.testing.tiny_lm.save_tiny_lm writes a tiny random one for trying the
@@ -22,7 +23,13 @@ from pathlib import Path
 
 from explain.cli import image_answer
 from explain.cli.answer_lines import print_rests_on
-from explain.cli.method_options import DEFAULT_HELP
+from explain.cli.method_options import (
+    add_method_option,
+    method_file,
+    methods_the_model_takes,
+    named_methods,
+    parse_methods,
+)
 from explain.cli.options import (
     Planned,
     add_model_arguments,
@@ -42,21 +49,26 @@ def _page(args: argparse.Namespace) -> Path:
 
 
 def planned(args: argparse.Namespace) -> list[Planned]:
-    """The page when it goes into --out, the figure named after the page (without --png)
-    and the --save file."""
-    files = [] if args.html else [Planned(_page(args), "--out")]
-    if not args.png:
-        files.append(Planned(_page(args).with_suffix(".png"), "--html"))
-    if args.save:
-        files.append(Planned(args.out / f"generation.{args.save}", "--save"))
+    """Per method: the page when it goes into --out, the figure named after the page
+    (without --png) and the --save file."""
+    files = []
+    for method in named_methods(args.method):
+        page = method_file(_page(args), method, args.method)
+        png = method_file(args.png, method, args.method) if args.png else page.with_suffix(".png")
+        files += [
+            Planned(page, "--html" if args.html else "--out"),
+            Planned(png, "--png" if args.png else "--html"),
+        ]
+        if args.save:
+            raw = args.out / f"generation.{args.save}"
+            files.append(Planned(method_file(raw, method, args.method), "--save"))
     return files
 
 
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.export import atomic_write
-    from explain.generation import explain_generation
-    from explain.rules import get_method
+    from explain.generation import explain_generation, generate
     from explain.viz import save_figure
     from explain.viz.generation import generation_html
     from explain.viz.generation_figure import generation_figure
@@ -64,49 +76,53 @@ def run(args: argparse.Namespace) -> int:
 
     # The page and the figure go into --out unless named (both kinds of answer).
     args.html = _page(args)
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     if args.image is not None:  # a vision-language model's answer about a photo
         return image_answer.run(args)
     if args.depth is not None:
         raise InputError("--depth is for vision-language models, with --image")
     if not args.prompt.strip():
         raise InputError("the prompt is empty: there is nothing to continue")
-    if args.method is not None:
-        get_method(args.method)  # an unknown name fails before the model is loaded
     loaded = load(args)
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
     prompt = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
-    found = explain_generation(
-        explainer, prompt, max_new_tokens=args.max_new_tokens, method=args.method
-    )
-    answer = found.answer()
-    method = found.explanation.method  # the model kind's default when --method names none
-    print("continuation:", printable(answer.text(loaded.tokenizer)))
-    print_rests_on(answer.generated, answer.tokens, answer.rests_on)
+    # generated once: every method explains the same continuation
+    generation = generate(explainer, prompt, max_new_tokens=args.max_new_tokens)
     title = f"explain generate: {args.model}"
-    page = generation_html(
-        answer.tokens,
-        answer.prompt_length,
-        answer.relevance,
-        method=method,
-        title=title,
-        rests_on=[answer.rests_on(g) for g in range(len(answer.generated))],
-    )
-    with atomic_write(args.html, "w") as handle:
-        handle.write(page)
-    png = args.png or args.html.with_suffix(".png")
-    figure = generation_figure(
-        answer.relevance, answer.tokens, answer.prompt_length, method=method, title=title
-    )
-    save_figure(figure, png)
-    print(args.html)
-    print(png)
-    if args.save:
-        raw = args.out / f"generation.{args.save}"
-        settings = {"model": args.model, "prompt": args.prompt, "chat": args.chat}
-        dataclasses.replace(found.explanation, settings=settings).save(raw)
-        print(raw)
+    for index, method in enumerate(methods):
+        found = explain_generation(explainer, generation, method=method)
+        answer = found.answer()
+        if index == 0:
+            print("continuation:", printable(answer.text(loaded.tokenizer)))
+        if len(methods) > 1:
+            print(f"[{method}]")
+        print_rests_on(answer.generated, answer.tokens, answer.rests_on)
+        html = method_file(args.html, method, args.method)
+        page = generation_html(
+            answer.tokens,
+            answer.prompt_length,
+            answer.relevance,
+            method=method,
+            title=title,
+            rests_on=[answer.rests_on(g) for g in range(len(answer.generated))],
+        )
+        with atomic_write(html, "w") as handle:
+            handle.write(page)
+        png = method_file(args.png, method, args.method) if args.png else html.with_suffix(".png")
+        figure = generation_figure(
+            answer.relevance, answer.tokens, answer.prompt_length, method=method, title=title
+        )
+        save_figure(figure, png)
+        print(html)
+        print(png)
+        if args.save:
+            raw = method_file(args.out / f"generation.{args.save}", method, args.method)
+            settings = {"model": args.model, "prompt": args.prompt, "chat": args.chat}
+            dataclasses.replace(found.explanation, settings=settings).save(raw)
+            print(raw)
     return 0
 
 
@@ -162,12 +178,13 @@ def register(commands: argparse._SubParsersAction) -> None:
         help="send the prompt as a user message through the tokenizer's chat template; "
         "default: the plain prompt",
     )
+    add_method_option(parser)
     parser.add_argument(
-        "--method",
-        help="a method name (explain models); " + DEFAULT_HELP,
-    )
-    parser.add_argument(
-        "--html", type=Path, default=None, help="HTML page to write; default: OUT/generation.html"
+        "--html",
+        type=Path,
+        default=None,
+        help="HTML page to write (several methods: one per method, named PAGE_METHOD.html); "
+        "default: OUT/generation.html",
     )
     parser.add_argument(
         "--png",

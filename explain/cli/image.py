@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.viz import check_style, grid_figure, save_figure
 
     check_style(args.cmap, args.alpha, args.background)
-    methods = parse_methods(args.method)
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     paths = collect_images(args.inputs)
     loaded = load(args, weights=args.weights, architecture=args.arch)
     if loaded.modality != "image":
@@ -220,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     columns = parse_targets(args.target, loaded.classes, num_classes)
     target = _target_callable(columns)
     explainer = Explainer(loaded.model)
-    methods = methods_the_model_takes(args.method, methods, explainer.adapter, args.model)
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model)
     if args.method is None:  # the default's --save files are named now
         check_planned(planned(args, methods))
     settings = {

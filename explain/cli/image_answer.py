@@ -7,21 +7,31 @@ one forward pass (explain.generation, explain.engine.plans.image_text) at the ch
 Each map is drawn back on the photo with the processor's resize, crop and padding undone
 (explain.inputs). Two files are written atomically: the page (click a word: its
 map over the photo, the question's tokens coloured beside it) and a PNG of the answer's
-words, each with its map.
+words, each with its map; several methods (`--method a,b` or `all`) explain the same
+answer, each into its own pair of files named with the method.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from explain.cli.answer_lines import print_rests_on
+from explain.cli.method_options import method_file, methods_the_model_takes
 from explain.cli.options import load
 from explain.errors import InputError
+
+if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
+    from PIL import Image
+
+    from explain.api import Explainer
+    from explain.generation import Generation
+    from explain.loading.loaded_model import LoadedModel
 
 __all__ = ["run"]
 
@@ -50,13 +60,8 @@ def _question_tokens(
 
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
-    from explain.export import atomic_write
-    from explain.generation import explain_generation, rests_on
+    from explain.generation import generate
     from explain.inputs import read_image
-    from explain.viz import save_figure
-    from explain.viz.image_answer import answer_figure, answer_html
-    from explain.viz.scaling import maps_are_signed
-    from explain.viz.text import printable
 
     if not args.prompt.strip():
         raise InputError("the question is empty: there is nothing to answer")
@@ -68,16 +73,37 @@ def run(args: argparse.Namespace) -> int:
             f"{args.model} is a {loaded.modality} model"
         )
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-    # through the processor's chat template as a user message, where it has one
-    prompt = {"image": photo, "text": args.prompt}
-    found = explain_generation(
-        explainer,
-        prompt,
-        max_new_tokens=args.max_new_tokens,
-        method=args.method,
-        depth=args.depth or "lm",
-    )
-    result, generation = found.explanation, found.generation
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
+    # through the processor's chat template as a user message, where it has one; generated
+    # once: every method explains the same answer
+    generation = generate(explainer, {"image": photo, "text": args.prompt}, args.max_new_tokens)
+    for index, method in enumerate(methods):
+        heading = f"[{method}]" if len(methods) > 1 else None
+        _one_method(args, loaded, explainer, photo, generation, method, index == 0, heading)
+    return 0
+
+
+def _one_method(
+    args: argparse.Namespace,
+    loaded: LoadedModel,
+    explainer: Explainer,
+    photo: Image.Image,
+    generation: Generation,
+    method: str,
+    first: bool,
+    heading: str | None,
+) -> None:
+    """For one method: the answer (printed by the `first` method only), then under its
+    `heading` what each word rests on, the page, the figure and the --save file."""
+    from explain.export import atomic_write
+    from explain.generation import explain_generation, rests_on
+    from explain.viz import save_figure
+    from explain.viz.image_answer import answer_figure, answer_html
+    from explain.viz.scaling import maps_are_signed
+    from explain.viz.text import printable
+
+    found = explain_generation(explainer, generation, method=method, depth=args.depth or "lm")
+    result = found.explanation
     answer = found.answer()
     count = len(answer.generated)
     images = result.relevances["image"][0, :count]
@@ -85,9 +111,10 @@ def run(args: argparse.Namespace) -> int:
     # one kind of scale for the method's maps, read on the patch grid (upsampling and the
     # unseen pixels' fill would decide it per word otherwise)
     signed = maps_are_signed(images[:, 0].detach().cpu())
+    assert loaded.preprocessing is not None  # checked by run
     on_photo = loaded.preprocessing.to_original(images[:, 0], (photo.height, photo.width))
-    first = generation.prompt_length - answer.prompt_length  # the prompt's left padding
-    ids = generation.input_ids[0, first : generation.prompt_length]
+    first_real = generation.prompt_length - answer.prompt_length  # the prompt's left padding
+    ids = generation.input_ids[0, first_real : generation.prompt_length]
     is_image = ids == explainer.adapter.image_token_id  # type: ignore[attr-defined]
     tokens, relevance = _question_tokens(
         answer.tokens[: answer.prompt_length],
@@ -99,7 +126,10 @@ def run(args: argparse.Namespace) -> int:
     # only the first word's readout token is among them.
     readout = len(tokens) - 1
     rests = [rests_on(relevance[g], readout + g) for g in range(count)]
-    print("answer:", printable(answer.text(loaded.tokenizer)))
+    if first:
+        print("answer:", printable(answer.text(loaded.tokenizer)))
+    if heading is not None:
+        print(heading)
     print_rests_on(answer.generated, tokens, rests.__getitem__)
     title = (
         f"explain generate: {args.model} ({result.method}, depth {result.settings['depth']}); "
@@ -117,16 +147,16 @@ def run(args: argparse.Namespace) -> int:
         title=title,
         signed=signed,
     )
-    with atomic_write(args.html, "w") as handle:
+    html = method_file(args.html, method, args.method)
+    with atomic_write(html, "w") as handle:
         handle.write(page)
-    png = args.png or args.html.with_suffix(".png")
+    png = method_file(args.png, method, args.method) if args.png else html.with_suffix(".png")
     figure = answer_figure(pixels, on_photo, answer.generated, title=title, signed=signed)
     save_figure(figure, png)
-    print(args.html)
+    print(html)
     print(png)
     if args.save:
-        raw = args.out / f"generation.{args.save}"
+        raw = method_file(args.out / f"generation.{args.save}", method, args.method)
         settings = {"model": args.model, "prompt": args.prompt, "image": str(args.image)}
         dataclasses.replace(result, settings={**result.settings, **settings}).save(raw)
         print(raw)
-    return 0

@@ -3,7 +3,8 @@
 The decoder's text is given with `--target` or generated greedily. Every token of it is
 explained from one forward pass (the encoder-decoder rules of ICCV 2021), and two figures
 are written atomically: the (generated token) x (source token) relevance matrix and the
-source text highlighted once per generated token.
+source text highlighted once per generated token (several methods, `--method a,b` or
+`all`: each figure named with its method).
 """
 
 from __future__ import annotations
@@ -11,6 +12,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from explain.cli.method_options import (
+    add_method_option,
+    method_file,
+    methods_the_model_takes,
+    named_methods,
+    parse_methods,
+)
 from explain.cli.options import (
     Planned,
     add_model_arguments,
@@ -25,11 +33,14 @@ __all__ = ["register"]
 
 
 def planned(args: argparse.Namespace) -> list[Planned]:
-    """The two figures and the --save file."""
-    names = ["seq2seq_matrix.png", "seq2seq_source.png"]
-    files = [Planned(args.out / name, "--out") for name in names]
-    if args.save:
-        files.append(Planned(args.out / f"seq2seq.{args.save}", "--save"))
+    """The two figures and the --save file of every method."""
+    files = []
+    for method in named_methods(args.method):
+        names = ["seq2seq_matrix.png", "seq2seq_source.png"]
+        files += [Planned(method_file(args.out / n, method, args.method), "--out") for n in names]
+        if args.save:
+            raw = method_file(args.out / f"seq2seq.{args.save}", method, args.method)
+            files.append(Planned(raw, "--save"))
     return files
 
 
@@ -45,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.source.strip():
         raise InputError("the source text is empty")
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     loaded = load(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     tokenizer = loaded.tokenizer
@@ -65,32 +77,35 @@ def run(args: argparse.Namespace) -> int:
     length = inputs["decoder_input_ids"].shape[1] if mask is None else int(mask[0].sum())
     if length < 2:
         raise InputError("the decoder text is empty: there is no token to explain")
-    result = explainer.explain(inputs, position="all")
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model)
     decoder_ids = inputs["decoder_input_ids"][0, 1:length].tolist()
     explained = tokenizer.convert_ids_to_tokens(decoder_ids)
     source_tokens = tokenizer.convert_ids_to_tokens(source["input_ids"][0].tolist())
-    matrix = result.relevances["source"][0, : length - 1]
     print("target:", printable(tokenizer.decode(decoder_ids, skip_special_tokens=True)))
-    for token, row in zip(explained, matrix, strict=True):
-        top = row.topk(min(3, row.numel())).indices.tolist()
-        print(f"  {token!r:>16} <- " + ", ".join(repr(source_tokens[i]) for i in top))
-    outputs = {
-        args.out / "seq2seq_matrix.png": relevance_matrix_figure(
-            matrix,
-            source_tokens,
-            explained,
-            title=f"explain seq2seq: {args.model}, {result.method}",
-        ),
-        args.out / "seq2seq_source.png": source_text_figure(matrix, source_tokens, explained),
-    }
-    for path, figure in outputs.items():
-        save_figure(figure, path)
-        print(path)
-    if args.save:
-        settings = {"model": args.model, "source": args.source, "explained_tokens": explained}
-        raw = args.out / f"seq2seq.{args.save}"
-        dataclasses.replace(result, settings=settings).save(raw)
-        print(raw)
+    for method in methods:
+        result = explainer.explain(inputs, position="all", method=method)
+        matrix = result.relevances["source"][0, : length - 1]
+        if len(methods) > 1:
+            print(f"[{method}]")
+        for token, row in zip(explained, matrix, strict=True):
+            top = row.topk(min(3, row.numel())).indices.tolist()
+            print(f"  {token!r:>16} <- " + ", ".join(repr(source_tokens[i]) for i in top))
+        matrix_figure = relevance_matrix_figure(
+            matrix, source_tokens, explained, title=f"explain seq2seq: {args.model}, {method}"
+        )
+        outputs = {
+            "seq2seq_matrix.png": matrix_figure,
+            "seq2seq_source.png": source_text_figure(matrix, source_tokens, explained),
+        }
+        for name, figure in outputs.items():
+            path = method_file(args.out / name, method, args.method)
+            save_figure(figure, path)
+            print(path)
+        if args.save:
+            settings = {"model": args.model, "source": args.source, "explained_tokens": explained}
+            raw = method_file(args.out / f"seq2seq.{args.save}", method, args.method)
+            dataclasses.replace(result, settings=settings).save(raw)
+            print(raw)
     return 0
 
 
@@ -113,6 +128,7 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="TEXT",
         help="the decoder text to explain; default: the model's greedy generation",
     )
+    add_method_option(parser)
     parser.add_argument(
         "--max-new-tokens",
         type=positive_int,

@@ -99,14 +99,14 @@ def run(args: argparse.Namespace) -> int:
     from explain.rules.display import display_values, scale_note
     from explain.viz.text import document_html, note_html, printable, to_html, to_terminal
 
-    methods = parse_methods(args.method)
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     loaded = load(args)
     if loaded.modality == "image_text":
         raise InputError(f"{args.model} is an image-text model; use `explain clip`")
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer; see `explain image`")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-    methods = methods_the_model_takes(args.method, methods, explainer.adapter, args.model)
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model)
     if args.method is None:  # the default's --save files are named now
         check_planned(planned(args, methods))
     encoder = getattr(explainer.adapter, "pooled_by_mean", False)

@@ -20,7 +20,14 @@ from explain.engine.plans import (
     resolve_start_layer,
 )
 from explain.engine.request import Request, StartLayer
-from explain.engine.run import check, explain, refusals, supported_methods, trace
+from explain.engine.run import (
+    check,
+    explain,
+    refusals,
+    require_methods,
+    supported_methods,
+    trace,
+)
 from explain.engine.session import Session
 
 __all__ = [
@@ -35,6 +42,7 @@ __all__ = [
     "explain",
     "refusals",
     "require_causal_lm",
+    "require_methods",
     "resolve_score",
     "resolve_start_layer",
     "supported_methods",

@@ -27,7 +27,7 @@ from explain.errors import TargetError, UnsupportedModelError
 from explain.explanation import Explanation, Trace
 from explain.rules.registry import METHODS, Method, get_method
 
-__all__ = ["check", "explain", "refusals", "supported_methods", "trace"]
+__all__ = ["check", "explain", "refusals", "require_methods", "supported_methods", "trace"]
 
 
 def _missing_link(
@@ -84,6 +84,23 @@ def refusals(adapter: Adapter | type[Adapter], request: Request | None = None) -
     kind = plan_kind(adapter, request or Request())
     found = {name: _missing_link(spec, kind, adapter) for name, spec in sorted(METHODS.items())}
     return {name: str(error) for name, error in found.items() if error is not None}
+
+
+def require_methods(
+    adapter: Adapter | type[Adapter], names: list[str], model: str, request: Request | None = None
+) -> None:
+    """Refuse, in one error before any work, those of the method `names` that `adapter`'s
+    model (called `model` in the message) cannot be explained with in calls of `request`'s
+    kind, each with its reason, and name the methods it takes."""
+    refused = refusals(adapter, request)
+    reasons: dict[str, list[str]] = {}
+    for name in names:
+        if name in refused:
+            reasons.setdefault(refused[name], []).append(name)
+    if reasons:
+        taken = ", ".join(supported_methods(adapter, request))
+        why = "; ".join(f"{', '.join(group)} ({reason})" for reason, group in reasons.items())
+        raise UnsupportedModelError(f"{model} does not take {why}; it takes {taken}")
 
 
 def explain(adapter: Adapter, inputs: Any, request: Request, tokenizer: Any = None) -> Explanation:

@@ -1,7 +1,8 @@
 """The session: borrowing a model for one call, and giving it back exactly as found.
 
 Everything that runs a model does it inside a `Session`: it holds the model's parts
-against other calls, forks the RNG, sets autograd, eval mode, `requires_grad`, the
+against other calls, forks the RNG, sets autograd, eval mode, `requires_grad`,
+transformers' output-capturing hooks (explain.architectures.hf_output_capture), the
 attention path's flags (a call that records no attention may keep the model's own path)
 and the rule hooks of the call, and undoes every change on exit,
 in reverse order, whatever happened. Recording is the `Recorder`'s job, inside it.
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from explain.architectures.base import Adapter, this_thread_only
+from explain.architectures.hf_output_capture import output_capture_for_the_call
 from explain.architectures.wrappers import (
     ACCELERATE_HOOK,
     HELD_LAYER_PACKAGES,
@@ -185,6 +187,8 @@ class Session(contextlib.AbstractContextManager["Session"]):
             or type(module).__module__.startswith(HELD_LAYER_PACKAGES)
         ]
         try:
+            # First, so undone last: transformers' lazily installed hooks, there for the call
+            self._undo.enter_context(output_capture_for_the_call(modules))
             self._fork_rng(wrapped)
             self._undo.enter_context(
                 torch.enable_grad() if self.differentiable else torch.no_grad()

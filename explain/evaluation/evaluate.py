@@ -152,7 +152,7 @@ def evaluate_model(
         dtype, offline, allow_missing_weights: as `load_model` takes them.
     """
     from explain.architectures.registry import adapter_for
-    from explain.engine import Request, supported_methods
+    from explain.engine import Request, require_methods, supported_methods
     from explain.evaluation.datasets.zoo import answer_dataset, heldout_dataset
     from explain.loading import load_model
 
@@ -188,6 +188,8 @@ def evaluate_model(
     bound = _bind(protocol, loaded, dataset, forward_batch, auc_range, depth, replacement)
     # An answer is explained as a generation: the methods a generation takes.
     request = Request(prompt_length=1) if protocol in _ANSWERS else None
+    if methods:  # named ones the model cannot take are refused before any work
+        require_methods(adapter_for(module), list(methods), str(model), request)
     chosen = list(methods) if methods else supported_methods(adapter_for(module), request)
     return run_evaluation(
         bound,

@@ -1,12 +1,14 @@
 """A span attribution as one static HTML page: the context with its spans highlighted,
 the answer's tokens to choose from, the top spans listed with their scores, and the
-ablation check that says how far to trust the ranking.
+ablation check that says how far to trust the ranking, with its verdict in words
+(explain.cite.verdict: the terminal and cite.json say the same).
 
 The page is self-contained (no external script, style or font, nothing fetched): texts
-are written into it as escaped HTML, and the span relevances are embedded as a JSON
-array that a few lines of inline script read when a choice is made. Choice 1 is the
-whole answer (each span's score), choice g + 1 answer token g; they are chosen by click,
-or by Tab and Enter, and `page.html#c` opens on choice c (explain.viz.choice_script).
+are written into it as escaped HTML, and the span relevances are embedded as JSON arrays
+(the values, and the values as explain.cite.verdict.number writes them) that a few
+lines of inline script read when a choice is made. Choice 1 is the whole answer (each
+span's score), choice g + 1 answer token g; they are chosen by click, or by Tab and
+Enter, and `page.html#c` opens on choice c (explain.viz.choice_script).
 Colours are the diverging scale of explain.viz.text (red for, blue against), scaled per
 choice by its largest |span relevance|; span text is black or white, whichever contrasts
 more with its colour (WCAG AA). The top-spans list is rebuilt with `textContent`, so no
@@ -22,6 +24,8 @@ from typing import Any
 
 from torch import Tensor
 
+from explain.cite.check import Check
+from explain.cite.verdict import lds_band, number, random_sets
 from explain.errors import InputError
 from explain.viz.choice_script import choice_script
 from explain.viz.shade_script import SHADE_SCRIPT
@@ -36,6 +40,7 @@ _SCRIPT = (
     SHADE_SCRIPT
     + """
 const rows = JSON.parse(document.getElementById("relevance").textContent);
+const shown = JSON.parse(document.getElementById("relevance-text").textContent);
 const texts = JSON.parse(document.getElementById("span-texts").textContent);
 const labels = JSON.parse(document.getElementById("choice-labels").textContent);
 function choose(g) {
@@ -45,7 +50,7 @@ function choose(g) {
     const s = Number(span.dataset.s), rgb = shade(row[s], scale);
     span.style.backgroundColor = "rgb(" + rgb.join(", ") + ")";
     span.style.color = ink(rgb);
-    span.title = "span " + (s + 1) + ": " + row[s].toPrecision(4);
+    span.title = "span " + (s + 1) + ": " + shown[g][s];
   });
   document.querySelectorAll("span.choice").forEach(span => {
     const chosen = Number(span.dataset.g) === g;
@@ -56,7 +61,7 @@ function choose(g) {
   const list = document.getElementById("top");
   list.replaceChildren(...order.slice(0, TOP).map(s => {
     const item = document.createElement("li");
-    item.textContent = row[s].toPrecision(4) + "  (span " + (s + 1) + ")  " + texts[s].trim();
+    item.textContent = shown[g][s] + "  (span " + (s + 1) + ")  " + texts[s].trim();
     return item;
   }));
   document.getElementById("status").textContent =
@@ -77,6 +82,7 @@ span.choice:focus-visible { outline: 3px solid #1a5fb4; outline-offset: 1px; }
 span.chosen { outline: 2px solid black; }
 span.foil { color: #555; }
 p.legend, p.note { color: #555; line-height: 1.4; }
+p.verdict { line-height: 1.4; }
 table { border-collapse: collapse; } td, th { padding: 2px 10px; text-align: right; }
 ol#top li { white-space: pre-wrap; }
 """
@@ -87,32 +93,54 @@ def _json(value: Any) -> str:
     return json.dumps(value).replace("<", "\\u003c")
 
 
-def _check_table(check: Mapping[str, Any], sources: str = "spans") -> str:
-    """The check's figures as a table and two lines (what was ablated, the LDS), of the
-    `sources` the check removed ("spans" of a context, "regions" of a photo)."""
+def _below_top_1(check: Check, sources: str) -> str:
+    """One sentence where a top-k drop (k > 1) is below the top-1 drop, else ""."""
+    lower = [d for d in check.drops[1:] if d.top < check.drops[0].top]
+    if not lower:
+        return ""
+    drop = lower[0]
+    return (
+        f'<p class="note">The top-{drop.k} drop ({number(drop.top)}) is below the top-1 drop '
+        f"({number(check.drops[0].top)}): removing the next {sources} as well raised "
+        f"{html.escape(check.target)} again, so one of them speaks against the answer, or the "
+        f"{'shorter context' if sources == 'spans' else 'filled photo'} moves the answer for "
+        "reasons of its own.</p>\n"
+    )
+
+
+def _check_table(values: Mapping[str, Any], sources: str = "spans") -> str:
+    """The check's verdict (explain.cite.verdict), its figures as a table, and what was
+    ablated and the LDS, of the `sources` the check removed ("spans" of a context,
+    "regions" of a photo)."""
+    check = Check.from_dict(dict(values))
+    said = check.verdict
     whole = "context" if sources == "spans" else "photo"
     rows = "".join(
-        f"<tr><td>{d['k']}</td><td>{d['drop']:.3f}</td><td>{d['random_drop']:.3f} "
-        f"&plusmn; {d['random_std']:.3f}</td></tr>"
-        for d in check["top_k"]
+        f"<tr><td>{d.k}</td><td>{number(d.top)}</td><td>{number(d.random)} &plusmn; "
+        f"{number(d.random_std)}</td><td>{random_sets(d)}</td>"
+        f"<td>{'tied at the cut' if d.tied else ''}</td></tr>"
+        for d in check.drops
     )
-    if check["lds_ablations"]:
-        lds = check["lds"]
-        value = "undefined (constant)" if lds is None else f"{lds:.3f}"
+    if check.lds_ablations:
+        value = "undefined (constant)" if check.lds is None else number(check.lds)
         lds_line = (
-            f"LDS over {check['lds_ablations']} random ablations of half the {sources} "
-            f"(Spearman): {value}"
+            f"LDS over {check.lds_ablations} random ablations of half the {sources} "
+            f"(Spearman): {value} ({lds_band(check)})"
         )
     else:
         lds_line = "LDS: not computed (explain cite --lds N)"
-    target = html.escape(check["target"])
+    target = html.escape(check.target)
     return (
-        f'<h3>How far to trust this ranking</h3>\n<p class="note">{target} with the whole '
-        f"{whole}: {check['full']:.3f}. Ablation: {html.escape(check['ablation'])}. Drop of "
-        f"{target} when the top-k {sources} are removed, against the mean (&plusmn; standard "
-        f"deviation) over {check['random_draws']} random sets of k {sources} (seed "
-        f"{check['seed']}):</p>\n<table><tr><th>k</th><th>top-k drop</th>"
-        f'<th>random drop</th></tr>{rows}</table>\n<p class="note">{html.escape(lds_line)}</p>\n'
+        f'<h3>How far to trust this ranking</h3>\n<p class="verdict">Verdict: '
+        f"<b>{html.escape(said.word)}</b>: {html.escape(said.reason)}</p>\n"
+        f'<p class="note">{target} with the whole {whole}: {number(check.full)}. Ablation: '
+        f"{html.escape(check.ablation)}. Drop of {target} when the top-k {sources} are "
+        "removed, against the mean (&plusmn; standard deviation) of its drop when any k "
+        f"are: every set of k {sources} where there are at most {check.draws}, else "
+        f"{check.draws} random sets of k {sources} (seed {check.seed}):</p>\n<table><tr>"
+        "<th>k</th><th>top-k drop</th><th>random drop</th><th>over</th><th></th></tr>"
+        f"{rows}</table>\n{_below_top_1(check, sources)}"
+        f'<p class="note">{html.escape(lds_line)}</p>\n'
     )
 
 
@@ -151,6 +179,7 @@ def cite_html(
     if not bool(values.isfinite().all()):
         raise InputError("the span relevances hold NaN or infinite values; nothing is drawn")
     rows = [[round(float(v), 6) for v in row] for row in values]
+    shown = [[number(float(v), signed=True) for v in row] for row in values]
     context = "".join(
         f'<span class="src" data-s="{s}">{html.escape(text)}</span>' for s, text in enumerate(spans)
     )
@@ -193,6 +222,7 @@ def cite_html(
         f'<h3>Top spans</h3>\n<ol id="top"></ol>\n'
         f"{_check_table(check) if check is not None else ''}"
         f'<script type="application/json" id="relevance">{_json(rows)}</script>\n'
+        f'<script type="application/json" id="relevance-text">{_json(shown)}</script>\n'
         f'<script type="application/json" id="span-texts">{_json(list(spans))}</script>\n'
         f'<script type="application/json" id="choice-labels">{_json(labels)}</script>\n'
         f"<script>{script}{_CHOICE}</script>\n"

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
+from explain.cite.page import _check_table
 from explain.cite.regions import Region
+from explain.cite.verdict import number
 from explain.errors import InputError
-from explain.viz.cite import _check_table
 from explain.viz.image_answer import _png
 from explain.viz.literal import literal_text
 from explain.viz.text import colour
@@ -136,26 +137,20 @@ def regions_html(
     answer: str,
     *,
     check: Mapping[str, Any] | None = None,
-    verdict: tuple[str, str] | None = None,
     title: str = "explain cite",
 ) -> str:
     """The page: the question and the answer, the `region_picture` (the PNG's picture,
-    pixel for pixel), the regions ranked with their scores and boxes, and the check with
-    its `verdict` (word, reason)."""
+    pixel for pixel), the regions ranked with their scores and boxes, and the check
+    (`Check.to_dict`) with its verdict, as the text page shows them."""
     values = _scores(regions, scores)
     picture = _png(region_picture(photo, regions, values))
     scale = float(np.abs(values).max())
     items = "".join(
         f'<li><span class="swatch" style="background: rgb{colour(values[i], scale)}"></span> '
-        f"{values[i]:+.4g} &nbsp; {html.escape(regions[i].name)} (box "
+        f"{number(float(values[i]), signed=True)} &nbsp; {html.escape(regions[i].name)} (box "
         f"{', '.join(str(v) for v in regions[i].box)})</li>"
         for i in _ranks(values)
     )
-    said = ""
-    if verdict is not None:
-        said = (
-            f'<p class="verdict"><b>{html.escape(verdict[0])}</b>: {html.escape(verdict[1])}</p>\n'
-        )
     table = "" if check is None else _check_table(check, "regions")
     red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
     return (
@@ -165,10 +160,11 @@ def regions_html(
         f"<p>question: {html.escape(question)}<br>answer: {html.escape(answer)}</p>\n"
         '<p class="legend">Each region is tinted by its score for the whole answer, '
         f'<span style="color: rgb{red}">red</span> for, <span style="color: rgb{blue}">blue'
-        f"</span> against, full colour at the largest |score| ({scale:.4g}), and outlined.</p>\n"
+        f"</span> against, full colour at the largest |score| ({number(scale)}), and "
+        "outlined.</p>\n"
         f'<img id="regions" src="{picture}" alt="the photo with its regions">\n'
         f'<ol id="ranked">{items}</ol>\n'
-        f"{said}{table}"
+        f"{table}"
         "</body></html>\n"
     )
 

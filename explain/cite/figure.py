@@ -1,7 +1,8 @@
 """A span attribution as a figure: the top spans' scores for the whole answer (bars), and
-their relevance for each answer token (a matrix), with the ablation check in the caption.
+their relevance for each answer token (a matrix), with the ablation check and its
+verdict (explain.cite.verdict) in the caption.
 
-The figure says on paper what the page (explain.viz.cite) says: the spans are the
+The figure says on paper what the page (explain.cite.page) says: the spans are the
 `TOP_SPANS` with the highest score, labelled by their number and the start of their
 text; the bars are their scores (red for, blue against); the matrix is scaled by its
 largest |value| on the diverging red-blue scale. matplotlib is imported only when
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
+from explain.cite.check import Check
+from explain.cite.verdict import number, random_sets
 from explain.errors import InputError
 from explain.viz.image import _CAPTION_LINE_INCHES, _TITLE_LINE_INCHES, caption_lines
 from explain.viz.literal import literal_text
@@ -40,18 +43,20 @@ def span_label(index: int, text: str) -> str:
     return f"[{index + 1}] {short}"
 
 
-def _check_caption(check: Mapping[str, Any] | None) -> str:
-    if check is None:
+def _check_caption(values: Mapping[str, Any] | None) -> str:
+    if values is None:
         return "No ablation check run."
+    check = Check.from_dict(dict(values))
     parts = [
-        f"top-{d['k']} removed: drop {d['drop']:.2f} (random {d['random_drop']:.2f} ± "
-        f"{d['random_std']:.2f})"
-        for d in check["top_k"]
+        f"top-{d.k} removed: drop {number(d.top)} (random {number(d.random)} ± "
+        f"{number(d.random_std)}, {random_sets(d)})"
+        for d in check.drops
     ]
-    if check["lds_ablations"]:
-        lds = check["lds"]
-        parts.append(f"LDS {'undefined' if lds is None else format(lds, '.2f')}")
-    return f"Check, drop of {check['target']}: " + "; ".join(parts) + "."
+    if check.lds_ablations:
+        parts.append(f"LDS {'undefined' if check.lds is None else number(check.lds)}")
+    return (
+        f"Check, drop of {check.target}: " + "; ".join(parts) + f". Verdict: {check.verdict.word}."
+    )
 
 
 @literal_text
@@ -69,7 +74,7 @@ def cite_figure(
     Args:
         spans: the S spans' texts.
         answer_tokens: the G answer tokens (the rows of the matrix).
-        span_relevance: (G + 1, S) as for explain.viz.cite.cite_html: row 0 the whole
+        span_relevance: (G + 1, S) as for explain.cite.page.cite_html: row 0 the whole
             answer's scores, row g + 1 answer token g's.
         method: the method, named in the title; `title`: what was explained.
         check: the ablation check (`Check.to_dict`), summarised in the caption.
