@@ -6,6 +6,7 @@ from text by `answer_example` and `write_answer_file`) and the zoo models' own h
 sets (`heldout_dataset`).
 """
 
+from explain.evaluation.datasets.answers import AnswerFile, answer_example, write_answer_file
 from explain.evaluation.datasets.base import (
     AnswerExample,
     EvaluationDataset,
@@ -14,7 +15,6 @@ from explain.evaluation.datasets.base import (
     TextExample,
     TwoObjectExample,
 )
-from explain.evaluation.datasets.answers import AnswerFile, answer_example, write_answer_file
 from explain.evaluation.datasets.eraser import EraserMovies
 from explain.evaluation.datasets.imagenet import ImageNetFolder
 from explain.evaluation.datasets.imagenet_segmentation import ImageNetSegmentation
