@@ -45,13 +45,7 @@ bench: $(STAMP)
 
 # Retrain every zoo model from its seed, then re-measure held-out accuracy into the cards.
 zoo: $(STAMP)
-	$(BIN)/python scripts/train_shapes_vit.py
-	$(BIN)/python scripts/train_digits_vit.py
-	$(BIN)/python scripts/train_minilm_sentiment.py
-	$(BIN)/python scripts/train_shapes_swin.py
-	$(BIN)/python scripts/train_shapes_clip.py
-	$(BIN)/python scripts/train_shapes_llava.py
-	$(BIN)/python scripts/train_recall_lm.py
+	$(BIN)/python scripts/train_zoo.py
 	$(BIN)/python scripts/zoo_accuracy.py --update-cards
 
 # Score every method on the zoo (resumable: finished chunks stay in outputs/results/).

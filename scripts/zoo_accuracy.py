@@ -5,7 +5,8 @@
 
 Each card's accuracy section sits between the markers below and is only ever written by
 this script, so the number a card quotes is the number this script measures. Models whose
-evidence is known (`EVIDENCE`) get a second section: the known-evidence check's table.
+evidence is known (their `ZooEvaluation.evidence_check`) get a second section: the
+known-evidence check's table.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import time
 
 import torch
 
-from explain.evaluation import heldout_accuracy, recall_answers, shapes_answers
+from explain.evaluation import heldout_accuracy
+from explain.evaluation.zoo import zoo_evaluation
 from explain.export import atomic_write
 from explain.loading.zoo import CARD, ZOO, load_zoo_model, zoo_root
 
@@ -24,26 +26,13 @@ BEGIN = "<!-- heldout-accuracy: written by scripts/zoo_accuracy.py -->"
 END = "<!-- /heldout-accuracy -->"
 EVIDENCE_BEGIN = "<!-- evidence-check: written by scripts/zoo_accuracy.py -->"
 EVIDENCE_END = "<!-- /evidence-check -->"
-HEADLINE = {
-    "shapes-vit": "every kind's present/absent decision right (the exact set of kinds)",
-    "shapes-swin": "every kind's present/absent decision right (the exact set of kinds)",
-    "digits-vit": "top-1",
-    "minilm-sentiment": "top-1",
-    "shapes-clip": "zero-shot: the closest of the 41 set captions names exactly its kinds",
-    "shapes-llava": "the first answer word (greedy) is the true answer",
-    "recall-llama": "the whole answer, both words, greedy, at the trained length",
-}
-EVIDENCE = {
-    "shapes-llava": (shapes_answers.evidence_check, 1000),
-    "recall-llama": (recall_answers.evidence_check, 1000),
-}
-"""Models whose answers' evidence is known: the check, and its number of held-out examples."""
 
 
 def section(name: str, accuracy, seconds: float) -> str:
     lines = [
         BEGIN,
-        f"Held-out accuracy: **{100 * accuracy.accuracy:.2f}%** ({HEADLINE[name]}; "
+        f"Held-out accuracy: **{100 * accuracy.accuracy:.2f}%** "
+        f"({zoo_evaluation(name).headline}; "
         f"{accuracy.count} held-out examples; measured by `scripts/zoo_accuracy.py` in "
         f"{seconds:.0f} s).",
     ]
@@ -89,10 +78,10 @@ def main() -> None:
             print(f"|   {key} | {100 * value:.2f}% | |")
         if args.update_cards:
             replace_section(name, BEGIN, END, section(name, accuracy, seconds))
-        if name in EVIDENCE:
-            check, default = EVIDENCE[name]
+        check = zoo_evaluation(name).evidence_check
+        if check is not None:
             started = time.time()
-            count = args.count or default
+            count = args.count or zoo_evaluation(name).count
             table = check(load_zoo_model(name), count).table()
             print(table, flush=True)
             if args.update_cards:

@@ -19,13 +19,13 @@ PLAIN_BASELINES = frozenset(
     and spec.gradient_rules is None
 )
 """The methods that read the input embeddings with no rule in the backward (Gradient x
-Input, integrated gradients, occlusion). In float32 their maps carry the rounding of the
-attention softmax and, for the gradients, its Jacobian: about 1e-5 of the map's largest
-value between two forwards of other shapes (measured 2e-6 to 4e-6 on the tiny Llama,
-against 2e-7 to 5e-7 for AttnLRP), so float32 comparisons of their maps scale their
-absolute tolerance by the map (`float32_atol`). So do float64 comparisons on models that
-compute a part in float32 whatever their dtype (Llama's RMSNorm), whose backward a plain
-gradient goes through."""
+Input, integrated gradients, occlusion, SmoothGrad). In float32 their maps carry the
+rounding of the attention softmax and, for the gradients, its Jacobian: about 1e-5 of the
+map's largest value between two forwards of other shapes (measured 2e-6 to 4e-6 on the
+tiny Llama, against 2e-7 to 5e-7 for AttnLRP), so float32 comparisons of their maps scale
+their absolute tolerance by the map (`float32_atol`). So do float64 comparisons on models
+that compute a part in float32 whatever their dtype (Llama's RMSNorm), whose backward a
+plain gradient goes through."""
 
 
 def float32_atol(method: str, expected: torch.Tensor, atol: float) -> float:

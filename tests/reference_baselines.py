@@ -1,12 +1,13 @@
 """Independent float64 computations of the input-embedding baselines: Gradient x Input,
-integrated gradients and occlusion, written from their definitions for ONE input at a
-time (no padding, no batching), with nothing of `explain`:
+integrated gradients, occlusion and SmoothGrad, written from their definitions for ONE
+input at a time (no padding, no batching), with nothing of `explain`:
 
 - the model is run from its embeddings by its own code: transformers' `inputs_embeds`,
   or a timm ViT's `forward_features` after its `patch_embed`;
 - integrated gradients loops over the Gauss-Legendre (or Riemann) points one at a time,
   the nodes and weights taken from numpy and mapped from [-1, 1] to [0, 1] here;
-- occlusion loops over the tokens, one forward each.
+- occlusion loops over the tokens, one forward each;
+- SmoothGrad loops over its noisy copies, the noise drawn here from its seed.
 
 Each function takes `scores`, embeddings (1, P, D) -> logits (1, C), the input's
 embeddings `e` (1, P, D), the baseline's `e0` and the explained class; it returns (P,)
@@ -60,6 +61,33 @@ def occlusion(scores: Scores, e: Tensor, e0: Tensor, target: int) -> Tensor:
             occluded[:, n] = e0[:, n]
             drops.append(full - scores(occluded)[0, target])
     return torch.stack(drops)
+
+
+def smoothgrad(
+    scores: Scores,
+    e: Tensor,
+    target: int,
+    samples: int,
+    sigma: float,
+    seed: int,
+    *,
+    squared: bool = False,
+    times_input: bool = False,
+) -> Tensor:
+    """SmoothGrad as the paper writes it, one noisy copy at a time: noise of standard
+    deviation sigma * (max - min) of e, copy s's the s-th draw of torch.randn shaped as
+    e from a generator seeded with `seed`; the copy's |gradient| (or noisy input times
+    gradient), squared where asked, averaged over the copies and summed over D."""
+    generator = torch.Generator().manual_seed(seed)
+    stdev = sigma * float(e.max() - e.min())
+    total = torch.zeros_like(e)
+    for _ in range(samples):
+        noisy = e + stdev * torch.randn(e.shape, generator=generator, dtype=e.dtype)
+        noisy = noisy.detach().requires_grad_(True)
+        (gradient,) = torch.autograd.grad(scores(noisy)[0, target], noisy)
+        attribution = noisy * gradient if times_input else gradient.abs()
+        total = total + (attribution**2 if squared else attribution)
+    return (total / samples).sum(dim=-1)[0].detach()
 
 
 # -- the models, run from their embeddings -------------------------------------------------

@@ -1,7 +1,8 @@
 """The baselines against the libraries people would otherwise use, on the same models:
-captum's IntegratedGradients, InputXGradient, LayerGradientXActivation and
-FeatureAblation, and inseq's gradient x input on a generation. Skipped where the library
-is not installed (captum is in the `dev` extra; inseq is not, for its dependencies).
+captum's IntegratedGradients, InputXGradient, LayerGradientXActivation, FeatureAblation
+and NoiseTunnel (SmoothGrad, on our noise), and inseq's gradient x input on a
+generation. Skipped where the library is not installed (captum is in the `dev` extra;
+inseq is not, for its dependencies).
 
 Float32 models, compared at rtol 1e-4: captum rounds its Riemann nodes and every
 quadrature weight to float32 (torch.linspace, `torch.tensor(step_sizes).float()`), so even
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import reference_baselines as ref
 import torch
 from reference_hf import padded_batch, tiny_text_model
 
@@ -139,6 +141,52 @@ def test_text_baselines_equal_captums_on_the_word_embeddings(name):
     )  # each token's drop, on every one of its hidden units
     ours = explainer.explain(batch, method="occlusion", target=TARGETS)
     _close(ours.relevance[real], ablated[..., 0][real])
+
+
+@pytest.mark.parametrize(
+    ("attribution", "nt_type"), [("Saliency", "smoothgrad"), ("InputXGradient", "smoothgrad_sq")]
+)
+@pytest.mark.parametrize("kind", ["vit", "bert-classifier", "gpt2"])
+def test_smoothgrad_equals_captums_noise_tunnel_on_the_same_noise(
+    kind, attribution, nt_type, monkeypatch
+):
+    """captum's NoiseTunnel over Saliency (|gradient|) or InputXGradient at the patch or
+    word embeddings, one input at a time, its Gaussian noise replaced by ours (copy s:
+    the s-th torch.randn shaped as the embeddings from a generator seeded with `seed`,
+    times the stdev the call records), summed over the hidden size; float64 models."""
+    samples, target = 4, 1
+    if kind == "vit":
+        model = tiny_vit(depth=3, num_heads=2).double()
+        inputs = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(1)).double()
+        scores, e, _ = ref.timm_vit(model, inputs)
+    else:
+        model = tiny_text_model(kind).double()
+        inputs = {"input_ids": torch.tensor([TEXTS[0]])}
+        scores, e = ref.hf_text(model, TEXTS[0], last=kind == "gpt2")
+    ours = Explainer(model).explain(
+        inputs,
+        method="smoothgrad",
+        target=target,
+        samples=samples,
+        seed=3,
+        times_input=attribution == "InputXGradient",
+        squared=nt_type == "smoothgrad_sq",
+    )
+    stdev = ours.settings["noise_stdev"][0]
+    generator = torch.Generator().manual_seed(3)
+    noise = torch.cat(
+        [torch.randn(e.shape, generator=generator, dtype=e.dtype) for _ in range(samples)]
+    )
+
+    def our_noise(input, stdev_given, count):
+        assert (count, stdev_given) == (samples, stdev)
+        return input.repeat_interleave(count, dim=0) + noise * stdev
+
+    monkeypatch.setattr(captum_attr.NoiseTunnel, "_add_noise_to_input", staticmethod(our_noise))
+    tunnel = captum_attr.NoiseTunnel(getattr(captum_attr, attribution)(scores))
+    theirs = tunnel.attribute(e, nt_type=nt_type, nt_samples=samples, stdevs=stdev, target=target)
+    expected = theirs.detach().sum(dim=-1)[0]
+    torch.testing.assert_close(ours.relevance.flatten(), expected.flatten(), rtol=1e-5, atol=1e-9)
 
 
 def test_gradient_x_input_on_a_generation_equals_inseqs():

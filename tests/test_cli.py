@@ -187,7 +187,7 @@ def test_image_all_methods_runs_every_method_the_model_takes(capsys, tmp_path):
     assert written == [f"scene_{method}_0-circle.png" for method in taken]
     refused = (
         "attnlrp, cp_lrp, gradient_x_input, integrated_gradients, lrp, occlusion, "
-        "partial_lrp, transformer_attribution"
+        "partial_lrp, smoothgrad, transformer_attribution"
     )
     assert f"--method all: zoo:shapes-swin does not take {refused} (its attention is" in err
     # a method named on its own is refused, naming those the model takes, before any file
@@ -218,7 +218,10 @@ def test_image_writes_one_overlay_per_image_method_and_class(capsys, tmp_path, m
         for label in labels
     }
     assert {p.name for p in out.iterdir()} == expected
-    assert sorted(stdout.split()) == sorted(str(out / name) for name in expected)
+    written = [line for line in stdout.splitlines() if line.startswith(str(out))]
+    assert sorted(written) == sorted(str(out / name) for name in expected)
+    predicted = [line for line in stdout.splitlines() if line not in written]
+    assert sorted(line.split(": ")[0] for line in predicted) == sorted(map(str, paths))
 
     # Each file is its own image's map (batches do not mix), drawn at the file's resolution.
     model = tiny_vit(**TIMM_ARGS)
@@ -651,3 +654,40 @@ def test_model_help_offers_timm_only_where_a_timm_model_is_taken(command, offers
     text = " ".join(commands.choices[command].format_help().split())
     assert ("a timm model name" in text) == offers_timm
     assert "zoo:NAME" in text
+
+
+def test_multi_label_titles_and_the_prediction_give_each_class_its_probability():
+    import math
+
+    from explain.viz.image import class_label, prediction
+
+    names = ["circle", "square", "star"]
+    logits = torch.tensor([4.4, -3.0, 0.5])
+    present = [1 / (1 + math.exp(-v)) for v in logits.tolist()]  # sigmoid by hand
+    assert class_label(0, names, logits, multi_label=True) == (
+        f"circle (class 0), present {present[0]:.1%}"
+    )
+    assert class_label(1, names, logits, multi_label=True).endswith(f"present {present[1]:.1%}")
+    assert class_label(1, names, logits) == "square (class 1), ranked 3rd"
+    assert prediction(logits, names, multi_label=True) == (
+        f"present: circle (class 0) {present[0]:.1%}, star (class 2) {present[2]:.1%}"
+    )
+    assert prediction(torch.tensor([-2.0, -1.0, -4.0]), names, multi_label=True) == (
+        f"none present (likeliest: square (class 1) {1 / (1 + math.exp(1)):.1%})"
+    )
+    softmax = torch.tensor([4.4, -3.0, 0.5]).softmax(-1)
+    assert prediction(logits, names, multi_label=False) == f"circle (class 0) {softmax[0]:.1%}"
+
+
+def test_image_prints_each_images_prediction(capsys, tmp_path, model_folder):
+    paths = _write_images(tmp_path / "in", 2)
+    status, out, _ = _run(capsys, "image", *paths, "--model", model_folder, "--out", tmp_path / "o")
+    assert status == 0
+    model = tiny_vit(**TIMM_ARGS)
+    images, _ = load_images(paths, size=(32, 32), mean=MEAN, std=STD)
+    with torch.no_grad():
+        probabilities = model(images).softmax(-1)
+    for path, row in zip(paths, probabilities, strict=True):
+        top = int(row.argmax())
+        line = next(line for line in out.splitlines() if line.startswith(f"{path}: "))
+        assert line.endswith(f"(class {top}) {float(row[top]):.1%}")

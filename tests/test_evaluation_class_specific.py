@@ -13,9 +13,10 @@ from explain.data import shapes
 from explain.errors import InputError, OptionError
 from explain.evaluation import FRACTIONS, ClassSpecificTest
 from explain.evaluation.datasets import ImageExample, TwoObjectExample
-from explain.evaluation.datasets.zoo import ShapesPairs, heldout_dataset
+from explain.evaluation.datasets.zoo import ShapesPairs
 from explain.evaluation.evaluate import real_dataset
 from explain.evaluation.protocol import records_problem
+from explain.evaluation.zoo import heldout_dataset
 from explain.loading.zoo import WEIGHTS, zoo_root
 from explain.testing import ModelState
 

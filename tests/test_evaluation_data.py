@@ -15,7 +15,8 @@ from PIL import Image
 from explain.cli import main
 from explain.errors import InputError
 from explain.evaluation.datasets import EraserMovies, ImageNetFolder, ImageNetSegmentation
-from explain.evaluation.datasets.zoo import SentimentHeldout, ShapesHeldout, heldout_dataset
+from explain.evaluation.datasets.zoo import SentimentHeldout, ShapesHeldout
+from explain.evaluation.zoo import heldout_dataset
 from explain.loading.zoo import save_zoo_model
 
 # -- ImageNet validation folder ----------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from explain.evaluation import PerturbationTest, SegmentationTest
-from explain.evaluation.datasets.zoo import heldout_dataset
+from explain.evaluation.zoo import heldout_dataset
 from explain.loading.zoo import WEIGHTS, zoo_root
 
 pytestmark = pytest.mark.skipif(

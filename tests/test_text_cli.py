@@ -313,6 +313,7 @@ def test_all_methods_runs_every_method_a_language_model_takes(tmp_path, capsys):
     assert ran == [
         "attention_gradcam", "attnlrp", "cp_lrp", "generic", "gradient_x_input",
         "integrated_gradients", "occlusion", "random", "raw_attention", "rollout",
+        "smoothgrad",
     ]  # fmt: skip
     assert "does not take lrp, partial_lrp, transformer_attribution (the LRP methods" in (
         captured.err

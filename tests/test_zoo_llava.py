@@ -129,7 +129,7 @@ def test_the_evidence_tests_examples_are_the_recorded_questions():
     """answer_dataset("shapes-llava") gives each held-out question (question 0 of held-out
     scene i) as the processor writes it, the answer word's token, the mask of the object
     the answer is about (empty for "no", "none", "nothing") and the named word's position."""
-    from explain.evaluation.datasets.zoo import answer_dataset
+    from explain.evaluation.zoo import answer_dataset
 
     model = loaded()
     dataset = answer_dataset("zoo:shapes-llava", model)

@@ -15,13 +15,13 @@ import torch
 from explain import Explainer
 from explain.cli import main
 from explain.data import recall
-from explain.evaluation.datasets.zoo import answer_dataset
 from explain.evaluation.recall_answers import (
     answer_accuracy,
     evidence_check,
     greedy_answers,
     trained_length,
 )
+from explain.evaluation.zoo import answer_dataset
 from explain.loading import load_model
 from explain.loading.zoo import CONFIG, WEIGHTS, read_config, zoo_root
 

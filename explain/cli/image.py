@@ -47,7 +47,7 @@ from explain.cli.options import (
 from explain.errors import InputError, TargetError
 from explain.explanation import Explanation
 from explain.inputs import read_image
-from explain.viz.image import BACKGROUNDS, class_label
+from explain.viz.image import BACKGROUNDS, class_label, prediction
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -231,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
         for method in methods
     }
     stems = unique_stems(paths)
+    multi = loaded.multi_label  # titles and the prediction in probabilities of presence
     written: list[Path] = []
     # The bar opens after the first batch: an error of the first explanation (a method
     # this model cannot take, an input it refuses) is then the only thing printed. It stays
@@ -256,11 +257,12 @@ def run(args: argparse.Namespace) -> int:
                 }
                 columns = results[methods[0]].target[offset].tolist()
                 logits = results[methods[0]].logits[offset]  # titles say each class's rank
+                tqdm.write(f"{batch[offset]}: {prediction(logits, loaded.classes, multi)}")
                 for method, heats in maps.items():
                     for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
-                        title = f"{method}: {class_label(column, loaded.classes, logits)}"
+                        title = f"{method}: {class_label(column, loaded.classes, logits, multi)}"
                         _save_map(display, heat, out, title, args)
                         written.append(out)
                 if args.save:
@@ -270,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
                         _one_image(result, offset, settings).save(out)
                         written.append(out)
                 if args.grid:
-                    names = [class_label(c, loaded.classes, logits) for c in columns]
+                    names = [class_label(c, loaded.classes, logits, multi) for c in columns]
                     figure = grid_figure(
                         display,
                         [list(heats) for heats in maps.values()],

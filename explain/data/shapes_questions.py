@@ -1,8 +1,8 @@
 """Templated questions about the shapes scenes, with their answers and their evidence.
 
-The zoo's vision-language model (`shapes-llava`) is trained and measured on them. Every
-example is a free-colour scene of `explain.data.shapes` (the objects' hues independent of
-their kinds, distinct within a scene) with one question of four templates (`TEMPLATES`):
+The zoo's vision-language model is trained and measured on them. Every example is a
+free-colour scene of `explain.data.shapes` (the objects' hues independent of their kinds,
+distinct within a scene) with one question of four templates (`TEMPLATES`):
 
 - "colour":   "what colour is the star?"    -> a colour, or "none" without a star
 - "presence": "is there a ring?"            -> "yes" or "no"

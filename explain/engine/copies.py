@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from explain.errors import ExplainError, OptionError
 from explain.layout import InputHook, ModuleHook, TokenLayout
-from explain.lrp.attnlrp import Embedding, embedding_relevance, on_layout
+from explain.lrp.attnlrp import Embedding, hidden_sum, on_layout
 from explain.rules.registry import EmbeddingBaseline
 
 __all__ = [
@@ -95,6 +95,7 @@ class EmbeddingCopies:
         self._inputs: Tensor | None = None
         self._baseline: Tensor | None = None
         self._weights: Tensor | None = None
+        self._shift: Tensor | None = None
         self._leaf: Tensor | None = None
 
     def hooks(self) -> list[tuple[nn.Module, ModuleHook | InputHook]]:
@@ -105,13 +106,14 @@ class EmbeddingCopies:
             return [(read.module, self._output_hook)]
         return [(read.module, InputHook(partial(self._input_hook, read.argument)))]
 
-    def blend(self, weights: Tensor) -> None:
+    def blend(self, weights: Tensor, shift: Tensor | None = None) -> None:
         """The next forward's copies, by the (C, B or 1, P or 1) weight of the inputs for
         each copy and token (P: the embedded tokens, a text's positions or an image's
         patches): copy c holds e where its weight is 1, e0 where it is 0, and
         e0 + w (e - e0) between (a point of integrated gradients' path, as captum writes
-        it)."""
-        self._weights = weights
+        it); plus `shift` (C, B, ...), shaped as the inputs' embeddings and in their dtype
+        and device, where one is given (noise)."""
+        self._weights, self._shift = weights, shift
 
     # -- what the forwards saw ----------------------------------------------------------
 
@@ -128,8 +130,8 @@ class EmbeddingCopies:
         assert self._baseline is not None
         return self.inputs - self._baseline
 
-    def relevance(self, factor: Tensor) -> Tensor:  # explain.rules.registry.CopiesSeen
-        return embedding_relevance(self.difference, factor, self.axis, self._layout)
+    def tokens(self, values: Tensor) -> Tensor:  # explain.rules.registry.CopiesSeen
+        return hidden_sum(values, self.inputs.dim(), self.axis, self._layout)
 
     def on_layout(self, relevance: Tensor) -> Tensor:
         return on_layout(relevance, self._layout)
@@ -168,7 +170,7 @@ class EmbeddingCopies:
         weights = self._on_embeddings(weights.to(inputs.device, inputs.dtype), inputs.shape)
         blended = baseline + weights * (inputs - baseline)
         value = torch.where(weights == 1, inputs, torch.where(weights == 0, baseline, blended))
-        value = value.flatten(0, 1)
+        value = (value if self._shift is None else value + self._shift).flatten(0, 1)
         if value.shape != output.shape:
             raise ExplainError(
                 f"the embedding module's output has shape {tuple(output.shape)} for "

@@ -434,6 +434,7 @@ class EmbeddingCopiesPass(EmbeddingPass):
     def run(self) -> tuple[Columns, Relevances]:
         plan, kind = self.plan, self.spec.copies
         assert kind is not None
+        sink = plan.sink()  # the method's fold refuses bad options before any forward
         batch = plan.prepared.batch_size
         options = self.spec.resolved_options(self.request.options)
         method = kind(plan.prepared.layout, batch, **options)
@@ -453,7 +454,7 @@ class EmbeddingCopiesPass(EmbeddingPass):
                     method.start(columns.scores, None)
             per_copy = self._copy_bytes(copies, fused, gradients=kind.backward)
             for chunk in copy_chunks(method.count, per_copy, self.memory_budget):
-                copies.blend(method.weights(chunk))
+                copies.blend(method.weights(chunk), method.shift(chunk, copies.inputs))
                 scores = plan.copy_columns(plan.copy_forward(len(chunk)), columns, len(chunk))
                 if not kind.backward:
                     method.add(chunk, slice(None), scores, None)
@@ -468,7 +469,6 @@ class EmbeddingCopiesPass(EmbeddingPass):
             name: _as_target(value, columns) if isinstance(value, Tensor) else value
             for name, value in recorded.items()
         }
-        sink = plan.sink()
         sink.add_input(slice(None), relevance)
         return columns, plan.read(sink)
 

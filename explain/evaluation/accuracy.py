@@ -1,26 +1,33 @@
 """The zoo models' held-out accuracy: the number each card quotes, measured.
 
 Each zoo model is run on the first examples of its own held-out split (the synthetic
-scenes, digits and sentences of explain.data); scripts/zoo_accuracy.py prints the numbers
-and writes them into the cards, and tests/test_zoo.py checks that a model still reaches
-its card's number. It lives with the other measurements, not with the zoo's loading,
-which needs none of it.
+scenes, digits and sentences of explain.data) by the measure its module in
+`explain.evaluation.zoo` names: one of the measures here (each the accuracy of a task of
+explain.data), `recall_answers.recall_accuracy` or `shapes_answers.question_accuracy`.
+scripts/zoo_accuracy.py prints the numbers and writes them into the cards, and
+tests/test_zoo.py checks that a model still reaches its card's number. It lives with the
+other measurements, not with the zoo's loading, which needs none of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from explain.evaluation.recall_answers import recall_accuracy
-from explain.evaluation.shapes_answers import question_accuracy
+from explain.evaluation.zoo import zoo_evaluation
 from explain.loading.loaded_model import LoadedModel
 from explain.loading.zoo import load_zoo_model
 
-__all__ = ["Accuracy", "heldout_accuracy"]
+__all__ = [
+    "Accuracy",
+    "digits_accuracy",
+    "heldout_accuracy",
+    "retrieval_accuracy",
+    "sentiment_accuracy",
+    "shapes_accuracy",
+]
 
 
 @dataclass(frozen=True)
@@ -46,7 +53,9 @@ def _batches(total: int, size: int):
 
 
 @torch.no_grad()
-def _shapes_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
+def shapes_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
+    """Multi-label kinds of shape: every kind's sigmoid decision right on the first `count`
+    held-out scenes; details: top-1 kind present, per-kind decisions."""
     from explain.data import shapes
 
     dataset = shapes.ShapesDataset("heldout", count, size=loaded.image_size[0])
@@ -65,7 +74,8 @@ def _shapes_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, 
 
 
 @torch.no_grad()
-def _digits_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
+def digits_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
+    """Top-1 on the first `count` held-out digits."""
     from explain.data import digits
 
     images, labels = digits.load("heldout", size=loaded.image_size[0])
@@ -80,7 +90,8 @@ def _digits_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, 
 
 
 @torch.no_grad()
-def _sentiment_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
+def sentiment_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
+    """Top-1 on the first `count` held-out sentences; details: on the negated ones."""
     from explain.data import sentiment
 
     examples = sentiment.sentences("heldout", count)
@@ -99,7 +110,7 @@ def _sentiment_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[st
 
 
 @torch.no_grad()
-def _shapes_clip_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
+def retrieval_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[str, float]]:
     """Zero-shot retrieval: each scene's most similar caption among the canonical captions
     of all 41 sets of kinds must name exactly its set; details: the most similar of the
     six one-kind prompts "a {kind}" names a kind in the scene, and the retrieved set has
@@ -130,27 +141,13 @@ def _shapes_clip_accuracy(loaded: LoadedModel, count: int) -> tuple[float, dict[
     return exact / count, details
 
 
-_MEASURES: dict[str, tuple[Callable[[LoadedModel, int], tuple[float, dict]], int]] = {
-    "shapes-vit": (_shapes_accuracy, 2000),
-    "shapes-swin": (_shapes_accuracy, 2000),
-    "digits-vit": (_digits_accuracy, 400),
-    "minilm-sentiment": (_sentiment_accuracy, 1000),
-    "shapes-clip": (_shapes_clip_accuracy, 1000),
-    "shapes-llava": (question_accuracy, 1000),
-    "recall-llama": (recall_accuracy, 1000),
-}
-"""Per zoo model: how to measure it on its held-out split, and how many examples by default."""
-
-
 def heldout_accuracy(name: str, count: int | None = None) -> Accuracy:
     """Measure zoo model `name` on the first `count` examples of its held-out split.
 
-    The default count is what the cards quote (all 400 held-out digits, 2000 scenes for
-    shapes-vit, 1000 for shapes-clip, 1000 questions for shapes-llava, 1000 sentences);
-    tests use a few dozen.
+    The default count is what its card quotes (`ZooEvaluation.count`: all 400 held-out
+    digits, 2000 scenes, 1000 questions, ...); tests use a few dozen.
     """
-    loaded = load_zoo_model(name)
-    measure, default = _MEASURES[name]
-    count = default if count is None else count
-    accuracy, details = measure(loaded, count)
+    evaluation = zoo_evaluation(name)
+    count = evaluation.count if count is None else count
+    accuracy, details = evaluation.accuracy(load_zoo_model(name), count)
     return Accuracy(name=name, count=count, accuracy=accuracy, details=details)

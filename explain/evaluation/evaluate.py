@@ -153,7 +153,7 @@ def evaluate_model(
     """
     from explain.architectures.registry import adapter_for
     from explain.engine import Request, require_methods, supported_methods
-    from explain.evaluation.datasets.zoo import answer_dataset, heldout_dataset
+    from explain.evaluation.zoo import answer_dataset, heldout_dataset
     from explain.loading import load_model
 
     if protocol not in _MODALITY:

@@ -3,7 +3,7 @@ template, and the check that each answer rests on the object its example records
 
 `answers` puts scenes and questions through the model's processor (its chat template, as
 a user's prompt goes) and reads the greedy first answer word. `question_accuracy` is the
-number shapes-llava's card quotes. `evidence_check` edits the held-out scenes
+number the zoo's vision-language model's card quotes. `evidence_check` edits the held-out scenes
 (explain.data.shapes_questions): the answer must change when the object it is about is
 removed, reshaped or recoloured (edits that change the true answer), and must stay when
 an object the question does not involve is changed or removed. Both are counted over the

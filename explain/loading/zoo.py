@@ -349,7 +349,7 @@ def _load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
 
 
 def load_zoo_model(name: str) -> LoadedModel:
-    """Load zoo model `name` (e.g. "shapes-vit") in eval mode on the CPU.
+    """Load zoo model `name` (its folder's name in the zoo) in eval mode on the CPU.
 
     Raises ModelLoadError (an ExplainError) for an unknown name, a missing or corrupted
     file, or weights that do not fit the config.

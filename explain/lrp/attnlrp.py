@@ -37,6 +37,7 @@ __all__ = [
     "Variant",
     "attnlrp_hooks",
     "embedding_relevance",
+    "hidden_sum",
     "on_layout",
 ]
 
@@ -224,15 +225,21 @@ class AttnLrpCall:
 def embedding_relevance(inputs: Tensor, gradient: Tensor, axis: int, layout: TokenLayout) -> Tensor:
     """(B, N) relevance over `layout`'s tokens: `inputs` (B, ...) (embeddings, or their
     difference from a baseline's) times `gradient` (B, ...), summed over the hidden size
-    at `axis` of `inputs`; (C, B, N) from the gradients of C score columns at once
-    (C, B, ...). In float32 at least. Image embeddings hold the patches only: the prefix
-    tokens, which do not come from the image, get 0 (`on_layout`). Packed embeddings
-    (N, D), a tower's patches of every image one after the other, give (N,) (the plan
-    regroups them)."""
-    columns = gradient.dim() - inputs.dim()  # 0, or 1 for a column axis
-    axis = axis if axis < 0 else axis + columns
+    at `axis` of `inputs` (`hidden_sum`); (C, B, N) from the gradients of C score columns
+    at once (C, B, ...). In float32 at least."""
     dtype = inputs.dtype if inputs.dtype == torch.float64 else torch.float32
-    relevance = (inputs.to(dtype) * gradient.to(dtype)).sum(dim=axis)
+    return hidden_sum(inputs.to(dtype) * gradient.to(dtype), inputs.dim(), axis, layout)
+
+
+def hidden_sum(values: Tensor, dims: int, axis: int, layout: TokenLayout) -> Tensor:
+    """Values at embeddings of `dims` dimensions (B, ...), (B, ...) or (C, B, ...),
+    summed over the hidden size at `axis` of the embeddings: (B, N) or (C, B, N) over
+    `layout`'s tokens. Image embeddings hold the patches only: the prefix tokens, which
+    do not come from the image, get 0 (`on_layout`). Packed embeddings (N, D), a tower's
+    patches of every image one after the other, give (N,) (the plan regroups them)."""
+    columns = values.dim() - dims  # 0, or 1 for a column axis
+    axis = axis if axis < 0 else axis + columns
+    relevance = values.sum(dim=axis)
     if relevance.dim() > columns + 1:  # not packed: (B, tokens) from (B, ..., D)
         relevance = relevance.flatten(columns + 1)
     return on_layout(relevance, layout)

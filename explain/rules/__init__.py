@@ -8,6 +8,7 @@ from explain.rules import (  # noqa: F401  (registers the methods)
     integrated_gradients,
     lrp_based,
     occlusion,
+    smoothgrad,
 )
 from explain.rules.registry import (
     LRP_NEEDS,

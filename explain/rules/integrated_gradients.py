@@ -112,6 +112,9 @@ class PathIntegral:
     def weights(self, copies: range) -> Tensor:
         return self._alphas[copies.start : copies.stop, None, None]
 
+    def shift(self, copies: range, inputs: Tensor) -> None:
+        return None
+
     def start(self, scores: Tensor, at_baseline: Tensor | None) -> None:
         assert at_baseline is not None
         self._scores, self._at_baseline = scores, at_baseline
@@ -130,7 +133,7 @@ class PathIntegral:
 
     def finish(self, seen: CopiesSeen) -> tuple[Tensor, dict[str, Any]]:
         assert self._total is not None
-        relevance = seen.relevance(self._total)
+        relevance = seen.tokens(seen.difference * self._total)
         gap = relevance.sum(dim=-1).T - (self._scores - self._at_baseline).to(relevance.dtype)
         return relevance, {
             **self._path,

@@ -119,6 +119,9 @@ class SpanDrops:
     def weights(self, copies: range) -> Tensor:
         return (~self._spans[copies.start : copies.stop]).float()
 
+    def shift(self, copies: range, inputs: Tensor) -> None:
+        return None
+
     def start(self, scores: Tensor, at_baseline: Tensor | None) -> None:
         self._scores = scores
         dtype = scores.dtype if scores.dtype == torch.float64 else torch.float32

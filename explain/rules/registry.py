@@ -64,8 +64,8 @@ class Need(Enum):
     )
     EMBEDDING_COPIES = (
         "the target score of copies of the inputs changed at the embeddings (blended with "
-        "a baseline's), in batched forwards, with their gradients where the method asks "
-        "(its `CopiesMethod`)"
+        "a baseline's, shifted by noise), in batched forwards, with their gradients where "
+        "the method asks (its `CopiesMethod`)"
     )
 
 
@@ -172,11 +172,15 @@ def embedding_baseline(baseline_token: object, modality: str) -> EmbeddingBaseli
 
 
 class CopiesSeen(Protocol):
-    """What the engine's copies saw, for a `CopiesMethod`'s `finish`: `relevance(f)`,
-    (e - e0) x f (C, B, ...) summed over the hidden size on the call's layout (C, B, N),
-    and `on_layout(r)`, (..., P) relevance of the embedded tokens on it (..., N)."""
+    """What the engine's copies saw, for a `CopiesMethod`'s `finish`: `difference`,
+    e - e0 (B, ...); `tokens(v)`, values v (C, B, ...) at the embeddings summed over the
+    hidden size on the call's layout (C, B, N); and `on_layout(r)`, (..., P) relevance
+    of the embedded tokens on it (..., N)."""
 
-    def relevance(self, factor: Tensor) -> Tensor: ...
+    @property
+    def difference(self) -> Tensor: ...
+
+    def tokens(self, values: Tensor) -> Tensor: ...
 
     def on_layout(self, relevance: Tensor) -> Tensor: ...
 
@@ -188,10 +192,12 @@ class CopiesMethod(Protocol):
     and the baseline where `baseline_score`, in one forward without a backward, whose
     scores (B, K) go to `start`; then the `count` copies in chunks sized by the memory
     budget, copy c holding e0 + w (e - e0) for its `weights(copies)` w (c, B or 1, P or
-    1), each chunk's scores (c * B, K) to `add`, with the gradients at the copies'
-    embeddings (C', c * B, ...) of the columns `columns` where the class says
-    `backward`. `finish` gives every column's token relevance (C, B, N) and what the
-    call's settings record (a (B, K) tensor there shaped like the call's target)."""
+    1), plus its `shift(copies, e)` where not None ((c, B, ...) like the inputs' own
+    embeddings e (B, ...), in their dtype and device: noise), each chunk's scores
+    (c * B, K) to `add`, with the gradients at the copies' embeddings (C', c * B, ...)
+    of the columns `columns` where the class says `backward`. `finish` gives every
+    column's token relevance (C, B, N) and what the call's settings record (a (B, K)
+    tensor there shaped like the call's target)."""
 
     backward: ClassVar[bool]
     linear_in_score: ClassVar[bool]
@@ -203,6 +209,8 @@ class CopiesMethod(Protocol):
     def __init__(self, layout: TokenLayout, batch: int, **options: Any) -> None: ...
 
     def weights(self, copies: range) -> Tensor: ...
+
+    def shift(self, copies: range, inputs: Tensor) -> Tensor | None: ...
 
     def start(self, scores: Tensor, at_baseline: Tensor | None) -> None: ...
 

@@ -53,7 +53,7 @@ IMAGE_TOKEN_ID = VOCAB - 1
 VLM_CHAT_TEMPLATE = CHAT_TEMPLATE
 """A chat template whose messages hold text, or lists of {"type": "image"} and
 {"type": "text", "text": ...} entries, as the processors of LLaVA and its kin take them:
-the one of the zoo's shapes-llava (explain.data.shapes_questions), whose words are
+the one of the zoo's vision-language model (explain.data.shapes_questions), whose words are
 "<s>", the roles and "<image>" as here."""
 
 

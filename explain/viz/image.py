@@ -39,6 +39,7 @@ __all__ = [
     "grid_figure",
     "heatmap_figure",
     "overlay",
+    "prediction",
     "save_figure",
     "save_image",
 ]
@@ -704,15 +705,45 @@ def _ordinal(rank: int) -> str:
     return f"{rank}{suffix}"
 
 
-def class_label(index: int, class_names: Sequence[str] | None, logits: Tensor) -> str:
+def class_label(
+    index: int, class_names: Sequence[str] | None, logits: Tensor, multi_label: bool = False
+) -> str:
     """An explained class as a title that cannot be misread: whether it is the model's
     prediction or which rank it has, e.g. "circle (class 0), predicted", "class 3, ranked
-    2nd"."""
+    2nd"; for a `multi_label` model (each logit a yes/no) the probability that the class
+    is present, e.g. "circle (class 0), present 98.8%", since a rank would undersell
+    several classes present at once."""
     if index < 0:
         return "custom score"
+    if multi_label:
+        present = float(torch.sigmoid(logits.detach()[index].float()))
+        return f"{_class_name(index, class_names)}, present {present:.1%}"
     rank = int((logits.detach() > logits.detach()[index]).sum()) + 1
     return f"{_class_name(index, class_names)}, " + (
         "predicted" if rank == 1 else f"ranked {_ordinal(rank)}"
+    )
+
+
+def prediction(logits: Tensor, class_names: Sequence[str] | None, multi_label: bool) -> str:
+    """What the model predicts from one input's `logits`, for the terminal: the top class
+    and its softmax probability, e.g. "circle (class 0) 91.2%"; for a `multi_label`
+    model every class it finds present (probability at least 50%, most likely first) or,
+    when none is, the likeliest."""
+    scores = logits.detach().float()
+    if not multi_label:
+        probabilities = scores.softmax(dim=-1)
+        top = int(probabilities.argmax())
+        return f"{_class_name(top, class_names)} {float(probabilities[top]):.1%}"
+    probabilities = torch.sigmoid(scores)
+    order = probabilities.argsort(descending=True).tolist()
+    present = [c for c in order if probabilities[c] >= 0.5] or order[:1]
+    found = ", ".join(
+        f"{_class_name(c, class_names)} {float(probabilities[c]):.1%}" for c in present
+    )
+    return (
+        f"present: {found}"
+        if probabilities[present[0]] >= 0.5
+        else f"none present (likeliest: {found})"
     )
 
 

@@ -1,29 +1,30 @@
-"""The zoo models' own held-out sets, as evaluation examples with ground truth.
+"""The zoo's held-out sets, as evaluation examples with ground truth (each zoo model's
+module in `explain.evaluation.zoo` says which are its own).
 
-- `shapes-vit` and `shapes-swin`: held-out scenes (never a training seed) that hold
-  exactly ONE object, so that top-1 accuracy against one label and one foreground mask
-  are defined as on ImageNet and ImageNet-segmentation. The label is that object's
-  kind, the mask its pixels. For the class-specific test: the held-out scenes that
-  hold exactly TWO objects, each scene once per object (`ShapesPairs`).
-- `digits-vit`: the 400 held-out scikit-learn digits. They come without masks; the mask
-  used here is DERIVED from the strokes: the pixels whose upsampled ink is at least 0.5.
-- `minilm-sentiment`: held-out sentences; the rationale is the words that decide the
+- `ShapesHeldout`: held-out scenes (never a training seed) that hold exactly ONE object,
+  so that top-1 accuracy against one label and one foreground mask are defined as on
+  ImageNet and ImageNet-segmentation. The label is that object's kind, the mask its
+  pixels. `ShapesPairs`, for the class-specific test: the held-out scenes that hold
+  exactly TWO objects, each scene once per object.
+- `DigitsHeldout`: the 400 held-out scikit-learn digits. They come without masks; the
+  mask used here is DERIVED from the strokes: the pixels whose upsampled ink is at least
+  0.5.
+- `SentimentHeldout`: held-out sentences; the rationale is the words that decide the
   label (the sentiment words and a negation), known by construction.
-- the models with known evidence (a language model, a vision-language model): held-out
-  prompts with their answers and evidence, in the model's own tokens (`ANSWER_SETS`).
+- `RecallHeldout` and `ShapesAnswers`, for the models with known evidence (a language
+  model, a vision-language model): held-out prompts with their answers and evidence, in
+  the model's own tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from explain.errors import InputError, OptionError
+from explain.errors import OptionError
 from explain.evaluation.datasets.base import (
     AnswerExample,
-    EvaluationDataset,
     ImageAnswerExample,
     ImageExample,
     TextExample,
@@ -33,20 +34,14 @@ from explain.evaluation.datasets.base import (
 if TYPE_CHECKING:
     from explain.data.shapes import Scene
     from explain.data.shapes_questions import Example
-    from explain.loading import LoadedModel
 
 __all__ = [
-    "ANSWER_SETS",
-    "HELDOUT",
-    "TWO_OBJECTS",
     "DigitsHeldout",
     "RecallHeldout",
     "SentimentHeldout",
     "ShapesAnswers",
     "ShapesHeldout",
     "ShapesPairs",
-    "answer_dataset",
-    "heldout_dataset",
 ]
 
 
@@ -180,9 +175,9 @@ class SentimentHeldout:
 
 class RecallHeldout:
     """The first `count` held-out prompts of `length` tokens of `explain.data.recall` (the
-    task of recall-llama): each prompt's answer is the asked value, its evidence the asked
-    fact's key and value tokens, and `<s>` and the question are kept. Removed tokens are
-    replaced by the filler word `recall.REPLACEMENT`."""
+    task of the zoo's recall language model): each prompt's answer is the asked value,
+    its evidence the asked fact's key and value tokens, and `<s>` and the question are
+    kept. Removed tokens are replaced by the filler word `recall.REPLACEMENT`."""
 
     def __init__(self, length: int, count: int = 1000) -> None:
         from explain.data import recall
@@ -208,65 +203,10 @@ class RecallHeldout:
         )
 
 
-def _recall_answers(loaded: LoadedModel, length: int | None) -> RecallHeldout:
-    """recall-llama's held-out prompts, at its trained length unless `length` is given;
-    the model's tokenizer must be the data's word-level one (the prompts are token ids)."""
-    from explain.data import recall
-    from explain.evaluation.recall_answers import trained_length
-
-    vocabulary = list(recall.VOCABULARY)
-    if loaded.tokenizer.convert_tokens_to_ids(vocabulary) != list(range(len(vocabulary))):
-        raise InputError(
-            f"{loaded.name}'s tokenizer is not the word-level one of explain.data.recall "
-            "(recall.build_tokenizer()); its held-out prompts are in that tokenizer's ids"
-        )
-    length = trained_length(loaded) if length is None else length
-    positions = getattr(getattr(loaded.model, "config", None), "max_position_embeddings", None)
-    if isinstance(positions, int) and length >= positions:  # before a prompt is built
-        raise OptionError(
-            f"--length {length}: {loaded.name} reads at most {positions} positions, the "
-            f"prompt and its answer included; give a length below {positions}"
-        )
-    try:
-        recall.make_example(recall.SPLITS["heldout"][0], length)
-    except ValueError as error:
-        raise OptionError(f"--length {length}: {error}") from None
-    return RecallHeldout(length)
-
-
-HELDOUT: dict[str, Callable[[tuple[int, int] | None], EvaluationDataset]] = {
-    "shapes-vit": lambda size: ShapesHeldout(size=size[0] if size else 64),
-    "shapes-swin": lambda size: ShapesHeldout(size=size[0] if size else 64),
-    "digits-vit": lambda size: DigitsHeldout(size=size[0] if size else 32),
-    "minilm-sentiment": lambda size: SentimentHeldout(),
-}
-"""Zoo model name -> its held-out evaluation set, given the model's image size."""
-
-TWO_OBJECTS: dict[str, Callable[[tuple[int, int] | None], EvaluationDataset]] = {
-    "shapes-vit": lambda size: ShapesPairs(size=size[0] if size else 64),
-    "shapes-swin": lambda size: ShapesPairs(size=size[0] if size else 64),
-}
-"""Zoo model name -> its held-out two-object set (the class-specific test)."""
-
-
-def heldout_dataset(
-    name: str, image_size: tuple[int, int] | None = None, *, two_objects: bool = False
-) -> EvaluationDataset:
-    """The held-out evaluation set of zoo model `name` (with or without the `zoo:` prefix);
-    `two_objects` asks for its two-object scenes (the class-specific test)."""
-    name = name.removeprefix("zoo:")
-    sets = TWO_OBJECTS if two_objects else HELDOUT
-    if name not in sets:
-        kind = "two-object evaluation set" if two_objects else "built-in evaluation set"
-        hint = "" if two_objects else "; pass --data"
-        raise OptionError(f"{name!r} has no {kind} (zoo models with one: {', '.join(sets)}){hint}")
-    return sets[name](image_size)
-
-
 class ShapesAnswers:
-    """shapes-llava's held-out questions (`explain.data.shapes_questions`): the first
-    `length` examples (question 0 of held-out scenes 0, 1, ...: the
-    examples shapes-llava's card counts) as `ImageAnswerExample`s, made by `processor` (a
+    """The held-out shapes questions (`explain.data.shapes_questions`) of the zoo's
+    vision-language model: the first `length` examples (question 0 of held-out scenes 0,
+    1, ...: the examples its card counts) as `ImageAnswerExample`s, made by `processor` (a
     vision-language model's, whose tokenizer holds VOCABULARY's words) as a user's
     prompt goes through it (`explain.inputs.encode_image_prompt`: the chat template, the
     image placeholder expanded to the image tokens).
@@ -316,39 +256,3 @@ class ShapesAnswers:
             mask=torch.from_numpy(item.mask),
             text_evidence=(ids.index(tokens[0]),),  # the question names it once
         )
-
-
-def _shapes_answers(loaded: LoadedModel, length: int | None) -> EvaluationDataset:
-    size = loaded.image_size
-    return ShapesAnswers(loaded.tokenizer, size=size[0] if size else 64)
-
-
-ANSWER_SETS: dict[str, Callable[[LoadedModel, int | None], EvaluationDataset]] = {
-    "recall-llama": _recall_answers,
-    "shapes-llava": _shapes_answers,
-}
-"""Zoo model name -> its held-out prompts with answers and known evidence (the language-
-and vision-language-evidence tests: `AnswerExample`s or `ImageAnswerExample`s), made with
-the loaded model's tokenizer or processor; the int is the prompt length in tokens for a
-language model (None: its own default), ignored by a vision-language model. A known-
-evidence zoo model's examples are made here from its data module; a data set
-may name the token that replaces removed tokens as its `replacement`.
-
-- `shapes-llava`: the held-out shapes questions (`ShapesAnswers`): the answer word's
-  token, the mask of the object the answer is about (empty for "no", "none", "nothing":
-  such examples are left out of the pointing game and the mIoU, and counted), the word
-  the question names as text evidence. Examples the model answers wrongly are left out
-  of every ranking number and counted (their evidence is not known), as for every
-  answer set."""
-
-
-def answer_dataset(name: str, loaded: LoadedModel, length: int | None = None) -> EvaluationDataset:
-    """The held-out answers of zoo model `name` (with or without the `zoo:` prefix)."""
-    name = name.removeprefix("zoo:")
-    if name not in ANSWER_SETS:
-        known = ", ".join(ANSWER_SETS) or "none yet"
-        raise OptionError(
-            f"{name!r} has no built-in prompts with known evidence (zoo models with them: "
-            f"{known}); pass --data with a JSON lines file of answer examples"
-        )
-    return ANSWER_SETS[name](loaded, length)
