@@ -9,6 +9,7 @@ import functools
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -208,3 +209,15 @@ def test_the_defaults_save_files_are_checked_before_any_work(saved_lm, tmp_path,
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith("explain: error: --save ")
     assert "text_cp_lrp.json" in captured.err
+
+
+def test_citing_a_photo_runs_the_vision_language_default() -> None:
+    from explain.cite.image import cite_image
+    from explain.testing.tiny_vlm import tiny_llava, tiny_llava_processor
+
+    explainer = Explainer(tiny_llava("clip"), tokenizer=tiny_llava_processor("clip"))
+    photo = np.full((40, 60, 3), 128, dtype=np.uint8)
+    cited = cite_image(explainer, photo, "w12 w13", "w14 w15", check=False)
+    assert cited.method == "attnlrp"
+    explicit = cite_image(explainer, photo, "w12 w13", "w14 w15", method="generic", check=False)
+    assert explicit.method == "generic"
