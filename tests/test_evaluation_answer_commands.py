@@ -150,3 +150,63 @@ def test_vision_language_evidence_runs_on_a_registered_set(tmp_path, monkeypatch
     )
     assert "Depth 'tower'" in results["scale"] and results["dataset"] == "tiny-questions"
     assert output.with_suffix(".png").exists()
+
+
+def test_answer_examples_from_text_mark_the_evidence_and_the_question_by_substring(tmp_path):
+    # recall prompts know their evidence (the asked fact's key and value tokens) and their
+    # question: the same positions, found from text alone, and a file AnswerFile reads.
+    from explain.data import recall
+    from explain.evaluation.datasets.answers import answer_example, write_answer_file
+
+    tokenizer = recall.build_tokenizer()
+    made, expected = [], []
+    for example in recall.examples("heldout", 3, 128):
+        (fact,) = (example.facts[index] for index in example.asked)
+        words = [recall.VOCABULARY[token] for token in (*fact.key, *fact.value)]
+        question = " ".join(
+            recall.VOCABULARY[t] for t in example.input_ids[-recall.QUESTION_TOKENS :]
+        )
+        made.append(
+            answer_example(
+                tokenizer,
+                example.text,
+                example.answer_text,
+                evidence=[" ".join(words)],
+                kept=[question],
+            )
+        )
+        expected.append(
+            (
+                example.input_ids,
+                example.answer,
+                example.evidence_positions,
+                example.question_positions,
+            )
+        )
+    for got, (ids, answer, evidence, question) in zip(made, expected, strict=True):
+        assert (got.input_ids, got.answer, got.evidence, got.kept) == (
+            ids,
+            answer,
+            evidence,
+            question,
+        )
+    read = AnswerFile(write_answer_file(tmp_path / "answers.jsonl", made))
+    assert list(read.examples) == made
+
+
+@pytest.mark.parametrize(
+    ("prompt", "evidence", "message"),
+    [
+        ("w10 w11 w10", ["w10"], "occurs 2 times"),
+        ("w10 w11 w12", ["w13"], "occurs 0 times"),
+        ("w10 w11 w12", "w10", "list of substrings"),
+        ("w10 w11 w12", [""], "non-empty"),
+        ("   ", ["w10"], "prompt must be a text"),
+    ],
+)
+def test_answer_example_errors_say_what_to_fix(prompt, evidence, message):
+    from explain.evaluation.datasets.answers import answer_example
+    from explain.testing.tiny_lm import tiny_tokenizer
+
+    with pytest.raises(InputError, match=message):
+        answer_example(tiny_tokenizer(), prompt, "w20", evidence=evidence)

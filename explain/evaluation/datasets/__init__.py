@@ -1,9 +1,12 @@
 """Evaluation datasets: examples with ground truth (labels, masks, rationales).
 
 Real data for users who have it (`ImageNetFolder`, `ImageNetSegmentation`,
-`EraserMovies`) and the zoo models' own held-out sets (`heldout_dataset`).
+`EraserMovies`), a language model's own prompts with known evidence (`AnswerFile`, built
+from text by `answer_example` and `write_answer_file`) and the zoo models' own held-out
+sets (`heldout_dataset`).
 """
 
+from explain.evaluation.datasets.answers import AnswerFile, answer_example, write_answer_file
 from explain.evaluation.datasets.base import (
     AnswerExample,
     EvaluationDataset,
@@ -18,6 +21,7 @@ from explain.evaluation.datasets.imagenet_segmentation import ImageNetSegmentati
 
 __all__ = [
     "AnswerExample",
+    "AnswerFile",
     "EraserMovies",
     "EvaluationDataset",
     "ImageAnswerExample",
@@ -26,4 +30,6 @@ __all__ = [
     "ImageNetSegmentation",
     "TextExample",
     "TwoObjectExample",
+    "answer_example",
+    "write_answer_file",
 ]
