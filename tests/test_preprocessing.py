@@ -178,3 +178,23 @@ def test_preprocessing_settings_are_checked_where_they_enter(fields, message):
     settings = {"size": (32, 32), "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), **fields}
     with pytest.raises(OptionError, match=message):
         ImagePreprocessing(**settings)
+
+
+def test_a_crop_says_how_much_of_the_photo_the_model_sees():
+    from explain.loading.preprocessing import ImagePreprocessing
+
+    square = ImagePreprocessing(
+        size=(224, 224), mean=(0.5,) * 3, std=(0.5,) * 3, resize=(224, 224), fit="shorter"
+    )
+    # 300x120 -> shorter side 224: 560x224, of which the centre 224x224 is kept: the
+    # photo's middle 120x120, 120 * 120 / (300 * 120) = 40% of it
+    assert square.crop_note((120, 300)) == "centre-cropped 300x120 -> 120x120 (40% of the image)"
+    assert square.crop_note((50, 50)) is None  # a square photo is resized whole
+    timm = ImagePreprocessing(
+        size=(224, 224), mean=(0.5,) * 3, std=(0.5,) * 3, resize=(256, 256), fit="shorter"
+    )
+    share = (224 / 256) ** 2  # the 0.875 crop of both sides
+    assert (
+        timm.crop_note((256, 256))
+        == f"centre-cropped 256x256 -> 224x224 ({share:.0%} of the image)"
+    )

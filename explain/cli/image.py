@@ -257,7 +257,9 @@ def run(args: argparse.Namespace) -> int:
                 }
                 columns = results[methods[0]].target[offset].tolist()
                 logits = results[methods[0]].logits[offset]  # titles say each class's rank
-                tqdm.write(f"{batch[offset]}: {prediction(logits, loaded.classes, multi)}")
+                said = prediction(logits, loaded.classes, multi)
+                cropped = preprocessing.crop_note(display.shape[:2])  # the model saw part
+                tqdm.write(f"{batch[offset]}: {said}" + (f" ({cropped})" if cropped else ""))
                 for method, heats in maps.items():
                     for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)

@@ -195,6 +195,19 @@ class ImagePreprocessing:
         left = round((resized[1] - self.size[1]) / 2.0)
         return resized, (top, left)
 
+    def crop_note(self, original_size: tuple[int, int]) -> str | None:
+        """What the model sees of a photo of `original_size` (H0, W0) when the crop cuts
+        some of it away, in the photo's pixels, e.g. "centre-cropped 300x120 -> 120x120
+        (40% of the image)"; None when it sees the whole photo."""
+        height, width = original_size
+        resized, _ = self.placement(original_size)
+        kept = (min(1.0, self.size[0] / resized[0]), min(1.0, self.size[1] / resized[1]))
+        if kept == (1.0, 1.0):
+            return None
+        seen = (round(height * kept[0]), round(width * kept[1]))
+        share = kept[0] * kept[1]
+        return f"centre-cropped {width}x{height} -> {seen[1]}x{seen[0]} ({share:.0%} of the image)"
+
     def __call__(self, photos: Sequence[Any]) -> Tensor:
         """RGB PIL images -> the normalised float32 batch (B, 3, H, W) the model takes."""
         if not photos:
