@@ -31,12 +31,13 @@ def explain_func(
     inputs: np.ndarray,
     targets: np.ndarray | int,
     *,
-    method: str = "generic",
+    method: str | None = None,
     device: str | torch.device | None = None,
     **options: Any,
 ) -> np.ndarray:
     """(B, 1, H, W) float32 attributions of `inputs` (B, C, H, W) for `targets` (B,) by
-    `method` (any image classifier's method, `explain methods`), Quantus's signature.
+    `method` (any image classifier's method, `explain methods`; None: the model kind's
+    default, `Explainer.default_method`), Quantus's signature.
 
     `device` (Quantus passes its own) is where the images go, by default the model's;
     `options` go to `Explainer.explain` (start_layer, score, a method's options). The model
