@@ -311,7 +311,9 @@ def test_finite_eager_masks_act_in_the_calls_thread_only():
     results: list[torch.Tensor] = []
 
     def explain() -> None:
-        results.append(Explainer(model).explain(left_padded, target=target).relevance)
+        # generic: the explicit path, whose eager masks these are (cp_lrp, the default, is fused)
+        explainer = Explainer(model)
+        results.append(explainer.explain(left_padded, method="generic", target=target).relevance)
 
     thread = threading.Thread(target=explain)
     thread.start()
