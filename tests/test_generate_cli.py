@@ -321,3 +321,16 @@ def test_an_answer_drops_its_prompts_padding_and_reads_before_its_readout():
     assert rests_on(row, readout=3) == [1, 0, 2]  # 9.0, the readout's, and 7.0 after it: out
     assert rests_on(row, readout=3, count=1) == [1]
     assert rests_on(row, readout=0) == [] and rests_on(row, readout=9) == [3, 4, 1]
+
+
+def test_no_save_file_where_every_object_has_a_save_method(folder, tmp_path, monkeypatch):
+    # Importing nnsight gives every object a `save` method, and argparse sets an option's
+    # default only where the namespace lacks the attribute: `--save` read as args.save
+    # was nnsight's bound method, written into a file name. Stand-in: a Namespace with one.
+    import argparse
+
+    monkeypatch.setattr(argparse.Namespace, "save", lambda self: None, raising=False)
+    out = tmp_path / "answers"
+    argv = ["generate", PROMPT, "--model", str(folder), "--max-new-tokens", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["generation.html", "generation.png"]

@@ -36,11 +36,11 @@ def planned(args: argparse.Namespace) -> list[Planned]:
     """Per image: its figure and its --save file."""
     from explain.cli.image import collect_images, unique_stems
 
-    suffixes = ["png", *([args.save] if args.save else [])]
+    suffixes = ["png", *([args.save_format] if args.save_format else [])]
     return [
         Planned(
             method_file(args.out / f"{stem}_clip.{suffix}", method, args.method),
-            "--save" if suffix == args.save else "--out",
+            "--save" if suffix == args.save_format else "--out",
         )
         for stem in unique_stems(collect_images(args.inputs))
         for method in named_methods(args.method)
@@ -128,9 +128,9 @@ def run(args: argparse.Namespace) -> int:
             )
             out = method_file(args.out / f"{stem}_clip.png", method, args.method)
             save_figure(figure, out)
-            if args.save:
+            if args.save_format:
                 settings = {"model": args.model, "input": str(path), "texts": list(args.text)}
-                raw = method_file(args.out / f"{stem}_clip.{args.save}", method, args.method)
+                raw = method_file(args.out / f"{stem}_clip.{args.save_format}", method, args.method)
                 dataclasses.replace(result, settings=settings).save(raw)
                 tqdm.write(str(raw))
             best = int(probabilities.argmax())

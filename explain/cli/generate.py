@@ -59,8 +59,8 @@ def planned(args: argparse.Namespace) -> list[Planned]:
             Planned(page, "--html" if args.html else "--out"),
             Planned(png, "--png" if args.png else "--html"),
         ]
-        if args.save:
-            raw = args.out / f"generation.{args.save}"
+        if args.save_format:
+            raw = args.out / f"generation.{args.save_format}"
             files.append(Planned(method_file(raw, method, args.method), "--save"))
     return files
 
@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
         save_figure(figure, png)
         print(html)
         print(png)
-        if args.save:
-            raw = method_file(args.out / f"generation.{args.save}", method, args.method)
+        if args.save_format:
+            raw = method_file(args.out / f"generation.{args.save_format}", method, args.method)
             settings = {"model": args.model, "prompt": args.prompt, "chat": args.chat}
             dataclasses.replace(found.explanation, settings=settings).save(raw)
             print(raw)

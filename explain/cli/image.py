@@ -192,9 +192,9 @@ def planned(args: argparse.Namespace, methods: list[str] | None = None) -> list[
     methods = parse_methods(args.method) if methods is None else methods
     stems = unique_stems(collect_images(args.inputs))
     files = [
-        Planned(args.out / f"{stem}_{method}.{args.save}", "--save")
+        Planned(args.out / f"{stem}_{method}.{args.save_format}", "--save")
         for stem in stems
-        for method in (methods if args.save else ())
+        for method in (methods if args.save_format else ())
     ]
     files += [Planned(args.out / f"{stem}_grid.png", "--grid") for stem in stems if args.grid]
     return files
@@ -267,9 +267,9 @@ def run(args: argparse.Namespace) -> int:
                         title = f"{method}: {class_label(column, loaded.classes, logits, multi)}"
                         _save_map(display, heat, out, title, args)
                         written.append(out)
-                if args.save:
+                if args.save_format:
                     for method, result in results.items():
-                        out = args.out / f"{stem}_{method}.{args.save}"
+                        out = args.out / f"{stem}_{method}.{args.save_format}"
                         settings = {"model": args.model, "input": str(batch[offset])}
                         _one_image(result, offset, settings).save(out)
                         written.append(out)

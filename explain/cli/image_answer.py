@@ -155,8 +155,8 @@ def _one_method(
     save_figure(figure, png)
     print(html)
     print(png)
-    if args.save:
-        raw = method_file(args.out / f"generation.{args.save}", method, args.method)
+    if args.save_format:
+        raw = method_file(args.out / f"generation.{args.save_format}", method, args.method)
         settings = {"model": args.model, "prompt": args.prompt, "image": str(args.image)}
         dataclasses.replace(result, settings={**result.settings, **settings}).save(raw)
         print(raw)

@@ -147,9 +147,12 @@ def check_planned(files: list[Planned]) -> None:
 
 
 def add_save_option(parser: argparse.ArgumentParser, what: str) -> None:
-    """`--save FORMAT`: the raw explanation (`what` it holds) as a file as well."""
+    """`--save FORMAT`: the raw explanation (`what` it holds) as a file as well. Read as
+    `args.save_format`: argparse sets an option's default only where the namespace lacks
+    the attribute, and importing nnsight gives every object a `save` method."""
     parser.add_argument(
         "--save",
+        dest="save_format",
         choices=FORMATS,
         metavar="FORMAT",
         help=f"also write {what} as a file of raw relevance, logits, targets, tokens and "

@@ -38,8 +38,8 @@ def planned(args: argparse.Namespace) -> list[Planned]:
     for method in named_methods(args.method):
         names = ["seq2seq_matrix.png", "seq2seq_source.png"]
         files += [Planned(method_file(args.out / n, method, args.method), "--out") for n in names]
-        if args.save:
-            raw = method_file(args.out / f"seq2seq.{args.save}", method, args.method)
+        if args.save_format:
+            raw = method_file(args.out / f"seq2seq.{args.save_format}", method, args.method)
             files.append(Planned(raw, "--save"))
     return files
 
@@ -101,9 +101,9 @@ def run(args: argparse.Namespace) -> int:
             path = method_file(args.out / name, method, args.method)
             save_figure(figure, path)
             print(path)
-        if args.save:
+        if args.save_format:
             settings = {"model": args.model, "source": args.source, "explained_tokens": explained}
-            raw = method_file(args.out / f"seq2seq.{args.save}", method, args.method)
+            raw = method_file(args.out / f"seq2seq.{args.save_format}", method, args.method)
             dataclasses.replace(result, settings=settings).save(raw)
             print(raw)
     return 0

@@ -87,10 +87,10 @@ def _rows(
 
 def planned(args: argparse.Namespace, methods: list[str] | None = None) -> list[Planned]:
     """The --save file of each method (`methods`, default: those --method names)."""
-    if not args.save:
+    if not args.save_format:
         return []
     methods = parse_methods(args.method) if methods is None else methods
-    return [Planned(args.out / f"text_{method}.{args.save}", "--save") for method in methods]
+    return [Planned(args.out / f"text_{method}.{args.save_format}", "--save") for method in methods]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
                 pairs = zip(strings, scores, strict=True)
                 print("  " + " ".join(f"{printable(s)}({v:{form}})" for s, v in pairs))
             fragments.append(to_html(strings, scores, title=title))
-        if args.save:
-            path = args.out / f"text_{method}.{args.save}"
+        if args.save_format:
+            path = args.out / f"text_{method}.{args.save_format}"
             settings = {"model": args.model, "texts": list(args.texts), **result.settings}
             dataclasses.replace(result, settings=settings).save(path)
             print(path)
