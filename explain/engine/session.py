@@ -186,9 +186,12 @@ class Session(contextlib.AbstractContextManager["Session"]):
             if hasattr(module, ACCELERATE_HOOK)
             or type(module).__module__.startswith(HELD_LAYER_PACKAGES)
         ]
+        # transformers' models (their class says what it may record), whose output-capturing
+        # hooks it installs lazily; a timm or custom model has none and skips the step
+        recording = [m for m in modules if hasattr(type(m), "_can_record_outputs")]
         try:
-            # First, so undone last: transformers' lazily installed hooks, there for the call
-            self._undo.enter_context(output_capture_for_the_call(modules))
+            if recording:  # first, so undone last: those hooks there for the call only
+                self._undo.enter_context(output_capture_for_the_call(recording))
             self._fork_rng(wrapped)
             self._undo.enter_context(
                 torch.enable_grad() if self.differentiable else torch.no_grad()
