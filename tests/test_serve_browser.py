@@ -546,7 +546,7 @@ def generated_page(browser: Any, tmp_path: Path, prompt: str, method: str | None
         page.wait_for_selector("#generation .token.generated")
         settled(page)
         explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-        yield page, explain_generation(explainer, prompt, max_new_tokens=4)
+        yield page, explain_generation(explainer, prompt, max_new_tokens=4, method=method)
         page.close()
 
 

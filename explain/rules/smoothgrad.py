@@ -84,11 +84,12 @@ class NoisyCopies:
         if self._real is None:  # the first chunk: each sample's entries and range
             self._real = self._real_entries(inputs)
             real = self._real.to(inputs.device)
+            real = real.reshape(*real.shape, *(1,) * (inputs.dim() - real.dim())).expand_as(inputs)
             self._generators = [torch.Generator().manual_seed(self._seed) for _ in real]
-            self._stdevs = [
-                self._sigma * float(sample[at].max() - sample[at].min())
-                for sample, at in zip(inputs, real, strict=True)
-            ]
+            largest = torch.finfo(inputs.dtype).max
+            high = inputs.masked_fill(~real, -largest).flatten(1).amax(dim=1)
+            low = inputs.masked_fill(~real, largest).flatten(1).amin(dim=1)
+            self._stdevs = (self._sigma * (high - low)).tolist()  # one wait for the batch
         real = self._real
         dtype = torch.float64 if inputs.dtype == torch.float64 else torch.float32
         noise = torch.zeros(len(copies), *inputs.shape, dtype=dtype)
