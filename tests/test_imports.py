@@ -6,14 +6,19 @@ import subprocess
 import sys
 
 
+def _printed(code: str) -> str:
+    """What `code` prints, run in a fresh interpreter (its imports are its own)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
 def test_import_is_light():
     code = (
         "import sys, explain; "
         "heavy = [m for m in ('matplotlib', 'transformers', 'timm') if m in sys.modules]; "
         "print(','.join(heavy))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert _printed(code) == ""
 
 
 def test_explaining_a_timm_model_does_not_import_transformers_or_matplotlib():
@@ -22,8 +27,7 @@ def test_explaining_a_timm_model_does_not_import_transformers_or_matplotlib():
         "Explainer(tiny_vit()).explain(torch.randn(1, 3, 32, 32)); "
         "print(','.join(m for m in ('matplotlib', 'transformers') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert _printed(code) == ""
 
 
 def test_every_public_name_is_its_modules_own():
@@ -36,8 +40,7 @@ def test_every_public_name_is_its_modules_own():
         "missing = sorted(set(explain.__all__) - set(explain._PUBLIC) - {'__version__'}); "
         "print(wrong, missing)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[] []"
+    assert _printed(code) == "[] []"
 
 
 def test_import_loads_no_bridged_library():
@@ -47,8 +50,7 @@ def test_import_loads_no_bridged_library():
         "import sys, explain, explain.bridges, explain.generation; "
         f"print(','.join(m for m in {bridged!r} if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert _printed(code) == ""
 
 
 def test_a_bridge_without_its_library_names_the_extra():
@@ -67,7 +69,6 @@ def test_a_bridge_without_its_library_names_the_extra():
         "except ExplainError as error:\n"
         "    print(error)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == (
+    assert _printed(code) == (
         "this needs inseq (inseq is missing): pip install 'explain-transformers[inseq]'"
     )

@@ -141,10 +141,11 @@ def test_nested_calls_across_models_in_two_threads_are_refused_not_deadlocked():
         Explainer(model).explain(images)
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_child_forked_while_another_thread_explains_can_explain():
-    model = tiny_vit(depth=2)
-    images = torch.randn(2, 3, 32, 32)
+def _forked_mid_explanation(model: torch.nn.Module, images: torch.Tensor, child) -> int:
+    """Fork while another thread is inside an explanation of `model` (paused in its target
+    callable, its hooks and settings in place); the child runs `child()`, whose int is its
+    exit code (an exception: 4, printed). The child's exit code; a child that hangs on a
+    lock held by a thread it does not have is killed and fails the test."""
     inside, forked = threading.Event(), threading.Event()
 
     def target(logits: torch.Tensor) -> torch.Tensor:
@@ -159,23 +160,19 @@ def test_a_child_forked_while_another_thread_explains_can_explain():
     assert inside.wait(timeout=30)
     pid = os.fork()
     if pid == 0:  # the child: only this thread exists; the other's call is gone
-        code = 1
+        code = 4
         try:
             signal.alarm(60)  # a hung child must not outlive the test run
             # GNU OpenMP's thread pool does not survive fork (its threads stay in the
             # parent): any PyTorch work in a forked child needs one thread, lock or not.
             torch.set_num_threads(1)
-            relevance = Explainer(model).explain(images).relevance
-            code = 0 if bool(torch.isfinite(relevance).all()) else 1
+            code = child()
+        except BaseException as error:
+            print("the forked child failed:", repr(error), flush=True)
         finally:
             os._exit(code)
     forked.set()
     thread.join(timeout=30)
-    assert _wait_for_child(pid) == 0
-
-
-def _wait_for_child(pid: int) -> int:
-    """The forked child's exit code; a child that hangs is killed and fails the test."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         finished, status = os.waitpid(pid, os.WNOHANG)
@@ -185,6 +182,18 @@ def _wait_for_child(pid: int) -> int:
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     pytest.fail("the forked child hung on a lock held by a thread it does not have")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_explains_can_explain():
+    model = tiny_vit(depth=2)
+    images = torch.randn(2, 3, 32, 32)
+
+    def child() -> int:
+        relevance = Explainer(model).explain(images).relevance
+        return 0 if bool(torch.isfinite(relevance).all()) else 1
+
+    assert _forked_mid_explanation(model, images, child) == 0
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -201,39 +210,19 @@ def test_a_child_forked_mid_explanation_runs_a_model_sharing_a_block_as_alone():
     images = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         alone = b(images)
-    inside, forked = threading.Event(), threading.Event()
 
-    def target(logits: torch.Tensor) -> torch.Tensor:
-        inside.set()
-        forked.wait(timeout=30)
-        return logits[:, 0]
+    def as_alone() -> bool:
+        with torch.no_grad():
+            return torch.allclose(b(images), alone, **FLOAT32)
 
-    thread = threading.Thread(
-        target=lambda: Explainer(a).explain(images, target=target), daemon=True
-    )
-    thread.start()
-    assert inside.wait(timeout=30)
-    pid = os.fork()
-    if pid == 0:  # the child: 1 forward differs, 2 the explanation fails, 3 it is left changed
-        code = 4
-        try:
-            signal.alarm(60)
-            torch.set_num_threads(1)  # GNU OpenMP's pool does not survive fork
-            with torch.no_grad():
-                code = 1 if not torch.allclose(b(images), alone, **FLOAT32) else 4
-            if code == 4:
-                relevance = Explainer(b).explain(images).relevance
-                code = 2 if not bool(torch.isfinite(relevance).all()) else 4
-            if code == 4:
-                with torch.no_grad():
-                    code = 3 if not torch.allclose(b(images), alone, **FLOAT32) else 0
-        except BaseException as error:
-            print("the forked child failed:", repr(error), flush=True)
-        finally:
-            os._exit(code)
-    forked.set()
-    thread.join(timeout=30)
-    assert _wait_for_child(pid) == 0
+    def child() -> int:  # 1: the forward differs, 2: the explanation, 3: left changed
+        if not as_alone():
+            return 1
+        if not bool(torch.isfinite(Explainer(b).explain(images).relevance).all()):
+            return 2
+        return 0 if as_alone() else 3
+
+    assert _forked_mid_explanation(a, images, child) == 0
 
 
 def test_the_sdpa_wrapper_is_registered_for_the_call_only():

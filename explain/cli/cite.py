@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from explain.cli.options import (
     add_model_arguments,
     add_out_argument,
     load,
+    load_vision_language,
     positive_int,
 )
 from explain.errors import InputError, OptionError
@@ -92,6 +94,20 @@ def _lds(text: str) -> int:
     return value
 
 
+def print_citation(result: Any, labels: Sequence[str], sources: str) -> Check:
+    """The answer, its five top-ranked `sources` (each its signed score and `labels`
+    entry) and the check with its verdict, on the terminal; the check, for the files."""
+    from explain.cite.verdict import number
+    from explain.viz.text import printable
+
+    print("answer:", printable(result.answer))
+    for rank, index in enumerate(result.ranked()[:5], start=1):
+        print(f"  {rank}. {number(float(result.scores[index]), signed=True)}  {labels[index]}")
+    assert result.check is not None
+    print_check(result.check, sources)
+    return result.check
+
+
 def print_check(check: Check, sources: str) -> None:
     """The check's lines in the terminal, of the `sources` it removed ("spans",
     "regions"), ending with its verdict (explain.cite.verdict, as the page and cite.json
@@ -119,7 +135,6 @@ def _run_image(args: argparse.Namespace) -> int:
     from explain.cite.image import cite_image
     from explain.cite.regions import grid_size
     from explain.cite.regions_page import regions_figure, regions_html
-    from explain.cite.verdict import number
     from explain.export import atomic_write
     from explain.inputs import read_image
     from explain.viz import save_figure
@@ -131,12 +146,7 @@ def _run_image(args: argparse.Namespace) -> int:
     photo = read_image(args.image)
     if len(parse_methods(args.method)) > 1 or args.method == ALL:
         raise OptionError("--image cites with one method at a time: give --method M")
-    loaded = load(args)
-    if loaded.modality != "vision_language" or loaded.tokenizer is None:
-        raise InputError(
-            f"--image needs a vision-language model with its processor; {args.model} is a "
-            f"{loaded.modality} model"
-        )
+    loaded = load_vision_language(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     result = cite_image(
         explainer,
@@ -150,14 +160,8 @@ def _run_image(args: argparse.Namespace) -> int:
         lds=args.lds,
         seed=args.seed,
     )
-    print("answer:", printable(result.answer))
-    for rank, r in enumerate(result.ranked()[:5], start=1):
-        region = result.regions[r]
-        score = number(float(result.scores[r]), signed=True)
-        print(f"  {rank}. {score}  {printable(region.name)} {region.box}")
-    check = result.check
-    assert check is not None
-    print_check(check, "regions")
+    labels = [f"{printable(region.name)} {region.box}" for region in result.regions]
+    check = print_citation(result, labels, "regions")
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model} ({result.method})"
     pixels = np.asarray(photo)
@@ -233,7 +237,6 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
     from explain.cite import cite
     from explain.cite.figure import cite_figure, span_label
     from explain.cite.page import cite_html
-    from explain.cite.verdict import number
     from explain.export import atomic_write
     from explain.viz import save_figure
     from explain.viz.text import printable
@@ -252,13 +255,8 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
         lds=args.lds,
         seed=args.seed,
     )
-    print("answer:", printable(result.answer))
-    for rank, s in enumerate(result.ranked()[:5], start=1):
-        label = span_label(s, result.spans[s].text)
-        print(f"  {rank}. {number(float(result.scores[s]), signed=True)}  {printable(label)}")
-    check = result.check
-    assert check is not None
-    print_check(check, "spans")
+    labels = [printable(span_label(s, span.text)) for s, span in enumerate(result.spans)]
+    check = print_citation(result, labels, "spans")
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model}"
     rows = torch.cat([result.scores[None], result.span_relevance])

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from explain.cli.answer_lines import print_rests_on
 from explain.cli.method_options import method_file, methods_the_model_takes
-from explain.cli.options import load
+from explain.cli.options import load_vision_language
 from explain.errors import InputError
 
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
@@ -66,12 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.prompt.strip():
         raise InputError("the question is empty: there is nothing to answer")
     photo = read_image(args.image)
-    loaded = load(args)
-    if loaded.modality != "vision_language" or loaded.preprocessing is None:
-        raise InputError(
-            f"--image needs a vision-language model with its processor (LLaVA); "
-            f"{args.model} is a {loaded.modality} model"
-        )
+    loaded = load_vision_language(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
     # through the processor's chat template as a user message, where it has one; generated

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from explain.errors import InputError
 from explain.export import FORMATS
 from explain.loading.loaded_model import LoadedModel
 from explain.loading.specs import DEVICES, DTYPES, load_model
@@ -134,6 +135,22 @@ class Planned:
     option: str
     """The option the path comes from, for the message (e.g. "--save")."""
     folder: bool = False
+
+
+def load_vision_language(args: argparse.Namespace) -> LoadedModel:
+    """The --model of a command given --image: a vision-language model with its processor,
+    or one InputError saying what was loaded instead."""
+    loaded = load(args)
+    if (
+        loaded.modality != "vision_language"
+        or loaded.tokenizer is None
+        or loaded.preprocessing is None
+    ):
+        raise InputError(
+            f"--image needs a vision-language model with its processor (LLaVA, Qwen2-VL, "
+            f"...); {args.model} is a {loaded.modality} model"
+        )
+    return loaded
 
 
 def check_planned(files: list[Planned]) -> None:
