@@ -50,8 +50,9 @@ def test_each_row_is_citing_that_sentence_alone(method):
     for n, sentence in enumerate(sentences):
         # The sentences before this one are read as the question's end: the same tokens.
         question = QUESTION + ("" if n == 0 else " " + ANSWER[: sentence.start])
-        alone = cite(_explainer(), CONTEXT, question, sentence.text.strip(), method=method,
-                     check=False)  # fmt: skip
+        alone = cite(
+            _explainer(), CONTEXT, question, sentence.text.strip(), method=method, check=False
+        )
         prompt_ids = torch.cat([result.prompt_ids, result.answer_ids])[: alone.prompt_ids.numel()]
         assert torch.equal(alone.prompt_ids, prompt_ids)
         torch.testing.assert_close(result.statement_relevance[n], alone.scores)
@@ -74,8 +75,9 @@ def test_an_answer_of_one_sentence_is_one_row():
 
 
 def test_a_contrasts_foil_tokens_belong_to_no_sentence():
-    result = cite(_explainer(), CONTEXT, QUESTION, ANSWER, foil="w50 w51", method="attnlrp",
-                  check=False)  # fmt: skip
+    result = cite(
+        _explainer(), CONTEXT, QUESTION, ANSWER, foil="w50 w51", method="attnlrp", check=False
+    )
     assert result.token_sentences.tolist() == [0, 0, 1, 1, 2, 2, -1, -1]
     torch.testing.assert_close(
         result.statement_relevance.sum(dim=0), result.span_relevance[:6].sum(dim=0)
@@ -118,8 +120,9 @@ def test_statement_sums_sum_rows_and_skip_tokens_of_no_sentence():
 
 @pytest.mark.parametrize("suffix", ["json", "npz"])
 def test_the_statements_save_and_load(tmp_path, suffix):
-    result = cite(_explainer(), CONTEXT, QUESTION, ANSWER, foil="w50", method="attnlrp",
-                  check=False)  # fmt: skip
+    result = cite(
+        _explainer(), CONTEXT, QUESTION, ANSWER, foil="w50", method="attnlrp", check=False
+    )
     path = tmp_path / f"cite.{suffix}"
     result.save(path)
     loaded = Citation.load(path)
@@ -238,8 +241,14 @@ def test_clicking_a_sentence_lights_up_its_spans(tmp_path):
     whole, tokens = [1.0, 1.0, 0.0], [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
     sentences = [[1.0, 0.0, 0.0], [0.0, 1.0, -0.5]]
     rows = torch.tensor([whole, *tokens, *sentences])
-    page_text = cite_html(["One.", " Two.", " Three."], "Which?", ["A.", "B"], rows,
-                          method="cp_lrp", sentences=["A.", " B"])  # fmt: skip
+    page_text = cite_html(
+        ["One.", " Two.", " Three."],
+        "Which?",
+        ["A.", "B"],
+        rows,
+        method="cp_lrp",
+        sentences=["A.", " B"],
+    )
     path = tmp_path / "cite.html"
     path.write_text(page_text, encoding="utf-8")
     with chromium() as context:
@@ -265,8 +274,15 @@ def test_clicking_a_sentence_lights_up_its_spans(tmp_path):
 def test_clicking_a_sentence_shows_its_regions(tmp_path):
     pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]'")
     cells = grid_regions((40, 60), 1, 2)
-    page_text = regions_html(PHOTO, cells, [1.0, 1.0], "q", "A. B",
-                             sentences=["A.", " B"], sentence_scores=[[1.0, 0.0], [0.0, 1.0]])  # fmt: skip
+    page_text = regions_html(
+        PHOTO,
+        cells,
+        [1.0, 1.0],
+        "q",
+        "A. B",
+        sentences=["A.", " B"],
+        sentence_scores=[[1.0, 0.0], [0.0, 1.0]],
+    )
     path = tmp_path / "cite.html"
     path.write_text(page_text, encoding="utf-8")
     with chromium() as context:
@@ -285,5 +301,6 @@ def test_clicking_a_sentence_shows_its_regions(tmp_path):
         assert "sentence 1 of the answer" in page.locator("#status").inner_text()
         assert not errors
     with pytest.raises(InputError, match="2 sentences but 1 rows"):
-        regions_html(PHOTO, cells, [1.0, 1.0], "q", "a", sentences=["A.", " B"],
-                     sentence_scores=[[1.0, 0.0]])  # fmt: skip
+        regions_html(
+            PHOTO, cells, [1.0, 1.0], "q", "a", sentences=["A.", " B"], sentence_scores=[[1.0, 0.0]]
+        )
