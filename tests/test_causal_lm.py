@@ -196,4 +196,6 @@ def test_right_padded_logits_equal_each_text_alone(family):
             if family == "mixtral":
                 assert_float32_close(padded[row], alone[positions[row]])
             else:
-                torch.testing.assert_close(padded[row], alone[positions[row]], rtol=1e-10, atol=1e-10)
+                torch.testing.assert_close(
+                    padded[row], alone[positions[row]], rtol=1e-10, atol=1e-10
+                )
