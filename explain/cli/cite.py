@@ -38,6 +38,7 @@ from explain.cli.options import (
     RawDescriptionHelpFormatter,
     add_model_arguments,
     add_out_argument,
+    crop_caption,
     load,
     load_vision_language,
     positive_int,
@@ -176,7 +177,11 @@ def _run_image(args: argparse.Namespace) -> int:
     )
     with atomic_write(args.out / "cite.html", "w") as handle:
         handle.write(page)
-    caption = f"Verdict: {check.verdict}. {check.ablation}."
+    assert loaded.preprocessing is not None  # load_vision_language checks it
+    seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    caption = " ".join(
+        filter(None, [f"Verdict: {check.verdict}. Ablation: {check.ablation}.", seen])
+    )
     save_figure(
         regions_figure(pixels, result.regions, result.scores, caption=caption, title=title),
         args.out / "cite.png",
