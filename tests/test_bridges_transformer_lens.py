@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from explain import Explainer, engine
+from explain import Explainer, UnsupportedModelError, engine
 from explain.cite import cite
 from explain.generation import explain_generation
 from explain.testing import ModelState, tiny_lm
@@ -142,3 +142,22 @@ def test_in_compatibility_mode_the_view_computes_what_the_bridge_computes(folder
         logits = bridge(tokens)
     result = Explainer(bridge).explain({"input_ids": tokens, "attention_mask": tokens * 0 + 1})
     torch.testing.assert_close(result.logits, logits[:, -1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_native_model_is_refused_saying_what_to_use_instead():
+    """TransformerLens 4's native models (boot_native from its own config; HookedTransformer
+    is gone since 4.0) hold no Hugging Face model: refused, pointing to boot_transformers
+    around a Hugging Face model built from a config."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    config = TransformerBridgeConfig(
+        d_model=16, n_layers=1, n_heads=2, d_head=8, n_ctx=16, d_vocab=64, act_fn="gelu", seed=0
+    )
+    bridge = TransformerBridge.boot_native(config)
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"wraps a transformer_lens\..*NativeModel, not a Hugging Face model.*"
+        r"boot_transformers\(folder, hf_model=model\)",
+    ):
+        Explainer(bridge)
