@@ -59,12 +59,20 @@ def _boot(folder):
         )
 
 
-def _plain(folder, tokenizer) -> Explainer:
+@pytest.fixture(scope="module")
+def bridge(folder):
+    """One bridge for the tests that only explain it: an explanation leaves the bridge as
+    found (test_the_bridge_its_hooks_and_settings_are_left_as_found boots its own)."""
+    return _boot(folder)
+
+
+@pytest.fixture(scope="module")
+def plain(folder, bridge) -> Explainer:
     """The plain Hugging Face model of the same folder, with the bridge's tokenizer (which
     TransformerLens sets to put a start token first)."""
     from transformers import AutoModelForCausalLM
 
-    return Explainer(AutoModelForCausalLM.from_pretrained(folder), tokenizer=tokenizer)
+    return Explainer(AutoModelForCausalLM.from_pretrained(folder), tokenizer=bridge.tokenizer)
 
 
 def _methods() -> list[str]:
@@ -79,19 +87,16 @@ def _assert_same(result, expected) -> None:
 
 
 @pytest.mark.parametrize("method", _methods())
-def test_every_method_equals_the_plain_hugging_face_model(folder, method):
-    bridge = _boot(folder)
+def test_every_method_equals_the_plain_hugging_face_model(bridge, plain, method):
     explainer = Explainer(bridge)
     assert explainer.tokenizer is bridge.tokenizer
     result = explainer.explain(TEXTS, method=method)
-    expected = _plain(folder, bridge.tokenizer).explain(TEXTS, method=method)
+    expected = plain.explain(TEXTS, method=method)
     assert result.tokens == expected.tokens
     _assert_same(result, expected)
 
 
-def test_generations_and_cite_equal_the_plain_models(folder):
-    bridge = _boot(folder)
-    plain = _plain(folder, bridge.tokenizer)
+def test_generations_and_cite_equal_the_plain_models(bridge, plain):
     generated = explain_generation(Explainer(bridge), TEXTS, max_new_tokens=3)
     expected = explain_generation(plain, TEXTS, max_new_tokens=3)
     assert torch.equal(generated.generation.input_ids, expected.generation.input_ids)
