@@ -1,6 +1,7 @@
 """`explain cite --image` on a tiny LLaVA saved with its processor (offline): the three
-files say what the Python API says, the page embeds the figure's picture pixel for
-pixel, regions from a JSON file, and clear errors."""
+files say what the Python API says, each method's own files with several methods, the
+page embeds the figure's picture pixel for pixel, regions from a JSON file, and clear
+errors."""
 
 from __future__ import annotations
 
@@ -72,6 +73,25 @@ def test_regions_from_a_json_file(folder, photo, tmp_path):
     document = json.loads((tmp_path / "cite.json").read_text())
     assert [r["name"] for r in document["regions"]] == ["left <b>", "right"]
     assert "left &lt;b&gt;" in (tmp_path / "cite.html").read_text()
+
+
+def test_several_methods_each_write_their_own_files(folder, photo, tmp_path, capsys):
+    assert _cite(folder, photo, tmp_path, "--method", "generic,attnlrp", "--grid", "2x2") == 0
+    printed = capsys.readouterr().out
+    assert printed.index("[generic]") < printed.index("[attnlrp]")
+    assert not (tmp_path / "cite.json").exists()
+    explainer = Explainer(tiny_llava(), tokenizer=tiny_llava_processor())
+    for method in ("generic", "attnlrp"):
+        saved = RegionCitation.load(tmp_path / f"cite_{method}.json")
+        expected = cite_image(explainer, photo[1], QUESTION, "w14 w15", grid=(2, 2), method=method)
+        assert saved.method == method
+        torch.testing.assert_close(saved.scores, expected.scores, rtol=1e-5, atol=1e-7)
+        assert (tmp_path / f"cite_{method}.png").is_file()
+        assert f"({method})" in (tmp_path / f"cite_{method}.html").read_text()
+    scores = [
+        RegionCitation.load(tmp_path / f"cite_{m}.json").scores for m in ("generic", "attnlrp")
+    ]
+    assert not torch.allclose(*scores)  # each file holds its own method's scores
 
 
 def test_errors_are_one_line(folder, photo, tmp_path, capsys):
