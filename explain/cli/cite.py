@@ -39,6 +39,7 @@ from explain.cli.options import (
     RawDescriptionHelpFormatter,
     add_model_arguments,
     add_out_argument,
+    crop_caption,
     load,
     load_vision_language,
     positive_int,
@@ -201,7 +202,11 @@ def _cite_image_one(
     )
     with atomic_write(html, "w") as handle:
         handle.write(page)
-    caption = f"Verdict: {check.verdict}. {check.ablation}."
+    assert loaded.preprocessing is not None  # load_vision_language checks it
+    seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    caption = " ".join(
+        filter(None, [f"Verdict: {check.verdict}. Ablation: {check.ablation}.", seen])
+    )
     save_figure(
         regions_figure(pixels, result.regions, result.scores, caption=caption, title=title), png
     )
