@@ -440,9 +440,11 @@ def heatmap_figure(
     colorbar: bool = True,
     title: str | None = None,
     background: str = "grey",
+    note: str | None = None,
 ) -> Figure:
     """One image with its relevance map overlaid, a title, a colour key (by default) and
-    the normalisation rule written below.
+    the normalisation rule written below, followed by `note` (e.g. what part of the photo
+    the model saw).
 
     The map (H, W) is scaled on its own (min-max, or by a high percentile of its
     magnitude when it has negative values: see explain.viz.scaling). The panel shows the
@@ -458,7 +460,7 @@ def heatmap_figure(
         height / width,
         colorbar=colorbar,
         labels=False,
-        caption=figure_caption(scale, background),
+        caption=" ".join(filter(None, [figure_caption(scale, background), note])),
         panel_inches=inches,
         title_lines=max(1, len(heading)),
     )
@@ -492,14 +494,16 @@ def grid_figure(
     scale: str = "per_map",
     background: str = "grey",
     maps_per_row: int = MAPS_PER_ROW,
+    note: str | None = None,
 ) -> Figure:
     """One image explained in a grid: `heatmaps[i][j]` (H, W) is row `rows[i]`, column
     `columns[j]`, e.g. methods x classes (the papers' "cat and dog" figure).
 
     The maps are raw relevance (any range); `scale` is the figure's one normalisation rule,
-    "per_map" or "shared" (explain.viz.scaling), written below the grid and matched by the
-    colour key; when the figure has both unsigned and signed maps, the signed panels are
-    marked ± and read the diverging key. With `show_image` the plain image (in colour)
+    "per_map" or "shared" (explain.viz.scaling), written below the grid (then `note`, e.g.
+    what part of the photo the model saw) and matched by the colour key; when the figure
+    has both unsigned and signed maps, the signed panels are marked ± and read the
+    diverging key. With `show_image` the plain image (in colour)
     opens every row, so the eye can compare each map with what it covers. More than
     `maps_per_row` columns wrap: columns `maps_per_row` onwards form a further block of
     the same rows below, with their own titles.
@@ -526,7 +530,7 @@ def grid_figure(
         rgb.shape[0] / rgb.shape[1],
         colorbar=colorbar,
         labels=True,
-        caption=figure_caption(scaled, background),
+        caption=" ".join(filter(None, [figure_caption(scaled, background), note])),
     )
     for b, block in enumerate(blocks):
         for i, label in enumerate(rows):
@@ -570,13 +574,15 @@ def explanation_grid(
     scale: str = "per_map",
     background: str = "grey",
     maps_per_row: int = MAPS_PER_ROW,
+    multi_label: bool = False,
 ) -> Figure:
     """Methods x classes for sample `sample`: one row per `explanations` entry (method name
     -> Explanation of the same images and targets), one column per explained class.
 
     With a (B, K) target each Explanation holds K classes per image and the grid has K
     columns, titled with the class names when `class_names` is given and with each class's
-    rank among the model's outputs ("predicted", "ranked 2nd"). `transpose` puts the
+    rank among the model's outputs ("predicted", "ranked 2nd"), or for a `multi_label`
+    model its probability of presence ("present 98.8%", `class_label`). `transpose` puts the
     classes in rows and the methods in columns (wide rather than tall, for many methods;
     more than `maps_per_row` methods wrap). The relevance is upsampled straight to the
     size of `image` and coloured by `scale` (see grid_figure). A class-agnostic method's
@@ -588,7 +594,7 @@ def explanation_grid(
     first = next(iter(explanations.values()))
     targets = first.target[sample].reshape(-1).tolist()
     logits = first.logits[sample]
-    classes = [class_label(int(t), class_names, logits) for t in targets]
+    classes = [class_label(int(t), class_names, logits, multi_label) for t in targets]
     heatmaps = []
     for name, explanation in explanations.items():
         if explanation.target[sample].reshape(-1).tolist() != targets:
