@@ -5,11 +5,12 @@ Face model it wraps.
 The bridge puts its components where the Hugging Face model's modules were (a block
 bridge for each decoder layer, an attention bridge for its attention, ...), each holding
 the module it replaced (its public `original_component`), with TransformerLens's hook
-points and hooks inside them. `hugging_face_view` gives the model as Hugging Face built it: a copy of
-the module tree whose containers are shallow copies with tables of their own (children,
-parameters, buffers, hooks) and whose bridge components are replaced by the modules they
-hold. Every parameter, buffer and original module is the bridged model's own, so nothing
-is copied; none of the bridge's components, hook points or hooks runs, and none is touched.
+points and hooks inside them. `hugging_face_view` gives the model as Hugging Face built
+it: a copy of the module tree whose containers are shallow copies with tables of their
+own (children, parameters, buffers, hooks) and whose bridge components are replaced by
+the modules they hold. Every parameter, buffer and original module is the bridged
+model's own, so nothing is copied; none of the bridge's components, hook points or hooks
+runs, and none is touched.
 
 A bridge around anything but a Hugging Face model is refused: TransformerLens 4's native
 models (`TransformerBridge.boot_native(TransformerBridgeConfig(...))`, and the legacy
