@@ -150,18 +150,26 @@ def _run_image(args: argparse.Namespace) -> int:
     loaded = load_vision_language(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
+    assert loaded.preprocessing is not None  # load_vision_language checks it
+    seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
     for method in methods:
         if len(methods) > 1:
             print(f"[{method}]")
-        _cite_image_one(args, explainer, photo, grid, method)
+        _cite_image_one(args, explainer, photo, grid, method, seen)
     return 0
 
 
 def _cite_image_one(
-    args: argparse.Namespace, explainer: Explainer, photo: Any, grid: tuple[int, int], method: str
+    args: argparse.Namespace,
+    explainer: Explainer,
+    photo: Any,
+    grid: tuple[int, int],
+    method: str,
+    seen: str | None,
 ) -> None:
     """Cite the photo's regions with one method: the terminal's lines and its three files
-    (named for the method when --method names several)."""
+    (named for the method when --method names several); `seen`: what the figure's caption
+    says of a crop (`crop_caption`)."""
     import numpy as np
 
     from explain.cite.image import cite_image
@@ -202,8 +210,6 @@ def _cite_image_one(
     )
     with atomic_write(html, "w") as handle:
         handle.write(page)
-    assert loaded.preprocessing is not None  # load_vision_language checks it
-    seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
     caption = " ".join(
         filter(None, [f"Verdict: {check.verdict}. Ablation: {check.ablation}.", seen])
     )

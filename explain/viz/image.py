@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKGROUNDS",
+    "CLASS_AGNOSTIC",
     "DEFAULT_DPI",
     "MAPS_PER_ROW",
     "Explained",
@@ -38,6 +39,7 @@ __all__ = [
     "greyed",
     "grid_figure",
     "heatmap_figure",
+    "method_label",
     "overlay",
     "prediction",
     "save_figure",
@@ -52,6 +54,9 @@ class Explained(Protocol):
 
     target: Tensor
     logits: Tensor
+
+    @property
+    def class_agnostic(self) -> bool: ...
 
     def heatmap(
         self, size: tuple[int, int] | int | None = None, *, normalize: bool = True
@@ -580,7 +585,8 @@ def explanation_grid(
     model its probability of presence ("present 98.8%", `class_label`). `transpose` puts the
     classes in rows and the methods in columns (wide rather than tall, for many methods;
     more than `maps_per_row` methods wrap). The relevance is upsampled straight to the
-    size of `image` and coloured by `scale` (see grid_figure).
+    size of `image` and coloured by `scale` (see grid_figure). A class-agnostic method's
+    maps are headed "METHOD (class-agnostic)" (`method_label`).
     """
     if not explanations:
         raise InputError("explanation_grid needs at least one explanation")
@@ -599,7 +605,7 @@ def explanation_grid(
             )
         maps = explanation.heatmap(size=size, normalize=False)[sample]
         heatmaps.append(list(maps) if maps.dim() == 3 else [maps])
-    methods = list(explanations)
+    methods = [method_label(name, e.class_agnostic) for name, e in explanations.items()]
     if transpose:
         heatmaps = [list(column) for column in zip(*heatmaps, strict=True)]
         methods, classes = classes, methods
@@ -690,7 +696,7 @@ def batch_figure(
                 background=background,
                 mark_signed=mark,
             )
-        panels[row][0].set_ylabel(name, fontsize=9)
+        panels[row][0].set_ylabel(method_label(name, explanations[name].class_agnostic), fontsize=9)
     if bar is not None:
         _draw_colorbar(figure, bar, scaled, cmap)
     return figure
@@ -709,6 +715,20 @@ def _class_name(index: int, class_names: Sequence[str] | None) -> str:
 def _ordinal(rank: int) -> str:
     suffix = "th" if 10 <= rank % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(rank % 10, "th")
     return f"{rank}{suffix}"
+
+
+CLASS_AGNOSTIC = (
+    "class-agnostic: the method does not read the explained class, so every class gets the same map"
+)
+"""What the mark of `method_label` means, for a caption or a tooltip."""
+
+
+def method_label(method: str, class_agnostic: bool) -> str:
+    """A method's name as the figures and the viewer head its maps: "rollout
+    (class-agnostic)" for a method whose map is the same for every class
+    (`Explanation.class_agnostic`), so that two identical maps are read as the method's
+    doing, not as the classes' likeness."""
+    return f"{method} (class-agnostic)" if class_agnostic else method
 
 
 def class_label(
