@@ -4,12 +4,13 @@ Face model it wraps.
 
 The bridge puts its components where the Hugging Face model's modules were (a block
 bridge for each decoder layer, an attention bridge for its attention, ...), each holding
-the module it replaced as `_original_component`, with TransformerLens's hook points and
-hooks inside them. `hugging_face_view` gives the model as Hugging Face built it: a copy of
-the module tree whose containers are shallow copies with tables of their own (children,
-parameters, buffers, hooks) and whose bridge components are replaced by the modules they
-hold. Every parameter, buffer and original module is the bridged model's own, so nothing
-is copied; none of the bridge's components, hook points or hooks runs, and none is touched.
+the module it replaced (its public `original_component`), with TransformerLens's hook
+points and hooks inside them. `hugging_face_view` gives the model as Hugging Face built
+it: a copy of the module tree whose containers are shallow copies with tables of their
+own (children, parameters, buffers, hooks) and whose bridge components are replaced by
+the modules they hold. Every parameter, buffer and original module is the bridged
+model's own, so nothing is copied; none of the bridge's components, hook points or hooks
+runs, and none is touched.
 
 A bridge around anything but a Hugging Face model is refused: TransformerLens 4's native
 models (`TransformerBridge.boot_native(TransformerBridgeConfig(...))`, and the legacy
@@ -77,7 +78,7 @@ def _restored(module: nn.Module) -> nn.Module:
     """`module` with every bridge component below it replaced by the module it holds:
     `module` itself where it holds none, else a shallow copy with tables of its own."""
     while _is_class(module, *_COMPONENT):
-        module = module._original_component
+        module = module.original_component
     if not _holds_component(module):
         return module
     view = copy.copy(module)
