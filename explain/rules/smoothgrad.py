@@ -113,7 +113,9 @@ class NoisyCopies:
         """Each copy's noise (c, B, ...) as the class says; kept with the noisy
         embeddings for `add`."""
         dtype = torch.float64 if inputs.dtype == torch.float64 else torch.float32
-        if self._entries is None or self._scale is None:  # the first chunk: each sample's real entries and range
+        if (
+            self._entries is None or self._scale is None
+        ):  # the first chunk: each sample's real entries and range
             self._entries, self._scale = self._entries_and_scale(inputs, dtype)
         draws = counter_normals(self._seed, copies, self._entries, dtype)
         noise = (draws * self._scale).to(inputs.dtype).reshape(len(copies), *inputs.shape)

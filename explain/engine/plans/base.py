@@ -2,7 +2,7 @@
 
 A plan answers, for one kind of model (the adapter contract it `serves`), the questions a pass
 (explain.engine.passes) asks: which inputs the recorded forward runs on, which score
-columns one forward yields (one per explained target), which sink receives the columns'
+columns one forward yields (one per explained target), which fold receives the columns'
 blocks, and how the columns' results become one relevance per token set. It also
 declares which passes it accepts (`Plan.passes`), which explain.engine.run checks once,
 before any forward. The passes never ask what kind of model they run.
@@ -24,7 +24,6 @@ from explain.detections import Detections
 from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
-    ColumnSink,
     EmbeddingCopiesPass,
     EmbeddingGradientPass,
     ForwardPass,
@@ -46,8 +45,15 @@ from explain.engine.targets import (
 from explain.errors import ExplainError, OptionError
 from explain.layout import Prepared, TokenLayout, TokenSet
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
-from explain.rules.fold import RowSum
-from explain.rules.registry import LRP_NEEDS, METHODS, Fold, Method, RuleContext, SpreadMode
+from explain.rules.registry import (
+    LRP_NEEDS,
+    METHODS,
+    Fold,
+    Method,
+    RowSum,
+    RuleContext,
+    SpreadMode,
+)
 
 __all__ = [
     "Plan",
@@ -154,9 +160,9 @@ def custom_scores(score: Score | None) -> None:
 
 
 class SetFolds:
-    """The call's folds, one per token set: routes the model-wide layers of each set to
-    its fold, renumbered from 0 (a `ColumnSink`); `result()` is every column's token
-    relevance by set name, (C, B, N) each."""
+    """The call's fold from its folds, one per token set: routes the model-wide layers of
+    each set to its fold, renumbered from 0; `result()` is every column's token relevance
+    by set name, (C, B, N) each."""
 
     def __init__(self, folds: dict[str, Fold], sets: Sequence[TokenSet]) -> None:
         self._folds = folds
@@ -167,8 +173,11 @@ class SetFolds:
         }
         self.layers = sorted(self._route)
 
-    def spread_of(self, layer: int) -> SpreadMode | None:
-        return self._route[layer][0].spread
+    @property
+    def spread(self) -> SpreadMode | None:
+        """Its folds' one spread: every set's fold is the same method's."""
+        (spread,) = {fold.spread for fold in self._folds.values()}
+        return spread
 
     def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
         found = self._route.get(layer)  # a forward hands over the blocks no fold reads too
@@ -179,12 +188,12 @@ class SetFolds:
         self, layer: int, columns: slice, spread: Callable[[Tensor], Tensor], rowsum: RowSum
     ) -> None:
         fold, local = self._route[layer]
-        fold.fold(local, columns, spread, rowsum)  # type: ignore[attr-defined]  # a spread's
+        fold.fold(local, columns, spread, rowsum)
 
     def add_input(self, columns: slice, *relevance: Tensor) -> None:
         """The input relevance of full LRP and of AttnLRP (one-stack models: one fold)."""
         (fold,) = self._folds.values()
-        fold.add_input(columns, *relevance)  # type: ignore[attr-defined]  # an InputFold (Need)
+        fold.add_input(columns, *relevance)
 
     def result(self) -> dict[str, Tensor]:
         return {name: fold.result() for name, fold in self._folds.items()}
@@ -246,7 +255,7 @@ class Plan:
     """The passes this kind of model can be explained through (explain.engine.passes)."""
 
     methods: ClassVar[frozenset[str] | None] = None
-    """The only methods this kind takes, where its sink is its own rather than the
+    """The only methods this kind takes, where the call's fold is its own rather than the
     method's (an encoder-decoder's two-set fold); None: any method of an accepted pass."""
 
     refused_because: ClassVar[str] = ""
@@ -307,8 +316,8 @@ class Plan:
 
     # -- folds --------------------------------------------------------------------------
 
-    def sink(self) -> ColumnSink:
-        """The call's sink: the method's fold of every token set, for every column (which
+    def call_fold(self) -> Fold:
+        """The call's fold: the method's fold of every token set, for every column (which
         all read out the same rows here)."""
         return self._set_folds(self.sets, [token_set.readout[None] for token_set in self.sets])
 
@@ -332,10 +341,10 @@ class Plan:
             folds[token_set.name] = spec.fold(context, dict(self.request.options))
         return SetFolds(folds, sets)
 
-    def read(self, sink: ColumnSink) -> Relevances:
-        """Every column's token relevance per set, (B, C, N), from the call's sink (the
+    def read(self, fold: Fold) -> Relevances:
+        """Every column's token relevance per set, (B, C, N), from the call's fold (the
         engine then maps it onto the input)."""
-        return {name: result.transpose(0, 1) for name, result in sink.result().items()}
+        return {name: result.transpose(0, 1) for name, result in fold.result().items()}
 
     def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
         """Where AttnLRP and CP-LRP read relevance, each with the layout of its tokens

@@ -66,7 +66,7 @@ class DualEncoderPlan(Plan):
             classes = torch.arange(num_images, device=encoder.parameter.device)
         else:
             if self.spec is not None:
-                self.sink()  # bad options and start layers fail before this forward
+                self.call_fold()  # bad options and start layers fail before this forward
             with Session(encoder):
                 self._logits = encoder.forward(prepared)
             chosen, _ = resolve_targets(self._logits, self.request.target)

@@ -15,7 +15,6 @@ from explain.architectures.base import Adapter, LanguageModel
 from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
-    ColumnSink,
     EmbeddingCopiesPass,
     EmbeddingGradientPass,
     ForwardPass,
@@ -26,7 +25,7 @@ from explain.engine.request import Request, integer_option
 from explain.engine.targets import Score, select_scores
 from explain.errors import InputError, OptionError
 from explain.layout import Prepared
-from explain.rules.registry import Method
+from explain.rules.registry import Fold, Method
 
 __all__ = ["GenerationPlan", "column_rows", "generated_scores", "require_causal_lm"]
 
@@ -143,7 +142,7 @@ class GenerationPlan(Plan):
         """(B, G, vocab): the logits each generated token was chosen from."""
         return self.adapter.logits_at(self.prepared, read_out_at(self.width, self.valid))
 
-    def sink(self) -> ColumnSink:
+    def call_fold(self) -> Fold:
         """The method's fold for every generated position: each column reads out at its
         own position, blind to the tokens after it (`column_rows`)."""
         (text,) = self.sets
