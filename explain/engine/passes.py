@@ -27,9 +27,9 @@ from explain.architectures.base import Adapter
 from explain.engine.copies import EmbeddingCopies, copy_bytes, copy_chunks
 from explain.engine.fused import PathChoice, choose_path, default_memory_budget, explicit_map_bytes
 from explain.engine.recorder import Recorder, column_gradients
-from explain.engine.request import Request
 from explain.engine.session import Session
 from explain.engine.spread import FoldFeed
+from explain.engine.targets import Request
 from explain.errors import OptionError, TargetError
 from explain.layout import InputHook, ModuleHook, Prepared, TokenLayout, TokenSet
 from explain.lrp import RULE_SETS

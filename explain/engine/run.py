@@ -21,8 +21,8 @@ from explain.engine.fused import choose_path, default_memory_budget
 from explain.engine.passes import Pass, pass_for
 from explain.engine.plans import Plan, plan_kind
 from explain.engine.recorder import Recorder
-from explain.engine.request import Request
 from explain.engine.session import Session
+from explain.engine.targets import Request
 from explain.errors import TargetError, UnsupportedModelError
 from explain.explanation import Explanation, Trace
 from explain.rules.registry import METHODS, Method, get_method

@@ -31,18 +31,20 @@ from explain.engine.passes import (
     Pass,
     Relevances,
 )
-from explain.engine.request import Request, StartLayer, integer_option
 from explain.engine.session import Session
 from explain.engine.targets import (
     Contrast,
+    Request,
     Score,
+    StartLayer,
     check_score,
+    integer_option,
     require_explicit_target,
     resolve_foil,
     resolve_targets,
     select_scores,
 )
-from explain.errors import ExplainError, OptionError
+from explain.errors import ExplainError, OptionError, TargetError
 from explain.layout import Prepared, TokenLayout, TokenSet
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
 from explain.rules.registry import (
@@ -294,8 +296,21 @@ class Plan:
     # -- inputs -------------------------------------------------------------------------
 
     def prepare(self, inputs: Any) -> None:
-        """Validate the inputs (raw texts tokenized with the Explainer's tokenizer)."""
+        """Validate the inputs (raw texts tokenized with the Explainer's tokenizer). A
+        tensor on the meta device is refused first, naming it, in the inputs or in the
+        request's target, start layers or options: a meta tensor's first read would be
+        PyTorch's NotImplementedError or RuntimeError, wherever it happened to be read."""
         refuse_meta_inputs(inputs)
+        request = self.request
+        given = request.target
+        given = (given.target, given.foil) if isinstance(given, Contrast) else given
+        refuse_meta_inputs(given, "the target", TargetError)
+        start = request.start_layer
+        for token_set, layer in (start if isinstance(start, Mapping) else {None: start}).items():
+            name = "start_layer" if token_set is None else f"start_layer[{token_set!r}]"
+            refuse_meta_inputs(layer, name, OptionError)
+        for name, value in request.options.items():
+            refuse_meta_inputs(value, f"option {name}", OptionError)
         self._use(self.adapter.prepare(self.adapter.encode(inputs, self.tokenizer)))
         class_specific = self.spec is None or self.spec.class_specific
         require_explicit_target(self.request.target, self.adapter.feature_output, class_specific)

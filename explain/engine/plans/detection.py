@@ -25,8 +25,7 @@ from explain.architectures.base import Detector
 from explain.detections import Detections
 from explain.engine.passes import AttentionGradientPass, Columns, Relevances
 from explain.engine.plans.base import Plan, masked_columns
-from explain.engine.request import Request
-from explain.engine.targets import select_scores
+from explain.engine.targets import Request, select_scores
 from explain.errors import OptionError, TargetError
 from explain.rules.coattention import TWO_SET_METHODS, BlockRole, TwoSetFold, row_at
 from explain.rules.registry import Fold, Method

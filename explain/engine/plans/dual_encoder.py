@@ -16,9 +16,8 @@ from torch import Tensor
 from explain.architectures.dual_encoder import DualEncoder
 from explain.engine.passes import AttentionGradientPass, Columns, ForwardPass, Relevances
 from explain.engine.plans.base import Plan
-from explain.engine.request import Request
 from explain.engine.session import Session
-from explain.engine.targets import resolve_targets
+from explain.engine.targets import Request, resolve_targets
 from explain.errors import TargetError
 from explain.rules.registry import Method
 

@@ -18,8 +18,7 @@ from torch import Tensor
 from explain.architectures.base import EncoderDecoder
 from explain.engine.passes import AttentionGradientPass, Columns, Relevances
 from explain.engine.plans.base import Plan, custom_scores, masked_columns
-from explain.engine.request import Request
-from explain.engine.targets import Target, resolve_targets, select_scores
+from explain.engine.targets import Request, Target, resolve_targets, select_scores
 from explain.errors import InputError, OptionError, TargetError
 from explain.rules.coattention import TWO_SET_METHODS, BlockRole, TwoSetFold, row_at
 from explain.rules.registry import Fold, Method

@@ -21,8 +21,7 @@ from explain.engine.passes import (
     Relevances,
 )
 from explain.engine.plans.base import Plan, masked_columns
-from explain.engine.request import Request, integer_option
-from explain.engine.targets import Score, select_scores
+from explain.engine.targets import Request, Score, integer_option, select_scores
 from explain.errors import InputError, OptionError
 from explain.layout import Prepared
 from explain.rules.registry import Fold, Method

@@ -29,7 +29,7 @@ from explain.engine.plans.generation import (
     generated_tokens,
     read_out_at,
 )
-from explain.engine.request import Request
+from explain.engine.targets import Request
 from explain.errors import OptionError
 from explain.layout import ImagePrepared, ImageTokens, TokenLayout
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
