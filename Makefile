@@ -6,6 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # torch and torchvision pinned to the builds this project is tested with.
 TORCH := torch==2.14.1 torchvision==0.29.1
+# inseq (the inseq bridge's tests) without its dependencies: it pins typeguard<=2.13.3, which
+# transformer-lens (>=4.2) cannot share, yet never imports typeguard; the dev extra lists
+# the one import of inseq's that the rest of it lacks (treescope).
+INSEQ := inseq==0.7.1
 
 .PHONY: demo test lab lint format bench zoo results clean
 
@@ -17,6 +21,7 @@ $(STAMP): pyproject.toml
 	# package" for every editable install with a mapped package (explain._zoo is models/);
 	# pip 26 relays it as a BuildBackendWarning. It is expected here, so it is not shown.
 	$(BIN)/python -W "ignore:Editable installation" -m pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps $(INSEQ)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -2,7 +2,7 @@
 captum's IntegratedGradients, InputXGradient, LayerGradientXActivation, FeatureAblation
 and NoiseTunnel (SmoothGrad, on our noise), and inseq's gradient x input on a
 generation. Skipped where the library is not installed (captum is in the `dev` extra;
-inseq is not, for its dependencies).
+inseq is installed by `make test`'s setup, without its dependencies: docs/bridges.md).
 
 Float32 models, compared at rtol 1e-4: captum rounds its Riemann nodes and every
 quadrature weight to float32 (torch.linspace, `torch.tensor(step_sizes).float()`), so even

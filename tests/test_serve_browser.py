@@ -581,9 +581,10 @@ def test_generation_view_click_a_word(browser, tmp_path):
 
 
 def test_the_generation_view_says_what_each_token_rests_on_as_the_terminal_does(browser, tmp_path):
-    """The page's "generated mostly from" names what `Answer.rests_on` names (what
-    `explain generate` prints and the figure writes): the token a generated token is read
-    out at is left out, though its own identity term makes it the largest of the row."""
+    """The page's "generated mostly from" names what `Answer.rests_on` names, as
+    `explain generate` prints it (the figure numbers the same cells): the token a
+    generated token is read out at is left out, though its own identity term makes it
+    the largest of the row."""
     with generated_page(browser, tmp_path, "w10 w11 w12 w13", "generic") as (page, found):
         answer = found.answer()
         tokens = page.eval_on_selector_all("#generation .token", "ts => ts.map(t => t.textContent)")
@@ -594,10 +595,8 @@ def test_the_generation_view_says_what_each_token_rests_on_as_the_terminal_does(
             assert int(row[: readout + 1].argmax()) == readout  # the identity term
             rests = answer.rests_on(g)
             assert rests and readout not in rests
-            values = [page.evaluate("v => format(v)", float(row[i])) for i in rests]
-            listed = ", ".join(
-                f"{answer.tokens[i]} ({v})" for i, v in zip(rests, values, strict=True)
-            )
+            # by |relevance|, each token with its position and signed value, as printed
+            listed = ", ".join(f"{answer.tokens[i]!r}@{i} {float(row[i]):.3g}" for i in rests)
             assert page.inner_text("#gen-hover") == f"{word} was generated mostly from: {listed}"
 
 

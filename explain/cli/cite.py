@@ -10,10 +10,11 @@ at most 16); --lds N adds the linear datamodeling score from N random ablations 
 the spans. The check ends in a verdict, the same words in the terminal, on the page and
 in cite.json: supported, weak, not supported by ablation (the rule: docs/cite.md).
 Three files are written atomically into --out: cite.html (the context with its spans
-highlighted; choose the whole answer or one of its tokens), cite.png (the top spans'
-scores and their relevance per answer token) and cite.json (`spans`: text, start and end
-character offsets into the context, score; `check`: the ablation results and the
-verdict; everything else Citation.load reads).
+highlighted; choose the whole answer, one of its sentences or one of its tokens),
+cite.png (the top spans' scores and their relevance per answer token) and cite.json
+(`spans`: text, start and end character offsets into the context, score; `sentences`
+and `statement_relevance`: the answer's sentences and each one's span scores; `check`:
+the ablation results and the verdict; everything else Citation.load reads).
 """
 
 from __future__ import annotations
@@ -127,6 +128,13 @@ def print_check(check: Check, sources: str) -> None:
     print(f"verdict: {check.verdict}")
 
 
+def _statements(result: Any) -> list[str]:
+    """The answer's sentences the page offers as choices: none for one sentence (its
+    statement is the whole answer)."""
+    texts = [sentence.text for sentence in result.sentences]
+    return texts if len(texts) > 1 else []
+
+
 def _run_image(args: argparse.Namespace) -> int:
     """`explain cite --image`: the photo's regions as the sources."""
     import numpy as np
@@ -165,12 +173,15 @@ def _run_image(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model} ({result.method})"
     pixels = np.asarray(photo)
+    statements = _statements(result)
     page = regions_html(
         pixels,
         result.regions,
         result.scores,
         args.question,
         result.answer,
+        sentences=statements,
+        sentence_scores=result.statement_relevance[: len(statements)],
         check=check.to_dict(),
         title=title,
     )
@@ -260,6 +271,7 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model}"
     rows = torch.cat([result.scores[None], result.span_relevance])
+    statements = _statements(result)
     texts = [span.text for span in result.spans]
     foil_tokens = 0 if result.foil_ids is None else result.foil_ids.shape[0]
     payload = check.to_dict()
@@ -268,9 +280,10 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
         texts,
         args.question,
         result.answer_tokens,
-        rows,
+        torch.cat([rows, result.statement_relevance[: len(statements)]]),
         method=result.method,
         foil_tokens=foil_tokens,
+        sentences=statements,
         check=payload,
         title=title,
     )

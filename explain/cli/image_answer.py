@@ -125,7 +125,7 @@ def _one_method(
         print("answer:", printable(answer.text(loaded.tokenizer)))
     if heading is not None:
         print(heading)
-    print_rests_on(answer.generated, tokens, rests.__getitem__)
+    print_rests_on(answer.generated, tokens, relevance, rests)
     title = (
         f"explain generate: {args.model} ({result.method}, depth {result.settings['depth']}); "
         f"question: {args.prompt}"

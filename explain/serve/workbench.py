@@ -34,6 +34,7 @@ from explain.serve.cache import ResultCache, model_identity
 from explain.serve.cancel import stop_if_cancelled
 from explain.serve.scales import ViewScale, check_rule, scale_view
 from explain.viz.image import BACKGROUNDS, greyed
+from explain.viz.ranking import sources_text
 from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL
 
 __all__ = ["Workbench", "checked_text"]
@@ -227,8 +228,9 @@ class Workbench:
         terminal and the figure show it (explain.generation.Answer): row g of `rows` is
         the relevance of every earlier token for generated token g, up to the token it
         is read out at (`readouts[g]`), which is off the colour scale (`display[g]` stops
-        before it: its own identity term would swamp the rest) and out of `rests_on[g]`,
-        the tokens it was generated mostly from."""
+        before it: its own identity term would swamp the rest) and out of `sources[g]`,
+        the tokens it was generated mostly from as every view writes them
+        (explain.viz.ranking: by |relevance|, with positions and signed values)."""
         from explain.generation import explain_generation
 
         self._require("generation")
@@ -250,7 +252,9 @@ class Workbench:
             "prompt_tokens": answer.prompt_length,
             "rows": [row.tolist() for row in rows],
             "readouts": readouts,
-            "rests_on": [answer.rests_on(g) for g in generated],
+            "sources": [
+                sources_text(answer.tokens, matrix[g], answer.rests_on(g)) for g in generated
+            ],
             "display": [s.maps[0].tolist() for s in scaled],
             "signed": [s.signed[0] for s in scaled],
             "keys": [s.keys for s in scaled],  # each row's own: the page shows the one clicked

@@ -609,7 +609,8 @@ async function generate(prompt) {
 
   // Generated token g: every token before it coloured by its relevance for g, except the
   // token g is read out at (answer.readouts[g]), hatched grey and off the scale, as in the
-  // figure; what g rests on most is the server's (explain.generation.Answer.rests_on).
+  // figure; what g rests on most is the server's text (explain.viz.ranking), as the
+  // terminal and the figure give it.
   function pick(g) {
     const row = answer.rows[g];
     const readout = answer.readouts[g];
@@ -631,8 +632,7 @@ async function generate(prompt) {
         span.onmouseenter = null;
       }
     });
-    const rests = answer.rests_on[g].map((i) => `${answer.tokens[i]} (${format(row[i])})`);
-    $("gen-hover").textContent = `${chosen} was generated mostly from: ${rests.join(", ") || "nothing read before it"}`;
+    $("gen-hover").textContent = `${chosen} was generated mostly from: ${answer.sources[g]}`;
   }
 }
 
