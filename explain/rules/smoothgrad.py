@@ -74,10 +74,10 @@ class NoisyCopies:
     The noise of sample b has the standard deviation `sigma` * (max - min) of its
     embeddings' entries at its real tokens (pads and tokens no column sees stay as they
     are). At copy s and real entry j (j numbers the sample's real entries in row-major
-    order, from 1) it is `counter_normals` of (`seed`, s, j), a function of those three alone:
-    a sample gets the same noise alone as in any batch and under any chunking, every
-    sample and copy of a chunk is drawn in a few batched tensor ops, and the caller's
-    RNG is untouched."""
+    order, from 1) it is `counter_normals` of (`seed`, s, j), a function of those three
+    alone: a sample gets the same noise alone as in any batch and under any chunking,
+    every sample and copy of a chunk is drawn in a few batched tensor ops, and the
+    caller's RNG is untouched."""
 
     backward = True
     linear_in_score = False  # the absolute value, the square
@@ -113,9 +113,7 @@ class NoisyCopies:
         """Each copy's noise (c, B, ...) as the class says; kept with the noisy
         embeddings for `add`."""
         dtype = torch.float64 if inputs.dtype == torch.float64 else torch.float32
-        if (
-            self._entries is None or self._scale is None
-        ):  # the first chunk: each sample's real entries and range
+        if self._entries is None or self._scale is None:  # the first chunk
             self._entries, self._scale = self._entries_and_scale(inputs, dtype)
         draws = counter_normals(self._seed, copies, self._entries, dtype)
         noise = (draws * self._scale).to(inputs.dtype).reshape(len(copies), *inputs.shape)

@@ -47,15 +47,7 @@ from explain.engine.targets import (
 from explain.errors import ExplainError, OptionError, TargetError
 from explain.layout import Prepared, TokenLayout, TokenSet
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
-from explain.rules.registry import (
-    LRP_NEEDS,
-    METHODS,
-    Fold,
-    Method,
-    RowSum,
-    RuleContext,
-    SpreadMode,
-)
+from explain.rules.registry import LRP_NEEDS, METHODS, Fold, Method, RowSum, RuleContext, SpreadMode
 
 __all__ = [
     "Plan",

@@ -16,11 +16,7 @@ from typing import Any, ClassVar, Literal, cast
 from torch import Tensor
 
 from explain.architectures.base import ImageTextModel
-from explain.engine.passes import (
-    Columns,
-    Relevances,
-    pass_for,
-)
+from explain.engine.passes import Columns, Relevances, pass_for
 from explain.engine.plans.base import Plan, masked_columns, per_set, resolve_start_layer
 from explain.engine.plans.generation import (
     GenerationPlan,
