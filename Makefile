@@ -11,7 +11,7 @@ TORCH := torch==2.14.1 torchvision==0.29.1
 # the one import of inseq's that the rest of it lacks (treescope).
 INSEQ := inseq==0.7.1
 
-.PHONY: demo test lab lint format bench zoo results clean
+.PHONY: demo readme-images test lab lint format bench zoo results clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py --out outputs/demo
+
+# The demo, then its pictures copied over the README's (docs/images/: scripts/demo.py's
+# README_IMAGES), so that they are regenerated, never hand-made.
+readme-images: $(STAMP)
+	$(BIN)/python scripts/demo.py --out outputs/demo --readme-images
 
 test: $(STAMP)
 	$(BIN)/ruff check explain tests scripts
