@@ -1,7 +1,8 @@
 """GenerationExplanation.to_inseq: inseq's FeatureAttributionOutput of every continuation,
 every value and token of the explanation kept, read by inseq's show, aggregate and JSON
-save / load. inseq is not in the dev extra: it pins typeguard 2.13, transformer-lens
-(whose bridge the dev extra tests) needs typeguard 4; these tests run where inseq is."""
+save / load. inseq is not in the dev extra (it pins typeguard 2.13, transformer-lens needs
+typeguard 4): `make test`'s setup installs it without its dependencies, as pyproject.toml
+says, so these tests run there."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from explain.generation import explain_generation
 from explain.testing import tiny_lm
 
 inseq = pytest.importorskip(
-    "inseq", reason="the inseq bridge needs the inseq extra (not in dev: see the module doc)"
+    "inseq", reason="the inseq bridge needs inseq (make test installs it: see the module doc)"
 )
 
 PROMPTS = ["user w10 w11 w12 w13", "user w20"]  # the second is left-padded

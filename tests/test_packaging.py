@@ -151,7 +151,7 @@ def test_the_extras_the_docs_name_exist_and_install_what_they_use():
         extras["zoo"]
     )
     assert extras["zoo"] | {"h5py"} <= extras["evaluation"]
-    # inseq pins typeguard 2 and transformer-lens needs typeguard 4: it installs alone
-    # (pyproject.toml says so where it declares it)
+    # inseq pins typeguard 2 and transformer-lens needs typeguard 4: it installs alone, and
+    # the Makefile's dev setup adds it without its dependencies (pyproject.toml says why)
     users = set(extras) - {"all", "dev", "inseq"}
     assert set().union(*(extras[e] for e in users)) <= extras["all"] <= extras["dev"]

@@ -7,7 +7,9 @@ backward (explain.cite.attribution, on explain.generation), and the ranking is c
 removing the top spans (explain.cite.check) and read into a verdict in words
 (explain.cite.verdict). A photo's regions are cited the same way (explain.cite.regions:
 the regions and where they lie among the model's patches; explain.cite.image:
-attribution and check). docs/cite.md is the guide.
+attribution and check). Each answer is also split into sentences, each with its own
+scores (explain.cite.statements: the matrix answer sentence x source). docs/cite.md is
+the guide.
 """
 
 from explain.cite.attribution import (
@@ -15,11 +17,17 @@ from explain.cite.attribution import (
     ContrastExplanation,
     cite,
     explain_contrast,
-    span_sums,
 )
 from explain.cite.check import ABLATION, Check, TopKDrop, check_ranking, check_scores, spearman
 from explain.cite.image import RegionCitation, cite_image
-from explain.cite.prompt import TEMPLATE, Context, Prompt, build_prompt, read_context
+from explain.cite.prompt import (
+    TEMPLATE,
+    Context,
+    Prompt,
+    build_prompt,
+    read_context,
+    span_sums,
+)
 from explain.cite.regions import GRID, Region, grid_regions, read_regions
 from explain.cite.spans import KINDS, Span, split
 from explain.cite.verdict import Verdict, verdict

@@ -32,10 +32,11 @@ from torch import Tensor
 from explain.api import Explainer
 from explain.cite.check import Check, check_ranking, check_seed
 from explain.cite.image import RegionCitation, cite_image
-from explain.cite.prompt import TEMPLATE, build_prompt, read_context
+from explain.cite.prompt import TEMPLATE, build_prompt, read_context, span_sums
 from explain.cite.regions import GRID
-from explain.cite.saved import FORMAT, TENSORS, citation_fields
+from explain.cite.saved import FORMAT, TENSORS, VERSION, citation_fields
 from explain.cite.spans import Span
+from explain.cite.statements import UNLOCATED, answer_statements, statement_sums
 from explain.engine import require_causal_lm
 from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
@@ -55,7 +56,6 @@ __all__ = [
     "ContrastExplanation",
     "cite",
     "explain_contrast",
-    "span_sums",
     "sparse_spans",
 ]
 
@@ -215,6 +215,10 @@ class Citation:
         span_relevance: (G, S) each answer token's relevance per span: the sum of
             `token_relevance` over the span's tokens.
         scores: (S,) each span's relevance for the whole answer (the sum over G).
+        sentences: the answer's N sentences (the context's splitter; offsets into
+            `answer`); `token_sentences` (G,) each answer token's sentence (-1: a foil's).
+        statement_relevance: (N, S) each sentence's span scores: the sum of
+            `span_relevance` over its tokens (explain.cite.statements).
         method, score: the method, and what it differentiated ("custom": nothing).
         check: the ablation check (explain.cite.check), or None when not run.
         settings: what else made the result (the template, chat, model...), JSON-able.
@@ -240,6 +244,9 @@ class Citation:
     check: Check | None
     prompt_ids: Tensor
     answer_ids: Tensor
+    sentences: tuple[Span, ...]
+    token_sentences: Tensor
+    statement_relevance: Tensor
     foil_ids: Tensor | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
     explanation: GenerationExplanation | None = None
@@ -250,7 +257,8 @@ class Citation:
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the engine's explanation as plain JSON-able values: `spans`
-        (text, start, end, score each), `check`, the relevances as nested lists."""
+        (text, start, end, score each), `sentences` (text, start, end each), `check`,
+        the relevances as nested lists."""
         return {
             **self._header(),
             **{name: t.detach().cpu().tolist() for name, t in self._tensors().items()},
@@ -260,7 +268,7 @@ class Citation:
         scores = self.scores.double().tolist()
         return {
             "format": FORMAT,
-            "version": 1,
+            "version": VERSION,
             "context": self.context,
             "kind": self.kind,
             "spans": [
@@ -273,6 +281,7 @@ class Citation:
             "prompt_tokens": self.prompt_tokens,
             "answer": self.answer,
             "answer_tokens": self.answer_tokens,
+            "sentences": [{"text": s.text, "start": s.start, "end": s.end} for s in self.sentences],
             "foil": self.foil,
             "method": self.method,
             "score": self.score,
@@ -285,7 +294,9 @@ class Citation:
             "token_relevance": self.token_relevance,
             "span_relevance": self.span_relevance,
             "scores": self.scores,
+            "statement_relevance": self.statement_relevance,
             "token_spans": self.token_spans,
+            "token_sentences": self.token_sentences,
             "prompt_ids": self.prompt_ids,
             "answer_ids": self.answer_ids,
         }
@@ -331,14 +342,6 @@ def _check_types(**arguments: tuple[Any, type | tuple[type, ...]]) -> None:
 def _type_names(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join("None" if k is type(None) else k.__name__ for k in kinds)
-
-
-def span_sums(token_relevance: Tensor, token_spans: Tensor, count: int) -> Tensor:
-    """(G, S): the sum of `token_relevance` (G, P) over each span's tokens
-    (`token_spans` (P,), -1 for tokens of no span)."""
-    inside = token_spans >= 0
-    sums = token_relevance.new_zeros(token_relevance.shape[0], count)
-    return sums.index_add_(1, token_spans[inside], token_relevance[:, inside])
 
 
 def cite(
@@ -472,6 +475,8 @@ def cite(
     if sparse:
         span_relevance = sparse_spans(span_relevance, sparse)
     scores = span_relevance.sum(dim=0)
+    foil_tokens = 0 if foil is None else answers[1].shape[0]
+    statements = answer_statements(tokenizer, answer, answer_ids, foil_tokens)
     result_check = None
     if check:
         weighted = list(zip(answers, (1.0, -1.0), strict=False))
@@ -509,12 +514,18 @@ def cite(
         check=result_check,
         prompt_ids=prompt_ids,
         answer_ids=answer_ids,
+        sentences=statements.sentences,
+        token_sentences=statements.token_sentences,
+        statement_relevance=statement_sums(
+            span_relevance, statements.token_sentences, len(statements.sentences)
+        ),
         foil_ids=answers[1] if foil is not None else None,
         settings={
             **found.explanation.settings,
             "template": template,
             "chat": chat,
             **({"sparse": sparse} if sparse else {}),
+            **({} if statements.located else {"sentences": UNLOCATED}),
         },
         explanation=found,
     )

@@ -39,6 +39,8 @@ from explain.cite.regions import (
     read_regions,
     region_from,
 )
+from explain.cite.spans import Span
+from explain.cite.statements import UNLOCATED, answer_statements, statement_sums
 from explain.engine import Session
 from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
@@ -81,6 +83,10 @@ class RegionCitation:
         shares: (R, gh * gw) the share of each patch each region holds.
         region_relevance: (G, R) each answer token's relevance per region.
         scores: (R,) each region's relevance for the whole answer (the sum over G).
+        sentences: the answer's N sentences (the context's splitter; offsets into
+            `answer`); `token_sentences` (G,) each answer token's sentence.
+        statement_relevance: (N, R) each sentence's region scores: the sum of
+            `region_relevance` over its tokens (explain.cite.statements).
         method, score: the method, and what it differentiated.
         check: the ablation check, or None when not run.
         settings: what else made the result (depth, fill, the regions' kind), JSON-able.
@@ -101,6 +107,9 @@ class RegionCitation:
     score: str
     check: Check | None
     answer_ids: Tensor
+    sentences: tuple[Span, ...]
+    token_sentences: Tensor
+    statement_relevance: Tensor
     settings: Mapping[str, Any] = field(default_factory=dict)
     explanation: GenerationExplanation | None = None
 
@@ -112,7 +121,7 @@ class RegionCitation:
         scores = self.scores.double().tolist()
         return {
             "format": _FORMAT,
-            "version": 1,
+            "version": 2,
             "photo_size": list(self.photo_size),
             "regions": [
                 {**region.to_dict(), "score": score}
@@ -121,6 +130,7 @@ class RegionCitation:
             "question": self.question,
             "answer": self.answer,
             "answer_tokens": self.answer_tokens,
+            "sentences": [{"text": s.text, "start": s.start, "end": s.end} for s in self.sentences],
             "method": self.method,
             "score": self.score,
             "check": None if self.check is None else self.check.to_dict(),
@@ -133,14 +143,16 @@ class RegionCitation:
             "shares": self.shares,
             "region_relevance": self.region_relevance,
             "scores": self.scores,
+            "statement_relevance": self.statement_relevance,
             "answer_ids": self.answer_ids,
+            "token_sentences": self.token_sentences,
             "masks": torch.from_numpy(np.stack([r.mask for r in self.regions])).to(torch.uint8),
         }
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the engine's explanation as plain JSON-able values: `regions`
-        (name, box, pixels, score each), `check`, the relevances as nested lists (the
-        masks left out: `save` keeps them)."""
+        (name, box, pixels, score each), `sentences` (text, start, end each), `check`,
+        the relevances as nested lists (the masks left out: `save` keeps them)."""
         tensors = {name: t for name, t in self._tensors().items() if name != "masks"}
         return {**self._header(), **{k: t.detach().cpu().tolist() for k, t in tensors.items()}}
 
@@ -153,9 +165,16 @@ class RegionCitation:
     def load(cls, path: str | os.PathLike[str]) -> RegionCitation:
         """Read a citation written by `save`; InputError for any other file."""
         names = ["patch_relevance", "shares", "region_relevance", "scores", "answer_ids", "masks"]
+        names += ["statement_relevance", "token_sentences"]
         tensors, header = read_payload(path, lambda header: names)
-        if header.get("format") != _FORMAT or not set(names) <= set(tensors):
-            raise InputError(f"{path} is not a region citation written by RegionCitation.save")
+        if (
+            header.get("format") != _FORMAT
+            or header.get("version") != 2
+            or not set(names) <= set(tensors)
+        ):
+            raise InputError(
+                f"{path} is not a region citation written by RegionCitation.save (version 2)"
+            )
         masks = tensors["masks"].bool().numpy()
         regions = tuple(
             Region(entry["name"], mask, tuple(entry["box"]))
@@ -176,6 +195,9 @@ class RegionCitation:
             score=header["score"],
             check=None if check is None else Check.from_dict(check),
             answer_ids=tensors["answer_ids"].long(),
+            sentences=tuple(Span(s["text"], s["start"], s["end"]) for s in header["sentences"]),
+            token_sentences=tensors["token_sentences"].long(),
+            statement_relevance=tensors["statement_relevance"],
             settings=header["settings"],
         )
 
@@ -359,6 +381,7 @@ def cite_image(
     shares = patch_shares(found_regions, photo_preprocessing(processor), size, maps.shape[-2:])
     region_relevance = maps.flatten(1) @ shares.T
     scores = region_relevance.sum(dim=0)
+    statements = answer_statements(processor.tokenizer, answer, answer_ids)
     result_check = None
     if check:
 
@@ -393,11 +416,17 @@ def cite_image(
         score=found.explanation.score,
         check=result_check,
         answer_ids=answer_ids,
+        sentences=statements.sentences,
+        token_sentences=statements.token_sentences,
+        statement_relevance=statement_sums(
+            region_relevance, statements.token_sentences, len(statements.sentences)
+        ),
         settings={
             **found.explanation.settings,
             "regions": kind,
             **({"grid": list(grid)} if kind == "grid" else {}),
             "fill": fill_with,
+            **({} if statements.located else {"sentences": UNLOCATED}),
         },
         explanation=found,
     )

@@ -7,8 +7,10 @@ The page is self-contained (no external script, style or font, nothing fetched):
 are written into it as escaped HTML, and the span relevances are embedded as JSON arrays
 (the values, and the values as explain.cite.verdict.number writes them) that a few
 lines of inline script read when a choice is made. Choice 1 is the whole answer (each
-span's score), choice g + 1 answer token g; they are chosen by click, or by Tab and
-Enter, and `page.html#c` opens on choice c (explain.viz.choice_script).
+span's score), choice g + 1 answer token g, and after the G tokens' choices one per
+sentence of the answer (its statement: the span scores of that sentence's tokens,
+explain.cite.statements), shown before the tokens; they are chosen by click, or by Tab
+and Enter, and `page.html#c` opens on choice c (explain.viz.choice_script).
 Colours are the diverging scale of explain.viz.text (red for, blue against), scaled per
 choice by its largest |span relevance|; span text is black or white, whichever contrasts
 more with its colour (WCAG AA). The top-spans list is rebuilt with `textContent`, so no
@@ -31,13 +33,33 @@ from explain.viz.choice_script import choice_script
 from explain.viz.shade_script import SHADE_SCRIPT
 from explain.viz.text import colour
 
-__all__ = ["cite_html"]
+__all__ = ["CHOICE_STYLE", "PRESS_SCRIPT", "choice_button", "cite_html"]
 
 TOP_LISTED = 5
 """The spans the page lists for the chosen answer token (or the whole answer)."""
 
+PRESS_SCRIPT = """
+function press(g) {
+  document.querySelectorAll("span.choice").forEach(span => {
+    const chosen = Number(span.dataset.g) === g;
+    span.classList.toggle("chosen", chosen);
+    span.setAttribute("aria-pressed", String(chosen));
+  });
+}
+"""
+"""The script part that marks choice `g`'s button pressed and every other one not."""
+
+CHOICE_STYLE = """
+span.choice { cursor: pointer; text-decoration: underline dotted; padding: 2px 3px;
+  border-radius: 3px; white-space: pre-wrap; }
+span.choice:focus-visible { outline: 3px solid #1a5fb4; outline-offset: 1px; }
+span.chosen { outline: 2px solid black; }
+"""
+"""The look of the choices' buttons: dotted underlines, a focus ring, the chosen outlined."""
+
 _SCRIPT = (
     SHADE_SCRIPT
+    + PRESS_SCRIPT
     + """
 const rows = JSON.parse(document.getElementById("relevance").textContent);
 const shown = JSON.parse(document.getElementById("relevance-text").textContent);
@@ -52,11 +74,7 @@ function choose(g) {
     span.style.color = ink(rgb);
     span.title = "span " + (s + 1) + ": " + shown[g][s];
   });
-  document.querySelectorAll("span.choice").forEach(span => {
-    const chosen = Number(span.dataset.g) === g;
-    span.classList.toggle("chosen", chosen);
-    span.setAttribute("aria-pressed", String(chosen));
-  });
+  press(g);
   const order = row.map((v, s) => s).sort((a, b) => row[b] - row[a] || a - b);
   const list = document.getElementById("top");
   list.replaceChildren(...order.slice(0, TOP).map(s => {
@@ -72,25 +90,33 @@ function choose(g) {
 
 _CHOICE = choice_script("span.choice", "rows")
 
-_STYLE = """
+_STYLE = (
+    CHOICE_STYLE
+    + """
 body { font-family: sans-serif; max-width: 60em; margin: 2em auto; line-height: 1.8; }
 span.src { padding: 1px 0; border-radius: 3px; white-space: pre-wrap; }
 p.context { white-space: normal; border-left: 3px solid #ccc; padding-left: 1em; }
-span.choice { cursor: pointer; text-decoration: underline dotted; padding: 2px 3px;
-  border-radius: 3px; white-space: pre-wrap; }
-span.choice:focus-visible { outline: 3px solid #1a5fb4; outline-offset: 1px; }
-span.chosen { outline: 2px solid black; }
 span.foil { color: #555; }
 p.legend, p.note { color: #555; line-height: 1.4; }
 p.verdict { line-height: 1.4; }
 table { border-collapse: collapse; } td, th { padding: 2px 10px; text-align: right; }
 ol#top li { white-space: pre-wrap; }
 """
+)
 
 
 def _json(value: Any) -> str:
     # "<" escaped too: the JSON lives in a <script> element, which "</script>" would end.
     return json.dumps(value).replace("<", "\\u003c")
+
+
+def choice_button(g: int, text: str, kind: str = "") -> str:
+    """The button of choice `g` (from 0), showing `text` (escaped); `kind` more classes.
+    A span with a button's role: reachable with Tab, chosen with Enter or Space."""
+    return (
+        f'<span class="choice{kind}" data-g="{g}" tabindex="0" role="button" '
+        f'aria-pressed="false">{html.escape(text)}</span>'
+    )
 
 
 def _below_top_1(check: Check, sources: str) -> str:
@@ -152,6 +178,7 @@ def cite_html(
     *,
     method: str,
     foil_tokens: int = 0,
+    sentences: Sequence[str] = (),
     check: Mapping[str, Any] | None = None,
     title: str = "explain cite",
 ) -> str:
@@ -161,16 +188,19 @@ def cite_html(
         spans: the S spans' texts, in order (together, the context).
         question: the question asked.
         answer_tokens: the G answer tokens (the last `foil_tokens` of them a foil's).
-        span_relevance: (G + 1, S): row 0 each span's score for the whole answer, row
-            g + 1 its relevance for answer token g.
+        span_relevance: (G + 1 + N, S): row 0 each span's score for the whole answer, row
+            g + 1 its relevance for answer token g, row G + 1 + n its score for sentence
+            n of the answer (`Citation.statement_relevance`).
+        sentences: the N sentences' texts (none: no sentence choices).
         method: the method that made the relevances, named in the heading.
         check: the ablation check as `Check.to_dict` gives it, or None.
         title: the heading reads "TITLE: METHOD".
     """
     count = len(answer_tokens)
-    if span_relevance.dim() != 2 or tuple(span_relevance.shape) != (count + 1, len(spans)):
+    rows_wanted = (count + 1 + len(sentences), len(spans))
+    if span_relevance.dim() != 2 or tuple(span_relevance.shape) != rows_wanted:
         raise InputError(
-            f"span_relevance must be (answer tokens + 1, spans) = ({count + 1}, {len(spans)}), "
+            f"span_relevance must be (answer tokens + 1 + sentences, spans) = {rows_wanted}, "
             f"got {tuple(span_relevance.shape)}"
         )
     if not 0 <= foil_tokens < count:
@@ -184,25 +214,35 @@ def cite_html(
         f'<span class="src" data-s="{s}">{html.escape(text)}</span>' for s, text in enumerate(spans)
     )
     answer_end = count - foil_tokens
-    labels = ["the whole answer"] + [
-        f"{'foil' if g >= answer_end else 'answer'} token {g + 1}: {token}"
-        for g, token in enumerate(answer_tokens)
-    ]
+    labels = (
+        ["the whole answer"]
+        + [
+            f"{'foil' if g >= answer_end else 'answer'} token {g + 1}: {token}"
+            for g, token in enumerate(answer_tokens)
+        ]
+        + [f"sentence {n + 1} of the answer: {text.strip()}" for n, text in enumerate(sentences)]
+    )
 
-    def button(g: int, text: str, kind: str = "") -> str:
-        # Buttons: reachable with Tab, chosen with Enter or Space.
-        return (
-            f'<span class="choice{kind}" data-g="{g}" tabindex="0" role="button" '
-            f'aria-pressed="false">{html.escape(text)}</span>'
+    answer = " ".join(choice_button(g + 1, t) for g, t in enumerate(answer_tokens[:answer_end]))
+    choices = choice_button(0, "whole answer")
+    if sentences:
+        said = " ".join(
+            choice_button(count + 1 + n, text.strip(), " sentence")
+            for n, text in enumerate(sentences)
         )
-
-    answer = " ".join(button(g + 1, t) for g, t in enumerate(answer_tokens[:answer_end]))
-    choices = f"{button(0, 'whole answer')} | answer: {answer}"
+        choices += f" | by sentence: {said}"
+    choices += f" | answer: {answer}"
     if foil_tokens:
         foil = " ".join(
-            button(answer_end + g + 1, t, " foil") for g, t in enumerate(answer_tokens[answer_end:])
+            choice_button(answer_end + g + 1, t, " foil")
+            for g, t in enumerate(answer_tokens[answer_end:])
         )
         choices += f" | foil (negated: why the answer rather than this): {foil}"
+    which = (
+        "the whole answer, one of its sentences or one of its tokens"
+        if sentences
+        else ("the whole answer or one of its tokens")
+    )
     red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
     heading = html.escape(f"{title}: {method}")
     script = _SCRIPT.replace("TOP", str(TOP_LISTED))
@@ -210,8 +250,8 @@ def cite_html(
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{heading}</title><style>{_STYLE}</style></head>\n<body>\n"
         f"<h2>{heading}</h2>\n"
-        '<p class="legend">Choose the whole answer or one of its tokens (click, or Tab and '
-        "Enter): every span of the context is coloured by its relevance for it, "
+        f'<p class="legend">Choose {which} (click, or Tab and Enter): every span of the '
+        "context is coloured by its relevance for it, "
         f'<span style="color: rgb{red}">red</span> for, '
         f'<span style="color: rgb{blue}">blue</span> against, scaled by the largest '
         "magnitude; the top spans are listed below. The address <code>#c</code> opens "

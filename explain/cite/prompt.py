@@ -40,8 +40,10 @@ __all__ = [
     "TEMPLATE",
     "Context",
     "Prompt",
+    "assign_tokens",
     "build_prompt",
     "read_context",
+    "span_sums",
     "tokenize_prompt",
 ]
 
@@ -225,9 +227,11 @@ def _split_template(template: str) -> tuple[str, str]:
     return before, after
 
 
-def _assign(text: str, offsets: Sequence[tuple[int, int]], starts: list[int], end: int) -> Tensor:
+def assign_tokens(
+    text: str, offsets: Sequence[tuple[int, int]], starts: list[int], end: int
+) -> Tensor:
     """Each token's span (see the module doc) from its character `offsets` in `text`;
-    `starts` are the spans' starts in `text`, `end` the context's end there."""
+    `starts` are the spans' starts in `text`, `end` the last span's end there."""
     found = []
     for a, b in offsets:
         if a >= b:  # a special token the tokenizer added: no text
@@ -259,7 +263,7 @@ def tokenize_prompt(
     offsets = [tuple(pair) for pair in encoded["offset_mapping"]]
     if ids.numel() == 0:
         raise InputError("the tokenizer keeps no token of the prompt")
-    return ids, _assign(text, offsets, starts, end)  # type: ignore[arg-type]
+    return ids, assign_tokens(text, offsets, starts, end)  # type: ignore[arg-type]
 
 
 def _tokenize_pieces(
@@ -287,3 +291,11 @@ def _tokenize_pieces(
         owners = [-1] * lead + owners + [-1] * (len(whole) - lead - len(ids))
         ids = whole
     return torch.tensor(ids, dtype=torch.long), torch.tensor(owners, dtype=torch.long)
+
+
+def span_sums(token_relevance: Tensor, token_spans: Tensor, count: int) -> Tensor:
+    """(G, S): the sum of `token_relevance` (G, P) over each span's tokens
+    (`token_spans` (P,), -1 for tokens of no span)."""
+    inside = token_spans >= 0
+    sums = token_relevance.new_zeros(token_relevance.shape[0], count)
+    return sums.index_add_(1, token_spans[inside], token_relevance[:, inside])

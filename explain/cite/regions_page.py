@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
-from explain.cite.page import _check_table
+from explain.cite.page import CHOICE_STYLE, PRESS_SCRIPT, _check_table, _json, choice_button
 from explain.cite.regions import Region
 from explain.cite.verdict import number
 from explain.errors import InputError
+from explain.viz.choice_script import choice_script
 from explain.viz.image_answer import _png
 from explain.viz.literal import literal_text
 from explain.viz.text import colour
@@ -129,21 +130,8 @@ def regions_figure(
     return figure
 
 
-def regions_html(
-    photo: np.ndarray,
-    regions: Sequence[Region],
-    scores: Tensor | Sequence[float],
-    question: str,
-    answer: str,
-    *,
-    check: Mapping[str, Any] | None = None,
-    title: str = "explain cite",
-) -> str:
-    """The page: the question and the answer, the `region_picture` (the PNG's picture,
-    pixel for pixel), the regions ranked with their scores and boxes, and the check
-    (`Check.to_dict`) with its verdict, as the text page shows them."""
-    values = _scores(regions, scores)
-    picture = _png(region_picture(photo, regions, values))
+def _ranked_list(regions: Sequence[Region], values: np.ndarray, g: int) -> str:
+    """Choice `g`'s regions, highest score first, each with its swatch, score and box."""
     scale = float(np.abs(values).max())
     items = "".join(
         f'<li><span class="swatch" style="background: rgb{colour(values[i], scale)}"></span> '
@@ -151,25 +139,97 @@ def regions_html(
         f"{', '.join(str(v) for v in regions[i].box)})</li>"
         for i in _ranks(values)
     )
+    named = ' id="ranked"' if g == 0 else ""
+    return f'<ol class="ranked"{named} data-g="{g}"{" hidden" if g else ""}>{items}</ol>\n'
+
+
+def regions_html(
+    photo: np.ndarray,
+    regions: Sequence[Region],
+    scores: Tensor | Sequence[float],
+    question: str,
+    answer: str,
+    *,
+    sentences: Sequence[str] = (),
+    sentence_scores: Tensor | Sequence[Sequence[float]] = (),
+    check: Mapping[str, Any] | None = None,
+    title: str = "explain cite",
+) -> str:
+    """The page: the question and the answer, the `region_picture` (the PNG's picture,
+    pixel for pixel), the regions ranked with their scores and boxes, and the check
+    (`Check.to_dict`) with its verdict, as the text page shows them.
+
+    With `sentences` (the answer's N sentences) and `sentence_scores` (N, R: each one's
+    region scores, `RegionCitation.statement_relevance`), each sentence is a choice
+    beside the whole answer (click, or Tab and Enter; `#c` opens choice c, 1 the whole
+    answer): the picture and the ranking become that sentence's, each choice's picture
+    the `region_picture` of its scores, on its own largest |score|."""
+    values = [_scores(regions, scores)]
+    values += [_scores(regions, row) for row in sentence_scores]
+    if len(values) != len(sentences) + 1:
+        raise InputError(f"{len(sentences)} sentences but {len(values) - 1} rows of scores")
+    pictures = [_png(region_picture(photo, regions, row)) for row in values]
+    scales = [float(np.abs(row).max()) for row in values]
     table = "" if check is None else _check_table(check, "regions")
     red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
+    which, choices, script = "the whole answer", "", ""
+    if sentences:
+        labels = ["the whole answer"]
+        labels += [
+            f"sentence {n + 1} of the answer: {text.strip()}" for n, text in enumerate(sentences)
+        ]
+        said = " ".join(choice_button(n + 1, text.strip()) for n, text in enumerate(sentences))
+        whole = choice_button(0, "whole answer")
+        choices = f'<p>{whole} | by sentence: {said}</p>\n<p id="status"></p>\n'
+        which = "the chosen statement (the whole answer or one of its sentences)"
+        shown = [
+            f"{label}, full colour at {number(scale)}"
+            for label, scale in zip(labels, scales, strict=True)
+        ]
+        script = (
+            f'<script type="application/json" id="pictures">{_json(pictures)}</script>\n'
+            f'<script type="application/json" id="choice-labels">{_json(shown)}</script>\n'
+            f"<script>{_SCRIPT}{_CHOICE}</script>\n"
+        )
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
         f"<h2>{html.escape(title)}</h2>\n"
         f"<p>question: {html.escape(question)}<br>answer: {html.escape(answer)}</p>\n"
-        '<p class="legend">Each region is tinted by its score for the whole answer, '
+        f'<p class="legend">Each region is tinted by its score for {which}, '
         f'<span style="color: rgb{red}">red</span> for, <span style="color: rgb{blue}">blue'
-        f"</span> against, full colour at the largest |score| ({number(scale)}), and "
-        "outlined.</p>\n"
-        f'<img id="regions" src="{picture}" alt="the photo with its regions">\n'
-        f'<ol id="ranked">{items}</ol>\n'
-        f"{table}"
+        f"</span> against, full colour at the largest |score| ({number(scales[0])} for the "
+        "whole answer), and outlined.</p>\n"
+        f"{choices}"
+        f'<img id="regions" src="{pictures[0]}" alt="the photo with its regions">\n'
+        + "".join(_ranked_list(regions, row, g) for g, row in enumerate(values))
+        + f"{table}{script}"
         "</body></html>\n"
     )
 
 
-_STYLE = """
+_SCRIPT = (
+    PRESS_SCRIPT
+    + """
+const pictures = JSON.parse(document.getElementById("pictures").textContent);
+const labels = JSON.parse(document.getElementById("choice-labels").textContent);
+function choose(g) {
+  document.getElementById("regions").src = pictures[g];
+  document.querySelectorAll("ol.ranked").forEach(list => {
+    list.hidden = Number(list.dataset.g) !== g;
+  });
+  press(g);
+  document.getElementById("status").textContent =
+    "region scores for " + labels[g] + " (address #" + (g + 1) + ")";
+}
+"""
+)
+_CHOICE = choice_script("span.choice", "pictures")
+
+
+_STYLE = (
+    CHOICE_STYLE
+    + """
 body { font-family: sans-serif; max-width: 60em; margin: 2em auto; line-height: 1.6; }
 img#regions { max-width: 32em; width: 100%; image-rendering: pixelated; border: 1px solid #ccc; }
 span.swatch { display: inline-block; width: 1em; height: 1em; border: 1px solid #555;
@@ -177,3 +237,4 @@ span.swatch { display: inline-block; width: 1em; height: 1em; border: 1px solid 
 p.legend, p.note { color: #555; line-height: 1.4; }
 table { border-collapse: collapse; } td, th { padding: 2px 10px; text-align: right; }
 """
+)

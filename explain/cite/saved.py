@@ -22,16 +22,14 @@ __all__ = ["FORMAT", "TENSORS", "citation_fields"]
 
 FORMAT = "explain.Citation"
 """The `format` of a saved citation's header."""
+VERSION = 2
+"""The format version `Citation.save` writes. Version 1 (before answer statements) had no
+`sentences`, `token_sentences` and `statement_relevance`: it reads as one statement, the
+whole answer."""
 
-TENSORS = [
-    "token_relevance",
-    "span_relevance",
-    "scores",
-    "token_spans",
-    "prompt_ids",
-    "answer_ids",
-    "foil_ids",
-]
+_RELEVANCES = ["token_relevance", "span_relevance", "scores", "statement_relevance"]
+_INDICES = ["token_spans", "token_sentences", "prompt_ids", "answer_ids", "foil_ids"]
+TENSORS = _RELEVANCES + _INDICES
 """The tensors of a saved citation; `foil_ids` only for a contrast."""
 
 
@@ -53,11 +51,16 @@ def _strings(value: object) -> bool:
     return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
-def _spans(header: Mapping[str, Any], path: str | os.PathLike[str]) -> tuple[Span, ...]:
-    """The spans, each `context[start:end]`, tiling the context in order."""
-    context, given = header["context"], header.get("spans")
+def _spans(
+    header: Mapping[str, Any], path: str | os.PathLike[str], name: str = "spans"
+) -> tuple[Span, ...]:
+    """The spans (`name`: "spans" of the context, "sentences" of the answer), each
+    `text[start:end]`, tiling the text in order."""
+    context = header["context" if name == "spans" else "answer"]
+    given = header.get(name)
+    what = name[:-1]
     if not isinstance(given, list) or not given:
-        raise _damaged(path, "spans is not a non-empty list")
+        raise _damaged(path, f"{name} is not a non-empty list")
     spans, end = [], 0
     for index, span in enumerate(given):
         text, start, stop = (
@@ -65,20 +68,21 @@ def _spans(header: Mapping[str, Any], path: str | os.PathLike[str]) -> tuple[Spa
             if isinstance(span, dict)
             else (None, None, None)
         )
+        whole = "context" if name == "spans" else "answer"
         if not (isinstance(text, str) and _is_int(start) and _is_int(stop)):
-            raise _damaged(path, f"span {index} is not a text with an int start and end")
+            raise _damaged(path, f"{what} {index} is not a text with an int start and end")
         if start != end or not start < stop <= len(context):
             raise _damaged(
                 path,
-                f"span {index} covers {start}..{stop}, not the next piece of the "
-                f"context after {end} (the spans tile its {len(context)} characters)",
+                f"{what} {index} covers {start}..{stop}, not the next piece of the "
+                f"{whole} after {end} (the {name} tile its {len(context)} characters)",
             )
         if context[start:stop] != text:
-            raise _damaged(path, f"span {index}'s text is not the context's {start}..{stop}")
+            raise _damaged(path, f"{what} {index}'s text is not the {whole}'s {start}..{stop}")
         spans.append(Span(text, start, stop))
         end = stop
     if end != len(context):
-        raise _damaged(path, f"the spans end at {end}, before the context's end {len(context)}")
+        raise _damaged(path, f"the {name} end at {end}, before the {whole}'s end {len(context)}")
     return tuple(spans)
 
 
@@ -119,8 +123,10 @@ def _check(given: object, path: str | os.PathLike[str]) -> Check | None:
 
 def _header(header: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Every field of the header of the type `Citation.save` writes."""
-    if header.get("version") != 1:
-        raise _damaged(path, f"format version {header.get('version')!r}; this reads version 1")
+    if header.get("version") not in (1, VERSION):
+        raise _damaged(
+            path, f"format version {header.get('version')!r}; this reads versions 1 and {VERSION}"
+        )
     for name in ("context", "kind", "question", "prompt", "answer", "method", "score"):
         if not isinstance(header.get(name), str):
             raise _damaged(path, f"{name} is {header.get(name)!r}, not a text")
@@ -150,21 +156,24 @@ def _tensors(
     tensors: Mapping[str, Tensor],
     header: Mapping[str, Any],
     spans: int,
+    sentences: int,
     path: str | os.PathLike[str],
 ) -> dict[str, Tensor]:
-    """The tensors, their types and shapes checked against the header's tokens and spans."""
+    """The tensors, their types and shapes checked against the header's tokens, spans and
+    sentences."""
     contrast = header["foil"] is not None
     missing = [name for name in TENSORS[:-1] if name not in tensors]
     if contrast != ("foil_ids" in tensors):
         missing.append("foil_ids" if contrast else "no foil_ids (it has no foil)")
     if missing:
         raise _damaged(path, f"it lacks {', '.join(missing)}")
-    checked = {name: _vector(tensors, name, path) for name in TENSORS[3:] if name in tensors}
+    checked = {name: _vector(tensors, name, path) for name in _INDICES if name in tensors}
     prompt, answer = len(header["prompt_tokens"]), len(header["answer_tokens"])
     expected = {
         "token_relevance": (answer, prompt),
         "span_relevance": (answer, spans),
         "scores": (spans,),
+        "statement_relevance": (sentences, spans),
     }
     for name, shape in expected.items():
         tensor = tensors[name]
@@ -186,6 +195,11 @@ def _tensors(
         raise _damaged(path, f"token_spans is not one span index in -1..{spans - 1} per token")
     if bool((inside.diff() < 0).any()):  # the context's tokens run through its spans in order
         raise _damaged(path, "token_spans puts the context's tokens out of their spans' order")
+    owners = checked["token_sentences"]
+    if len(owners) != answer or bool((owners < -1).any() | (owners >= sentences).any()):
+        raise _damaged(
+            path, f"token_sentences is not one sentence index in -1..{sentences - 1} per token"
+        )
     return checked
 
 
@@ -198,11 +212,31 @@ def citation_fields(
         raise InputError(f"{path} is not a citation written by Citation.save")
     _header(header, path)
     spans = _spans(header, path)
+    if header["version"] == 1:
+        header, tensors = _one_statement(header, tensors)
+    sentences = _spans(header, path, "sentences")
     names = ["context", "kind", "question", "prompt", "context_offset", "prompt_tokens"]
     names += ["answer", "answer_tokens", "foil", "method", "score", "settings"]
     return {
         **{name: header[name] for name in names},
         "spans": spans,
+        "sentences": sentences,
         "check": _check(header.get("check"), path),
-        **_tensors(tensors, header, len(spans), path),
+        **_tensors(tensors, header, len(spans), len(sentences), path),
     }
+
+
+def _one_statement(
+    header: Mapping[str, Any], tensors: Mapping[str, Tensor]
+) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """A version-1 file's header and tensors with the whole answer as its one statement
+    (its rows up to the answer's ids; a foil's after them belong to none)."""
+    if not all(name in tensors for name in ("span_relevance", "answer_ids")):
+        return dict(header), dict(tensors)  # what is missing is named by _tensors
+    rows, answer = tensors["span_relevance"], len(tensors["answer_ids"])
+    owners = torch.full((rows.shape[0],), -1, dtype=torch.long)
+    owners[:answer] = 0
+    whole = {"text": header["answer"], "start": 0, "end": len(header["answer"])}
+    statement = rows[:answer].sum(dim=0, keepdim=True) if rows.dim() == 2 else rows
+    added = {"token_sentences": owners, "statement_relevance": statement}
+    return {**header, "sentences": [whole]}, {**tensors, **added}

@@ -10,10 +10,11 @@ at most 16); --lds N adds the linear datamodeling score from N random ablations 
 the spans. The check ends in a verdict, the same words in the terminal, on the page and
 in cite.json: supported, weak, not supported by ablation (the rule: docs/cite.md).
 Three files are written atomically into --out: cite.html (the context with its spans
-highlighted; choose the whole answer or one of its tokens), cite.png (the top spans'
-scores and their relevance per answer token) and cite.json (`spans`: text, start and end
-character offsets into the context, score; `check`: the ablation results and the
-verdict; everything else Citation.load reads).
+highlighted; choose the whole answer, one of its sentences or one of its tokens),
+cite.png (the top spans' scores and their relevance per answer token) and cite.json
+(`spans`: text, start and end character offsets into the context, score; `sentences`
+and `statement_relevance`: the answer's sentences and each one's span scores; `check`:
+the ablation results and the verdict; everything else Citation.load reads).
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ from explain.cli.options import (
     RawDescriptionHelpFormatter,
     add_model_arguments,
     add_out_argument,
+    crop_caption,
     load,
     load_vision_language,
     positive_int,
 )
-from explain.errors import InputError, OptionError
+from explain.errors import InputError
 
 if TYPE_CHECKING:
     from explain.api import Explainer
@@ -127,27 +129,55 @@ def print_check(check: Check, sources: str) -> None:
     print(f"verdict: {check.verdict}")
 
 
-def _run_image(args: argparse.Namespace) -> int:
-    """`explain cite --image`: the photo's regions as the sources."""
-    import numpy as np
+def _statements(result: Any) -> list[str]:
+    """The answer's sentences the page offers as choices: none for one sentence (its
+    statement is the whole answer)."""
+    texts = [sentence.text for sentence in result.sentences]
+    return texts if len(texts) > 1 else []
 
+
+def _run_image(args: argparse.Namespace) -> int:
+    """`explain cite --image`: the photo's regions as the sources, with each method."""
     from explain.api import Explainer
-    from explain.cite.image import cite_image
     from explain.cite.regions import grid_size
-    from explain.cite.regions_page import regions_figure, regions_html
-    from explain.export import atomic_write
     from explain.inputs import read_image
-    from explain.viz import save_figure
-    from explain.viz.text import printable
 
     if args.context is not None:
         raise InputError("--image cites the photo's regions: leave --context out")
     grid = grid_size(args.grid)
     photo = read_image(args.image)
-    if len(parse_methods(args.method)) > 1 or args.method == ALL:
-        raise OptionError("--image cites with one method at a time: give --method M")
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     loaded = load_vision_language(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
+    assert loaded.preprocessing is not None  # load_vision_language checks it
+    seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    for method in methods:
+        if len(methods) > 1:
+            print(f"[{method}]")
+        _cite_image_one(args, explainer, photo, grid, method, seen)
+    return 0
+
+
+def _cite_image_one(
+    args: argparse.Namespace,
+    explainer: Explainer,
+    photo: Any,
+    grid: tuple[int, int],
+    method: str,
+    seen: str | None,
+) -> None:
+    """Cite the photo's regions with one method: the terminal's lines and its three files
+    (named for the method when --method names several); `seen`: what the figure's caption
+    says of a crop (`crop_caption`)."""
+    import numpy as np
+
+    from explain.cite.image import cite_image
+    from explain.cite.regions_page import regions_figure, regions_html
+    from explain.export import atomic_write
+    from explain.viz import save_figure
+    from explain.viz.text import printable
+
     result = cite_image(
         explainer,
         photo,
@@ -155,7 +185,7 @@ def _run_image(args: argparse.Namespace) -> int:
         args.answer,
         regions="grid" if args.regions is None else args.regions,
         grid=grid,
-        method=args.method,
+        method=method,
         max_new_tokens=args.max_new_tokens,
         lds=args.lds,
         seed=args.seed,
@@ -163,28 +193,32 @@ def _run_image(args: argparse.Namespace) -> int:
     labels = [f"{printable(region.name)} {region.box}" for region in result.regions]
     check = print_citation(result, labels, "regions")
     args.out.mkdir(parents=True, exist_ok=True)
+    html, png, data = (method_file(args.out / name, method, args.method) for name in FILES)
     title = f"explain cite: {args.model} ({result.method})"
     pixels = np.asarray(photo)
+    statements = _statements(result)
     page = regions_html(
         pixels,
         result.regions,
         result.scores,
         args.question,
         result.answer,
+        sentences=statements,
+        sentence_scores=result.statement_relevance[: len(statements)],
         check=check.to_dict(),
         title=title,
     )
-    with atomic_write(args.out / "cite.html", "w") as handle:
+    with atomic_write(html, "w") as handle:
         handle.write(page)
-    caption = f"Verdict: {check.verdict}. {check.ablation}."
-    save_figure(
-        regions_figure(pixels, result.regions, result.scores, caption=caption, title=title),
-        args.out / "cite.png",
+    caption = " ".join(
+        filter(None, [f"Verdict: {check.verdict}. Ablation: {check.ablation}.", seen])
     )
-    result.save(args.out / "cite.json")
-    for name in FILES:
-        print(args.out / name)
-    return 0
+    save_figure(
+        regions_figure(pixels, result.regions, result.scores, caption=caption, title=title), png
+    )
+    result.save(data)
+    for path in (html, png, data):
+        print(path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -260,6 +294,7 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model}"
     rows = torch.cat([result.scores[None], result.span_relevance])
+    statements = _statements(result)
     texts = [span.text for span in result.spans]
     foil_tokens = 0 if result.foil_ids is None else result.foil_ids.shape[0]
     payload = check.to_dict()
@@ -268,9 +303,10 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
         texts,
         args.question,
         result.answer_tokens,
-        rows,
+        torch.cat([rows, result.statement_relevance[: len(statements)]]),
         method=result.method,
         foil_tokens=foil_tokens,
+        sentences=statements,
         check=payload,
         title=title,
     )
