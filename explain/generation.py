@@ -10,13 +10,14 @@ of the (B, G, T) relevance reads out at position P + g - 1 (P: the padded prompt
 and explains the token generated at P + g over everything before it, exactly what a
 next-token explanation of the prefix would give. The explanation runs on the engine
 (explain.engine, `Request.prompt_length` -> `GenerationPlan`): one batched backward
-serves all columns; forward-only methods fold every column from the same attention maps.
+differentiates all columns; forward-only methods fold every column from the same attention maps.
 A vision-language model's answer about an image is explained the same way, over the image
 and the prompt (explain.engine.plans.image_text).
 
 `GenerationExplanation.answer` is what every view of one continuation shows (the
 terminal, page and figure of `explain generate`): its tokens, special ones included, and
-for each generated token the tokens it rests on, the token it is read out at left out.
+for each generated token the tokens it rests on (explain.viz.ranking: by |relevance|,
+the token it is read out at left out).
 
 `generate_target` generates an encoder-decoder's target sequence for its sources, to be
 explained position by position (`position="all"`) like any encoder-decoder input.
@@ -46,6 +47,7 @@ from explain.engine.targets import Score
 from explain.errors import InputError, OptionError
 from explain.explanation import Explanation
 from explain.inputs import is_raw_text
+from explain.viz.ranking import rests_on
 
 __all__ = [
     "Answer",
@@ -96,20 +98,6 @@ class Generation:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.extra}
 
 
-def rests_on(row: Tensor, readout: int, count: int = 3) -> list[int]:
-    """The positions of the `count` most relevant tokens of `row` among those read before
-    position `readout` (the token the prediction is read out at), most relevant first.
-
-    The readout token itself is left out: every rule gives it its own identity term,
-    which would put it first for almost every token and say nothing about the rest (the
-    figure hatches it, off the scale, for the same reason). A `readout` past the end of
-    `row` leaves every position in."""
-    before = row[: max(readout, 0)]
-    if before.numel() == 0:
-        return []
-    return before.topk(min(count, before.numel())).indices.tolist()
-
-
 @dataclasses.dataclass(frozen=True)
 class Answer:
     """One prompt's continuation as every view of it shows it: `explain generate`'s
@@ -140,7 +128,8 @@ class Answer:
         return self.prompt_length + g - 1
 
     def rests_on(self, g: int, count: int = 3) -> list[int]:
-        """The positions (in `tokens`) generated token g rests on most (see `rests_on`)."""
+        """The positions (in `tokens`) generated token g rests on most, by |relevance|
+        (explain.viz.ranking.rests_on: the one ranking every view shows)."""
         return rests_on(self.relevance[g], self.readout(g), count)
 
     def text(self, tokenizer: Any) -> str:

@@ -167,7 +167,12 @@ PROTOCOL_NOTES = {
     ),
     "vision-language-evidence": (
         "Pointing game: the image map's maximum lies within one patch of the object the answer "
-        "is about; mIoU: the map thresholded at its mean against that object's mask. Positive "
+        "is about; mIoU: the map thresholded at its mean against that object's mask. Region "
+        "first: with the scene's objects' masks as the regions (each scored by its patches' "
+        "relevance, as `explain cite --image` scores a photo's regions), the answer's object "
+        "scores highest, on the scenes with other objects; top region removal: removing the "
+        "region ranked first (filled with the image's mean colour) drops the answer's "
+        "log-probability more than removing another object (higher is better). Positive "
         "and negative AUC: the answer's mean log-probability as 10% to 90% of the patches "
         "are set to black, most (lower is better) or least (higher is better) relevant "
         "first. Text hit@k and rank: the question's evidence words among the prompt's text "
@@ -597,8 +602,9 @@ def main(argv: list[str] | None = None) -> int:
         "models; and, on models whose evidence is known, the language-evidence test "
         "(evidence recall, ERASER comprehensiveness and sufficiency, the answer's "
         "log-probability as its most or least relevant tokens are replaced) and the "
-        "vision-language-evidence test (pointing game, mIoU, the answer's log-probability as "
-        "patches are removed, the question's words on the text side). docs/methods.md "
+        "vision-language-evidence test (pointing game, mIoU, the scene's objects as regions "
+        "and the removal of the top one, the answer's log-probability as patches are removed, "
+        "the question's words on the text side). docs/methods.md "
         "defines every number.\n",
         "Every number that ranks methods is followed by its bootstrap standard error (±; "
         "1000 resamples of the examples); in each column the best value and every value "

@@ -204,6 +204,17 @@ def test_the_region_check_is_the_answer_without_the_top_regions_by_hand(llava):
         without = _log_p(llava, edited, "w12 w13", cited.answer_ids)
         assert drop.top == pytest.approx(whole - without, abs=1e-9)
         assert drop.random_std >= 0
+    # k = 1 against random regions: the 9 regions are few, so each is removed once (the
+    # exact baseline): their drops' mean and population standard deviation
+    singles = []
+    for region in cited.regions:
+        edited = photo.copy()
+        edited[region.mask] = colour.astype(np.uint8)
+        singles.append(whole - _log_p(llava, edited, "w12 w13", cited.answer_ids))
+    first = check.drops[0]
+    assert first.exact
+    assert first.random == pytest.approx(float(np.mean(singles)), abs=1e-9)
+    assert first.random_std == pytest.approx(float(np.std(singles)), abs=1e-9)
     assert check.lds_ablations == 6 and check.lds is not None and -1 <= check.lds <= 1
 
 

@@ -1,6 +1,7 @@
 """`explain cite --image` on a tiny LLaVA saved with its processor (offline): the three
-files say what the Python API says, the page embeds the figure's picture pixel for
-pixel, regions from a JSON file, and clear errors."""
+files say what the Python API says, each method's own files with several methods, the
+page embeds the figure's picture pixel for pixel, regions from a JSON file, and clear
+errors."""
 
 from __future__ import annotations
 
@@ -74,6 +75,25 @@ def test_regions_from_a_json_file(folder, photo, tmp_path):
     assert "left &lt;b&gt;" in (tmp_path / "cite.html").read_text()
 
 
+def test_several_methods_each_write_their_own_files(folder, photo, tmp_path, capsys):
+    assert _cite(folder, photo, tmp_path, "--method", "generic,attnlrp", "--grid", "2x2") == 0
+    printed = capsys.readouterr().out
+    assert printed.index("[generic]") < printed.index("[attnlrp]")
+    assert not (tmp_path / "cite.json").exists()
+    explainer = Explainer(tiny_llava(), tokenizer=tiny_llava_processor())
+    for method in ("generic", "attnlrp"):
+        saved = RegionCitation.load(tmp_path / f"cite_{method}.json")
+        expected = cite_image(explainer, photo[1], QUESTION, "w14 w15", grid=(2, 2), method=method)
+        assert saved.method == method
+        torch.testing.assert_close(saved.scores, expected.scores, rtol=1e-5, atol=1e-7)
+        assert (tmp_path / f"cite_{method}.png").is_file()
+        assert f"({method})" in (tmp_path / f"cite_{method}.html").read_text()
+    scores = [
+        RegionCitation.load(tmp_path / f"cite_{m}.json").scores for m in ("generic", "attnlrp")
+    ]
+    assert not torch.allclose(*scores)  # each file holds its own method's scores
+
+
 def test_errors_are_one_line(folder, photo, tmp_path, capsys):
     assert _cite(folder, photo, tmp_path, "--grid", "3by3") == 2
     assert "a grid is ROWSxCOLS" in capsys.readouterr().err
@@ -116,3 +136,27 @@ def test_the_page_shows_the_figures_picture_on_one_signed_scale():
         "r2c1",
         "r1c2",
     ]
+
+
+def test_a_cropped_photo_is_said_in_the_figures_of_both_image_commands(
+    folder, photo, tmp_path, capsys, monkeypatch
+):
+    """The tiny LLaVA's processor keeps the 60x40 photo's shorter side and crops the
+    centre: the figures of `explain cite --image` and `explain generate --image` say what
+    the model saw, in the words of the terminal of `explain image` (crop_note)."""
+    import explain.viz
+    from explain.loading import load_model
+
+    note = load_model(str(folder)).preprocessing.crop_note((40, 60))
+    assert note == "centre-cropped 60x40 -> 40x40 (67% of the image)"
+    captions = []
+
+    def keep_caption(figure, out):  # its texts without white space: lines wrap at hyphens
+        captions.append("".join("".join(t.get_text() for t in figure.texts).split()))
+
+    monkeypatch.setattr(explain.viz, "save_figure", keep_caption)
+    assert _cite(folder, photo, tmp_path / "cited") == 0
+    generate = ["generate", "--image", str(photo[0]), QUESTION, "--model", str(folder)]
+    assert main([*generate, "--max-new-tokens", "2", "--out", str(tmp_path / "answer")]) == 0
+    said = "".join(f"The model saw only part of the photo: {note}.".split())
+    assert len(captions) == 2 and all(said in text for text in captions)

@@ -691,3 +691,49 @@ def test_image_prints_each_images_prediction(capsys, tmp_path, model_folder):
         top = int(row.argmax())
         line = next(line for line in out.splitlines() if line.startswith(f"{path}: "))
         assert line.endswith(f"(class {top}) {float(row[top]):.1%}")
+
+
+def test_a_cropped_photo_is_said_in_the_terminal_and_in_every_figure(
+    capsys, tmp_path, model_folder, monkeypatch
+):
+    """A 300x120 photo is centre-cropped to its middle square: the prediction's line and
+    the caption of each map's figure and of the grid say what the model saw, in the same
+    words (ImagePreprocessing.crop_note)."""
+    import dataclasses
+
+    import explain.cli.image
+    import explain.viz
+    from explain.cli.options import load
+    from explain.loading.preprocessing import ImagePreprocessing
+
+    # The model folder's preprocessing resizes a photo whole; this one keeps the shorter
+    # side and crops the centre, as timm's and the Hugging Face processors' do.
+    cropping = ImagePreprocessing(size=(32, 32), mean=MEAN, std=STD, resize=(32, 32), fit="shorter")
+    monkeypatch.setattr(
+        explain.cli.image,
+        "load",
+        lambda *a, **k: dataclasses.replace(load(*a, **k), preprocessing=cropping),
+    )
+    path = tmp_path / "wide.png"
+    Image.fromarray(np.full((120, 300, 3), 90, dtype=np.uint8)).save(path)
+    note = cropping.crop_note((120, 300))
+    assert note == "centre-cropped 300x120 -> 120x120 (40% of the image)"
+    captions = []
+
+    def keep_caption(figure, out):
+        captions.append(" ".join(" ".join(t.get_text() for t in figure.texts).split()))
+
+    monkeypatch.setattr(explain.viz, "save_figure", keep_caption)
+    argv = ("image", path, "--model", model_folder, "--grid", "--out", tmp_path / "o")
+    status, out, _ = _run(capsys, *argv)
+    assert status == 0
+    assert next(line for line in out.splitlines() if line.startswith(f"{path}: ")).endswith(
+        f"({note})"
+    )
+    assert len(captions) == 2  # the predicted class's map and the grid
+    assert all(f"The model saw only part of the photo: {note}." in text for text in captions)
+    square = tmp_path / "square.png"
+    Image.fromarray(np.full((64, 64, 3), 90, dtype=np.uint8)).save(square)
+    captions.clear()
+    assert _run(capsys, "image", square, "--model", model_folder, "--out", tmp_path / "s")[0] == 0
+    assert captions and not any("part of the photo" in text for text in captions)

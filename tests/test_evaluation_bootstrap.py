@@ -245,7 +245,13 @@ def _random_records(protocol_name, count, generator):
         }
     if protocol_name == "vision-language-evidence":
         on_object = (torch.rand(count, generator=generator) < 0.8).int().tolist()
-        return {**answers, "object": on_object, "pointing": floats(), **segmentation}
+        regions = {
+            "regions": (torch.rand(count, generator=generator) < 0.7).int().tolist(),
+            "region_first": floats(),
+            "region_removal": floats(),
+            "asked_removal": floats(),
+        }
+        return {**answers, "object": on_object, "pointing": floats(), **segmentation, **regions}
     f1 = floats(len(TOP_K))
     return {"label": ints(2), "predicted": ints(2), "precision": f1, "recall": f1, "f1": f1}
 

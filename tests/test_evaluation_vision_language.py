@@ -13,6 +13,7 @@ from explain import Explainer
 from explain.errors import ExplainError, InputError, OptionError
 from explain.evaluation import FRACTIONS, VisionLanguageEvidenceTest
 from explain.evaluation.datasets import AnswerExample, ImageAnswerExample
+from explain.evaluation.evidence import RegionRanks, region_ranks
 from explain.evaluation.perturbation import removed_count
 from explain.evaluation.protocol import records_problem
 from explain.evaluation.segmentation import segmentation_counts
@@ -48,10 +49,27 @@ def first_answer(model, example):
     return int(logits[0, -1].argmax())
 
 
-def make_examples(model, processor, questions, wrong=(), empty=()):
+def scene_regions(mask, count):
+    """`count` regions of a 32 x 32 photo: the object's `mask` first (where it holds
+    pixels), then a block that cuts across patches, then a diagonal band."""
+    block = torch.zeros(32, 32, dtype=torch.bool)
+    block[19:30, 3:14] = True
+    rows, columns = torch.meshgrid(torch.arange(32), torch.arange(32), indexing="ij")
+    band = (rows - columns).abs() < 3
+    found = [mask] if mask.any() else []
+    return torch.stack([*found, block, band][:count])
+
+
+REGIONS = {0: 3, 1: 1, 2: 3, 3: 2}
+"""How many regions each example of `examples` has: scored at the region level (0), one
+region only (1), answered wrongly (2), about no object (3)."""
+
+
+def make_examples(model, processor, questions, wrong=(), empty=(), regions=None):
     """One random photo per question; the answer is the model's own first token (another
     one for the indices in `wrong`); the object is one 8 x 8 patch (none for `empty`);
-    the text evidence is the question's last word."""
+    the text evidence is the question's last word; `regions[index]` regions
+    (`scene_regions`) where `regions` names the index."""
     rng = np.random.default_rng(7)
     made = []
     for index, question in enumerate(questions):
@@ -72,6 +90,7 @@ def make_examples(model, processor, questions, wrong=(), empty=()):
             mask,
             text_evidence=(word,),
             token_type_ids=None if types is None else tuple(types[0].tolist()),
+            regions=scene_regions(mask, regions[index]) if index in (regions or {}) else None,
         )
         answer = first_answer(model, example)
         if index in wrong:
@@ -84,7 +103,7 @@ def make_examples(model, processor, questions, wrong=(), empty=()):
 def examples(llava):
     model, processor = llava
     questions = ["w12 w13", "w14", "w15 w16 w17", "w20 w21"]
-    return make_examples(model, processor, questions, wrong=(2,), empty=(3,))
+    return make_examples(model, processor, questions, wrong=(2,), empty=(3,), regions=REGIONS)
 
 
 def maps_of(model, processor, examples, method, depth):
@@ -140,6 +159,7 @@ def reference_records(model, example, patch_map):
     heatmap = F.interpolate(patch_map[None, None], size=(32, 32), mode="bilinear")[0, 0]
     counts = segmentation_counts(normalize_per_sample(heatmap, 2), example.mask.long())
     return {
+        **reference_region_records(model, example, patch_map),
         "right": int(top == example.answer[0]),
         "log_probability": clean,
         "positive": [without(most[: removed_count(p, 16)]) for p in FRACTIONS],
@@ -151,6 +171,44 @@ def reference_records(model, example, patch_map):
     }
 
 
+def reference_region_records(model, example, patch_map):
+    """The region numbers of one example, in loops: each region's score is the sum over
+    the 8 x 8 patches of the share of the patch's pixels it holds times the patch's
+    relevance; each region removed alone is set to the image's mean colour."""
+    zero = {"regions": 0, "region_first": 0.0, "region_removal": 0.0, "asked_removal": 0.0}
+    if example.regions is None or len(example.regions) < 2 or not example.mask.any():
+        return zero
+    scores, ablated = [], []
+    for region in example.regions:
+        score = 0.0
+        for row in range(4):
+            for column in range(4):
+                block = region[
+                    row * PATCH : (row + 1) * PATCH, column * PATCH : (column + 1) * PATCH
+                ]
+                score += float(block.double().mean()) * float(patch_map[row, column])
+        scores.append(score)
+        pixels = example.pixel_values.clone()
+        for channel in range(3):
+            pixels[channel][region] = example.pixel_values[channel].mean()
+        ablated.append(answer_log_probability(model, example, pixels)[0])
+
+    def lowers_more(removed):
+        others = [ablated[r] for r in range(len(ablated)) if r != removed]
+        return sum(
+            1.0 if o > ablated[removed] else 0.5 * (o == ablated[removed]) for o in others
+        ) / len(others)
+
+    top = [r for r, score in enumerate(scores) if score == max(scores)]
+    asked = 0  # scene_regions puts the object first
+    return {
+        "regions": 1,
+        "region_first": float(asked in top) / len(top),
+        "region_removal": sum(lowers_more(r) for r in top) / len(top),
+        "asked_removal": lowers_more(asked),
+    }
+
+
 @pytest.mark.parametrize(("method", "depth"), [("generic", "lm"), ("rollout", "tower")])
 def test_records_match_plain_loops(llava, examples, method, depth):
     model, processor = llava
@@ -159,6 +217,7 @@ def test_records_match_plain_loops(llava, examples, method, depth):
     assert records_problem(records, VisionLanguageEvidenceTest.fields, len(examples)) is None
     assert records["right"] == [1, 1, 0, 1]
     assert records["object"] == [1, 1, 1, 0]
+    assert records["regions"] == [1, 0, 1, 0]
     image, texts = maps_of(model, processor, examples, method, depth)
     for b, example in enumerate(examples):
         for key, value in reference_records(model, example, image[b]).items():
@@ -209,6 +268,10 @@ def _records():
         "evidence": [1, 1, 0],
         "hits": [[0.0, 1.0, 1.0], [1.0, 1.0, 1.0], [0.0] * 3],
         "rank": [2.0, 1.0, 0.0],
+        "regions": [1, 0, 1],
+        "region_first": [0.5, 0.0, 1.0],
+        "region_removal": [0.25, 0.0, 1.0],
+        "asked_removal": [1.0, 0.0, 0.0],
     }
 
 
@@ -223,6 +286,25 @@ def test_summary_of_a_hand_computed_case():
     assert summary["curves"]["positive"] == pytest.approx([-1.5] + [-2.5] * 9)
     assert summary["positive_auc"] == pytest.approx(100 * (0.1 * (-1.5 - 2.5) / 2 + 0.8 * -2.5))
     assert summary["wrong"]["count"] == 1 and summary["wrong"]["pointing"] == 1.0
+    # the region numbers: the first example only (the second has no regions)
+    assert (summary["on_regions"], summary["region_first"], summary["region_removal"]) == (
+        1,
+        0.5,
+        0.25,
+    )
+    assert summary["asked_region_removal"] == 1.0 and summary["wrong"]["region_first"] == 1.0
+
+
+def test_region_ranks_of_a_hand_computed_case():
+    # regions 1 and 2 tie at the top; removing region 1 leaves the answer least likely
+    ranks = region_ranks(torch.tensor([1.0, 3.0, 3.0]), torch.tensor([-1.0, -2.0, -1.5]), 1)
+    assert ranks == RegionRanks(first=0.5, top_removal=(1.0 + 0.5) / 2, asked_removal=1.0)
+    # equal log-probabilities count one half
+    assert region_ranks(torch.tensor([2.0, 1.0]), torch.tensor([-1.0, -1.0]), 1) == RegionRanks(
+        0.0, 0.5, 0.5
+    )
+    with pytest.raises(InputError, match="R >= 2"):
+        region_ranks(torch.tensor([1.0]), torch.tensor([-1.0]), 0)
 
 
 def test_bad_examples_and_options_are_refused(llava, examples):
@@ -236,6 +318,21 @@ def test_bad_examples_and_options_are_refused(llava, examples):
         protocol.evaluate("generic", [AnswerExample((1, 2), (3,))])
     with pytest.raises(InputError, match="differ in size"):
         ImageAnswerExample((1,), torch.zeros(3, 8, 8), (2,), torch.zeros(4, 4, dtype=torch.bool))
+    mask = torch.zeros(8, 8, dtype=torch.bool)
+    mask[:2, :2] = True
+    other = ~mask
+    with pytest.raises(InputError, match="none of the regions"):
+        ImageAnswerExample((1,), torch.zeros(3, 8, 8), (2,), mask, regions=other[None])
+    with pytest.raises(InputError, match=r"\(R, H, W\)"):
+        ImageAnswerExample((1,), torch.zeros(3, 8, 8), (2,), mask, regions=mask)
+    with pytest.raises(InputError, match="each hold a pixel"):
+        ImageAnswerExample(
+            (1,), torch.zeros(3, 8, 8), (2,), mask, regions=torch.stack([mask, mask & False])
+        )
+    found = ImageAnswerExample(
+        (1,), torch.zeros(3, 8, 8), (2,), mask, regions=torch.stack([other, mask])
+    )
+    assert found.asked_region == 1
 
 
 def test_the_test_leaves_the_model_as_it_found_it(llava, examples):

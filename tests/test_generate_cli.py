@@ -187,16 +187,37 @@ def _rests(page: str) -> list[str]:
     return [html.unescape(text) for text in re.findall(r'data-rests="([^"]*)"', page)]
 
 
-def _printed_lines(printed: str) -> list[tuple[str, list[str]]]:
-    """The terminal's `'token' <- 'a', 'b', 'c'` lines, read back."""
+_SOURCE = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")@(\d+) ([^,\s]+)""")
+"""One ranked source as the terminal writes it: 'token'@position value."""
+
+
+def _printed_lines(printed: str) -> list[tuple[str, list[tuple[str, int, float]]]]:
+    """The terminal's `'token' <- 'a'@3 0.41, 'b'@0 -0.2` lines, read back: each
+    generated token with its (token, position, value) sources, most relevant first."""
     import ast
 
     lines = []
     for line in printed.splitlines():
         if " <- " in line:
             token, sources = line.split(" <- ")
-            lines.append((ast.literal_eval(token.strip()), list(ast.literal_eval(f"[{sources}]"))))
+            found = [
+                (ast.literal_eval(t), int(i), float(v)) for t, i, v in _SOURCE.findall(sources)
+            ]
+            lines.append((ast.literal_eval(token.strip()), found))
     return lines
+
+
+def _sources_text(sources: list[tuple[str, int, float]]) -> str:
+    return ", ".join(f"{token!r}@{i} {v:.3g}" for token, i, v in sources)
+
+
+def _figure_ranks(figure) -> list[list[int]]:
+    """The positions the figure numbers 1, 2, 3 in each row of its matrix."""
+    numbered: dict[int, dict[int, int]] = {}
+    for text in figure.axes[0].texts:
+        x, y = text.get_position()
+        numbered.setdefault(round(y), {})[int(text.get_text())] = round(x)
+    return [[row[k] for k in sorted(row)] for _, row in sorted(numbered.items())]
 
 
 def test_the_terminal_page_and_figure_show_the_same_continuation(folder, tmp_path, capsys, drawn):
@@ -232,12 +253,43 @@ def test_what_each_token_rests_on_leaves_out_its_readout_token_everywhere(folder
         # the three largest relevance values among the tokens before the readout token
         # (the one just before the explained token): its own identity term is no evidence
         readout = width + g - 1
-        order = np.argsort(-matrix[g, :readout], kind="stable")[:3]
+        order = np.argsort(-np.abs(matrix[g, :readout]), kind="stable")[:3]
         assert token == tokens[width + g]
-        assert sources == [tokens[i] for i in order]
+        assert [(t, i) for t, i, _ in sources] == [(tokens[i], int(i)) for i in order]
         readouts.append(matrix[g, readout] > matrix[g, :readout].max())
     assert all(readouts)  # the readout token would have come first in every line
-    assert _rests(page_path.read_text()) == [", ".join(sources) for _, sources in lines]
+    assert _rests(page_path.read_text()) == [_sources_text(sources) for _, sources in lines]
+
+
+def test_one_ranking_in_the_terminal_the_page_and_the_figure(folder, tmp_path, capsys, drawn):
+    """The terminal's lines, the page's status lines and the figure's numbered cells give
+    the same tokens in the same order with the same values: the tokens of largest
+    |relevance| before the readout token, those against the answer included, by an
+    independent ranking of the explanation's rows."""
+    page_path = tmp_path / "page.html"
+    argv = ["generate", "w10 w11 w12 w13", "--model", str(folder), "--max-new-tokens", "4"]
+    assert main([*argv, "--method", "cp_lrp", "--html", str(page_path)]) == 0
+    printed = capsys.readouterr().out
+    assert (
+        "by |relevance| (the token it is read out at left out): 'token'@position value" in printed
+    )
+    lines = _printed_lines(printed)
+    (figure,) = drawn
+    explainer = Explainer(tiny_lm.tiny_causal_lm("llama"), tokenizer=tiny_lm.tiny_tokenizer())
+    found = explain_generation(explainer, "w10 w11 w12 w13", max_new_tokens=4, method="cp_lrp")
+    answer = found.answer()
+    expected = []
+    for g, row in enumerate(answer.relevance.double().numpy()):
+        before = row[: answer.prompt_length + g - 1]
+        order = sorted(range(len(before)), key=lambda t: -abs(before[t]))[:3]
+        expected.append([(answer.tokens[t], t, before[t]) for t in order])
+    assert len(lines) == len(expected) == len(answer.generated)
+    for (_, sources), wanted in zip(lines, expected, strict=True):
+        assert [(t, i) for t, i, _ in sources] == [(t, i) for t, i, _ in wanted]
+        assert [v for *_, v in sources] == [float(f"{v:.3g}") for *_, v in wanted]  # as printed
+    assert any(v < 0 for _, sources in lines for *_, v in sources)  # evidence against, named
+    assert _rests(page_path.read_text()) == [_sources_text(sources) for _, sources in lines]
+    assert _figure_ranks(figure) == [[i for _, i, _ in sources] for _, sources in lines]
 
 
 @pytest.fixture(scope="module")
@@ -279,10 +331,10 @@ def test_a_vision_language_answer_is_the_same_in_the_terminal_page_and_figure(
     # word's readout token (the question's last) left out
     data = re.search(r'<script type="application/json" id="answer">(.*?)</script>', page)
     rests = [word["rests"] for word in json.loads(data.group(1))]
-    assert rests == [", ".join(sources) for _, sources in lines]
+    assert rests == [_sources_text(sources) for _, sources in lines]
     shown = _page_tokens(page, "tok")
-    assert all(source in shown for _, sources in lines for source in sources)
-    assert shown[-1] not in lines[0][1]
+    assert all(shown[i] == token for _, sources in lines for token, i, _ in sources)
+    assert len(shown) - 1 not in [i for _, i, _ in lines[0][1]]
 
 
 def test_the_vision_language_figure_has_a_title_and_says_each_label_once(
@@ -317,10 +369,12 @@ def test_an_answer_drops_its_prompts_padding_and_reads_before_its_readout():
     assert short.tokens[: short.prompt_length] == alone
     assert short.relevance.shape == (len(short.generated), len(short.tokens))
     assert short.text(tokenizer) == " ".join(short.generated)
-    row = torch.tensor([0.5, 3.0, -1.0, 9.0, 7.0])
-    assert rests_on(row, readout=3) == [1, 0, 2]  # 9.0, the readout's, and 7.0 after it: out
+    row = torch.tensor([0.5, 3.0, -1.0, 9.0, 7.0, -1.0])
+    # by |relevance|: -1.0 before 0.5; 9.0, the readout's, and those after it: out
+    assert rests_on(row, readout=3) == [1, 2, 0]
     assert rests_on(row, readout=3, count=1) == [1]
     assert rests_on(row, readout=0) == [] and rests_on(row, readout=9) == [3, 4, 1]
+    assert rests_on(row, readout=9, count=5) == [3, 4, 1, 2, 5]  # a tie: the earlier first
 
 
 def test_no_save_file_where_every_object_has_a_save_method(folder, tmp_path, monkeypatch):

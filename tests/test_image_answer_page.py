@@ -65,6 +65,7 @@ def test_the_status_line_names_what_the_chosen_token_rests_on(page_file, tmp_pat
     with chromium() as context:
         page = context.new_page()
         page.goto(page_file.as_uri() + "#1")
-        assert _status(page).endswith("word 1 of 2: red rests most on a, [image]")
+        # each token (escaped, shown as written) with its position and signed value
+        assert _status(page).endswith("word 1 of 2: red rests most on 'a'@0 0.5, '[image]'@1 -0.2")
         page.goto(generation.as_uri() + "#2")
-        assert _status(page).endswith("e rests most on a, <b>, c")
+        assert _status(page).endswith("e rests most on 'a'@0 0.7, '<b>'@1 0.5, 'c'@2 0.1")

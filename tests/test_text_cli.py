@@ -330,3 +330,52 @@ def test_words_carry_a_sign_only_on_signed_maps(classifier_folder, tmp_path, cap
     signed = capsys.readouterr().out
     values = [float(v) for v in re.findall(r"\(([-+][^)]*)\)", signed)]
     assert values and any(v < 0 for v in values)  # a signed map keeps its signs
+
+
+def test_a_language_model_reads_out_at_its_last_token_as_explain_generate_draws_it(
+    tmp_path, capsys
+):
+    """`explain text` on a language model: the text's last token (where the next token
+    is read out) is off the scale in the terminal and on the page, and the line naming
+    what the prediction rests on is `explain generate`'s for its first token (same
+    ranking, positions and values), on the page too."""
+    import ast
+    import html
+
+    from explain.cli.text import READOUT_NOTE
+    from explain.testing.tiny_lm import save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "tiny-llama")
+    page = tmp_path / "text.html"
+    argv = ["text", "w10 w11 w12 w13", "--model", str(folder), "--color", "never"]
+    assert main([*argv, "--html", str(page)]) == 0  # the default: cp_lrp, signed
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"note: {READOUT_NOTE}"
+    assert printed[2].endswith(" w13(read out here, off the scale)")
+    assert printed[3].startswith("  rests most on: ")
+    rests = printed[3].removeprefix("  rests most on: ")
+    written = page.read_text()
+    assert (
+        html.unescape(re.search(r'<p class="rests">rests most on: (.*?)</p>', written)[1]) == rests
+    )
+    assert re.search(
+        r'<span class="tok readout" title="[^"]*off the scale\)"[^>]*>w13</span>', written
+    )
+    # the scale leaves the readout token out: the first-ranked token is at full colour
+    first = ast.literal_eval(rests.split("@")[0])
+    full = (
+        "rgb(33, 102, 172)"
+        if rests.split(",")[0].split()[-1].startswith("-")
+        else "rgb(178, 24, 43)"
+    )
+    assert re.search(
+        rf'<span class="tok[^"]*" style="background-color: {re.escape(full)};[^>]*>{first}</span>',
+        written,
+    )
+    assert (
+        main(["generate", "w10 w11 w12 w13", "--model", str(folder), "--max-new-tokens", "1"]) == 0
+    )
+    (line,) = [s for s in capsys.readouterr().out.splitlines() if " <- " in s]
+    next_token, generated_rests = line.split(" <- ")
+    assert printed[1].startswith(f"{next_token.strip()} (p = ")  # the same next token
+    assert generated_rests == rests and "-" in rests  # evidence against is named, signed

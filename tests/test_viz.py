@@ -258,7 +258,10 @@ def test_explanation_grid_is_methods_by_classes_of_one_sample():
     titles = [axis.get_title() for axis in panels[0]]
     ranks = _ranks(explanations["generic"].logits[1])
     assert titles == [f"zero (class 0), {ranks[0]}", f"four (class 4), {ranks[4]}"]
-    assert [figure.axes[0].get_ylabel(), figure.axes[3].get_ylabel()] == ["generic", "rollout"]
+    # rollout reads no class: its row says so (the viewer heads it the same way)
+    labels = [figure.axes[0].get_ylabel(), figure.axes[3].get_ylabel()]
+    assert labels == ["generic", "rollout (class-agnostic)"]
+    assert [e.class_agnostic for e in explanations.values()] == [False, True]
     for row, method in enumerate(("generic", "rollout")):
         for column in range(2):
             expected = overlay(display, explanations[method].heatmap()[1, column])
@@ -301,8 +304,9 @@ def test_batch_figure_shows_each_image_with_its_own_map():
     ]
     with pytest.raises(InputError, match="3 pictures but 2 labels"):
         batch_figure(pictures, explanations, labels=[1, 2])
-    for row, method in enumerate(("generic", "rollout"), start=1):
+    for row, method in enumerate(("generic", "rollout (class-agnostic)"), start=1):
         assert figure.axes[row * 3].get_ylabel() == method
+        method = method.split()[0]
         for b in range(3):
             expected = overlay(pictures[b], explanations[method].heatmap()[b])
             assert _close(figure.axes[row * 3 + b].get_images()[0].get_array(), expected)

@@ -128,7 +128,8 @@ def test_explain_generate_answers_about_a_photo(tmp_path, capsys):
 def test_the_evidence_tests_examples_are_the_recorded_questions():
     """answer_dataset("shapes-llava") gives each held-out question (question 0 of held-out
     scene i) as the processor writes it, the answer word's token, the mask of the object
-    the answer is about (empty for "no", "none", "nothing") and the named word's position."""
+    the answer is about (empty for "no", "none", "nothing"), the scene's objects as its
+    regions and the named word's position."""
     from explain.evaluation.zoo import answer_dataset
 
     model = loaded()
@@ -140,6 +141,9 @@ def test_the_evidence_tests_examples_are_the_recorded_questions():
         example = dataset[index]
         torch.testing.assert_close(example.mask, torch.from_numpy(item.mask), rtol=0, atol=0)
         assert example.mask.sum() == (0 if item.target is None else item.mask.sum())
+        # the regions are the scene's objects, the answer's object among them
+        assert torch.equal(example.regions, torch.from_numpy(item.scene.masks))
+        assert example.asked_region == item.target
         empty += item.target is None
         words = vocabulary.convert_ids_to_tokens(list(example.input_ids))
         question = item.text.replace("?", " ?").split()

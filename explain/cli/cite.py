@@ -39,11 +39,12 @@ from explain.cli.options import (
     RawDescriptionHelpFormatter,
     add_model_arguments,
     add_out_argument,
+    crop_caption,
     load,
     load_vision_language,
     positive_int,
 )
-from explain.errors import InputError, OptionError
+from explain.errors import InputError
 
 if TYPE_CHECKING:
     from explain.api import Explainer
@@ -136,26 +137,47 @@ def _statements(result: Any) -> list[str]:
 
 
 def _run_image(args: argparse.Namespace) -> int:
-    """`explain cite --image`: the photo's regions as the sources."""
-    import numpy as np
-
+    """`explain cite --image`: the photo's regions as the sources, with each method."""
     from explain.api import Explainer
-    from explain.cite.image import cite_image
     from explain.cite.regions import grid_size
-    from explain.cite.regions_page import regions_figure, regions_html
-    from explain.export import atomic_write
     from explain.inputs import read_image
-    from explain.viz import save_figure
-    from explain.viz.text import printable
 
     if args.context is not None:
         raise InputError("--image cites the photo's regions: leave --context out")
     grid = grid_size(args.grid)
     photo = read_image(args.image)
-    if len(parse_methods(args.method)) > 1 or args.method == ALL:
-        raise OptionError("--image cites with one method at a time: give --method M")
+    parse_methods(args.method)  # unknown names fail before the model is loaded
     loaded = load_vision_language(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
+    assert loaded.preprocessing is not None  # load_vision_language checks it
+    seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    for method in methods:
+        if len(methods) > 1:
+            print(f"[{method}]")
+        _cite_image_one(args, explainer, photo, grid, method, seen)
+    return 0
+
+
+def _cite_image_one(
+    args: argparse.Namespace,
+    explainer: Explainer,
+    photo: Any,
+    grid: tuple[int, int],
+    method: str,
+    seen: str | None,
+) -> None:
+    """Cite the photo's regions with one method: the terminal's lines and its three files
+    (named for the method when --method names several); `seen`: what the figure's caption
+    says of a crop (`crop_caption`)."""
+    import numpy as np
+
+    from explain.cite.image import cite_image
+    from explain.cite.regions_page import regions_figure, regions_html
+    from explain.export import atomic_write
+    from explain.viz import save_figure
+    from explain.viz.text import printable
+
     result = cite_image(
         explainer,
         photo,
@@ -163,7 +185,7 @@ def _run_image(args: argparse.Namespace) -> int:
         args.answer,
         regions="grid" if args.regions is None else args.regions,
         grid=grid,
-        method=args.method,
+        method=method,
         max_new_tokens=args.max_new_tokens,
         lds=args.lds,
         seed=args.seed,
@@ -171,6 +193,7 @@ def _run_image(args: argparse.Namespace) -> int:
     labels = [f"{printable(region.name)} {region.box}" for region in result.regions]
     check = print_citation(result, labels, "regions")
     args.out.mkdir(parents=True, exist_ok=True)
+    html, png, data = (method_file(args.out / name, method, args.method) for name in FILES)
     title = f"explain cite: {args.model} ({result.method})"
     pixels = np.asarray(photo)
     statements = _statements(result)
@@ -185,17 +208,17 @@ def _run_image(args: argparse.Namespace) -> int:
         check=check.to_dict(),
         title=title,
     )
-    with atomic_write(args.out / "cite.html", "w") as handle:
+    with atomic_write(html, "w") as handle:
         handle.write(page)
-    caption = f"Verdict: {check.verdict}. {check.ablation}."
-    save_figure(
-        regions_figure(pixels, result.regions, result.scores, caption=caption, title=title),
-        args.out / "cite.png",
+    caption = " ".join(
+        filter(None, [f"Verdict: {check.verdict}. Ablation: {check.ablation}.", seen])
     )
-    result.save(args.out / "cite.json")
-    for name in FILES:
-        print(args.out / name)
-    return 0
+    save_figure(
+        regions_figure(pixels, result.regions, result.scores, caption=caption, title=title), png
+    )
+    result.save(data)
+    for path in (html, png, data):
+        print(path)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,8 +11,9 @@ continuation, each into its own pair of files named with the method (generation_
 The model is a Hugging Face ...ForCausalLM folder (save_pretrained, with its tokenizer) or
 hub id; explain.testing.tiny_lm.save_tiny_lm writes a tiny random one for trying the
 command offline. The terminal prints the continuation (every token the model wrote,
-special ones included) and what each generated token rests on most, the token it is read
-out at left out: the page and the figure show the same (explain.generation.Answer).
+special ones included) and what each generated token rests on most, by |relevance|, with
+positions and signed values, the token it is read out at left out: the page and the
+figure's numbered cells show the same ranking (explain.viz.ranking).
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
             print("continuation:", printable(answer.text(loaded.tokenizer)))
         if len(methods) > 1:
             print(f"[{method}]")
-        print_rests_on(answer.generated, answer.tokens, answer.rests_on)
+        rests = [answer.rests_on(g) for g in range(len(answer.generated))]
+        print_rests_on(answer.generated, answer.tokens, answer.relevance, rests)
         html = method_file(args.html, method, args.method)
         page = generation_html(
             answer.tokens,
@@ -107,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             answer.relevance,
             method=method,
             title=title,
-            rests_on=[answer.rests_on(g) for g in range(len(answer.generated))],
+            rests_on=rests,
         )
         with atomic_write(html, "w") as handle:
             handle.write(page)

@@ -39,6 +39,7 @@ from explain.cli.options import (
     add_out_argument,
     add_save_option,
     check_planned,
+    crop_caption,
     load,
     opacity,
     parse_index,
@@ -260,12 +261,13 @@ def run(args: argparse.Namespace) -> int:
                 said = prediction(logits, loaded.classes, multi)
                 cropped = preprocessing.crop_note(display.shape[:2])  # the model saw part
                 tqdm.write(f"{batch[offset]}: {said}" + (f" ({cropped})" if cropped else ""))
+                seen = crop_caption(preprocessing, display.shape[:2])  # the figures say it too
                 for method, heats in maps.items():
                     for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
                         title = f"{method}: {class_label(column, loaded.classes, logits, multi)}"
-                        _save_map(display, heat, out, title, args)
+                        _save_map(display, heat, out, title, args, seen)
                         written.append(out)
                 if args.save_format:
                     for method, result in results.items():
@@ -283,6 +285,7 @@ def run(args: argparse.Namespace) -> int:
                         cmap=args.cmap,
                         alpha=args.alpha,
                         background=args.background,
+                        note=seen,
                     )
                     out = args.out / f"{stem}_grid.png"
                     save_figure(figure, out)
@@ -300,9 +303,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save_map(display: np.ndarray, heat: Tensor, out: Path, title: str, args) -> None:
-    """One map as a figure (title, colour key, normalisation rule) or, with --bare, as the
-    overlay alone at the photo's own resolution, for further processing."""
+def _save_map(
+    display: np.ndarray, heat: Tensor, out: Path, title: str, args, note: str | None
+) -> None:
+    """One map as a figure (title, colour key, normalisation rule, then `note`) or, with
+    --bare, as the overlay alone at the photo's own resolution, for further processing."""
     from explain.viz import heatmap_figure, overlay, save_figure, save_image
     from explain.viz.scaling import scale_maps
 
@@ -314,6 +319,7 @@ def _save_map(display: np.ndarray, heat: Tensor, out: Path, title: str, args) ->
             alpha=args.alpha,
             title=title,
             background=args.background,
+            note=note,
         )
         save_figure(figure, out)
         return

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from explain.cli.answer_lines import print_rests_on
 from explain.cli.method_options import method_file, methods_the_model_takes
-from explain.cli.options import load_vision_language
+from explain.cli.options import crop_caption, load_vision_language
 from explain.errors import InputError
 
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
@@ -125,7 +125,7 @@ def _one_method(
         print("answer:", printable(answer.text(loaded.tokenizer)))
     if heading is not None:
         print(heading)
-    print_rests_on(answer.generated, tokens, rests.__getitem__)
+    print_rests_on(answer.generated, tokens, relevance, rests)
     title = (
         f"explain generate: {args.model} ({result.method}, depth {result.settings['depth']}); "
         f"question: {args.prompt}"
@@ -146,7 +146,10 @@ def _one_method(
     with atomic_write(html, "w") as handle:
         handle.write(page)
     png = method_file(args.png, method, args.method) if args.png else html.with_suffix(".png")
-    figure = answer_figure(pixels, on_photo, answer.generated, title=title, signed=signed)
+    note = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    figure = answer_figure(
+        pixels, on_photo, answer.generated, title=title, signed=signed, note=note
+    )
     save_figure(figure, png)
     print(html)
     print(png)

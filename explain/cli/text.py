@@ -4,7 +4,10 @@ Prints each text with its tokens (or words) highlighted in the terminal; with --
 also writes the same as an HTML page, and with --save the raw relevance, both
 atomically and nothing unasked. Classifiers and causal language models explain their
 predicted class (or `--target`); a sentence encoder explains the similarity of the text
-with the `--pair` text, each side in turn.
+with the `--pair` text, each side in turn. A language model's prediction is read out at
+the text's last token: as `explain generate` draws it, that token is marked, off the
+scale, and a line names what the prediction rests on most, with positions and signed
+values (explain.viz.ranking).
 """
 
 from __future__ import annotations
@@ -65,24 +68,43 @@ def _label(index: int, classes: Sequence[str] | None, tokenizer) -> str:
 
 
 def _rows(
-    tokens: list[list[str]], relevance: Tensor, tokenizer, words: bool
-) -> list[tuple[list[str], list[float]]]:
-    """(strings, scores) per text: tokens, or words when `words` (special tokens dropped
-    in both cases)."""
+    tokens: list[list[str]], relevance: Tensor, tokenizer, words: bool, read_out_last: bool
+) -> list[tuple[list[str], list[float], int | None]]:
+    """(strings, scores, readout) per text: tokens, or words when `words` (special tokens
+    dropped in both cases). `read_out_last` (a language model): the text's last token is
+    where the prediction is read out, `readout` its index, kept a token of its own among
+    words (its identity term is no word's evidence); otherwise `readout` is None."""
     from explain.text import word_relevance
 
     special = set(tokenizer.all_special_tokens)
     rows = []
     for strings, scores in zip(tokens, relevance.cpu(), strict=True):
+        kept = [i for i, token in enumerate(strings) if token not in special]
+        last = kept[-1] if read_out_last and kept else None
         if words:
+            before = strings if last is None else strings[:last]
             found = word_relevance(
-                strings, scores, special, "sum", tokenizer.convert_tokens_to_string
+                before, scores[: len(before)], special, "sum", tokenizer.convert_tokens_to_string
             )
-            rows.append(([w.text for w in found], [w.relevance for w in found]))
+            shown = [w.text for w in found]
+            values = [w.relevance for w in found]
+            if last is not None:
+                shown.append(tokenizer.convert_tokens_to_string([strings[last]]))
+                values.append(float(scores[last]))
         else:
-            kept = [i for i, token in enumerate(strings) if token not in special]
-            rows.append(([strings[i] for i in kept], [float(scores[i]) for i in kept]))
+            shown = [strings[i] for i in kept]
+            values = [float(scores[i]) for i in kept]
+        rows.append((shown, values, None if last is None else len(shown) - 1))
     return rows
+
+
+READOUT_NOTE = (
+    "a language model's prediction is read out at the text's last token (grey and underlined "
+    "in the terminal, hatched on the page): its own identity term would swamp the rest, so "
+    "it is off the scale and out of what the prediction rests on most, as `explain generate` "
+    "draws it"
+)
+"""What `explain text` says once per method about a language model's readout token."""
 
 
 def planned(args: argparse.Namespace, methods: list[str] | None = None) -> list[Planned]:
@@ -95,8 +117,10 @@ def planned(args: argparse.Namespace, methods: list[str] | None = None) -> list[
 
 def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
+    from explain.architectures.base import LanguageModel
     from explain.export import atomic_write
     from explain.rules.display import display_values, scale_note
+    from explain.viz.ranking import rests_on, sources_text
     from explain.viz.text import document_html, note_html, printable, to_html, to_terminal
 
     parse_methods(args.method)  # unknown names fail before the model is loaded
@@ -106,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
     if loaded.modality != "text" or loaded.tokenizer is None:
         raise InputError(f"{args.model} is not a text model with a tokenizer; see `explain image`")
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
+    language_model = isinstance(explainer.adapter, LanguageModel)
     methods = methods_the_model_takes(args.method, explainer.adapter, args.model)
     if args.method is None:  # the default's --save files are named now
         check_planned(planned(args, methods))
@@ -133,24 +158,35 @@ def run(args: argparse.Namespace) -> int:
         )
         note = scale_note(method, raw=args.raw_values)
         shown = display_values(method, relevance, raw=args.raw_values)
-        rows = _rows(tokens, shown, loaded.tokenizer, args.words)
+        rows = _rows(tokens, shown, loaded.tokenizer, args.words, language_model)
         if len(methods) > 1:  # one heading per method; the titles below stay short
             print(f"[{method}]")
             fragments.append(f"<h2>{method}</h2>")
-        if note is not None:
-            print(f"note: {note}")
-            fragments.append(note_html(note))
-        for title, (strings, scores) in zip(titles, rows, strict=True):
+        for said in (note, READOUT_NOTE if language_model else None):
+            if said is not None:
+                print(f"note: {said}")
+                fragments.append(note_html(said))
+        for title, (strings, scores, readout) in zip(titles, rows, strict=True):
             print(f"{printable(title)}:")
             if colour:
-                print(f"  {to_terminal(strings, scores)}")
+                print(f"  {to_terminal(strings, scores, readout=readout)}")
             else:
                 # a sign only on signed maps: "+" on a method that is never negative
                 # would suggest a "for" it cannot tell from "against"
                 form = "+.3g" if any(v < 0 for v in scores) else ".3g"
-                pairs = zip(strings, scores, strict=True)
-                print("  " + " ".join(f"{printable(s)}({v:{form}})" for s, v in pairs))
-            fragments.append(to_html(strings, scores, title=title))
+                pairs = [
+                    f"{printable(s)}({v:{form}})" for s, v in zip(strings, scores, strict=True)
+                ]
+                if readout is not None:
+                    pairs[readout] = f"{printable(strings[readout])}(read out here, off the scale)"
+                print("  " + " ".join(pairs))
+            sources = None
+            if readout is not None:  # the ranking `explain generate`'s views give
+                sources = sources_text(strings, scores, rests_on(scores, readout))
+                print(f"  rests most on: {sources}")
+            fragments.append(
+                to_html(strings, scores, title=title, readout=readout, sources=sources)
+            )
         if args.save_format:
             path = args.out / f"text_{method}.{args.save_format}"
             settings = {"model": args.model, "texts": list(args.texts), **result.settings}

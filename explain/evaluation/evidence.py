@@ -14,6 +14,9 @@ tokens' order would give it.
 - Pointing game: the map's maximum lies on a patch within `tolerance` patches (in both
   directions, diagonals included) of a patch that holds any of the object's pixels; a
   maximum shared by several patches scores the share of them that hit.
+- Regions (`region_ranks`): the region pointing game, the asked region ranked first among
+  an image's regions (tied first places shared), and whether removing the region a map
+  ranks first lowers the answer more than removing another region (tied drops: one half).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -30,10 +34,12 @@ from explain.evaluation.protocol import Records
 __all__ = [
     "RECALL_K",
     "EvidenceRecall",
+    "RegionRanks",
     "evidence_recall",
     "object_patches",
     "pointing_hit",
     "recall_records",
+    "region_ranks",
 ]
 
 RECALL_K: tuple[int, ...] = (1, 2, 5)
@@ -107,6 +113,50 @@ def pointing_hit(patch_map: Tensor, patches: Tensor, tolerance: int = 1) -> floa
     values = patch_map.detach().double().cpu()
     top = values == values.max()
     return float((top & (near.cpu() > 0)).sum()) / float(top.sum())
+
+
+@dataclass(frozen=True)
+class RegionRanks:
+    """Where one map ranks one image's regions, and what removing them does.
+
+    Attributes:
+        first: the share of the regions tied at the top score that are the asked one (1.0:
+            it alone ranks first).
+        top_removal: the probability that removing the top region (one of the tied ones,
+            drawn uniformly) lowers the answer's log-probability more than removing one of
+            the other regions, drawn uniformly; equal log-probabilities count one half.
+        asked_removal: the same for the asked region in place of the top one: the model's
+            number, the same for every map.
+    """
+
+    first: float
+    top_removal: float
+    asked_removal: float
+
+
+def _lowers_more(ablated: Tensor, region: int) -> float:
+    """The probability that removing `region` leaves the answer less likely than removing
+    another region drawn uniformly (ties one half)."""
+    others = torch.cat([ablated[:region], ablated[region + 1 :]])
+    beaten = (others > ablated[region]).double() + 0.5 * (others == ablated[region]).double()
+    return float(beaten.mean())
+
+
+def region_ranks(scores: Tensor, ablated: Tensor, asked: int) -> RegionRanks:
+    """`RegionRanks` of (R,) region `scores` (R >= 2) against the (R,) log-probabilities
+    of the answer with each region removed alone, `asked` the answer's region."""
+    if scores.shape != ablated.shape or scores.dim() != 1 or len(scores) < 2:
+        raise InputError(
+            f"region ranks take (R,) scores and log-probabilities, R >= 2; got "
+            f"{tuple(scores.shape)} and {tuple(ablated.shape)}"
+        )
+    scores, ablated = scores.detach().double().cpu(), ablated.detach().double().cpu()
+    top = (scores == scores.max()).nonzero()[:, 0].tolist()
+    return RegionRanks(
+        first=float(asked in top) / len(top),
+        top_removal=sum(_lowers_more(ablated, region) for region in top) / len(top),
+        asked_removal=_lowers_more(ablated, asked),
+    )
 
 
 def recall_records(scores: Tensor, evidence: Tensor, candidates: Tensor) -> Records:

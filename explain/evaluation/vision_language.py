@@ -23,7 +23,18 @@ and its image map and its text map are the sums of its tokens' maps. Then, per e
   (positive: lower is better; negative: higher is better);
 - evidence recall of the question's words on the text side: the expected top-k hit
   (k = 1, 2, 5) and the expected rank of the first evidence word's token among the
-  prompt's text tokens, the readout position, special tokens and image tokens excluded.
+  prompt's text tokens, the readout position, special tokens and image tokens excluded;
+- the region level, on examples whose image comes with regions (the shapes scenes'
+  objects) and whose answer's object is one of at least two of them: each region's score
+  is the sum of its patches' relevance, each patch weighted by the share of its pixels
+  the region holds (explain.cite.regions.patch_shares, as `explain cite --image` scores
+  a photo's regions); the region pointing game is the share of examples whose asked
+  region scores highest (tied first places shared), and the removal check removes each
+  region alone (its pixels set to the image's mean colour, per channel) and asks whether
+  removing the top region lowers the answer's log-probability more than removing
+  another region drawn uniformly (explain.evaluation.evidence.region_ranks). The same
+  for the asked region in place of the top one is the model's number (the summary's
+  "asked_region_removal").
 
 Patches of equal relevance go in raster order (a stable sort). Copies that remove the
 same patches are scored once, all copies of a chunk in batched forwards.
@@ -31,8 +42,9 @@ same patches are scored once, all copies of a chunk in batched forwards.
 As in the language-evidence test, the ranking numbers are means over the examples the
 model answers right (the wrong ones are in the results JSON under "wrong"). Examples whose
 answer is about no object ("no", "nothing": an empty mask) are left out of the pointing
-game and the mIoU, and examples without text evidence out of the text recall; the summary
-counts both.
+game and the mIoU, examples without text evidence out of the text recall, and examples
+without regions, or with one, or about no object, out of the region numbers; the summary
+counts them.
 """
 
 from __future__ import annotations
@@ -44,11 +56,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from explain.cite.regions import patch_shares, region_from
 from explain.errors import InputError, OptionError
 from explain.evaluation.answers import (
     ANSWER_FIELDS,
     AnswerBatch,
     AnswerProtocol,
+    answer_scores,
     log_probability_curve,
     over_answer,
     removal_copies,
@@ -61,6 +75,7 @@ from explain.evaluation.evidence import (
     object_patches,
     pointing_hit,
     recall_records,
+    region_ranks,
 )
 from explain.evaluation.perturbation import (
     FRACTIONS,
@@ -76,6 +91,7 @@ from explain.evaluation.segmentation import (
     segmentation_from_sums,
     segmentation_terms,
 )
+from explain.loading.preprocessing import ImagePreprocessing
 from explain.normalize import normalize_per_sample
 
 __all__ = ["DEPTHS", "VisionLanguageEvidenceTest", "patch_pixels"]
@@ -151,6 +167,8 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
         "accuracy": Column("answered right"),
         "pointing": Column("pointing game", "higher"),
         "miou": Column("mIoU", "higher"),
+        "region_first": Column("region first", "higher"),
+        "region_removal": Column("top region removal", "higher"),
         "positive_auc": Column("positive AUC", "lower"),
         "negative_auc": Column("negative AUC", "higher"),
         **{f"text_hit@{k}": Column(f"text hit@{k}", "higher") for k in RECALL_K},
@@ -162,6 +180,10 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
         "object": Field(int, 0, 1),
         "pointing": Field(float, 0.0, 1.0),
         **SEGMENTATION_FIELDS,
+        "regions": Field(int, 0, 1),
+        "region_first": Field(float, 0.0, 1.0),
+        "region_removal": Field(float, 0.0, 1.0),
+        "asked_removal": Field(float, 0.0, 1.0),
     }
 
     def settings(self) -> dict[str, Any]:
@@ -170,6 +192,7 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
             "depth": self.depth,
             "black": list(self.black),
             "tolerance": self.tolerance,
+            "region_fill": "mean",
         }
 
     def scale(self) -> str:
@@ -181,7 +204,12 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
             "answer's mean log-probability (nats) as 0 to 90% of the patches are set to black, "
             "most (positive) or least (negative) relevant first. Text hit@k and rank: the "
             "question's evidence words among the prompt's text tokens less the readout "
-            "position and special tokens, ties broken at random (expected values)."
+            "position and special tokens, ties broken at random (expected values). Region "
+            "first and top region removal: over the examples whose answer's object is one of "
+            "at least two regions (the scene's objects); the asked region scores highest "
+            "(tied first places shared), and removing the top region (its pixels set to the "
+            "image's mean colour) lowers the answer's log-probability more than removing "
+            "another region drawn at random (ties one half)."
         )
 
     def evaluate(
@@ -213,6 +241,7 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
         evidence = batch.marks([e.text_evidence for e in examples])
         records = recall_records(text, evidence, candidates)
         records.update(self._object_records(image, examples))
+        records.update(self._region_records(batch, image, examples))
         log_probabilities, right = self._removal_scores(batch, image)
         records.update(
             right=right.int().tolist(),
@@ -238,6 +267,51 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
             )
             counts.append(segmentation_counts(heatmap, example.mask.long().cpu()))
         return {"object": objects, "pointing": pointing, **counts_to_records(counts)}
+
+    def _region_records(
+        self, batch: AnswerBatch, maps: Tensor, examples: Sequence[ImageAnswerExample]
+    ) -> Records:
+        """Whether each example is scored at the region level (its answer's object is one
+        of at least two regions) and its `region_ranks` (0.0 where it is not): every
+        region of a scored example removed alone, all of them in batched forwards."""
+        pixels = batch.extra["pixel_values"]
+        scored = [
+            (b, example.regions, example.asked_region)
+            for b, example in enumerate(examples)
+            if example.regions is not None
+            and example.asked_region is not None
+            and len(example.regions) > 1
+        ]
+        records: Records = {"regions": [0] * len(examples)}
+        for key in ("region_first", "region_removal", "asked_removal"):
+            records[key] = [0.0] * len(examples)
+        if not scored:
+            return records
+        rows = torch.cat([torch.full((len(regions),), b) for b, regions, _ in scored])
+        copies = [
+            # each region alone set to the image's mean colour (normalised, per channel)
+            torch.where(regions[:, None], pixels[b].mean(dim=(1, 2), keepdim=True), pixels[b])
+            for b, regions, _ in scored
+        ]
+        ablated, _ = answer_scores(
+            self.explainer.adapter,
+            batch,
+            rows,
+            pixel_values=torch.cat(copies),
+            forward_batch=self.forward_batch,
+        )
+        size = tuple(pixels.shape[-2:])
+        # the image as the model takes it: the map's patches tile it, nothing is resized
+        unchanged = ImagePreprocessing(size=size, mean=(0.0,) * 3, std=(1.0,) * 3)
+        for b, regions, asked in scored:
+            found = [region_from({"mask": m.cpu().numpy()}, size, r) for r, m in enumerate(regions)]
+            shares = patch_shares(found, unchanged, size, tuple(maps.shape[-2:]))
+            ranks = region_ranks(shares @ maps[b].flatten(), ablated[rows == b], asked)
+            records["regions"][b] = 1
+            records["region_first"][b] = ranks.first
+            records["region_removal"][b] = ranks.top_removal
+            records["asked_removal"][b] = ranks.asked_removal
+        return records
 
     def _removal_scores(self, batch: AnswerBatch, maps: Tensor) -> tuple[Tensor, Tensor]:
         """(B, 1 + 2F) log-probabilities of the answers with patches removed (the image as
@@ -266,10 +340,15 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
             key: as_terms(records[key]) for key in ("log_probability", "positive", "negative")
         }
         pointing = {"pointing": as_terms(records["pointing"]), **segmentation_terms(records)}
+        regions = {
+            key: as_terms(records[key])
+            for key in ("region_first", "region_removal", "asked_removal")
+        }
         return {
             **weighted_terms(answer, weight, "counted"),
             **weighted_terms(pointing, weight * as_terms(records["object"]), "on_object"),
             **self.recall_terms(records, weight),
+            **weighted_terms(regions, weight * as_terms(records["regions"]), "on_regions"),
         }
 
     def from_sums(self, sums: Mapping[str, Tensor], count: int) -> dict[str, Tensor]:
@@ -277,6 +356,8 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
             "pointing": weighted_mean(sums, "pointing", "on_object"),
             # The IoUs are ratios of the (weighted) sums; they do not read the count.
             "miou": segmentation_from_sums(sums, 1)["miou"],
+            "region_first": weighted_mean(sums, "region_first", "on_regions"),
+            "region_removal": weighted_mean(sums, "region_removal", "on_regions"),
         }
         for order in ("positive", "negative"):
             numbers[f"{order}_auc"] = perturbation_auc(
@@ -290,4 +371,6 @@ class VisionLanguageEvidenceTest(AnswerProtocol):
             **summary,
             "on_object": int(sums["on_object"]),
             "with_text_evidence": int(sums["scored"]),
+            "on_regions": int(sums["on_regions"]),
+            "asked_region_removal": float(weighted_mean(sums, "asked_removal", "on_regions")),
         }

@@ -8,8 +8,9 @@ Colours are the diverging scale of explain.viz.text (red for, blue against), sca
 chosen token by the largest magnitude among the tokens before it, the token the
 prediction is read out at excluded: its own relevance (the identity term of the rules)
 would otherwise swamp every other token's; it is drawn hatched grey, off the scale. The
-status line names the tokens the chosen one rests on most, the readout token left out
-(explain.generation.rests_on, as the terminal and the figure say). Token text is black
+status line names the tokens the chosen one rests on most, by |relevance|, with their
+positions and signed values, the readout token left out (explain.viz.ranking, as the
+terminal and the figure's numbered cells give them). Token text is black
 or white, whichever contrasts more with its colour (WCAG AA). Generated
 tokens are chosen by click, or by Tab and Enter; the page opens on generated token 1, or
 on token g (counted from 1, as the status line counts) of the address `page.html#g`,
@@ -26,6 +27,7 @@ from torch import Tensor
 
 from explain.errors import InputError
 from explain.viz.choice_script import choice_script
+from explain.viz.ranking import sources_text
 from explain.viz.shade_script import SHADE_SCRIPT
 from explain.viz.text import colour
 
@@ -86,8 +88,9 @@ def generation_html(
     `prompt_length` of them the prompt, and `relevance` (G, T), row g for the token at
     `prompt_length + g` (rows past the continuation's end are left out by the caller).
     `rests_on[g]`: the positions generated token g rests on most, most relevant first
-    (`Answer.rests_on`). The heading reads "TITLE: METHOD", `method` being the one that
-    made `relevance`."""
+    (`Answer.rests_on`), written with their values as the terminal writes them
+    (explain.viz.ranking.sources_text). The heading reads "TITLE: METHOD", `method`
+    being the one that made `relevance`."""
     count = relevance.shape[0]
     if relevance.dim() != 2 or relevance.shape[1] != len(tokens):
         raise InputError(
@@ -111,7 +114,7 @@ def generation_html(
         attributes = ""
         if generated:
             g = index - prompt_length
-            sources = ", ".join(tokens[i] for i in rests_on[g]) or "nothing read before it"
+            sources = sources_text(tokens, relevance[g], rests_on[g])
             attributes = (
                 f' data-g="{g}" tabindex="0" role="button" aria-pressed="false"'
                 f' data-rests="{html.escape(sources)}"'

@@ -6,6 +6,9 @@ The figure says what the HTML page (explain.viz.generation) says, on paper:
   by the largest |relevance| in the row *without* the token the prediction is read out at
   (the one just before it): that token's own identity term would otherwise be 1 in every
   row and swamp the rest. The readout cell is drawn grey and hatched, off the scale;
+- the tokens each row rests on most are numbered 1, 2, 3 in their cells: the ranking the
+  terminal's lines and the page's status line give (explain.viz.ranking, by |relevance|,
+  the readout token left out);
 - tokens at or after the explained one are not read by it: they are left blank, never
   drawn as zeros; the last token (read by nothing) gets no column;
 - unsigned relevance uses inferno, signed relevance the diverging red-blue scale, as
@@ -25,7 +28,9 @@ from torch import Tensor
 from explain.errors import InputError
 from explain.viz.image import _CAPTION_LINE_INCHES, _TITLE_LINE_INCHES, caption_lines
 from explain.viz.literal import literal_text
+from explain.viz.ranking import rests_on
 from explain.viz.scaling import DIVERGING, SEQUENTIAL
+from explain.viz.text_figure import ink
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -105,7 +110,8 @@ def generation_figure(
     rule = (
         "Each row scaled by its largest |relevance| without the readout token (hatched grey: "
         "the token the prediction is read out at, its own identity term, off the scale). "
-        "Blank: tokens at or after the explained one, which it does not read."
+        "Blank: tokens at or after the explained one, which it does not read. 1, 2, 3: the "
+        "tokens the row rests on most, by |relevance|."
     )
     if signed:
         rule += " Red for, blue against."
@@ -135,6 +141,10 @@ def generation_figure(
                 linewidth=0.5,
             )
         )
+    for g in range(count):  # the ranking every view gives, in the cells it names
+        for rank, t in enumerate(rests_on(values[g], prompt_length + g - 1), start=1):
+            cell = image.cmap(image.norm(shown[g, t]))
+            axis.text(t, g, str(rank), ha="center", va="center", fontsize=7, color=ink(cell))
     axis.axvline(prompt_length - 0.5, color="#555555", linewidth=1.0)
     axis.set_xticks(range(len(read)), read, rotation=90, fontsize=8)
     axis.set_yticks(range(count), generated, fontsize=8)

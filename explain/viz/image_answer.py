@@ -10,10 +10,10 @@ blue against), scaled per word by the largest magnitude among the question's tok
 without the token the prediction is read out at (the identity term of the rules would
 swamp every other token; it is framed instead). A run of image tokens is shown as one
 "[image]" token carrying the sum of the image's map. The status line names the tokens
-the chosen word rests on most, the readout token left out (explain.generation.rests_on,
-as the terminal says). The page opens on the first word, or on word g (counted from 1)
-of the address `page.html#g`; a click or Enter on a word shows it and updates the
-address.
+the chosen word rests on most, by |relevance|, with positions and signed values, the
+readout token left out (explain.viz.ranking, as the terminal says). The page opens on
+the first word, or on word g (counted from 1) of the address `page.html#g`; a click or
+Enter on a word shows it and updates the address.
 
 The figure: under a title (the model, the method, the question), the photo, then one
 panel per word with its map over the photo, in reading order, wrapping after
@@ -47,6 +47,7 @@ from explain.viz.image import (
     overlay,
 )
 from explain.viz.literal import literal_text
+from explain.viz.ranking import sources_text
 from explain.viz.scaling import DIVERGING, SEQUENTIAL, FigureScale, scale_maps
 from explain.viz.text import colour
 
@@ -156,7 +157,8 @@ def answer_html(
             out of the colour scale; word g is read out g tokens later, past the
             question); None when it is not among them.
         rests_on: per word, the indices in `tokens` it rests on most, most relevant first
-            (explain.generation.rests_on).
+            (explain.viz.ranking.rests_on), written with their values as the terminal
+            writes them (explain.viz.ranking.sources_text).
         signed: the maps' one kind of scale (`answer_scale`), as for `answer_figure`.
     """
     picture = _photo(photo)
@@ -191,7 +193,7 @@ def answer_html(
                 "light": [scale > 0 and abs(v) > 0.6 * scale for v in row],
                 "values": [f"{v:.4g}" for v in row],
                 "readout": at if at is not None else -1,
-                "rests": ", ".join(tokens[t] for t in rests_on[g]) or "nothing read before it",
+                "rests": sources_text(tokens, row, rests_on[g]),
             }
         )
     # "<" escaped too: the JSON lives in a <script> element, which "</script>" would end.
@@ -231,12 +233,14 @@ def answer_figure(
     title: str | None = None,
     maps_per_row: int = MAPS_PER_ROW,
     signed: bool | None = None,
+    note: str | None = None,
 ) -> Figure:
     """Under `title` (e.g. the model, the method and the question), the photo, then one
     panel per answer word with its (G, H, W) map over the photo, titled with the word, in
     reading order (`maps_per_row` words to a row, the photo opening the first); each map
     scaled to its own range on the one kind `signed` says (`answer_scale`), stated by the
-    colour key and the caption."""
+    colour key and the caption, which ends with `note` (e.g. what part of the photo the
+    model saw)."""
     if maps.dim() != 3 or maps.shape[0] != len(words) or not words:
         raise InputError(
             f"maps must be (words, H, W) for {len(words)} words, got {tuple(maps.shape)}"
@@ -250,5 +254,6 @@ def answer_figure(
         opening="photo",
         per_row=maps_per_row,
         signed=signed,
+        note=note,
     )
     return figure

@@ -5,7 +5,10 @@ figures: red for evidence for the explained class, blue against, white for none,
 per text by its largest magnitude. Every token is HTML-escaped: a text that contains
 `<script>` shows those characters and runs nothing. Tokens listed in `skip` (the
 tokenizer's special tokens: [CLS], [SEP], padding) are neither shown nor used for the
-scale, since their relevance (the readout token's own) would swamp the words'.
+scale, since their relevance (the readout token's own) would swamp the words'. A
+language model's readout token (`readout=`: where its next token is read out) is shown,
+hatched grey on the page and grey underlined in the terminal, but off the scale for the
+same reason, as `explain generate` draws it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ __all__ = [
 
 _RED = (178, 24, 43)
 _BLUE = (33, 102, 172)
+_READOUT_GREY = (204, 204, 204)
+"""The terminal's readout token: grey and underlined, off the diverging scale."""
 
 
 def printable(text: str) -> str:
@@ -69,16 +74,26 @@ def text_colour(background: tuple[int, int, int]) -> tuple[int, int, int]:
 
 
 def _shown(
-    tokens: Sequence[str], scores: Tensor | Sequence[float], skip: Collection[str]
-) -> tuple[list[tuple[str, float]], float]:
+    tokens: Sequence[str],
+    scores: Tensor | Sequence[float],
+    skip: Collection[str],
+    readout: int | None,
+) -> tuple[list[tuple[str, float, bool]], float]:
+    """(token, value, whether it is the readout token) of each shown token, and the scale:
+    the largest |value| among them, the readout token's left out."""
     values = [float(v) for v in scores]
     if not all(math.isfinite(value) for value in values):  # no colour means NaN
         raise InputError("the scores hold NaN or infinite values; they cannot be drawn")
     if len(values) < len(tokens):
         raise InputError(f"{len(tokens)} tokens but only {len(values)} scores")
-    pairs = zip(tokens, values[: len(tokens)], strict=True)
-    shown = [(token, value) for token, value in pairs if token not in skip]
-    scale = max((abs(value) for _, value in shown), default=0.0)
+    if readout is not None and not 0 <= readout < len(tokens):
+        raise InputError(f"the readout token {readout} is not one of the {len(tokens)} tokens")
+    shown = [
+        (token, value, t == readout)
+        for t, (token, value) in enumerate(zip(tokens, values[: len(tokens)], strict=True))
+        if token not in skip
+    ]
+    scale = max((abs(value) for _, value, off in shown if not off), default=0.0)
     return shown, scale
 
 
@@ -88,14 +103,26 @@ def to_html(
     *,
     skip: Collection[str] = (),
     title: str | None = None,
+    readout: int | None = None,
+    sources: str | None = None,
 ) -> str:
     """One text as an HTML fragment: a <p> of <span>s, each token escaped, its score in
     the tooltip and in a label that `document_html`'s "show values" switch reveals.
     `scores` may be longer than `tokens` (padding); extra values are ignored. A text whose
-    relevance is zero everywhere says so."""
-    shown, scale = _shown(tokens, scores, skip)
+    relevance is zero everywhere says so. `readout`: the index in `tokens` a language
+    model's prediction is read out at, hatched grey and off the scale, as on
+    `explain generate`'s page; `sources`: what the prediction rests on most
+    (explain.viz.ranking.sources_text), written under the text."""
+    shown, scale = _shown(tokens, scores, skip, readout)
     spans = []
-    for token, value in shown:
+    for token, value, off in shown:
+        if off:
+            spans.append(
+                f'<span class="tok readout" title="{value:.4g} (the token the prediction is '
+                f'read out at: its own identity term, off the scale)" data-v="{value:+.3g}">'
+                f"{html.escape(token)}</span>"
+            )
+            continue
         background = colour(value, scale)
         kind = "tok neg" if value < 0 else "tok"
         spans.append(
@@ -107,13 +134,16 @@ def to_html(
     note = (
         ' <em class="note">(every relevance is 0: nothing to highlight)</em>' if scale == 0 else ""
     )
-    return f'{heading}<p class="text">{" ".join(spans)}{note}</p>'
+    rests = f'\n<p class="rests">rests most on: {html.escape(sources)}</p>' if sources else ""
+    return f'{heading}<p class="text">{" ".join(spans)}{note}</p>{rests}'
 
 
 _STYLE = """<style>
 body { font-family: sans-serif; }
 .text { line-height: 2.2; }
 .tok { padding: 0 2px; border-radius: 3px; }
+.tok.readout { background: repeating-linear-gradient(45deg, #ddd 0 4px, #fff 4px 8px);
+  box-shadow: inset 0 -3px 0 #555; }
 #values:checked ~ main .tok::after { content: " " attr(data-v); font-size: 70%; }
 .legend { color: #555; }
 .swatch { display: inline-block; width: 1.2em; height: 1em; vertical-align: middle;
@@ -132,6 +162,11 @@ def _legend(body: str) -> str:
     absent = "" if "tok neg" in body else " No token has negative relevance here, so no blue."
     if not absent:
         parts.append(against)
+    if "tok readout" in body:
+        parts.append(
+            '<span class="swatch tok readout"></span> the token the prediction is read out '
+            "at (its own identity term would swamp the rest: off the scale)"
+        )
     return (
         '<p class="legend">Colours: ' + ", ".join(parts) + ". Each text is scaled by its "
         f"largest |relevance|, so colours compare tokens within a text, not across texts.{absent}"
@@ -164,15 +199,23 @@ def document_html(
 
 
 def to_terminal(
-    tokens: Sequence[str], scores: Tensor | Sequence[float], *, skip: Collection[str] = ()
+    tokens: Sequence[str],
+    scores: Tensor | Sequence[float],
+    *,
+    skip: Collection[str] = (),
+    readout: int | None = None,
 ) -> str:
     """One text with 24-bit ANSI background colours, for terminals that support them.
-    A text whose relevance is zero everywhere says so."""
-    shown, scale = _shown(tokens, scores, skip)
+    A text whose relevance is zero everywhere says so. `readout`: the index in `tokens`
+    a language model's prediction is read out at, grey, underlined and off the scale."""
+    shown, scale = _shown(tokens, scores, skip, readout)
     pieces = []
-    for token, value in shown:
-        red, green, blue = colour(value, scale)
+    for token, value, off in shown:
+        red, green, blue = _READOUT_GREY if off else colour(value, scale)
         ink = ";".join(map(str, text_colour((red, green, blue))))
         shown_token = printable(token)  # only our own escape sequences act
-        pieces.append(f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;{ink}m{shown_token}\x1b[0m")
+        underline = "\x1b[4m" if off else ""
+        pieces.append(
+            f"\x1b[48;2;{red};{green};{blue}m\x1b[38;2;{ink}m{underline}{shown_token}\x1b[0m"
+        )
     return " ".join(pieces) + ("  (every relevance is 0)" if scale == 0 else "")

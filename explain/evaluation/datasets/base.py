@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from explain.errors import InputError
@@ -160,6 +161,10 @@ class ImageAnswerExample:
             on (e.g. the asked object's name); may be empty.
         token_type_ids: the processor's token types where the model takes them
             (PaliGemma, Gemma 3), else None.
+        regions: (R, H, W) bool on the grid of `pixel_values`, the image's regions (the
+            objects of a scene), of which `mask`, when it holds pixels, is one
+            (`asked_region`); None: the example has no regions (it is left out of the
+            region numbers, and counted).
     """
 
     input_ids: tuple[int, ...]
@@ -168,6 +173,16 @@ class ImageAnswerExample:
     mask: Tensor
     text_evidence: tuple[int, ...] = ()
     token_type_ids: tuple[int, ...] | None = None
+    regions: Tensor | None = None
+
+    @property
+    def asked_region(self) -> int | None:
+        """The index of the region that is `mask` (the answer's object), or None when the
+        example has no regions or its answer is about no object."""
+        if self.regions is None or not bool(self.mask.any()):
+            return None
+        found = (self.regions == self.mask.bool()).flatten(1).all(dim=1).nonzero()
+        return int(found[0, 0]) if len(found) else None
 
     def __post_init__(self) -> None:
         _prompt_and_answer(self.input_ids, self.answer)
@@ -186,6 +201,17 @@ class ImageAnswerExample:
             raise InputError(
                 f"{len(self.token_type_ids)} token types for {len(self.input_ids)} tokens"
             )
+        if self.regions is not None:
+            size = tuple(self.mask.shape)
+            if self.regions.dim() != 3 or tuple(self.regions.shape[1:]) != size:
+                raise InputError(
+                    f"regions are (R, H, W) masks on the image's {size} grid, got "
+                    f"{tuple(self.regions.shape)}"
+                )
+            if self.regions.dtype != torch.bool or not bool(self.regions.flatten(1).any(1).all()):
+                raise InputError("regions are bool masks that each hold a pixel")
+            if bool(self.mask.any()) and self.asked_region is None:
+                raise InputError("the answer's object (mask) is none of the regions")
 
 
 Example = TypeVar(

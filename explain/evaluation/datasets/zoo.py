@@ -214,7 +214,8 @@ class ShapesAnswers:
     Each example's answer is the answer word's token alone (the end token after it says
     nothing about the scene); its mask is `Example.mask` (the pixels of the object the
     answer is about), on the grid of its pixel values because the scenes are drawn at the
-    processor's size (`size`); its text evidence is the position of the word the question
+    processor's size (`size`); its regions are the masks of the scene's objects (the
+    answer's object among them); its text evidence is the position of the word the question
     names (the asked kind, or the asked colour for "shape"). How the test counts them
     (explain.evaluation.vision_language): an example whose answer is about no object
     ("no", "none", "nothing": an empty mask) is left out of the pointing game and the
@@ -255,4 +256,5 @@ class ShapesAnswers:
             answer=(tokens[1],),
             mask=torch.from_numpy(item.mask),
             text_evidence=(ids.index(tokens[0]),),  # the question names it once
+            regions=torch.from_numpy(item.scene.masks),
         )
