@@ -11,7 +11,7 @@ TORCH := torch==2.14.1 torchvision==0.29.1
 # the one import of inseq's that the rest of it lacks (treescope).
 INSEQ := inseq==0.7.1
 
-.PHONY: demo test lab lint format bench zoo results clean
+.PHONY: demo readme-images test lab lint format bench zoo results clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,10 +27,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py --out outputs/demo
 
+# The demo, then its pictures copied over the README's (docs/images/: scripts/demo.py's
+# README_IMAGES), so that they are regenerated, never hand-made.
+readme-images: $(STAMP)
+	$(BIN)/python scripts/demo.py --out outputs/demo --readme-images
+
+# The whole suite in TEST_WORKERS processes (pytest-xdist), each test file's tests in one
+# of them (so a file's module fixtures and caches are built once), one torch thread per
+# process unless OMP_NUM_THREADS says otherwise: on 2 cores, 2 single-threaded workers
+# take about half the wall time of one process. `make test TEST_WORKERS=8` on more cores;
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	$(BIN)/ruff check explain tests scripts
 	$(BIN)/ruff format --check explain tests scripts
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # JupyterLab on the notebooks, from .venv (no activation needed); installs the extra once.
 lab: $(STAMP)

@@ -19,6 +19,7 @@ from explain.export import numpy_array, read_payload, write_payload
 from explain.finite import all_finite, check_finite
 from explain.normalize import normalize_per_sample
 from explain.rules.display import display_values, scale_note
+from explain.rules.registry import METHODS
 
 __all__ = ["Explanation", "Trace", "normalize_per_sample"]
 
@@ -89,6 +90,14 @@ class Explanation:
                 "float32 (or float64) model, or with another method",
                 error=ExplainError,
             )
+
+    @property
+    def class_agnostic(self) -> bool:
+        """Whether the method's map does not depend on the explained class (rollout, raw
+        attention, random: `Method.class_specific` false), so that every class gets the
+        same map: the figures and the viewer mark it (explain.viz.image.method_label)."""
+        method = METHODS.get(self.method)
+        return method is not None and not method.class_specific
 
     def heatmap(
         self, size: tuple[int, int] | int | None = None, *, normalize: bool = True

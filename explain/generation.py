@@ -10,7 +10,7 @@ of the (B, G, T) relevance reads out at position P + g - 1 (P: the padded prompt
 and explains the token generated at P + g over everything before it, exactly what a
 next-token explanation of the prefix would give. The explanation runs on the engine
 (explain.engine, `Request.prompt_length` -> `GenerationPlan`): one batched backward
-serves all columns; forward-only methods fold every column from the same attention maps.
+differentiates all columns; forward-only methods fold every column from the same attention maps.
 A vision-language model's answer about an image is explained the same way, over the image
 and the prompt (explain.engine.plans.image_text).
 

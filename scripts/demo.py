@@ -1,32 +1,51 @@
-"""`make demo`: explain the zoo's models offline and write the pictures under --out.
+"""`make demo`: explain the zoo's trained models offline and write the pictures under --out.
 
 - shapes-vit: held-out scenes with two or more objects, every registered method, each
   object's class explained on its own (a classes x methods grid per scene), plus a check
   that prints, per method, how often a class's map is brightest on that class's object;
 - digits-vit: held-out handwritten digits explained for their predicted class, by method;
 - minilm-sentiment: held-out review sentences highlighted word by word, as an HTML page;
-- a tiny random Llama (no trained language model ships offline): a generated continuation
-  explained token by token, as the HTML page and the matrix figure `explain generate`
-  writes; random weights, so it shows the pictures, not what a trained model reads.
+- recall-llama: a held-out recall prompt (facts `key value .` among filler, then `? key`)
+  answered and explained by `explain generate` (recall/generation.html and .png) and cited
+  by `explain cite` over the prompt's sentences (recall/cite/: cite.html, cite.png and
+  cite.json with the ablation check's verdict), both with the language-model default
+  method; the known answer is printed beside the model's;
+- shapes-llava: a question about a held-out scene answered and explained by `explain
+  generate --image` (llava/generation.html and .png: each answer word's map over the
+  scene) and cited by `explain cite --image` with the scene's objects as the regions
+  (llava/cite/), with the vision-language default method.
 
-Prints the paths of the files it wrote.
+The language and vision-language parts run the commands themselves, in this process: what
+they write is what a user's `explain generate` and `explain cite` write. With
+--readme-images the README's pictures (README_IMAGES) are copied from the outputs into
+docs/images/ (`make readme-images`), so that they are regenerated, never hand-made.
+
+Prints what it runs and the paths of the files it wrote.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
 from explain import METHODS, Explainer
+from explain.cli.cite import FILES as CITE_FILES  # what `explain cite` writes
 from explain.export import atomic_write
 from explain.loading.specs import load_model
 from explain.viz import batch_figure, explanation_grid, heatmap_figure, save_figure, save_image
+
+if TYPE_CHECKING:
+    from explain.data.recall import RecallExample
+    from explain.data.shapes_questions import Example as ShapesQuestion
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE_SCENES = 3
@@ -34,6 +53,15 @@ DIGITS = 8
 SENTENCES = 8
 DISPLAY_SIZE = 256  # the zoo's images are small; pictures are drawn at this size
 HERO_METHODS = ("generic", "transformer_attribution", "attention_gradcam", "rollout")
+README_IMAGES: dict[str, str] = {
+    "hero.png": "hero.png",
+    "generation.png": "recall/generation.png",
+    "vision-language.png": "llava/generation.png",
+}
+"""docs/images/NAME (the README's pictures) -> the output under --out it is a copy of."""
+ANSWER_FILES = ("generation.html", "generation.png", *(f"cite/{name}" for name in CITE_FILES))
+"""What the language and vision-language parts write into their folders."""
+RECALL_TOKENS, RECALL_FACTS = 48, 4  # short enough for every token to be read in the figure
 
 
 def upscale(pictures: Tensor, size: int = DISPLAY_SIZE) -> Tensor:
@@ -64,7 +92,12 @@ def shapes_demo(out: Path) -> list[Path]:
         written.append(out / "scenes" / f"scene_{b}.png")
         save_image(scene.image, written[-1])
         figure = explanation_grid(
-            pictures[b], results, sample=b, class_names=loaded.classes, transpose=True
+            pictures[b],
+            results,
+            sample=b,
+            class_names=loaded.classes,
+            transpose=True,
+            multi_label=loaded.multi_label,
         )
         written.append(out / f"shapes_{b}_all_methods.png")
         save_figure(figure, written[-1])
@@ -78,6 +111,7 @@ def shapes_demo(out: Path) -> list[Path]:
         {method: results[method] for method in HERO_METHODS},
         class_names=loaded.classes,
         transpose=True,
+        multi_label=loaded.multi_label,
     )
     written.append(out / "hero.png")
     save_figure(hero, written[-1])
@@ -154,45 +188,119 @@ def sentiment_demo(out: Path) -> list[Path]:
     return [path]
 
 
-def generation_demo(out: Path) -> list[Path]:
-    import tempfile
+def run_command(*argv: str) -> None:
+    """One `explain` command, in this process: the demo writes what the command writes."""
+    from explain.cli import main as explain
 
-    from explain.generation import explain_generation
-    from explain.loading.hub import quiet_transformers
-    from explain.testing.tiny_lm import save_tiny_lm
-    from explain.viz.generation import generation_html
-    from explain.viz.generation_figure import generation_figure
+    print("$ explain " + " ".join(shlex.quote(word) for word in argv))
+    status = explain(list(argv))
+    if status != 0:
+        raise SystemExit(f"`explain {argv[0]}` failed with status {status}")
 
-    with tempfile.TemporaryDirectory() as folder, quiet_transformers():
-        # the folder `explain generate --model` would read
-        loaded = load_model(save_tiny_lm(Path(folder) / "tiny-llama"))
-    explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
-    found = explain_generation(explainer, "w12 w30 w41 w17 w25 w9", max_new_tokens=8)
-    answer = found.answer()  # what `explain generate` shows, in the terminal, page and PNG
-    tokens, width, matrix = answer.tokens, answer.prompt_length, answer.relevance
-    rests = [answer.rests_on(g) for g in range(len(answer.generated))]
-    title = "tiny random Llama (shows the pictures, not a trained model)"
-    page = out / "generation.html"
-    with atomic_write(page, "w") as handle:
-        handle.write(
-            generation_html(tokens, width, matrix, method="generic", rests_on=rests, title=title)
-        )
-    picture = out / "generation.png"
-    save_figure(generation_figure(matrix, tokens, width, method="generic", title=title), picture)
-    return [page, picture]
+
+def recall_example() -> RecallExample:
+    """The held-out recall prompt the demo explains: the split's first."""
+    from explain.data import recall
+
+    (example,) = recall.examples("heldout", 1, RECALL_TOKENS, facts=RECALL_FACTS)
+    return example
+
+
+def recall_demo(out: Path) -> list[Path]:
+    """recall-llama's answer to a held-out prompt, as `explain generate` and `explain cite`
+    explain it with the language-model default (no --method)."""
+    example = recall_example()
+    folder = out / "recall"
+    folder.mkdir(parents=True, exist_ok=True)
+    words = example.text.split(" ")  # the question is the prompt's last three words: ? key
+    question = " ".join(words[-3:])
+    context = folder / "context.txt"
+    context.write_text(" ".join(words[:-3]), encoding="utf-8")
+    print(f"recall-llama: held-out prompt {example.seed}, the known answer: {example.answer_text}")
+    answer_tokens = str(len(example.answer))
+    model = ("--model", "zoo:recall-llama", "--max-new-tokens", answer_tokens)
+    run_command("generate", example.text, *model, "--out", str(folder))
+    template = ("--template", "{context} {question}")  # the prompt exactly, as generated
+    cite = ("--context", str(context), "--question", question, *template)
+    run_command("cite", *cite, *model, "--out", str(folder / "cite"))
+    return [context, *(folder / name for name in ANSWER_FILES)]
+
+
+def scene_question() -> ShapesQuestion:
+    """The held-out question the demo asks shapes-llava: the first whose answer is about
+    an object, in a scene of more than one (so that the regions compete)."""
+    from explain.data import shapes_questions
+
+    return next(
+        item
+        for item in shapes_questions.examples("heldout", 50)
+        if item.target is not None and len(item.scene.kinds) > 1
+    )
+
+
+def vision_language_demo(out: Path) -> list[Path]:
+    """shapes-llava's answer to a question about a held-out scene: `explain generate
+    --image` (each answer word's map) and `explain cite --image` over the scene's objects
+    (each object's mask a region)."""
+    import json
+
+    from explain.data.shapes import COLOURS, KINDS
+
+    example = scene_question()
+    folder = out / "llava"
+    scene = example.scene
+    photo = folder / "scene.png"
+    save_image(scene.image, photo)
+    regions = []
+    for index, (kind, colour) in enumerate(zip(scene.kinds, scene.colours, strict=True)):
+        mask = folder / f"object_{index}.png"
+        save_image(np.repeat(scene.masks[index][..., None], 3, axis=-1).astype(float), mask)
+        regions.append({"name": f"{COLOURS[colour]} {KINDS[kind]}", "mask": mask.name})
+    regions_file = folder / "regions.json"
+    regions_file.write_text(json.dumps(regions, indent=1), encoding="utf-8")
+    print(
+        f"shapes-llava: held-out scene {example.seed}, {example.text!r}, "
+        f"the known answer: {example.answer}"
+    )
+    model = ("--model", "zoo:shapes-llava")
+    run_command("generate", "--image", str(photo), example.text, *model, "--out", str(folder))
+    cite = ("--image", str(photo), "--question", example.text, "--regions", str(regions_file))
+    run_command("cite", *cite, *model, "--out", str(folder / "cite"))
+    return [photo, regions_file, *(folder / name for name in ANSWER_FILES)]
+
+
+def copy_readme_images(out: Path, images: Path = ROOT / "docs" / "images") -> list[Path]:
+    """Copy the README's pictures (README_IMAGES) from the demo's outputs in `out` into
+    `images`, atomically; returns the copies."""
+    copies = []
+    for name, output in README_IMAGES.items():
+        copies.append(images / name)
+        with atomic_write(copies[-1]) as handle:
+            handle.write((out / output).read_bytes())
+    return copies
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "demo")
+    parser.add_argument(
+        "--readme-images",
+        action="store_true",
+        help="then copy the README's pictures from the outputs into docs/images/",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     written = (
         shapes_demo(args.out)
         + digits_demo(args.out)
         + sentiment_demo(args.out)
-        + generation_demo(args.out)
+        + recall_demo(args.out)
+        + vision_language_demo(args.out)
     )
+    if args.readme_images:
+        written += copy_readme_images(args.out)
     print(f"wrote {len(written)} files in {time.perf_counter() - start:.0f} s:")
     for path in written:
         print(f"  {path}")

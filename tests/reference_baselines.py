@@ -7,7 +7,8 @@ input at a time (no padding, no batching), with nothing of `explain`:
 - integrated gradients loops over the Gauss-Legendre (or Riemann) points one at a time,
   the nodes and weights taken from numpy and mapped from [-1, 1] to [0, 1] here;
 - occlusion loops over the tokens, one forward each;
-- SmoothGrad loops over its noisy copies, the noise drawn here from its seed.
+- SmoothGrad loops over its noisy copies, the noise drawn here from its seed, entry by
+  entry in unsigned 32-bit Python integers (`counter_noise`).
 
 Each function takes `scores`, embeddings (1, P, D) -> logits (1, C), the input's
 embeddings `e` (1, P, D), the baseline's `e0` and the explained class; it returns (P,)
@@ -17,6 +18,7 @@ relevance.
 from __future__ import annotations
 
 import copy
+import statistics
 from collections.abc import Callable
 
 import numpy as np
@@ -63,6 +65,26 @@ def occlusion(scores: Scores, e: Tensor, e0: Tensor, target: int) -> Tensor:
     return torch.stack(drops)
 
 
+def counter_noise(seed: int, copy: int, count: int) -> Tensor:
+    """SmoothGrad's `count` standard normals of copy `copy` under `seed`, for the entries
+    numbered 1 to `count`, one at a time in unsigned 32-bit arithmetic as docs/methods.md
+    ("SmoothGrad") writes the generator: lowbias32, the key of the seed and copy, the
+    entry's word, its top 24 bits a uniform, the standard normal quantile of it."""
+
+    def mix(x: int) -> int:
+        x ^= x >> 16
+        x = x * 0x7FEB352D % 2**32
+        x ^= x >> 15
+        x = x * 0x846CA68B % 2**32
+        return x ^ (x >> 16)
+
+    seed %= 2**64
+    key = mix(copy ^ mix(mix(seed % 2**32) ^ (seed >> 32)))
+    words = [mix(mix(j) ^ key) for j in range(1, count + 1)]
+    quantile = statistics.NormalDist().inv_cdf
+    return torch.tensor([quantile((w // 2**8 + 0.5) / 2**24) for w in words], dtype=torch.float64)
+
+
 def smoothgrad(
     scores: Scores,
     e: Tensor,
@@ -75,15 +97,14 @@ def smoothgrad(
     times_input: bool = False,
 ) -> Tensor:
     """SmoothGrad as the paper writes it, one noisy copy at a time: noise of standard
-    deviation sigma * (max - min) of e, copy s's the s-th draw of torch.randn shaped as
-    e from a generator seeded with `seed`; the copy's |gradient| (or noisy input times
-    gradient), squared where asked, averaged over the copies and summed over D."""
-    generator = torch.Generator().manual_seed(seed)
+    deviation sigma * (max - min) of e, copy s's `counter_noise(seed, s, ...)` over e's
+    entries in row-major order; the copy's |gradient| (or noisy input times gradient),
+    squared where asked, averaged over the copies and summed over D."""
     stdev = sigma * float(e.max() - e.min())
     total = torch.zeros_like(e)
-    for _ in range(samples):
-        noisy = e + stdev * torch.randn(e.shape, generator=generator, dtype=e.dtype)
-        noisy = noisy.detach().requires_grad_(True)
+    for s in range(samples):
+        noise = counter_noise(seed, s, e.numel()).reshape(e.shape).to(e.dtype)
+        noisy = (e + stdev * noise).detach().requires_grad_(True)
         (gradient,) = torch.autograd.grad(scores(noisy)[0, target], noisy)
         attribution = noisy * gradient if times_input else gradient.abs()
         total = total + (attribution**2 if squared else attribution)

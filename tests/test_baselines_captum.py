@@ -152,7 +152,7 @@ def test_smoothgrad_equals_captums_noise_tunnel_on_the_same_noise(
 ):
     """captum's NoiseTunnel over Saliency (|gradient|) or InputXGradient at the patch or
     word embeddings, one input at a time, its Gaussian noise replaced by ours (copy s:
-    the s-th torch.randn shaped as the embeddings from a generator seeded with `seed`,
+    reference_baselines.counter_noise of the seed and s over the embeddings' entries,
     times the stdev the call records), summed over the hidden size; float64 models."""
     samples, target = 4, 1
     if kind == "vit":
@@ -173,10 +173,9 @@ def test_smoothgrad_equals_captums_noise_tunnel_on_the_same_noise(
         squared=nt_type == "smoothgrad_sq",
     )
     stdev = ours.settings["noise_stdev"][0]
-    generator = torch.Generator().manual_seed(3)
     noise = torch.cat(
-        [torch.randn(e.shape, generator=generator, dtype=e.dtype) for _ in range(samples)]
-    )
+        [ref.counter_noise(3, s, e.numel()).reshape(e.shape) for s in range(samples)]
+    ).to(e.dtype)
 
     def our_noise(input, stdev_given, count):
         assert (count, stdev_given) == (samples, stdev)

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from explain import Explainer, engine
+from explain import Explainer, UnsupportedModelError, engine
 from explain.cite import cite
 from explain.generation import explain_generation
 from explain.testing import ModelState, tiny_lm
@@ -59,12 +59,20 @@ def _boot(folder):
         )
 
 
-def _plain(folder, tokenizer) -> Explainer:
+@pytest.fixture(scope="module")
+def bridge(folder):
+    """One bridge for the tests that only explain it: an explanation leaves the bridge as
+    found (test_the_bridge_its_hooks_and_settings_are_left_as_found boots its own)."""
+    return _boot(folder)
+
+
+@pytest.fixture(scope="module")
+def plain(folder, bridge) -> Explainer:
     """The plain Hugging Face model of the same folder, with the bridge's tokenizer (which
     TransformerLens sets to put a start token first)."""
     from transformers import AutoModelForCausalLM
 
-    return Explainer(AutoModelForCausalLM.from_pretrained(folder), tokenizer=tokenizer)
+    return Explainer(AutoModelForCausalLM.from_pretrained(folder), tokenizer=bridge.tokenizer)
 
 
 def _methods() -> list[str]:
@@ -79,19 +87,16 @@ def _assert_same(result, expected) -> None:
 
 
 @pytest.mark.parametrize("method", _methods())
-def test_every_method_equals_the_plain_hugging_face_model(folder, method):
-    bridge = _boot(folder)
+def test_every_method_equals_the_plain_hugging_face_model(bridge, plain, method):
     explainer = Explainer(bridge)
     assert explainer.tokenizer is bridge.tokenizer
     result = explainer.explain(TEXTS, method=method)
-    expected = _plain(folder, bridge.tokenizer).explain(TEXTS, method=method)
+    expected = plain.explain(TEXTS, method=method)
     assert result.tokens == expected.tokens
     _assert_same(result, expected)
 
 
-def test_generations_and_cite_equal_the_plain_models(folder):
-    bridge = _boot(folder)
-    plain = _plain(folder, bridge.tokenizer)
+def test_generations_and_cite_equal_the_plain_models(bridge, plain):
     generated = explain_generation(Explainer(bridge), TEXTS, max_new_tokens=3)
     expected = explain_generation(plain, TEXTS, max_new_tokens=3)
     assert torch.equal(generated.generation.input_ids, expected.generation.input_ids)
@@ -142,3 +147,22 @@ def test_in_compatibility_mode_the_view_computes_what_the_bridge_computes(folder
         logits = bridge(tokens)
     result = Explainer(bridge).explain({"input_ids": tokens, "attention_mask": tokens * 0 + 1})
     torch.testing.assert_close(result.logits, logits[:, -1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_native_model_is_refused_saying_what_to_use_instead():
+    """TransformerLens 4's native models (boot_native from its own config; HookedTransformer
+    is gone since 4.0) hold no Hugging Face model: refused, pointing to boot_transformers
+    around a Hugging Face model built from a config."""
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    config = TransformerBridgeConfig(
+        d_model=16, n_layers=1, n_heads=2, d_head=8, n_ctx=16, d_vocab=64, act_fn="gelu", seed=0
+    )
+    bridge = TransformerBridge.boot_native(config)
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"wraps a transformer_lens\..*NativeModel, not a Hugging Face model.*"
+        r"boot_transformers\(folder, hf_model=model\)",
+    ):
+        Explainer(bridge)

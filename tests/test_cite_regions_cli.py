@@ -136,3 +136,32 @@ def test_the_page_shows_the_figures_picture_on_one_signed_scale():
         "r2c1",
         "r1c2",
     ]
+
+
+def test_a_cropped_photo_is_said_in_the_figures_and_terminals_of_both_image_commands(
+    folder, photo, tmp_path, capsys, monkeypatch
+):
+    """The tiny LLaVA's processor keeps the 60x40 photo's shorter side and crops the
+    centre: the figures and the terminals of `explain cite --image` and `explain generate
+    --image` say what the model saw, in the words of the terminal of `explain image`
+    (crop_note), once per command."""
+    import explain.viz
+    from explain.loading import load_model
+
+    note = load_model(str(folder)).preprocessing.crop_note((40, 60))
+    assert note == "centre-cropped 60x40 -> 40x40 (67% of the image)"
+    captions = []
+
+    def keep_caption(figure, out):  # its texts without white space: lines wrap at hyphens
+        captions.append("".join("".join(t.get_text() for t in figure.texts).split()))
+
+    monkeypatch.setattr(explain.viz, "save_figure", keep_caption)
+    sentence = f"The model saw only part of the photo: {note}."
+    capsys.readouterr()
+    assert _cite(folder, photo, tmp_path / "cited") == 0
+    assert capsys.readouterr().out.splitlines().count(sentence) == 1
+    generate = ["generate", "--image", str(photo[0]), QUESTION, "--model", str(folder)]
+    assert main([*generate, "--max-new-tokens", "2", "--out", str(tmp_path / "answer")]) == 0
+    assert capsys.readouterr().out.splitlines().count(sentence) == 1
+    said = "".join(sentence.split())
+    assert len(captions) == 2 and all(said in text for text in captions)

@@ -691,3 +691,88 @@ def test_image_prints_each_images_prediction(capsys, tmp_path, model_folder):
         top = int(row.argmax())
         line = next(line for line in out.splitlines() if line.startswith(f"{path}: "))
         assert line.endswith(f"(class {top}) {float(row[top]):.1%}")
+
+
+def test_image_heads_a_class_agnostic_method_as_the_figures_do(
+    capsys, tmp_path, model_folder, monkeypatch
+):
+    """`explain image --grid` heads rollout's row and its maps' titles "rollout
+    (class-agnostic)" (method_label) and its grid's caption says what the mark means."""
+    import explain.viz
+    from explain.viz.image import CLASS_AGNOSTIC
+
+    drawn = {}
+
+    def keep(figure, out):
+        panels = [axis.get_ylabel() for axis in figure.axes if axis.get_ylabel()]
+        titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+        text = " ".join(" ".join(t.get_text() for t in figure.texts).split())
+        drawn[os.path.basename(out)] = (panels, titles, text)
+
+    monkeypatch.setattr(explain.viz, "save_figure", keep)
+    paths = _write_images(tmp_path / "in", 1)
+    status, _, _ = _run(
+        capsys, "image", *paths, "--model", model_folder, "--method", "generic,rollout",
+        "--target", "0", "--grid", "--out", tmp_path / "out",
+    )  # fmt: skip
+    assert status == 0
+    rows, _, caption = drawn["image0_grid.png"]
+    assert rows[:2] == ["generic", "rollout (class-agnostic)"]  # then the colour key's
+    assert f"{CLASS_AGNOSTIC[0].upper()}{CLASS_AGNOSTIC[1:]}." in caption
+    titles = {name: drawn[name][1] for name in drawn if name != "image0_grid.png"}
+    assert [t[0].split(":")[0] for _, t in sorted(titles.items())] == [
+        "generic",
+        "rollout (class-agnostic)",
+    ]
+    drawn.clear()
+    status, _, _ = _run(
+        capsys, "image", *paths, "--model", model_folder, "--method", "generic", "--grid",
+        "--out", tmp_path / "alone",
+    )  # fmt: skip
+    assert status == 0 and "lass-agnostic" not in drawn["image0_grid.png"][2]
+
+
+def test_a_cropped_photo_is_said_in_the_terminal_and_in_every_figure(
+    capsys, tmp_path, model_folder, monkeypatch
+):
+    """A 300x120 photo is centre-cropped to its middle square: the prediction's line and
+    the caption of each map's figure and of the grid say what the model saw, in the same
+    words (ImagePreprocessing.crop_note)."""
+    import dataclasses
+
+    import explain.cli.image
+    import explain.viz
+    from explain.cli.options import load
+    from explain.loading.preprocessing import ImagePreprocessing
+
+    # The model folder's preprocessing resizes a photo whole; this one keeps the shorter
+    # side and crops the centre, as timm's and the Hugging Face processors' do.
+    cropping = ImagePreprocessing(size=(32, 32), mean=MEAN, std=STD, resize=(32, 32), fit="shorter")
+    monkeypatch.setattr(
+        explain.cli.image,
+        "load",
+        lambda *a, **k: dataclasses.replace(load(*a, **k), preprocessing=cropping),
+    )
+    path = tmp_path / "wide.png"
+    Image.fromarray(np.full((120, 300, 3), 90, dtype=np.uint8)).save(path)
+    note = cropping.crop_note((120, 300))
+    assert note == "centre-cropped 300x120 -> 120x120 (40% of the image)"
+    captions = []
+
+    def keep_caption(figure, out):
+        captions.append(" ".join(" ".join(t.get_text() for t in figure.texts).split()))
+
+    monkeypatch.setattr(explain.viz, "save_figure", keep_caption)
+    argv = ("image", path, "--model", model_folder, "--grid", "--out", tmp_path / "o")
+    status, out, _ = _run(capsys, *argv)
+    assert status == 0
+    assert next(line for line in out.splitlines() if line.startswith(f"{path}: ")).endswith(
+        f"({note})"
+    )
+    assert len(captions) == 2  # the predicted class's map and the grid
+    assert all(f"The model saw only part of the photo: {note}." in text for text in captions)
+    square = tmp_path / "square.png"
+    Image.fromarray(np.full((64, 64, 3), 90, dtype=np.uint8)).save(square)
+    captions.clear()
+    assert _run(capsys, "image", square, "--model", model_folder, "--out", tmp_path / "s")[0] == 0
+    assert captions and not any("part of the photo" in text for text in captions)

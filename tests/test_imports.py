@@ -44,10 +44,13 @@ def test_every_public_name_is_its_modules_own():
 
 
 def test_import_loads_no_bridged_library():
-    """The bridges' libraries are optional extras, imported only when a bridge is used."""
+    """The bridges' libraries are optional extras, imported only when a bridge is used
+    (the modules that hold the bridges, and making an Explainer, which asks whether its
+    model is a bridge's, import none)."""
     bridged = ("captum", "inseq", "nnsight", "transformer_lens", "quantus")
     code = (
-        "import sys, explain, explain.bridges, explain.generation; "
+        "import sys, explain, explain.bridges, explain.generation, explain.evaluation.quantus; "
+        "from explain.testing import tiny_vit; explain.Explainer(tiny_vit()); "
         f"print(','.join(m for m in {bridged!r} if m in sys.modules))"
     )
     assert _printed(code) == ""

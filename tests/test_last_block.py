@@ -145,9 +145,9 @@ def test_fused_last_block_takes_the_gradients_of_as_many_columns_as_fit_the_budg
     keys = torch.rand(3, 2, 5, generator=generator) > 0.2
     fold = _RecordingBlock(1, gradcam_maps, readouts, keys)
     layout = TokenLayout(modality="text", num_tokens=5)
-    sink = SetFolds({"text": fold}, [TokenSet("text", range(1), layout, readouts[0])])
+    call_fold = SetFolds({"text": fold}, [TokenSet("text", range(1), layout, readouts[0])])
     one_column = 2 * 2 * 5 * 5 * 8  # a (B, H, N, N) float64 dA
-    FoldFeed(sink, max_bytes=one_column).add(0, slice(0, 3), block, output_grads)
+    FoldFeed(call_fold, max_bytes=one_column).add(0, slice(0, 3), block, output_grads)
     assert fold.steps == [slice(0, 1), slice(1, 2), slice(2, 3)]
     attention = block.probabilities()
     result = fold.result()

@@ -99,20 +99,9 @@ def _syncs(method: str) -> int:
     return 14 if _copies(method, (4,)) else 8
 
 
-_PER_INPUT_NOISE = pytest.mark.xfail(
-    strict=True,
-    reason="a known defect: SmoothGrad draws each input's noise from its own generator on "
-    "the host (batch == single), 2 ops per input and copy, so its launches grow with the batch",
-)
-
-
 @pytest.mark.parametrize(
     "method, path",
-    [
-        pytest.param(method, path, marks=_PER_INPUT_NOISE if method == "smoothgrad" else ())
-        for method in METHODS
-        for path in _paths(method)
-    ],
+    [(method, path) for method in METHODS for path in _paths(method)],
 )
 def test_vit_counts_do_not_grow_with_the_batch(path, method):
     """Every method, on each path it takes: 2 and 16 images of ViT-B/16's 197 tokens."""

@@ -22,6 +22,7 @@ from explain.evaluation.recall_answers import (
     chain_check,
     evidence_check,
     greedy_answers,
+    other_lengths_accuracy,
     recall_accuracy,
     trained_length,
 )
@@ -99,7 +100,8 @@ def test_accuracy_is_exact_match_of_the_whole_answer():
     ones = [replace(e, answer=a) for e, a in zip(examples, answers, strict=True)]
     assert answer_accuracy(model, ones) == 0.5
     accuracy, details = recall_accuracy(loaded(), 3)
-    assert 0 <= accuracy <= 1
+    assert 0 <= accuracy <= 1 and details == {}
+    details = other_lengths_accuracy(loaded(), 3)
     assert list(details) == [
         "0.25x the trained length (16 tokens, 2 facts)",
         "0.5x the trained length (32 tokens, 2 facts)",

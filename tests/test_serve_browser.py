@@ -244,7 +244,8 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
     value, row, column = hover_value(page, rollout, "#hover", 60, 180)
     expected = reference(shapes_vit, photo, "rollout", [other])[0, row, column]
     torch.testing.assert_close(torch.tensor(value), expected)
-    assert page.inner_text("#hover").startswith(f"rollout · {name}: patch ({row}, {column})")
+    hovered = f"rollout (class-agnostic) · {name}: patch ({row}, {column})"
+    assert page.inner_text("#hover").startswith(hovered)
 
     # Export: the view as PNG, the relevance through Explanation.save (npz and json).
     with page.expect_download() as download:
@@ -263,6 +264,49 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
         torch.testing.assert_close(
             loaded.relevance[0].float(), reference(shapes_vit, photo, "generic", [other])
         )
+    page.close()
+
+
+def test_a_class_agnostic_method_is_marked_as_the_figures_mark_it(browser, image_server):
+    """Rollout reads no class: its maps of two classes are the same, and its row is
+    headed as explanation_grid heads it, the mark explained on hover; generic's is not."""
+    from explain.viz.image import CLASS_AGNOSTIC, method_label
+
+    page = open_page(browser, image_server.url)
+    open_image(page, "circle/scene_0.png", methods=("generic", "rollout"))
+    page.fill("#top", "2")
+    page.dispatch_event("#top", "change")
+    expect(page.locator("#grid canvas")).to_have_count(4)
+    settled(page)
+    rows = page.eval_on_selector_all(
+        "#grid tr th:first-child", "hs => hs.map(h => [h.textContent, h.title])"
+    )
+    assert rows == [["", ""], ["generic", ""], [method_label("rollout", True), CLASS_AGNOSTIC]]
+    assert method_label("rollout", True) == "rollout (class-agnostic)"
+    one, two = (
+        canvas_pixels(page, f"#grid canvas[data-method=rollout] >> nth={k}") for k in (0, 1)
+    )
+    assert np.array_equal(one, two)  # what the mark says
+    page.close()
+
+
+@pytest.mark.parametrize(
+    ("top", "shown"), [("0", "got 0"), ("1.5", "got 1.5"), ("9", "1..{classes}, got 9")]
+)
+def test_a_top_the_model_cannot_take_is_refused_with_what_it_takes(
+    browser, image_server, shapes_vit, top, shown
+):
+    """A `top` of 0 once showed the top-1 map without a word: now the page sends what
+    was typed and says why the server refuses it, leaving no map of other settings."""
+    shown = shown.format(classes=len(shapes_vit.classes))
+    page = open_page(browser, image_server.url)
+    open_image(page, "circle/scene_0.png")
+    page.fill("#top", top)
+    page.dispatch_event("#top", "change")
+    page.wait_for_selector("#message:not([hidden])")
+    message = page.inner_text("#message")
+    assert "top must be" in message and shown in message, message
+    assert page.locator("#grid canvas").count() == 0
     page.close()
 
 
@@ -649,6 +693,53 @@ def test_the_language_model_page_offers_its_methods_keys_its_colours_and_clears_
         assert "not available" in page.inner_text("#message")
         for emptied in ("#generation", "#gen-keys", "#gen-caption"):
             assert page.inner_html(emptied) == "", emptied
+        page.close()
+
+
+def test_the_language_model_view_fits_a_1280_pixel_window_and_says_its_token_limit(
+    browser, tmp_path
+):
+    """A long prompt's tokens wrap inside a 1280-pixel window (no horizontal scrolling),
+    and a prompt past the model's positions is refused before any model work, saying how
+    many tokens it has and how many the view takes, as the prompt box says beforehand."""
+    from explain.testing.tiny_lm import save_tiny_lm
+
+    folder = save_tiny_lm(tmp_path / "tiny-llama", "llama")
+    loaded = load_model(folder)
+    with serving(loaded, str(folder), None, tmp_path / "cache") as server:
+        limit = server.workbench.max_tokens  # the tiny Llama's 64 positions
+        page = open_page(browser, server.url)
+        page.set_viewport_size({"width": 1280, "height": 800})
+        assert f"at most {limit} tokens" in page.get_attribute("#prompt", "placeholder")
+        prompt = " ".join(f"w{10 + i % 40}" for i in range(limit - 8))
+        page.fill("#prompt", prompt)
+        page.fill("#max-new-tokens", "8")
+        page.click("#generate")
+        page.wait_for_selector("#generation .token.generated")
+        settled(page)
+        page.click("#generation .token.generated >> nth=0")
+        width = "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
+        scrolled, window = page.evaluate(width)
+        assert window == 1280 and scrolled <= window
+        rights = page.eval_on_selector_all(
+            "#generation .token", "ts => ts.map(t => t.getBoundingClientRect().right)"
+        )
+        assert max(rights) <= window
+        lines = page.eval_on_selector_all(
+            "#generation .token", "ts => new Set(ts.map(t => t.getBoundingClientRect().y)).size"
+        )
+        assert lines > 1  # wrapped, not squeezed
+
+        too_long = " ".join(["w10"] * (limit + 1))
+        count = len(loaded.tokenizer(too_long)["input_ids"])
+        page.fill("#prompt", too_long)
+        page.click("#generate")
+        page.wait_for_selector("#message:not([hidden])")
+        assert page.inner_text("#message") == (
+            f"the text has {count} tokens; this view takes at most {limit} (the model's "
+            "position embeddings end there): shorten it"
+        )
+        assert page.inner_html("#generation") == ""
         page.close()
 
 

@@ -13,6 +13,7 @@ from reference_hf import padded_batch, tiny_text_model
 
 from explain import METHODS, Explainer, OptionError
 from explain.rules import Need
+from explain.rules.smoothgrad import counter_normals
 from explain.testing import ModelState, tiny_vit
 
 TEXTS = [[2, 17, 5, 33, 8, 41, 3], [2, 9, 28, 3], [2, 50, 11, 6, 3]]
@@ -99,6 +100,28 @@ def test_batch_equals_single_and_chunks_change_nothing(kind):
             got = got[inputs["attention_mask"][b].bool()]
         torch.testing.assert_close(got, one.relevance[0], rtol=1e-4, atol=1e-6)
         assert batch.settings["noise_stdev"][b] == pytest.approx(one.settings["noise_stdev"][0])
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**40 + 5, -1])
+def test_the_noise_is_the_documented_generators(seed):
+    """counter_normals against the reference's entry-by-entry unsigned arithmetic, for
+    seeds beyond 32 bits and negative ones (taken mod 2^64), and copies past the first."""
+    entries = torch.arange(1, 301)
+    draws = counter_normals(seed, range(3, 5), entries, torch.float64)
+    assert draws.shape == (2, 1, 300)
+    for copy, drawn in zip((3, 4), draws[:, 0], strict=True):
+        torch.testing.assert_close(drawn, ref.counter_noise(seed, copy, 300), rtol=0, atol=1e-12)
+
+
+def test_the_noise_is_standard_normal_and_uncorrelated():
+    """2^17 draws of two copies: mean 0, variance 1, the normal's tail mass beyond 2, no
+    correlation between copies or neighbours (each bound 5 to 7 standard errors)."""
+    draws = counter_normals(0, range(2), torch.arange(1, 2**17 + 1), torch.float64)[:, 0]
+    first, second = draws
+    assert abs(float(draws.mean())) < 0.01 and abs(float(draws.var()) - 1) < 0.02
+    assert abs(float((draws.abs() > 2).double().mean()) - 0.0455) < 0.003
+    for a, b in [(first, second), (first[1:], first[:-1])]:
+        assert abs(float(torch.corrcoef(torch.stack([a, b]))[0, 1])) < 0.015
 
 
 def test_the_seed_chooses_the_noise():

@@ -17,7 +17,7 @@ import explain.engine.kernels.torch_fold as torch_fold
 from explain import Explainer
 from explain.engine.fused import FusedBlock
 from explain.engine.plans.base import SetFolds
-from explain.engine.plans.image_text import ImageTextSink
+from explain.engine.plans.image_text import ImageTextFold
 from explain.engine.spread import FoldFeed
 from explain.layout import FusedAttentionSite, Pieces, TokenLayout, TokenSet
 from explain.rules.attention import rollout_split
@@ -171,7 +171,7 @@ def test_streamed_causal_lm_equals_whole_maps_in_float64(monkeypatch, family, me
     batch = ref.padded_batch(TEXTS, "right")
     options = {"target": [0, 1, 2]} if method == "generic" else {}
     with monkeypatch.context() as whole_maps:  # no block taken as a spread: whole maps
-        whole_maps.setattr(SetFolds, "spread_of", lambda self, layer: None)
+        whole_maps.setattr(SetFolds, "spread", None)
         whole = Explainer(model, attention_path="fused").explain(batch, method=method, **options)
     assert whole.settings["attention_path"] == "fused"
     streamed = Explainer(model, attention_path="fused", memory_budget=1)
@@ -257,8 +257,8 @@ def test_a_block_mask_becomes_a_key_mask_where_it_is_one():
     assert not bool(_block(additive + 0.5, causal=False).key_mask()[1])  # a bias
 
 
-def _sink(fold, tokens):
-    """A call's sink of one token set of `tokens` tokens, over `fold`'s blocks."""
+def _call_fold(fold, tokens):
+    """A call's fold of one token set of `tokens` tokens, over `fold`'s blocks."""
     layout = TokenLayout(modality="text", num_tokens=tokens)
     token_set = TokenSet("text", range(len(fold.layers)), layout, torch.zeros(1, tokens))
     return SetFolds({"text": fold}, [token_set])
@@ -287,7 +287,7 @@ def test_a_block_in_pieces_folds_piece_by_piece_as_its_dense_map(
     gradients = output_grads @ value.transpose(-2, -1)[None]
     whole.add(0, slice(0, 3), attention, gradients if mode is SpreadMode.GRADIENT else None)
     streamed = ReadoutFold(readouts, range(1), matrix, split, spread=mode)
-    FoldFeed(_sink(streamed, 8), budget).add(0, slice(0, 3), block, output_grads)
+    FoldFeed(_call_fold(streamed, 8), budget).add(0, slice(0, 3), block, output_grads)
     torch.testing.assert_close(streamed.result(), whole.result(), rtol=1e-10, atol=1e-12)
 
 
@@ -317,8 +317,8 @@ def test_a_tower_fold_starts_from_the_language_models_rows():
             rows, range(2), gradient_weighted, generic_split, spread=SpreadMode.GRADIENT
         )
 
-    def sink():
-        return ImageTextSink(fold(readouts), 2, image, fold, range(2))
+    def call_fold():
+        return ImageTextFold(fold(readouts), 2, image, fold, range(2))
 
     expected = []
     for c in range(3):
@@ -326,17 +326,17 @@ def test_a_tower_fold_starts_from_the_language_models_rows():
         row = _reference(readouts[c], column, gradient_weighted, True, False) @ mix
         tower_column = [(a, g[c]) for a, g in tower]
         expected.append(_reference(row, tower_column, gradient_weighted, True, False))
-    together = sink()
+    together = call_fold()
     arrivals = [(3, text[1]), (2, text[0]), (1, tower[1]), (0, tower[0])]  # last first
     for columns in (slice(0, 1), slice(1, 3)):  # chunks of a batched backward
         for layer, (attention, grads) in arrivals:
             together.add(layer, columns, attention, grads[columns])
     _, towers = together.result()
     torch.testing.assert_close(towers, torch.stack(expected), rtol=1e-10, atol=1e-12)
-    forward = sink()  # a forward's order: the tower's blocks wait for the text's fold
+    forward = call_fold()  # a forward's order: the tower's blocks wait for the text's fold
     for layer, (attention, grads) in reversed(arrivals):
         forward.add(layer, slice(0, 3), attention, grads)
     torch.testing.assert_close(forward.result()[1], towers, rtol=1e-10, atol=1e-12)
-    early = sink()
+    early = call_fold()
     with pytest.raises(RuntimeError, match="before the language model's fold ended"):
         early.fold(1, slice(None), lambda rows: rows, lambda: None)

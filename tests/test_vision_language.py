@@ -535,7 +535,7 @@ def test_the_fused_path_builds_no_map_of_a_tower_block(family, method):
     # dense mask of Qwen2.5-VL's windows (folded piece by piece), no chunk of all rows.
     # The same call folding each column from whole maps does build them (the test can
     # fail), to the same numbers.
-    from explain.engine.plans.image_text import ImageTextSink
+    from explain.engine.plans.image_text import ImageTextFold
     from explain.testing.tiny_vlm import PATCH_SIZE, tiny_qwen2_vl, tiny_qwen2_vl_processor
 
     if family == "qwen2.5":
@@ -556,9 +556,7 @@ def test_the_fused_path_builds_no_map_of_a_tower_block(family, method):
     for route in ("streamed", "whole maps"):
         with contextlib.ExitStack() as stack:
             if route == "whole maps":
-                stack.enter_context(
-                    mock.patch.object(ImageTextSink, "spread_of", return_value=None)
-                )
+                stack.enter_context(mock.patch.object(ImageTextFold, "spread", None))
             seen = stack.enter_context(_Shapes())
             found = explain_generation(explainer, made, method=method, depth="tower")
         maps[route] = {shape for shape in seen.shapes if shape.count(tokens) >= 2}

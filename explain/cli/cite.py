@@ -39,6 +39,7 @@ from explain.cli.options import (
     RawDescriptionHelpFormatter,
     add_model_arguments,
     add_out_argument,
+    crop_caption,
     load,
     load_vision_language,
     positive_int,
@@ -149,18 +150,28 @@ def _run_image(args: argparse.Namespace) -> int:
     loaded = load_vision_language(args)
     explainer = Explainer(loaded.model, tokenizer=loaded.tokenizer)
     methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
+    assert loaded.preprocessing is not None  # load_vision_language checks it
+    seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    if seen is not None:
+        print(seen)  # the terminal says what the figure's caption says
     for method in methods:
         if len(methods) > 1:
             print(f"[{method}]")
-        _cite_image_one(args, explainer, photo, grid, method)
+        _cite_image_one(args, explainer, photo, grid, method, seen)
     return 0
 
 
 def _cite_image_one(
-    args: argparse.Namespace, explainer: Explainer, photo: Any, grid: tuple[int, int], method: str
+    args: argparse.Namespace,
+    explainer: Explainer,
+    photo: Any,
+    grid: tuple[int, int],
+    method: str,
+    seen: str | None,
 ) -> None:
     """Cite the photo's regions with one method: the terminal's lines and its three files
-    (named for the method when --method names several)."""
+    (named for the method when --method names several); `seen`: what the figure's caption
+    says of a crop (`crop_caption`)."""
     import numpy as np
 
     from explain.cite.image import cite_image
@@ -201,7 +212,9 @@ def _cite_image_one(
     )
     with atomic_write(html, "w") as handle:
         handle.write(page)
-    caption = f"Verdict: {check.verdict}. {check.ablation}."
+    caption = " ".join(
+        filter(None, [f"Verdict: {check.verdict}. Ablation: {check.ablation}.", seen])
+    )
     save_figure(
         regions_figure(pixels, result.regions, result.scores, caption=caption, title=title), png
     )

@@ -39,6 +39,7 @@ from explain.cli.options import (
     add_out_argument,
     add_save_option,
     check_planned,
+    crop_caption,
     load,
     opacity,
     parse_index,
@@ -47,7 +48,13 @@ from explain.cli.options import (
 from explain.errors import InputError, TargetError
 from explain.explanation import Explanation
 from explain.inputs import read_image
-from explain.viz.image import BACKGROUNDS, class_label, prediction
+from explain.viz.image import (
+    BACKGROUNDS,
+    class_agnostic_note,
+    class_label,
+    method_label,
+    prediction,
+)
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -246,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
                 method: explainer.explain(images, target=target, method=method, **options)
                 for method, options in settings.items()
             }
+            # the grid heads a class-agnostic method's row as the figures do, and says why
+            agnostic = class_agnostic_note(r.class_agnostic for r in results.values())
             for offset, photo in enumerate(photos):
                 stem = stems[start + offset]
                 display = np.asarray(photo)
@@ -260,12 +269,14 @@ def run(args: argparse.Namespace) -> int:
                 said = prediction(logits, loaded.classes, multi)
                 cropped = preprocessing.crop_note(display.shape[:2])  # the model saw part
                 tqdm.write(f"{batch[offset]}: {said}" + (f" ({cropped})" if cropped else ""))
+                seen = crop_caption(preprocessing, display.shape[:2])  # the figures say it too
                 for method, heats in maps.items():
                     for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
-                        title = f"{method}: {class_label(column, loaded.classes, logits, multi)}"
-                        _save_map(display, heat, out, title, args)
+                        kind = class_label(column, loaded.classes, logits, multi)
+                        title = f"{method_label(method, results[method].class_agnostic)}: {kind}"
+                        _save_map(display, heat, out, title, args, seen)
                         written.append(out)
                 if args.save_format:
                     for method, result in results.items():
@@ -278,11 +289,12 @@ def run(args: argparse.Namespace) -> int:
                     figure = grid_figure(
                         display,
                         [list(heats) for heats in maps.values()],
-                        rows=list(maps),
+                        rows=[method_label(m, results[m].class_agnostic) for m in maps],
                         columns=names,
                         cmap=args.cmap,
                         alpha=args.alpha,
                         background=args.background,
+                        note=" ".join(filter(None, [seen, agnostic])) or None,
                     )
                     out = args.out / f"{stem}_grid.png"
                     save_figure(figure, out)
@@ -300,9 +312,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _save_map(display: np.ndarray, heat: Tensor, out: Path, title: str, args) -> None:
-    """One map as a figure (title, colour key, normalisation rule) or, with --bare, as the
-    overlay alone at the photo's own resolution, for further processing."""
+def _save_map(
+    display: np.ndarray, heat: Tensor, out: Path, title: str, args, note: str | None
+) -> None:
+    """One map as a figure (title, colour key, normalisation rule, then `note`) or, with
+    --bare, as the overlay alone at the photo's own resolution, for further processing."""
     from explain.viz import heatmap_figure, overlay, save_figure, save_image
     from explain.viz.scaling import scale_maps
 
@@ -314,6 +328,7 @@ def _save_map(display: np.ndarray, heat: Tensor, out: Path, title: str, args) ->
             alpha=args.alpha,
             title=title,
             background=args.background,
+            note=note,
         )
         save_figure(figure, out)
         return

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from explain.cli.answer_lines import print_rests_on
 from explain.cli.method_options import method_file, methods_the_model_takes
-from explain.cli.options import load_vision_language
+from explain.cli.options import crop_caption, load_vision_language
 from explain.errors import InputError
 
 if TYPE_CHECKING:  # imported when the command runs: `explain --help` stays fast
@@ -72,9 +72,13 @@ def run(args: argparse.Namespace) -> int:
     # through the processor's chat template as a user message, where it has one; generated
     # once: every method explains the same answer
     generation = generate(explainer, {"image": photo, "text": args.prompt}, args.max_new_tokens)
+    assert loaded.preprocessing is not None  # load_vision_language checks it
+    seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    if seen is not None:
+        print(seen)  # the terminal says what the figures' captions say
     for index, method in enumerate(methods):
         heading = f"[{method}]" if len(methods) > 1 else None
-        _one_method(args, loaded, explainer, photo, generation, method, index == 0, heading)
+        _one_method(args, loaded, explainer, photo, generation, method, index == 0, heading, seen)
     return 0
 
 
@@ -87,9 +91,11 @@ def _one_method(
     method: str,
     first: bool,
     heading: str | None,
+    seen: str | None,
 ) -> None:
     """For one method: the answer (printed by the `first` method only), then under its
-    `heading` what each word rests on, the page, the figure and the --save file."""
+    `heading` what each word rests on, the page, the figure (captioned with `seen`, what
+    the model saw of a cropped photo: `crop_caption`) and the --save file."""
     from explain.export import atomic_write
     from explain.generation import explain_generation, rests_on
     from explain.viz import save_figure
@@ -146,7 +152,9 @@ def _one_method(
     with atomic_write(html, "w") as handle:
         handle.write(page)
     png = method_file(args.png, method, args.method) if args.png else html.with_suffix(".png")
-    figure = answer_figure(pixels, on_photo, answer.generated, title=title, signed=signed)
+    figure = answer_figure(
+        pixels, on_photo, answer.generated, title=title, signed=signed, note=seen
+    )
     save_figure(figure, png)
     print(html)
     print(png)

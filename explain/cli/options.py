@@ -13,6 +13,7 @@ from typing import Any
 from explain.errors import InputError
 from explain.export import FORMATS
 from explain.loading.loaded_model import LoadedModel
+from explain.loading.preprocessing import ImagePreprocessing
 from explain.loading.specs import DEVICES, DTYPES, load_model
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "add_out_argument",
     "add_save_option",
     "check_planned",
+    "crop_caption",
     "load",
     "model_specs",
     "opacity",
@@ -151,6 +153,14 @@ def load_vision_language(args: argparse.Namespace) -> LoadedModel:
             f"...); {args.model} is a {loaded.modality} model"
         )
     return loaded
+
+
+def crop_caption(preprocessing: ImagePreprocessing, size: tuple[int, int]) -> str | None:
+    """The figures' sentence on what the model saw of a photo of `size` (H, W) when its
+    preprocessing crops part of it away (the terminal's words, `crop_note`); None when it
+    sees the whole photo."""
+    note = preprocessing.crop_note(size)
+    return None if note is None else f"The model saw only part of the photo: {note}."
 
 
 def check_planned(files: list[Planned]) -> None:

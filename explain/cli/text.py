@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
                 sources = sources_text(strings, scores, rests_on(scores, readout))
                 print(f"  rests most on: {sources}")
             fragments.append(
-                to_html(strings, scores, title=title, readout=readout, rests_on=sources)
+                to_html(strings, scores, title=title, readout=readout, sources=sources)
             )
         if args.save_format:
             path = args.out / f"text_{method}.{args.save_format}"

@@ -5,9 +5,9 @@
 them. The session (session.py) borrows the model for a call, the recorder (recorder.py)
 records what it computes, the passes (passes.py) are the ways through the model a
 method's needs choose, and the plans (plans/) say how each kind of model maps the
-request onto them. targets.py turns a target and a score into the differentiated
-scalars; fused.py chooses the attention path and recomputes attention on the fused one;
-spread.py and kernels/ fold all columns of a call at once.
+request onto them. targets.py holds the `Request` and turns its target and score into
+the differentiated scalars; fused.py chooses the attention path and recomputes attention
+on the fused one; spread.py and kernels/ fold all columns of a call at once.
 """
 
 from explain.engine.plans import (
@@ -19,7 +19,6 @@ from explain.engine.plans import (
     resolve_score,
     resolve_start_layer,
 )
-from explain.engine.request import Request, StartLayer
 from explain.engine.run import (
     check,
     explain,
@@ -29,6 +28,7 @@ from explain.engine.run import (
     trace,
 )
 from explain.engine.session import Session
+from explain.engine.targets import Request, StartLayer
 
 __all__ = [
     "GenerationPlan",

@@ -1,7 +1,7 @@
 """The passes through a model: how a method's needs (`Need`) are met.
 
 A pass is one way of running the model for a method (which forward, which backward, what
-the call's sink receives): `ForwardPass` (attention maps only),
+the call's fold receives): `ForwardPass` (attention maps only),
 `AttentionGradientPass` (maps and their gradients, every column in one batched
 backward), `LrpWalkPass` (the family's LRP walk, `Adapter.lrp_walk`),
 `EmbeddingGradientPass` (Gradient x Input, plain or under AttnLRP's and CP-LRP's rules
@@ -27,19 +27,18 @@ from explain.architectures.base import Adapter
 from explain.engine.copies import EmbeddingCopies, copy_bytes, copy_chunks
 from explain.engine.fused import PathChoice, choose_path, default_memory_budget, explicit_map_bytes
 from explain.engine.recorder import Recorder, column_gradients
-from explain.engine.request import Request
 from explain.engine.session import Session
-from explain.engine.spread import ColumnSink, FoldFeed
+from explain.engine.spread import FoldFeed
+from explain.engine.targets import Request
 from explain.errors import OptionError, TargetError
 from explain.layout import InputHook, ModuleHook, Prepared, TokenLayout, TokenSet
 from explain.lrp import RULE_SETS
 from explain.lrp.attnlrp import AttnLrpCall, AttnLrpSites, Embedding, attnlrp_hooks
-from explain.rules.registry import EmbeddingBaseline, Method, Need
+from explain.rules.registry import EmbeddingBaseline, Fold, Method, Need
 
 __all__ = [
     "PASSES",
     "AttentionGradientPass",
-    "ColumnSink",
     "Columns",
     "EmbeddingCopiesPass",
     "EmbeddingGradientPass",
@@ -82,11 +81,11 @@ class PlanView(Protocol):
     def columns(self, output: Tensor) -> Columns:
         """The score columns of the output."""
 
-    def sink(self) -> ColumnSink:
-        """The call's sink: the method's folds, for every column."""
+    def call_fold(self) -> Fold:
+        """The call's fold: the method's folds of the token sets, for every column."""
 
-    def read(self, sink: ColumnSink) -> Relevances:
-        """Every column's token relevance per set, from the call's sink."""
+    def read(self, fold: Fold) -> Relevances:
+        """Every column's token relevance per set, from the call's fold."""
 
     def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
         """Where AttnLRP and CP-LRP read relevance (the family's `sites` offer them), each
@@ -194,17 +193,17 @@ class ForwardPass(Pass):
 
     def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
-        sink = plan.sink()
+        fold = plan.call_fold()
         fused = self.fused()
-        feed = FoldFeed(sink, self.memory_budget) if fused else None
+        feed = FoldFeed(fold, self.memory_budget) if fused else None
         stream = feed is not None and feed.streams
         with (
             self._session(differentiable=False, fused=fused) as session,
             Recorder(
                 session,
-                on_attention=lambda layer, attention: sink.add(layer, slice(None), attention, None),
+                on_attention=lambda layer, attention: fold.add(layer, slice(None), attention, None),
                 stream_forward=stream,
-                observed=sink.layers,
+                observed=fold.layers,
             ) as recorder,
         ):
             columns = plan.columns(plan.forward())
@@ -214,28 +213,28 @@ class ForwardPass(Pass):
         count = columns.scores.shape[1]
         return columns, {  # a map every column reads out alike serves every target
             name: r if r.shape[1] == count else r.repeat(1, count, *(1,) * (r.dim() - 2))
-            for name, r in plan.read(sink).items()
+            for name, r in plan.read(fold).items()
         }
 
 
 class AttentionGradientPass(Pass):
     """One forward, then one backward of every score column (vectorised over columns,
-    chunked to the memory budget), every block handed to the call's sink as its gradients
-    arrive, for a chunk of columns at once: a map straight to the call's sink, a block
+    chunked to the memory budget), every block handed to the call's fold as its gradients
+    arrive, for a chunk of columns at once: a map straight to it, a block
     recorded from q, k and v through explain.engine.spread.FoldFeed."""
 
     provides = frozenset({Need.ATTENTION_GRADIENTS})
 
     def run(self) -> tuple[Columns, Relevances]:
         plan = self.plan
-        sink = plan.sink()
+        fold = plan.call_fold()
         fused = self.fused()
         with (
             self._session(differentiable=True, fused=fused) as session,
-            Recorder(session, track=sink.layers) as recorder,
+            Recorder(session, track=fold.layers) as recorder,
         ):
-            feed = FoldFeed(sink, self.memory_budget) if recorder.recomputes else None
-            on_block = sink.add if feed is None else feed.add
+            feed = FoldFeed(fold, self.memory_budget) if recorder.recomputes else None
+            on_block = fold.add if feed is None else feed.add
             columns = plan.columns(plan.forward())
             if columns.scores.shape[1] == 1:
                 recorder.backward(columns.scores[:, 0].sum(), on_block=on_block)
@@ -245,7 +244,7 @@ class AttentionGradientPass(Pass):
                 )
         if fused and feed is not None and feed.streams:
             self.taken = "streamed"
-        return columns, plan.read(sink)
+        return columns, plan.read(fold)
 
 
 class LrpWalkPass(Pass):
@@ -284,10 +283,10 @@ class LrpWalkPass(Pass):
         spec, plan, walk, to_input = self.spec, self.plan, self._walk, self._to_input
         assert spec.lrp_rules is not None
         rules = RULE_SETS[spec.lrp_rules]
-        sink = plan.sink()
-        layers = frozenset(sink.layers)
-        track = sink.layers if spec.needs_gradients else range(0)
-        stop_layer = 0 if to_input or not sink.layers else sink.layers[0]
+        fold = plan.call_fold()
+        layers = frozenset(fold.layers)
+        track = fold.layers if spec.needs_gradients else range(0)
+        stop_layer = 0 if to_input or not fold.layers else fold.layers[0]
         with (
             self._session(differentiable=bool(track)) as session,
             Recorder(session, track=track, module_hooks=walk.hooks) as recorder,
@@ -318,14 +317,14 @@ class LrpWalkPass(Pass):
                     if layer in layers:
                         gradient = gradients[k].pop(layer, None)
                         grads = None if gradient is None else gradient[None]
-                        sink.add(layer, slice(k, k + 1), relevance, grads)
+                        fold.add(layer, slice(k, k + 1), relevance, grads)
 
                 below = walk.propagate(
                     classes[:, k], rules, deliver, stop_layer=stop_layer, to_input=to_input
                 )
                 if to_input:
-                    sink.add_input(column, below[None])
-        return columns, plan.read(sink)
+                    fold.add_input(column, below[None])
+        return columns, plan.read(fold)
 
 
 class EmbeddingPass(Pass):
@@ -378,13 +377,13 @@ class EmbeddingGradientPass(EmbeddingPass):
     patch-embedding output, the graph's leaf; a vision-language model's language-model
     input and, at depth "tower", its tower's patch embeddings beneath it); then one
     batched backward of every column to them, embedding x gradient summed over the
-    hidden size, into the call's sink. The rules hold on either attention path."""
+    hidden size, into the call's fold. The rules hold on either attention path."""
 
     provides = frozenset({Need.EMBEDDING_GRADIENTS})
 
     def run(self) -> tuple[Columns, Relevances]:
         spec, plan = self.spec, self.plan
-        sink = plan.sink()
+        fold = plan.call_fold()
         sites = self.adapter.attnlrp_sites()
         reads = plan.embeddings(sites)
         call = AttnLrpCall([embedding for embedding, _ in reads])
@@ -404,8 +403,8 @@ class EmbeddingGradientPass(EmbeddingPass):
                         zip(gradients, reads, strict=True)
                     )
                 ]
-                sink.add_input(slice(chunk.start, chunk.stop), *relevances)
-        return columns, plan.read(sink)
+                fold.add_input(slice(chunk.start, chunk.stop), *relevances)
+        return columns, plan.read(fold)
 
 
 def _require_embedding_gradients(scores: Tensor) -> None:
@@ -434,7 +433,7 @@ class EmbeddingCopiesPass(EmbeddingPass):
     def run(self) -> tuple[Columns, Relevances]:
         plan, kind = self.plan, self.spec.copies
         assert kind is not None
-        sink = plan.sink()  # the method's fold refuses bad options before any forward
+        fold = plan.call_fold()  # the method's fold refuses bad options before any forward
         batch = plan.prepared.batch_size
         options = self.spec.resolved_options(self.request.options)
         method = kind(plan.prepared.layout, batch, **options)
@@ -469,8 +468,8 @@ class EmbeddingCopiesPass(EmbeddingPass):
             name: _as_target(value, columns) if isinstance(value, Tensor) else value
             for name, value in recorded.items()
         }
-        sink.add_input(slice(None), relevance)
-        return columns, plan.read(sink)
+        fold.add_input(slice(None), relevance)
+        return columns, plan.read(fold)
 
 
 def _as_target(values: Tensor, columns: Columns) -> list[Any]:

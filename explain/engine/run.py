@@ -4,7 +4,7 @@ Every model kind (explain.engine.plans) and every method goes through `explain`;
 shares its plan, so it resolves inputs and targets exactly as `explain` does. Before any
 forward, `check` follows the chain method -> pass -> plan -> adapter once: the method's
 needs choose its pass (explain.engine.passes), the model's plan must accept that pass
-(and, where the plan's sinks are its own, the method), and the adapter must provide what
+(and, where the plan's fold is its own, the method), and the adapter must provide what
 the pass needs. A missing link is refused with an error that names it. The pass then runs
 the model through the plan, and the plan turns the columns' results into the relevances.
 """
@@ -21,8 +21,8 @@ from explain.engine.fused import choose_path, default_memory_budget
 from explain.engine.passes import Pass, pass_for
 from explain.engine.plans import Plan, plan_kind
 from explain.engine.recorder import Recorder
-from explain.engine.request import Request
 from explain.engine.session import Session
+from explain.engine.targets import Request
 from explain.errors import TargetError, UnsupportedModelError
 from explain.explanation import Explanation, Trace
 from explain.rules.registry import METHODS, Method, get_method

@@ -1,15 +1,14 @@
-"""Every block of a call handed to its sink as the block's path has it: an explicit map
-as it is; a fused block (q, k, v, mask, dO) as the product `u @ Abar` where the fold
-takes one (`ColumnSink.spread_of`), streamed from those tensors without any N x N map
+"""Every block of a call handed to the call's fold as the block's path has it: an explicit
+map as it is; a fused block (q, k, v, mask, dO) as the product `u @ Abar` where the fold
+takes one (`Fold.spread`), streamed from those tensors without any N x N map
 (explain.engine.kernels), or else as its whole maps, recomputed. docs/architecture.md
 ("Folds") says which methods stream.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import accumulate
-from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -17,56 +16,29 @@ from torch import Tensor
 from explain.engine.fused import FusedBlock, attention_gradient
 from explain.engine.kernels import live_rows, readout_spread
 from explain.layout import Pieces
-from explain.rules.fold import RowSum, compute_dtype
-from explain.rules.registry import SpreadMode
+from explain.rules.fold import compute_dtype
+from explain.rules.registry import Fold, SpreadMode
 
-__all__ = ["ColumnSink", "FoldFeed"]
-
-
-class ColumnSink(Protocol):
-    """What receives every block of a call, for every score column: a plan's folds, one
-    per token set (each a method's `explain.rules.Fold`), or one fold over both sets.
-    `layers` are the model-wide blocks it reads; `spread_of(layer)` says whether a block
-    may be handed over as its product `u @ Abar` (`fold`) rather than as whole maps
-    (`add`). A method needing the input's relevance receives it with `add_input`, for a
-    chunk of columns: the walk's, or one relevance per embedding the plan reads
-    (`PlanView.embeddings`); `result()` is what the plan reads every column's relevance
-    from."""
-
-    layers: list[int] | range
-
-    def spread_of(self, layer: int) -> SpreadMode | None: ...
-
-    def add(
-        self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None
-    ) -> None: ...
-
-    def fold(
-        self, layer: int, columns: slice, spread: Callable[[Tensor], Tensor], rowsum: RowSum
-    ) -> None: ...
-
-    def add_input(self, columns: slice, *relevance: Tensor) -> None: ...
-
-    def result(self) -> Any: ...
+__all__ = ["FoldFeed"]
 
 
 class FoldFeed:
-    """A `explain.engine.recorder.BlockCallback` that hands every block of a call to
-    `sink` (module docstring). `max_bytes` bounds the temporaries of a fused block: its
+    """A `explain.engine.recorder.BlockCallback` that hands every block of a call to the
+    call's `fold` (module docstring). `max_bytes` bounds the temporaries of a fused block: its
     spread's, or its dA's when recomputed whole (for as many columns at a time as fit)."""
 
-    def __init__(self, sink: ColumnSink, max_bytes: int) -> None:
-        self._sink = sink
-        self._layers = frozenset(sink.layers)
+    def __init__(self, fold: Fold, max_bytes: int) -> None:
+        self._call_fold = fold
+        self._layers = frozenset(fold.layers)
         self._max_bytes = max_bytes
         self._masks: dict[int, tuple[Tensor, Tensor | None, bool]] = {}
         self._pieces: dict[Pieces, tuple[Tensor, Tensor, Tensor]] = {}
 
     @property
     def streams(self) -> bool:
-        """Whether every block of the sink is taken as a product: on the fused path, the
+        """Whether every block of the call is taken as a product: on the fused path, the
         call then builds no N x N map ("streamed")."""
-        return bool(self._layers) and all(map(self._sink.spread_of, self._layers))
+        return bool(self._layers) and self._call_fold.spread is not None
 
     @torch.no_grad()
     def add(
@@ -78,9 +50,9 @@ class FoldFeed:
         if layer not in self._layers:
             return
         if isinstance(record, Tensor):
-            self._sink.add(layer, columns, record, gradient)
+            self._call_fold.add(layer, columns, record, gradient)
             return
-        mode = self._sink.spread_of(layer)
+        mode = self._call_fold.spread
         if mode is not None:
             grad = gradient if mode is SpreadMode.GRADIENT else None
             if isinstance(record.mask, Pieces):
@@ -88,12 +60,12 @@ class FoldFeed:
                 return
             key_mask, exact = self._key_mask(record)
             if exact:  # else the mask is more than keys and causality: whole maps
-                self._fold(layer, columns, record, key_mask, grad, mode)
+                self._fold_block(layer, columns, record, key_mask, grad, mode)
                 return
         for part, attention, maps in _whole_maps(columns, record, gradient, self._max_bytes):
-            self._sink.add(layer, part, attention, maps)
+            self._call_fold.add(layer, part, attention, maps)
 
-    def _fold(
+    def _fold_block(
         self,
         layer: int,
         columns: slice,
@@ -122,7 +94,7 @@ class FoldFeed:
         def rowsum() -> Tensor | None:  # a row sums to 1 unless every key of it is masked
             return None if live is None else live.expand(query.shape[0], -1)
 
-        self._sink.fold(layer, columns, spread, rowsum)
+        self._call_fold.fold(layer, columns, spread, rowsum)
 
     def _fold_pieces(
         self,
@@ -159,7 +131,7 @@ class FoldFeed:
             )
             return folded.unflatten(1, (batch, -1)).flatten(2).index_select(-1, position)
 
-        self._sink.fold(layer, columns, spread, _every_piece_has_keys)
+        self._call_fold.fold(layer, columns, spread, _every_piece_has_keys)
 
     def _piece_index(self, pieces: Pieces, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
         """For `pieces` of N tokens, P pieces of at most w: (P, w) the token at each place

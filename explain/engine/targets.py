@@ -1,4 +1,5 @@
-"""Target and score selection: from the model output to the scalars that are differentiated.
+"""What one call asks of the engine (`Request`), and target and score selection: from the
+model output to the scalars that are differentiated.
 
 `target` chooses the class per sample; `score` chooses what of that class is
 differentiated. Samples never mix: the backward pass runs over the sum of the per-sample
@@ -11,22 +12,27 @@ Language Models with Contrastive Explanations", 2022; inseq's contrastive attrib
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass
-from typing import Literal, Union
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
 
 import torch
 from torch import Tensor
 
-from explain.errors import TargetError
+from explain.engine.fused import AttentionPath
+from explain.errors import OptionError, TargetError
 from explain.finite import check_finite
 
 __all__ = [
     "SCORES",
     "Contrast",
+    "Request",
     "Score",
+    "StartLayer",
     "Target",
     "check_score",
+    "integer_option",
     "require_explicit_target",
     "resolve_foil",
     "resolve_targets",
@@ -231,3 +237,49 @@ def check_score(score: str) -> None:
     """Raise TargetError before any work if `score` is unknown."""
     if score not in SCORES:
         raise TargetError(f"score must be one of {', '.join(SCORES)}; got {score!r}")
+
+
+StartLayer = int | Mapping[str, int] | None
+"""The first block a method aggregates over: one for every token set, or one per set by
+name ({"image": s, "text": s} for a dual encoder); None uses the defaults."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One explanation (or trace) request, as `Explainer.explain` and `Explainer.trace`
+    receive it. `method` names the method an explanation runs (its fronts resolve a
+    call that names none through explain.defaults); None for a trace, which runs
+    no method. A tensor on the meta device in its target, start layers or options is
+    refused with the inputs' (explain.engine.plans.Plan.prepare), before any value is
+    read."""
+
+    method: str | None = None
+    target: Target = None
+    score: Score | None = None
+    """None: the default of whatever takes a score (the logit; `trace`: the probability);
+    methods that differentiate no score refuse one (explain.engine.plans.resolve_score)."""
+    start_layer: StartLayer = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    attention_path: AttentionPath = "auto"
+    memory_budget: int | None = None
+    """Bytes the attention maps may take (explain.engine.fused.choose_path: the explicit path
+    where its maps fit, the streamed fold's chunks); None: the device's default
+    (explain.engine.fused.default_memory_budget)."""
+    prompt_length: int | None = None
+    """A generation (explain.generation): the inputs are prompts of this padded width
+    followed by decoder-only language-model continuations, and every continuation token
+    is explained, each read out at the position before it (explain.engine.plans
+    `GenerationPlan`); the targets are the generated tokens themselves. None: any other
+    call."""
+
+
+def integer_option(name: str, value: object) -> int:
+    """`value` as an int when it is integer-like (an int, a NumPy integer, a 0-d integer
+    tensor: anything with `__index__`), as targets are; OptionError for bools, floats and
+    anything else."""
+    if isinstance(value, bool):
+        raise OptionError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise OptionError(f"{name} must be an int, got {value!r}") from None

@@ -201,12 +201,11 @@ class TwoSetFold:
     samples. `result()` is the four relevance matrices of every column, (C, B, rows,
     columns) each, which the plan reads at its rows (`row_at`).
 
-    It folds both token sets at once, so it is a plan's sink itself (explain.engine's
-    `ColumnSink`, with `spread_of`); blocks may arrive in any order (the backward pass
-    delivers the last block first).
+    It folds both token sets at once, so it is the call's fold itself; blocks may arrive
+    in any order (the backward pass delivers the last block first).
     """
 
-    spread: SpreadMode | None = None
+    spread: SpreadMode | None = None  # no block of it is a spread: its maps are needed whole
 
     def __init__(self, roles: Sequence[BlockRole], num_q: int, num_i: int) -> None:
         self.roles = tuple(roles)
@@ -214,10 +213,6 @@ class TwoSetFold:
         self.layers = _checked_layers(self.roles)
         self._pending: dict[int, dict[int, Tensor]] = {}  # first column of a chunk -> Abar
         self._done: dict[int, TwoSetRelevance] = {}  # first column of a chunk -> its result
-
-    def spread_of(self, layer: int) -> SpreadMode | None:
-        """No block of it is a spread: every block's maps are needed whole."""
-        return None
 
     def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
         if layer not in self.layers:

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from explain.errors import UnsupportedModelError
 from explain.layout import WindowedBlock
-from explain.rules.registry import RuleContext, SpreadMode
+from explain.rules.registry import RowSum, RuleContext, SpreadMode
 
 __all__ = [
     "BlockMatrix",
@@ -47,10 +47,6 @@ BlockMatrix = Callable[[Tensor, Tensor | None], Tensor]
 """A block's matrix Abar from its records: (attention (B, H, N, N), the columns'
 gradients (c, B, H, N, N) or None) -> (B, N, N), or (c, B, N, N) where it depends on the
 gradients."""
-
-RowSum = Callable[[], Tensor | None]
-"""Abar's row sums (B, N), computed only when a split reads them; None where every row
-sums to 1."""
 
 Split = Callable[[Tensor, RowSum], tuple[Tensor, Tensor | None]]
 """One factor of a readout fold: (the rows v (c, B, N), Abar's row sums) -> (u, kept),

@@ -1,5 +1,5 @@
 """The LRP-based methods of Chefer, Gur & Wolf (CVPR 2021): transformer attribution and the
-paper's two LRP baselines. Their relevance pass lives in explain.lrp; the sinks here only
+paper's two LRP baselines. Their relevance pass lives in explain.lrp; the folds here only
 aggregate what it delivers: each block's attention relevance RA_l (in place of A_l) with
 its gradient G_l, or the relevance of the input itself."""
 
@@ -73,7 +73,7 @@ class InputRelevance:
     timm ViT, tokens (B, N) for BERT), Gradient x Input, plain or under the rules of
     AttnLRP and CP-LRP (`Need.EMBEDDING_GRADIENTS`), the methods that run copies of the
     inputs (`Need.EMBEDDING_COPIES`: integrated gradients, occlusion): tokens (B, N) at the
-    embedding output; per chunk of columns (an `InputFold`)."""
+    embedding output; per chunk of columns (`Fold.add_input`)."""
 
     layers = range(0)
     spread: SpreadMode | None = None

@@ -13,7 +13,7 @@ import inspect
 import numbers
 import operator
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar, Literal, Protocol
@@ -30,9 +30,9 @@ __all__ = [
     "CopiesSeen",
     "EmbeddingBaseline",
     "Fold",
-    "InputFold",
     "Method",
     "Need",
+    "RowSum",
     "RuleContext",
     "SpreadMode",
     "embedding_baseline",
@@ -88,6 +88,11 @@ class RuleContext:
     """First block the method aggregates over (already resolved and validated)."""
 
 
+RowSum = Callable[[], Tensor | None]
+"""Abar's row sums (B, N), computed only when a split reads them; None where every row
+sums to 1."""
+
+
 class SpreadMode(Enum):
     """The form of a block matrix the engine can apply to rows without the block's maps
     (explain.engine.kernels): a method whose block enters only as `u @ Abar` states its
@@ -100,37 +105,43 @@ class SpreadMode(Enum):
 
 
 class Fold(Protocol):
-    """What a method's builder returns: every score column's relevance, from the records
-    of the blocks `layers` (explain.rules.fold).
+    """What receives every block of a call, for every score column: a method's fold, what
+    its builder returns (explain.rules.fold), or the call's, a plan's folds of its token
+    sets joined (explain.engine.plans; a fold over both sets at once is one itself,
+    explain.rules.coattention.TwoSetFold).
 
-    The engine hands each block over once per chunk of columns, as it has them: `add`
-    with the whole maps, the attention (B, H, N, N) (or a block's LRP relevance in its
-    place) and the gradients of the chunk's columns (c, B, H, N, N) (None without a
-    backward), for the columns `columns` (a slice of the call's; slice(None): every
-    column, from a forward that serves them all). A fold whose block enters only as
-    `u @ Abar` with a standard Abar says so in `spread`, and also takes the block as that
-    product (`fold(layer, columns, spread, rowsum)`, explain.rules.fold.ReadoutFold),
-    which the engine then streams without maps on the fused path. `result()` is every
-    column's relevance, (C, B, ...) in column order.
+    The engine hands each block of `layers` over once per chunk of columns, as it has
+    them: `add` with the whole maps, the attention (B, H, N, N) (or a block's LRP
+    relevance in its place) and the gradients of the chunk's columns (c, B, H, N, N)
+    (None without a backward), for the columns `columns` (a slice of the call's;
+    slice(None): every column, from one forward for them all). A fold whose blocks enter
+    only as `u @ Abar` with a standard Abar says so in `spread`, and also takes a block as
+    that product (`fold(layer, columns, spread, rowsum)`, explain.rules.fold.ReadoutFold),
+    which the engine then streams without maps on the fused path. The fold of a method
+    that needs the relevance of the input itself (`Need.INPUT_RELEVANCE`,
+    `EMBEDDING_GRADIENTS` or `EMBEDDING_COPIES`) receives it with `add_input`, for the
+    columns `columns`: (c, B, ...) at each embedding the plan reads
+    (`PlanView.embeddings`). `result()` is every column's relevance, (C, B, ...) in
+    column order (the call's: by token set). `fold` is asked only of a fold with a
+    `spread`, `add_input` only of a method with those needs.
     """
 
-    layers: range
-    """The blocks the fold reads, in forward order (empty for input-free baselines)."""
+    layers: Sequence[int]
+    """The blocks the fold reads, in forward order (a method's numbered within its token
+    set, the call's model-wide; empty for input-free baselines)."""
     spread: SpreadMode | None
 
     def add(
         self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None
     ) -> None: ...
 
-    def result(self) -> Tensor: ...
+    def fold(
+        self, layer: int, columns: slice, spread: Callable[[Tensor], Tensor], rowsum: RowSum
+    ) -> None: ...
 
+    def add_input(self, columns: slice, *relevance: Tensor) -> None: ...
 
-class InputFold(Fold, Protocol):
-    """The fold of a method that needs the relevance of the input itself
-    (`Need.INPUT_RELEVANCE`, `EMBEDDING_GRADIENTS` or `EMBEDDING_COPIES`): it
-    receives it as (c, B, ...) for the columns `columns`."""
-
-    def add_input(self, columns: slice, relevance: Tensor) -> None: ...
+    def result(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -242,7 +253,7 @@ class Method:
     gradient_rules: str | None = None
     """Methods that need `Need.EMBEDDING_GRADIENTS` with modified gradients (AttnLRP,
     CP-LRP): the rule set of explain.lrp.attnlrp that the model runs under for the call;
-    their fold (an `InputFold`) receives the token relevance of the embeddings. None for
+    their fold receives (`Fold.add_input`) the token relevance of the embeddings. None for
     all others (plain Gradient x Input among them)."""
     copies: type[CopiesMethod] | None = None
     """Methods that need `Need.EMBEDDING_COPIES`: their algorithm over the copies; None

@@ -22,7 +22,37 @@ from explain.rules.registry import (
     register_method,
 )
 
-__all__ = ["NoisyCopies", "check_noise", "smoothgrad"]
+__all__ = ["NoisyCopies", "check_noise", "counter_normals", "smoothgrad"]
+
+
+_WORD = 0xFFFFFFFF
+_FIRST, _SECOND = 0x7FEB352D, 0x846CA68B - (1 << 32)
+"""lowbias32's multipliers (C. Wellons, "Hash Prospector"), the second as the number of
+magnitude below 2^31 congruent to it mod 2^32: a 32-bit word times either fits an int64."""
+
+
+def _mix32(word: Any) -> Any:
+    """lowbias32, a bijection of 32-bit words, of a Python int or an int64 tensor of
+    words in [0, 2^32): the same arithmetic for both (every product is below 2^63 in
+    magnitude, and `& _WORD` takes it mod 2^32 as two's complement does)."""
+    word = ((word ^ (word >> 16)) * _FIRST) & _WORD
+    word = ((word ^ (word >> 15)) * _SECOND) & _WORD
+    return word ^ (word >> 16)
+
+
+def counter_normals(seed: int, copies: range, entries: Tensor, dtype: torch.dtype) -> Tensor:
+    """Standard normal draws in `dtype`, (c, B', E) for the c copies of `copies` and the
+    entry numbers `entries` (B', E) (or (E,), one sample's, giving (c, 1, E)), int64 in
+    [0, 2^32), each a function of (seed, copy, entry) alone: a counter-based generator.
+    With mix lowbias32, the seed (mod 2^64) and copy s give the key
+    k_s = mix(s ^ mix(mix(seed_lo) ^ seed_hi)), entry j the word w = mix(mix(j) ^ k_s),
+    its top 24 bits the uniform u = (floor(w / 2^8) + 1/2) / 2^24 (exact in float32, in
+    (0, 1)), and the draw is the standard normal quantile of u (so |draw| <= 5.3)."""
+    seed %= 1 << 64
+    seeded = _mix32(_mix32(seed & _WORD) ^ (seed >> 32))
+    keys = torch.tensor([[[_mix32(copy ^ seeded)]] for copy in copies], device=entries.device)
+    words = _mix32(_mix32(entries) ^ keys)
+    return torch.special.ndtri(((words >> 8).to(dtype) + 0.5) * 2.0**-24)
 
 
 def check_noise(samples: int, sigma: float) -> None:
@@ -43,10 +73,11 @@ class NoisyCopies:
 
     The noise of sample b has the standard deviation `sigma` * (max - min) of its
     embeddings' entries at its real tokens (pads and tokens no column sees stay as they
-    are). It is drawn from a generator of its own seeded with `seed`, copy after copy,
-    as `torch.randn` of as many values as those entries, in their (row-major) order, so
-    a sample gets the same noise alone as in any batch, and the caller's RNG is
-    untouched."""
+    are). At copy s and real entry j (j numbers the sample's real entries in row-major
+    order, from 1) it is `counter_normals` of (`seed`, s, j), a function of those three
+    alone: a sample gets the same noise alone as in any batch and under any chunking,
+    every sample and copy of a chunk is drawn in a few batched tensor ops, and the
+    caller's RNG is untouched."""
 
     backward = True
     linear_in_score = False  # the absolute value, the square
@@ -69,8 +100,8 @@ class NoisyCopies:
         self._squared, self._times_input = squared, times_input
         mask = layout.token_mask  # (B, N), or (C, B, N) where each column sees its own
         self._tokens = None if mask is None else mask.reshape(-1, *mask.shape[-2:]).any(dim=0)
-        self._real: Tensor | None = None
-        self._generators: list[torch.Generator] = []
+        self._entries: Tensor | None = None
+        self._scale: Tensor | None = None
         self._stdevs: list[float] = []
         self._noisy: Tensor | None = None
         self._total: Tensor | None = None
@@ -81,36 +112,32 @@ class NoisyCopies:
     def shift(self, copies: range, inputs: Tensor) -> Tensor:
         """Each copy's noise (c, B, ...) as the class says; kept with the noisy
         embeddings for `add`."""
-        if self._real is None:  # the first chunk: each sample's entries and range
-            self._real = self._real_entries(inputs)
-            real = self._real.to(inputs.device)
-            real = real.reshape(*real.shape, *(1,) * (inputs.dim() - real.dim())).expand_as(inputs)
-            self._generators = [torch.Generator().manual_seed(self._seed) for _ in real]
-            largest = torch.finfo(inputs.dtype).max
-            high = inputs.masked_fill(~real, -largest).flatten(1).amax(dim=1)
-            low = inputs.masked_fill(~real, largest).flatten(1).amin(dim=1)
-            self._stdevs = (self._sigma * (high - low)).tolist()  # one wait for the batch
-        real = self._real
         dtype = torch.float64 if inputs.dtype == torch.float64 else torch.float32
-        noise = torch.zeros(len(copies), *inputs.shape, dtype=dtype)
-        for copy in noise:  # copy after copy: the draws do not depend on the chunks
-            for sample, at, generator, stdev in zip(
-                copy, real, self._generators, self._stdevs, strict=True
-            ):
-                draw = torch.randn(sample[at].shape, generator=generator, dtype=dtype)
-                sample[at] = draw * stdev
-        noise = noise.to(inputs.device, inputs.dtype)
+        if self._entries is None or self._scale is None:  # the first chunk
+            self._entries, self._scale = self._entries_and_scale(inputs, dtype)
+        draws = counter_normals(self._seed, copies, self._entries, dtype)
+        noise = (draws * self._scale).to(inputs.dtype).reshape(len(copies), *inputs.shape)
         self._noisy = inputs + noise
         return noise
 
-    def _real_entries(self, inputs: Tensor) -> Tensor:
-        """Bool on the host, True at each sample's real entries: (B, N) at the real
-        tokens where the embeddings are laid out (B, N, D) over the layout's tokens, else
-        True everywhere, shaped as the inputs."""
-        real = self._tokens
-        if real is None or inputs.dim() != 3 or tuple(inputs.shape[:2]) != tuple(real.shape):
-            return torch.ones(inputs.shape, dtype=torch.bool)
-        return real.cpu()
+    def _entries_and_scale(self, inputs: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Each entry's number among its sample's real ones, from 1 ((E,) where every
+        entry of the (B, E) flattened inputs is real, else (B, E)), and each entry's noise
+        scale (B, E or 1) in `dtype`: its sample's stdev at the real entries, 0 elsewhere.
+        The real entries are those at the real tokens where the embeddings are laid out
+        (B, N, D) over the layout's tokens, else all."""
+        entries, tokens = inputs.flatten(1), self._tokens
+        if tokens is None or inputs.dim() != 3 or tuple(inputs.shape[:2]) != tuple(tokens.shape):
+            real, high, low = None, entries, entries
+        else:
+            real = tokens.to(inputs.device)[..., None].expand_as(inputs).flatten(1)
+            pad, largest = ~real, torch.finfo(inputs.dtype).max
+            high, low = entries.masked_fill(pad, -largest), entries.masked_fill(pad, largest)
+        stdev = self._sigma * (high.amax(dim=1, keepdim=True) - low.amin(dim=1, keepdim=True))
+        self._stdevs = [value for (value,) in stdev.tolist()]  # one wait for the batch
+        if real is None:
+            return torch.arange(1, entries.shape[1] + 1, device=inputs.device), stdev.to(dtype)
+        return real.cumsum(dim=1), (stdev * real).to(dtype)
 
     def start(self, scores: Tensor, at_baseline: Tensor | None) -> None:
         self._columns = scores.shape[1]

@@ -60,7 +60,7 @@ from explain.serve.cancel import Cancelled, run_until_disconnected
 from explain.serve.data import DataSource, OutsideDataError
 from explain.serve.gallery import GalleryPass
 from explain.serve.uploads import MAX_BYTES, UploadError, read_upload
-from explain.serve.workbench import Workbench, checked_text
+from explain.serve.workbench import Workbench
 
 __all__ = ["LOOPBACK_HOSTS", "UPLOAD_HEADER", "allowed_hosts_for", "build_app"]
 
@@ -284,7 +284,13 @@ def _explain_options(
     classes, and the scale rule."""
     methods = _strings(body, "methods", [default])
     classes = _ints(body, "classes")
-    top = _field(body, "top", int, 1)
+    top = body.get("top")
+    if top is None:
+        top = 1
+    elif isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        # the workbench bounds it by the model's classes; a 0 read as "the top one" or a
+        # 1.5 read as 1 would show another view than the one asked for
+        raise HTTPException(400, f"top must be a whole number of classes, 1 or more; got {top!r}")
     rule = _field(body, "rule", str, "per_map")
     return methods, classes, top, rule
 
@@ -426,7 +432,7 @@ class _Handlers:
 
             settings = {"input": item}
         elif "text" in body:
-            text = checked_text(_field(body, "text", str))  # the views' limits apply
+            text = self.workbench.checked_text(_field(body, "text", str))  # the views' limits
 
             def inputs() -> Any:
                 return [text]

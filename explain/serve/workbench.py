@@ -33,11 +33,11 @@ from explain.rules import METHODS
 from explain.serve.cache import ResultCache, model_identity
 from explain.serve.cancel import stop_if_cancelled
 from explain.serve.scales import ViewScale, check_rule, scale_view
-from explain.viz.image import BACKGROUNDS, greyed
+from explain.viz.image import BACKGROUNDS, CLASS_AGNOSTIC, greyed, method_label
 from explain.viz.ranking import sources_text
 from explain.viz.scaling import DIVERGING, RULES, SEQUENTIAL
 
-__all__ = ["Workbench", "checked_text"]
+__all__ = ["MAX_TOKENS", "Workbench"]
 
 MAX_CLASSES = 10
 """The most classes one view explains at once."""
@@ -45,8 +45,10 @@ MAX_CAPTIONS = 10
 """The most captions one CLIP view compares."""
 MAX_NEW_TOKENS = 64
 """The most tokens the generation view generates."""
-MAX_TEXT = 2000
-"""The most characters of a text the viewer explains or exports."""
+MAX_TOKENS = 4096
+"""The most tokens of a text the viewer explains or exports (a prompt, a sentence, a
+caption), where the model takes no fewer (`Workbench.max_tokens`): twice the longest the
+zoo's models are trained on (recall-llama's 2,048), for the cost of one view on a CPU."""
 _INDEX_END = 2**63
 """One past the largest index a class can have (a target is an int64 tensor)."""
 _GREY = " The image is shown in grey: every colour is relevance."
@@ -69,6 +71,8 @@ class Workbench:
             local path, part of every cache key: explain.serve.cache.model_identity).
         kind: "image" (classifier), "text" (classifier), "generation" (a language model)
             or "clip" (an image-text dual encoder).
+        max_tokens: the most tokens of a text its views take: MAX_TOKENS, or fewer where
+            the model's position embeddings end sooner.
         methods: the methods this model can be explained with in its view, as the
             engine decides before any forward (explain.engine.supported_methods): the
             only ones the page offers and the views accept.
@@ -88,6 +92,7 @@ class Workbench:
         request = Request(prompt_length=1) if self.kind == "generation" else None
         self.methods: list[str] = supported_methods(self.explainer.adapter, request)
         self.default = default_method(self.explainer.adapter, request)
+        self.max_tokens = _token_limit(loaded.model)
 
     def info(self) -> dict[str, Any]:
         """What the page needs to draw its controls."""
@@ -102,6 +107,8 @@ class Workbench:
             "default_method": self.default.method,
             "default_reason": f"the default of its kind ({self.default.kind}): {self.default.why}",
             "rules": list(RULES),
+            "max_tokens": self.max_tokens,
+            "class_agnostic": CLASS_AGNOSTIC,  # what a map headed "(class-agnostic)" means
             "image_size": list(self.loaded.image_size) if self.loaded.image_size else None,
             "colormaps": {"sequential": _lut(SEQUENTIAL), "diverging": _lut(DIVERGING)},
         }
@@ -208,7 +215,7 @@ class Workbench:
     ) -> dict[str, Any]:
         """Token relevance of `text` for methods x classes, scaled together by `rule`."""
         self._require("text")
-        text = checked_text(text)
+        text = self.checked_text(text)
         methods = self._checked_methods(methods)
         check_rule(rule)
         text_hash = hashlib.sha256(text.encode()).hexdigest()
@@ -234,7 +241,7 @@ class Workbench:
         from explain.generation import explain_generation
 
         self._require("generation")
-        prompt = checked_text(prompt)
+        prompt = self.checked_text(prompt)
         (method,) = self._checked_methods([method])
         if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
             raise InputError(f"max_new_tokens must be 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
@@ -308,13 +315,36 @@ class Workbench:
     def clip_inputs(self, photo: Any, captions: Sequence[str]) -> dict[str, Tensor]:
         """A CLIP model's inputs for one image and `captions` (checked)."""
         self._require("clip")
-        captions = [checked_text(c) for c in captions]
+        captions = [self.checked_text(c) for c in captions]
         if not 1 <= len(captions) <= MAX_CAPTIONS:
             raise InputError(f"give 1..{MAX_CAPTIONS} captions, one per line")
         texts = self.loaded.tokenizer(captions, padding=True, return_tensors="pt")
         return {**texts, "pixel_values": self.model_input([photo])}
 
     # --- shared ----------------------------------------------------------------------
+
+    def checked_text(self, text: str) -> str:
+        """A text the viewer explains or exports: not empty, valid Unicode, at most
+        `max_tokens` tokens as the model's tokenizer counts them (special tokens
+        included); stripped. Refused before any model work."""
+        if not isinstance(text, str) or not text.strip():
+            raise InputError("the text is empty")
+        text = unicode_text(text.strip())
+        tokenizer = self.loaded.tokenizer
+        if tokenizer is None:
+            raise InputError(f"{self.spec} takes no text")
+        count = len(tokenizer(text)["input_ids"])
+        if count > self.max_tokens:
+            why = (
+                "the viewer's limit"
+                if self.max_tokens == MAX_TOKENS
+                else "the model's position embeddings end there"
+            )
+            raise InputError(
+                f"the text has {count} tokens; this view takes at most {self.max_tokens} "
+                f"({why}): shorten it"
+            )
+        return text
 
     def _checked_methods(self, methods: Sequence[str]) -> list[str]:
         """`methods` without repeats, once each is one this model takes (`self.methods`)."""
@@ -449,13 +479,16 @@ class Workbench:
         scaled: ViewScale | None = scale_view(drawn, rule) if drawn else None
         methods, position = [], 0
         for method, maps in grids.items():
+            # headed as the figures head it: "rollout (class-agnostic)"
+            agnostic = not METHODS[method].class_specific
+            named = {"method": method, "label": method_label(method, agnostic)}
             if isinstance(maps, str):
-                methods.append({"method": method, "error": maps})
+                methods.append({**named, "error": maps})
                 continue
             assert scaled is not None
             entries = [scaled.map_json(m, position + i) for i, m in enumerate(maps)]
             position += len(maps)
-            methods.append({"method": method, "maps": entries})
+            methods.append({**named, "class_agnostic": agnostic, "maps": entries})
         return {
             "prediction": self._prediction(logits),
             "classes": [
@@ -494,14 +527,15 @@ def _confidences(logits: Tensor, multi_label: bool) -> Tensor:
     return logits.sigmoid() if multi_label else logits.softmax(dim=-1)
 
 
-def checked_text(text: str) -> str:
-    """A text the viewer explains or exports: not empty, at most MAX_TEXT characters,
-    valid Unicode; stripped."""
-    if not isinstance(text, str) or not text.strip():
-        raise InputError("the text is empty")
-    if len(text) > MAX_TEXT:
-        raise InputError(f"the text has {len(text)} characters; at most {MAX_TEXT}")
-    return unicode_text(text.strip())
+def _token_limit(model: Any) -> int:
+    """MAX_TOKENS, or the model's own position limit (its text model's, for a model of
+    two towers) where that is lower: past it the model cannot read a text at all."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    positions = getattr(text, "max_position_embeddings", None)
+    return (
+        min(MAX_TOKENS, positions) if isinstance(positions, int) and positions > 0 else MAX_TOKENS
+    )
 
 
 def _lut(name: str) -> list[list[int]]:

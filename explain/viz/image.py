@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -26,18 +26,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKGROUNDS",
+    "CLASS_AGNOSTIC",
     "DEFAULT_DPI",
     "MAPS_PER_ROW",
     "Explained",
     "batch_figure",
     "caption_lines",
     "check_style",
+    "class_agnostic_note",
     "class_label",
     "explanation_grid",
     "figure_caption",
     "greyed",
     "grid_figure",
     "heatmap_figure",
+    "method_label",
     "overlay",
     "prediction",
     "save_figure",
@@ -52,6 +55,9 @@ class Explained(Protocol):
 
     target: Tensor
     logits: Tensor
+
+    @property
+    def class_agnostic(self) -> bool: ...
 
     def heatmap(
         self, size: tuple[int, int] | int | None = None, *, normalize: bool = True
@@ -435,9 +441,11 @@ def heatmap_figure(
     colorbar: bool = True,
     title: str | None = None,
     background: str = "grey",
+    note: str | None = None,
 ) -> Figure:
     """One image with its relevance map overlaid, a title, a colour key (by default) and
-    the normalisation rule written below.
+    the normalisation rule written below, followed by `note` (e.g. what part of the photo
+    the model saw).
 
     The map (H, W) is scaled on its own (min-max, or by a high percentile of its
     magnitude when it has negative values: see explain.viz.scaling). The panel shows the
@@ -453,7 +461,7 @@ def heatmap_figure(
         height / width,
         colorbar=colorbar,
         labels=False,
-        caption=figure_caption(scale, background),
+        caption=" ".join(filter(None, [figure_caption(scale, background), note])),
         panel_inches=inches,
         title_lines=max(1, len(heading)),
     )
@@ -487,14 +495,16 @@ def grid_figure(
     scale: str = "per_map",
     background: str = "grey",
     maps_per_row: int = MAPS_PER_ROW,
+    note: str | None = None,
 ) -> Figure:
     """One image explained in a grid: `heatmaps[i][j]` (H, W) is row `rows[i]`, column
     `columns[j]`, e.g. methods x classes (the papers' "cat and dog" figure).
 
     The maps are raw relevance (any range); `scale` is the figure's one normalisation rule,
-    "per_map" or "shared" (explain.viz.scaling), written below the grid and matched by the
-    colour key; when the figure has both unsigned and signed maps, the signed panels are
-    marked ± and read the diverging key. With `show_image` the plain image (in colour)
+    "per_map" or "shared" (explain.viz.scaling), written below the grid (then `note`, e.g.
+    what part of the photo the model saw) and matched by the colour key; when the figure
+    has both unsigned and signed maps, the signed panels are marked ± and read the
+    diverging key. With `show_image` the plain image (in colour)
     opens every row, so the eye can compare each map with what it covers. More than
     `maps_per_row` columns wrap: columns `maps_per_row` onwards form a further block of
     the same rows below, with their own titles.
@@ -521,7 +531,7 @@ def grid_figure(
         rgb.shape[0] / rgb.shape[1],
         colorbar=colorbar,
         labels=True,
-        caption=figure_caption(scaled, background),
+        caption=" ".join(filter(None, [figure_caption(scaled, background), note])),
     )
     for b, block in enumerate(blocks):
         for i, label in enumerate(rows):
@@ -565,16 +575,20 @@ def explanation_grid(
     scale: str = "per_map",
     background: str = "grey",
     maps_per_row: int = MAPS_PER_ROW,
+    multi_label: bool = False,
 ) -> Figure:
     """Methods x classes for sample `sample`: one row per `explanations` entry (method name
     -> Explanation of the same images and targets), one column per explained class.
 
     With a (B, K) target each Explanation holds K classes per image and the grid has K
     columns, titled with the class names when `class_names` is given and with each class's
-    rank among the model's outputs ("predicted", "ranked 2nd"). `transpose` puts the
+    rank among the model's outputs ("predicted", "ranked 2nd"), or for a `multi_label`
+    model its probability of presence ("present 98.8%", `class_label`). `transpose` puts the
     classes in rows and the methods in columns (wide rather than tall, for many methods;
     more than `maps_per_row` methods wrap). The relevance is upsampled straight to the
-    size of `image` and coloured by `scale` (see grid_figure).
+    size of `image` and coloured by `scale` (see grid_figure). A class-agnostic method's
+    maps are headed "METHOD (class-agnostic)" (`method_label`), and the caption says what
+    the mark means (`class_agnostic_note`).
     """
     if not explanations:
         raise InputError("explanation_grid needs at least one explanation")
@@ -582,7 +596,7 @@ def explanation_grid(
     first = next(iter(explanations.values()))
     targets = first.target[sample].reshape(-1).tolist()
     logits = first.logits[sample]
-    classes = [class_label(int(t), class_names, logits) for t in targets]
+    classes = [class_label(int(t), class_names, logits, multi_label) for t in targets]
     heatmaps = []
     for name, explanation in explanations.items():
         if explanation.target[sample].reshape(-1).tolist() != targets:
@@ -593,7 +607,7 @@ def explanation_grid(
             )
         maps = explanation.heatmap(size=size, normalize=False)[sample]
         heatmaps.append(list(maps) if maps.dim() == 3 else [maps])
-    methods = list(explanations)
+    methods = [method_label(name, e.class_agnostic) for name, e in explanations.items()]
     if transpose:
         heatmaps = [list(column) for column in zip(*heatmaps, strict=True)]
         methods, classes = classes, methods
@@ -608,6 +622,7 @@ def explanation_grid(
         scale=scale,
         background=background,
         maps_per_row=maps_per_row,
+        note=class_agnostic_note(e.class_agnostic for e in explanations.values()),
     )
 
 
@@ -660,7 +675,15 @@ def batch_figure(
         shown[0].shape[0] / shown[0].shape[1],
         colorbar=colorbar,
         labels=True,
-        caption=figure_caption(scaled, background),
+        caption=" ".join(
+            filter(
+                None,
+                [
+                    figure_caption(scaled, background),
+                    class_agnostic_note(e.class_agnostic for e in explanations.values()),
+                ],
+            )
+        ),
         title_lines=1 if labels is None else 2,  # the label on a second line
     )
     for b, picture in enumerate(shown):
@@ -684,7 +707,7 @@ def batch_figure(
                 background=background,
                 mark_signed=mark,
             )
-        panels[row][0].set_ylabel(name, fontsize=9)
+        panels[row][0].set_ylabel(method_label(name, explanations[name].class_agnostic), fontsize=9)
     if bar is not None:
         _draw_colorbar(figure, bar, scaled, cmap)
     return figure
@@ -703,6 +726,26 @@ def _class_name(index: int, class_names: Sequence[str] | None) -> str:
 def _ordinal(rank: int) -> str:
     suffix = "th" if 10 <= rank % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(rank % 10, "th")
     return f"{rank}{suffix}"
+
+
+CLASS_AGNOSTIC = (
+    "class-agnostic: the method does not read the explained class, so every class gets the same map"
+)
+"""What the mark of `method_label` means, for a caption or a tooltip."""
+
+
+def method_label(method: str, class_agnostic: bool) -> str:
+    """A method's name as the figures and the viewer head its maps: "rollout
+    (class-agnostic)" for a method whose map is the same for every class
+    (`Explanation.class_agnostic`), so that two identical maps are read as the method's
+    doing, not as the classes' likeness."""
+    return f"{method} (class-agnostic)" if class_agnostic else method
+
+
+def class_agnostic_note(marked: Iterable[bool]) -> str | None:
+    """The caption's sentence on the mark of `method_label` when any of the drawn methods
+    carries it (`marked`: each method's `class_agnostic`), else None."""
+    return f"{CLASS_AGNOSTIC[0].upper()}{CLASS_AGNOSTIC[1:]}." if any(marked) else None
 
 
 def class_label(

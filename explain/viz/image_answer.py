@@ -233,12 +233,14 @@ def answer_figure(
     title: str | None = None,
     maps_per_row: int = MAPS_PER_ROW,
     signed: bool | None = None,
+    note: str | None = None,
 ) -> Figure:
     """Under `title` (e.g. the model, the method and the question), the photo, then one
     panel per answer word with its (G, H, W) map over the photo, titled with the word, in
     reading order (`maps_per_row` words to a row, the photo opening the first); each map
     scaled to its own range on the one kind `signed` says (`answer_scale`), stated by the
-    colour key and the caption."""
+    colour key and the caption, which ends with `note` (e.g. what part of the photo the
+    model saw)."""
     if maps.dim() != 3 or maps.shape[0] != len(words) or not words:
         raise InputError(
             f"maps must be (words, H, W) for {len(words)} words, got {tuple(maps.shape)}"
@@ -252,5 +254,6 @@ def answer_figure(
         opening="photo",
         per_row=maps_per_row,
         signed=signed,
+        note=note,
     )
     return figure

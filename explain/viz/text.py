@@ -104,15 +104,15 @@ def to_html(
     skip: Collection[str] = (),
     title: str | None = None,
     readout: int | None = None,
-    rests_on: str | None = None,
+    sources: str | None = None,
 ) -> str:
     """One text as an HTML fragment: a <p> of <span>s, each token escaped, its score in
     the tooltip and in a label that `document_html`'s "show values" switch reveals.
     `scores` may be longer than `tokens` (padding); extra values are ignored. A text whose
     relevance is zero everywhere says so. `readout`: the index in `tokens` a language
     model's prediction is read out at, hatched grey and off the scale, as on
-    `explain generate`'s page; `rests_on`: a line naming what the prediction rests on
-    most (explain.viz.ranking.sources_text), written under the text."""
+    `explain generate`'s page; `sources`: what the prediction rests on most
+    (explain.viz.ranking.sources_text), written under the text."""
     shown, scale = _shown(tokens, scores, skip, readout)
     spans = []
     for token, value, off in shown:
@@ -134,7 +134,7 @@ def to_html(
     note = (
         ' <em class="note">(every relevance is 0: nothing to highlight)</em>' if scale == 0 else ""
     )
-    rests = f'\n<p class="rests">rests most on: {html.escape(rests_on)}</p>' if rests_on else ""
+    rests = f'\n<p class="rests">rests most on: {html.escape(sources)}</p>' if sources else ""
     return f'{heading}<p class="text">{" ".join(spans)}{note}</p>{rests}'
 
 

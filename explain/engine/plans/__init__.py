@@ -28,7 +28,7 @@ from explain.engine.plans.dual_encoder import DualEncoderPlan
 from explain.engine.plans.encoder_decoder import EncoderDecoderPlan, Position
 from explain.engine.plans.generation import GenerationPlan, require_causal_lm
 from explain.engine.plans.image_text import ImageTextPlan
-from explain.engine.request import Request
+from explain.engine.targets import Request
 
 __all__ = [
     "DEFAULT_THRESHOLD",

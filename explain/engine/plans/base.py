@@ -2,7 +2,7 @@
 
 A plan answers, for one kind of model (the adapter contract it `serves`), the questions a pass
 (explain.engine.passes) asks: which inputs the recorded forward runs on, which score
-columns one forward yields (one per explained target), which sink receives the columns'
+columns one forward yields (one per explained target), which fold receives the columns'
 blocks, and how the columns' results become one relevance per token set. It also
 declares which passes it accepts (`Plan.passes`), which explain.engine.run checks once,
 before any forward. The passes never ask what kind of model they run.
@@ -24,7 +24,6 @@ from explain.detections import Detections
 from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
-    ColumnSink,
     EmbeddingCopiesPass,
     EmbeddingGradientPass,
     ForwardPass,
@@ -32,22 +31,23 @@ from explain.engine.passes import (
     Pass,
     Relevances,
 )
-from explain.engine.request import Request, StartLayer, integer_option
 from explain.engine.session import Session
 from explain.engine.targets import (
     Contrast,
+    Request,
     Score,
+    StartLayer,
     check_score,
+    integer_option,
     require_explicit_target,
     resolve_foil,
     resolve_targets,
     select_scores,
 )
-from explain.errors import ExplainError, OptionError
+from explain.errors import ExplainError, OptionError, TargetError
 from explain.layout import Prepared, TokenLayout, TokenSet
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
-from explain.rules.fold import RowSum
-from explain.rules.registry import LRP_NEEDS, METHODS, Fold, Method, RuleContext, SpreadMode
+from explain.rules.registry import LRP_NEEDS, METHODS, Fold, Method, RowSum, RuleContext, SpreadMode
 
 __all__ = [
     "Plan",
@@ -154,9 +154,9 @@ def custom_scores(score: Score | None) -> None:
 
 
 class SetFolds:
-    """The call's folds, one per token set: routes the model-wide layers of each set to
-    its fold, renumbered from 0 (a `ColumnSink`); `result()` is every column's token
-    relevance by set name, (C, B, N) each."""
+    """The call's fold from its folds, one per token set: routes the model-wide layers of
+    each set to its fold, renumbered from 0; `result()` is every column's token relevance
+    by set name, (C, B, N) each."""
 
     def __init__(self, folds: dict[str, Fold], sets: Sequence[TokenSet]) -> None:
         self._folds = folds
@@ -167,8 +167,11 @@ class SetFolds:
         }
         self.layers = sorted(self._route)
 
-    def spread_of(self, layer: int) -> SpreadMode | None:
-        return self._route[layer][0].spread
+    @property
+    def spread(self) -> SpreadMode | None:
+        """Its folds' one spread: every set's fold is the same method's."""
+        (spread,) = {fold.spread for fold in self._folds.values()}
+        return spread
 
     def add(self, layer: int, columns: slice, attention: Tensor, gradients: Tensor | None) -> None:
         found = self._route.get(layer)  # a forward hands over the blocks no fold reads too
@@ -179,12 +182,12 @@ class SetFolds:
         self, layer: int, columns: slice, spread: Callable[[Tensor], Tensor], rowsum: RowSum
     ) -> None:
         fold, local = self._route[layer]
-        fold.fold(local, columns, spread, rowsum)  # type: ignore[attr-defined]  # a spread's
+        fold.fold(local, columns, spread, rowsum)
 
     def add_input(self, columns: slice, *relevance: Tensor) -> None:
         """The input relevance of full LRP and of AttnLRP (one-stack models: one fold)."""
         (fold,) = self._folds.values()
-        fold.add_input(columns, *relevance)  # type: ignore[attr-defined]  # an InputFold (Need)
+        fold.add_input(columns, *relevance)
 
     def result(self) -> dict[str, Tensor]:
         return {name: fold.result() for name, fold in self._folds.items()}
@@ -246,7 +249,7 @@ class Plan:
     """The passes this kind of model can be explained through (explain.engine.passes)."""
 
     methods: ClassVar[frozenset[str] | None] = None
-    """The only methods this kind takes, where its sink is its own rather than the
+    """The only methods this kind takes, where the call's fold is its own rather than the
     method's (an encoder-decoder's two-set fold); None: any method of an accepted pass."""
 
     refused_because: ClassVar[str] = ""
@@ -285,8 +288,21 @@ class Plan:
     # -- inputs -------------------------------------------------------------------------
 
     def prepare(self, inputs: Any) -> None:
-        """Validate the inputs (raw texts tokenized with the Explainer's tokenizer)."""
+        """Validate the inputs (raw texts tokenized with the Explainer's tokenizer). A
+        tensor on the meta device is refused first, naming it, in the inputs or in the
+        request's target, start layers or options: a meta tensor's first read would be
+        PyTorch's NotImplementedError or RuntimeError, wherever it happened to be read."""
         refuse_meta_inputs(inputs)
+        request = self.request
+        given = request.target
+        given = (given.target, given.foil) if isinstance(given, Contrast) else given
+        refuse_meta_inputs(given, "the target", TargetError)
+        start = request.start_layer
+        for token_set, layer in (start if isinstance(start, Mapping) else {None: start}).items():
+            name = "start_layer" if token_set is None else f"start_layer[{token_set!r}]"
+            refuse_meta_inputs(layer, name, OptionError)
+        for name, value in request.options.items():
+            refuse_meta_inputs(value, f"option {name}", OptionError)
         self._use(self.adapter.prepare(self.adapter.encode(inputs, self.tokenizer)))
         class_specific = self.spec is None or self.spec.class_specific
         require_explicit_target(self.request.target, self.adapter.feature_output, class_specific)
@@ -307,8 +323,8 @@ class Plan:
 
     # -- folds --------------------------------------------------------------------------
 
-    def sink(self) -> ColumnSink:
-        """The call's sink: the method's fold of every token set, for every column (which
+    def call_fold(self) -> Fold:
+        """The call's fold: the method's fold of every token set, for every column (which
         all read out the same rows here)."""
         return self._set_folds(self.sets, [token_set.readout[None] for token_set in self.sets])
 
@@ -332,10 +348,10 @@ class Plan:
             folds[token_set.name] = spec.fold(context, dict(self.request.options))
         return SetFolds(folds, sets)
 
-    def read(self, sink: ColumnSink) -> Relevances:
-        """Every column's token relevance per set, (B, C, N), from the call's sink (the
+    def read(self, fold: Fold) -> Relevances:
+        """Every column's token relevance per set, (B, C, N), from the call's fold (the
         engine then maps it onto the input)."""
-        return {name: result.transpose(0, 1) for name, result in sink.result().items()}
+        return {name: result.transpose(0, 1) for name, result in fold.result().items()}
 
     def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
         """Where AttnLRP and CP-LRP read relevance, each with the layout of its tokens

@@ -23,13 +23,12 @@ from torch import Tensor
 
 from explain.architectures.base import Detector
 from explain.detections import Detections
-from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, Relevances
+from explain.engine.passes import AttentionGradientPass, Columns, Relevances
 from explain.engine.plans.base import Plan, masked_columns
-from explain.engine.request import Request
-from explain.engine.targets import select_scores
+from explain.engine.targets import Request, select_scores
 from explain.errors import OptionError, TargetError
 from explain.rules.coattention import TWO_SET_METHODS, BlockRole, TwoSetFold, row_at
-from explain.rules.registry import Method
+from explain.rules.registry import Fold, Method
 
 __all__ = ["DEFAULT_THRESHOLD", "DetectionPlan"]
 
@@ -93,7 +92,7 @@ class DetectionPlan(Plan):
         self._boxes = boxes.detach()
         return logits
 
-    def sink(self) -> ColumnSink:
+    def call_fold(self) -> Fold:
         """The encoder-decoder fold over every block, for every detection."""
         roles = [
             BlockRole(site.layer, "i" if site.stack == "image" else "q", site.kind)
@@ -129,9 +128,9 @@ class DetectionPlan(Plan):
         self._labels = label.masked_fill(~valid, -1)
         return Columns(scores, self._labels, picked.detach())
 
-    def read(self, sink: ColumnSink) -> Relevances:
+    def read(self, fold: Fold) -> Relevances:
         """Every detection's rows of R_qi and R_qq at its query, read for all at once."""
-        state = sink.result()
+        state = fold.result()
         rows = self.chosen.transpose(0, 1)  # (K, B)
         image, queries = row_at(state.qi, rows), row_at(state.qq, rows)
         return {"image": image.transpose(0, 1), "queries": queries.transpose(0, 1)}

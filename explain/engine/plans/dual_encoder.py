@@ -16,9 +16,8 @@ from torch import Tensor
 from explain.architectures.dual_encoder import DualEncoder
 from explain.engine.passes import AttentionGradientPass, Columns, ForwardPass, Relevances
 from explain.engine.plans.base import Plan
-from explain.engine.request import Request
 from explain.engine.session import Session
-from explain.engine.targets import resolve_targets
+from explain.engine.targets import Request, resolve_targets
 from explain.errors import TargetError
 from explain.rules.registry import Method
 
@@ -66,7 +65,7 @@ class DualEncoderPlan(Plan):
             classes = torch.arange(num_images, device=encoder.parameter.device)
         else:
             if self.spec is not None:
-                self.sink()  # bad options and start layers fail before this forward
+                self.call_fold()  # bad options and start layers fail before this forward
             with Session(encoder):
                 self._logits = encoder.forward(prepared)
             chosen, _ = resolve_targets(self._logits, self.request.target)

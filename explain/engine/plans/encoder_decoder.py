@@ -1,8 +1,8 @@
 """The plan of an encoder-decoder: source and target relevance of the token predicted at
 a decoder position.
 
-Column p is the token predicted at decoder position p (option `position`); the sink is
-the two-set fold of explain.rules.coattention over every block, for all positions at
+Column p is the token predicted at decoder position p (option `position`); the call's
+fold is the two-set fold of explain.rules.coattention over every block, for all positions at
 once, from one forward and one backward batched over the positions; the targets are
 chosen and checked once for all positions.
 """
@@ -16,13 +16,12 @@ import torch
 from torch import Tensor
 
 from explain.architectures.base import EncoderDecoder
-from explain.engine.passes import AttentionGradientPass, Columns, ColumnSink, Relevances
+from explain.engine.passes import AttentionGradientPass, Columns, Relevances
 from explain.engine.plans.base import Plan, custom_scores, masked_columns
-from explain.engine.request import Request
-from explain.engine.targets import Target, resolve_targets, select_scores
+from explain.engine.targets import Request, Target, resolve_targets, select_scores
 from explain.errors import InputError, OptionError, TargetError
 from explain.rules.coattention import TWO_SET_METHODS, BlockRole, TwoSetFold, row_at
-from explain.rules.registry import Method
+from explain.rules.registry import Fold, Method
 
 __all__ = ["EncoderDecoderPlan", "Position"]
 
@@ -96,7 +95,7 @@ class EncoderDecoderPlan(Plan):
             target = target.masked_fill(~self.valid, 0)
         self._target = target
 
-    def sink(self) -> TwoSetFold:
+    def call_fold(self) -> TwoSetFold:
         """The two-set fold over every block, for every position."""
         roles = [
             BlockRole(site.layer, "i" if site.stack == "source" else "q", site.kind)
@@ -105,9 +104,9 @@ class EncoderDecoderPlan(Plan):
         source, target = self.sets
         return TwoSetFold(roles, target.layout.num_tokens, source.layout.num_tokens)
 
-    def read(self, sink: ColumnSink) -> Relevances:
+    def read(self, fold: Fold) -> Relevances:
         """Each position's rows of R_qi and R_qq, read for every column at once."""
-        state = sink.result()
+        state = fold.result()
         rows = self.positions.T  # (P, B): each column's position in each sample
         source, target = row_at(state.qi, rows), row_at(state.qq, rows)
         return {"source": source.transpose(0, 1), "target": target.transpose(0, 1)}

@@ -15,18 +15,16 @@ from explain.architectures.base import Adapter, LanguageModel
 from explain.engine.passes import (
     AttentionGradientPass,
     Columns,
-    ColumnSink,
     EmbeddingCopiesPass,
     EmbeddingGradientPass,
     ForwardPass,
     Relevances,
 )
 from explain.engine.plans.base import Plan, masked_columns
-from explain.engine.request import Request, integer_option
-from explain.engine.targets import Score, select_scores
+from explain.engine.targets import Request, Score, integer_option, select_scores
 from explain.errors import InputError, OptionError
 from explain.layout import Prepared
-from explain.rules.registry import Method
+from explain.rules.registry import Fold, Method
 
 __all__ = ["GenerationPlan", "column_rows", "generated_scores", "require_causal_lm"]
 
@@ -143,7 +141,7 @@ class GenerationPlan(Plan):
         """(B, G, vocab): the logits each generated token was chosen from."""
         return self.adapter.logits_at(self.prepared, read_out_at(self.width, self.valid))
 
-    def sink(self) -> ColumnSink:
+    def call_fold(self) -> Fold:
         """The method's fold for every generated position: each column reads out at its
         own position, blind to the tokens after it (`column_rows`)."""
         (text,) = self.sets

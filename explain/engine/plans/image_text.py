@@ -16,12 +16,7 @@ from typing import Any, ClassVar, Literal, cast
 from torch import Tensor
 
 from explain.architectures.base import ImageTextModel
-from explain.engine.passes import (
-    Columns,
-    ColumnSink,
-    Relevances,
-    pass_for,
-)
+from explain.engine.passes import Columns, Relevances, pass_for
 from explain.engine.plans.base import Plan, masked_columns, per_set, resolve_start_layer
 from explain.engine.plans.generation import (
     GenerationPlan,
@@ -30,14 +25,14 @@ from explain.engine.plans.generation import (
     generated_tokens,
     read_out_at,
 )
-from explain.engine.request import Request
+from explain.engine.targets import Request
 from explain.errors import OptionError
 from explain.layout import ImagePrepared, ImageTokens, TokenLayout
 from explain.lrp.attnlrp import AttnLrpSites, Embedding
 from explain.rules.fold import ReadoutFold, RowSum, joined
 from explain.rules.registry import METHODS, Fold, Method, Need, RuleContext, SpreadMode
 
-__all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextPlan", "ImageTextSink", "reaches_tower"]
+__all__ = ["DEPTHS", "Depth", "ImageAt", "ImageTextFold", "ImageTextPlan", "reaches_tower"]
 
 Depth = Literal["lm", "tower"]
 DEPTHS: tuple[Depth, ...] = ("lm", "tower")
@@ -89,8 +84,8 @@ class ImageAt:
         return {"image": image, "text": text.scatter(-1, at, 0.0)}
 
 
-class ImageTextSink:
-    """The call's sink: the method's fold over the language model's blocks and, for depth
+class ImageTextFold:
+    """The call's fold: the method's fold over the language model's blocks and, for depth
     "tower", the method's fold over the tower's blocks `tower_layers`, made for each
     chunk of columns once the language model's fold of those columns is done (its
     readout rows come from it: `tower(rows)`). Its `result()` is the folds' rows (the
@@ -122,7 +117,8 @@ class ImageTextSink:
         text_layers = [offset + layer for layer in text.layers]
         self.layers: list[int] = ([*tower_layers] if tower is not None else []) + text_layers
 
-    def spread_of(self, layer: int) -> SpreadMode | None:
+    @property
+    def spread(self) -> SpreadMode | None:
         """The language model's fold's: the tower's is the same method's, over an image."""
         return self._text.spread
 
@@ -144,12 +140,12 @@ class ImageTextSink:
         self, layer: int, columns: slice, spread: Callable[[Tensor], Tensor], rowsum: RowSum
     ) -> None:
         if layer >= self._offset:
-            self._text.fold(layer - self._offset, columns, spread, rowsum)  # type: ignore[attr-defined]
+            self._text.fold(layer - self._offset, columns, spread, rowsum)
             return
         tower = self._tower(columns)
         if tower is None:
             raise RuntimeError("a tower block arrived before the language model's fold ended")
-        tower.fold(layer, slice(None), spread, rowsum)  # type: ignore[attr-defined]
+        tower.fold(layer, slice(None), spread, rowsum)
 
     def add_input(self, columns: slice, text: Tensor, tower: Tensor | None = None) -> None:
         """The relevance at the embeddings (`ImageTextPlan.embeddings`: Gradient x Input,
@@ -158,7 +154,7 @@ class ImageTextSink:
         depth "tower", at the tower's patch embeddings (c, the tower's batch, tower tokens;
         or its patches, for a tower that runs them packed), which is then the tower's
         result."""
-        self._text.add_input(columns, text)  # type: ignore[attr-defined]  # an InputFold (Need)
+        self._text.add_input(columns, text)
         if tower is not None:
             tokens = self._image.tokens.tower_tokens
             self._tower_inputs[columns.start or 0] = tower.reshape(len(tower), -1, tokens)
@@ -261,7 +257,7 @@ class ImageTextPlan(Plan):
             return self.adapter.forward(self.prepared)
         return self.adapter.logits_at(self.prepared, read_out_at(self.width, self.valid))
 
-    def sink(self) -> ColumnSink:
+    def call_fold(self) -> Fold:
         """The method's folds for every column: a generation's read out at each column's
         position, blind to what follows it, their readout rows and token masks made at
         once (`column_rows`); every column of the next token reads out at the last
@@ -297,7 +293,7 @@ class ImageTextPlan(Plan):
 
         context = RuleContext(readouts, replace(layout, token_mask=mask), count, text_start)
         text_fold = spec.fold(context, options)
-        return ImageTextSink(text_fold, text.layers.start, self.image, tower, tower_layers)
+        return ImageTextFold(text_fold, text.layers.start, self.image, tower, tower_layers)
 
     def embeddings(self, sites: AttnLrpSites) -> list[tuple[Embedding, TokenLayout]]:
         """AttnLRP and CP-LRP read the language model's input embeddings (over the text's
@@ -312,10 +308,10 @@ class ImageTextPlan(Plan):
             reads.append((sites.tower, layout))
         return reads
 
-    def read(self, sink: ColumnSink) -> Relevances:
+    def read(self, fold: Fold) -> Relevances:
         """Every column's folds, mapped onto the photo and the text at once
         (`ImageAt.split`)."""
-        text, tower = sink.result()
+        text, tower = fold.result()
         split = self.image.split(text, tower).items()
         return {name: relevance.transpose(0, 1) for name, relevance in split}
 

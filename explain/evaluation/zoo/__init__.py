@@ -46,6 +46,9 @@ class ZooEvaluation:
     headline: what its held-out accuracy counts, as its card says it.
     accuracy: (loaded model, count) -> (accuracy, details): the card's measurement on the
         first `count` held-out examples.
+    secondary: (loaded model, count) -> details measured on other held-out inputs than
+        the headline's, which cost more than it (a recall model's other prompt lengths);
+        `heldout_accuracy(..., secondary=False)` skips them, for a check of the headline.
     count: how many held-out examples the card's number is measured on.
     check: (examples, margin): tests measure it on that many examples and ask for at
         least the card's number less the margin (a margin says how many misses it allows).
@@ -63,6 +66,7 @@ class ZooEvaluation:
     accuracy: Callable[[LoadedModel, int], tuple[float, dict[str, float]]]
     count: int
     check: tuple[int, float]
+    secondary: Callable[[LoadedModel, int], dict[str, float]] | None = None
     heldout: ImageSets | None = None
     two_objects: ImageSets | None = None
     answers: AnswerSets | None = None

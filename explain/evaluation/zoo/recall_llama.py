@@ -38,6 +38,7 @@ MODEL = ZooEvaluation(
     accuracy=recall_answers.recall_accuracy,
     count=1000,
     check=(60, 0.08),
+    secondary=recall_answers.other_lengths_accuracy,
     answers=_answers,
     evidence_check=recall_answers.evidence_check,
 )

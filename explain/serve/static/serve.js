@@ -300,9 +300,12 @@ function clear(...ids) {
   for (const id of ids) $(id).replaceChildren();
 }
 
+// The classes to explain: the one chosen, else `top` as typed (an empty box: the default,
+// 1), checked by the server, which says what it takes: 0 or 1.5 is refused, never read as 1.
 function targetOf(topInput, classSelectElement) {
   const chosen = classSelectElement.value;
-  return chosen === "" ? { top: Number(topInput.value) || 1 } : { classes: [Number(chosen)] };
+  if (chosen !== "") return { classes: [Number(chosen)] };
+  return topInput.value.trim() === "" ? {} : { top: Number(topInput.value) };
 }
 
 // --- gallery ---------------------------------------------------------------------------
@@ -435,7 +438,7 @@ async function explainImage() {
     }
     const map = entry.maps[k];
     const column = answer.classes[k];
-    const canvas = mapCanvas(picture, map, `${entry.method} · ${column.name}`, $("hover"));
+    const canvas = mapCanvas(picture, map, `${entry.label} · ${column.name}`, $("hover"));
     canvas.dataset.method = entry.method;
     canvas.dataset.class = String(column.index);
     box.append(panel(canvas, map));
@@ -452,6 +455,13 @@ async function explainImage() {
     head.textContent = text;
     return head;
   };
+  // A method's heading as the figures write it: "rollout (class-agnostic)", the mark
+  // explained on hover.
+  const methodHeading = (entry) => {
+    const head = heading(entry.label);
+    if (entry.class_agnostic) head.title = state.info.class_agnostic;
+    return head;
+  };
   const className = (column) => `${column.name} (${(100 * column.confidence).toFixed(1)}%)`;
   const rows = [];
   if (answer.classes.length === 1) {
@@ -459,7 +469,7 @@ async function explainImage() {
     const [column] = answer.classes;
     const head = document.createElement("tr");
     const maps = document.createElement("tr");
-    head.append(heading(""), ...answer.methods.map((entry) => heading(entry.method)));
+    head.append(heading(""), ...answer.methods.map(methodHeading));
     maps.append(heading(className(column)), ...answer.methods.map((entry) => cell(entry, 0)));
     rows.push(head, maps);
   } else {
@@ -469,7 +479,7 @@ async function explainImage() {
     rows.push(head);
     for (const entry of answer.methods) {
       const row = document.createElement("tr");
-      row.append(heading(entry.method));
+      row.append(methodHeading(entry));
       if (entry.error) {
         const error = cell(entry, 0);
         error.colSpan = answer.classes.length;
@@ -522,13 +532,13 @@ async function explainText(text) {
     if (entry.error) {
       const error = document.createElement("p");
       error.className = "error";
-      error.textContent = `${entry.method}: ${entry.error}`;
+      error.textContent = `${entry.label}: ${entry.error}`;
       blocks.push(error);
       continue;
     }
     entry.maps.forEach((map, k) => {
       const column = answer.classes[k];
-      const label = `${entry.method} · ${column.name} (${(100 * column.confidence).toFixed(1)}%)`;
+      const label = `${entry.label} · ${column.name} (${(100 * column.confidence).toFixed(1)}%)`;
       blocks.push(tokenRow(label, answer.tokens, map, $("text-hover")));
     });
   }
@@ -676,6 +686,10 @@ async function start() {
   const counted = classes.length ? ` · ${classes.length} classes${state.info.multi_label ? " (independent yes/no)" : ""}` : "";
   $("model").textContent = `${state.info.model} · ${what}${counted}`;
   document.body.dataset.kind = kind;
+  const most = `at most ${state.info.max_tokens} tokens`;  // the server refuses longer
+  $("prompt").placeholder = `Type a prompt (${most})`;
+  $("text").placeholder = `Type a sentence (${most})`;
+  $("captions").title = `one caption per line, each ${most}`;
   if (kind === "image" || kind === "clip") {
     show("gallery-view");
     methodBoxes($("methods"), () => busy(explainImage()));
