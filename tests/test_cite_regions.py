@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from explain import ExplainError, Explainer, InputError, OptionError
+from explain import Explainer, ExplainError, InputError, OptionError
 from explain.cite.check import check_scores, spearman
 from explain.cite.image import RegionCitation, cite_image
 from explain.cite.regions import (
