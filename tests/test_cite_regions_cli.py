@@ -138,12 +138,13 @@ def test_the_page_shows_the_figures_picture_on_one_signed_scale():
     ]
 
 
-def test_a_cropped_photo_is_said_in_the_figures_of_both_image_commands(
+def test_a_cropped_photo_is_said_in_the_figures_and_terminals_of_both_image_commands(
     folder, photo, tmp_path, capsys, monkeypatch
 ):
     """The tiny LLaVA's processor keeps the 60x40 photo's shorter side and crops the
-    centre: the figures of `explain cite --image` and `explain generate --image` say what
-    the model saw, in the words of the terminal of `explain image` (crop_note)."""
+    centre: the figures and the terminals of `explain cite --image` and `explain generate
+    --image` say what the model saw, in the words of the terminal of `explain image`
+    (crop_note), once per command."""
     import explain.viz
     from explain.loading import load_model
 
@@ -155,8 +156,12 @@ def test_a_cropped_photo_is_said_in_the_figures_of_both_image_commands(
         captions.append("".join("".join(t.get_text() for t in figure.texts).split()))
 
     monkeypatch.setattr(explain.viz, "save_figure", keep_caption)
+    sentence = f"The model saw only part of the photo: {note}."
+    capsys.readouterr()
     assert _cite(folder, photo, tmp_path / "cited") == 0
+    assert capsys.readouterr().out.splitlines().count(sentence) == 1
     generate = ["generate", "--image", str(photo[0]), QUESTION, "--model", str(folder)]
     assert main([*generate, "--max-new-tokens", "2", "--out", str(tmp_path / "answer")]) == 0
-    said = "".join(f"The model saw only part of the photo: {note}.".split())
+    assert capsys.readouterr().out.splitlines().count(sentence) == 1
+    said = "".join(sentence.split())
     assert len(captions) == 2 and all(said in text for text in captions)

@@ -152,6 +152,8 @@ def _run_image(args: argparse.Namespace) -> int:
     methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
     assert loaded.preprocessing is not None  # load_vision_language checks it
     seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    if seen is not None:
+        print(seen)  # the terminal says what the figure's caption says
     for method in methods:
         if len(methods) > 1:
             print(f"[{method}]")
