@@ -75,6 +75,26 @@ def test_regions_from_a_json_file(folder, photo, tmp_path):
     assert "left &lt;b&gt;" in (tmp_path / "cite.html").read_text()
 
 
+def test_superpixel_regions(folder, photo, tmp_path, capsys):
+    from explain.cite.regions import slic_regions
+
+    # two flat halves: SLIC follows their edge (the noise photo has none to follow)
+    halves = np.zeros((40, 60, 3), dtype=np.uint8)
+    halves[:, 30:] = (200, 40, 40)
+    path = tmp_path / "halves.png"
+    Image.fromarray(halves).save(path)
+    assert _cite(folder, (path, halves), tmp_path, "--regions", "slic:6") == 0
+    document = json.loads((tmp_path / "cite.json").read_text())
+    expected = slic_regions(halves, 6)
+    assert len(expected) >= 2
+    assert [r["name"] for r in document["regions"]] == [r.name for r in expected]
+    assert [r["box"] for r in document["regions"]] == [list(r.box) for r in expected]
+    assert _cite(folder, photo, tmp_path, "--regions", "slic:six") == 2
+    assert "superpixels are slic:N" in capsys.readouterr().err
+    assert _cite(folder, photo, tmp_path, "--regions", "slic:6") == 2
+    assert "SLIC found one superpixel" in capsys.readouterr().err
+
+
 def test_several_methods_each_write_their_own_files(folder, photo, tmp_path, capsys):
     assert _cite(folder, photo, tmp_path, "--method", "generic,attnlrp", "--grid", "2x2") == 0
     printed = capsys.readouterr().out
