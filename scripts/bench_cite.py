@@ -396,7 +396,8 @@ def quality(args: argparse.Namespace) -> str:
     ]
     if gap < 0:
         lines += ["", WHY_LDS]
-    lines.append(QUALITY[1])
+    # The section's own end marker (two hops: the two-hop section's, not the one-hop one's).
+    lines.append((QUALITY_TWO_HOPS if two_hops else QUALITY)[1])
     return "\n".join(lines)
 
 
