@@ -1,7 +1,9 @@
 """scripts/bench_cite.py cuts recall prompts into the spans it ranks: each fact a line,
 the filler between two facts in lines of at most --filler-words words, the question
 apart; the evidence lines are the asked fact (two hops: the chain's two facts), and
-`cite`'s tokenization of the lines is the example's prompt, token for token."""
+`cite`'s tokenization of the lines is the example's prompt, token for token.
+scripts/bench_statements.py's 3-sentence answers hold one fact each, and its own fact's
+line is each sentence's."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from explain.cite.prompt import TEMPLATE, build_prompt, read_context
+from explain.cite.spans import split
 from explain.data import recall
 
 
@@ -23,7 +26,7 @@ def bench_cite():
     with pytest.MonkeyPatch.context() as patch:
         patch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
         yield importlib.import_module("bench_cite")
-    for name in ("bench", "bench_cite"):
+    for name in ("bench", "bench_cite", "bench_statements"):
         if name not in loaded:
             sys.modules.pop(name, None)
 
@@ -85,3 +88,25 @@ def test_the_lines_tokenize_to_the_example_with_each_fact_one_span(bench_cite, h
             spans = prompt.token_spans[list(example.facts[index].positions)]
             assert spans.tolist() == [line] * len(example.facts[index].positions)
         assert (prompt.token_spans[list(example.question_positions)] == -1).all()
+
+
+def test_statements_answers_hold_one_fact_in_each_sentence(bench_cite):
+    import bench_statements
+
+    def words(ids) -> list[str]:
+        return [recall.VOCABULARY[token] for token in ids]
+
+    for example in recall.examples("heldout", 3, 256):
+        context, question, answer, own = bench_statements.statements_case(example)
+        lines = context.split("\n")
+        spans = read_context(context, "sentences").spans  # the context's sentences: its lines
+        assert [span.text.strip() for span in spans] == lines
+        asked = example.facts[example.asked[0]]
+        assert question.split(" ") == ["?", *words(asked.key)]
+        assert lines[own[0]] == " ".join([*words(asked.key), *words(asked.value), "."])
+        sentences = split(answer, "sentences")
+        assert len(sentences) == len(set(own)) == bench_statements.SENTENCES
+        for n, (sentence, line) in enumerate(zip(sentences, own, strict=True)):
+            fact = lines[line].split(" ")  # key (2) value (2) .
+            said = sentence.text.split()
+            assert said == (fact[2:4] if n == 0 else fact[:4]) + (["?"] if n < 2 else [])

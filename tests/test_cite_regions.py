@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from explain import Explainer, InputError, OptionError
+from explain import Explainer, ExplainError, InputError, OptionError
 from explain.cite.check import check_scores, spearman
 from explain.cite.image import RegionCitation, cite_image
 from explain.cite.regions import (
@@ -19,8 +19,11 @@ from explain.cite.regions import (
     fill_colour,
     grid_regions,
     patch_shares,
+    photo_patches,
     read_regions,
     region_from,
+    slic_count,
+    slic_regions,
 )
 from explain.loading.preprocessing import photo_preprocessing
 from explain.testing import ModelState
@@ -332,3 +335,66 @@ def test_cite_with_an_image_cites_its_regions(llava):
     torch.testing.assert_close(by_cite.scores, direct.scores)
     with pytest.raises(OptionError, match="citing a photo takes no context"):
         cite(llava, "a text", "w12", "w14", image=photo)
+
+
+def _blocks_photo() -> np.ndarray:
+    """A 40 x 60 photo of six flat colour blocks with a little noise: superpixels have
+    edges to find."""
+    rng = np.random.default_rng(5)
+    colours = rng.integers(0, 256, size=(2, 3, 3))
+    photo = np.kron(colours, np.ones((20, 20, 1))) + rng.normal(0, 4, size=(40, 60, 3))
+    return photo.clip(0, 255).astype(np.uint8)
+
+
+def test_superpixels_cover_the_photo_once_and_are_the_same_each_time():
+    photo = _blocks_photo()
+    regions = slic_regions(photo, 12)
+    assert 6 <= len(regions) <= 18  # SLIC's seeds on a grid: about the count asked
+    assert [r.name for r in regions] == [f"superpixel {i}" for i in range(1, len(regions) + 1)]
+    assert (np.sum([r.mask for r in regions], axis=0) == 1).all()
+    for region in regions:
+        rows, cols = np.nonzero(region.mask)
+        assert region.box == (cols.min(), rows.min(), cols.max() + 1, rows.max() + 1)
+    again = slic_regions(photo, 12)
+    assert all(np.array_equal(a.mask, b.mask) for a, b in zip(regions, again, strict=True))
+    # a block's edge is a superpixel's edge: no superpixel straddles the blocks' borders
+    blocks = np.kron(np.arange(6).reshape(2, 3), np.ones((20, 20), dtype=int))
+    assert all(len(np.unique(blocks[r.mask])) == 1 for r in regions)
+
+
+def test_bad_superpixel_counts_are_refused():
+    assert slic_count("slic:12") == 12 and slic_count("regions.json") is None
+    with pytest.raises(OptionError, match="slic:N"):
+        slic_count("slic:many")
+    with pytest.raises(OptionError, match="at least 2"):
+        slic_regions(_blocks_photo(), 1)
+
+
+def test_superpixels_without_scikit_image_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "skimage.segmentation", None)  # as if not installed
+    with pytest.raises(ExplainError, match=r"explain-transformers\[superpixels\]"):
+        slic_regions(_blocks_photo(), 12)
+
+
+def test_cite_with_superpixels_scores_each_its_patches_relevance(llava):
+    photo = _blocks_photo()
+    cited = cite_image(llava, photo, "w12 w13", "w14 w15", regions="slic:8", lds=4)
+    expected = slic_regions(photo, 8)
+    assert [r.name for r in cited.regions] == [r.name for r in expected]
+    assert cited.settings["regions"] == "superpixels" and "grid" not in cited.settings
+    # by hand, pixel by pixel: each photo pixel carries its patch's relevance over the
+    # number of photo pixels landing on that patch (cropped pixels carry none)
+    maps = cited.patch_relevance.flatten(1)
+    landing = photo_patches(photo_preprocessing(llava.tokenizer), (40, 60), (4, 4))
+    seen = landing >= 0
+    counts = torch.bincount(landing[seen], minlength=16).double()
+    per_pixel = torch.zeros(maps.shape[0], 40, 60, dtype=torch.float64)
+    per_pixel[:, seen] = maps[:, landing[seen]] / counts[landing[seen]]
+    by_hand = torch.stack(
+        [per_pixel[:, torch.from_numpy(r.mask)].sum(dim=1) for r in expected], dim=1
+    )
+    torch.testing.assert_close(cited.region_relevance, by_hand)
+    torch.testing.assert_close(cited.scores.sum(), maps.sum())  # they share out the map
+    assert cited.check is not None and cited.check.lds_ablations == 4

@@ -75,6 +75,26 @@ def test_regions_from_a_json_file(folder, photo, tmp_path):
     assert "left &lt;b&gt;" in (tmp_path / "cite.html").read_text()
 
 
+def test_superpixel_regions(folder, photo, tmp_path, capsys):
+    from explain.cite.regions import slic_regions
+
+    # two flat halves: SLIC follows their edge (the noise photo has none to follow)
+    halves = np.zeros((40, 60, 3), dtype=np.uint8)
+    halves[:, 30:] = (200, 40, 40)
+    path = tmp_path / "halves.png"
+    Image.fromarray(halves).save(path)
+    assert _cite(folder, (path, halves), tmp_path, "--regions", "slic:6") == 0
+    document = json.loads((tmp_path / "cite.json").read_text())
+    expected = slic_regions(halves, 6)
+    assert len(expected) >= 2
+    assert [r["name"] for r in document["regions"]] == [r.name for r in expected]
+    assert [r["box"] for r in document["regions"]] == [list(r.box) for r in expected]
+    assert _cite(folder, photo, tmp_path, "--regions", "slic:six") == 2
+    assert "superpixels are slic:N" in capsys.readouterr().err
+    assert _cite(folder, photo, tmp_path, "--regions", "slic:6") == 2
+    assert "SLIC found one superpixel" in capsys.readouterr().err
+
+
 def test_several_methods_each_write_their_own_files(folder, photo, tmp_path, capsys):
     assert _cite(folder, photo, tmp_path, "--method", "generic,attnlrp", "--grid", "2x2") == 0
     printed = capsys.readouterr().out
@@ -138,12 +158,13 @@ def test_the_page_shows_the_figures_picture_on_one_signed_scale():
     ]
 
 
-def test_a_cropped_photo_is_said_in_the_figures_of_both_image_commands(
+def test_a_cropped_photo_is_said_in_the_figures_and_terminals_of_both_image_commands(
     folder, photo, tmp_path, capsys, monkeypatch
 ):
     """The tiny LLaVA's processor keeps the 60x40 photo's shorter side and crops the
-    centre: the figures of `explain cite --image` and `explain generate --image` say what
-    the model saw, in the words of the terminal of `explain image` (crop_note)."""
+    centre: the figures and the terminals of `explain cite --image` and `explain generate
+    --image` say what the model saw, in the words of the terminal of `explain image`
+    (crop_note), once per command."""
     import explain.viz
     from explain.loading import load_model
 
@@ -155,8 +176,12 @@ def test_a_cropped_photo_is_said_in_the_figures_of_both_image_commands(
         captions.append("".join("".join(t.get_text() for t in figure.texts).split()))
 
     monkeypatch.setattr(explain.viz, "save_figure", keep_caption)
+    sentence = f"The model saw only part of the photo: {note}."
+    capsys.readouterr()
     assert _cite(folder, photo, tmp_path / "cited") == 0
+    assert capsys.readouterr().out.splitlines().count(sentence) == 1
     generate = ["generate", "--image", str(photo[0]), QUESTION, "--model", str(folder)]
     assert main([*generate, "--max-new-tokens", "2", "--out", str(tmp_path / "answer")]) == 0
-    said = "".join(f"The model saw only part of the photo: {note}.".split())
+    assert capsys.readouterr().out.splitlines().count(sentence) == 1
+    said = "".join(sentence.split())
     assert len(captions) == 2 and all(said in text for text in captions)

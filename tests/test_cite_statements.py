@@ -1,8 +1,9 @@
 """Answer statements (explain.cite.statements): an answer split by the context's sentence
 splitter, and the matrix answer sentence x source. Each row equals citing that sentence
-alone as the answer (the sentences before it read as part of the question) for the
-methods whose per-token maps do not depend on what follows, for text spans and for a
-photo's regions; the rows add up to the whole answer's scores; the tokens are placed in
+alone as the answer (the sentences before it read as part of the question), for text
+spans; for a photo's regions, the first row equals citing that sentence alone and the
+next ones equal the answer cut after them (another forward and backward each); the rows
+add up to the whole answer's scores; the tokens are placed in
 the answer's characters by the tokenizer's offsets or by decoding; cite.json keeps the
 matrix; the pages' sentence choices in a real browser (no console errors)."""
 
@@ -188,16 +189,16 @@ PHOTO = (np.random.default_rng(3).random((40, 60, 3)) * 255).astype(np.uint8)
 
 @pytest.mark.parametrize("method", LINEAR)
 def test_a_photos_statements_are_each_sentence_cited_after_the_ones_before(llava, method):
-    answer = "w14 w15. w16 w17"
+    answer = "w14 w15. w16 w17. w18"
     result = cite_image(llava, PHOTO, "w12 w13", answer, method=method, check=False)
-    assert [s.text for s in result.sentences] == ["w14 w15.", " w16 w17"]
-    assert result.statement_relevance.shape == (2, len(result.regions))
+    assert [s.text for s in result.sentences] == ["w14 w15.", " w16 w17.", " w18"]
+    assert result.statement_relevance.shape == (3, len(result.regions))
     first = cite_image(llava, PHOTO, "w12 w13", "w14 w15.", method=method, check=False)
     torch.testing.assert_close(result.statement_relevance[0], first.scores)
-    # Sentence 2 read after sentence 1: its tokens' rows, from another forward and backward.
-    torch.testing.assert_close(
-        result.statement_relevance[1], result.region_relevance[2:].sum(dim=0)
-    )
+    # Sentence 2 read after sentence 1, the answer cut after it: another forward and backward.
+    cut = cite_image(llava, PHOTO, "w12 w13", "w14 w15. w16 w17.", method=method, check=False)
+    torch.testing.assert_close(result.statement_relevance[1], cut.statement_relevance[1])
+    torch.testing.assert_close(result.statement_relevance[1], cut.region_relevance[2:].sum(dim=0))
     torch.testing.assert_close(result.statement_relevance.sum(dim=0), result.scores)
 
 

@@ -693,6 +693,45 @@ def test_image_prints_each_images_prediction(capsys, tmp_path, model_folder):
         assert line.endswith(f"(class {top}) {float(row[top]):.1%}")
 
 
+def test_image_heads_a_class_agnostic_method_as_the_figures_do(
+    capsys, tmp_path, model_folder, monkeypatch
+):
+    """`explain image --grid` heads rollout's row and its maps' titles "rollout
+    (class-agnostic)" (method_label) and its grid's caption says what the mark means."""
+    import explain.viz
+    from explain.viz.image import CLASS_AGNOSTIC
+
+    drawn = {}
+
+    def keep(figure, out):
+        panels = [axis.get_ylabel() for axis in figure.axes if axis.get_ylabel()]
+        titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
+        text = " ".join(" ".join(t.get_text() for t in figure.texts).split())
+        drawn[os.path.basename(out)] = (panels, titles, text)
+
+    monkeypatch.setattr(explain.viz, "save_figure", keep)
+    paths = _write_images(tmp_path / "in", 1)
+    status, _, _ = _run(
+        capsys, "image", *paths, "--model", model_folder, "--method", "generic,rollout",
+        "--target", "0", "--grid", "--out", tmp_path / "out",
+    )  # fmt: skip
+    assert status == 0
+    rows, _, caption = drawn["image0_grid.png"]
+    assert rows[:2] == ["generic", "rollout (class-agnostic)"]  # then the colour key's
+    assert f"{CLASS_AGNOSTIC[0].upper()}{CLASS_AGNOSTIC[1:]}." in caption
+    titles = {name: drawn[name][1] for name in drawn if name != "image0_grid.png"}
+    assert [t[0].split(":")[0] for _, t in sorted(titles.items())] == [
+        "generic",
+        "rollout (class-agnostic)",
+    ]
+    drawn.clear()
+    status, _, _ = _run(
+        capsys, "image", *paths, "--model", model_folder, "--method", "generic", "--grid",
+        "--out", tmp_path / "alone",
+    )  # fmt: skip
+    assert status == 0 and "lass-agnostic" not in drawn["image0_grid.png"][2]
+
+
 def test_a_cropped_photo_is_said_in_the_terminal_and_in_every_figure(
     capsys, tmp_path, model_folder, monkeypatch
 ):

@@ -165,7 +165,7 @@ def test_every_language_model_entry_point_runs_the_default(saved_lm, tmp_path, c
     assert (tmp_path / "text_cp_lrp.json").is_file()
     generate = ["generate", "w12 w30", *model_args, "--max-new-tokens", "2"]
     assert main([*generate, "--out", str(tmp_path / "gen")]) == 0
-    assert ": cp_lrp</h2>" in (tmp_path / "gen" / "generation.html").read_text()
+    assert " (cp_lrp)</h2>" in (tmp_path / "gen" / "generation.html").read_text()
     asked = ["--context", str(_context(tmp_path)), "--question", "w14", "--answer", "w15"]
     assert main(["cite", *model_args, *asked, "--out", str(tmp_path / "cite")]) == 0
     assert json.loads((tmp_path / "cite" / "cite.json").read_text())["method"] == "cp_lrp"
@@ -180,7 +180,7 @@ def _context(folder: Path) -> Path:
 def test_an_explicit_method_wins_on_the_command_line(saved_lm, tmp_path, capsys) -> None:
     generate = ["generate", "w12 w30", "--model", str(saved_lm), "--max-new-tokens", "2"]
     assert main([*generate, "--method", "generic", "--out", str(tmp_path)]) == 0
-    assert ": generic</h2>" in (tmp_path / "generation.html").read_text()
+    assert " (generic)</h2>" in (tmp_path / "generation.html").read_text()
 
 
 @pytest.mark.parametrize(

@@ -72,7 +72,7 @@ def test_page_and_matrix(folder, tmp_path, capsys):
     )
     assert [int(g) for _, g in spans] == [0, 1, 2, 3]
     assert [int(t) for t, _ in spans] == [5, 6, 7, 8]
-    assert f"<h2>explain generate: {folder}: cp_lrp</h2>" in page  # a language model's default
+    assert f"<h2>explain generate: {folder} (cp_lrp)</h2>" in page  # a language model's default
     # Addresses count from 1, as the status line does, and choosing a token updates them.
     assert '"#" + (g + 1)' in page and "asked - 1" in page and "history.replaceState" in page
 

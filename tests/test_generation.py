@@ -42,8 +42,8 @@ def _generation(model, end: bool = False) -> Generation:
 
 def _next_token_methods() -> list[str]:
     """Every method a next-token explanation of a decoder-only language model takes, but
-    those whose noise is drawn per input shape (a prefix is shorter): the chance baseline
-    and SmoothGrad (docs/methods.md, "The noise")."""
+    those whose noise depends on the whole input (a prefix is shorter): the chance
+    baseline's shape and SmoothGrad's range (docs/methods.md, "The noise")."""
     adapter = Explainer(_model("llama")).adapter
     noisy = {"random", "smoothgrad"}
     return [name for name in engine.supported_methods(adapter) if name not in noisy]

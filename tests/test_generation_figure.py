@@ -36,7 +36,7 @@ def test_the_figure_names_the_method_and_draws_future_cells_blank():
     matrix = torch.rand(2, 5, generator=torch.Generator().manual_seed(0))
     figure = generation_figure(matrix, tokens, 3, method="generic", title="tiny")
     texts = " ".join(t.get_text() for t in figure.texts)
-    assert "tiny: generic" in texts and "without the readout token" in texts
+    assert "tiny (generic)" in texts and "without the readout token" in texts
     axis = figure.axes[0]
     drawn = axis.get_images()[0].get_array()
     assert drawn.shape == (2, 4) and drawn.mask[0, 2:].all() and not drawn.mask[1, :3].any()

@@ -24,6 +24,7 @@ from explain.viz import (
     save_image,
     text_figure,
 )
+from explain.viz.image import CLASS_AGNOSTIC
 from explain.viz.scaling import scale_maps
 from explain.viz.text_figure import LEGEND
 
@@ -262,6 +263,8 @@ def test_explanation_grid_is_methods_by_classes_of_one_sample():
     labels = [figure.axes[0].get_ylabel(), figure.axes[3].get_ylabel()]
     assert labels == ["generic", "rollout (class-agnostic)"]
     assert [e.class_agnostic for e in explanations.values()] == [False, True]
+    caption = " ".join(" ".join(t.get_text() for t in figure.texts).split())
+    assert f"{CLASS_AGNOSTIC[0].upper()}{CLASS_AGNOSTIC[1:]}." in caption  # the mark's meaning
     for row, method in enumerate(("generic", "rollout")):
         for column in range(2):
             expected = overlay(display, explanations[method].heatmap()[1, column])
@@ -283,6 +286,7 @@ def test_explanation_grid_transposed_puts_classes_in_rows_at_the_pictures_size()
         f"class 4, {ranks[4]}",
     ]
     assert panels[0].get_title() == "generic"
+    assert not any("lass-agnostic" in t.get_text() for t in figure.texts)  # nothing marked
     for row in range(2):
         expected = overlay(display, explanations["generic"].heatmap(size=(48, 40))[0, row])
         assert _close(panels[row].get_images()[0].get_array(), expected)
@@ -304,6 +308,8 @@ def test_batch_figure_shows_each_image_with_its_own_map():
     ]
     with pytest.raises(InputError, match="3 pictures but 2 labels"):
         batch_figure(pictures, explanations, labels=[1, 2])
+    caption = " ".join(" ".join(t.get_text() for t in figure.texts).split())
+    assert f"{CLASS_AGNOSTIC[0].upper()}{CLASS_AGNOSTIC[1:]}." in caption  # rollout's mark
     for row, method in enumerate(("generic", "rollout (class-agnostic)"), start=1):
         assert figure.axes[row * 3].get_ylabel() == method
         method = method.split()[0]

@@ -28,7 +28,7 @@ from explain.cite.prompt import (
     read_context,
     span_sums,
 )
-from explain.cite.regions import GRID, Region, grid_regions, read_regions
+from explain.cite.regions import GRID, Region, grid_regions, read_regions, slic_regions
 from explain.cite.spans import KINDS, Span, split
 from explain.cite.verdict import Verdict, verdict
 
@@ -56,6 +56,7 @@ __all__ = [
     "grid_regions",
     "read_context",
     "read_regions",
+    "slic_regions",
     "span_sums",
     "spearman",
     "split",

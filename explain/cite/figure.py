@@ -3,10 +3,10 @@ their relevance for each answer token (a matrix), with the ablation check and it
 verdict (explain.cite.verdict) in the caption.
 
 The figure says on paper what the page (explain.cite.page) says: the spans are the
-`TOP_SPANS` with the highest score, labelled by their number and the start of their
-text; the bars are their scores (red for, blue against); the matrix is scaled by its
-largest |value| on the diverging red-blue scale. matplotlib is imported only when
-something is drawn.
+`TOP_SPANS` with the highest score, labelled by their number and their words (the
+first and last of a long span, `span_label`); the bars are their scores (red for,
+blue against); the matrix is scaled by its largest |value| on the diverging red-blue
+scale. matplotlib is imported only when something is drawn.
 """
 
 from __future__ import annotations
@@ -31,16 +31,33 @@ if TYPE_CHECKING:
 __all__ = ["TOP_SPANS", "cite_figure", "span_label"]
 
 TOP_SPANS = 10
-_LABEL_CHARS = 40
+_LABEL_CHARS = 48
 _CELL_INCHES = 0.32
 _CHAR_INCHES = 0.075  # an 8 pt tick label character, on average
 
 
 def span_label(index: int, text: str) -> str:
-    """ "[n] the span's first words..." on one line (n counted from 1)."""
+    """ "[n] the span's words" on one line (n counted from 1); a span longer than
+    `_LABEL_CHARS` keeps its first and its last words around " … ", cut at word
+    boundaries, since a span's fact is as often at its end as at its start (a single
+    word too long for its half is cut inside it)."""
     flat = " ".join(text.split())
-    short = flat if len(flat) <= _LABEL_CHARS else flat[: _LABEL_CHARS - 1] + "…"
-    return f"[{index + 1}] {short}"
+    return f"[{index + 1}] {_shortened(flat, _LABEL_CHARS)}"
+
+
+def _shortened(flat: str, limit: int) -> str:
+    """`flat` (single-spaced) in at most `limit` characters: whole, or its head and its
+    tail joined by " … ", each cut back to a word boundary unless that leaves nothing."""
+    if len(flat) <= limit:
+        return flat
+    room = limit - len(" … ")
+    head = flat[: (room + 1) // 2]
+    if flat[len(head)] != " " and " " in head:
+        head = head[: head.rindex(" ")]
+    tail = flat[len(flat) - (room - len(head)) :]
+    if flat[-len(tail) - 1] != " " and " " in tail:
+        tail = tail[tail.index(" ") + 1 :]
+    return f"{head.strip()} … {tail.strip()}"
 
 
 def _check_caption(values: Mapping[str, Any] | None) -> str:
@@ -76,7 +93,8 @@ def cite_figure(
         answer_tokens: the G answer tokens (the rows of the matrix).
         span_relevance: (G + 1, S) as for explain.cite.page.cite_html: row 0 the whole
             answer's scores, row g + 1 answer token g's.
-        method: the method, named in the title; `title`: what was explained.
+        method: the method, named in the title after `title` (what was explained), as
+            the regions figure names it.
         check: the ablation check (`Check.to_dict`), summarised in the caption.
     """
     from matplotlib import colormaps
@@ -104,7 +122,7 @@ def cite_figure(
     matrix_w = max(_CELL_INCHES * count, 1.5)
     panel_h = max(_CELL_INCHES * len(order), 1.2)
     width = label_w + bars_w + 0.3 + matrix_w + 1.0
-    heading = caption_lines(f"{title}: {method}" if title else method, width, title=True)
+    heading = caption_lines(f"{title} ({method})" if title else method, width, title=True)
     top = 0.45 + _TITLE_LINE_INCHES * len(heading) + _CHAR_INCHES * max(map(len, answer_tokens))
     rule = (
         "Left: the top spans' scores for the whole answer (the sum of their tokens' "

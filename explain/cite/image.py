@@ -38,6 +38,8 @@ from explain.cite.regions import (
     patch_shares,
     read_regions,
     region_from,
+    slic_count,
+    slic_regions,
 )
 from explain.cite.spans import Span
 from explain.cite.statements import UNLOCATED, answer_statements, statement_sums
@@ -202,13 +204,18 @@ class RegionCitation:
         )
 
 
-def _regions(given: object, size: tuple[int, int], grid: tuple[int, int]) -> list[Region]:
-    """The regions `cite_image` takes: "grid" (rows x cols cells), a JSON file, or a list
-    of Regions and {"box"} / {"mask"} entries."""
+def _regions(given: object, pixels: np.ndarray, grid: tuple[int, int]) -> tuple[list[Region], str]:
+    """The regions `cite_image` takes and their kind: "grid" (rows x cols cells), "slic:N"
+    ("superpixels": about N), a JSON file or a list of Regions and {"box"} / {"mask"}
+    entries ("given")."""
+    size = (pixels.shape[0], pixels.shape[1])
     if given == "grid":
-        return grid_regions(size, *grid)
+        return grid_regions(size, *grid), "grid"
+    count = slic_count(given) if isinstance(given, str) else None
+    if count is not None:
+        return slic_regions(pixels, count), "superpixels"
     if isinstance(given, str | Path):
-        return read_regions(given, size)
+        return read_regions(given, size), "given"
     if isinstance(given, Sequence) and given:
         found = [
             entry if isinstance(entry, Region) else region_from(entry, size, index)
@@ -219,9 +226,9 @@ def _regions(given: object, size: tuple[int, int], grid: tuple[int, int]) -> lis
                 raise InputError(f"region {region.name!r} is {region.mask.shape}, the photo {size}")
         if len({region.name for region in found}) != len(found):
             raise InputError(f"region names must differ, got {[r.name for r in found]}")
-        return found
+        return found, "given"
     raise OptionError(
-        "regions are 'grid', a JSON file or a list of regions ({'box'} or {'mask'}), "
+        "regions are 'grid', 'slic:N', a JSON file or a list of regions ({'box'} or {'mask'}), "
         f"got {given!r}"
     )
 
@@ -314,7 +321,8 @@ def cite_image(
         question: what is asked about the photo.
         answer: the answer to explain; None generates one (greedy unless
             `generate_options` say otherwise, at most `max_new_tokens` tokens).
-        regions: "grid" (default: `grid` = (rows, cols) cells, 3 x 3), a JSON file of
+        regions: "grid" (default: `grid` = (rows, cols) cells, 3 x 3), "slic:N" (about
+            N superpixels, scikit-image's SLIC: the `superpixels` extra), a JSON file of
             regions, or a list of Regions or {"box": [left, top, right, bottom]} /
             {"mask": (H, W)} entries (explain.cite.regions).
         method, score, start_layer, options: as for `Explainer.explain` on the model
@@ -348,7 +356,7 @@ def cite_image(
     photo = photos({"image": image})[0]
     pixels = np.asarray(photo)
     size = (pixels.shape[0], pixels.shape[1])
-    found_regions = _regions(regions, size, grid)
+    found_regions, kind = _regions(regions, pixels, grid)
     colour = fill_colour(pixels, fill_with)
     prompt = {"image": photo, "text": question}
     if answer is None:
@@ -401,7 +409,6 @@ def cite_image(
         result_check = check_scores(
             scores, targets, lds=lds, seed=seed, ablation=fill_ablation(colour)
         )
-    kind = "grid" if regions == "grid" else "given"
     return RegionCitation(
         regions=tuple(found_regions),
         photo_size=size,

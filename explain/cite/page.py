@@ -194,7 +194,7 @@ def cite_html(
         sentences: the N sentences' texts (none: no sentence choices).
         method: the method that made the relevances, named in the heading.
         check: the ablation check as `Check.to_dict` gives it, or None.
-        title: the heading reads "TITLE: METHOD".
+        title: the heading reads "TITLE (METHOD)".
     """
     count = len(answer_tokens)
     rows_wanted = (count + 1 + len(sentences), len(spans))
@@ -244,7 +244,7 @@ def cite_html(
         else ("the whole answer or one of its tokens")
     )
     red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
-    heading = html.escape(f"{title}: {method}")
+    heading = html.escape(f"{title} ({method})")
     script = _SCRIPT.replace("TOP", str(TOP_LISTED))
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'

@@ -1,7 +1,8 @@
 """A photo's regions as citation sources, and where each lies among the patches the model saw.
 
 A region is a set of the user's photo's pixels: a cell of a grid over the photo (the
-default, 3 x 3), or a box or a mask the user gives (`read_regions`: JSON). A region's
+default, 3 x 3), a superpixel (`slic_regions`: scikit-image's SLIC, the `superpixels`
+extra), or a box or a mask the user gives (`read_regions`: JSON). A region's
 score is the sum of its patches' relevance, each patch weighted by the share of it the
 region covers, measured on the photo as the model's own preprocessing maps it
 (`patch_shares`): every photo pixel lands, by its centre, on the patch of the model's
@@ -43,6 +44,8 @@ __all__ = [
     "photo_patches",
     "read_regions",
     "region_from",
+    "slic_count",
+    "slic_regions",
 ]
 
 GRID = (3, 3)
@@ -91,6 +94,48 @@ def grid_regions(size: tuple[int, int], rows: int = GRID[0], cols: int = GRID[1]
             box = (lefts[j], tops[i], lefts[j + 1], tops[i + 1])
             regions.append(Region(f"r{i + 1}c{j + 1}", mask, box))
     return regions
+
+
+def slic_regions(photo: Any, count: int, compactness: float = 10.0) -> list[Region]:
+    """The photo (H, W, 3) as about `count` superpixels: scikit-image's SLIC (k-means on
+    colour and position, each segment made connected), `compactness` trading colour for
+    shape (higher: squarer). The same photo gives the same regions. Named "superpixel 1"
+    .. "superpixel N" in the order of SLIC's labels; they cover the photo, one region a
+    pixel."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 2:
+        raise OptionError(f"superpixels are a whole number of at least 2, got {count!r}")
+    if not compactness > 0:
+        raise OptionError(f"compactness is a positive number, got {compactness!r}")
+    from explain.bridges import require
+
+    segmentation = require("skimage.segmentation", "superpixels")
+    pixels = np.asarray(photo)
+    labels = segmentation.slic(
+        pixels, n_segments=count, compactness=float(compactness), start_label=1, channel_axis=-1
+    )
+    # SLIC numbers its segments from its seeds: a seed whose segment merged away leaves a
+    # label no pixel holds, dropped here
+    masks = [labels == label for label in np.unique(labels)]
+    if len(masks) < 2:
+        raise OptionError(
+            f"SLIC found one superpixel in the {pixels.shape[1]} x {pixels.shape[0]} photo "
+            "(a flat or noisy photo has no edges to follow): use a grid or your own regions"
+        )
+    return [
+        Region(f"superpixel {index}", mask, _bounding_box(mask))
+        for index, mask in enumerate(masks, start=1)
+    ]
+
+
+def slic_count(text: str) -> int | None:
+    """ "slic:N" (e.g. "slic:12") as N, the superpixels asked for; None for any text that
+    does not start with "slic:" (a regions file's path)."""
+    kind, colon, count = text.partition(":")
+    if not colon or kind.lower() != "slic":
+        return None
+    if not count.strip().isdigit():
+        raise OptionError(f"superpixels are slic:N, e.g. slic:12; got {text!r}")
+    return int(count)
 
 
 def region_from(entry: Mapping[str, Any], size: tuple[int, int], index: int = 0) -> Region:

@@ -139,12 +139,14 @@ def _statements(result: Any) -> list[str]:
 def _run_image(args: argparse.Namespace) -> int:
     """`explain cite --image`: the photo's regions as the sources, with each method."""
     from explain.api import Explainer
-    from explain.cite.regions import grid_size
+    from explain.cite.regions import grid_size, slic_count
     from explain.inputs import read_image
 
     if args.context is not None:
         raise InputError("--image cites the photo's regions: leave --context out")
     grid = grid_size(args.grid)
+    if args.regions is not None:
+        slic_count(args.regions)  # a malformed slic:N fails before the model is loaded
     photo = read_image(args.image)
     parse_methods(args.method)  # unknown names fail before the model is loaded
     loaded = load_vision_language(args)
@@ -152,6 +154,8 @@ def _run_image(args: argparse.Namespace) -> int:
     methods = methods_the_model_takes(args.method, explainer.adapter, args.model, generation=True)
     assert loaded.preprocessing is not None  # load_vision_language checks it
     seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    if seen is not None:
+        print(seen)  # the terminal says what the figure's caption says
     for method in methods:
         if len(methods) > 1:
             print(f"[{method}]")
@@ -361,12 +365,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--regions",
-        type=Path,
         default=None,
-        metavar="FILE",
-        help='with --image: the regions instead of a grid, a JSON list of {"name", "box": '
-        '[left, top, right, bottom]} (pixels, right and bottom excluded) or {"name", "mask": '
-        '"mask.png"} (its non-zero pixels; the path relative to FILE)',
+        metavar="FILE|slic:N",
+        help="with --image: the regions instead of a grid: slic:N, about N superpixels "
+        "(scikit-image's SLIC: pip install 'explain-transformers[superpixels]'), or a JSON "
+        'list of {"name", "box": [left, top, right, bottom]} (pixels, right and bottom '
+        'excluded) or {"name", "mask": "mask.png"} (its non-zero pixels; the path relative '
+        "to FILE)",
     )
     parser.add_argument("--question", required=True, help="what is asked about the context")
     parser.add_argument(

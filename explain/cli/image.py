@@ -48,7 +48,13 @@ from explain.cli.options import (
 from explain.errors import InputError, TargetError
 from explain.explanation import Explanation
 from explain.inputs import read_image
-from explain.viz.image import BACKGROUNDS, class_label, prediction
+from explain.viz.image import (
+    BACKGROUNDS,
+    class_agnostic_note,
+    class_label,
+    method_label,
+    prediction,
+)
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -247,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
                 method: explainer.explain(images, target=target, method=method, **options)
                 for method, options in settings.items()
             }
+            # the grid heads a class-agnostic method's row as the figures do, and says why
+            agnostic = class_agnostic_note(r.class_agnostic for r in results.values())
             for offset, photo in enumerate(photos):
                 stem = stems[start + offset]
                 display = np.asarray(photo)
@@ -266,7 +274,8 @@ def run(args: argparse.Namespace) -> int:
                     for column, heat in zip(columns, heats, strict=True):
                         label = _file_label(column, loaded.classes)
                         out = args.out / f"{stem}_{method}_{label}.png"
-                        title = f"{method}: {class_label(column, loaded.classes, logits, multi)}"
+                        kind = class_label(column, loaded.classes, logits, multi)
+                        title = f"{method_label(method, results[method].class_agnostic)}: {kind}"
                         _save_map(display, heat, out, title, args, seen)
                         written.append(out)
                 if args.save_format:
@@ -280,12 +289,12 @@ def run(args: argparse.Namespace) -> int:
                     figure = grid_figure(
                         display,
                         [list(heats) for heats in maps.values()],
-                        rows=list(maps),
+                        rows=[method_label(m, results[m].class_agnostic) for m in maps],
                         columns=names,
                         cmap=args.cmap,
                         alpha=args.alpha,
                         background=args.background,
-                        note=seen,
+                        note=" ".join(filter(None, [seen, agnostic])) or None,
                     )
                     out = args.out / f"{stem}_grid.png"
                     save_figure(figure, out)

@@ -72,9 +72,13 @@ def run(args: argparse.Namespace) -> int:
     # through the processor's chat template as a user message, where it has one; generated
     # once: every method explains the same answer
     generation = generate(explainer, {"image": photo, "text": args.prompt}, args.max_new_tokens)
+    assert loaded.preprocessing is not None  # load_vision_language checks it
+    seen = crop_caption(loaded.preprocessing, (photo.height, photo.width))
+    if seen is not None:
+        print(seen)  # the terminal says what the figures' captions say
     for index, method in enumerate(methods):
         heading = f"[{method}]" if len(methods) > 1 else None
-        _one_method(args, loaded, explainer, photo, generation, method, index == 0, heading)
+        _one_method(args, loaded, explainer, photo, generation, method, index == 0, heading, seen)
     return 0
 
 
@@ -87,9 +91,11 @@ def _one_method(
     method: str,
     first: bool,
     heading: str | None,
+    seen: str | None,
 ) -> None:
     """For one method: the answer (printed by the `first` method only), then under its
-    `heading` what each word rests on, the page, the figure and the --save file."""
+    `heading` what each word rests on, the page, the figure (captioned with `seen`, what
+    the model saw of a cropped photo: `crop_caption`) and the --save file."""
     from explain.export import atomic_write
     from explain.generation import explain_generation, rests_on
     from explain.viz import save_figure
@@ -146,9 +152,8 @@ def _one_method(
     with atomic_write(html, "w") as handle:
         handle.write(page)
     png = method_file(args.png, method, args.method) if args.png else html.with_suffix(".png")
-    note = crop_caption(loaded.preprocessing, (photo.height, photo.width))
     figure = answer_figure(
-        pixels, on_photo, answer.generated, title=title, signed=signed, note=note
+        pixels, on_photo, answer.generated, title=title, signed=signed, note=seen
     )
     save_figure(figure, png)
     print(html)

@@ -89,7 +89,7 @@ def generation_html(
     `prompt_length + g` (rows past the continuation's end are left out by the caller).
     `rests_on[g]`: the positions generated token g rests on most, most relevant first
     (`Answer.rests_on`), written with their values as the terminal writes them
-    (explain.viz.ranking.sources_text). The heading reads "TITLE: METHOD", `method`
+    (explain.viz.ranking.sources_text). The heading reads "TITLE (METHOD)", `method`
     being the one that made `relevance`."""
     count = relevance.shape[0]
     if relevance.dim() != 2 or relevance.shape[1] != len(tokens):
@@ -126,7 +126,7 @@ def generation_html(
     prompt_end = '<br><span style="color: #555">continuation:</span> '
     body = " ".join(spans[:prompt_length]) + prompt_end + " ".join(spans[prompt_length:])
     red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
-    heading = html.escape(f"{title}: {method}")
+    heading = html.escape(f"{title} ({method})")
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{heading}</title><style>{_STYLE}</style></head>\n<body>\n"

@@ -73,7 +73,7 @@ def generation_figure(
         tokens: the T tokens, prompt first.
         prompt_length: how many of `tokens` are the prompt.
         method: the method that made the relevance, named in the title.
-        title: what was explained (e.g. the model); the title reads "TITLE: METHOD".
+        title: what was explained (e.g. the model); the title reads "TITLE (METHOD)".
     """
     from matplotlib import colormaps
     from matplotlib.figure import Figure
@@ -105,7 +105,7 @@ def generation_figure(
     # At least a readable area: with one generated token the cells stretch, not shrink.
     panel_w, panel_h = max(_CELL_INCHES * len(read), 2.5), max(_CELL_INCHES * count, 1.2)
     width = left + panel_w + 1.3
-    heading = caption_lines(f"{title}: {method}" if title else method, width, title=True)
+    heading = caption_lines(f"{title} ({method})" if title else method, width, title=True)
     top = 0.55 + _TITLE_LINE_INCHES * len(heading) + _CHAR_INCHES * max(len(t) for t in read)
     rule = (
         "Each row scaled by its largest |relevance| without the readout token (hatched grey: "

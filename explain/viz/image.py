@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -33,6 +33,7 @@ __all__ = [
     "batch_figure",
     "caption_lines",
     "check_style",
+    "class_agnostic_note",
     "class_label",
     "explanation_grid",
     "figure_caption",
@@ -586,7 +587,8 @@ def explanation_grid(
     classes in rows and the methods in columns (wide rather than tall, for many methods;
     more than `maps_per_row` methods wrap). The relevance is upsampled straight to the
     size of `image` and coloured by `scale` (see grid_figure). A class-agnostic method's
-    maps are headed "METHOD (class-agnostic)" (`method_label`).
+    maps are headed "METHOD (class-agnostic)" (`method_label`), and the caption says what
+    the mark means (`class_agnostic_note`).
     """
     if not explanations:
         raise InputError("explanation_grid needs at least one explanation")
@@ -620,6 +622,7 @@ def explanation_grid(
         scale=scale,
         background=background,
         maps_per_row=maps_per_row,
+        note=class_agnostic_note(e.class_agnostic for e in explanations.values()),
     )
 
 
@@ -672,7 +675,15 @@ def batch_figure(
         shown[0].shape[0] / shown[0].shape[1],
         colorbar=colorbar,
         labels=True,
-        caption=figure_caption(scaled, background),
+        caption=" ".join(
+            filter(
+                None,
+                [
+                    figure_caption(scaled, background),
+                    class_agnostic_note(e.class_agnostic for e in explanations.values()),
+                ],
+            )
+        ),
         title_lines=1 if labels is None else 2,  # the label on a second line
     )
     for b, picture in enumerate(shown):
@@ -729,6 +740,12 @@ def method_label(method: str, class_agnostic: bool) -> str:
     (`Explanation.class_agnostic`), so that two identical maps are read as the method's
     doing, not as the classes' likeness."""
     return f"{method} (class-agnostic)" if class_agnostic else method
+
+
+def class_agnostic_note(marked: Iterable[bool]) -> str | None:
+    """The caption's sentence on the mark of `method_label` when any of the drawn methods
+    carries it (`marked`: each method's `class_agnostic`), else None."""
+    return f"{CLASS_AGNOSTIC[0].upper()}{CLASS_AGNOSTIC[1:]}." if any(marked) else None
 
 
 def class_label(
