@@ -415,7 +415,7 @@ def quality(args: argparse.Namespace) -> str:
     ]
     if gap < 0:
         lines += ["", WHY_LDS]
-    lines.append(markers[1])
+    lines.append(markers[1])  # the section's own (two hops, another length: theirs)
     return "\n".join(lines)
 
 

@@ -590,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         except ModelLoadError:  # a zoo model not trained (or not in) this checkout yet
             missing[model] = (
                 "the model had no trained weights in this checkout when this page was "
-                f"generated; `python {ZOO[model].script}` trains it, then rerun this script"
+                f"generated; `python {ZOO[model].command}` trains it, then rerun this script"
                 if model in ZOO
                 else "the model is not in this checkout's zoo yet"
             )

@@ -1,5 +1,7 @@
-"""Retrain every zoo model from its seed: each model's training script (its config's
-`training.script`), one after the other, as `make zoo` does before re-measuring the cards.
+"""Retrain every zoo model from its seed: each model's training script with its arguments
+(its config's `training.script` and `training.arguments`), one after the other in name
+order (recall-llama before the twohop-llama it warm-starts), as `make zoo` does before
+re-measuring the cards.
 
     .venv/bin/python scripts/train_zoo.py          # retrain them all (CPU hours)
     .venv/bin/python scripts/train_zoo.py --list   # print the commands only
@@ -24,7 +26,7 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print the commands, run none")
     args = parser.parse_args()
     for name, entry in ZOO.items():
-        command = [sys.executable, entry.script]
+        command = [sys.executable, entry.script, *entry.arguments]
         print(f"{name}: {' '.join(command)}", flush=True)
         if not args.list:
             subprocess.run(command, cwd=ROOT, check=True)

@@ -268,7 +268,7 @@ def test_make_zoo_retrains_every_zoo_model():
         [sys.executable, str(root / "scripts" / "train_zoo.py"), "--list"],
         capture_output=True, text=True, check=True,
     ).stdout.splitlines()  # fmt: skip
-    assert listed == [f"{name}: {sys.executable} {entry.script}" for name, entry in ZOO.items()]
+    assert listed == [f"{name}: {sys.executable} {entry.command}" for name, entry in ZOO.items()]
     assert all((root / entry.script).is_file() for entry in ZOO.values())
 
 

@@ -47,6 +47,7 @@ def _damage(folder: Path, change) -> Path:
         (lambda c: c.update(tokenizer_files="tokenizer.json"), "tokenizer_files"),
         (lambda c: c.update(preprocessing=[32, 32]), "preprocessing"),
         (lambda c: c["training"].update(script=["train.py"]), "training.script"),
+        (lambda c: c["training"].update(arguments="--hops 2"), "training.arguments"),
         (lambda c: c.update(summary=""), "summary"),
     ],
 )
@@ -112,6 +113,9 @@ def test_the_zoo_is_its_folders(zoo):
     shutil.copytree(zoo / "digits-vit", zoo / "digits-copy")
     assert list(ZOO) == ["digits-copy", "digits-vit"] and "digits-copy" in ZOO
     assert ZOO["digits-copy"].script == "scripts/train_digits_vit.py"
+    assert ZOO["digits-copy"].command == "scripts/train_digits_vit.py"  # no arguments
+    _damage(zoo / "digits-copy", lambda c: c["training"].update(arguments=["--seed", "1"]))
+    assert ZOO["digits-copy"].command == "scripts/train_digits_vit.py --seed 1"
     assert load_model("zoo:digits-copy").classes[0] == "0"
     path = _damage(zoo / "digits-copy", lambda c: c.pop("summary"))
     with pytest.raises(ModelLoadError, match=rf"{path} has no 'summary'"):

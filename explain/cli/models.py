@@ -20,7 +20,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"Zoo models (--model zoo:NAME; data, recipe and accuracy in {root}/NAME/card.md):")
     for name, entry in ZOO.items():
         missing = not (root / name / WEIGHTS).is_file()
-        note = f"  [not trained here yet: python {entry.script}]" if missing else ""
+        note = f"  [not trained here yet: python {entry.command}]" if missing else ""
         print(f"  zoo:{name:20s} {entry.summary}{note}")
     print("Supported model families, each with the methods it takes (--method all runs these):")
     lrp = sorted(name for name, spec in METHODS.items() if spec.lrp_rules)

@@ -57,12 +57,18 @@ CARD = "card.md"
 
 @dataclass(frozen=True)
 class ZooEntry:
-    """One zoo model: its name (its folder's), a one-line summary, and the script that
-    trains it (both from its config)."""
+    """One zoo model: its name (its folder's), a one-line summary, the script that trains
+    it and the script's arguments (all from its config)."""
 
     name: str
     summary: str
     script: str
+    arguments: tuple[str, ...] = ()
+
+    @property
+    def command(self) -> str:
+        """The script and its arguments, as a shell command's words after `python`."""
+        return " ".join([self.script, *self.arguments])
 
 
 class _Zoo(Mapping[str, ZooEntry]):
@@ -83,7 +89,9 @@ class _Zoo(Mapping[str, ZooEntry]):
         folder = zoo_root() / name
         config = read_config(folder)
         require(config, folder / CONFIG, ("summary", "training.script"))
-        return ZooEntry(name, config["summary"], config["training"]["script"])
+        training = config["training"]
+        arguments = tuple(training.get("arguments", ()))
+        return ZooEntry(name, config["summary"], training["script"], arguments)
 
     def __contains__(self, name: object) -> bool:
         return name in self._names()
@@ -262,7 +270,7 @@ def _load_weights(path: Path, expected_sha256: str | None) -> dict[str, torch.Te
     if not path.is_file():
         raise ModelLoadError(
             f"weights file missing: {path}; restore it from git (`git checkout -- {path}`) "
-            f"or retrain with `{ZOO[entry].script if entry in ZOO else 'make zoo'}`"
+            f"or retrain with `{ZOO[entry].command if entry in ZOO else 'make zoo'}`"
         )
     if expected_sha256 is not None and sha256(path) != expected_sha256:
         raise ModelLoadError(

@@ -52,6 +52,7 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "training": (lambda value: isinstance(value, dict), "an object"),
     "training.script": (lambda value: isinstance(value, str), "a script's path"),
+    "training.arguments": (_strings, "a list of the script's arguments"),
     "task": (lambda value: isinstance(value, dict), "an object"),
     "task.data": (lambda value: isinstance(value, str), "a data module's name"),
     "task.length": (_count, "a positive number of tokens"),

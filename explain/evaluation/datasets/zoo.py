@@ -174,16 +174,17 @@ class SentimentHeldout:
 
 
 class RecallHeldout:
-    """The first `count` held-out prompts of `length` tokens of `explain.data.recall` (the
-    task of the zoo's recall language model): each prompt's answer is the asked value,
-    its evidence the asked fact's key and value tokens, and `<s>` and the question are
-    kept. Removed tokens are replaced by the filler word `recall.REPLACEMENT`."""
+    """The first `count` held-out prompts of `length` tokens of `explain.data.recall` with
+    `hops` hops (the task of the zoo's recall language models): each prompt's answer is the
+    asked value, its evidence the asked fact's key and value tokens (two hops: those of
+    both facts of the asked chain), and `<s>` and the question are kept. Removed tokens
+    are replaced by the filler word `recall.REPLACEMENT`."""
 
-    def __init__(self, length: int, count: int = 1000) -> None:
+    def __init__(self, length: int, count: int = 1000, hops: int = 1) -> None:
         from explain.data import recall
 
-        self.length, self.count = length, count
-        self.name = f"recall-heldout-{length}-tokens"
+        self.length, self.count, self.hops = length, count, hops
+        self.name = f"recall-heldout-{length}-tokens" + ("-two-hops" if hops == 2 else "")
         self.replacement = recall.VOCABULARY.index(recall.REPLACEMENT)
 
     def __len__(self) -> int:
@@ -194,7 +195,7 @@ class RecallHeldout:
 
         if not 0 <= index < self.count:
             raise IndexError(f"index {index} out of range for {self.count} prompts")
-        example = recall.make_example(recall.SPLITS["heldout"][index], self.length)
+        example = recall.make_example(recall.SPLITS["heldout"][index], self.length, hops=self.hops)
         return AnswerExample(
             input_ids=example.input_ids,
             answer=example.answer,

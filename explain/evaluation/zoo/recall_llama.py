@@ -10,8 +10,9 @@ from explain.loading.loaded_model import LoadedModel
 
 
 def _answers(loaded: LoadedModel, length: int | None) -> RecallHeldout:
-    """The held-out prompts, at the trained length unless `length` is given; the model's
-    tokenizer must be the data's word-level one (the prompts are token ids)."""
+    """The held-out prompts with the hops the model was trained on, at the trained length
+    unless `length` is given; the model's tokenizer must be the data's word-level one (the
+    prompts are token ids)."""
     vocabulary = list(recall.VOCABULARY)
     if loaded.tokenizer.convert_tokens_to_ids(vocabulary) != list(range(len(vocabulary))):
         raise InputError(
@@ -25,11 +26,12 @@ def _answers(loaded: LoadedModel, length: int | None) -> RecallHeldout:
             f"--length {length}: {loaded.name} reads at most {positions} positions, the "
             f"prompt and its answer included; give a length below {positions}"
         )
+    hops = recall_answers.trained_hops(loaded)
     try:
-        recall.make_example(recall.SPLITS["heldout"][0], length)
+        recall.make_example(recall.SPLITS["heldout"][0], length, hops=hops)
     except ValueError as error:
         raise OptionError(f"--length {length}: {error}") from None
-    return RecallHeldout(length)
+    return RecallHeldout(length, hops=hops)
 
 
 MODEL = ZooEvaluation(
