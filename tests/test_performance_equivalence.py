@@ -20,6 +20,7 @@ import torch
 from explain import Explainer
 from explain.architectures import adapter_for
 from explain.engine.fused import (
+    CPU_FUSED_MIN_COLUMNS,
     CPU_FUSED_MIN_TOKENS,
     choose_path,
     default_memory_budget,
@@ -175,7 +176,13 @@ def test_auto_chooses_the_path_from_device_length_budget_and_method(monkeypatch)
     assert short_layout.num_tokens < CPU_FUSED_MIN_TOKENS <= long_layout.num_tokens
 
     def choose(
-        adapter, layout, gradients=True, requested="auto", reads_attention=True, budget=1 << 30
+        adapter,
+        layout,
+        gradients=True,
+        requested="auto",
+        reads_attention=True,
+        budget=1 << 30,
+        columns=None,
     ):
         return (
             choose_path(
@@ -186,6 +193,7 @@ def test_auto_chooses_the_path_from_device_length_budget_and_method(monkeypatch)
                 requested=requested,
                 memory_budget=budget,
                 reads_attention=reads_attention,
+                columns=columns,
             )
             == "fused"
         )
@@ -194,6 +202,12 @@ def test_auto_chooses_the_path_from_device_length_budget_and_method(monkeypatch)
     assert choose(long, long_layout)
     assert choose(long, long_layout, gradients=False)  # forward-only: streamed
     assert not choose(short, short_layout, gradients=False)
+    # On CPU a gradient method streams from two known columns on, whatever the length; a
+    # forward-only one folds one map for every column and stays explicit.
+    assert not choose(short, short_layout, columns=1)
+    assert choose(short, short_layout, columns=CPU_FUSED_MIN_COLUMNS)
+    assert not choose(short, short_layout, gradients=False, columns=32)
+    assert not choose(short, short_layout, requested="explicit", columns=32)
     assert choose(short, short_layout, requested="fused")
     assert not choose(long, long_layout, requested="explicit")
     # AttnLRP / CP-LRP read no map: the model's own kernel at any length, unless told.
@@ -210,6 +224,7 @@ def test_auto_chooses_the_path_from_device_length_budget_and_method(monkeypatch)
     on_cuda = SimpleNamespace(device=torch.device("cuda"), element_size=lambda: 4)
     monkeypatch.setattr(type(long), "parameter", property(lambda self: on_cuda))
     assert not choose(long, long_layout, budget=1 << 40)
+    assert not choose(long, long_layout, budget=1 << 40, columns=32)
     assert choose(long, long_layout, budget=1 << 10)
 
 

@@ -209,7 +209,9 @@ def test_the_next_token_equals_the_written_out_rule(model, processor, depth, met
 
 @pytest.mark.parametrize("depth", ["lm", "tower"])
 def test_each_generated_token_equals_the_rule_on_its_prefix(model, processor, depth):
-    explainer = Explainer(model, tokenizer=processor)
+    # The explicit path: the rule below reads the eager maps, whose softmax transformers
+    # runs in float32; "auto" streams a generation's columns from maps recomputed in float64.
+    explainer = Explainer(model, tokenizer=processor, attention_path="explicit")
     # Prompts of one length: transformers' eager softmax runs in float32, where float64's
     # mask value becomes -inf, so a left-padded float64 row is NaN (padding: next test).
     chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
@@ -842,7 +844,9 @@ def _assert_each_answer_token_equals_the_rule(answer, prefix, reference, loose=F
 @pytest.mark.parametrize("depth", ["lm", "tower"])
 def test_qwen2_vl_each_generated_token_equals_the_rule_on_its_prefix(qwen2_vl, depth):
     model, processor = qwen2_vl
-    explainer = Explainer(model, tokenizer=processor)
+    # The explicit path: the rule below reads the eager maps, whose softmax transformers
+    # runs in float32; "auto" streams a generation's columns from maps recomputed in float64.
+    explainer = Explainer(model, tokenizer=processor, attention_path="explicit")
     chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
     answer = explain_generation(explainer, chats, max_new_tokens=3, method="generic", depth=depth)
     generation, result = answer.generation, answer.explanation
@@ -1303,7 +1307,9 @@ def _lm_relevance_at_images(model, inputs, result):
 @pytest.mark.parametrize("depth", ["lm", "tower"])
 def test_idefics3_each_generated_token_equals_the_rule_on_its_prefix(idefics3, depth):
     model, processor = idefics3
-    explainer = Explainer(model, tokenizer=processor)  # the layout read from the tokens
+    # The explicit path: the rule below reads the eager maps, whose softmax transformers
+    # runs in float32; "auto" streams a generation's columns from maps recomputed in float64.
+    explainer = Explainer(model, tokenizer=processor, attention_path="explicit")
     chats = _chats(processor, [(_photo(0), "w12 w13 w14 w15"), (_photo(1), "w20 w21 w22 w23")])
     answer = explain_generation(explainer, chats, max_new_tokens=3, method="generic", depth=depth)
     generation, result = answer.generation, answer.explanation

@@ -35,6 +35,7 @@ from explain.layout import FusedAttentionSite, Pieces, TokenLayout
 
 __all__ = [
     "ATTENTION_PATHS",
+    "CPU_FUSED_MIN_COLUMNS",
     "CPU_FUSED_MIN_TOKENS",
     "CPU_MEMORY_BUDGET",
     "AttentionPath",
@@ -56,6 +57,16 @@ CPU_FUSED_MIN_TOKENS = 384
 explicit path is faster, because recomputing A and dA repeats work that the explicit
 backward does once (ViT-B/16 at 197 tokens); above it the explicit path's N x N tensors
 per block and head dominate (see docs/benchmarks.md)."""
+
+
+CPU_FUSED_MIN_COLUMNS = 2
+"""On CPU a method that differentiates the maps takes the fused path from this many score
+columns on, at any length (`choose_path`): the explicit backward keeps a dA per block and
+column, while the streamed fold takes every column's rows in one product (CPU seconds per
+`cite` of generic on a narrow Llama, explicit against fused: 360 tokens x 1 column 0.055
+against 0.052, x 2 0.109 against 0.051, x 32 1.49 against 0.62; see docs/benchmarks.md).
+A forward-only method folds one map for every column, and stays explicit below
+`CPU_FUSED_MIN_TOKENS` (rollout at 360 x 32: 0.024 against 0.029)."""
 
 
 CPU_MEMORY_BUDGET = 1 << 30
@@ -198,6 +209,7 @@ def choose_path(
     memory_budget: int,
     reads_attention: bool = True,
     maps: Sequence[tuple[int, int, int]] | None = None,
+    columns: int | None = None,
 ) -> PathChoice:
     """The attention path a call runs on (docs/benchmarks.md, "Which path").
 
@@ -213,7 +225,10 @@ def choose_path(
     recomputing A (and dA) by chunks is faster from that length on (rollout on a narrow
     Llama at 4096 tokens: 0.66 s and 56 MiB against 2.99 s and 845 MiB; at 256 tokens the
     explicit path is 10% faster). Beyond, the fused path streams each block's fold
-    (explain.engine.spread).
+    (explain.engine.spread). On CPU a method with gradients (`needs_gradients`) that
+    explains `columns` score columns, known before the forward (a generation's tokens;
+    None: not known, taken as one), keeps the explicit path for one column only
+    (`CPU_FUSED_MIN_COLUMNS`).
     """
     if requested not in ATTENTION_PATHS:
         raise OptionError(
@@ -236,7 +251,8 @@ def choose_path(
     if adapter.parameter.device.type == "cuda":
         return "explicit" if fits else "fused"
     longest = max(tokens for _, _, tokens in stacks)
-    return "explicit" if fits and longest < CPU_FUSED_MIN_TOKENS else "fused"
+    many = needs_gradients and (columns or 1) >= CPU_FUSED_MIN_COLUMNS
+    return "explicit" if fits and longest < CPU_FUSED_MIN_TOKENS and not many else "fused"
 
 
 def explicit_map_bytes(

@@ -361,6 +361,11 @@ class Plan:
 
     # -- scores -------------------------------------------------------------------------
 
+    def known_columns(self) -> int | None:
+        """None: the targets are resolved from the output (`columns`), so only the forward
+        says how many columns there are."""
+        return None
+
     def columns(self, output: Tensor) -> Columns:
         """The score columns of the model output (B, C): one per target."""
         classes, custom = resolve_targets(output, self.request.target)

@@ -150,6 +150,10 @@ class GenerationPlan(Plan):
         readouts, seen = column_rows(self.adapter, self.prepared, self.positions, layout.token_mask)
         return self._set_folds([replace(text, layout=replace(layout, token_mask=seen))], [readouts])
 
+    def known_columns(self) -> int:
+        """One column per generated position, known from the prompts' width."""
+        return self.valid.shape[1]
+
     def columns(self, output: Tensor) -> Columns:
         generated = self.prepared.arguments["input_ids"][:, self.width :]
         scores = generated_scores(output, generated, self.valid, self.score)

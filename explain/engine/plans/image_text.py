@@ -315,6 +315,10 @@ class ImageTextPlan(Plan):
         split = self.image.split(text, tower).items()
         return {name: relevance.transpose(0, 1) for name, relevance in split}
 
+    def known_columns(self) -> int | None:
+        """A generation: one column per generated position (else from the output)."""
+        return self.valid.shape[1] if self.generation else None
+
     def columns(self, output: Tensor) -> Columns:
         if not self.generation:
             return super().columns(output)
