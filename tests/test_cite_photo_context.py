@@ -259,3 +259,50 @@ def test_clicking_a_sentence_lights_up_its_spans_and_regions(tmp_path, photo):
         assert not errors
     with pytest.raises(InputError, match="2 regions and 2 spans but 3 scores"):
         regions_html(photo, cells, [1.0, 0.5, 0.5], "q", "a", spans=["One.", " Two."])
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "idefics3", "paligemma"])
+def test_the_context_is_placed_after_the_image_tokens_of_other_families(family, photo):
+    from explain.testing import tiny_vlm
+
+    model, processor = {
+        "qwen2_vl": (tiny_vlm.tiny_qwen2_vl, tiny_vlm.tiny_qwen2_vl_processor),
+        "idefics3": (tiny_vlm.tiny_idefics3, tiny_vlm.tiny_idefics3_processor),
+        "paligemma": (tiny_vlm.tiny_paligemma, tiny_vlm.tiny_paligemma_processor),
+    }[family]
+    explainer = Explainer(model().double(), tokenizer=processor())
+    lines = "w9 w10\nw11 w12"  # tiny Qwen2-VL's tokenizer reads an unknown word as video
+    cited = cite_image(explainer, photo, QUESTION, "w14 w15", context=lines, spans="lines", lds=2)
+    ids = cited.explanation.generation.input_ids[0]
+    owners = cited.context.token_spans
+    words = explainer.tokenizer.tokenizer
+    for s, span in enumerate(cited.context.spans):
+        expected = words(span.text.strip(), add_special_tokens=False)["input_ids"]
+        assert ids[: owners.shape[0]][owners == s].tolist() == expected
+    image = (ids == explainer.adapter.image_token_id).nonzero().max()
+    assert int(owners.max()) == 1 and (owners >= 0).nonzero().min() > image
+    assert cited.check is not None and cited.check.lds_ablations == 2
+
+
+def test_the_figure_draws_the_pages_picture_on_the_one_scale(photo):
+    import base64
+    import io
+    import re
+
+    from explain.cite.regions_page import region_picture, regions_figure
+
+    cells = grid_regions((40, 60), 1, 2)
+    scores = [0.5, -0.25, 2.0, 0.0]  # the top span's |score| sets the one scale
+    figure = regions_figure(photo, cells, scores, spans=["One.", " Two."])
+    picture = region_picture(photo, cells, scores[:2], 2.0)
+    np.testing.assert_allclose(np.asarray(figure.axes[0].images[0].get_array()), picture)
+    assert figure.axes[-1].get_ylim() == pytest.approx((-2.0, 2.0))
+    bars = [label.get_text() for label in figure.axes[1].get_yticklabels()]
+    assert bars[0] == "1. [1] One." and bars[1] == "2. r1c1" and len(bars) == 4
+    numbers = [text.get_text() for text in figure.axes[0].texts]
+    assert numbers == ["2", "4"]  # r1c1 and r1c2's places in the one ranking
+    page = regions_html(photo, cells, scores, "q", "a", spans=["One.", " Two."])
+    address = re.search(r'id="regions" src="([^"]+)"', page).group(1)
+    shown = Image.open(io.BytesIO(base64.b64decode(address.split(",", 1)[1]))).convert("RGB")
+    expected = (np.clip(picture, 0, 1) * 255 + 0.5).astype(np.uint8)
+    np.testing.assert_array_equal(np.asarray(shown), expected)

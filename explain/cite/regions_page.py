@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch import Tensor
 
+from explain.cite.figure import span_label
 from explain.cite.page import CHOICE_STYLE, PRESS_SCRIPT, _check_table, _json, choice_button
 from explain.cite.regions import Region
 from explain.cite.verdict import number
@@ -88,18 +89,27 @@ def regions_figure(
     *,
     caption: str = "",
     title: str | None = None,
+    spans: Sequence[str] = (),
 ) -> Figure:
     """The `region_picture` with each region's rank (1: the highest score) at its box's
     centre and a key from -max |score| to +max |score|; beside it the regions' scores as
-    bars, highest first, named; `caption` (the check) below."""
+    bars, highest first, named; `caption` (the check) below. With the `spans` of a
+    context beside the photo, `scores` holds the regions' and then the spans' (as for
+    `regions_html`): the key's max |score| is over both, and the ranks and the bars
+    rank both."""
     import matplotlib.pyplot as plt
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LinearSegmentedColormap, Normalize
 
-    values = _scores(regions, scores)
-    picture = region_picture(photo, regions, values)
-    scale = float(np.abs(values).max()) or 1.0
-    order = _ranks(values)
+    count = len(regions)
+    every = np.asarray([float(v) for v in scores])
+    if len(every) != count + len(spans):
+        raise InputError(f"{count} regions and {len(spans)} spans but {len(every)} scores")
+    values = _scores(regions, every[:count])
+    every = np.concatenate([values, every[count:]])
+    scale = float(np.abs(every).max()) or 1.0
+    picture = region_picture(photo, regions, values, scale)
+    order = _ranks(every)  # one ranking over both: a region's number is its bar's
     figure, (left, right) = plt.subplots(
         1, 2, figsize=(9.0, 4.2), gridspec_kw={"width_ratios": [1.3, 1.0]}, layout="constrained"
     )
@@ -108,6 +118,8 @@ def regions_figure(
     left.set_yticks([])
     box = {"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.8}
     for rank, index in enumerate(order, start=1):
+        if index >= count:  # a span: ranked in the bars only
+            continue
         x0, y0, x1, y1 = regions[index].box
         left.text((x0 + x1) / 2 - 0.5, (y0 + y1) / 2 - 0.5, str(rank), ha="center",
                   va="center", fontsize=8, bbox=box)  # fmt: skip
@@ -115,11 +127,13 @@ def regions_figure(
     diverging = LinearSegmentedColormap.from_list("explain_text", ends)
     key = ScalarMappable(norm=Normalize(-scale, scale), cmap=diverging)
     figure.colorbar(key, ax=left, fraction=0.05, pad=0.02).set_label(
-        "region score (red for, blue against)", fontsize=8
+        f"{'region and span' if spans else 'region'} score (red for, blue against)", fontsize=8
     )
+    sources = [region.name for region in regions]
+    sources += [span_label(s, text) for s, text in enumerate(spans)]
     shown = order[:12]
-    names = [f"{rank}. {regions[i].name}" for rank, i in enumerate(shown, start=1)]
-    bars = [values[i] for i in shown]
+    names = [f"{rank}. {sources[i]}" for rank, i in enumerate(shown, start=1)]
+    bars = [every[i] for i in shown]
     right.barh(range(len(shown)), bars, color=[np.asarray(colour(v, scale)) / 255 for v in bars],
                edgecolor="#555")  # fmt: skip
     right.set_yticks(range(len(shown)), labels=names, fontsize=8)

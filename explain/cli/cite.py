@@ -216,6 +216,7 @@ def _cite_image_one(
     title = f"explain cite: {args.model} ({result.method})"
     pixels = np.asarray(photo)
     statements = _statements(result)
+    spans = [] if result.context is None else [span.text for span in result.context.spans]
     page = regions_html(
         pixels,
         result.regions,
@@ -226,16 +227,17 @@ def _cite_image_one(
         sentence_scores=result.statement_sources[: len(statements)],
         check=check.to_dict(),
         title=title,
-        spans=[] if result.context is None else [span.text for span in result.context.spans],
+        spans=spans,
     )
     with atomic_write(html, "w") as handle:
         handle.write(page)
     caption = " ".join(
         filter(None, [f"Verdict: {check.verdict}. Ablation: {check.ablation}.", seen])
     )
-    save_figure(
-        regions_figure(pixels, result.regions, result.scores, caption=caption, title=title), png
+    figure = regions_figure(
+        pixels, result.regions, result.source_scores, caption=caption, title=title, spans=spans
     )
+    save_figure(figure, png)
     result.save(data)
     for path in (html, png, data):
         print(path)
