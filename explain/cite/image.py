@@ -12,6 +12,11 @@ tiles). The check (explain.cite.check.check_scores, as for text spans) removes r
 by filling their pixels with the photo's mean colour and runs the processor and the
 model on each such photo: the answer's log-probability without the top-k regions
 against k random regions, and the LDS over random halves of the regions.
+
+A text context given beside the photo (`context=`) goes into the user message after the
+photo as `cite` writes a language model's prompt; its spans are sources beside the
+regions, scored from the same backward (a span: the sum of the relevance on its tokens),
+and the check then also cuts the removed spans' tokens out of the prompt.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ scale of explain.viz.text (red for, blue against, full colour at the largest |sc
 and outlined; the figure (`regions_figure`) draws that picture with each region's rank
 at its centre and a key in relevance units beside it, and the ranked scores as bars; the
 page (`regions_html`) embeds the very same picture as a PNG, the ranked regions, and the
-ablation check. matplotlib is imported only when something is drawn.
+ablation check. With a text context beside the photo its spans are ranked with the
+regions and, on the page, shown coloured on the regions' key (one largest |score| over
+both). matplotlib is imported only when something is drawn.
 """
 
 from __future__ import annotations
