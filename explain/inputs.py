@@ -23,6 +23,7 @@ __all__ = [
     "checked_texts",
     "encode",
     "encode_image_prompt",
+    "image_prompt_texts",
     "is_image_prompt",
     "is_raw_text",
     "photos",
@@ -232,6 +233,17 @@ def _as_bytes(array: Any) -> Any:
 def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:
     """An image prompt through `processor` (an `AutoProcessor`, with its chat template):
     input_ids, attention_mask (left-padded) and pixel_values."""
+    texts, given = image_prompt_texts(inputs, processor)
+    encoded = processor(
+        images=given, text=texts, padding=True, padding_side="left", return_tensors="pt"
+    )
+    return dict(encoded)
+
+
+def image_prompt_texts(inputs: object, processor: Any) -> tuple[list[str], list[list[Any]]]:
+    """An image prompt's texts as `encode_image_prompt` hands them to `processor` (each
+    rendered by its chat template, the images' placeholders unexpanded) and each text's
+    images."""
     if processor is None or not hasattr(processor, "image_processor"):
         raise InputError(
             "an image prompt needs the model's processor: Explainer(model, "
@@ -279,10 +291,7 @@ def encode_image_prompt(inputs: object, processor: Any) -> dict[str, Tensor]:
         texts = [processor.image_token * each + text for text in texts]
     if any(not text.strip() for text in texts):
         raise InputError("a prompt is empty: there is nothing to answer")
-    encoded = processor(
-        images=given, text=texts, padding=True, padding_side="left", return_tensors="pt"
-    )
-    return dict(encoded)
+    return texts, given
 
 
 def _without_images(conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

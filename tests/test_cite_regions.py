@@ -333,8 +333,8 @@ def test_cite_with_an_image_cites_its_regions(llava):
     direct = cite_image(llava, photo, "w12 w13", "w14", grid=(2, 2), check=False)
     assert isinstance(by_cite, RegionCitation) and len(by_cite.regions) == 4
     torch.testing.assert_close(by_cite.scores, direct.scores)
-    with pytest.raises(OptionError, match="citing a photo takes no context"):
-        cite(llava, "a text", "w12", "w14", image=photo)
+    with pytest.raises(OptionError, match="citing a photo takes no foil"):
+        cite(llava, "a text", "w12", "w14", image=photo, foil="w13")
 
 
 def _blocks_photo() -> np.ndarray:

@@ -117,10 +117,8 @@ def test_several_methods_each_write_their_own_files(folder, photo, tmp_path, cap
 def test_errors_are_one_line(folder, photo, tmp_path, capsys):
     assert _cite(folder, photo, tmp_path, "--grid", "3by3") == 2
     assert "a grid is ROWSxCOLS" in capsys.readouterr().err
-    context = tmp_path / "context.txt"
-    context.write_text("w9 w10.")
-    assert _cite(folder, photo, tmp_path, "--context", str(context)) == 2
-    assert "leave --context out" in capsys.readouterr().err
+    assert _cite(folder, photo, tmp_path, "--foil", "w9") == 2
+    assert "--image takes no --foil" in capsys.readouterr().err
     bad = ["cite", "--model", str(folder), "--question", "w12", "--out", str(tmp_path)]
     assert main(bad) == 2
     assert "--context FILE" in capsys.readouterr().err

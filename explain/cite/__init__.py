@@ -19,7 +19,7 @@ from explain.cite.attribution import (
     explain_contrast,
 )
 from explain.cite.check import ABLATION, Check, TopKDrop, check_ranking, check_scores, spearman
-from explain.cite.image import RegionCitation, cite_image
+from explain.cite.image import ContextSpans, RegionCitation, cite_image
 from explain.cite.prompt import (
     TEMPLATE,
     Context,
@@ -40,6 +40,7 @@ __all__ = [
     "Check",
     "Citation",
     "Context",
+    "ContextSpans",
     "ContrastExplanation",
     "Prompt",
     "Region",

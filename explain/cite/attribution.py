@@ -381,7 +381,8 @@ def cite(
             "grid" (`grid` = (rows, cols) cells, default 3 x 3), a JSON file, or a list
             of {"box"} / {"mask"} entries; `method`, `score`, `start_layer`, `answer`,
             `max_new_tokens`, `generate_options`, `check`, `lds`, `seed` and `options`
-            as below. A text context beside the photo is not taken yet.
+            as below. A text `context` (or documents) beside the photo is split into
+            `spans` that are sources beside the regions, in `template`.
         question: what is asked about the context; it follows the context in the prompt.
         answer: the answer to explain; None generates one (greedy unless
             `generate_options` say otherwise, at most `max_new_tokens` tokens).
@@ -410,11 +411,8 @@ def cite(
         a `RegionCitation`: the same over the photo's regions).
     """
     if image is not None:
-        if context is not None or foil is not None or sparse:
-            raise OptionError(
-                "citing a photo takes no context, foil or sparse (yet): give context=None "
-                "and put any text the model should read into the question"
-            )
+        if foil is not None or sparse or chat:
+            raise OptionError("citing a photo takes no foil, sparse or chat (yet)")
         return cite_image(
             explainer,
             image,
@@ -422,6 +420,9 @@ def cite(
             answer,
             regions=regions,
             grid=grid,
+            context=context,
+            spans=spans,
+            template=template,
             method=method,
             score=score,
             start_layer=start_layer,

@@ -57,6 +57,7 @@ __all__ = [
     "check_ranking",
     "check_scores",
     "check_seed",
+    "kept_tokens",
     "spearman",
 ]
 
@@ -106,7 +107,7 @@ def _ablated_rows(
     (R, S) of one answer: (R, W), (R,) and (R, G), W the longest kept prompt plus the
     answer (no column of padding only). No integer tensor is larger than the sequences."""
     count = answer.shape[0]
-    kept = _kept_tokens(token_spans, keep)  # (R, P) bool
+    kept = kept_tokens(token_spans, keep)  # (R, P) bool
     lengths = kept.sum(dim=1)  # (R,)
     row, token = kept.nonzero(as_tuple=True)  # the kept tokens, row by row, in order
     column = torch.arange(row.shape[0]) - (lengths.cumsum(dim=0) - lengths)[row]
@@ -117,7 +118,7 @@ def _ablated_rows(
     return sequences, lengths + count, at
 
 
-def _kept_tokens(token_spans: Tensor, keep: Tensor) -> Tensor:
+def kept_tokens(token_spans: Tensor, keep: Tensor) -> Tensor:
     """(R, P): whether each prompt token is kept by each ablation `keep` (R, S)."""
     spans = token_spans.to(keep.device)
     return torch.where(spans >= 0, keep[:, spans.clamp(min=0)], True)

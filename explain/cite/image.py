@@ -12,6 +12,11 @@ tiles). The check (explain.cite.check.check_scores, as for text spans) removes r
 by filling their pixels with the photo's mean colour and runs the processor and the
 model on each such photo: the answer's log-probability without the top-k regions
 against k random regions, and the LDS over random halves of the regions.
+
+A text context given beside the photo (`context=`) goes into the user message after the
+photo as `cite` writes a language model's prompt; its spans are sources beside the
+regions, scored from the same backward (a span: the sum of the relevance on its tokens),
+and the check then also cuts the removed spans' tokens out of the prompt.
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ from torch import Tensor
 
 from explain.api import Explainer
 from explain.architectures.hf_vision_language import VisionLanguageModel
-from explain.cite.check import BATCH_TOKENS, Check, check_scores, check_seed
+from explain.cite.check import BATCH_TOKENS, Check, check_scores, check_seed, kept_tokens
+from explain.cite.prompt import (
+    TEMPLATE,
+    Context,
+    fill_template,
+    read_context,
+    span_sums,
+    tokenize_prompt,
+)
 from explain.cite.regions import (
     GRID,
     Region,
@@ -54,22 +67,74 @@ from explain.generation import (
     generate,
     generation_default,
 )
-from explain.inputs import photos
+from explain.inputs import image_prompt_texts, photos
 from explain.loading.preprocessing import photo_preprocessing
 from explain.rules import get_method
 
-__all__ = ["RegionCitation", "ablated_photo_targets", "cite_image", "fill_ablation"]
+__all__ = [
+    "ContextSpans",
+    "RegionCitation",
+    "ablated_photo_targets",
+    "cite_image",
+    "fill_ablation",
+]
 
 _FORMAT = "explain.RegionCitation"
+_VERSION = 3
+"""3: a text context beside the photo (`context`); 2, read too, has none."""
+_CONTEXT = ("token_spans", "span_relevance", "scores", "statement_relevance")
+"""The context's tensors, saved as context_NAME."""
 
 
-def fill_ablation(colour: np.ndarray) -> str:
-    """The check's statement of how a region is removed."""
+def _context_header(context: ContextSpans) -> dict[str, Any]:
+    scores = context.scores.double().tolist()
+    return {
+        "text": context.text,
+        "kind": context.kind,
+        "spans": [
+            {"text": s.text, "start": s.start, "end": s.end, "score": score}
+            for s, score in zip(context.spans, scores, strict=True)
+        ],
+    }
+
+
+def fill_ablation(colour: np.ndarray, context: bool = False) -> str:
+    """The check's statement of how a region (and, with a `context`, a span) is removed."""
     rgb = ", ".join(str(int(c)) for c in colour)
-    return (
+    filled = (
         f"filled: the removed regions' pixels set to the photo's mean colour ({rgb}) before "
-        "the processor, the question and the rest of the photo kept"
+        "the processor"
     )
+    if not context:
+        return f"{filled}, the question and the rest of the photo kept"
+    return (
+        f"{filled}; the removed spans' tokens cut out of the prompt (nothing re-tokenized); "
+        "the question, the rest of the photo and of the context kept"
+    )
+
+
+@dataclass(frozen=True)
+class ContextSpans:
+    """The text context given beside the photo, as sources (see `cite_image`).
+
+    Attributes:
+        text, kind, spans: the context's text, how it was split, its spans.
+        token_spans: (P,) each prompt token's span index (-1: none; the image's tokens,
+            the chat template's and the question's).
+        span_relevance: (G, S) each answer token's relevance per span: the sum of the
+            text relevance over the span's tokens, from the backward that scores the
+            regions.
+        scores: (S,) each span's score for the whole answer (the sum over G).
+        statement_relevance: (N, S) each answer sentence's span scores.
+    """
+
+    text: str
+    kind: str
+    spans: tuple[Span, ...]
+    token_spans: Tensor
+    span_relevance: Tensor
+    scores: Tensor
+    statement_relevance: Tensor
 
 
 @dataclass(frozen=True)
@@ -90,8 +155,13 @@ class RegionCitation:
         statement_relevance: (N, R) each sentence's region scores: the sum of
             `region_relevance` over its tokens (explain.cite.statements).
         method, score: the method, and what it differentiated.
-        check: the ablation check, or None when not run.
+        check: the ablation check, or None when not run (with a context, over the
+            regions and the spans together).
         settings: what else made the result (depth, fill, the regions' kind), JSON-able.
+        context: the text context's spans and their scores (`ContextSpans`), or None.
+            Span and region scores are shares of the one relevance of the answer (the
+            text's tokens and the photo's patches of one backward), so they share one
+            scale: `source_scores` and `ranked_sources` rank the two together.
         answer_ids: (G,) the answer's token ids.
         explanation: the engine's explanation (not saved).
     """
@@ -114,16 +184,38 @@ class RegionCitation:
     statement_relevance: Tensor
     settings: Mapping[str, Any] = field(default_factory=dict)
     explanation: GenerationExplanation | None = None
+    context: ContextSpans | None = None
 
     def ranked(self) -> list[int]:
         """The region indices, highest score first."""
         return self.scores.double().argsort(descending=True, stable=True).tolist()
 
+    @property
+    def source_scores(self) -> Tensor:
+        """(R + S,) the regions' scores, then the context's spans' (none without one)."""
+        if self.context is None:
+            return self.scores
+        return torch.cat([self.scores, self.context.scores.to(self.scores.dtype)])
+
+    @property
+    def statement_sources(self) -> Tensor:
+        """(N, R + S) each answer sentence's region scores, then its span scores."""
+        if self.context is None:
+            return self.statement_relevance
+        spans = self.context.statement_relevance.to(self.statement_relevance.dtype)
+        return torch.cat([self.statement_relevance, spans], dim=1)
+
+    def ranked_sources(self) -> list[tuple[str, int]]:
+        """Every source, highest score first: ("region", r) or ("span", s)."""
+        count = len(self.regions)
+        order = self.source_scores.double().argsort(descending=True, stable=True).tolist()
+        return [("region", i) if i < count else ("span", i - count) for i in order]
+
     def _header(self) -> dict[str, Any]:
         scores = self.scores.double().tolist()
         return {
             "format": _FORMAT,
-            "version": 2,
+            "version": _VERSION,
             "photo_size": list(self.photo_size),
             "regions": [
                 {**region.to_dict(), "score": score}
@@ -137,10 +229,15 @@ class RegionCitation:
             "score": self.score,
             "check": None if self.check is None else self.check.to_dict(),
             "settings": dict(self.settings),
+            "context": None if self.context is None else _context_header(self.context),
         }
 
     def _tensors(self) -> dict[str, Tensor]:
+        context = {}
+        if self.context is not None:
+            context = {f"context_{name}": getattr(self.context, name) for name in _CONTEXT}
         return {
+            **context,
             "patch_relevance": self.patch_relevance,
             "shares": self.shares,
             "region_relevance": self.region_relevance,
@@ -165,17 +262,24 @@ class RegionCitation:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RegionCitation:
-        """Read a citation written by `save`; InputError for any other file."""
+        """Read a citation written by `save` (version 3, or 2: no context); InputError
+        for any other file, or a context whose spans or tensors disagree."""
         names = ["patch_relevance", "shares", "region_relevance", "scores", "answer_ids", "masks"]
         names += ["statement_relevance", "token_sentences"]
-        tensors, header = read_payload(path, lambda header: names)
+
+        def expected(header: Mapping[str, Any]) -> list[str]:
+            given = isinstance(header, Mapping) and header.get("context") is not None
+            return names + ([f"context_{name}" for name in _CONTEXT] if given else [])
+
+        tensors, header = read_payload(path, expected)
         if (
             header.get("format") != _FORMAT
-            or header.get("version") != 2
-            or not set(names) <= set(tensors)
+            or header.get("version") not in (2, _VERSION)
+            or not set(expected(header)) <= set(tensors)
         ):
             raise InputError(
-                f"{path} is not a region citation written by RegionCitation.save (version 2)"
+                f"{path} is not a region citation written by RegionCitation.save "
+                f"(version 2 or {_VERSION})"
             )
         masks = tensors["masks"].bool().numpy()
         regions = tuple(
@@ -201,7 +305,49 @@ class RegionCitation:
             token_sentences=tensors["token_sentences"].long(),
             statement_relevance=tensors["statement_relevance"],
             settings=header["settings"],
+            context=_read_context(header.get("context"), tensors, path),
         )
+
+
+def _read_context(
+    header: Any, tensors: Mapping[str, Tensor], path: str | os.PathLike[str]
+) -> ContextSpans | None:
+    """The saved context (None when there is none); InputError where its spans do not
+    tile its text or its tensors do not have one column (or index) per span."""
+    if header is None:
+        return None
+    try:
+        text, kind = header["text"], header["kind"]
+        spans = tuple(Span(s["text"], s["start"], s["end"]) for s in header["spans"])
+    except (KeyError, TypeError) as error:
+        raise InputError(f"{path}: the context has no {error}") from None
+    ends = [0] + [span.end for span in spans]
+    tiles = all(
+        span.start == end and text[span.start : span.end] == span.text
+        for span, end in zip(spans, ends, strict=False)
+    )
+    if not isinstance(text, str) or not spans or not tiles or ends[-1] != len(text):
+        raise InputError(f"{path}: the context's spans do not tile its text")
+    found = {name: tensors[f"context_{name}"] for name in _CONTEXT}
+    count = len(spans)
+    token_spans = found["token_spans"].long()
+    if (
+        found["scores"].shape != (count,)
+        or found["span_relevance"].shape[-1:] != (count,)
+        or found["statement_relevance"].shape[-1:] != (count,)
+        or token_spans.dim() != 1
+        or bool((token_spans >= count).any() or (token_spans < -1).any())
+    ):
+        raise InputError(f"{path}: the context's tensors do not have one entry per span")
+    return ContextSpans(
+        text=text,
+        kind=kind,
+        spans=spans,
+        token_spans=token_spans,
+        span_relevance=found["span_relevance"],
+        scores=found["scores"],
+        statement_relevance=found["statement_relevance"],
+    )
 
 
 def _regions(given: object, pixels: np.ndarray, grid: tuple[int, int]) -> tuple[list[Region], str]:
@@ -234,11 +380,24 @@ def _regions(given: object, pixels: np.ndarray, grid: tuple[int, int]) -> tuple[
 
 
 def _with_answer(
-    adapter: VisionLanguageModel, encoded: Mapping[str, Any], answer: Tensor
+    adapter: VisionLanguageModel,
+    encoded: Mapping[str, Any],
+    answer: Tensor,
+    kept: Tensor | None = None,
 ) -> Generation:
-    """The processor's output `encoded` (prompts of one length) followed by `answer`."""
+    """The processor's output `encoded` (prompts of one length) followed by `answer`;
+    `kept` (rows, P): only each row's kept prompt tokens, packed to the right (left
+    padding), their token types with them."""
     prepared = adapter.prepare(encoded)
-    arguments = prepared.arguments
+    arguments = dict(prepared.arguments)
+    if kept is not None:
+        kept = kept.to(arguments["input_ids"].device) & arguments["attention_mask"].bool()
+        width = int(kept.sum(dim=1).max())
+        order = kept.long().argsort(dim=1, stable=True)[:, -width:]  # the cut ones first
+        arguments["attention_mask"] = kept.long().gather(1, order)
+        for name in ("input_ids", "token_type_ids"):
+            if name in arguments:
+                arguments[name] = arguments[name].gather(1, order)
     ids, mask = arguments["input_ids"], arguments["attention_mask"]
     rows = ids.shape[0]
     extra = {
@@ -265,19 +424,23 @@ def ablated_photo_targets(
     answer: Tensor,
     keep: Tensor,
     batch_tokens: int,
+    token_spans: Tensor | None = None,
 ) -> Tensor:
-    """(M,) log p(answer) for each ablation `keep` (M, R): the photo with the regions not
-    kept filled with `colour`, through the processor, in chunks of at most `batch_tokens`
-    tokens (rows x sequence length)."""
+    """(M,) log p(answer) for each ablation `keep` (M, R + S): the photo with the regions
+    not kept filled with `colour`, through the processor, and the prompt's tokens of the
+    spans not kept cut out (`token_spans` (P,): each token's span, -1 none; None: no
+    context, S = 0), in chunks of at most `batch_tokens` tokens (rows x sequence length)."""
     found: list[Tensor] = []
     chunk = None
+    count = len(regions)
     with Session(adapter, fused=adapter.fused_path()):
         first = 0
         while first < keep.shape[0]:
             rows = keep[first : first + (chunk or 1)]
-            edited = [fill(pixels, regions, (~row).tolist(), colour) for row in rows]
+            edited = [fill(pixels, regions, (~row[:count]).tolist(), colour) for row in rows]
             encoded = adapter.encode({"image": edited, "text": [question] * len(edited)}, processor)
-            generation = _with_answer(adapter, encoded, answer)
+            cut = None if token_spans is None else kept_tokens(token_spans, rows[:, count:])
+            generation = _with_answer(adapter, encoded, answer, cut)
             prepared = adapter.prepare(generation.inputs())
             device = generation.input_ids.device
             at = generation.prompt_length - 1 + torch.arange(answer.shape[0], device=device)
@@ -300,6 +463,9 @@ def cite_image(
     *,
     regions: str | os.PathLike[str] | Sequence[Region | Mapping[str, Any]] = "grid",
     grid: tuple[int, int] = GRID,
+    context: str | Sequence[str] | None = None,
+    spans: str = "sentences",
+    template: str = TEMPLATE,
     method: str | None = None,
     score: Score | None = None,
     start_layer: int | None = None,
@@ -325,13 +491,21 @@ def cite_image(
             N superpixels, scikit-image's SLIC: the `superpixels` extra), a JSON file of
             regions, or a list of Regions or {"box": [left, top, right, bottom]} /
             {"mask": (H, W)} entries (explain.cite.regions).
+        context: a text (or a list of documents) given beside the photo: its `spans`
+            (as for `cite`: "sentences", "paragraphs", "lines", "documents") are sources
+            beside the regions. `template` (with "{context}" before "{question}") is the
+            user message's text after the photo, as `cite` writes a language model's
+            prompt. A span's score is the sum of the relevance on its tokens, from the
+            backward that scores the regions: one scale for both (`ranked_sources`).
         method, score, start_layer, options: as for `Explainer.explain` on the model
             (options such as depth="tower"; method None: the model kind's default,
             `generation_default`); score defaults to each answer token's
             log-probability for the methods that take one.
         check: run the ablation check; `lds` random halves for the LDS (0: none); `seed`
             its random draws; `fill_with` how a removed region is filled ("mean": the
-            photo's mean colour); `batch_tokens` the most tokens per check forward.
+            photo's mean colour); `batch_tokens` the most tokens per check forward. With
+            a context the check ranks the regions and the spans together: an ablation
+            fills its regions and cuts its spans' tokens in the same forward.
 
     Returns:
         a `RegionCitation`: the regions, each answer token's region relevances, each
@@ -358,7 +532,19 @@ def cite_image(
     size = (pixels.shape[0], pixels.shape[1])
     found_regions, kind = _regions(regions, pixels, grid)
     colour = fill_colour(pixels, fill_with)
-    prompt = {"image": photo, "text": question}
+    parsed = None
+    text = question
+    if context is not None:
+        if not isinstance(spans, str) or not isinstance(template, str):
+            raise OptionError(f"spans and template are texts, got {spans!r} and {template!r}")
+        if not isinstance(context, str) and any(isinstance(m, Mapping) for m in context):
+            raise OptionError(
+                "the context beside a photo is a text or a list of documents, not a chat: "
+                "the photo and the text are one user message"
+            )
+        parsed = read_context(context, spans)
+        text, offset = fill_template(template, parsed.text, question)
+    prompt = {"image": photo, "text": text}
     if answer is None:
         generation = generate(explainer, prompt, max_new_tokens, **dict(generate_options or {}))
         answer_ids = generation.input_ids[0, generation.prompt_length :][generation.generated[0]]
@@ -390,6 +576,25 @@ def cite_image(
     region_relevance = maps.flatten(1) @ shares.T
     scores = region_relevance.sum(dim=0)
     statements = answer_statements(processor.tokenizer, answer, answer_ids)
+    found_context = None
+    if parsed is not None:
+        prompt_ids = generation.input_ids[0, : generation.prompt_length].cpu()
+        token_spans = _prompt_spans(adapter, processor, prompt, parsed, offset, prompt_ids)
+        rows = found.explanation.relevances["text"][0, : answer_ids.shape[0]]
+        span_relevance = span_sums(
+            rows[:, : prompt_ids.shape[0]].detach().double().cpu(), token_spans, len(parsed.spans)
+        )
+        found_context = ContextSpans(
+            text=parsed.text,
+            kind=parsed.kind,
+            spans=parsed.spans,
+            token_spans=token_spans,
+            span_relevance=span_relevance,
+            scores=span_relevance.sum(dim=0),
+            statement_relevance=statement_sums(
+                span_relevance, statements.token_sentences, len(statements.sentences)
+            ),
+        )
     result_check = None
     if check:
 
@@ -400,14 +605,16 @@ def cite_image(
                 pixels,
                 found_regions,
                 colour,
-                question,
+                text,
                 answer_ids,
                 keep,
                 batch_tokens,
+                None if found_context is None else found_context.token_spans,
             )
 
+        sources = scores if found_context is None else torch.cat([scores, found_context.scores])
         result_check = check_scores(
-            scores, targets, lds=lds, seed=seed, ablation=fill_ablation(colour)
+            sources, targets, lds=lds, seed=seed, ablation=fill_ablation(colour, parsed is not None)
         )
     return RegionCitation(
         regions=tuple(found_regions),
@@ -433,7 +640,52 @@ def cite_image(
             "regions": kind,
             **({"grid": list(grid)} if kind == "grid" else {}),
             "fill": fill_with,
+            **({} if parsed is None else {"template": template, "spans": parsed.kind}),
             **({} if statements.located else {"sentences": UNLOCATED}),
         },
         explanation=found,
+        context=found_context,
     )
+
+
+def _prompt_spans(
+    adapter: VisionLanguageModel,
+    processor: Any,
+    prompt: Mapping[str, Any],
+    context: Context,
+    offset: int,
+    prompt_ids: Tensor,
+) -> Tensor:
+    """(P,) each token of the processor's prompt `prompt_ids` (of the image prompt
+    `prompt`) its span of `context`, which starts at `offset` in the user message's
+    text, -1 for none.
+
+    The processor expands the photo's placeholder into its image tokens; the text after
+    the photo's last image token is tokenized alike in the chat template's rendering
+    (the placeholder unexpanded, tokenized with offsets as `cite` tokenizes a prompt)
+    and in the processor's prompt, so the rendering's tokens after it are the prompt's
+    last tokens; where they are not, the context cannot be placed and InputError says so."""
+    text = prompt["text"]
+    rendered = image_prompt_texts(prompt, processor)[0][0]
+    at = rendered.rfind(text)
+    if at < 0:
+        raise InputError(
+            "the chat template changes the question's text (it strips or escapes it), so "
+            "the context cannot be found in the prompt"
+        )
+    ids, owners = tokenize_prompt(processor.tokenizer, rendered, context, at + offset, True)
+    image = (ids == adapter.image_token_id).nonzero()
+    first = int(image[-1]) + 1 if len(image) else 0
+    tail, tail_owners = ids[first:], owners[first:]
+    if (
+        bool((owners[:first] >= 0).any())
+        or tail.shape[0] > prompt_ids.shape[0]
+        or not torch.equal(prompt_ids[prompt_ids.shape[0] - tail.shape[0] :], tail)
+    ):
+        raise InputError(
+            "the processor's prompt does not end with the context and the question as its "
+            "tokenizer reads them, so the context's tokens cannot be placed"
+        )
+    placed = torch.full((prompt_ids.shape[0],), -1, dtype=torch.long)
+    placed[prompt_ids.shape[0] - tail.shape[0] :] = tail_owners
+    return placed

@@ -119,6 +119,9 @@ def choice_button(g: int, text: str, kind: str = "") -> str:
     )
 
 
+_ablated = {"spans": "shorter context", "regions": "filled photo"}
+
+
 def _below_top_1(check: Check, sources: str) -> str:
     """One sentence where a top-k drop (k > 1) is below the top-1 drop, else ""."""
     lower = [d for d in check.drops[1:] if d.top < check.drops[0].top]
@@ -129,7 +132,7 @@ def _below_top_1(check: Check, sources: str) -> str:
         f'<p class="note">The top-{drop.k} drop ({number(drop.top)}) is below the top-1 drop '
         f"({number(check.drops[0].top)}): removing the next {sources} as well raised "
         f"{html.escape(check.target)} again, so one of them speaks against the answer, or the "
-        f"{'shorter context' if sources == 'spans' else 'filled photo'} moves the answer for "
+        f"{_ablated.get(sources, 'ablated prompt')} moves the answer for "
         "reasons of its own.</p>\n"
     )
 
@@ -140,7 +143,7 @@ def _check_table(values: Mapping[str, Any], sources: str = "spans") -> str:
     "regions" of a photo)."""
     check = Check.from_dict(dict(values))
     said = check.verdict
-    whole = "context" if sources == "spans" else "photo"
+    whole = {"spans": "context", "regions": "photo"}.get(sources, "photo and context")
     rows = "".join(
         f"<tr><td>{d.k}</td><td>{number(d.top)}</td><td>{number(d.random)} &plusmn; "
         f"{number(d.random_std)}</td><td>{random_sets(d)}</td>"

@@ -42,6 +42,7 @@ __all__ = [
     "Prompt",
     "assign_tokens",
     "build_prompt",
+    "fill_template",
     "read_context",
     "span_sums",
     "tokenize_prompt",
@@ -193,9 +194,7 @@ def build_prompt(
             )
         offset, special = 0, False
     else:
-        before, after = _split_template(template)
-        filled = before + context.text + after.replace("{question}", question, 1)
-        offset = len(before)
+        filled, offset = fill_template(template, context.text, question)
         text = filled
         if chat:
             _require_template(tokenizer)
@@ -210,6 +209,13 @@ def build_prompt(
             special = False  # the template writes the special tokens itself
     ids, spans = tokenize_prompt(tokenizer, text, context, offset, special)
     return Prompt(text, context, offset, ids, spans)
+
+
+def fill_template(template: str, context: str, question: str) -> tuple[str, int]:
+    """`template` with the `context` text and the `question` in it, and where the
+    context starts in the result."""
+    before, after = _split_template(template)
+    return before + context + after.replace("{question}", question, 1), len(before)
 
 
 def _split_template(template: str) -> tuple[str, str]:

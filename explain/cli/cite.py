@@ -96,18 +96,22 @@ def _lds(text: str) -> int:
     return value
 
 
-def print_citation(result: Any, labels: Sequence[str], sources: str) -> Check:
-    """The answer, its five top-ranked `sources` (each its signed score and `labels`
-    entry) and the check with its verdict, on the terminal; the check, for the files."""
+def print_citation(
+    answer: str, scores: Any, labels: Sequence[str], check: Check | None, sources: str
+) -> Check:
+    """The `answer`, its five top-ranked `sources` by `scores` (each its signed score and
+    `labels` entry) and the check with its verdict, on the terminal; the check, for the
+    files."""
     from explain.cite.verdict import number
     from explain.viz.text import printable
 
-    print("answer:", printable(result.answer))
-    for rank, index in enumerate(result.ranked()[:5], start=1):
-        print(f"  {rank}. {number(float(result.scores[index]), signed=True)}  {labels[index]}")
-    assert result.check is not None
-    print_check(result.check, sources)
-    return result.check
+    print("answer:", printable(answer))
+    ranked = scores.double().argsort(descending=True, stable=True).tolist()
+    for rank, index in enumerate(ranked[:5], start=1):
+        print(f"  {rank}. {number(float(scores[index]), signed=True)}  {labels[index]}")
+    assert check is not None
+    print_check(check, sources)
+    return check
 
 
 def print_check(check: Check, sources: str) -> None:
@@ -142,8 +146,9 @@ def _run_image(args: argparse.Namespace) -> int:
     from explain.cite.regions import grid_size, slic_count
     from explain.inputs import read_image
 
-    if args.context is not None:
-        raise InputError("--image cites the photo's regions: leave --context out")
+    if args.foil is not None or args.chat:
+        raise InputError("--image takes no --foil or --chat (yet)")
+    context = None if args.context is None else read_context_file(args.context)
     grid = grid_size(args.grid)
     if args.regions is not None:
         slic_count(args.regions)  # a malformed slic:N fails before the model is loaded
@@ -159,7 +164,7 @@ def _run_image(args: argparse.Namespace) -> int:
     for method in methods:
         if len(methods) > 1:
             print(f"[{method}]")
-        _cite_image_one(args, explainer, photo, grid, method, seen)
+        _cite_image_one(args, explainer, photo, context, grid, method, seen)
     return 0
 
 
@@ -167,15 +172,17 @@ def _cite_image_one(
     args: argparse.Namespace,
     explainer: Explainer,
     photo: Any,
+    context: Any,
     grid: tuple[int, int],
     method: str,
     seen: str | None,
 ) -> None:
-    """Cite the photo's regions with one method: the terminal's lines and its three files
-    (named for the method when --method names several); `seen`: what the figure's caption
-    says of a crop (`crop_caption`)."""
+    """Cite the photo's regions (and the spans of a `context` beside it) with one method:
+    the terminal's lines and its three files (named for the method when --method names
+    several); `seen`: what the figure's caption says of a crop (`crop_caption`)."""
     import numpy as np
 
+    from explain.cite.figure import span_label
     from explain.cite.image import cite_image
     from explain.cite.regions_page import regions_figure, regions_html
     from explain.export import atomic_write
@@ -189,37 +196,48 @@ def _cite_image_one(
         args.answer,
         regions="grid" if args.regions is None else args.regions,
         grid=grid,
+        context=context,
+        spans=args.spans,
+        **({} if args.template is None else {"template": args.template}),
         method=method,
         max_new_tokens=args.max_new_tokens,
         lds=args.lds,
         seed=args.seed,
     )
     labels = [f"{printable(region.name)} {region.box}" for region in result.regions]
-    check = print_citation(result, labels, "regions")
+    sources = "regions"
+    if result.context is not None:
+        spans = enumerate(result.context.spans)
+        labels += [printable(span_label(s, span.text)) for s, span in spans]
+        sources = "regions and spans"
+    check = print_citation(result.answer, result.source_scores, labels, result.check, sources)
     args.out.mkdir(parents=True, exist_ok=True)
     html, png, data = (method_file(args.out / name, method, args.method) for name in FILES)
     title = f"explain cite: {args.model} ({result.method})"
     pixels = np.asarray(photo)
     statements = _statements(result)
+    spans = [] if result.context is None else [span.text for span in result.context.spans]
     page = regions_html(
         pixels,
         result.regions,
-        result.scores,
+        result.source_scores,
         args.question,
         result.answer,
         sentences=statements,
-        sentence_scores=result.statement_relevance[: len(statements)],
+        sentence_scores=result.statement_sources[: len(statements)],
         check=check.to_dict(),
         title=title,
+        spans=spans,
     )
     with atomic_write(html, "w") as handle:
         handle.write(page)
     caption = " ".join(
         filter(None, [f"Verdict: {check.verdict}. Ablation: {check.ablation}.", seen])
     )
-    save_figure(
-        regions_figure(pixels, result.regions, result.scores, caption=caption, title=title), png
+    figure = regions_figure(
+        pixels, result.regions, result.source_scores, caption=caption, title=title, spans=spans
     )
+    save_figure(figure, png)
     result.save(data)
     for path in (html, png, data):
         print(path)
@@ -294,7 +312,7 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
         seed=args.seed,
     )
     labels = [printable(span_label(s, span.text)) for s, span in enumerate(result.spans)]
-    check = print_citation(result, labels, "spans")
+    check = print_citation(result.answer, result.scores, labels, result.check, "spans")
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model}"
     rows = torch.cat([result.scores[None], result.span_relevance])
@@ -354,8 +372,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         type=Path,
         default=None,
         metavar="FILE",
-        help="cite the regions of this photo instead of a context (a vision-language model "
-        "with its processor)",
+        help="cite the regions of this photo (a vision-language model with its processor); "
+        "with --context, the context's spans beside them, ranked together",
     )
     parser.add_argument(
         "--grid",
