@@ -64,7 +64,7 @@ from tqdm import tqdm
 
 from explain import Explainer
 from explain.cite import Span, check_ranking, cite
-from explain.cite.check import DRAWS, ablated_targets, check_scores
+from explain.cite.check import DRAWS, ablated_targets, check_scores, kept_tokens
 from explain.data import recall
 from explain.engine import Request, supported_methods
 from explain.evaluation.bootstrap import draws, standard_error
@@ -577,8 +577,7 @@ def kv_reuse_bound(explainer: Explainer, probe: Any, lds: int) -> tuple[float, f
 
     check_scores(probe.scores, recorded, lds=lds)
     (keep,) = seen
-    spans = probe.token_spans
-    kept = torch.where(spans >= 0, keep[:, spans.clamp(min=0)], True)  # (R, P)
+    kept = kept_tokens(probe.token_spans, keep)  # (R, P)
     prompt = kept.shape[1]
     # The prefix before each ablation's first removed token (all of it: nothing removed).
     prefix = torch.where(kept.all(dim=1), prompt, (~kept).int().argmax(dim=1))
