@@ -64,7 +64,7 @@ from tqdm import tqdm
 
 from explain import Explainer
 from explain.cite import Span, check_ranking, cite
-from explain.cite.check import DRAWS
+from explain.cite.check import DRAWS, ablated_targets, check_scores, kept_tokens
 from explain.data import recall
 from explain.engine import Request, supported_methods
 from explain.evaluation.bootstrap import draws, standard_error
@@ -561,6 +561,31 @@ def cost(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def kv_reuse_bound(explainer: Explainer, probe: Any, lds: int) -> tuple[float, float]:
+    """The check's ablated sequences (`check_scores`' own ablations of `probe`'s scores)
+    in whole sequences' worth (prompt and answer), and what is left of them if each
+    ablation reused the full prompt's KV cache up to its first removed token: the most a
+    prefix cache could save (issue 42, item 5)."""
+    seen: list[torch.Tensor] = []
+
+    def recorded(keep: torch.Tensor) -> torch.Tensor:
+        seen.append(keep)
+        answers = [(probe.answer_ids, 1.0)]
+        return ablated_targets(
+            explainer.adapter, probe.prompt_ids, probe.token_spans, answers, keep
+        )
+
+    check_scores(probe.scores, recorded, lds=lds)
+    (keep,) = seen
+    kept = kept_tokens(probe.token_spans, keep)  # (R, P)
+    prompt = kept.shape[1]
+    # The prefix before each ablation's first removed token (all of it: nothing removed).
+    prefix = torch.where(kept.all(dim=1), prompt, (~kept).int().argmax(dim=1))
+    whole = prompt + probe.answer_ids.shape[0]
+    tokens = kept.sum(dim=1) + probe.answer_ids.shape[0]
+    return float(tokens.sum()) / whole, float((tokens - prefix).sum()) / whole
+
+
 def check_cost(args: argparse.Namespace) -> str:
     from explain.loading import load_model
 
@@ -579,8 +604,14 @@ def check_cost(args: argparse.Namespace) -> str:
         f"batch 1, no gradient. Medians of {args.rounds} interleaved rounds after a warm-up "
         f"round. Goal: the check at most {CHECK_FORWARDS} forwards' time.",
         "",
-        "| prompt tokens | spans | ablations | one forward, ms | check, s | check / forward |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "KV reuse bound: the ablated sequences' tokens (each ablation's kept prompt tokens "
+        "and the answer) in whole sequences' worth, and what would be left if every "
+        "ablation reused the KV cache of the full prompt up to its first removed token "
+        "(its tokens minus that prefix; the full context then forwards its answer only).",
+        "",
+        "| prompt tokens | spans | ablations | one forward, ms | check, s | check / forward "
+        "| ablated tokens, sequences | with KV reuse, sequences |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ratios = []
     for length in CHECK_LENGTHS:
@@ -608,9 +639,10 @@ def check_cost(args: argparse.Namespace) -> str:
         one, whole = (statistics.median(seconds[name]) for name in ("forward", "check"))
         ratios.append(whole / one)
         rows = 1 + len(TOP) * (1 + DRAWS) + args.lds  # spans > 16: sampled draws
+        tokens, reused = kv_reuse_bound(explainer, probe, args.lds)
         lines.append(
             f"| {length} | {len(probe.spans)} | {rows} | {one * 1e3:.1f} | {whole:.2f} "
-            f"| {whole / one:.0f} |"
+            f"| {whole / one:.0f} | {tokens:.1f} | {reused:.1f} |"
         )
     lines.append("")
     for length, ratio in zip(CHECK_LENGTHS, ratios, strict=True):
