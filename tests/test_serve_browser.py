@@ -208,10 +208,7 @@ def test_image_view_switch_hover_compare_and_export(browser, image_server, shape
     torch.testing.assert_close(torch.tensor(value), maps[0, row, column])
 
     # The top two classes: one column each, in the model's order.
-    page.fill("#top", "2")
-    page.dispatch_event("#top", "change")
-    expect(page.locator("#grid canvas")).to_have_count(2)
-    settled(page)
+    show_top(page, 2, canvases=2)
     shown = page.eval_on_selector_all("#grid canvas", "cs => cs.map(c => Number(c.dataset.class))")
     assert shown == reference_logits(shapes_vit, photo).argsort(descending=True)[:2].tolist()
 
@@ -274,10 +271,7 @@ def test_a_class_agnostic_method_is_marked_as_the_figures_mark_it(browser, image
 
     page = open_page(browser, image_server.url)
     open_image(page, "circle/scene_0.png", methods=("generic", "rollout"))
-    page.fill("#top", "2")
-    page.dispatch_event("#top", "change")
-    expect(page.locator("#grid canvas")).to_have_count(4)
-    settled(page)
+    show_top(page, 2, canvases=4)
     rows = page.eval_on_selector_all(
         "#grid tr th:first-child", "hs => hs.map(h => [h.textContent, h.title])"
     )
@@ -301,13 +295,25 @@ def test_a_top_the_model_cannot_take_is_refused_with_what_it_takes(
     shown = shown.format(classes=len(shapes_vit.classes))
     page = open_page(browser, image_server.url)
     open_image(page, "circle/scene_0.png")
-    page.fill("#top", top)
-    page.dispatch_event("#top", "change")
+    ask_top(page, top)
     page.wait_for_selector("#message:not([hidden])")
     message = page.inner_text("#message")
     assert "top must be" in message and shown in message, message
     assert page.locator("#grid canvas").count() == 0
     page.close()
+
+
+def ask_top(page, top):
+    """Type `top` into the page's "top classes" box, as a user does (the box's change event)."""
+    page.fill("#top", top)
+    page.dispatch_event("#top", "change")
+
+
+def show_top(page, top, canvases):
+    """Ask for the `top` classes and wait until the grid has drawn its `canvases` maps."""
+    ask_top(page, str(top))
+    expect(page.locator("#grid canvas")).to_have_count(canvases)
+    settled(page)
 
 
 def open_image(page, path, methods=("generic",), rule="per_map"):
@@ -404,10 +410,7 @@ def test_signed_and_unsigned_maps_each_get_their_own_shared_scale(
     page = open_page(browser, image_server.url)
     path = "circle/scene_0.png"
     open_image(page, path, ("generic", "attnlrp"), "shared")
-    page.fill("#top", "2")
-    page.dispatch_event("#top", "change")
-    expect(page.locator("#grid canvas")).to_have_count(4)
-    settled(page)
+    show_top(page, 2, canvases=4)
     classes = page.eval_on_selector_all(
         "#grid canvas[data-method=generic]", "cs => cs.map(c => Number(c.dataset.class))"
     )
