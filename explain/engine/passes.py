@@ -84,9 +84,10 @@ class PlanView(Protocol):
     def call_fold(self) -> Fold:
         """The call's fold: the method's folds of the token sets, for every column."""
 
-    def known_columns(self) -> int | None:
-        """The number of score columns the forward will yield, where the inputs alone say
-        it (a generation's tokens); None: only the forward's output says it."""
+    known_columns: int | None
+    """The number of score columns the forward will yield, where the inputs alone say it
+    (a generation: one per generated position, set by `prepare`); None: only the forward's
+    output says it (an attribute, not a call: the explain call path stays as short)."""
 
     def read(self, fold: Fold) -> Relevances:
         """Every column's token relevance per set, from the call's fold."""
@@ -167,7 +168,7 @@ class Pass(ABC):
             memory_budget=self.memory_budget,
             reads_attention=bool(self.spec.needs & {Need.ATTENTION, Need.ATTENTION_GRADIENTS}),
             maps=self.adapter.attention_maps(self.plan.prepared),
-            columns=self.plan.known_columns(),
+            columns=self.plan.known_columns,
         )
         self.taken = path
         return path == "fused"

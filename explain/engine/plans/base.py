@@ -252,6 +252,11 @@ class Plan:
     """The only methods this kind takes, where the call's fold is its own rather than the
     method's (an encoder-decoder's two-set fold); None: any method of an accepted pass."""
 
+    known_columns: int | None = None
+    """How many score columns the forward will yield, where the inputs alone say it (a
+    generation's plan sets it in `prepare`: one per generated position); None: the targets
+    are resolved from the output (`columns`), so only the forward says it."""
+
     refused_because: ClassVar[str] = ""
     """Why a pass (or method) this kind does not accept cannot run on it."""
 
@@ -360,11 +365,6 @@ class Plan:
         return [(sites.read, self.prepared.layout)]
 
     # -- scores -------------------------------------------------------------------------
-
-    def known_columns(self) -> int | None:
-        """None: the targets are resolved from the output (`columns`), so only the forward
-        says how many columns there are."""
-        return None
 
     def columns(self, output: Tensor) -> Columns:
         """The score columns of the model output (B, C): one per target."""

@@ -136,6 +136,7 @@ class GenerationPlan(Plan):
         self.width, self.valid, self.positions = generated_tokens(
             self.prepared.arguments["attention_mask"], self.request.prompt_length
         )
+        self.known_columns = self.valid.shape[1]
 
     def forward(self) -> Tensor:
         """(B, G, vocab): the logits each generated token was chosen from."""
@@ -149,10 +150,6 @@ class GenerationPlan(Plan):
         assert layout.token_mask is not None  # a text layout masks its pads
         readouts, seen = column_rows(self.adapter, self.prepared, self.positions, layout.token_mask)
         return self._set_folds([replace(text, layout=replace(layout, token_mask=seen))], [readouts])
-
-    def known_columns(self) -> int:
-        """One column per generated position, known from the prompts' width."""
-        return self.valid.shape[1]
 
     def columns(self, output: Tensor) -> Columns:
         generated = self.prepared.arguments["input_ids"][:, self.width :]

@@ -251,6 +251,7 @@ class ImageTextPlan(Plan):
         self.width, self.valid, self.positions = generated_tokens(
             prepared.arguments["attention_mask"], self.request.prompt_length
         )
+        self.known_columns = self.valid.shape[1]
 
     def forward(self) -> Tensor:
         if not self.generation:
@@ -314,10 +315,6 @@ class ImageTextPlan(Plan):
         text, tower = fold.result()
         split = self.image.split(text, tower).items()
         return {name: relevance.transpose(0, 1) for name, relevance in split}
-
-    def known_columns(self) -> int | None:
-        """A generation: one column per generated position (else from the output)."""
-        return self.valid.shape[1] if self.generation else None
 
     def columns(self, output: Tensor) -> Columns:
         if not self.generation:
