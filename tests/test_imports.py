@@ -32,8 +32,8 @@ def test_explaining_a_timm_model_does_not_import_transformers_or_matplotlib():
 
 
 def test_loading_a_zoo_image_model_does_not_import_transformers():
-    """`explain image --model zoo:shapes-vit` pays for timm, not for transformers too (2.4 s
-    of every such command's start-up, 6 s with the tokenizer classes)."""
+    """`explain image --model zoo:shapes-vit` pays for timm, not for transformers too (3 of
+    its 11 CPU seconds)."""
     code = (
         "import sys; from explain.loading import load_model; "
         "loaded = load_model('zoo:shapes-vit'); "

@@ -112,8 +112,8 @@ def load_model(
     text = os.fspath(spec)
     offline = offline or env_offline()
     if text.startswith(ZOO_PREFIX):
-        # Outside quiet_transformers: it imports transformers (2.4 s), which a zoo image
-        # model never uses; the zoo's one from_pretrained (MiniLM's) quiets its own bar.
+        # Outside quiet_transformers: it imports transformers, which a zoo image model
+        # never uses; the zoo's one from_pretrained (MiniLM's) quiets its own bar.
         loaded = load_zoo_model(text[len(ZOO_PREFIX) :])
     else:
         with quiet_transformers(), hub_session(offline):  # no "Loading weights" bar

@@ -365,7 +365,7 @@ def _load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
     """The model's tokenizer: from the folder when the config lists `tokenizer_files`, its
     processor when it lists `processor_files` (a vision-language model), the pretrained
     MiniLM's for the other text models, None for image models (which so never import
-    transformers: 6 s of an image command's start-up)."""
+    transformers: 3 of an image command's 11 CPU seconds)."""
     processor = config.get("processor_files")
     files = config.get("tokenizer_files", processor)
     if files is None:
