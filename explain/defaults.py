@@ -2,7 +2,11 @@
 known-evidence tables (docs/results.md), with the numbers in docs/methods.md ("Default
 method per model kind"). Every `method=None` (`Explainer.explain`, explain.generation,
 explain.text, explain.cite, the commands, the viewer) resolves through `default_method`;
-nothing else names a default. The engine names no method, so the table sits above it."""
+nothing else names a default. The engine names no method, so the table sits above it.
+
+The measurement that chose a kind's default is its zoo model's to state (its config's
+`default_evidence`, `explain.loading.zoo.DefaultEvidence`), so no zoo model is named
+here; it is read from the zoo when it is shown (`why`), never on a call's path."""
 
 from __future__ import annotations
 
@@ -37,11 +41,31 @@ class KindDefault:
     serves: type[Adapter]
     """The adapter contract of the kind (explain.architectures.base)."""
     method: str
-    why: str
-    """One line: the measurement that chose `method`."""
+    reason: str | None = None
+    """One line: why `method`, for a kind no zoo model measured; None: zoo models did, and
+    state it (`why`)."""
     reads_text: bool | None = None
     """For the one-stack kinds (`serves` is `Adapter`): whether the model reads text;
     None: either."""
+
+    @property
+    def why(self) -> str:
+        """One line: `reason`, or the measurement that chose `method`, as the zoo's models
+        state it for this kind (read from their configs now, where it is shown)."""
+        if self.reason is not None:
+            return self.reason
+        from explain.loading.zoo import ZOO, zoo_root
+
+        stated = [
+            f"on zoo:{name} {entry.evidence.measured}"
+            for name, entry in ZOO.items()
+            if entry.evidence
+            and (entry.evidence.kind, entry.evidence.method) == (self.kind, self.method)
+        ]
+        return "; ".join(stated) or (
+            f'measured on the zoo (docs/methods.md, "Default method per model kind"); no '
+            f"model of the zoo read from {zoo_root()} states the measurement"
+        )
 
     def takes(self, adapter: Adapter | type[Adapter]) -> bool:
         """Whether `adapter`'s model is of this kind."""
@@ -56,55 +80,43 @@ DEFAULTS: tuple[KindDefault, ...] = (
         kind="vision-language model",
         serves=ImageTextModel,
         method="attnlrp",
-        why="on zoo:shapes-llava it points at the answer's object on 100% of answers "
-        "(generic 87%), mIoU 0.631 (generic 0.514), and ranks the question's named word "
-        "first on 43% (cp_lrp 23%, generic 13%)",
     ),
     KindDefault(
         kind="decoder-only language model",
         serves=LanguageModel,
         method="cp_lrp",
-        why="on zoo:recall-llama it ranks an evidence token first on 100% of prompts at "
-        "512, 1,024 and 2,048 tokens (generic 6-9%), as attnlrp does, with the asked "
-        "fact's span first on 30 of 30 prompts (attnlrp 29), the same LDS (0.766 against "
-        "0.768) and 0.83x attnlrp's time",
     ),
     KindDefault(
         kind="encoder-decoder",
         serves=EncoderDecoder,
         method="generic",
-        why="the only method whose rules fold a source and a target set together "
+        reason="the only method whose rules fold a source and a target set together "
         "(explain.rules.coattention); no zoo model of this kind has known evidence",
     ),
     KindDefault(
         kind="dual encoder (CLIP)",
         serves=DualEncoder,
         method="generic",
-        why="no zoo model of this kind has known evidence; the LRP methods are not "
+        reason="no zoo model of this kind has known evidence; the LRP methods are not "
         "available for the towers",
     ),
     KindDefault(
         kind="object detector",
         serves=Detector,
         method="generic",
-        why="the only method a detector's queries are explained with",
+        reason="the only method a detector's queries are explained with",
     ),
     KindDefault(
         kind="text encoder (classifier, sentence encoder)",
         serves=Adapter,
         reads_text=True,
         method="generic",
-        why="on zoo:minilm-sentiment its rationale F1@5 is 0.429, within 0.008 of the "
-        "best (raw_attention 0.437; attnlrp 0.410, cp_lrp 0.415), tied with it from F1@10",
     ),
     KindDefault(
         kind="image classifier (or another one-stack transformer)",
         serves=Adapter,
         reads_text=False,
         method="generic",
-        why="on zoo:shapes-vit it ties the best on perturbation (positive AUC 18.59, cp_lrp "
-        "17.75) and SaCo (0.966), and every image family takes it (Swin and timm BEiT take "
-        "no cp_lrp)",
     ),
 )
 """The default method of every kind of model, the most specific kind first (a
@@ -120,9 +132,21 @@ class DefaultMethod:
     """The method a call on one model runs when it names none, and why."""
 
     method: str
-    kind: str
-    why: str
-    """One line: the evidence, or why the kind's default gave way to `FALLBACK_METHOD`."""
+    of_kind: KindDefault
+    """The row of `DEFAULTS` of the model's kind."""
+    gave_way: str | None = None
+    """Why the kind's default gave way to `FALLBACK_METHOD`; None: `method` is the kind's."""
+
+    @property
+    def kind(self) -> str:
+        """What the model's kind is called (`KindDefault.kind`)."""
+        return self.of_kind.kind
+
+    @property
+    def why(self) -> str:
+        """One line: the evidence (`KindDefault.why`, read when asked), or why the kind's
+        default gave way to `FALLBACK_METHOD`."""
+        return self.of_kind.why if self.gave_way is None else self.gave_way
 
 
 def default_method(
@@ -134,12 +158,12 @@ def default_method(
     row = next(row for row in DEFAULTS if row.takes(adapter))
     refused = refusals(adapter, request).get(row.method)
     if refused is None:
-        return DefaultMethod(method=row.method, kind=row.kind, why=row.why)
+        return DefaultMethod(method=row.method, of_kind=row)
     return DefaultMethod(
         method=FALLBACK_METHOD,
-        kind=row.kind,
-        why=f"{row.method} (the default of its kind) is not available for {adapter.family} "
-        f"({refused}); {FALLBACK_METHOD} is, for every family",
+        of_kind=row,
+        gave_way=f"{row.method} (the default of its kind) is not available for "
+        f"{adapter.family} ({refused}); {FALLBACK_METHOD} is, for every family",
     )
 
 

@@ -41,7 +41,9 @@ from explain import METHODS, Explainer
 from explain.cli.cite import FILES as CITE_FILES  # what `explain cite` writes
 from explain.export import atomic_write
 from explain.loading.specs import load_model
+from explain.loading.zoo import ZOO
 from explain.viz import batch_figure, explanation_grid, heatmap_figure, save_figure, save_image
+from explain.viz.image import class_label
 
 if TYPE_CHECKING:
     from explain.data.recall import RecallExample
@@ -67,6 +69,12 @@ RECALL_TOKENS, RECALL_FACTS = 48, 4  # short enough for every token to be read i
 def upscale(pictures: Tensor, size: int = DISPLAY_SIZE) -> Tensor:
     """(B, 3, h, w) [0, 1] pictures resized for display (bicubic, clamped to [0, 1])."""
     return F.interpolate(pictures, size=(size, size), mode="bicubic").clamp(0.0, 1.0)
+
+
+def model_title(name: str, shown: str) -> str:
+    """A figure's title: the zoo model `name` and what it is (its summary), then what the
+    figure `shown` holds."""
+    return f"zoo:{name}: {ZOO[name].summary}. {shown}"
 
 
 def shapes_demo(out: Path) -> list[Path]:
@@ -98,12 +106,22 @@ def shapes_demo(out: Path) -> list[Path]:
             class_names=loaded.classes,
             transpose=True,
             multi_label=loaded.multi_label,
+            title=model_title(
+                "shapes-vit", f"Held-out scene {b}: each object's class (rows) by every method"
+            ),
         )
         written.append(out / f"shapes_{b}_all_methods.png")
         save_figure(figure, written[-1])
-        maps = results["generic"].heatmap(size=(DISPLAY_SIZE, DISPLAY_SIZE), normalize=False)[b]
+        generic = results["generic"]
+        maps = generic.heatmap(size=(DISPLAY_SIZE, DISPLAY_SIZE), normalize=False)[b]
         for k, kind in enumerate(targets[b].tolist()):
-            figure = heatmap_figure(pictures[b], maps[k], title=f"generic: {loaded.classes[kind]}")
+            explained = class_label(kind, loaded.classes, generic.logits[b], loaded.multi_label)
+            figure = heatmap_figure(
+                pictures[b],
+                maps[k],
+                title=f"generic: {explained}",
+                note=model_title("shapes-vit", f"Held-out scene {b}."),
+            )
             written.append(out / f"shapes_{b}_generic_{loaded.classes[kind]}.png")
             save_figure(figure, written[-1])
     hero = explanation_grid(
@@ -112,6 +130,9 @@ def shapes_demo(out: Path) -> list[Path]:
         class_names=loaded.classes,
         transpose=True,
         multi_label=loaded.multi_label,
+        title=model_title(
+            "shapes-vit", "A held-out scene: each object's class (rows) by four methods"
+        ),
     )
     written.append(out / "hero.png")
     save_figure(hero, written[-1])
@@ -146,7 +167,12 @@ def digits_demo(out: Path) -> list[Path]:
     images = digits.normalise(pictures)
     results = {method: explainer.explain(images, method=method) for method in HERO_METHODS}
     figure = batch_figure(
-        upscale(pictures, 128), results, class_names=loaded.classes, labels=labels
+        upscale(pictures, 128),
+        results,
+        class_names=loaded.classes,
+        labels=labels,
+        multi_label=loaded.multi_label,
+        title=model_title("digits-vit", "Held-out digits, each explained for its prediction"),
     )
     path = out / "digits_methods.png"
     save_figure(figure, path)
@@ -172,7 +198,7 @@ def sentiment_demo(out: Path) -> list[Path]:
         decisive = zip(sentence.words, sentence.rationale, strict=True)
         known = ", ".join(word for word, is_decisive in decisive if is_decisive)
         title = (
-            f"{loaded.classes[int(target)]} ({float(p[target]):.2f}); "
+            f"{loaded.classes[int(target)]} {float(p[target]):.1%}; "
             f"true: {loaded.classes[sentence.label]}; sentiment words: {known}"
         )
         fragments.append(to_html([w.text for w in row], [w.relevance for w in row], title=title))
@@ -184,7 +210,9 @@ def sentiment_demo(out: Path) -> list[Path]:
         )
     path = out / "sentiment.html"
     with atomic_write(path, "w") as handle:
-        handle.write(document_html(fragments, title="explain: zoo:minilm-sentiment, generic"))
+        about = model_title("minilm-sentiment", "Each word coloured by its relevance (generic).")
+        page = document_html(fragments, title="explain: zoo:minilm-sentiment, generic", note=about)
+        handle.write(page)
     return [path]
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,62 @@ def test_text_and_image_one_stack_models_are_told_apart() -> None:
     assert text.kind.startswith("text encoder")
     assert image.kind.startswith("image classifier")
     assert "minilm-sentiment" in text.why and "shapes-vit" in image.why
+
+
+def test_each_measured_kind_is_stated_by_its_zoo_models_and_only_those() -> None:
+    """A row without a `reason` quotes the zoo models whose config states the evidence for
+    its kind and method; every such statement is of a measured row, with its method (a
+    statement for another method would be shown nowhere)."""
+    from explain.loading.zoo import ZOO
+
+    stated = {name: entry.evidence for name, entry in ZOO.items() if entry.evidence}
+    assert sorted(stated) == ["minilm-sentiment", "recall-llama", "shapes-llava", "shapes-vit"]
+    measured = {row.kind: row for row in DEFAULTS if row.reason is None}
+    for name, evidence in stated.items():
+        row = measured[evidence.kind]
+        assert evidence.method == row.method, name
+        assert f"on zoo:{name} {evidence.measured}" in row.why
+    assert all(row.why.startswith("on zoo:") for row in measured.values())
+
+
+def _zoo_of(tmp_path: Path, name: str, change) -> Path:
+    """A private zoo holding the shipped folder `name` (its config only, what the evidence
+    is read from), its config changed by `change`."""
+    from explain.loading.zoo import CONFIG, zoo_root
+
+    (tmp_path / name).mkdir()
+    config = json.loads((zoo_root() / name / CONFIG).read_text())
+    (tmp_path / name / CONFIG).write_text(change(config))
+    return tmp_path / name / CONFIG
+
+
+def test_the_evidence_is_the_zoos_read_when_shown(tmp_path, monkeypatch) -> None:
+    """`why` says what the zoo's configs say when it is asked, and says so where no zoo
+    model states it."""
+    evidence = {"kind": "image classifier (or another one-stack transformer)"}
+    evidence |= {"method": "generic", "measured": "it ties the best on a new measure"}
+    _zoo_of(tmp_path, "shapes-vit", lambda c: json.dumps({**c, "default_evidence": evidence}))
+    monkeypatch.setenv("EXPLAIN_ZOO", str(tmp_path))
+    image = Explainer(_case("timm_vit").model).default_method
+    assert image.why == "on zoo:shapes-vit it ties the best on a new measure"
+    text = Explainer(_case("hf_text_encoder").model).default_method
+    assert text.method == "generic" and "minilm-sentiment" not in text.why
+    assert text.why.endswith(f"no model of the zoo read from {tmp_path} states the measurement")
+
+
+def test_no_call_reads_the_evidence(tmp_path, monkeypatch) -> None:
+    """The evidence is read only where it is shown: with the zoo's config unreadable, a
+    call naming no method still runs its default, and only `why` fails, naming the file."""
+    from explain.errors import ModelLoadError
+
+    path = _zoo_of(tmp_path, "shapes-vit", lambda config: "{not json")
+    monkeypatch.setenv("EXPLAIN_ZOO", str(tmp_path))
+    case = _case("timm_vit")
+    explainer = Explainer(case.model, spec=case.spec)
+    chosen = explainer.default_method
+    assert chosen.method == "generic" and explainer.explain(case.batch).method == "generic"
+    with pytest.raises(ModelLoadError, match=f"{re.escape(str(path))} is not valid JSON"):
+        _ = chosen.why
 
 
 def test_a_family_without_the_kind_default_falls_back_with_the_reason() -> None:

@@ -177,8 +177,8 @@ def test_shapes_pairs_explain_each_object_of_a_two_object_scene():
         ShapesPairs(length=5)
     with pytest.raises(OptionError, match="two-object"):
         heldout_dataset("zoo:digits-vit", two_objects=True)
-    with pytest.raises(OptionError, match="no real data set"):
-        real_dataset("class-specific", "photos/", None, "test")
+    with pytest.raises(OptionError, match=r"--model zoo:shapes-swin or zoo:shapes-vit, no --data"):
+        real_dataset("class-specific", "photos/", None, "test")  # the models with such scenes
 
 
 @pytest.mark.skipif(

@@ -51,3 +51,31 @@ def test_shapes_that_do_not_fit_are_refused():
         generation_figure(torch.zeros(3, 4), ["a", "b", "c", "d"], 2, method="generic")
     with pytest.raises(InputError, match="NaN"):
         generation_figure(torch.full((1, 3), float("nan")), ["a", "b", "c"], 2, method="generic")
+
+
+def test_the_prompts_end_is_drawn_over_and_apart_from_the_readout_cells():
+    # Row 0's readout cell ends at the prompt's end and row 1's starts there: the line
+    # must be seen as the boundary, not as the hatched cells' outline, nor cross a label.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    tokens = ["a", "b", "c", "d", "e", "f"]
+    matrix = torch.rand(3, 6, generator=torch.Generator().manual_seed(1))
+    figure = generation_figure(matrix, tokens, 3, method="generic")
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    axis = figure.axes[0]
+    (line,) = [line for line in axis.lines if line.get_gid() == "prompt-end"]
+    cells = [patch for patch in axis.patches if patch.get_gid() == "readout"]
+    assert len(cells) == 3
+    boundary = line.get_window_extent(renderer)
+    panel = axis.get_window_extent(renderer)
+    assert boundary.y0 < panel.y0 and boundary.y1 > panel.y1  # past the panel's edges
+    x = (boundary.x0 + boundary.x1) / 2
+    assert x == pytest.approx(axis.transData.transform((2.5, 0))[0])  # between c and d
+    for cell in cells:
+        assert cell.get_zorder() < line.get_zorder()
+        box = cell.get_window_extent(renderer)
+        assert box.x1 < boundary.x0 or box.x0 > boundary.x1, "a readout cell touches the line"
+    for label in axis.get_xticklabels():
+        box = label.get_window_extent(renderer)
+        assert not box.overlaps(boundary), f"the line crosses the label {label.get_text()!r}"

@@ -15,6 +15,7 @@ from PIL import Image
 
 from explain.viz.image_answer import answer_figure, answer_html, answer_scale
 from explain.viz.scaling import maps_are_signed
+from explain.viz.text import contrast_ratio
 
 PHOTO = (np.random.default_rng(0).random((12, 16, 3)) * 255).astype(np.uint8)
 
@@ -38,8 +39,12 @@ def _page(maps, signed):
     )
 
 
+def _words(page: str) -> list[dict]:
+    return json.loads(re.search(r'id="answer">(.*?)</script>', page).group(1))
+
+
 def _overlays(page: str) -> list[np.ndarray]:
-    words = json.loads(re.search(r'id="answer">(.*?)</script>', page).group(1))
+    words = _words(page)
     return [
         np.asarray(Image.open(io.BytesIO(base64.b64decode(w["overlay"].split(",", 1)[1]))))
         for w in words
@@ -72,3 +77,22 @@ def test_the_page_draws_what_the_png_draws():
     assert 'id="key"' in page and "-p99|R|" in page and "red for, blue against" in page
     unsigned = _page(maps, False)
     assert "map min" in unsigned and "min-max" in unsigned
+
+
+def test_every_token_is_written_in_the_ink_its_shade_needs():
+    # The readout token (index 2) is drawn at full colour though its value (0.1) is small
+    # beside the others' scale: its ink must follow the shade drawn, not the value.
+    page = answer_html(
+        PHOTO,
+        _maps(),
+        ["q", "[image]", "assistant"],
+        torch.tensor([[0.5, -0.2, 0.1], [0.05, -0.9, 2.0]]),
+        ["red", "circle"],
+        2,
+        rests_on=[[0, 1], [1, 0]],
+    )
+    for word in _words(page):
+        for shade, light in zip(word["colours"], word["light"], strict=True):
+            background = tuple(int(c) for c in re.findall(r"\d+", shade))
+            ink = (255, 255, 255) if light else (0, 0, 0)
+            assert contrast_ratio(ink, background) >= 4.5, (word["word"], shade, light)

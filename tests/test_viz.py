@@ -318,6 +318,45 @@ def test_batch_figure_shows_each_image_with_its_own_map():
             assert _close(figure.axes[row * 3 + b].get_images()[0].get_array(), expected)
 
 
+def test_a_multi_label_models_titles_give_each_classs_presence_under_the_figures_title():
+    # A rank undersells a multi-label model ("ranked 2nd" for a class present at 98.8%):
+    # every image figure titles its classes by their probability of presence.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    model = tiny_vit(num_classes=5)
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    explainer = Explainer(model)
+    names = ["circle", "square", "ring", "star", "cross"]
+    batch = {"generic": explainer.explain(images, method="generic")}
+    present = torch.sigmoid(batch["generic"].logits)
+    two = {"generic": explainer.explain(images, target=torch.tensor([[1, 3], [0, 4]]))}
+    title = "zoo:shapes-vit: a ViT naming the shapes in a scene (multi-label)"
+    pictures = torch.rand(2, 3, 32, 32)
+    figures = {
+        "batch": batch_figure(pictures, batch, class_names=names, multi_label=True, title=title),
+        "grid": explanation_grid(
+            pictures[1], two, sample=1, class_names=names, multi_label=True, title=title
+        ),
+    }
+    predicted = batch["generic"].target.tolist()
+    assert [axis.get_title() for axis in figures["batch"].axes[:2]] == [
+        f"{names[c]} (class {c}), present {float(present[b, c]):.1%}"
+        for b, c in enumerate(predicted)
+    ]
+    assert [axis.get_title() for axis in figures["grid"].axes[1:3]] == [
+        f"{names[c]} (class {c}), present {float(present[1, c]):.1%}" for c in (0, 4)
+    ]
+    for figure in figures.values():
+        renderer = FigureCanvasAgg(figure).get_renderer()
+        figure.draw(renderer)
+        (heading,) = [t for t in figure.texts if t.get_text() == title]
+        box = heading.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.x1 <= figure.bbox.width and box.y1 <= figure.bbox.height
+        for axis in figure.axes:  # above every panel and its title, touching none
+            assert box.y0 > axis.get_window_extent(renderer).y1
+            assert not box.overlaps(axis.title.get_window_extent(renderer))
+
+
 def _ranks(logits: torch.Tensor) -> dict[int, str]:
     """Class -> its title suffix, from the sorted logits (no ties in random models)."""
     order = logits.argsort(descending=True).tolist()

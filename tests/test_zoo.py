@@ -22,6 +22,7 @@ from explain.loading.zoo import (
     CONFIG,
     WEIGHTS,
     ZOO,
+    DefaultEvidence,
     build_model,
     load_zoo_model,
     minilm_folder,
@@ -222,6 +223,31 @@ def test_save_and_load_round_trip_checks_the_fit(tmp_path):
         load_model(tmp_path / "tiny")
     with pytest.raises(ModelLoadError, match="unknown zoo model builder"):
         build_model({"builder": "resnet"})
+
+
+def test_retraining_keeps_what_was_measured_after_training(tmp_path, monkeypatch):
+    """A config's `default_evidence` is measured on the trained model, not by its training:
+    `save_zoo_model` over the folder (what `make zoo` does) keeps it, and only it."""
+    config = {
+        "builder": "timm_vit",
+        "modality": "image",
+        "classes": ["a", "b"],
+        "timm": dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=2),
+        "preprocessing": {"image_size": [16, 16], "mean": [0.5] * 3, "std": [0.5] * 3},
+        "summary": "a tiny ViT",
+        "training": {"script": "scripts/train_tiny.py", "seed": 0},
+    }
+    folder, model = tmp_path / "tiny", build_model(config)
+    save_zoo_model(folder, model, config)
+    evidence = {"kind": "image classifier", "method": "generic", "measured": "it ties"}
+    first = json.loads((folder / CONFIG).read_text())
+    written = {**first, "default_evidence": evidence, "training": {"script": "old.py"}}
+    (folder / CONFIG).write_text(json.dumps(written))
+    save_zoo_model(folder, model, config)
+    retrained = json.loads((folder / CONFIG).read_text())
+    assert retrained == {**first, "default_evidence": evidence}  # the training's record is new
+    monkeypatch.setenv("EXPLAIN_ZOO", str(tmp_path))
+    assert ZOO["tiny"].evidence == DefaultEvidence("image classifier", "generic", "it ties")
 
 
 def test_a_missing_zoo_package_names_the_extra_that_installs_it(monkeypatch):

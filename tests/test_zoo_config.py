@@ -27,6 +27,11 @@ def zoo(tmp_path, monkeypatch):
     return tmp_path
 
 
+def _evidence(**changes) -> dict[str, object]:
+    """A well-formed `default_evidence`, with `changes`."""
+    return {"kind": "image classifier", "method": "generic", "measured": "it ties", **changes}
+
+
 def _damage(folder: Path, change) -> Path:
     path = folder / CONFIG
     config = json.loads(path.read_text())
@@ -49,6 +54,15 @@ def _damage(folder: Path, change) -> Path:
         (lambda c: c["training"].update(script=["train.py"]), "training.script"),
         (lambda c: c["training"].update(arguments="--hops 2"), "training.arguments"),
         (lambda c: c.update(summary=""), "summary"),
+        (lambda c: c.update(default_evidence="generic"), "default_evidence"),
+        (
+            lambda c: c.update(default_evidence=_evidence(kind=["image classifier"])),
+            "default_evidence.kind",
+        ),
+        (
+            lambda c: c.update(default_evidence=_evidence(measured="two\nlines")),
+            "default_evidence.measured",
+        ),
     ],
 )
 def test_a_wrong_field_is_named_with_its_file(zoo, change, field):
@@ -66,6 +80,10 @@ def test_a_wrong_field_is_named_with_its_file(zoo, change, field):
         (lambda c: c.pop("modality"), "modality"),
         (lambda c: c.pop("builder"), "builder"),
         (lambda c: c["preprocessing"].pop("std"), "preprocessing.std"),
+        (
+            lambda c: c.update(default_evidence={"kind": "image classifier"}),
+            "default_evidence.method",
+        ),
     ],
 )
 def test_a_missing_field_is_named_with_its_file(zoo, change, field):

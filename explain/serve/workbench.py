@@ -48,7 +48,7 @@ MAX_NEW_TOKENS = 64
 MAX_TOKENS = 4096
 """The most tokens of a text the viewer explains or exports (a prompt, a sentence, a
 caption), where the model takes no fewer (`Workbench.max_tokens`): twice the longest the
-zoo's models are trained on (recall-llama's 2,048), for the cost of one view on a CPU."""
+zoo's models are trained on (2,048 tokens), for the cost of one view on a CPU."""
 _INDEX_END = 2**63
 """One past the largest index a class can have (a target is an int64 tensor)."""
 _GREY = " The image is shown in grey: every colour is relevance."

@@ -5,7 +5,9 @@ The figure says what the HTML page (explain.viz.generation) says, on paper:
 - row g is the relevance of every token before generated token g for that token, scaled
   by the largest |relevance| in the row *without* the token the prediction is read out at
   (the one just before it): that token's own identity term would otherwise be 1 in every
-  row and swamp the rest. The readout cell is drawn grey and hatched, off the scale;
+  row and swamp the rest. The readout cell is drawn grey and hatched, off the scale, inset
+  in its cell: the first rows' readout cells border the prompt's end, whose black line
+  (drawn over them, and past the panel's edges) must not read as their outline;
 - the tokens each row rests on most are numbered 1, 2, 3 in their cells: the ranking the
   terminal's lines and the page's status line give (explain.viz.ranking, by |relevance|,
   the readout token left out);
@@ -39,6 +41,8 @@ __all__ = ["generation_figure", "scale_generation_rows"]
 
 _CELL_INCHES = 0.32
 _CHAR_INCHES = 0.075  # an 8 pt tick label character, on average
+_READOUT_INSET = 0.08  # of a cell, on each side of the hatched readout cell
+_BOUNDARY_OVERHANG_INCHES = 0.1  # the prompt's end, drawn past the panel's top and bottom
 
 
 def scale_generation_rows(matrix: np.ndarray, prompt_length: int) -> np.ndarray:
@@ -111,7 +115,7 @@ def generation_figure(
         "Each row scaled by its largest |relevance| without the readout token (hatched grey: "
         "the token the prediction is read out at, its own identity term, off the scale). "
         "Blank: tokens at or after the explained one, which it does not read. 1, 2, 3: the "
-        "tokens the row rests on most, by |relevance|."
+        "tokens the row rests on most, by |relevance|. Black line: the prompt's end."
     )
     if signed:
         rule += " Red for, blue against."
@@ -132,20 +136,31 @@ def generation_figure(
         readout = prompt_length + g - 1
         axis.add_patch(
             Rectangle(
-                (readout - 0.5, g - 0.5),
-                1,
-                1,
+                (readout - 0.5 + _READOUT_INSET, g - 0.5 + _READOUT_INSET),
+                1 - 2 * _READOUT_INSET,
+                1 - 2 * _READOUT_INSET,
                 facecolor="#bbbbbb",
                 edgecolor="#777777",
                 hatch="///",
                 linewidth=0.5,
+                gid="readout",
             )
         )
     for g in range(count):  # the ranking every view gives, in the cells it names
         for rank, t in enumerate(rests_on(values[g], prompt_length + g - 1), start=1):
             cell = image.cmap(image.norm(shown[g, t]))
             axis.text(t, g, str(rank), ha="center", va="center", fontsize=7, color=ink(cell))
-    axis.axvline(prompt_length - 0.5, color="#555555", linewidth=1.0)
+    overhang = _BOUNDARY_OVERHANG_INCHES / panel_h
+    axis.axvline(
+        prompt_length - 0.5,
+        ymin=-overhang,
+        ymax=1 + overhang,
+        color="black",
+        linewidth=1.5,
+        clip_on=False,
+        zorder=3,  # over the hatched cells (patches are drawn at 1)
+        gid="prompt-end",
+    )
     axis.set_xticks(range(len(read)), read, rotation=90, fontsize=8)
     axis.set_yticks(range(count), generated, fontsize=8)
     axis.xaxis.tick_top()

@@ -496,9 +496,11 @@ def grid_figure(
     background: str = "grey",
     maps_per_row: int = MAPS_PER_ROW,
     note: str | None = None,
+    title: str | None = None,
 ) -> Figure:
     """One image explained in a grid: `heatmaps[i][j]` (H, W) is row `rows[i]`, column
-    `columns[j]`, e.g. methods x classes (the papers' "cat and dog" figure).
+    `columns[j]`, e.g. methods x classes (the papers' "cat and dog" figure), under `title`
+    (e.g. what the model is), wrapped to the figure's width.
 
     The maps are raw relevance (any range); `scale` is the figure's one normalisation rule,
     "per_map" or "shared" (explain.viz.scaling), written below the grid (then `note`, e.g.
@@ -532,6 +534,7 @@ def grid_figure(
         colorbar=colorbar,
         labels=True,
         caption=" ".join(filter(None, [figure_caption(scaled, background), note])),
+        title=title,
     )
     for b, block in enumerate(blocks):
         for i, label in enumerate(rows):
@@ -576,6 +579,7 @@ def explanation_grid(
     background: str = "grey",
     maps_per_row: int = MAPS_PER_ROW,
     multi_label: bool = False,
+    title: str | None = None,
 ) -> Figure:
     """Methods x classes for sample `sample`: one row per `explanations` entry (method name
     -> Explanation of the same images and targets), one column per explained class.
@@ -588,7 +592,7 @@ def explanation_grid(
     more than `maps_per_row` methods wrap). The relevance is upsampled straight to the
     size of `image` and coloured by `scale` (see grid_figure). A class-agnostic method's
     maps are headed "METHOD (class-agnostic)" (`method_label`), and the caption says what
-    the mark means (`class_agnostic_note`).
+    the mark means (`class_agnostic_note`). `title` heads the figure (grid_figure).
     """
     if not explanations:
         raise InputError("explanation_grid needs at least one explanation")
@@ -623,6 +627,7 @@ def explanation_grid(
         background=background,
         maps_per_row=maps_per_row,
         note=class_agnostic_note(e.class_agnostic for e in explanations.values()),
+        title=title,
     )
 
 
@@ -638,12 +643,15 @@ def batch_figure(
     colorbar: bool = True,
     scale: str = "per_map",
     background: str = "grey",
+    multi_label: bool = False,
+    title: str | None = None,
 ) -> Figure:
     """Several images at once: the pictures in the first row, titled with the class each
-    is explained for and its rank among the model's outputs ("predicted", "ranked 2nd";
-    with `labels`, the true classes, also the label), then one row of overlays per method
-    (`explanations`: method name -> Explanation of these images, one class per image),
-    coloured by `scale` (see grid_figure).
+    is explained for and its rank among the model's outputs ("predicted", "ranked 2nd")
+    or, for a `multi_label` model, its probability of presence ("present 98.8%",
+    `class_label`), and with `labels` (the true classes) the label; then one row of
+    overlays per method (`explanations`: method name -> Explanation of these images, one
+    class per image), coloured by `scale` (see grid_figure), under `title`.
 
     `pictures[b]` is image b in [0, 1] as it should be shown; the maps are upsampled to it.
     """
@@ -685,10 +693,11 @@ def batch_figure(
             )
         ),
         title_lines=1 if labels is None else 2,  # the label on a second line
+        title=title,
     )
     for b, picture in enumerate(shown):
         _draw_panel(panels[0][b], picture, None, cmap, alpha)
-        title = class_label(int(first.target[b]), class_names, first.logits[b])
+        title = class_label(int(first.target[b]), class_names, first.logits[b], multi_label)
         if labels is not None:
             title += f"\nlabel: {_class_name(int(labels[b]), class_names)}"
         panels[0][b].set_title(title, fontsize=8)

@@ -49,7 +49,7 @@ from explain.viz.image import (
 from explain.viz.literal import literal_text
 from explain.viz.ranking import sources_text
 from explain.viz.scaling import DIVERGING, SEQUENTIAL, FigureScale, scale_maps
-from explain.viz.text import colour
+from explain.viz.text import colour, text_colour
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -190,7 +190,8 @@ def answer_html(
                 "word": words[g],
                 "overlay": _png(overlay(picture, drawn.maps[g], signed=drawn.signed[g])),
                 "colours": [f"rgb{shade}" for shade in shades],
-                "light": [scale > 0 and abs(v) > 0.6 * scale for v in row],
+                # the ink each drawn shade needs, the readout token's full colour too
+                "light": [text_colour(shade) == (255, 255, 255) for shade in shades],
                 "values": [f"{v:.4g}" for v in row],
                 "readout": at if at is not None else -1,
                 "rests": sources_text(tokens, row, rests_on[g]),
@@ -209,10 +210,12 @@ def answer_html(
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>\n<body>\n"
         f"<h2>{html.escape(title)}</h2>\n"
         '<p class="legend">Click a word of the answer: its relevance is drawn over the photo '
-        f"({html.escape(figure_caption(drawn, 'grey'))}) and the question's "
-        f'tokens are coloured by theirs, <span style="color: rgb{red}">red</span> for, '
+        "and the question's tokens are coloured by theirs, "
+        f'<span style="color: rgb{red}">red</span> for, '
         f'<span style="color: rgb{blue}">blue</span> against, scaled by the largest '
-        "magnitude among them without the token the prediction is read out at (framed).</p>\n"
+        "magnitude among them without the token the prediction is read out at (framed). "
+        # the maps' rule, a sentence of its own: in brackets mid-sentence it read "(Each ...)"
+        f"{html.escape(figure_caption(drawn, 'grey'))}</p>\n"
         f"{_key(drawn)}"
         '<p id="status"></p>\n'
         f'<div class="pair"><img id="map" src="{_png(picture)}" alt="the photo">'
