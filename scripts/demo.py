@@ -198,7 +198,7 @@ def sentiment_demo(out: Path) -> list[Path]:
         decisive = zip(sentence.words, sentence.rationale, strict=True)
         known = ", ".join(word for word, is_decisive in decisive if is_decisive)
         title = (
-            f"{loaded.classes[int(target)]} ({float(p[target]):.2f}); "
+            f"{loaded.classes[int(target)]} {float(p[target]):.1%}; "
             f"true: {loaded.classes[sentence.label]}; sentiment words: {known}"
         )
         fragments.append(to_html([w.text for w in row], [w.relevance for w in row], title=title))
@@ -210,7 +210,9 @@ def sentiment_demo(out: Path) -> list[Path]:
         )
     path = out / "sentiment.html"
     with atomic_write(path, "w") as handle:
-        handle.write(document_html(fragments, title="explain: zoo:minilm-sentiment, generic"))
+        about = model_title("minilm-sentiment", "Each word coloured by its relevance (generic).")
+        page = document_html(fragments, title="explain: zoo:minilm-sentiment, generic", note=about)
+        handle.write(page)
     return [path]
 
 

@@ -55,3 +55,21 @@ def test_the_figure_shows_every_label_whole():
     for tick in ticks:
         box = tick.get_window_extent(canvas.get_renderer())
         assert box.x0 >= 0 and box.x1 <= width
+
+
+def test_the_matrix_has_its_key_inside_the_figure():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    spans = [RECALL_SPAN, "a ."]
+    rows = torch.tensor([[3.0, -1.0], [1.0, -1.5e-5], [2.0, 0.5]])  # whole answer, 55, flags
+    figure = cite_figure(spans, ["55", "flags"], rows, method="cp_lrp")
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    _, grid, key = figure.axes  # the bars, the matrix, its key
+    assert key.get_ylim() == pytest.approx((-2.0, 2.0))  # the matrix's largest |value|
+    assert [t.get_text() for t in key.get_yticklabels()] == ["-2.00", "0", "2.00"]
+    beside = grid.get_window_extent(renderer)
+    for tick in key.get_yticklabels():
+        box = tick.get_window_extent(renderer)
+        assert box.x0 > beside.x1 and box.x1 <= figure.bbox.width, tick.get_text()

@@ -156,6 +156,22 @@ def test_the_page_shows_the_figures_picture_on_one_signed_scale():
     ]
 
 
+def test_each_outline_contrasts_with_the_photo_around_it():
+    # The shapes scenes are dark: a dark outline vanished there, and a red object tinted
+    # red for a high score showed no region at all.
+    from explain.cite.regions import Region
+    from explain.viz.text import contrast_ratio
+
+    mask = np.zeros((20, 20), dtype=bool)
+    mask[5:15, 5:15] = True
+    for grey in (30, 220):  # a dark and a light photo
+        photo = np.full((20, 20, 3), grey, dtype=np.uint8)
+        picture = region_picture(photo, [Region("square", mask, (5, 5, 15, 15))], [1.0])
+        edge = tuple(round(float(c) * 255) for c in picture[5, 10])
+        assert (picture[5, 5:15] == picture[5, 10]).all()  # the whole top edge
+        assert contrast_ratio(edge, (grey,) * 3) >= 4.5, (grey, edge)
+
+
 def test_a_cropped_photo_is_said_in_the_figures_and_terminals_of_both_image_commands(
     folder, photo, tmp_path, capsys, monkeypatch
 ):

@@ -6,7 +6,8 @@ The figure says on paper what the page (explain.cite.page) says: the spans are t
 `TOP_SPANS` with the highest score, labelled by their number and their words (the
 first and last of a long span, `span_label`); the bars are their scores (red for,
 blue against); the matrix is scaled by its largest |value| on the diverging red-blue
-scale. matplotlib is imported only when something is drawn.
+scale, with its key (relevance units) beside it. matplotlib is imported only when
+something is drawn.
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ def cite_figure(
         ((label_w + bars_w + 0.3) / width, bottom / height, matrix_w / width, panel_h / height)
     )
     reach = float(np.abs(matrix).max()) or 1.0
-    grid.imshow(
+    image = grid.imshow(
         matrix,
         cmap=colormaps[DIVERGING],
         vmin=-reach,
@@ -164,6 +165,12 @@ def cite_figure(
     grid.xaxis.tick_top()
     grid.xaxis.set_label_position("top")
     grid.set_xlabel("answer token", fontsize=8)
+    left = label_w + bars_w + 0.3 + matrix_w + 0.12
+    key = figure.colorbar(
+        image, cax=figure.add_axes((left / width, bottom / height, 0.1 / width, panel_h / height))
+    )
+    key.set_ticks([-reach, 0.0, reach], labels=[number(-reach), "0", number(reach)])
+    key.ax.tick_params(labelsize=7)
     figure.text(0.5, 1 - 0.08 / height, "\n".join(heading), ha="center", va="top", fontsize=9)
     figure.text(0.5, 0.06 / height, "\n".join(lines), ha="center", va="bottom", fontsize=7)
     return figure

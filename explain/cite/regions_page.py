@@ -2,9 +2,10 @@
 
 `region_picture` is the photo with each region tinted by its score on the diverging
 scale of explain.viz.text (red for, blue against, full colour at the largest |score|)
-and outlined; the figure (`regions_figure`) draws that picture with each region's rank
-at its centre and a key in relevance units beside it, and the ranked scores as bars; the
-page (`regions_html`) embeds the very same picture as a PNG, the ranked regions, and the
+and outlined, dark or light, whichever contrasts more with the photo around it; the
+figure (`regions_figure`) draws that picture with each region's rank at its centre and a
+key in relevance units beside it, and the ranked scores as bars; the page
+(`regions_html`) embeds the very same picture as a PNG, the ranked regions, and the
 ablation check. With a text context beside the photo its spans are ranked with the
 regions and, on the page, shown coloured on the regions' key (one largest |score| over
 both). matplotlib is imported only when something is drawn.
@@ -37,7 +38,8 @@ __all__ = ["TINT", "region_picture", "regions_figure", "regions_html"]
 
 TINT = 0.6
 """How much of a region's colour covers the photo at full |score| (the rest: the photo)."""
-_EDGE = np.array([0.15, 0.15, 0.15])
+_EDGE = np.array([0.15, 0.15, 0.15])  # on a light photo
+_LIGHT_EDGE = np.array([0.92, 0.92, 0.92])  # on a dark one, where the dark edge vanished
 _CAPTION_CHARS = 130  # an 8 pt caption line across the 9-inch figure
 
 
@@ -58,25 +60,43 @@ def region_picture(
 ) -> np.ndarray:
     """(H, W, 3) in [0, 1]: the photo with each region's pixels blended with its colour
     (`colour(score, scale)`, weight `TINT` times |score| / scale; `scale` default max
-    |score|, or a larger one shared with other sources) and its edge drawn dark; regions
+    |score|, or a larger one shared with other sources) and its edge drawn dark or light,
+    whichever contrasts more with the photo just outside the region (`_edge`); regions
     drawn lowest score first, so an overlap shows the higher."""
     values = _scores(regions, scores)
     picture = np.asarray(photo, dtype=np.float64) / 255.0
     if picture.ndim != 3 or picture.shape[-1] != 3:
         raise InputError(f"the photo must be (H, W, 3), got {picture.shape}")
     scale = float(np.abs(values).max()) if scale is None else scale
+    original = picture.copy()
     for index in np.argsort(values, kind="stable"):
         mask = regions[index].mask
         shade = np.asarray(colour(values[index], scale)) / 255.0
         weight = TINT * (abs(values[index]) / scale if scale > 0 else 0.0)
         picture[mask] = (1 - weight) * picture[mask] + weight * shade
-        inner = mask.copy()
-        inner[1:] &= mask[:-1]
-        inner[:-1] &= mask[1:]
-        inner[:, 1:] &= mask[:, :-1]
-        inner[:, :-1] &= mask[:, 1:]
-        picture[mask & ~inner] = _EDGE
+        inner, outer = _shrunk(mask), ~_shrunk(~mask)
+        picture[mask & ~inner] = _edge(original[outer & ~mask])
     return picture
+
+
+def _shrunk(mask: np.ndarray) -> np.ndarray:
+    """`mask` less its boundary pixels (those with a 4-neighbour outside it)."""
+    inner = mask.copy()
+    inner[1:] &= mask[:-1]
+    inner[:-1] &= mask[1:]
+    inner[:, 1:] &= mask[:, :-1]
+    inner[:, :-1] &= mask[:, 1:]
+    return inner
+
+
+def _edge(around: np.ndarray) -> np.ndarray:
+    """A region's outline colour: dark, or light where the photo's (N, 3) pixels `around`
+    the region are dark (by the contrast text_colour weighs); dark when nothing is around
+    (a region that fills the photo)."""
+    if not len(around):
+        return _EDGE
+    mean = tuple(round(float(c) * 255) for c in around.mean(axis=0))
+    return _EDGE if text_colour(mean) == (0, 0, 0) else _LIGHT_EDGE
 
 
 def _ranks(values: np.ndarray) -> list[int]:
