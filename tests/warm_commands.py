@@ -28,6 +28,7 @@ import atexit
 import gc
 import json
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -90,6 +91,9 @@ def _serve(path: str) -> tuple[dict, list[int]]:
     gc.freeze()  # the collector leaves the imports' objects alone: their pages stay shared
     print("ready", flush=True)
     while True:
+        # Its stdin is a pipe from the tests: at its end (they are gone) it stops too.
+        if sys.stdin in select.select([listener, sys.stdin], [], [])[0]:
+            raise SystemExit(0)
         connection, _ = listener.accept()
         request, fds = _receive(connection, 3)
         if _but_the_shells(request["env"]) != started_with:
@@ -194,6 +198,7 @@ class WarmCommands:
         self.process = subprocess.Popen(
             [sys.executable, "-c", start, "serve", str(socket_path)],
             env=self.environment,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
