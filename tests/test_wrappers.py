@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -300,8 +301,25 @@ def test_torchao_weight_only_explains_as_its_dequantised_weights(kind):
     assert all(torch.equal(after[name], value) for name, value in stored.items())
 
 
+@pytest.fixture
+def quanto_torch_unpacking(monkeypatch):
+    """optimum-quanto with its pure-torch kernel for unpacking int4 weights on the CPU in
+    place of its C++ one, which it compiles on first use (about 70 CPU-seconds, once per
+    environment, into its own package folder). Both are quanto's kernels for the same
+    operator and give the same values; what the tests check is the engine's handling of
+    the quantised model, which is the same with either."""
+    pytest.importorskip("optimum.quanto")
+    from optimum.quanto.library.extensions import get_extension
+
+    composite = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+    unpack = functools.partial(torch.ops.quanto.unpack.default.redispatch, composite)
+    monkeypatch.setattr(get_extension("quanto_cpp"), "_lib", SimpleNamespace(unpack=unpack))
+
+
 @pytest.mark.parametrize("kind", ["qint8", "qint4"])
-def test_optimum_quanto_weight_only_explains_as_its_dequantised_weights(kind):
+def test_optimum_quanto_weight_only_explains_as_its_dequantised_weights(
+    kind, quanto_torch_unpacking
+):
     quanto = pytest.importorskip("optimum.quanto")
     case = tiny_case("timm_vit")
     plain = copy.deepcopy(case.model)
