@@ -5,11 +5,12 @@ The context is split into spans (explain.cite.spans), put into a prompt with the
 (explain.cite.prompt), every answer token is explained over the prompt in one batched
 backward (explain.cite.attribution, on explain.generation), and the ranking is checked by
 removing the top spans (explain.cite.check) and read into a verdict in words
-(explain.cite.verdict). A photo's regions are cited the same way (explain.cite.regions:
-the regions and where they lie among the model's patches; explain.cite.image:
-attribution and check). Each answer is also split into sentences, each with its own
-scores (explain.cite.statements: the matrix answer sentence x source). docs/cite.md is
-the guide.
+(explain.cite.verdict); `cite(..., ablate=k)` rescores the k spans of largest |score| by
+removing each alone (explain.cite.leave_one_out). A photo's regions are cited the same
+way (explain.cite.regions: the regions and where they lie among the model's patches;
+explain.cite.image: attribution and check). Each answer is also split into sentences,
+each with its own scores (explain.cite.statements: the matrix answer sentence x
+source). docs/cite.md is the guide.
 """
 
 from explain.cite.attribution import (

@@ -96,6 +96,14 @@ def _lds(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    """An argparse type: a number of spans, 0 or more."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def print_citation(
     answer: str, scores: Any, labels: Sequence[str], check: Check | None, sources: str
 ) -> Check:
@@ -146,8 +154,8 @@ def _run_image(args: argparse.Namespace) -> int:
     from explain.cite.regions import grid_size, slic_count
     from explain.inputs import read_image
 
-    if args.foil is not None or args.chat:
-        raise InputError("--image takes no --foil or --chat (yet)")
+    if args.foil is not None or args.chat or args.ablate:
+        raise InputError("--image takes no --foil, --chat or --ablate (yet)")
     context = None if args.context is None else read_context_file(args.context)
     grid = grid_size(args.grid)
     if args.regions is not None:
@@ -308,6 +316,7 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
         **({} if args.template is None else {"template": args.template}),
         chat=args.chat,
         max_new_tokens=args.max_new_tokens,
+        ablate=args.ablate,
         lds=args.lds,
         seed=args.seed,
     )
@@ -420,6 +429,15 @@ def register(commands: argparse._SubParsersAction) -> None:
         metavar="N",
         help="also compute the linear datamodeling score from N random ablations of half "
         "the spans (batched forwards); default: 0 (not computed)",
+    )
+    parser.add_argument(
+        "--ablate",
+        type=_count,
+        default=0,
+        metavar="K",
+        help="remove each of the K spans of largest |score| alone and score it by the "
+        "answer's drop (K + 1 batched forwards more; finds a span the answer needs through "
+        "attention only, as a chain of facts' first); default: 0 (one pass only)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the check's random spans; default: 0"

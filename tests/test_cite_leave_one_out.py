@@ -1,0 +1,209 @@
+"""Span scores refined by leave-one-out ablations (`cite(..., ablate=k)`,
+explain.cite.leave_one_out): a hand-built model whose bridge span acts through the
+attention weights alone (no value) gets CP-LRP score 0 and yet its removal changes the
+answer, and the ablation ranks it first; the refined scores equal one unpadded forward per
+removed span (the batch equals single runs), for an answer and for a contrast; the
+candidates are the spans of largest |score|, chosen before `sparse`; no random number is
+drawn; bad counts are refused; the CLI's --ablate writes what the Python API returns."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+from explain import Explainer, OptionError
+from explain.cite import cite
+from explain.cite.leave_one_out import candidates, leave_one_out
+from explain.cli import main
+from explain.testing import tiny_lm
+
+CONTEXT = "w9 w10 w11\nw12 w13\nw14 w15 w16\nw17 w18"
+"""Four line spans; the second, `w12 w13`, is the hand-built model's bridge."""
+QUESTION = "w30 w31"
+BRIDGE = 1
+
+
+@functools.cache
+def _explainer() -> Explainer:
+    return Explainer(tiny_lm.tiny_causal_lm("llama").double(), tokenizer=tiny_lm.tiny_tokenizer())
+
+
+@functools.cache
+def _bridge_explainer() -> Explainer:
+    """One block whose readout looks at the bridge's words and reads nothing from them.
+
+    Embedding direction 0 belongs to the bridge's words alone (every other word has none
+    of it); the value projection ignores it (the bridge's values are 0); the key
+    projection maps it onto the readout word's query, 20 times its unit length, and the
+    rotary embedding is off (its frequencies 0), so the readout's attention goes to the
+    bridge whatever the positions. A linear account through the values (CP-LRP holds
+    the attention weights constant) gives the bridge nothing, but removing it moves the
+    readout's attention onto the other words' values."""
+    tokenizer = tiny_lm.tiny_tokenizer()
+    model = tiny_lm.tiny_causal_lm("llama", num_hidden_layers=1).double()
+    model.model.rotary_emb.inv_freq.zero_()
+    layer = model.model.layers[0]
+    attention = layer.self_attn
+    embedding = model.model.embed_tokens.weight
+    bridge = tokenizer.convert_tokens_to_ids(["w12", "w13"])
+    head = attention.head_dim
+    groups = attention.num_key_value_groups
+    with torch.no_grad():
+        embedding[:, 0] = 0
+        embedding[bridge] = torch.nn.functional.one_hot(torch.tensor(0), embedding.shape[1]).to(
+            embedding
+        )
+        attention.v_proj.weight[:, 0] = 0
+        reader = layer.input_layernorm(embedding[tokenizer.convert_tokens_to_ids("w31")][None])
+        query = attention.q_proj(reader)[0].reshape(-1, head)  # (heads, head)
+        unit = layer.input_layernorm(embedding[bridge[0]][None])[0, 0]
+        for kv in range(attention.k_proj.weight.shape[0] // head):
+            target = query[kv * groups : (kv + 1) * groups].sum(dim=0)
+            attention.k_proj.weight[kv * head : (kv + 1) * head, 0] = (
+                20 * target / target.norm() / unit
+            )
+    return Explainer(model, tokenizer=tokenizer)
+
+
+def _log_probability(model, ids: list[int], answer: list[int]) -> float:
+    """log p(answer | ids): one forward over the unpadded sequence."""
+    sequence = torch.tensor([ids + answer])
+    with torch.no_grad():
+        logits = model(input_ids=sequence).logits[0].double().log_softmax(-1)
+    at = torch.arange(len(ids) - 1, len(ids) + len(answer) - 1)
+    return float(logits[at, torch.tensor(answer)].sum())
+
+
+def _without(result, span: int) -> list[int]:
+    """The prompt's ids without the tokens of `span`."""
+    return [
+        int(token)
+        for token, owner in zip(result.prompt_ids, result.token_spans, strict=True)
+        if owner != span
+    ]
+
+
+def test_a_bridge_read_through_attention_alone_scores_0_and_the_ablation_finds_it():
+    explainer = _bridge_explainer()
+    model = explainer.model
+    plain = cite(explainer, CONTEXT, QUESTION, spans="lines", method="cp_lrp",
+                 max_new_tokens=1, check=False)  # fmt: skip
+    answer = plain.answer_ids.tolist()
+    assert abs(float(plain.scores[BRIDGE])) < 1e-12  # no value, no CP-LRP relevance
+    assert plain.ranked()[0] != BRIDGE and bool((plain.scores != 0).sum() >= 2)
+    # ... yet without it the model answers something else
+    without = torch.tensor([_without(plain, BRIDGE)])
+    with torch.no_grad():
+        assert int(model(input_ids=without).logits[0, -1].argmax()) != answer[0]
+    refined = cite(explainer, CONTEXT, QUESTION, plain.answer, spans="lines",
+                   method="cp_lrp", ablate=len(plain.spans), check=False)  # fmt: skip
+    assert refined.ranked()[0] == BRIDGE
+    whole = _log_probability(model, plain.prompt_ids.tolist(), answer)
+    for span in range(len(plain.spans)):
+        drop = whole - _log_probability(model, _without(plain, span), answer)
+        assert float(refined.scores[span]) == pytest.approx(drop, abs=1e-9)
+    torch.testing.assert_close(refined.span_relevance, plain.span_relevance)
+    assert refined.settings["ablate"] == len(plain.spans) and "ablate" not in plain.settings
+
+
+@pytest.mark.parametrize("foil", [None, "w43 w44"])
+def test_the_candidates_scores_are_their_drops_one_forward_each(foil):
+    explainer = _explainer()
+    model = explainer.model
+    options = dict(spans="lines", method="cp_lrp", foil=foil, check=False)
+    plain = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", **options)
+    refined = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", ablate=2, **options)
+    chosen = plain.scores.abs().argsort(descending=True)[:2].tolist()
+    assert candidates(plain.scores, 2).tolist() == chosen
+    answers = [(plain.answer_ids.tolist(), 1.0)]
+    if foil is not None:
+        answers.append((plain.foil_ids.tolist(), -1.0))
+
+    def target(ids: list[int]) -> float:
+        return sum(weight * _log_probability(model, ids, answer) for answer, weight in answers)
+
+    whole = target(plain.prompt_ids.tolist())
+    for span in range(len(plain.spans)):
+        if span in chosen:
+            drop = whole - target(_without(plain, span))
+            assert float(refined.scores[span]) == pytest.approx(drop, abs=1e-9)
+        else:
+            assert float(refined.scores[span]) == float(plain.scores[span])
+
+
+def test_the_candidates_are_chosen_before_sparse():
+    explainer = _explainer()
+    options = dict(spans="lines", method="cp_lrp", check=False)
+    plain = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", **options)
+    sparse = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", sparse=0.9, **options)
+    both = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", sparse=0.9, ablate=4, **options)
+    assert bool((sparse.scores == 0).any())  # sparse zeroed a span ...
+    every = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", ablate=4, **options)
+    # ... that the ablation still scores: every span was a candidate, by its own score
+    torch.testing.assert_close(both.scores, every.scores)
+    assert not torch.equal(plain.scores, every.scores)
+
+
+def test_leave_one_out_calls_its_targets_once_and_keeps_the_rest():
+    scores = torch.tensor([0.5, -3.0, 0.0, 2.0, -0.1], dtype=torch.float64)
+    calls = []
+
+    def targets(keep: torch.Tensor) -> torch.Tensor:
+        calls.append(keep.clone())
+        # the answer needs spans 1 and 2 together (log p 0 with both, -20 without)
+        return torch.where(keep[:, 1] & keep[:, 2], 0.0, -20.0).double()
+
+    refined = leave_one_out(scores, targets, 2)
+    (keep,) = calls
+    assert keep.tolist() == [[True] * 5, [True, False, True, True, True],
+                             [True, True, True, False, True]]  # fmt: skip
+    assert refined.tolist() == [0.5, 20.0, 0.0, 0.0, -0.1]
+    assert refined.dtype == torch.float64
+    everything = leave_one_out(scores, targets, 99)  # more than the spans: every span
+    assert everything.tolist() == [0.0, 20.0, 20.0, 0.0, 0.0]
+    by_other = leave_one_out(scores, targets, 1, chosen_by=torch.tensor([0, 0, 9, 0, 0]))
+    assert by_other.tolist() == [0.5, -3.0, 20.0, 2.0, -0.1]
+    calls.clear()
+    assert torch.equal(leave_one_out(scores, targets, 0), scores.double()) and not calls
+
+
+def test_the_ablation_draws_no_random_number():
+    explainer = _explainer()
+    state = torch.get_rng_state()
+    cite(explainer, CONTEXT, QUESTION, "w40 w41", spans="lines", method="cp_lrp",
+         ablate=3, check=False)  # fmt: skip
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("count", [-1, True, 1.5, "2"])
+def test_a_bad_count_is_refused(count):
+    with pytest.raises(OptionError, match="ablate"):
+        cite(_explainer(), CONTEXT, QUESTION, "w40", ablate=count, check=False)
+    with pytest.raises(OptionError, match="ablate"):
+        leave_one_out(torch.zeros(3), lambda keep: torch.zeros(len(keep)), count)
+
+
+def test_a_photo_takes_no_ablate():
+    with pytest.raises(OptionError, match="ablate"):
+        cite(_explainer(), None, QUESTION, image="photo.png", ablate=2)
+
+
+def test_the_cli_writes_the_ablated_scores(tmp_path):
+    folder = tiny_lm.save_tiny_lm(tmp_path / "tiny-llama", "llama")
+    context = tmp_path / "context.txt"
+    context.write_text(CONTEXT, encoding="utf-8")
+    arguments = ["cite", "--model", str(folder), "--context", str(context), "--spans", "lines"]
+    arguments += ["--question", QUESTION, "--answer", "w40 w41", "--method", "cp_lrp"]
+    assert main([*arguments, "--ablate", "2", "--out", str(tmp_path / "out")]) == 0
+    document = json.loads((tmp_path / "out" / "cite.json").read_text())
+    explainer = Explainer(tiny_lm.tiny_causal_lm("llama"), tokenizer=tiny_lm.tiny_tokenizer())
+    expected = cite(explainer, CONTEXT, QUESTION, "w40 w41", spans="lines", method="cp_lrp",
+                    ablate=2)  # fmt: skip
+    scores = torch.tensor([s["score"] for s in document["spans"]], dtype=torch.float64)
+    torch.testing.assert_close(scores, expected.scores.double())
+    assert document["settings"]["ablate"] == 2
+    with pytest.raises(SystemExit):  # argparse refuses it
+        main([*arguments, "--ablate", "-1", "--out", str(tmp_path / "bad")])
