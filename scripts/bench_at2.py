@@ -252,7 +252,7 @@ def main() -> None:
         for name, share in (("cp_lrp", 0.0), (f"cp_lrp, sparse {SPARSE:g}", SPARSE)):
             started = time.perf_counter()
             result = cite(explainer, case.context, case.question, case.answer, spans="lines",
-                          method="cp_lrp", sparse=share, check=False)  # fmt: skip
+                          method="cp_lrp", sparse=share, ablate=0, check=False)  # fmt: skip
             rows[name]["seconds"].append(time.perf_counter() - started)
             scores[name] = result.scores.double()
         evidence = list(prompt.evidence)

@@ -88,7 +88,7 @@ def per_sentence(
     for sentence in result.sentences:
         asked = f"{question} {answer[: sentence.start]}".rstrip()
         alone = cite(explainer, context, asked, sentence.text.strip(), method=method,
-                     score=score, check=False)  # fmt: skip
+                     score=score, ablate=0, check=False)  # fmt: skip
         rows.append(alone.scores)
     return torch.stack(rows)
 
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> str:
         for method, score in runs:
             start = time.perf_counter()
             result = cite(explainer, context, question, answer, method=method, score=score,
-                          check=False)  # fmt: skip
+                          ablate=0, check=False)  # fmt: skip
             took = time.perf_counter() - start
             if len(result.sentences) != SENTENCES:
                 raise RuntimeError(f"{answer!r} split into {len(result.sentences)} sentences")

@@ -16,7 +16,7 @@ import torch
 
 from explain import Explainer, OptionError
 from explain.cite import cite
-from explain.cite.leave_one_out import candidates, leave_one_out
+from explain.cite.leave_one_out import DEFAULT_COUNT, candidates, leave_one_out
 from explain.cli import main
 from explain.testing import tiny_lm
 
@@ -90,7 +90,7 @@ def test_a_bridge_read_through_attention_alone_scores_0_and_the_ablation_finds_i
     explainer = _bridge_explainer()
     model = explainer.model
     plain = cite(explainer, CONTEXT, QUESTION, spans="lines", method="cp_lrp",
-                 max_new_tokens=1, check=False)  # fmt: skip
+                 max_new_tokens=1, ablate=0, check=False)  # fmt: skip
     answer = plain.answer_ids.tolist()
     assert abs(float(plain.scores[BRIDGE])) < 1e-12  # no value, no CP-LRP relevance
     assert plain.ranked()[0] != BRIDGE and bool((plain.scores != 0).sum() >= 2)
@@ -114,7 +114,7 @@ def test_the_candidates_scores_are_their_drops_one_forward_each(foil):
     explainer = _explainer()
     model = explainer.model
     options = dict(spans="lines", method="cp_lrp", foil=foil, check=False)
-    plain = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", **options)
+    plain = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", ablate=0, **options)
     refined = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", ablate=2, **options)
     chosen = plain.scores.abs().argsort(descending=True)[:2].tolist()
     assert candidates(plain.scores, 2).tolist() == chosen
@@ -137,8 +137,8 @@ def test_the_candidates_scores_are_their_drops_one_forward_each(foil):
 def test_the_candidates_are_chosen_before_sparse():
     explainer = _explainer()
     options = dict(spans="lines", method="cp_lrp", check=False)
-    plain = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", **options)
-    sparse = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", sparse=0.9, **options)
+    plain = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", ablate=0, **options)
+    sparse = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", sparse=0.9, ablate=0, **options)
     both = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", sparse=0.9, ablate=4, **options)
     assert bool((sparse.scores == 0).any())  # sparse zeroed a span ...
     every = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", ablate=4, **options)
@@ -176,6 +176,25 @@ def test_the_ablation_draws_no_random_number():
     cite(explainer, CONTEXT, QUESTION, "w40 w41", spans="lines", method="cp_lrp",
          ablate=3, check=False)  # fmt: skip
     assert torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"), [("cp_lrp", DEFAULT_COUNT), ("attnlrp", DEFAULT_COUNT), ("generic", 0)]
+)
+def test_a_call_naming_no_count_ablates_the_default_for_methods_linear_in_the_score(
+    method, expected
+):
+    """The default: DEFAULT_COUNT spans for a method whose relevance is in the target's nats
+    (as the drops are), none for the others (generic's relevance is on no such scale)."""
+    explainer = _explainer()
+    options = dict(spans="lines", method=method, check=False)
+    default = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", **options)
+    named = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", ablate=expected, **options)
+    torch.testing.assert_close(default.scores, named.scores, rtol=0, atol=0)
+    assert default.settings.get("ablate", 0) == expected
+    if expected:  # the one-pass scores and the default's differ where the drops went
+        plain = cite(explainer, CONTEXT, QUESTION, "w40 w41 w42", ablate=0, **options)
+        assert not torch.equal(default.scores, plain.scores)
 
 
 @pytest.mark.parametrize("count", [-1, True, 1.5, "2"])

@@ -3,7 +3,8 @@ splitter, and the matrix answer sentence x source. Each row equals citing that s
 alone as the answer (the sentences before it read as part of the question), for text
 spans; for a photo's regions, the first row equals citing that sentence alone and the
 next ones equal the answer cut after them (another forward and backward each); the rows
-add up to the whole answer's scores; the tokens are placed in
+add up to the whole answer's one-pass scores (`ablate=0`: the statement rows keep the
+method's relevance where `ablate` rescores spans by their drops); the tokens are placed in
 the answer's characters by the tokenizer's offsets or by decoding; cite.json keeps the
 matrix; the pages' sentence choices in a real browser (no console errors)."""
 
@@ -44,7 +45,7 @@ def _explainer() -> Explainer:
 
 @pytest.mark.parametrize("method", [*LINEAR, "generic"])
 def test_each_row_is_citing_that_sentence_alone(method):
-    result = cite(_explainer(), CONTEXT, QUESTION, ANSWER, method=method, check=False)
+    result = cite(_explainer(), CONTEXT, QUESTION, ANSWER, method=method, check=False, ablate=0)
     sentences = split(ANSWER, "sentences")
     assert [s.text for s in result.sentences] == [s.text for s in sentences]
     assert result.statement_relevance.shape == (3, len(result.spans))
@@ -52,7 +53,13 @@ def test_each_row_is_citing_that_sentence_alone(method):
         # The sentences before this one are read as the question's end: the same tokens.
         question = QUESTION + ("" if n == 0 else " " + ANSWER[: sentence.start])
         alone = cite(
-            _explainer(), CONTEXT, question, sentence.text.strip(), method=method, check=False
+            _explainer(),
+            CONTEXT,
+            question,
+            sentence.text.strip(),
+            method=method,
+            check=False,
+            ablate=0,
         )
         prompt_ids = torch.cat([result.prompt_ids, result.answer_ids])[: alone.prompt_ids.numel()]
         assert torch.equal(alone.prompt_ids, prompt_ids)
@@ -60,7 +67,7 @@ def test_each_row_is_citing_that_sentence_alone(method):
 
 
 def test_the_rows_add_up_to_the_whole_answer_and_follow_its_tokens():
-    result = cite(_explainer(), CONTEXT, QUESTION, ANSWER, method="cp_lrp", check=False)
+    result = cite(_explainer(), CONTEXT, QUESTION, ANSWER, method="cp_lrp", check=False, ablate=0)
     assert result.token_sentences.tolist() == [0, 0, 1, 1, 2, 2]
     torch.testing.assert_close(result.statement_relevance.sum(dim=0), result.scores)
     expected = torch.stack([result.span_relevance[g : g + 2].sum(dim=0) for g in (0, 2, 4)])
@@ -69,7 +76,9 @@ def test_the_rows_add_up_to_the_whole_answer_and_follow_its_tokens():
 
 
 def test_an_answer_of_one_sentence_is_one_row():
-    result = cite(_explainer(), CONTEXT, QUESTION, "w40 w41 w42", method="attnlrp", check=False)
+    result = cite(
+        _explainer(), CONTEXT, QUESTION, "w40 w41 w42", method="attnlrp", check=False, ablate=0
+    )
     assert len(result.sentences) == 1 and result.sentences[0].text == "w40 w41 w42"
     assert result.statement_relevance.shape == (1, len(result.spans))
     torch.testing.assert_close(result.statement_relevance[0], result.scores)
@@ -77,7 +86,14 @@ def test_an_answer_of_one_sentence_is_one_row():
 
 def test_a_contrasts_foil_tokens_belong_to_no_sentence():
     result = cite(
-        _explainer(), CONTEXT, QUESTION, ANSWER, foil="w50 w51", method="attnlrp", check=False
+        _explainer(),
+        CONTEXT,
+        QUESTION,
+        ANSWER,
+        foil="w50 w51",
+        method="attnlrp",
+        check=False,
+        ablate=0,
     )
     assert result.token_sentences.tolist() == [0, 0, 1, 1, 2, 2, -1, -1]
     torch.testing.assert_close(
@@ -86,7 +102,9 @@ def test_a_contrasts_foil_tokens_belong_to_no_sentence():
 
 
 def test_a_generated_answer_is_split_as_decoded():
-    result = cite(_explainer(), CONTEXT, QUESTION, method="cp_lrp", max_new_tokens=4, check=False)
+    result = cite(
+        _explainer(), CONTEXT, QUESTION, method="cp_lrp", max_new_tokens=4, check=False, ablate=0
+    )
     assert "".join(s.text for s in result.sentences) == result.answer
     assert result.token_sentences.shape == (len(result.answer_tokens),)
     assert bool((result.token_sentences >= 0).all())
@@ -122,7 +140,7 @@ def test_statement_sums_sum_rows_and_skip_tokens_of_no_sentence():
 @pytest.mark.parametrize("suffix", ["json", "npz"])
 def test_the_statements_save_and_load(tmp_path, suffix):
     result = cite(
-        _explainer(), CONTEXT, QUESTION, ANSWER, foil="w50", method="attnlrp", check=False
+        _explainer(), CONTEXT, QUESTION, ANSWER, foil="w50", method="attnlrp", check=False, ablate=0
     )
     path = tmp_path / f"cite.{suffix}"
     result.save(path)
@@ -148,7 +166,7 @@ def _damaged(tmp_path, document, edit):
 
 def test_damaged_statements_are_refused_and_version_1_reads_as_one(tmp_path):
     saved = tmp_path / "saved.json"
-    result = cite(_explainer(), CONTEXT, QUESTION, ANSWER, method="attnlrp", check=False)
+    result = cite(_explainer(), CONTEXT, QUESTION, ANSWER, method="attnlrp", check=False, ablate=0)
     result.save(saved)
     document = json.loads(saved.read_text())
     damage = {

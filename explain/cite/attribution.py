@@ -8,9 +8,11 @@ and one backward batched over the answer's tokens, for any method a language mod
 takes). A span's relevance for answer token g is the sum of the relevances of its tokens
 for g; its score for the whole answer is the sum over the answer's tokens (for the
 methods linear in the score, AttnLRP and CP-LRP, exactly the relevance of the answer's
-log-probability). With `ablate` = k the k spans of largest |score| are then each
-removed alone and scored by the answer's drop (explain.cite.leave_one_out: k + 1 batched
-forwards). The check (explain.cite.check) then ablates the top-ranked spans.
+log-probability). Then the k spans of largest |score| (`ablate`; by default 4 for those
+methods) are each removed alone and scored by the answer's drop
+(explain.cite.leave_one_out: k + 1 batched forwards), which finds a span the answer needs
+through the attention weights only, as a two-hop question's bridge fact. The check
+(explain.cite.check) then ablates the top-ranked spans.
 
 A contrast (`foil`): why the answer rather than the foil. The target is the answer's
 log-probability minus the foil's; the two continuations of the one prompt run as two
@@ -34,7 +36,7 @@ from torch import Tensor
 from explain.api import Explainer
 from explain.cite.check import Check, ablated_targets, check_ranking, check_seed
 from explain.cite.image import RegionCitation, cite_image
-from explain.cite.leave_one_out import check_count, leave_one_out
+from explain.cite.leave_one_out import DEFAULT_COUNT, check_count, leave_one_out
 from explain.cite.prompt import TEMPLATE, build_prompt, read_context, span_sums
 from explain.cite.regions import GRID
 from explain.cite.saved import FORMAT, TENSORS, VERSION, citation_fields
@@ -368,7 +370,7 @@ def cite(
     max_new_tokens: int = 32,
     generate_options: Mapping[str, Any] | None = None,
     sparse: float = 0.0,
-    ablate: int = 0,
+    ablate: int | None = None,
     check: bool = True,
     lds: int = 0,
     seed: int = 0,
@@ -408,15 +410,18 @@ def cite(
             the answer; the small scores of the rest are mostly noise that a linear
             account of ablations (the LDS) pays for: on the zoo's recall model CP-LRP
             with sparse=0.05 scores an LDS above ContextCite-256's (docs/benchmarks.md).
-        ablate: a number of spans k (0, default: none): the k spans of largest |score|
+        ablate: a number of spans k (0: none; None, default: `DEFAULT_COUNT`, 4, for a
+            method linear in the score, such as CP-LRP, and 0 for the others, whose
+            relevance is not in nats): the k spans of largest |score|
             (before `sparse`) are each removed alone, and their scores become the drop
             of the target (log p(answer), a contrast's difference) in nats, k + 1
             batched forwards more (explain.cite.leave_one_out); the other spans keep
             their scores. A span the answer needs through the attention weights only (a
             two-hop question's bridge fact) gets little or negative one-pass relevance;
             on the zoo's two-hop model CP-LRP with ablate=4 puts both facts in its
-            top 2 on 15 of 16 prompts, 4 without it, at 2.2x the time; on the one-hop
-            recall model it changes nothing (docs/benchmarks.md).
+            top 2 on 15 of 16 prompts, 4 without it, at 3-7% more time with the check
+            (2.2x without it); on the one-hop recall model it changes nothing
+            (docs/benchmarks.md).
         check: run the ablation check (explain.cite.check); `lds` random ablations for
             the LDS (0: none); `seed` for the check's random draws.
 
@@ -426,7 +431,7 @@ def cite(
         a `RegionCitation`: the same over the photo's regions).
     """
     if image is not None:
-        if foil is not None or sparse or ablate or chat:
+        if foil is not None or sparse or ablate or chat:  # None: a photo's default, none
             raise OptionError("citing a photo takes no foil, sparse, ablate or chat (yet)")
         return cite_image(
             explainer,
@@ -458,10 +463,12 @@ def cite(
     _check_types(method=(method, str), chat=(chat, bool), check=(check, bool))
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
         raise OptionError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-    get_method(method)  # an unknown method (or seed) fails before any work
+    spec = get_method(method)  # an unknown method (or seed) fails before any work
     check_seed(seed)
     if isinstance(sparse, bool) or not isinstance(sparse, int | float) or not 0 <= sparse < 1:
         raise OptionError(f"sparse is a share of the top span's score in [0, 1), got {sparse!r}")
+    if ablate is None:
+        ablate = DEFAULT_COUNT if spec.linear_in_score else 0
     check_count(ablate)
     parsed = read_context(context, spans, tokenizer)
     prompt = build_prompt(tokenizer, parsed, question, template, chat)

@@ -154,7 +154,7 @@ def _run_image(args: argparse.Namespace) -> int:
     from explain.cite.regions import grid_size, slic_count
     from explain.inputs import read_image
 
-    if args.foil is not None or args.chat or args.ablate:
+    if args.foil is not None or args.chat or args.ablate:  # None: a photo's default, none
         raise InputError("--image takes no --foil, --chat or --ablate (yet)")
     context = None if args.context is None else read_context_file(args.context)
     grid = grid_size(args.grid)
@@ -433,11 +433,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--ablate",
         type=_count,
-        default=0,
+        default=None,
         metavar="K",
         help="remove each of the K spans of largest |score| alone and score it by the "
         "answer's drop (K + 1 batched forwards more; finds a span the answer needs through "
-        "attention only, as a chain of facts' first); default: 0 (one pass only)",
+        "attention only, as a chain of facts' first); 0: one pass only; default: 4 for a "
+        "method linear in the score (cp_lrp, attnlrp), 0 for the others",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the check's random spans; default: 0"
