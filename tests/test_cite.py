@@ -16,6 +16,7 @@ import statistics
 
 import pytest
 import torch
+from reference_hf import answer_log_probability
 from scipy import stats
 
 from explain import Explainer, InputError, OptionError
@@ -39,15 +40,6 @@ def _explainer() -> Explainer:
 
 def _methods() -> list[str]:
     return supported_methods(_explainer().adapter, Request(prompt_length=1))
-
-
-def _log_probability(model, ids: list[int], answer: list[int]) -> float:
-    """log p(answer | ids): one forward over the unpadded sequence."""
-    sequence = torch.tensor([ids + answer])
-    with torch.no_grad():
-        logits = model(input_ids=sequence).logits[0].double().log_softmax(-1)
-    at = torch.arange(len(ids) - 1, len(ids) + len(answer) - 1)
-    return float(logits[at, torch.tensor(answer)].sum())
 
 
 def _ablated(result: Citation, keep: torch.Tensor) -> list[int]:
@@ -145,7 +137,7 @@ def test_ablated_targets_equal_one_unpadded_forward_per_ablation():
         batch_tokens=40,  # several chunks
     )
     model = explainer.adapter.model
-    expected = [_log_probability(model, _ablated(result, row), answer) for row in keep]
+    expected = [answer_log_probability(model, _ablated(result, row), answer) for row in keep]
     torch.testing.assert_close(
         values, torch.tensor(expected, dtype=torch.float64), rtol=1e-10, atol=1e-10
     )
@@ -197,7 +189,7 @@ def test_the_check_against_a_hand_computation():
     check = result.check
     spans = len(result.spans)
     answer = result.answer_ids.tolist()
-    full = _log_probability(model, result.prompt_ids.tolist(), answer)
+    full = answer_log_probability(model, result.prompt_ids.tolist(), answer)
     assert check.full == pytest.approx(full, rel=1e-10)
     ranked = sorted(range(spans), key=lambda s: -float(result.scores[s]))
     # The random sets and LDS ablations, drawn as the check documents it: every k-set
@@ -210,7 +202,7 @@ def test_the_check_against_a_hand_computation():
     for drop in check.drops:
         keep = torch.ones(spans, dtype=torch.bool)
         keep[ranked[: drop.k]] = False
-        top = full - _log_probability(model, _ablated(result, keep), answer)
+        top = full - answer_log_probability(model, _ablated(result, keep), answer)
         assert drop.top == pytest.approx(top, rel=1e-9)
         if drop.exact:
             picks = [list(pick) for pick in itertools.combinations(range(spans), drop.k)]
@@ -220,13 +212,13 @@ def test_the_check_against_a_hand_computation():
         for pick in picks:
             keep = torch.ones(spans, dtype=torch.bool)
             keep[pick] = False
-            random.append(full - _log_probability(model, _ablated(result, keep), answer))
+            random.append(full - answer_log_probability(model, _ablated(result, keep), answer))
         assert drop.sets == len(random) == (math.comb(spans, drop.k) if drop.exact else DRAWS)
         assert drop.random == pytest.approx(statistics.fmean(random), rel=1e-9)
         spread = statistics.pstdev(random) if drop.exact else statistics.stdev(random)
         assert drop.random_std == pytest.approx(spread, rel=1e-9)
     halves = torch.rand(24, spans, generator=generator) < 0.5
-    actual = [_log_probability(model, _ablated(result, keep), answer) for keep in halves]
+    actual = [answer_log_probability(model, _ablated(result, keep), answer) for keep in halves]
     predicted = (halves.double() * result.scores.double()).sum(dim=1)
     assert check.lds == pytest.approx(stats.spearmanr(predicted, actual).statistic, rel=1e-9)
     assert check.lds_ablations == 24 and check.seed == 5 and check.draws == DRAWS
@@ -267,7 +259,9 @@ def test_a_contrast_of_two_answers_is_the_difference_of_their_attributions(metho
     assert contrast.answer_tokens == ["w40", "w41", "w42", "w43", "w44"]
     model = explainer.adapter.model
     prompt = contrast.prompt_ids.tolist()
-    full = _log_probability(model, prompt, [40, 41, 42]) - _log_probability(model, prompt, [43, 44])
+    full = answer_log_probability(model, prompt, [40, 41, 42]) - answer_log_probability(
+        model, prompt, [43, 44]
+    )
     assert contrast.check.full == pytest.approx(full, rel=1e-10)
     assert contrast.check.target == "log p(answer) - log p(foil)"
     plain = explain_contrast(explainer, "w9 w10 w11", "w12 w13", "w14", method=method)

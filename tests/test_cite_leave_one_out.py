@@ -13,6 +13,7 @@ import json
 
 import pytest
 import torch
+from reference_hf import answer_log_probability
 
 from explain import Explainer, OptionError
 from explain.cite import cite
@@ -68,15 +69,6 @@ def _bridge_explainer() -> Explainer:
     return Explainer(model, tokenizer=tokenizer)
 
 
-def _log_probability(model, ids: list[int], answer: list[int]) -> float:
-    """log p(answer | ids): one forward over the unpadded sequence."""
-    sequence = torch.tensor([ids + answer])
-    with torch.no_grad():
-        logits = model(input_ids=sequence).logits[0].double().log_softmax(-1)
-    at = torch.arange(len(ids) - 1, len(ids) + len(answer) - 1)
-    return float(logits[at, torch.tensor(answer)].sum())
-
-
 def _without(result, span: int) -> list[int]:
     """The prompt's ids without the tokens of `span`."""
     return [
@@ -101,9 +93,9 @@ def test_a_bridge_read_through_attention_alone_scores_0_and_the_ablation_finds_i
     refined = cite(explainer, CONTEXT, QUESTION, plain.answer, spans="lines",
                    method="cp_lrp", ablate=len(plain.spans), check=False)  # fmt: skip
     assert refined.ranked()[0] == BRIDGE
-    whole = _log_probability(model, plain.prompt_ids.tolist(), answer)
+    whole = answer_log_probability(model, plain.prompt_ids.tolist(), answer)
     for span in range(len(plain.spans)):
-        drop = whole - _log_probability(model, _without(plain, span), answer)
+        drop = whole - answer_log_probability(model, _without(plain, span), answer)
         assert float(refined.scores[span]) == pytest.approx(drop, abs=1e-9)
     torch.testing.assert_close(refined.span_relevance, plain.span_relevance)
     assert refined.settings["ablate"] == len(plain.spans) and "ablate" not in plain.settings
@@ -123,7 +115,9 @@ def test_the_candidates_scores_are_their_drops_one_forward_each(foil):
         answers.append((plain.foil_ids.tolist(), -1.0))
 
     def target(ids: list[int]) -> float:
-        return sum(weight * _log_probability(model, ids, answer) for answer, weight in answers)
+        return sum(
+            weight * answer_log_probability(model, ids, answer) for answer, weight in answers
+        )
 
     whole = target(plain.prompt_ids.tolist())
     for span in range(len(plain.spans)):
