@@ -7,13 +7,11 @@ correlation fit to a correlation of 1)."""
 from __future__ import annotations
 
 import copy
-import importlib
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from script_modules import script_module
 
 from explain import Explainer
 from explain.data import recall
@@ -22,15 +20,9 @@ from explain.loading import load_model
 
 @pytest.fixture(scope="module")
 def bench_at2():
-    """scripts/bench_at2.py as a module (it imports bench_cite and bench), taken out of
-    sys.modules again afterwards."""
-    loaded = set(sys.modules)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
-        yield importlib.import_module("bench_at2")
-    for name in ("bench", "bench_cite", "bench_at2"):
-        if name not in loaded:
-            sys.modules.pop(name, None)
+    """scripts/bench_at2.py as a module (it imports bench_cite and bench)."""
+    with script_module("bench_at2") as module:
+        yield module
 
 
 def test_head_features_are_the_eager_attention_at_the_answer_positions(bench_at2):

@@ -7,11 +7,8 @@ line is each sentence's."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
+from script_modules import script_module
 
 from explain.cite.prompt import TEMPLATE, build_prompt, read_context
 from explain.cite.spans import split
@@ -20,15 +17,9 @@ from explain.data import recall
 
 @pytest.fixture(scope="module")
 def bench_cite():
-    """scripts/bench_cite.py as a module (it imports scripts/bench.py as `bench`), taken
-    out of sys.modules again afterwards."""
-    loaded = set(sys.modules)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
-        yield importlib.import_module("bench_cite")
-    for name in ("bench", "bench_cite", "bench_statements"):
-        if name not in loaded:
-            sys.modules.pop(name, None)
+    """scripts/bench_cite.py as a module (it imports scripts/bench.py as `bench`)."""
+    with script_module("bench_cite") as module:
+        yield module
 
 
 @pytest.mark.parametrize(

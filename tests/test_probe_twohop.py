@@ -6,12 +6,9 @@ implementation is restored afterwards; a replaced fact is the filler word at its
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from script_modules import script_module
 
 from explain.data import recall
 from explain.testing.tiny_lm import tiny_causal_lm
@@ -21,12 +18,9 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def probe_twohop():
-    loaded = set(sys.modules)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
-        yield importlib.import_module("probe_twohop")
-    if "probe_twohop" not in loaded:
-        sys.modules.pop("probe_twohop", None)
+    """scripts/probe_twohop.py as a module."""
+    with script_module("probe_twohop") as module:
+        yield module
 
 
 IDS, OTHER, ANSWER = [1, 9, 10, 11, 12, 13, 14], [1, 20, 21, 22, 23, 24, 14], [40, 41]

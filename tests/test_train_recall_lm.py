@@ -4,12 +4,9 @@ fresh initialisation), and a block list that does not match the depth is refused
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from script_modules import script_module
 
 from explain.loading.zoo import build_model, load_zoo_model, zoo_root
 
@@ -18,11 +15,9 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def train_recall_lm():
-    """scripts/train_recall_lm.py as a module, taken out of sys.modules again afterwards."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "scripts"))
-        yield importlib.import_module("train_recall_lm")
-    sys.modules.pop("train_recall_lm", None)
+    """scripts/train_recall_lm.py as a module."""
+    with script_module("train_recall_lm") as module:
+        yield module
 
 
 def test_parse_blocks_reads_copies_and_fresh_blocks(train_recall_lm):
