@@ -3,6 +3,8 @@ the readout token, unread tokens blank, the method named."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 import torch
@@ -79,3 +81,23 @@ def test_the_prompts_end_is_drawn_over_and_apart_from_the_readout_cells():
     for label in axis.get_xticklabels():
         box = label.get_window_extent(renderer)
         assert not box.overlaps(boundary), f"the line crosses the label {label.get_text()!r}"
+
+
+def test_columns_are_as_narrow_as_their_labels_allow_and_no_two_labels_touch():
+    # A long prompt's figure is as wide as its columns: each must hold its rotated 8 pt
+    # label with room to spare and no more (the README shows a 48-token prompt's figure
+    # at page width), and the labels, ranks' digits included, must stay apart.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    tokens = ["<s>", *(f"w{n % 10}" for n in range(46)), "flags"]
+    matrix = torch.rand(2, len(tokens), generator=torch.Generator().manual_seed(2))
+    figure = generation_figure(matrix, tokens, len(tokens) - 2, method="cp_lrp")
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    figure.draw(renderer)
+    axis = figure.axes[0]
+    boxes = [label.get_window_extent(renderer) for label in axis.get_xticklabels()]
+    pitch = (axis.get_window_extent(renderer).width) / len(boxes)
+    widest = max(box.width for box in boxes)
+    assert widest < pitch < 2 * widest
+    for left, right in pairwise(boxes):
+        assert left.x1 < right.x0, "two token labels touch"

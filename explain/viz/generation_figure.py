@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = ["generation_figure", "scale_generation_rows"]
 
-_CELL_INCHES = 0.32
+_COLUMN_INCHES = 0.2  # a token read: room for its rotated 8 pt label
+_ROW_INCHES = 0.32  # a generated token: room for its label and the ranks' digits
 _CHAR_INCHES = 0.075  # an 8 pt tick label character, on average
 _READOUT_INSET = 0.08  # of a cell, on each side of the hatched readout cell
 _BOUNDARY_OVERHANG_INCHES = 0.1  # the prompt's end, drawn past the panel's top and bottom
@@ -107,7 +108,7 @@ def generation_figure(
     generated = tokens[prompt_length : prompt_length + count]
     left = 0.7 + _CHAR_INCHES * max(len(t) for t in generated)
     # At least a readable area: with one generated token the cells stretch, not shrink.
-    panel_w, panel_h = max(_CELL_INCHES * len(read), 2.5), max(_CELL_INCHES * count, 1.2)
+    panel_w, panel_h = max(_COLUMN_INCHES * len(read), 2.5), max(_ROW_INCHES * count, 1.2)
     width = left + panel_w + 1.3
     heading = caption_lines(f"{title} ({method})" if title else method, width, title=True)
     top = 0.55 + _TITLE_LINE_INCHES * len(heading) + _CHAR_INCHES * max(len(t) for t in read)
