@@ -412,6 +412,17 @@ def test_an_unknown_flag_gets_did_you_mean(capsys, command, typo, meant):
     assert meant in last.split("did you mean", 1)[1]
 
 
+def test_a_mistyped_method_flag_with_a_method_name_gets_the_flags_hint_only(capsys):
+    # argparse leaves both `--metod` and its value `generic` unparsed, and no --method is set
+    with pytest.raises(SystemExit) as exit:
+        main(["generate", "x", "--model", "zoo:recall-llama", "--metod", "generic"])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "explain: error: unrecognized arguments: --metod generic "
+        "(--metod: did you mean --method, --model?)"
+    )
+
+
 def test_an_argument_far_from_any_flag_gets_no_suggestion(capsys):
     with pytest.raises(SystemExit):
         main(["models", "extra"])

@@ -106,7 +106,9 @@ def unrecognized(
         if close:
             hints.append(f"{flag}: did you mean {', '.join(close)}?")
     names = [argument for argument in unknown if argument in METHODS]
-    if names and "--method" in options:  # `--method a b`: argparse took only the first
+    # `--method a b`: argparse took only the first (with no --method, as in `--metod a`,
+    # the names are a mistyped flag's values, which the flag's hint covers)
+    if names and "--method" in options and args.method is not None:
         together = ",".join([args.method, *names])
         hints.append(f"several methods are one argument, comma-separated: --method {together}")
     message = f"unrecognized arguments: {' '.join(unknown)}"
