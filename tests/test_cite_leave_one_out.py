@@ -9,15 +9,22 @@ drawn; bad counts are refused; the CLI's --ablate writes what the Python API ret
 from __future__ import annotations
 
 import functools
+import html
 import json
 
 import pytest
 import torch
 from reference_hf import answer_log_probability
 
-from explain import Explainer, OptionError
-from explain.cite import cite
-from explain.cite.leave_one_out import DEFAULT_COUNT, candidates, leave_one_out
+from explain import Explainer, InputError, OptionError
+from explain.cite import Citation, cite
+from explain.cite.figure import cite_figure
+from explain.cite.leave_one_out import (
+    DEFAULT_COUNT,
+    candidates,
+    leave_one_out,
+    removed_alone_note,
+)
 from explain.cli import main
 from explain.testing import tiny_lm
 
@@ -150,18 +157,19 @@ def test_leave_one_out_calls_its_targets_once_and_keeps_the_rest():
         # the answer needs spans 1 and 2 together (log p 0 with both, -20 without)
         return torch.where(keep[:, 1] & keep[:, 2], 0.0, -20.0).double()
 
-    refined = leave_one_out(scores, targets, 2)
+    refined, ablated = leave_one_out(scores, targets, 2)
     (keep,) = calls
     assert keep.tolist() == [[True] * 5, [True, False, True, True, True],
                              [True, True, True, False, True]]  # fmt: skip
     assert refined.tolist() == [0.5, 20.0, 0.0, 0.0, -0.1]
-    assert refined.dtype == torch.float64
-    everything = leave_one_out(scores, targets, 99)  # more than the spans: every span
-    assert everything.tolist() == [0.0, 20.0, 20.0, 0.0, 0.0]
-    by_other = leave_one_out(scores, targets, 1, chosen_by=torch.tensor([0, 0, 9, 0, 0]))
-    assert by_other.tolist() == [0.5, -3.0, 20.0, 2.0, -0.1]
+    assert refined.dtype == torch.float64 and ablated == (1, 3)  # largest |score| first
+    everything, ablated = leave_one_out(scores, targets, 99)  # more than the spans: all
+    assert everything.tolist() == [0.0, 20.0, 20.0, 0.0, 0.0] and ablated == (1, 3, 0, 4, 2)
+    by_other, ablated = leave_one_out(scores, targets, 1, chosen_by=torch.tensor([0, 0, 9, 0, 0]))
+    assert by_other.tolist() == [0.5, -3.0, 20.0, 2.0, -0.1] and ablated == (2,)
     calls.clear()
-    assert torch.equal(leave_one_out(scores, targets, 0), scores.double()) and not calls
+    unchanged, ablated = leave_one_out(scores, targets, 0)
+    assert torch.equal(unchanged, scores.double()) and ablated == () and not calls
 
 
 def test_the_ablation_draws_no_random_number():
@@ -204,7 +212,49 @@ def test_a_photo_takes_no_ablate():
         cite(_explainer(), None, QUESTION, image="photo.png", ablate=2)
 
 
-def test_the_cli_writes_the_ablated_scores(tmp_path):
+def test_the_note_names_the_ablated_spans_from_1_and_the_rest_as_the_methods():
+    assert removed_alone_note((), "cp_lrp") == ""
+    one = removed_alone_note((3,), "cp_lrp")
+    assert one.startswith("The whole answer's score of span 4 (the one of largest |score|) is")
+    assert "from log p(answer), in nats" in one and "is cp_lrp's relevance" in one
+    several = removed_alone_note((1, 0, 4), "attnlrp", contrast=True)
+    assert "scores of spans 2, 1 and 5 (the 3 of largest |score|) are leave-one-out" in several
+    assert "log p(answer) - log p(foil)" in several and "attnlrp's relevance" in several
+
+
+def test_the_figure_says_which_scores_are_drops_in_place_of_the_sum():
+    rows = torch.tensor([[3.0, 0.5], [0.2, 0.1], [0.1, 0.3]])
+    plain = cite_figure(["a .", "b ."], ["x", "y"], rows, method="cp_lrp")
+    note = removed_alone_note((0,), "cp_lrp")
+    noted = cite_figure(["a .", "b ."], ["x", "y"], rows, method="cp_lrp", note=note)
+
+    def caption(figure):
+        return " ".join(" ".join(t.get_text().split()) for t in figure.texts)
+
+    assert "the sum of their tokens' relevance" in caption(plain)
+    assert note in caption(noted) and "the sum of their tokens'" not in caption(noted)
+
+
+def test_the_ablated_spans_are_saved_loaded_and_checked(tmp_path):
+    result = cite(_explainer(), CONTEXT, QUESTION, "w40 w41", spans="lines", method="cp_lrp",
+                  ablate=2, check=False)  # fmt: skip
+    chosen = result.span_relevance.sum(dim=0).abs().argsort(descending=True, stable=True)[:2]
+    assert result.ablated == tuple(chosen.tolist())
+    assert result.ablated_note == removed_alone_note(result.ablated, "cp_lrp")
+    path = tmp_path / "cite.json"
+    result.save(path)
+    assert Citation.load(path).ablated == result.ablated
+    document = json.loads(path.read_text())
+    for damaged in ([0, 0], [len(result.spans)], ["1"], 1):
+        path.write_text(json.dumps({**document, "ablated": damaged}))
+        with pytest.raises(InputError, match="ablated is"):
+            Citation.load(path)
+    del document["ablated"]  # a file written before the field: no span was ablated
+    path.write_text(json.dumps(document))
+    assert Citation.load(path).ablated == ()
+
+
+def test_the_cli_writes_the_ablated_scores(tmp_path, capsys):
     folder = tiny_lm.save_tiny_lm(tmp_path / "tiny-llama", "llama")
     context = tmp_path / "context.txt"
     context.write_text(CONTEXT, encoding="utf-8")
@@ -218,5 +268,10 @@ def test_the_cli_writes_the_ablated_scores(tmp_path):
     scores = torch.tensor([s["score"] for s in document["spans"]], dtype=torch.float64)
     torch.testing.assert_close(scores, expected.scores.double())
     assert document["settings"]["ablate"] == 2
+    assert document["ablated"] == list(expected.ablated) and len(expected.ablated) == 2
+    # the terminal, the page and the figure say which scores are drops, in the same words
+    assert expected.ablated_note in capsys.readouterr().out
+    page = (tmp_path / "out" / "cite.html").read_text()
+    assert f'<p class="legend" id="ablated">{html.escape(expected.ablated_note)}</p>' in page
     with pytest.raises(SystemExit):  # argparse refuses it
         main([*arguments, "--ablate", "-1", "--out", str(tmp_path / "bad")])

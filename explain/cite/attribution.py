@@ -36,7 +36,12 @@ from torch import Tensor
 from explain.api import Explainer
 from explain.cite.check import Check, ablated_targets, check_ranking, check_seed
 from explain.cite.image import RegionCitation, cite_image
-from explain.cite.leave_one_out import DEFAULT_COUNT, check_count, leave_one_out
+from explain.cite.leave_one_out import (
+    DEFAULT_COUNT,
+    check_count,
+    leave_one_out,
+    removed_alone_note,
+)
 from explain.cite.prompt import TEMPLATE, build_prompt, read_context, span_sums
 from explain.cite.regions import GRID
 from explain.cite.saved import FORMAT, TENSORS, VERSION, citation_fields
@@ -222,6 +227,9 @@ class Citation:
         scores: (S,) each span's relevance for the whole answer (the sum over G); with
             `ablate`, the candidates' scores are their leave-one-out drops instead
             (`span_relevance` keeps the method's).
+        ablated: the spans whose `scores` are leave-one-out drops (`ablate`'s
+            candidates, largest |score| first; explain.cite.leave_one_out's
+            `removed_alone_note` says so in words, as the terminal, page and figure do).
         sentences: the answer's N sentences (the context's splitter; offsets into
             `answer`); `token_sentences` (G,) each answer token's sentence (-1: a foil's).
         statement_relevance: (N, S) each sentence's span scores: the sum of
@@ -255,12 +263,19 @@ class Citation:
     token_sentences: Tensor
     statement_relevance: Tensor
     foil_ids: Tensor | None = None
+    ablated: tuple[int, ...] = ()
     settings: Mapping[str, Any] = field(default_factory=dict)
     explanation: GenerationExplanation | None = None
 
     def ranked(self) -> list[int]:
         """The span indices, highest score first."""
         return self.scores.double().argsort(descending=True, stable=True).tolist()
+
+    @property
+    def ablated_note(self) -> str:
+        """Which whole-answer scores are leave-one-out drops, in words ("" for none): what
+        the terminal, the page and the figure say beside the scores."""
+        return removed_alone_note(self.ablated, self.method, contrast=self.foil is not None)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything but the engine's explanation as plain JSON-able values: `spans`
@@ -293,6 +308,7 @@ class Citation:
             "method": self.method,
             "score": self.score,
             "check": None if self.check is None else self.check.to_dict(),
+            "ablated": list(self.ablated),
             "settings": dict(self.settings),
         }
 
@@ -501,12 +517,14 @@ def cite(
         span_relevance = sparse_spans(span_relevance, sparse)
     scores = span_relevance.sum(dim=0)
     weighted = list(zip(answers, (1.0, -1.0), strict=False))
+    ablated: tuple[int, ...] = ()
     if ablate:
 
         def targets(keep: Tensor) -> Tensor:
             return ablated_targets(adapter, prompt_ids, prompt.token_spans, weighted, keep)
 
-        scores = leave_one_out(scores, targets, ablate, chosen_by=method_scores).to(scores)
+        refined, ablated = leave_one_out(scores, targets, ablate, chosen_by=method_scores)
+        scores = refined.to(scores)
     foil_tokens = 0 if foil is None else answers[1].shape[0]
     statements = answer_statements(tokenizer, answer, answer_ids, foil_tokens)
     result_check = None
@@ -551,6 +569,7 @@ def cite(
             span_relevance, statements.token_sentences, len(statements.sentences)
         ),
         foil_ids=answers[1] if foil is not None else None,
+        ablated=ablated,
         settings={
             **found.explanation.settings,
             "template": template,

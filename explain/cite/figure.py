@@ -86,6 +86,7 @@ def cite_figure(
     method: str,
     check: Mapping[str, Any] | None = None,
     title: str | None = None,
+    note: str = "",
 ) -> Figure:
     """The figure of one answer.
 
@@ -97,6 +98,8 @@ def cite_figure(
         method: the method, named in the title after `title` (what was explained), as
             the regions figure names it.
         check: the ablation check (`Check.to_dict`), summarised in the caption.
+        note: what the scores are where not all are the method's (`Citation.ablated_note`):
+            the caption says it in place of "the sum of their tokens' relevance".
     """
     from matplotlib import colormaps
     from matplotlib.figure import Figure
@@ -125,10 +128,13 @@ def cite_figure(
     width = label_w + bars_w + 0.3 + matrix_w + 1.0
     heading = caption_lines(f"{title} ({method})" if title else method, width, title=True)
     top = 0.45 + _TITLE_LINE_INCHES * len(heading) + _CHAR_INCHES * max(map(len, answer_tokens))
+    scores_are = (
+        f". {note}" if note else " (the sum of their tokens' relevance over the answer's tokens)."
+    )
     rule = (
-        "Left: the top spans' scores for the whole answer (the sum of their tokens' "
-        "relevance over the answer's tokens). Right: each span's relevance for each answer "
-        "token, scaled by the largest magnitude; red for, blue against. " + _check_caption(check)
+        f"Left: the top spans' scores for the whole answer{scores_are} Right: each span's "
+        "relevance for each answer token, scaled by the largest magnitude; red for, blue "
+        "against. " + _check_caption(check)
     )
     lines = caption_lines(rule, width)
     bottom = 0.45 + _CAPTION_LINE_INCHES * len(lines)

@@ -22,14 +22,14 @@ forwards in one batch (the whole context's among them), no random draw.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from explain.errors import OptionError
 
-__all__ = ["DEFAULT_COUNT", "candidates", "check_count", "leave_one_out"]
+__all__ = ["DEFAULT_COUNT", "candidates", "check_count", "leave_one_out", "removed_alone_note"]
 
 DEFAULT_COUNT = 4
 """The spans `cite` rescores when its call names no count, for a method linear in the
@@ -59,9 +59,11 @@ def leave_one_out(
     targets: Callable[[Tensor], Tensor],
     count: int,
     chosen_by: Tensor | None = None,
-) -> Tensor:
+) -> tuple[Tensor, tuple[int, ...]]:
     """`scores` (S,) with those of the `count` candidates (`candidates` of `chosen_by`,
-    default `scores`) replaced by their leave-one-out drops, in float64.
+    default `scores`) replaced by their leave-one-out drops, in float64; and the
+    candidates' indices, largest first (what a reader must be told: their scores are
+    drops, `removed_alone_note`).
 
     `targets` maps ablations `keep` (M, S) (span s kept in ablation m; row 0 keeps every
     span) to the target under each, (M,), as explain.cite.check.check_scores takes it;
@@ -69,9 +71,29 @@ def leave_one_out(
     refined = scores.detach().double().cpu().clone()
     chosen = candidates(scores if chosen_by is None else chosen_by, check_count(count))
     if chosen.numel() == 0:
-        return refined
+        return refined, ()
     keep = torch.ones(1 + chosen.numel(), scores.shape[0], dtype=torch.bool)
     keep[torch.arange(1, 1 + chosen.numel()), chosen] = False
     values = targets(keep).double().cpu()
     refined[chosen] = values[0] - values[1:]
-    return refined
+    return refined, tuple(chosen.tolist())
+
+
+def removed_alone_note(ablated: Sequence[int], method: str, contrast: bool = False) -> str:
+    """What the terminal, the page and the figure say of a citation whose `ablated` spans
+    (indices) have leave-one-out drops for their whole-answer scores, where the other
+    scores are `method`'s relevance; "" for none. Spans are numbered from 1, as everywhere
+    they are shown; `contrast`: the target is log p(answer) - log p(foil)."""
+    if not ablated:
+        return ""
+    numbers = [str(s + 1) for s in ablated]
+    named = numbers[0] if len(numbers) == 1 else f"{', '.join(numbers[:-1])} and {numbers[-1]}"
+    target = "log p(answer) - log p(foil)" if contrast else "log p(answer)"
+    several = len(numbers) > 1
+    return (
+        f"The whole answer's score{'s' if several else ''} of span{'s' if several else ''} "
+        f"{named} (the {len(numbers) if several else 'one'} of largest |score|) "
+        f"{'are' if several else 'is a'} leave-one-out drop{'s' if several else ''}: what "
+        f"removing that span alone takes from {target}, in nats; any other whole-answer "
+        f"score, and every token's and sentence's, is {method}'s relevance."
+    )

@@ -184,6 +184,7 @@ def cite_html(
     sentences: Sequence[str] = (),
     check: Mapping[str, Any] | None = None,
     title: str = "explain cite",
+    note: str = "",
 ) -> str:
     """The page of one answer.
 
@@ -198,6 +199,8 @@ def cite_html(
         method: the method that made the relevances, named in the heading.
         check: the ablation check as `Check.to_dict` gives it, or None.
         title: the heading reads "TITLE (METHOD)".
+        note: what the scores are where not all are the method's (`Citation.ablated_note`),
+            shown under the top spans.
     """
     count = len(answer_tokens)
     rows_wanted = (count + 1 + len(sentences), len(spans))
@@ -249,6 +252,7 @@ def cite_html(
     red, blue = colour(1.0, 1.0), colour(-1.0, 1.0)
     heading = html.escape(f"{title} ({method})")
     script = _SCRIPT.replace("TOP", str(TOP_LISTED))
+    ablated = f'<p class="legend" id="ablated">{html.escape(note)}</p>\n' if note else ""
     return (
         '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
         f"<title>{heading}</title><style>{_STYLE}</style></head>\n<body>\n"
@@ -263,6 +267,7 @@ def cite_html(
         f'<p class="context">{context}</p>\n'
         f"<p><b>Question:</b> {html.escape(question)}</p>\n"
         f'<h3>Top spans</h3>\n<ol id="top"></ol>\n'
+        f"{ablated}"
         f"{_check_table(check) if check is not None else ''}"
         f'<script type="application/json" id="relevance">{_json(rows)}</script>\n'
         f'<script type="application/json" id="relevance-text">{_json(shown)}</script>\n'

@@ -25,7 +25,8 @@ FORMAT = "explain.Citation"
 VERSION = 2
 """The format version `Citation.save` writes. Version 1 (before answer statements) had no
 `sentences`, `token_sentences` and `statement_relevance`: it reads as one statement, the
-whole answer."""
+whole answer. `ablated` (the spans whose scores are leave-one-out drops) is optional: a
+file written before it reads as none."""
 
 _RELEVANCES = ["token_relevance", "span_relevance", "scores", "statement_relevance"]
 _INDICES = ["token_spans", "token_sentences", "prompt_ids", "answer_ids", "foil_ids"]
@@ -203,6 +204,20 @@ def _tensors(
     return checked
 
 
+def _ablated(
+    header: Mapping[str, Any], spans: int, path: str | os.PathLike[str]
+) -> tuple[int, ...]:
+    """The spans whose scores are leave-one-out drops: distinct indices of the spans."""
+    given = header.get("ablated", [])
+    if not (
+        isinstance(given, list)
+        and all(_is_int(s) and 0 <= s < spans for s in given)
+        and len(set(given)) == len(given)
+    ):
+        raise _damaged(path, f"ablated is {given!r}, not distinct span indices in 0..{spans - 1}")
+    return tuple(given)
+
+
 def citation_fields(
     tensors: Mapping[str, Tensor], header: Mapping[str, Any], path: str | os.PathLike[str]
 ) -> dict[str, Any]:
@@ -222,6 +237,7 @@ def citation_fields(
         "spans": spans,
         "sentences": sentences,
         "check": _check(header.get("check"), path),
+        "ablated": _ablated(header, len(spans), path),
         **_tensors(tensors, header, len(spans), len(sentences), path),
     }
 

@@ -105,11 +105,16 @@ def _count(text: str) -> int:
 
 
 def print_citation(
-    answer: str, scores: Any, labels: Sequence[str], check: Check | None, sources: str
+    answer: str,
+    scores: Any,
+    labels: Sequence[str],
+    check: Check | None,
+    sources: str,
+    note: str = "",
 ) -> Check:
     """The `answer`, its five top-ranked `sources` by `scores` (each its signed score and
-    `labels` entry) and the check with its verdict, on the terminal; the check, for the
-    files."""
+    `labels` entry), the `note` on what the scores are (`Citation.ablated_note`) and the
+    check with its verdict, on the terminal; the check, for the files."""
     from explain.cite.verdict import number
     from explain.viz.text import printable
 
@@ -117,6 +122,8 @@ def print_citation(
     ranked = scores.double().argsort(descending=True, stable=True).tolist()
     for rank, index in enumerate(ranked[:5], start=1):
         print(f"  {rank}. {number(float(scores[index]), signed=True)}  {labels[index]}")
+    if note:
+        print(f"  {note}")
     assert check is not None
     print_check(check, sources)
     return check
@@ -321,7 +328,8 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
         seed=args.seed,
     )
     labels = [printable(span_label(s, span.text)) for s, span in enumerate(result.spans)]
-    check = print_citation(result.answer, result.scores, labels, result.check, "spans")
+    note = result.ablated_note
+    check = print_citation(result.answer, result.scores, labels, result.check, "spans", note)
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"explain cite: {args.model}"
     rows = torch.cat([result.scores[None], result.span_relevance])
@@ -340,11 +348,18 @@ def _cite_one(args: argparse.Namespace, explainer: Explainer, context: Any, meth
         sentences=statements,
         check=payload,
         title=title,
+        note=note,
     )
     with atomic_write(html, "w") as handle:
         handle.write(page)
     figure = cite_figure(
-        texts, result.answer_tokens, rows, method=result.method, check=payload, title=title
+        texts,
+        result.answer_tokens,
+        rows,
+        method=result.method,
+        check=payload,
+        title=title,
+        note=note,
     )
     save_figure(figure, png)
     result.save(data)
