@@ -217,9 +217,10 @@ class Explanation:
 
     def to_html(self, skip: Collection[str] = ()) -> str:
         """A text explanation as an HTML page: every text's tokens highlighted on a
-        diverging scale, each token escaped. `skip`: tokens not shown (e.g. the
-        tokenizer's `all_special_tokens`). See explain.viz.text. A method whose raw values
-        mislead (full `lrp`) shows them normalised per text, with a note saying why."""
+        diverging scale, each token escaped. `skip`: tokens not shown (e.g.
+        explain.inputs.skipped_tokens: the tokenizer's special tokens but [UNK]). See
+        explain.viz.text. A method whose raw values mislead (full `lrp`) shows them
+        normalised per text, with a note saying why."""
         if self.tokens is None or self.relevance.dim() != 2:
             raise ExplainError(
                 "to_html() is for text explanations with one map per text: create the "

@@ -28,6 +28,7 @@ __all__ = [
     "is_raw_text",
     "photos",
     "read_image",
+    "skipped_tokens",
     "token_strings",
     "unicode_text",
 ]
@@ -112,6 +113,20 @@ def token_strings(tokenizer: Any, input_ids: Tensor) -> list[list[str]]:
 
 
 # -- images and image prompts ------------------------------------------------------------
+
+
+def skipped_tokens(tokenizer: Any) -> set[str]:
+    """The tokens the views of a text leave out (explain.viz.text's `skip`): the
+    tokenizer's special tokens ([CLS], [SEP], <s>, padding, ...), less its unknown token
+    where that has no other role: [UNK] stands for a piece of the input the vocabulary
+    lacks (an emoji, for BERT's), which the model read and which has relevance, so it is
+    shown as the model saw it. (CLIP's unknown token is its end token too: left out.)"""
+    special = set(tokenizer.all_special_tokens)
+    unknown = getattr(tokenizer, "unk_token", None)
+    roles = ("bos_token", "eos_token", "pad_token", "cls_token", "sep_token", "mask_token")
+    if unknown is not None and unknown not in {getattr(tokenizer, r, None) for r in roles}:
+        special.discard(unknown)
+    return special
 
 
 def read_image(path: str | os.PathLike[str]) -> Any:

@@ -19,7 +19,7 @@ from torch import Tensor
 from explain.api import Explainer
 from explain.errors import InputError, OptionError, UnsupportedModelError
 from explain.explanation import Explanation
-from explain.inputs import encode
+from explain.inputs import encode, skipped_tokens
 from explain.rules import get_method
 
 __all__ = [
@@ -103,12 +103,13 @@ def word_relevance(
 
 
 def words(explanation: Explanation, tokenizer: Any, reduce: Reduce = "sum") -> list[list[Word]]:
-    """Word-level relevance of every text of a text explanation (special tokens excluded)."""
+    """Word-level relevance of every text of a text explanation (special tokens excluded,
+    explain.inputs.skipped_tokens)."""
     if explanation.tokens is None:
         raise InputError("the explanation has no tokens: create the Explainer with a tokenizer")
     if explanation.relevance.dim() != 2:
         raise InputError("words() takes one relevance map per text (B, T); pick a target first")
-    special = set(tokenizer.all_special_tokens)
+    special = skipped_tokens(tokenizer)
     return [
         word_relevance(tokens, row, special, reduce, tokenizer.convert_tokens_to_string)
         for tokens, row in zip(explanation.tokens, explanation.relevance.cpu(), strict=True)

@@ -379,3 +379,31 @@ def test_a_language_model_reads_out_at_its_last_token_as_explain_generate_draws_
     next_token, generated_rests = line.split(" <- ")
     assert printed[1].startswith(f"{next_token.strip()} (p = ")  # the same next token
     assert generated_rests == rests and "-" in rests  # evidence against is named, signed
+
+
+def test_an_unknown_token_is_shown_as_the_model_read_it(classifier_folder, tmp_path, capsys):
+    # MiniLM's vocabulary has no emoji: it becomes [UNK], which the model reads and which
+    # has relevance, so the views show it where [CLS], [SEP] and padding are left out
+    page = tmp_path / "text.html"
+    arguments = ["text", "a great 🙂 film", "ok", "--model", str(classifier_folder)]
+    assert main([*arguments, "--color", "never", "--html", str(page)]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"great\(\S+\) \[UNK\]\(\S+\) film\(", printed)
+    assert "[CLS]" not in printed and "[SEP]" not in printed and "[PAD]" not in printed
+    shown = page.read_text()
+    assert "[UNK]" in shown and "[CLS]" not in shown and "[PAD]" not in shown
+
+
+def test_the_unknown_token_is_skipped_only_where_it_has_another_role():
+    from types import SimpleNamespace
+
+    from explain.inputs import skipped_tokens
+
+    bert = SimpleNamespace(all_special_tokens=["[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]"],
+                           unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+                           pad_token="[PAD]", mask_token="[MASK]")  # fmt: skip
+    assert skipped_tokens(bert) == {"[SEP]", "[PAD]", "[CLS]", "[MASK]"}
+    clip = SimpleNamespace(all_special_tokens=["<|startoftext|>", "<|endoftext|>"],
+                           unk_token="<|endoftext|>", bos_token="<|startoftext|>",
+                           eos_token="<|endoftext|>", pad_token="<|endoftext|>")  # fmt: skip
+    assert skipped_tokens(clip) == {"<|startoftext|>", "<|endoftext|>"}

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from explain.api import Explainer
     from explain.architectures.dual_encoder import DualEncoder
     from explain.cli.image import collect_images, unique_stems
-    from explain.inputs import read_image
+    from explain.inputs import read_image, skipped_tokens
     from explain.viz import check_style, save_figure
     from explain.viz.multimodal import clip_figure
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{args.model} is not a CLIP model with a tokenizer; `explain models`")
     methods = methods_the_model_takes(args.method, explainer.adapter, args.model)
     texts = loaded.tokenizer(list(args.text), padding=True, return_tensors="pt")
-    special = set(loaded.tokenizer.all_special_ids)
+    special = set(loaded.tokenizer.convert_tokens_to_ids(sorted(skipped_tokens(loaded.tokenizer))))
     shown = [
         [
             i

@@ -74,9 +74,10 @@ def _rows(
     dropped in both cases). `read_out_last` (a language model): the text's last token is
     where the prediction is read out, `readout` its index, kept a token of its own among
     words (its identity term is no word's evidence); otherwise `readout` is None."""
+    from explain.inputs import skipped_tokens
     from explain.text import word_relevance
 
-    special = set(tokenizer.all_special_tokens)
+    special = skipped_tokens(tokenizer)
     rows = []
     for strings, scores in zip(tokens, relevance.cpu(), strict=True):
         kept = [i for i, token in enumerate(strings) if token not in special]

@@ -27,7 +27,7 @@ from explain.defaults import default_method
 from explain.engine import Request, supported_methods
 from explain.errors import ExplainError, InputError, TargetError
 from explain.explanation import Explanation
-from explain.inputs import unicode_text
+from explain.inputs import skipped_tokens, unicode_text
 from explain.loading.loaded_model import LoadedModel
 from explain.rules import METHODS
 from explain.serve.cache import ResultCache, model_identity
@@ -281,7 +281,7 @@ class Workbench:
             inputs, target=torch.arange(len(captions))[None], method=method
         )
         tokenizer = self.loaded.tokenizer
-        special = set(tokenizer.all_special_ids)
+        special = set(tokenizer.convert_tokens_to_ids(sorted(skipped_tokens(tokenizer))))
         probabilities = result.logits.float().softmax(dim=-1)[0]
         image_maps = result.relevance[0].float().cpu().numpy()
         scaled = scale_view(list(image_maps))
