@@ -216,10 +216,10 @@ def test_the_note_names_the_ablated_spans_from_1_and_the_rest_as_the_methods():
     assert removed_alone_note((), "cp_lrp") == ""
     one = removed_alone_note((3,), "cp_lrp")
     assert one.startswith("The whole answer's score of span 4 (the one of largest |score|) is")
-    assert "from log p(answer), in nats" in one and "is cp_lrp's relevance" in one
+    assert "from log p(answer), in nats" in one and "is the relevance of cp_lrp." in one
     several = removed_alone_note((1, 0, 4), "attnlrp", contrast=True)
     assert "scores of spans 2, 1 and 5 (the 3 of largest |score|) are leave-one-out" in several
-    assert "log p(answer) - log p(foil)" in several and "attnlrp's relevance" in several
+    assert "log p(answer) - log p(foil)" in several and "is the relevance of attnlrp." in several
 
 
 def test_the_figure_says_which_scores_are_drops_in_place_of_the_sum():

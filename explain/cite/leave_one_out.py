@@ -95,5 +95,5 @@ def removed_alone_note(ablated: Sequence[int], method: str, contrast: bool = Fal
         f"{named} (the {len(numbers) if several else 'one'} of largest |score|) "
         f"{'are' if several else 'is a'} leave-one-out drop{'s' if several else ''}: what "
         f"removing that span alone takes from {target}, in nats; any other whole-answer "
-        f"score, and every token's and sentence's, is {method}'s relevance."
+        f"score, and every token's and sentence's, is the relevance of {method}."
     )
